@@ -1,0 +1,81 @@
+"""The engine's one immutable configuration, validated once."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+CPU_DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
+MAX_MODEL_LEN_CAP = 4096
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_DEVICES = ("auto", "cpu", "cuda")
+_BACKENDS = ("auto", "torch", "triton")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every engine knob. Built once; `resolve()` returns a new config with model-derived defaults filled in."""
+
+    model: str = DEFAULT_MODEL
+    dtype: str = "auto"  # auto: bf16 where the CPU/GPU supports it, else fp32
+    device: str = "auto"  # auto: cuda when available, else cpu
+    attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
+    block_size: int = 16
+    memory_utilization: float = 0.9  # GPU only: fraction of total device memory the engine may use
+    kv_cache_bytes: int | None = None  # explicit KV budget; CPU default CPU_DEFAULT_KV_CACHE_BYTES
+    max_model_len: int | None = None  # None: the model's limit capped at MAX_MODEL_LEN_CAP
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # None: 512 on CPU, 8192 on GPU
+    enable_prefix_caching: bool = True
+    prefix_cache_salt: str = ""  # mixed into every block hash (per-tenant isolation)
+    seed: int = 0
+    num_threads: int | None = None  # CPU torch threads; None: torch's default
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.device not in _DEVICES:
+            raise ValueError(f"device must be one of {_DEVICES}, got {self.device!r}")
+        if self.attention_backend not in _BACKENDS:
+            raise ValueError(f"attention_backend must be one of {_BACKENDS}, got {self.attention_backend!r}")
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
+        if not 0.0 < self.memory_utilization <= 1.0:
+            raise ValueError(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be at least 1, got {self.num_threads}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.block_size:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least block_size ({self.block_size})"
+            )
+
+    def resolve(self, *, model_max_len: int, device: str, dtype: str) -> EngineConfig:
+        """A copy with `auto` and `None` replaced by concrete values for this model and machine."""
+        max_model_len = self.max_model_len
+        if max_model_len is None:
+            max_model_len = min(model_max_len, MAX_MODEL_LEN_CAP)
+        elif max_model_len > model_max_len:
+            raise ValueError(f"max_model_len ({max_model_len}) exceeds the model's limit ({model_max_len})")
+        batched = self.max_num_batched_tokens
+        if batched is None:
+            batched = 512 if device == "cpu" else 8192
+        backend = self.attention_backend
+        if backend == "auto":
+            backend = "triton" if device == "cuda" else "torch"
+        return dataclasses.replace(
+            self,
+            device=device,
+            dtype=dtype,
+            attention_backend=backend,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=batched,
+        )
