@@ -1,0 +1,33 @@
+# The two commands a newcomer needs: `make serve` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: serve test setup lint chat clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/pagedchat serve
+
+chat: $(STAMP)
+	$(VENV)/bin/pagedchat chat
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: $(STAMP)
+	bash scripts/setup_test_deps.sh
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

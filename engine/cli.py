@@ -1,0 +1,143 @@
+"""The `pagedchat` command: generate, chat, serve, bench."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from engine.config import DEFAULT_MODEL, EngineConfig
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Engine knobs shared by every subcommand that builds an engine."""
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=DEFAULT_MODEL, help="a local HF folder or smollm2-135m-instruct")
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool budget in bytes")
+    g.add_argument("--memory-utilization", type=float, default=0.9, help="GPU: fraction of device memory to use")
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-num-seqs", type=int, default=256)
+    g.add_argument("--max-num-batched-tokens", type=int, default=None)
+    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    g.add_argument("--seed", type=int, default=0)
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """An EngineConfig from parsed engine arguments."""
+    return EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        block_size=args.block_size,
+        kv_cache_bytes=args.kv_cache_bytes,
+        memory_utilization=args.memory_utilization,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=not args.no_prefix_caching,
+        seed=args.seed,
+    )
+
+
+def _sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from engine import LLM, SamplingParams
+
+    llm = LLM(**vars(config_from_args(args)))
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
+    prompts = args.prompt
+    started = time.perf_counter()
+    if args.raw:
+        outputs = llm.generate(prompts, params)
+    else:
+        outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
+    elapsed = time.perf_counter() - started
+    for out in outputs:
+        print(out.outputs[0].text)
+    num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    print(f"[{num_tokens} tokens in {elapsed:.2f} s, {num_tokens / elapsed:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from engine import LLMEngine, SamplingParams
+
+    engine = LLMEngine(config_from_args(args))
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
+    messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
+    print("pagedchat — type a message, /reset to start over, Ctrl-D to quit.", file=sys.stderr)
+    turn = 0
+    while True:
+        try:
+            text = input("you> ").strip()
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if not text:
+            continue
+        if text == "/reset":
+            messages = messages[:1] if args.system else []
+            continue
+        messages.append({"role": "user", "content": text})
+        prompt = engine.apply_chat_template(messages)
+        try:
+            engine.add_request(f"chat-{turn}", prompt, params)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            messages.pop()
+            continue
+        turn += 1
+        print("assistant> ", end="", flush=True)
+        reply, cached = "", 0
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                delta = out.outputs[0].text_delta
+                reply += delta
+                cached = out.num_cached_tokens
+                print(delta, end="", flush=True)
+        print(f"\n[{len(prompt)} prompt tokens, {cached} from the prefix cache]", file=sys.stderr)
+        messages.append({"role": "assistant", "content": reply})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `pagedchat` console script."""
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if argv and argv[0] == "serve":
+        from app.cli import serve_main
+
+        return serve_main(argv[1:])
+    if argv and argv[0] == "bench":
+        from engine.bench.cli import bench_main
+
+        return bench_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="pagedchat", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("serve", help="run the chat service (see `pagedchat serve --help`)")
+    sub.add_parser("bench", help="benchmarks (see `pagedchat bench --help`)")
+    gen = sub.add_parser("generate", help="generate replies to prompts")
+    gen.add_argument("prompt", nargs="+")
+    gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    _sampling_args(gen)
+    add_engine_args(gen)
+    chat = sub.add_parser("chat", help="interactive terminal chat that keeps the conversation")
+    chat.add_argument("--system", default="", help="system prompt")
+    _sampling_args(chat)
+    add_engine_args(chat)
+    args = parser.parse_args(argv)
+    if args.command == "generate":
+        return _generate(args)
+    return _chat(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
