@@ -1,0 +1,8 @@
+"""Storage of chat sessions and messages: SQLAlchemy models, Alembic migrations, and the async `Store`."""
+
+from __future__ import annotations
+
+from app.db.records import MessageRecord, SessionRecord, StoreUnavailable
+from app.db.store import Store
+
+__all__ = ["MessageRecord", "SessionRecord", "Store", "StoreUnavailable"]

@@ -1,0 +1,110 @@
+"""SQLAlchemy 2.0 declarative models: chat sessions and their messages (text and the token ids the model saw)."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+ROLES = ("system", "user", "assistant")
+# `complete` for user/system messages; an assistant message moves from `streaming` to one of the final states.
+STREAMING = "streaming"
+FINAL_ASSISTANT_STATUSES = ("finished", "stopped", "failed", "interrupted")
+STATUSES = ("complete", STREAMING, *FINAL_ASSISTANT_STATUSES)
+
+# Deterministic constraint names, so that migrations can name (and later drop or alter) them on every backend.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(timezone.utc)
+
+
+def new_session_id() -> str:
+    """An unguessable session id (128 random bits, URL-safe)."""
+    return secrets.token_urlsafe(16)
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class Base(DeclarativeBase):
+    """Declarative base whose metadata Alembic compares against the migrations."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class ChatSession(Base):
+    """One conversation owned by a browser cookie id or an API-key fingerprint."""
+
+    __tablename__ = "chat_sessions"
+    __table_args__ = (Index("ix_chat_sessions_owner_updated_at", "owner", "updated_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True, default=new_session_id)
+    owner: Mapped[str] = mapped_column(String(128))
+    title: Mapped[str] = mapped_column(String(200))
+    system_prompt: Mapped[str] = mapped_column(Text)
+    settings: Mapped[dict[str, Any]] = mapped_column(JSON)  # temperature, top_p, max_tokens, ...
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    messages: Mapped[list[Message]] = relationship(
+        back_populates="session",
+        cascade="all, delete-orphan",
+        passive_deletes=True,  # the database's ON DELETE CASCADE removes the rows
+        order_by="Message.position",
+    )
+
+
+class Message(Base):
+    """One turn of a session; `position` orders the turns, `token_ids` holds what the model saw or produced."""
+
+    __tablename__ = "messages"
+    __table_args__ = (
+        UniqueConstraint("session_id", "position"),
+        CheckConstraint(_in("role", ROLES), name="role"),
+        CheckConstraint(_in("status", STATUSES), name="status"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("chat_sessions.id", ondelete="CASCADE"))
+    position: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(16))
+    content: Mapped[str] = mapped_column(Text)
+    # user: the ids this turn's rendering appended to the prompt; assistant: the answer's ids as generated.
+    token_ids: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
+    status: Mapped[str] = mapped_column(String(16))
+    finish_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    truncated_turns: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    timings: Mapped[dict[str, float] | None] = mapped_column(JSON, nullable=True)  # ttft, total, tokens_per_s
+    tokenizer_fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    session: Mapped[ChatSession] = relationship(back_populates="messages")

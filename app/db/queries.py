@@ -1,0 +1,135 @@
+"""The synchronous database work behind `Store`: one function per operation, each given an ORM session."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from app.db.models import STREAMING, ChatSession, Message, utcnow
+from app.db.records import MessageRecord, SessionRecord, message_record, session_record
+
+logger = logging.getLogger(__name__)
+
+
+def _owned(s: Session, owner: str, session_id: str) -> ChatSession | None:
+    row = s.get(ChatSession, session_id)
+    return row if row is not None and row.owner == owner else None
+
+
+def mark_streaming_interrupted(s: Session) -> int:
+    """Mark assistant rows still 'streaming' (left by a process that died) as 'interrupted'; returns how many."""
+    query = (
+        update(Message).where(Message.status == STREAMING).values(status="interrupted", updated_at=utcnow())
+    )
+    return s.execute(query).rowcount
+
+
+def create_session(
+    s: Session, owner: str, title: str, system_prompt: str, settings: dict[str, Any]
+) -> SessionRecord:
+    """Insert a session."""
+    now = utcnow()
+    row = ChatSession(owner=owner, title=title, system_prompt=system_prompt, settings=settings)
+    row.created_at = row.updated_at = now
+    s.add(row)
+    s.flush()
+    return session_record(row)
+
+
+def list_sessions(s: Session, owner: str) -> list[SessionRecord]:
+    """The owner's sessions, most recently updated first."""
+    query = (
+        select(ChatSession)
+        .where(ChatSession.owner == owner)
+        .order_by(ChatSession.updated_at.desc(), ChatSession.created_at.desc(), ChatSession.id)
+    )
+    return [session_record(row) for row in s.scalars(query)]
+
+
+def get_session(s: Session, owner: str, session_id: str) -> SessionRecord | None:
+    """The owner's session, or None."""
+    row = _owned(s, owner, session_id)
+    return None if row is None else session_record(row)
+
+
+def update_session(s: Session, owner: str, session_id: str, changes: dict[str, Any]) -> SessionRecord | None:
+    """Apply `changes` (column -> value) to the owner's session; None when it is missing."""
+    row = _owned(s, owner, session_id)
+    if row is None:
+        return None
+    for key, value in changes.items():
+        setattr(row, key, value)
+    row.updated_at = utcnow()
+    s.flush()
+    return session_record(row)
+
+
+def delete_session(s: Session, owner: str, session_id: str) -> bool:
+    """Delete the owner's session; the database cascades to its messages."""
+    row = _owned(s, owner, session_id)
+    if row is None:
+        return False
+    s.delete(row)
+    return True
+
+
+def list_messages(s: Session, owner: str, session_id: str) -> list[MessageRecord] | None:
+    """The messages of the owner's session in order, or None when it is missing."""
+    if _owned(s, owner, session_id) is None:
+        return None
+    query = select(Message).where(Message.session_id == session_id).order_by(Message.position)
+    return [message_record(row) for row in s.scalars(query)]
+
+
+def add_message(s: Session, session_id: str, values: dict[str, Any]) -> MessageRecord:
+    """Append a message after the session's last one; LookupError when the session does not exist."""
+    parent = s.get(ChatSession, session_id)
+    if parent is None:
+        raise LookupError(f"session {session_id!r} does not exist")
+    last = s.scalar(select(func.max(Message.position)).where(Message.session_id == session_id))
+    now = utcnow()
+    row = Message(session_id=session_id, position=0 if last is None else last + 1, **values)
+    row.created_at = row.updated_at = now
+    parent.updated_at = now
+    s.add(row)
+    s.flush()
+    return message_record(row)
+
+
+def flush_assistant(s: Session, message_id: int, content: str) -> None:
+    """Save a streaming answer's partial text; no-op once it left 'streaming' or was deleted."""
+    query = (
+        update(Message)
+        .where(Message.id == message_id, Message.status == STREAMING)
+        .values(content=content, updated_at=utcnow())
+    )
+    s.execute(query)
+
+
+def finish_assistant(s: Session, message_id: int, values: dict[str, Any]) -> None:
+    """Write an answer's final fields; no-op when its session was deleted meanwhile."""
+    row = s.get(Message, message_id)
+    if row is None:
+        logger.info("answer %d finished after its session was deleted", message_id)
+        return
+    if row.role != "assistant":
+        raise RuntimeError(f"finish_assistant on message {message_id}, which is a {row.role} message")
+    now = utcnow()
+    for key, value in values.items():
+        setattr(row, key, value)
+    row.updated_at = now
+    row.session.updated_at = now
+
+
+def delete_messages_from(s: Session, session_id: str, message_id: int) -> int:
+    """Delete the message and every later one of its session; 0 when it is not in that session."""
+    first = s.get(Message, message_id)
+    if first is None or first.session_id != session_id:
+        return 0
+    query = delete(Message).where(Message.session_id == session_id, Message.position >= first.position)
+    deleted = s.execute(query).rowcount
+    s.get_one(ChatSession, session_id).updated_at = utcnow()
+    return deleted

@@ -1,0 +1,90 @@
+"""Plain frozen records the store hands out (never ORM objects), and the store's one error type."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from app.db.models import ChatSession, Message
+
+
+class StoreUnavailable(Exception):
+    """The database cannot be reached or written (locked past busy_timeout, unreachable, disk I/O)."""
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """A chat session as stored."""
+
+    id: str
+    owner: str
+    title: str
+    system_prompt: str
+    settings: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class MessageRecord:
+    """One message of a session as stored; `token_ids` is None where no ids were recorded."""
+
+    id: int
+    session_id: str
+    position: int
+    role: str
+    content: str
+    token_ids: tuple[int, ...] | None
+    status: str
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+    truncated_turns: int | None
+    timings: dict[str, float] | None
+    tokenizer_fingerprint: str | None
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+def _utc(value: datetime) -> datetime:
+    # SQLite hands back naive datetimes; everything is written in UTC.
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+
+def session_record(row: ChatSession) -> SessionRecord:
+    """Copy an ORM session into a record."""
+    return SessionRecord(
+        id=row.id,
+        owner=row.owner,
+        title=row.title,
+        system_prompt=row.system_prompt,
+        settings=dict(row.settings),
+        created_at=_utc(row.created_at),
+        updated_at=_utc(row.updated_at),
+    )
+
+
+def message_record(row: Message) -> MessageRecord:
+    """Copy an ORM message into a record."""
+    return MessageRecord(
+        id=row.id,
+        session_id=row.session_id,
+        position=row.position,
+        role=row.role,
+        content=row.content,
+        token_ids=None if row.token_ids is None else tuple(row.token_ids),
+        status=row.status,
+        finish_reason=row.finish_reason,
+        prompt_tokens=row.prompt_tokens,
+        completion_tokens=row.completion_tokens,
+        cached_tokens=row.cached_tokens,
+        truncated_turns=row.truncated_turns,
+        timings=None if row.timings is None else dict(row.timings),
+        tokenizer_fingerprint=row.tokenizer_fingerprint,
+        error=row.error,
+        created_at=_utc(row.created_at),
+        updated_at=_utc(row.updated_at),
+    )

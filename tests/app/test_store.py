@@ -1,0 +1,267 @@
+"""Store: real SQLite files in tmp_path, owner isolation, ordering, cascades, recovery, and outage errors."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from app.db import MessageRecord, Store, StoreUnavailable
+from app.db.database import create_db_engine
+
+pytestmark = pytest.mark.anyio
+
+
+def make_url(tmp_path: Path, name: str = "chat.db") -> str:
+    return f"sqlite:///{tmp_path / name}"
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    s = Store(make_url(tmp_path))
+    await s.start()
+    yield s
+    await s.close()
+
+
+def raw(tmp_path: Path, sql: str, name: str = "chat.db") -> list[tuple]:
+    """Run `sql` on a plain sqlite3 connection, outside the store."""
+    conn = sqlite3.connect(tmp_path / name)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+async def finish(store: Store, message_id: int, content: str, ids: list[int]) -> None:
+    await store.finish_assistant(
+        message_id,
+        content=content,
+        status="finished",
+        finish_reason="stop",
+        token_ids=ids,
+        completion_tokens=len(ids),
+        timings={"ttft": 0.25, "total": 1.5, "tokens_per_s": 2.0},
+    )
+
+
+async def test_sqlite_file_is_in_wal_mode_with_pragmas(store: Store, tmp_path: Path) -> None:
+    assert raw(tmp_path, "PRAGMA journal_mode") == [("wal",)]
+    engine = create_db_engine(make_url(tmp_path), busy_timeout_ms=1234)
+    with engine.connect() as conn:
+        assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert conn.execute(text("PRAGMA synchronous")).scalar() == 1  # NORMAL
+        assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
+        assert conn.execute(text("PRAGMA busy_timeout")).scalar() == 1234
+    engine.dispose()
+
+
+async def test_session_crud_and_owner_isolation(store: Store) -> None:
+    settings = {"temperature": 0.7, "top_p": 0.9, "max_tokens": 128}
+    s = await store.create_session("alice", title="Trip", system_prompt="Be brief.", settings=settings)
+    assert (s.owner, s.title, s.system_prompt, s.settings) == ("alice", "Trip", "Be brief.", settings)
+    assert len(s.id) == 22 and s.created_at == s.updated_at
+    assert s.created_at.tzinfo is not None
+    assert await store.get_session("alice", s.id) == s
+    # another owner sees nothing and can change nothing
+    assert await store.get_session("mallory", s.id) is None
+    assert await store.list_sessions("mallory") == []
+    assert await store.update_session("mallory", s.id, title="pwned") is None
+    assert await store.list_messages("mallory", s.id) is None
+    assert await store.delete_session("mallory", s.id) is False
+    assert (await store.get_session("alice", s.id)).title == "Trip"
+
+    updated = await store.update_session("alice", s.id, title="Trip to Oslo", settings={"temperature": 0.0})
+    assert updated is not None
+    assert (updated.title, updated.system_prompt, updated.settings) == (
+        "Trip to Oslo",
+        "Be brief.",
+        {"temperature": 0.0},
+    )
+    assert updated.updated_at > s.updated_at and updated.created_at == s.created_at
+    assert await store.delete_session("alice", s.id) is True
+    assert await store.get_session("alice", s.id) is None
+    assert await store.delete_session("alice", s.id) is False
+    assert await store.update_session("alice", "no-such-id", title="x") is None
+
+
+async def test_sessions_listed_most_recently_updated_first(store: Store) -> None:
+    a = await store.create_session("alice", title="a")
+    b = await store.create_session("alice", title="b")
+    c = await store.create_session("alice", title="c")
+    await store.create_session("bob", title="other")
+    assert [s.title for s in await store.list_sessions("alice")] == ["c", "b", "a"]
+    await store.add_message(a.id, "user", "bump")
+    assert [s.title for s in await store.list_sessions("alice")] == ["a", "c", "b"]
+    await store.update_session("alice", b.id, system_prompt="x")
+    assert [s.id for s in await store.list_sessions("alice")] == [b.id, a.id, c.id]
+
+
+async def test_messages_keep_order_ids_and_fields(store: Store) -> None:
+    s = await store.create_session("alice")
+    u = await store.add_message(s.id, "user", "Hello", token_ids=[1, 9038, 2])
+    assert (u.position, u.role, u.content, u.token_ids, u.status) == (
+        0,
+        "user",
+        "Hello",
+        (1, 9038, 2),
+        "complete",
+    )
+    a = await store.start_assistant(
+        s.id, prompt_tokens=3, cached_tokens=0, truncated_turns=0, tokenizer_fingerprint="f00d"
+    )
+    assert (a.position, a.role, a.content, a.status, a.token_ids) == (1, "assistant", "", "streaming", None)
+    assert (a.prompt_tokens, a.cached_tokens, a.truncated_turns, a.tokenizer_fingerprint) == (3, 0, 0, "f00d")
+    await store.flush_assistant(a.id, "Hi th")
+    assert (await store.list_messages("alice", s.id))[1].content == "Hi th"
+    await finish(store, a.id, "Hi there", [22, 23, 2])
+    await store.flush_assistant(a.id, "late flush is ignored")
+    msgs = await store.list_messages("alice", s.id)
+    assert [m.position for m in msgs] == [0, 1]
+    done = msgs[1]
+    assert isinstance(done, MessageRecord)
+    assert (done.content, done.status, done.finish_reason, done.token_ids, done.completion_tokens) == (
+        "Hi there",
+        "finished",
+        "stop",
+        (22, 23, 2),
+        3,
+    )
+    assert done.timings == {"ttft": 0.25, "total": 1.5, "tokens_per_s": 2.0}
+    assert done.error is None and done.prompt_tokens == 3
+    third = await store.add_message(s.id, "user", "More?")
+    assert third.position == 2 and third.token_ids is None
+
+
+async def test_delete_messages_from_removes_the_tail(store: Store) -> None:
+    s = await store.create_session("alice")
+    other = await store.create_session("alice")
+    msgs = [await store.add_message(s.id, "user", f"m{i}") for i in range(5)]
+    foreign = await store.add_message(other.id, "user", "keep me")
+    assert await store.delete_messages_from(other.id, msgs[2].id) == 0  # message of another session
+    assert await store.delete_messages_from(s.id, msgs[2].id) == 3
+    assert [m.content for m in await store.list_messages("alice", s.id)] == ["m0", "m1"]
+    assert await store.delete_messages_from(s.id, msgs[2].id) == 0  # already gone
+    assert (await store.add_message(s.id, "user", "edited")).position == 2
+    assert [m.id for m in await store.list_messages("alice", other.id)] == [foreign.id]
+
+
+async def test_deleting_a_session_cascades_to_its_messages(store: Store, tmp_path: Path) -> None:
+    s = await store.create_session("alice")
+    keep = await store.create_session("alice")
+    for i in range(3):
+        await store.add_message(s.id, "user", f"m{i}")
+    await store.add_message(keep.id, "user", "stays")
+    assert raw(tmp_path, "SELECT count(*) FROM messages") == [(4,)]
+    assert await store.delete_session("alice", s.id) is True
+    assert raw(tmp_path, "SELECT session_id, content FROM messages") == [(keep.id, "stays")]
+    # a streaming answer whose session vanished finishes quietly
+    a = await store.start_assistant(
+        keep.id, prompt_tokens=1, cached_tokens=0, truncated_turns=0, tokenizer_fingerprint="f"
+    )
+    assert await store.delete_session("alice", keep.id) is True
+    await finish(store, a.id, "orphan", [5])
+    assert raw(tmp_path, "SELECT count(*) FROM messages") == [(0,)]
+
+
+async def test_start_marks_streaming_answers_interrupted(tmp_path: Path) -> None:
+    first = Store(make_url(tmp_path))
+    await first.start()
+    s = await first.create_session("alice")
+    await first.add_message(s.id, "user", "q")
+    a = await first.start_assistant(
+        s.id, prompt_tokens=1, cached_tokens=0, truncated_turns=0, tokenizer_fingerprint="f"
+    )
+    await first.flush_assistant(a.id, "partial ans")
+    done = await first.start_assistant(
+        s.id, prompt_tokens=1, cached_tokens=0, truncated_turns=0, tokenizer_fingerprint="f"
+    )
+    await finish(first, done.id, "whole", [7])
+    await first.close()  # as if the process died mid-stream: the row stays 'streaming'
+
+    second = Store(make_url(tmp_path))
+    await second.start()
+    msgs = await second.list_messages("alice", s.id)
+    assert [(m.status, m.content) for m in msgs] == [
+        ("complete", "q"),
+        ("interrupted", "partial ans"),
+        ("finished", "whole"),
+    ]
+    await second.close()
+    assert raw(tmp_path, "PRAGMA integrity_check") == [("ok",)]
+    assert raw(tmp_path, "PRAGMA foreign_key_check") == []
+
+
+async def test_bad_arguments_raise(store: Store) -> None:
+    s = await store.create_session("alice")
+    with pytest.raises(ValueError, match="role must be one of"):
+        await store.add_message(s.id, "tool", "x")
+    with pytest.raises(ValueError, match="status of a user message must be one of"):
+        await store.add_message(s.id, "user", "x", status="finished")
+    with pytest.raises(ValueError, match="title must be a string of at most 200"):
+        await store.create_session("alice", title="t" * 201)
+    with pytest.raises(ValueError, match="owner must be a string of 1 to 128"):
+        await store.create_session("")
+    with pytest.raises(ValueError, match="status must be one of"):
+        await store.finish_assistant(
+            1,
+            content="",
+            status="complete",
+            finish_reason=None,
+            token_ids=[],
+            completion_tokens=0,
+            timings={},
+        )
+    with pytest.raises(LookupError, match="does not exist"):
+        await store.add_message("missing-session", "user", "x")
+    with pytest.raises(RuntimeError, match="start"):
+        await Store("sqlite://").list_sessions("alice")
+
+
+async def test_unwritable_path_raises_store_unavailable(tmp_path: Path) -> None:
+    (tmp_path / "not-a-dir").write_text("a file where a directory should be")
+    s = Store(f"sqlite:///{tmp_path / 'not-a-dir' / 'chat.db'}")
+    with pytest.raises(StoreUnavailable, match="unable to open database file"):
+        await s.start()
+    with pytest.raises(RuntimeError):  # start failed: the store is not running
+        await s.ping()
+
+
+async def test_locked_database_raises_store_unavailable_without_blocking_the_loop(
+    store: Store, tmp_path: Path
+) -> None:
+    await store.ping()
+    locked = Store(make_url(tmp_path), busy_timeout_ms=300)
+    await locked.start()
+    holder = sqlite3.connect(tmp_path / "chat.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    try:
+        with pytest.raises(StoreUnavailable, match="database is locked"):
+            await locked.create_session("alice")
+    finally:
+        ticker.cancel()
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert ticks >= 10, f"the event loop stalled while the store waited on the lock ({ticks} ticks)"
+    assert (await locked.create_session("alice")).owner == "alice"  # usable again once the lock is gone
+    await locked.close()
+
+
+async def test_database_work_runs_off_the_event_loop_thread(store: Store) -> None:
+    seen: list[str] = []
+    await store._call(lambda: seen.append(threading.current_thread().name))
+    assert seen[0].startswith("pagedchat-store") and seen[0] != threading.current_thread().name
