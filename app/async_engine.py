@@ -1,0 +1,389 @@
+"""The bridge between asyncio and the synchronous engine: one thread steps it, coroutines stream its outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from engine.outputs import RequestOutput
+from engine.sequence import SamplingParams
+
+if TYPE_CHECKING:
+    from app.metrics import Metrics
+    from engine.llm_engine import LLMEngine
+    from engine.stats import EngineStats, PoolSnapshot
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+WARMUP_TEXT = "Hello"
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine thread is not serving: still starting, stopped, or dead (HTTP 503)."""
+
+
+class EngineOverloaded(RuntimeError):
+    """Too many requests are already waiting (HTTP 503 with Retry-After)."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RequestFailed(RuntimeError):
+    """The engine failed this request (a fault in its step, its detokenization, or a dead engine thread)."""
+
+
+class RequestTimedOut(RuntimeError):
+    """The request ran past the per-request timeout and was aborted."""
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    future: asyncio.Future
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+@dataclass
+class _Call:
+    fn: Callable[[Any], Any]
+    future: asyncio.Future
+
+
+_STOP = object()
+_ABORTED = object()  # queued into a stream when its request is aborted by the service
+_TIMED_OUT = object()
+
+
+def _resolve(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
+    if future.done():  # the awaiting coroutine was cancelled meanwhile
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class RequestStream:
+    """One request's outputs in order. `async for` them; closing the stream early aborts the request."""
+
+    def __init__(self, bridge: AsyncEngine, request_id: str, timeout_s: float) -> None:
+        self.request_id = request_id
+        self.finished = False
+        self.aborted = False
+        self.last: RequestOutput | None = None
+        self._bridge = bridge
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._timeout_s = timeout_s
+        self._started = time.monotonic()
+        self._last_token_time: float | None = None
+        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._queue.put_nowait, _TIMED_OUT)
+
+    def push(self, item: Any) -> None:
+        """Called on the event loop by the bridge; records latency metrics for token outputs."""
+        if isinstance(item, RequestOutput) and self._bridge.metrics is not None:
+            now = time.monotonic()
+            num_new = max((o.num_new_tokens for o in item.outputs), default=0)
+            if num_new:
+                if self._last_token_time is None:
+                    self._bridge.metrics.observe_first_token(now - self._started)
+                else:
+                    self._bridge.metrics.observe_inter_token((now - self._last_token_time) / num_new, num_new)
+                self._last_token_time = now
+            if item.finished:
+                reason = item.outputs[0].finish_reason if item.outputs else None
+                label = "error" if item.error else (reason.value if reason is not None else "abort")
+                self._bridge.metrics.observe_finished(label, now - self._started)
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, RequestOutput):
+            self.last = item
+            if item.finished:
+                self._done()
+            if item.error is not None:
+                raise RequestFailed(item.error)
+            return item
+        self._done()
+        if item is _ABORTED:
+            self.aborted = True
+            raise StopAsyncIteration
+        if item is _TIMED_OUT:
+            self.aborted = True
+            self._bridge.abort(self.request_id)
+            raise RequestTimedOut(f"request {self.request_id} exceeded the {self._timeout_s:g} s request timeout")
+        raise item  # an exception delivered by the bridge
+
+    def _done(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self._timer.cancel()
+            self._bridge._streams.pop(self.request_id, None)
+
+    def close(self) -> None:
+        """Stop consuming: abort the request at the next step unless it already finished."""
+        if not self.finished:
+            self.aborted = True
+            self._queue.put_nowait(_ABORTED)  # wakes a consumer blocked in __anext__
+            self._done()
+            self._bridge.abort(self.request_id)
+
+    async def aclose(self) -> None:
+        self.close()
+
+    async def __aenter__(self) -> RequestStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncEngine:
+    """Owns the engine thread. Requests go in through a thread-safe queue; outputs come back on the event loop."""
+
+    def __init__(
+        self,
+        engine_factory: Callable[[], LLMEngine],
+        *,
+        max_queued_requests: int = 256,
+        request_timeout_s: float = 600.0,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.metrics = metrics
+        self.engine: LLMEngine | None = None  # immutable attributes (config, model_name, ...) are safe to read
+        self.tokenizer: Any = None  # a private copy for the event-loop side; never shared with the engine thread
+        self.ready = False
+        self.dead_reason: str | None = None
+        self._factory = engine_factory
+        self._max_queued = max_queued_requests
+        self._timeout_s = request_timeout_s
+        self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._streams: dict[str, RequestStream] = {}
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._alive = False
+        # every tokenizer call of the event-loop side runs here: off the loop, and never two at once
+        self._tokenizer_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
+
+    # ---- lifecycle ------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Build the engine on its thread, run a warm-up request, and return once it can serve."""
+        self._loop = asyncio.get_running_loop()
+        started: asyncio.Future = self._loop.create_future()
+        self._alive = True
+        self._thread = threading.Thread(target=self._thread_main, args=(started,), name="engine", daemon=True)
+        self._thread.start()
+        await started
+        self.ready = True
+
+    async def stop(self) -> None:
+        """Abort what is running, stop the thread and wait for it."""
+        self.ready = False
+        for request_id in list(self._streams):
+            self.abort(request_id)
+        if self._thread is not None and self._thread.is_alive():
+            self._commands.put(_STOP)
+            await asyncio.to_thread(self._thread.join, 30.0)
+        self._tokenizer_executor.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def healthy(self) -> bool:
+        """True while the engine thread serves requests."""
+        return self.ready and self._alive and self.dead_reason is None
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    def _check_serving(self) -> None:
+        if self.dead_reason is not None:
+            raise EngineUnavailable(f"the engine is not running: {self.dead_reason}")
+        if not self.ready or not self._alive:
+            raise EngineUnavailable("the engine is not ready yet")
+
+    # ---- requests -------------------------------------------------------------------------------------------
+    async def add_request(self, request_id: str, prompt: list[int], params: SamplingParams) -> RequestStream:
+        """Queue a request; raises ValueError (bad input), EngineOverloaded or EngineUnavailable."""
+        self._check_serving()
+        assert self.engine is not None
+        limit = self.engine.config.max_num_seqs + self._max_queued
+        if len(self._streams) >= limit:
+            raise EngineOverloaded(f"the server is at its limit of {limit} concurrent requests; retry shortly")
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        stream = RequestStream(self, request_id, self._timeout_s)
+        self._streams[request_id] = stream
+        future = asyncio.get_running_loop().create_future()
+        self._commands.put(_Add(request_id, prompt, params, future))
+        try:
+            await future
+        except BaseException:
+            stream.close()  # also covers cancellation while the add was in flight
+            raise
+        return stream
+
+    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; stopping the iteration (break, cancel, disconnect) aborts it."""
+        stream = await self.add_request(request_id, prompt, params)
+        async with stream:
+            async for output in stream:
+                yield output
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request at the next step (callable from the event loop without awaiting)."""
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.aborted = True
+            stream.push(_ABORTED)
+        if self._alive:
+            self._commands.put(_Abort(request_id))
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run `fn(engine)` on the engine thread between steps and return its result."""
+        self._check_serving()
+        future = asyncio.get_running_loop().create_future()
+        self._commands.put(_Call(fn, future))
+        return await future
+
+    async def tokenize(self, fn: Callable[[Any], T]) -> T:
+        """Run `fn(tokenizer)` on the tokenizer thread, with the loop side's private tokenizer copy."""
+        self._check_serving()
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_executor, fn, self.tokenizer)
+
+    async def stats(self) -> EngineStats:
+        """Engine counters taken between steps."""
+        return await self.call(lambda engine: engine.stats())
+
+    async def snapshot(self) -> PoolSnapshot:
+        """The block pool taken between steps."""
+        return await self.call(lambda engine: engine.snapshot())
+
+    # ---- the engine thread ----------------------------------------------------------------------------------
+    def _thread_main(self, started: asyncio.Future) -> None:
+        assert self._loop is not None
+        try:
+            engine = self._factory()
+            self.tokenizer = copy.deepcopy(engine.tokenizer)
+            _warm_up(engine)
+            self.engine = engine
+        except BaseException as exc:  # noqa: BLE001 - reported to start() and the log
+            logger.exception("engine failed to start")
+            self._alive = False
+            self.dead_reason = f"startup failed: {type(exc).__name__}: {exc}"
+            self._loop.call_soon_threadsafe(_resolve, started, None, exc)
+            return
+        self._loop.call_soon_threadsafe(_resolve, started, None)
+        try:
+            self._serve(engine)
+        except BaseException as exc:  # noqa: BLE001 - the thread must report its death, never vanish
+            logger.critical("engine thread died: %s: %s", type(exc).__name__, exc, exc_info=True)
+            self.dead_reason = f"engine thread died: {type(exc).__name__}: {exc}"
+        finally:
+            self._alive = False
+            if not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self._on_thread_exit)
+
+    def _serve(self, engine: LLMEngine) -> None:
+        live: set[str] = set()
+        while True:
+            block = not engine.has_unfinished_requests()
+            while True:
+                try:
+                    command = self._commands.get(block=block)
+                except queue.Empty:
+                    break
+                block = False
+                if command is _STOP:
+                    for request_id in list(live):
+                        engine.abort_request(request_id)
+                    return
+                self._run_command(engine, command, live)
+            if not engine.has_unfinished_requests():
+                continue
+            try:
+                outputs = engine.step()
+            except Exception as exc:  # the engine fails a step's requests itself; this is the last resort
+                logger.exception("engine.step() raised; failing %d in-flight requests", len(live))
+                error = RequestFailed(f"engine step failed: {type(exc).__name__}: {exc}")
+                for request_id in live:
+                    engine.abort_request(request_id)
+                self._loop.call_soon_threadsafe(self._fail, list(live), error)
+                live.clear()
+                continue
+            for output in outputs:
+                if output.finished:
+                    live.discard(output.request_id)
+            if outputs:
+                self._loop.call_soon_threadsafe(self._dispatch, outputs)
+
+    def _run_command(self, engine: LLMEngine, command: Any, live: set[str]) -> None:
+        if isinstance(command, _Add):
+            try:
+                engine.add_request(command.request_id, command.prompt, command.params)
+            except Exception as exc:  # ValueError: bad input; the caller maps it to 400
+                self._loop.call_soon_threadsafe(_resolve, command.future, None, exc)
+                return
+            live.add(command.request_id)
+            self._loop.call_soon_threadsafe(_resolve, command.future, None)
+        elif isinstance(command, _Abort):
+            engine.abort_request(command.request_id)
+        elif isinstance(command, _Call):
+            try:
+                result = command.fn(engine)
+            except Exception as exc:
+                self._loop.call_soon_threadsafe(_resolve, command.future, None, exc)
+            else:
+                self._loop.call_soon_threadsafe(_resolve, command.future, result)
+
+    # ---- on the event loop ----------------------------------------------------------------------------------
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is not None:
+                stream.push(output)
+
+    def _fail(self, request_ids: list[str], error: BaseException) -> None:
+        for request_id in request_ids:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.push(error)
+
+    def _on_thread_exit(self) -> None:
+        reason = self.dead_reason or "the engine was stopped"
+        self._fail(list(self._streams), RequestFailed(reason))
+        while True:  # commands that raced the thread's exit: answer them instead of leaving them hanging
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(command, (_Add, _Call)):
+                _resolve(command.future, None, EngineUnavailable(f"the engine is not running: {reason}"))
+
+
+def _warm_up(engine: LLMEngine) -> None:
+    """One short greedy request through the whole step path, so /health means the model really runs."""
+    prompt = engine.tokenizer.encode(WARMUP_TEXT, add_special_tokens=False) or [0]
+    engine.add_request("warmup", prompt, SamplingParams(temperature=0.0, max_tokens=2))
+    while engine.has_unfinished_requests():
+        engine.step()

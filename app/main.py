@@ -1,0 +1,108 @@
+"""The app factory: routes, middleware, error handlers, and a lifespan that owns the store and the engine thread."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+
+from app.async_engine import AsyncEngine
+from app.chat_service import ChatService
+from app.context import Services
+from app.conversation import ConversationBuilder, template_end_of_turn_ids, tokenizer_fingerprint
+from app.db import Store
+from app.errors import APIError, api_error_handler, http_exception_handler, unhandled_error_handler
+from app.metrics import Metrics
+from app.middleware import RequestContextMiddleware
+from app.routes import openai_api, ops, sessions, ws
+from app.security import make_signer
+from app.settings import Settings, ensure_secret_key
+
+if TYPE_CHECKING:
+    from engine.llm_engine import LLMEngine
+
+logger = logging.getLogger(__name__)
+
+
+def default_engine_factory(settings: Settings) -> Callable[[], LLMEngine]:
+    """Builds the real engine from the settings' EngineConfig (imported lazily: torch loads on the engine thread)."""
+
+    def build() -> LLMEngine:
+        from engine.llm_engine import LLMEngine
+
+        return LLMEngine(settings.engine_config())
+
+    return build
+
+
+def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | None = None) -> Starlette:
+    """A new app with its own engine bridge, metrics registry and store; nothing starts before the lifespan."""
+    settings = ensure_secret_key(settings)
+    metrics = Metrics(model_name=settings.model)
+    engine = AsyncEngine(
+        engine_factory or default_engine_factory(settings),
+        max_queued_requests=settings.max_queued_requests,
+        request_timeout_s=settings.request_timeout_s,
+        metrics=metrics,
+    )
+    svc = Services(settings=settings, engine=engine, metrics=metrics, signer=make_signer(settings.secret_key))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await _startup(svc)
+        try:
+            yield
+        finally:
+            await _shutdown(svc)
+
+    app = Starlette(
+        routes=[*ops.routes, *openai_api.routes, *sessions.routes, *ws.routes],
+        middleware=[Middleware(RequestContextMiddleware, signer=svc.signer, cookie_secure=settings.cookie_secure)],
+        exception_handlers={
+            APIError: api_error_handler,
+            HTTPException: http_exception_handler,
+            Exception: unhandled_error_handler,
+        },
+        lifespan=lifespan,
+    )
+    app.state.services = svc
+    return app
+
+
+async def _startup(svc: Services) -> None:
+    settings = svc.settings
+    url = settings.resolved_database_url
+    if url.startswith("sqlite:///") and not settings.database_url:
+        Path(settings.resolved_cache_dir).mkdir(parents=True, exist_ok=True)
+    store = Store(url)
+    results = await asyncio.gather(store.start(), svc.engine.start(), return_exceptions=True)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    if failures:
+        await svc.engine.stop()
+        await store.close()
+        raise failures[0]
+    engine = svc.engine.engine
+    assert engine is not None
+    svc.metrics.set_model_name(engine.model_name)
+    end_of_turn = await svc.engine.tokenize(template_end_of_turn_ids)
+    fingerprint = await svc.engine.tokenize(tokenizer_fingerprint)
+    builder = ConversationBuilder(svc.engine.tokenizer, engine.config.max_model_len, end_of_turn)
+    svc.store = store
+    svc.chat = ChatService(store, svc.engine, settings, builder, fingerprint)
+    logger.info("serving %s: %d KV blocks of %d tokens, max_model_len %d", engine.model_name, engine.num_blocks,
+                engine.config.block_size, engine.config.max_model_len)
+
+
+async def _shutdown(svc: Services) -> None:
+    if svc.chat is not None:
+        await svc.chat.shutdown(svc.settings.shutdown_grace_s)
+    await svc.engine.stop()
+    if svc.store is not None:
+        await svc.store.close()

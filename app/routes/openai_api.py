@@ -1,0 +1,319 @@
+"""OpenAI-compatible API: /v1/models, /v1/chat/completions and /v1/completions, streaming (SSE) or not."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from app.async_engine import RequestFailed, RequestStream, RequestTimedOut
+from app.context import Services, services
+from app.errors import APIError, bad_request, error_response, from_exception
+from app.routes import openai_format as fmt
+from app.routes.params import (
+    get_bool,
+    get_int,
+    read_json_object,
+    resolve_max_tokens,
+    sampling_params,
+)
+from app.security import require_api_key
+from engine.outputs import Logprob, RequestOutput
+
+logger = logging.getLogger(__name__)
+ROLES = ("system", "user", "assistant", "developer")
+
+
+@dataclass
+class _Call:
+    """A validated request, queued in the engine."""
+
+    kind: str  # "chat" or "completion"
+    response_id: str
+    model: str
+    stream: RequestStream
+    streaming: bool
+    include_usage: bool
+    logprobs: bool
+    num_prompt_tokens: int
+
+
+async def list_models(request: Request) -> Response:
+    """The one model this server serves."""
+    svc = services(request)
+    require_api_key(request, svc.settings)
+    engine = svc.engine.engine
+    data = []
+    if engine is not None:
+        data.append({"id": engine.model_name, "object": "model", "created": 0, "owned_by": "pagedchat",
+                     "max_model_len": engine.config.max_model_len})
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def chat_completions(request: Request) -> Response:
+    """POST /v1/chat/completions."""
+    return await _handle(request, "chat")
+
+
+async def completions(request: Request) -> Response:
+    """POST /v1/completions."""
+    return await _handle(request, "completion")
+
+
+async def _handle(request: Request, kind: str) -> Response:
+    svc = services(request)
+    try:
+        call = await _start(request, svc, kind)
+    except Exception as exc:  # noqa: BLE001 - every failure before streaming becomes an API error
+        error = from_exception(exc)
+        svc.metrics.observe_error(error.status)
+        return error_response(error)
+    if call.streaming:
+        return EventSourceResponse(_sse(svc, call), ping=15, shutdown_grace_period=svc.settings.shutdown_grace_s)
+    try:
+        result = await _collect(call.stream, request)
+    except (RequestFailed, RequestTimedOut) as exc:
+        error = from_exception(exc)
+        svc.metrics.observe_error(error.status)
+        return error_response(error)
+    if result is None:  # the client went away; the request was aborted
+        return Response(status_code=499)
+    return JSONResponse(await _full_body(svc, call, result))
+
+
+def _check_model(body: dict[str, Any], svc: Services) -> str:
+    engine = svc.engine.engine
+    served = engine.model_name if engine is not None else svc.settings.model
+    model = body.get("model")
+    if model is None:
+        return served
+    if not isinstance(model, str):
+        raise bad_request(f"model must be a string, got {json.dumps(model)[:80]}", "model")
+    if model != served:
+        raise APIError(404, f"model {model[:200]!r} not found; this server serves {served!r}", param="model",
+                       code="model_not_found")
+    return served
+
+
+def _messages(body: dict[str, Any], max_messages: int, max_chars: int) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages must be a non-empty list of {role, content} objects", "messages")
+    if len(messages) > max_messages:
+        raise bad_request(f"messages holds {len(messages)} messages, over the limit of {max_messages}", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise bad_request(f"messages[{i}] must be an object with role and content", "messages")
+        role, content = m.get("role"), m.get("content")
+        if role not in ROLES:
+            raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {json.dumps(role)[:60]}",
+                              "messages")
+        if isinstance(content, list):  # content parts: only text is served
+            parts = [p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None for p in content]
+            if any(not isinstance(p, str) for p in parts):
+                raise bad_request(f"messages[{i}].content parts must be text parts", "messages")
+            content = "".join(parts)
+        if content is None and role == "assistant":
+            content = ""
+        if not isinstance(content, str):
+            raise bad_request(f"messages[{i}].content must be a string, got {json.dumps(content)[:60]}", "messages")
+        if len(content) > max_chars:
+            raise bad_request(f"messages[{i}].content is {len(content)} characters, over the limit of {max_chars}",
+                              "messages")
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+    return out
+
+
+def _render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+async def _prompt_ids(svc: Services, kind: str, body: dict[str, Any]) -> list[int]:
+    settings = svc.settings
+    if kind == "chat":
+        messages = _messages(body, settings.max_messages, settings.max_message_chars)
+        return await svc.engine.tokenize(lambda tok: _render_chat(tok, messages))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("prompt is empty", "prompt")
+        if len(prompt) > settings.max_message_chars:
+            raise bad_request(f"prompt is {len(prompt)} characters, over the limit of {settings.max_message_chars}",
+                              "prompt")
+        return await svc.engine.tokenize(lambda tok: list(tok.encode(prompt, add_special_tokens=False)))
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return list(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1:
+        raise bad_request("prompt: batches of several prompts are not supported; send one prompt per request",
+                          "prompt")
+    raise bad_request("prompt must be a non-empty string or a list of token ids", "prompt")
+
+
+async def _start(request: Request, svc: Services, kind: str) -> _Call:
+    require_api_key(request, svc.settings)
+    body = await read_json_object(request, svc.settings.max_body_bytes)
+    model = _check_model(body, svc)
+    streaming = get_bool(body, "stream", False)
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise bad_request("stream_options must be an object", "stream_options")
+    include_usage = get_bool(options or {}, "include_usage", False)
+    if kind == "chat":
+        want = get_bool(body, "logprobs", False)
+        top = get_int(body, "top_logprobs", None)
+        if top is not None and not want:
+            raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+        logprobs = (top or 0) if want else None
+        requested = get_int(body, "max_completion_tokens", None)
+        if requested is None:
+            requested = get_int(body, "max_tokens", None)
+    else:
+        logprobs = get_int(body, "logprobs", None)
+        requested = get_int(body, "max_tokens", 16)
+    prompt_ids = await _prompt_ids(svc, kind, body)
+    engine = svc.engine.engine
+    max_model_len = engine.config.max_model_len if engine is not None else 0
+    max_tokens = resolve_max_tokens(requested, len(prompt_ids), max_model_len,
+                                    prompt_param="messages" if kind == "chat" else "prompt")
+    params = sampling_params(body, max_tokens=max_tokens, logprobs=logprobs)
+    response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+    stream = await svc.engine.add_request(response_id, prompt_ids, params)
+    logger.info("%s %s: %d prompt tokens, max_tokens %d, n %d, stream %s", kind, response_id, len(prompt_ids),
+                max_tokens, params.n, streaming)
+    return _Call(kind, response_id, model, stream, streaming, include_usage, logprobs is not None, len(prompt_ids))
+
+
+async def _collect(stream: RequestStream, request: Request) -> RequestOutput | None:
+    """Run a request to its end; None (and an abort) if the client disconnects first."""
+
+    async def consume() -> RequestOutput | None:
+        last = None
+        async with stream:
+            async for output in stream:
+                last = output
+            return None if stream.aborted else last
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(consume())
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            stream.close()
+            task.cancel()
+    if task.cancelled():
+        return None
+    return task.result()
+
+
+async def _token_text(svc: Services, entries: list[Logprob]) -> dict[int, str]:
+    ids = sorted(fmt.token_ids_of(entries))
+    if not ids:
+        return {}
+    texts = await svc.engine.tokenize(lambda tok: [tok.decode([t]) for t in ids])
+    return dict(zip(ids, texts, strict=True))
+
+
+async def _full_body(svc: Services, call: _Call, result: RequestOutput) -> dict[str, Any]:
+    kind = "chat.completion" if call.kind == "chat" else "text_completion"
+    body = fmt.envelope(kind, call.response_id, call.model)
+    choices = []
+    for out in result.outputs:
+        logprobs = None
+        if call.logprobs:
+            text_of = await _token_text(svc, out.logprobs or [])
+            logprobs = (fmt.chat_logprobs(out.logprobs or [], text_of) if call.kind == "chat"
+                        else fmt.completion_logprobs(out.logprobs or [], text_of, 0))
+        choice: dict[str, Any] = {"index": out.index, "logprobs": logprobs, "finish_reason": fmt.finish_reason(out)}
+        if call.kind == "chat":
+            choice["message"] = {"role": "assistant", "content": out.text}
+        else:
+            choice["text"] = out.text
+        choices.append(choice)
+    body["choices"] = choices
+    body["usage"] = fmt.usage(result, call.num_prompt_tokens)
+    return body
+
+
+async def _sse(svc: Services, call: _Call) -> AsyncIterator[dict[str, str]]:
+    """The SSE events of a streamed request, ending with `data: [DONE]`; closing it aborts the request."""
+    kind = "chat.completion.chunk" if call.kind == "chat" else "text_completion"
+    created = int(time.time())
+    cursor = fmt.LogprobCursor()
+    text_len: dict[int, int] = {}
+    last: RequestOutput | None = None
+
+    def chunk(choices: list[dict[str, Any]]) -> dict[str, str]:
+        body = fmt.envelope(kind, call.response_id, call.model, created)
+        body["choices"] = choices
+        if call.include_usage:
+            body["usage"] = None
+        return {"data": json.dumps(body, ensure_ascii=False)}
+
+    async with call.stream as stream:
+        try:
+            first = True
+            async for output in stream:
+                last = output
+                choices = []
+                for out in output.outputs:
+                    if not (out.text_delta or out.finished or first):  # the role goes out in the first chunk
+                        continue
+                    logprobs = None
+                    if call.logprobs:
+                        entries = cursor.new_entries(out)
+                        text_of = await _token_text(svc, entries)
+                        logprobs = (fmt.chat_logprobs(entries, text_of) if call.kind == "chat" else
+                                    fmt.completion_logprobs(entries, text_of, text_len.get(out.index, 0)))
+                    text_len[out.index] = len(out.text)
+                    choice: dict[str, Any] = {"index": out.index, "logprobs": logprobs,
+                                              "finish_reason": fmt.finish_reason(out)}
+                    if call.kind == "chat":
+                        delta: dict[str, Any] = {"content": out.text_delta}
+                        if first:
+                            delta["role"] = "assistant"
+                        choice["delta"] = delta
+                    else:
+                        choice["text"] = out.text_delta
+                    choices.append(choice)
+                first = False
+                if choices:
+                    yield chunk(choices)
+        except (RequestFailed, RequestTimedOut) as exc:
+            error = from_exception(exc)
+            logger.warning("%s failed mid-stream: %s", call.response_id, error.message)
+            yield {"data": json.dumps(error.to_dict())}
+            yield {"data": "[DONE]"}
+            return
+    if last is not None and call.include_usage:
+        body = fmt.envelope(kind, call.response_id, call.model, created)
+        body["choices"] = []
+        body["usage"] = fmt.usage(last, call.num_prompt_tokens)
+        yield {"data": json.dumps(body)}
+    yield {"data": "[DONE]"}
+
+
+routes = [
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+]

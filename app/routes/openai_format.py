@@ -1,0 +1,83 @@
+"""Building OpenAI response bodies from RequestOutputs: choices, chunks, usage and logprobs."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from engine.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.sequence import FinishReason
+
+
+def finish_reason(output: CompletionOutput) -> str | None:
+    """The OpenAI finish_reason of one sample ("stop", "length", "abort"), None while it runs."""
+    reason = output.finish_reason
+    if reason is None or reason is FinishReason.ERROR:
+        return None
+    return reason.value
+
+
+def usage(result: RequestOutput, prompt_tokens: int) -> dict[str, Any]:
+    """`usage` with `prompt_tokens_details.cached_tokens` (prompt tokens served from the prefix cache)."""
+    completion_tokens = sum(len(o.token_ids) for o in result.outputs)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": result.num_cached_tokens},
+    }
+
+
+def envelope(kind: str, response_id: str, model: str, created: int | None = None) -> dict[str, Any]:
+    """The fields every response or chunk starts with."""
+    return {"id": response_id, "object": kind, "created": created or int(time.time()), "model": model}
+
+
+def chat_logprobs(entries: list[Logprob], token_text: dict[int, str]) -> dict[str, Any]:
+    """Chat-style logprobs: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    def item(token_id: int, logprob: float) -> dict[str, Any]:
+        text = token_text.get(token_id, "")
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    return {
+        "content": [
+            {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]} for e in entries
+        ]
+    }
+
+
+def completion_logprobs(entries: list[Logprob], token_text: dict[int, str], text_offset: int) -> dict[str, Any]:
+    """Legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
+    tokens, offsets = [], []
+    for e in entries:
+        tokens.append(token_text.get(e.token_id, ""))
+        offsets.append(text_offset)
+        text_offset += len(tokens[-1])
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{token_text.get(t, ""): lp for t, lp in e.top} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def token_ids_of(entries: list[Logprob]) -> set[int]:
+    """Every token id a logprobs block needs text for."""
+    ids = {e.token_id for e in entries}
+    for e in entries:
+        ids.update(t for t, _ in e.top)
+    return ids
+
+
+class LogprobCursor:
+    """Remembers how many logprob entries of each sample were already sent, for streaming."""
+
+    def __init__(self) -> None:
+        self.sent: dict[int, int] = {}
+
+    def new_entries(self, output: CompletionOutput) -> list[Logprob]:
+        """The entries of this sample not sent yet (the engine's list is cumulative)."""
+        entries = output.logprobs or []
+        start = self.sent.get(output.index, 0)
+        self.sent[output.index] = len(entries)
+        return entries[start:]

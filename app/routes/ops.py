@@ -1,0 +1,79 @@
+"""Operations endpoints: /health, /metrics (Prometheus) and /api/admin/state (the block pool, for the admin page)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from app.context import services
+from app.errors import error_response, from_exception
+from app.security import require_admin
+from engine.stats import PoolSnapshot
+
+_STATE_CHARS = "fcu"  # block_states 0 free / 1 cached-evictable / 2 in use, one character per block
+
+
+async def health(request: Request) -> Response:
+    """200 once the model is loaded and warmed up and the engine thread runs; 503 with the reason otherwise."""
+    svc = services(request)
+    engine = svc.engine
+    if engine.healthy:
+        store_ok = True
+        if svc.store is not None:
+            try:
+                await svc.store.ping()
+            except Exception:  # noqa: BLE001 - reported in the body, the engine still serves /v1
+                store_ok = False
+        body = {"status": "ok", "model": engine.engine.model_name if engine.engine else None,
+                "database": "ok" if store_ok else "unavailable"}
+        return JSONResponse(body)
+    reason = engine.dead_reason or ("starting" if not engine.ready else "stopped")
+    status = "starting" if engine.dead_reason is None and not engine.ready else "unhealthy"
+    return JSONResponse({"status": status, "reason": reason}, status_code=503, headers={"Retry-After": "5"})
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus text exposition; engine gauges are taken on the engine thread for this scrape."""
+    svc = services(request)
+    if svc.engine.healthy:
+        svc.metrics.set_engine_stats(await svc.engine.stats())
+    return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def snapshot_to_json(snap: PoolSnapshot) -> dict[str, Any]:
+    """A compact JSON picture of the pool: one character per block, ref counts and hashes only where set."""
+    owners: dict[int, list[int]] = {}
+    for seq in snap.sequences:
+        for block_id in seq["block_table"]:
+            owners.setdefault(block_id, []).append(seq["seq_id"])
+    return {
+        "num_blocks": len(snap.block_states),
+        "block_size": snap.stats.block_size,
+        "block_states": "".join(_STATE_CHARS[s] for s in snap.block_states),
+        "ref_counts": {str(i): r for i, r in enumerate(snap.ref_counts) if r},
+        "block_hashes": {str(i): h for i, h in snap.block_hash_prefixes.items()},
+        "block_owners": {str(i): ids for i, ids in owners.items()},
+        "sequences": snap.sequences,
+        "stats": {k: getattr(snap.stats, k) for k in snap.stats.__dataclass_fields__},
+    }
+
+
+async def admin_state(request: Request) -> Response:
+    """The block pool snapshot, taken between steps; admin token or loopback required."""
+    svc = services(request)
+    try:
+        require_admin(request, svc.settings)
+        snap = await svc.engine.snapshot()
+    except Exception as exc:  # noqa: BLE001 - auth and engine failures become API errors
+        return error_response(from_exception(exc))
+    return JSONResponse(snapshot_to_json(snap))
+
+
+routes = [
+    Route("/health", health, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+    Route("/api/admin/state", admin_state, methods=["GET"]),
+]

@@ -1,0 +1,157 @@
+"""Reading request bodies: size-limited JSON, typed fields with errors naming them, and SamplingParams."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from starlette.requests import Request
+
+from app.errors import APIError, bad_request
+from engine.sequence import SamplingParams
+
+_MISSING = object()
+
+
+async def read_json_object(request: Request, max_bytes: int, *, allow_empty: bool = False) -> dict[str, Any]:
+    """The body as a JSON object; 413 past `max_bytes` counting the bytes actually received, 400 if not JSON."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise APIError(413, f"request body of {int(declared)} bytes exceeds the limit of {max_bytes} bytes",
+                       code="request_too_large")
+    chunks: list[bytes] = []
+    received = 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > max_bytes:
+            raise APIError(413, f"request body exceeds the limit of {max_bytes} bytes", code="request_too_large")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    if not body and allow_empty:
+        return {}
+    if not body:
+        raise bad_request("the request body is empty: expected a JSON object")
+    try:
+        value = json.loads(body)
+    except UnicodeDecodeError:
+        raise bad_request("the request body is not valid UTF-8") from None
+    except ValueError as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise bad_request(f"the request body must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def get_number(body: dict[str, Any], name: str, default: float | None) -> float | None:
+    """A finite number field (null means default)."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad_request(f"{name} must be a finite number, got {json.dumps(value)[:80]}", name)
+    return float(value)
+
+
+def get_int(body: dict[str, Any], name: str, default: int | None) -> int | None:
+    """An integer field (null means default); 2.0 is accepted as 2."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"{name} must be an integer, got {json.dumps(value)[:80]}", name)
+    return value
+
+
+def get_bool(body: dict[str, Any], name: str, default: bool) -> bool:
+    """A boolean field (null means default)."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"{name} must be true or false, got {json.dumps(value)[:80]}", name)
+    return value
+
+
+def get_str(body: dict[str, Any], name: str, default: str | None, *, max_chars: int) -> str | None:
+    """A string field of bounded length (null means default)."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise bad_request(f"{name} must be a string, got {json.dumps(value)[:80]}", name)
+    if len(value) > max_chars:
+        raise bad_request(f"{name} is {len(value)} characters long, over the limit of {max_chars}", name)
+    return value
+
+
+def get_stop(body: dict[str, Any]) -> tuple[str, ...]:
+    """`stop`: a string, a list of strings, or null."""
+    value = body.get("stop")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return tuple(value)
+    raise bad_request(f"stop must be a string or a list of strings, got {json.dumps(value)[:80]}", "stop")
+
+
+def sampling_params(
+    body: dict[str, Any],
+    *,
+    max_tokens: int,
+    logprobs: int | None,
+    defaults: dict[str, Any] | None = None,
+) -> SamplingParams:
+    """SamplingParams from the OpenAI sampling fields; any invalid value is a 400 naming its field."""
+    d = defaults or {}
+    stop_token_ids = body.get("stop_token_ids")
+    if stop_token_ids is not None and not (
+        isinstance(stop_token_ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids)
+    ):
+        raise bad_request("stop_token_ids must be a list of integers", "stop_token_ids")
+    try:
+        return SamplingParams(
+            temperature=get_number(body, "temperature", d.get("temperature", 1.0)),
+            top_p=get_number(body, "top_p", d.get("top_p", 1.0)),
+            top_k=get_int(body, "top_k", d.get("top_k", 0)),
+            min_p=get_number(body, "min_p", d.get("min_p", 0.0)),
+            repetition_penalty=get_number(body, "repetition_penalty", d.get("repetition_penalty", 1.0)),
+            presence_penalty=get_number(body, "presence_penalty", d.get("presence_penalty", 0.0)),
+            frequency_penalty=get_number(body, "frequency_penalty", d.get("frequency_penalty", 0.0)),
+            max_tokens=max_tokens,
+            stop=get_stop(body) if "stop" in body else tuple(d.get("stop", ())),
+            stop_token_ids=tuple(stop_token_ids or ()),
+            ignore_eos=get_bool(body, "ignore_eos", False),
+            n=get_int(body, "n", 1),
+            seed=get_int(body, "seed", d.get("seed")),
+            logprobs=logprobs,
+        )
+    except ValueError as exc:
+        message = str(exc)
+        field = message.split(" ", 1)[0]
+        raise bad_request(message, field if field.isidentifier() else None) from None
+
+
+def resolve_max_tokens(
+    requested: int | None, num_prompt_tokens: int, max_model_len: int, *, prompt_param: str
+) -> int:
+    """max_tokens checked against the context window; when absent, whatever room the prompt leaves."""
+    if requested is not None and requested < 1:
+        raise bad_request(f"max_tokens must be a positive integer, got {requested}", "max_tokens")
+    if requested is None:
+        if num_prompt_tokens >= max_model_len:
+            raise bad_request(
+                f"prompt ({num_prompt_tokens} tokens) leaves no room to generate within max_model_len "
+                f"({max_model_len})", prompt_param,
+            )
+        return max_model_len - num_prompt_tokens
+    if num_prompt_tokens + requested > max_model_len:
+        raise bad_request(
+            f"prompt ({num_prompt_tokens} tokens) + max_tokens ({requested}) exceeds max_model_len "
+            f"({max_model_len})", "max_tokens",
+        )
+    return requested

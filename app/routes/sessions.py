@@ -1,0 +1,197 @@
+"""Chat sessions over JSON: create, list, read, rename, delete; replies streamed over SSE."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from app.chat_service import SESSION_SAMPLING_KEYS, ChatService, Reply, message_json
+from app.context import Services, services
+from app.db import SessionRecord
+from app.errors import APIError, bad_request, error_response, from_exception, not_found
+from app.routes.params import get_str, read_json_object, sampling_params
+from app.security import session_owner
+
+logger = logging.getLogger(__name__)
+Handler = Callable[[Request, Services, str], Awaitable[Response]]
+
+
+def _api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """Resolve the owner, run the handler, and turn any failure into an OpenAI-shaped error."""
+
+    @functools.wraps(handler)
+    async def endpoint(request: Request) -> Response:
+        svc = services(request)
+        try:
+            if svc.store is None or svc.chat is None:
+                raise APIError(503, "the service is still starting", headers={"Retry-After": "2"})
+            return await handler(request, svc, session_owner(request, svc.settings))
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an API error
+            error = from_exception(exc)
+            svc.metrics.observe_error(error.status)
+            return error_response(error)
+
+    return endpoint
+
+
+def session_json(s: SessionRecord, chat: ChatService) -> dict[str, Any]:
+    """A session as the API shows it."""
+    return {"id": s.id, "title": s.title, "system_prompt": s.system_prompt, "settings": s.settings,
+            "created_at": s.created_at.isoformat(), "updated_at": s.updated_at.isoformat(),
+            "streaming": chat.is_streaming(s.id)}
+
+
+def check_session_settings(value: Any, default_max_tokens: int) -> dict[str, Any]:
+    """Session sampling settings: known keys only, each valid as a sampling parameter."""
+    if not isinstance(value, dict):
+        raise bad_request("settings must be an object", "settings")
+    unknown = sorted(k for k in value if k not in SESSION_SAMPLING_KEYS)
+    if unknown:
+        raise bad_request(f"settings.{unknown[0][:60]} is not a known setting; known: {', '.join(SESSION_SAMPLING_KEYS)}",
+                          "settings")
+    max_tokens = value.get("max_tokens", default_max_tokens)
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise bad_request(f"settings.max_tokens must be a positive integer, got {json.dumps(max_tokens)[:40]}",
+                          "settings.max_tokens")
+    try:
+        sampling_params(value, max_tokens=max_tokens, logprobs=None)
+    except APIError as exc:
+        raise bad_request(f"settings.{exc.message}", f"settings.{exc.param}" if exc.param else "settings") from None
+    return dict(value)
+
+
+def _fields(body: dict[str, Any], svc: Services) -> dict[str, Any]:
+    limit = svc.settings.max_message_chars
+    fields: dict[str, Any] = {
+        "title": get_str(body, "title", None, max_chars=200),
+        "system_prompt": get_str(body, "system_prompt", None, max_chars=limit),
+    }
+    if body.get("settings") is not None:
+        fields["settings"] = check_session_settings(body["settings"], svc.settings.default_max_tokens)
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+@_api
+async def list_sessions(request: Request, svc: Services, owner: str) -> Response:
+    """GET /api/sessions: the caller's sessions, newest first."""
+    sessions = await svc.store.list_sessions(owner)
+    return JSONResponse({"sessions": [session_json(s, svc.chat) for s in sessions]})
+
+
+@_api
+async def create_session(request: Request, svc: Services, owner: str) -> Response:
+    """POST /api/sessions {title?, system_prompt?, settings?}."""
+    body = await read_json_object(request, svc.settings.max_body_bytes, allow_empty=True)
+    session = await svc.store.create_session(owner, **_fields(body, svc))
+    return JSONResponse(session_json(session, svc.chat), status_code=201)
+
+
+@_api
+async def get_session(request: Request, svc: Services, owner: str) -> Response:
+    """GET /api/sessions/{id}: the session and its messages."""
+    sid = request.path_params["session_id"]
+    session = await svc.store.get_session(owner, sid)
+    messages = await svc.store.list_messages(owner, sid)
+    if session is None or messages is None:
+        raise not_found(f"session {sid[:64]!r}")
+    return JSONResponse({**session_json(session, svc.chat), "messages": [message_json(m) for m in messages]})
+
+
+@_api
+async def list_messages(request: Request, svc: Services, owner: str) -> Response:
+    """GET /api/sessions/{id}/messages."""
+    sid = request.path_params["session_id"]
+    messages = await svc.store.list_messages(owner, sid)
+    if messages is None:
+        raise not_found(f"session {sid[:64]!r}")
+    return JSONResponse({"messages": [message_json(m) for m in messages]})
+
+
+@_api
+async def update_session(request: Request, svc: Services, owner: str) -> Response:
+    """PATCH /api/sessions/{id} {title?, system_prompt?, settings?}."""
+    sid = request.path_params["session_id"]
+    body = await read_json_object(request, svc.settings.max_body_bytes)
+    session = await svc.store.update_session(owner, sid, **_fields(body, svc))
+    if session is None:
+        raise not_found(f"session {sid[:64]!r}")
+    return JSONResponse(session_json(session, svc.chat))
+
+
+@_api
+async def delete_session(request: Request, svc: Services, owner: str) -> Response:
+    """DELETE /api/sessions/{id}: stops its reply if one streams, then deletes it."""
+    sid = request.path_params["session_id"]
+    if await svc.store.get_session(owner, sid) is None:
+        raise not_found(f"session {sid[:64]!r}")
+    svc.chat.stop(sid)
+    await svc.store.delete_session(owner, sid)
+    return Response(status_code=204)
+
+
+@_api
+async def stop_reply(request: Request, svc: Services, owner: str) -> Response:
+    """POST /api/sessions/{id}/stop: stop the streaming reply (stored as `stopped`)."""
+    sid = request.path_params["session_id"]
+    if await svc.store.get_session(owner, sid) is None:
+        raise not_found(f"session {sid[:64]!r}")
+    return JSONResponse({"stopped": svc.chat.stop(sid)})
+
+
+@_api
+async def post_message(request: Request, svc: Services, owner: str) -> Response:
+    """POST /api/sessions/{id}/messages {content}: store it and stream the reply over SSE."""
+    body = await read_json_object(request, svc.settings.max_body_bytes)
+    reply = await svc.chat.send(owner, request.path_params["session_id"], body.get("content"))
+    return _sse(svc, reply)
+
+
+@_api
+async def regenerate(request: Request, svc: Services, owner: str) -> Response:
+    """POST /api/sessions/{id}/regenerate: a new reply to the last user message, over SSE."""
+    reply = await svc.chat.regenerate(owner, request.path_params["session_id"])
+    return _sse(svc, reply)
+
+
+@_api
+async def edit_last(request: Request, svc: Services, owner: str) -> Response:
+    """POST /api/sessions/{id}/edit {content}: replace the last user message and stream the new reply."""
+    body = await read_json_object(request, svc.settings.max_body_bytes)
+    reply = await svc.chat.edit(owner, request.path_params["session_id"], body.get("content"))
+    return _sse(svc, reply)
+
+
+def _sse(svc: Services, reply: Reply) -> Response:
+    async def events() -> AsyncIterator[dict[str, str]]:
+        ended = False
+        try:
+            async for event in reply.iter_events():
+                ended = event["type"] in ("done", "error")
+                yield {"event": event["type"], "data": json.dumps(event, ensure_ascii=False)}
+        finally:
+            if not ended:  # the client went away mid-reply: abort it (stored as stopped)
+                svc.chat.stop(reply.session_id)
+
+    return EventSourceResponse(events(), ping=15, shutdown_grace_period=svc.settings.shutdown_grace_s)
+
+
+routes = [
+    Route("/api/sessions", list_sessions, methods=["GET"]),
+    Route("/api/sessions", create_session, methods=["POST"]),
+    Route("/api/sessions/{session_id}", get_session, methods=["GET"]),
+    Route("/api/sessions/{session_id}", update_session, methods=["PATCH"]),
+    Route("/api/sessions/{session_id}", delete_session, methods=["DELETE"]),
+    Route("/api/sessions/{session_id}/messages", list_messages, methods=["GET"]),
+    Route("/api/sessions/{session_id}/messages", post_message, methods=["POST"]),
+    Route("/api/sessions/{session_id}/regenerate", regenerate, methods=["POST"]),
+    Route("/api/sessions/{session_id}/edit", edit_last, methods=["POST"]),
+    Route("/api/sessions/{session_id}/stop", stop_reply, methods=["POST"]),
+]

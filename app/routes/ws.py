@@ -1,0 +1,146 @@
+"""WS /ws/sessions/{id}: the browser's chat socket. Frames are JSON text; bad input gets an error frame, not a close.
+
+Client → server: {"type": "message", "content": str} · {"type": "stop"} · {"type": "regenerate"} ·
+{"type": "edit", "content": str} · {"type": "ping"}.
+Server → client: start · assistant_start · delta {text} · done {message, usage, timings} · error {status, code,
+message, param} · stop_ack {stopped} · pong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from app.chat_service import ChatService, Reply
+from app.context import services
+from app.errors import APIError, bad_request, from_exception
+from app.security import origin_allowed, session_owner
+
+logger = logging.getLogger(__name__)
+CLOSE_POLICY_VIOLATION = 1008
+CLOSE_TOO_BIG = 1009
+CLOSE_TRY_AGAIN_LATER = 1013
+CLOSE_SESSION_NOT_FOUND = 4404
+REPLY_FRAMES = ("message", "regenerate", "edit")
+
+
+def error_frame(error: APIError) -> dict[str, Any]:
+    """An error as a socket frame: same fields as the HTTP error body, plus the status it would have had."""
+    return {"type": "error", "status": error.status, **error.to_dict()["error"]}
+
+
+class _Socket:
+    """Serialises sends: replies are forwarded by a task while the main loop answers other frames."""
+
+    def __init__(self, websocket: WebSocket) -> None:
+        self.websocket = websocket
+        self.lock = asyncio.Lock()
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        async with self.lock:
+            await self.websocket.send_text(json.dumps(frame, ensure_ascii=False))
+
+
+async def chat_socket(websocket: WebSocket) -> None:
+    """One browser tab's chat on one session."""
+    svc = services(websocket)
+    session_id = websocket.path_params["session_id"]
+    if not origin_allowed(websocket, svc.settings):
+        logger.warning("websocket rejected: origin %r", websocket.headers.get("origin"))
+        await websocket.close(code=CLOSE_POLICY_VIOLATION)  # before accept: the handshake gets 403
+        return
+    try:
+        owner = session_owner(websocket, svc.settings)
+    except APIError:
+        await websocket.close(code=CLOSE_POLICY_VIOLATION)
+        return
+    if svc.store is None or svc.chat is None:
+        await websocket.close(code=CLOSE_TRY_AGAIN_LATER)
+        return
+    await websocket.accept()
+    socket = _Socket(websocket)
+    try:
+        session = await svc.store.get_session(owner, session_id)
+    except Exception as exc:  # noqa: BLE001 - the store is down: say so and close
+        await socket.send(error_frame(from_exception(exc)))
+        await websocket.close(code=CLOSE_TRY_AGAIN_LATER)
+        return
+    if session is None:
+        await socket.send(error_frame(APIError(404, f"session {session_id[:64]!r} not found", code="not_found")))
+        await websocket.close(code=CLOSE_SESSION_NOT_FOUND)
+        return
+    await _serve(socket, svc.chat, owner, session_id, svc.settings.ws_max_frame_bytes)
+
+
+async def _serve(socket: _Socket, chat: ChatService, owner: str, session_id: str, max_frame_bytes: int) -> None:
+    pump: asyncio.Task | None = None
+    try:
+        while True:
+            message = await socket.websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            text = message.get("text")
+            if text is None:
+                await socket.send(error_frame(bad_request("binary frames are not supported: send JSON text")))
+                continue
+            if len(text) > max_frame_bytes or len(text.encode("utf-8", "surrogatepass")) > max_frame_bytes:
+                await socket.websocket.close(code=CLOSE_TOO_BIG, reason=f"frame over {max_frame_bytes} bytes")
+                return
+            try:
+                frame = _parse(text)
+                kind = frame["type"]
+                if kind == "ping":
+                    await socket.send({"type": "pong"})
+                elif kind == "stop":
+                    await socket.send({"type": "stop_ack", "stopped": chat.stop(session_id)})
+                elif kind in REPLY_FRAMES:
+                    reply = await _start(chat, owner, session_id, kind, frame)
+                    pump = asyncio.create_task(_forward(socket, reply))
+                else:
+                    raise bad_request(f"unknown frame type {kind[:40]!r}: expected message, stop, regenerate, "
+                                      "edit or ping", "type")
+            except Exception as exc:  # noqa: BLE001 - bad input or a busy session: an error frame, socket stays open
+                await socket.send(error_frame(from_exception(exc)))
+    except WebSocketDisconnect:
+        return
+    finally:
+        if pump is not None and not pump.done():
+            chat.stop(session_id)  # the tab went away mid-reply: abort it; it is stored as stopped
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(pump, timeout=5.0)
+
+
+def _parse(text: str) -> dict[str, Any]:
+    try:
+        frame = json.loads(text)
+    except ValueError as exc:
+        raise bad_request(f"frame is not valid JSON: {exc}") from None
+    if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+        raise bad_request("frame must be a JSON object with a string 'type'", "type")
+    return frame
+
+
+async def _start(chat: ChatService, owner: str, session_id: str, kind: str, frame: dict[str, Any]) -> Reply:
+    if kind == "message":
+        return await chat.send(owner, session_id, frame.get("content"))
+    if kind == "regenerate":
+        return await chat.regenerate(owner, session_id)
+    return await chat.edit(owner, session_id, frame.get("content"))
+
+
+async def _forward(socket: _Socket, reply: Reply) -> None:
+    """Send the reply's events to the socket (events keep coming even if sends fail: the reply must end)."""
+    async for event in reply.iter_events():
+        try:
+            await socket.send(event)
+        except Exception:  # noqa: BLE001 - the socket closed; the reply still runs to its stored end
+            continue
+
+
+routes = [WebSocketRoute("/ws/sessions/{session_id}", chat_socket)]

@@ -1,0 +1,140 @@
+"""Who is calling: API keys, the signed browser cookie, the admin token, loopback and WebSocket Origin checks."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import secrets
+from urllib.parse import urlsplit
+
+from itsdangerous import BadSignature, Signer
+from starlette.requests import HTTPConnection
+
+from app.errors import APIError
+from app.settings import Settings
+
+BROWSER_COOKIE = "pagedchat_browser"
+COOKIE_MAX_AGE_S = 365 * 24 * 3600
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+        "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    ),
+}
+
+
+def make_signer(secret_key: str) -> Signer:
+    """The signer of browser cookies (HMAC with the server's secret key)."""
+    return Signer(secret_key, salt="pagedchat-browser-id")
+
+
+def new_browser_id() -> str:
+    """An unguessable browser id (192 random bits)."""
+    return secrets.token_urlsafe(24)
+
+
+def verify_browser_cookie(signer: Signer, value: str | None) -> str | None:
+    """The browser id inside a signed cookie value, or None when absent or forged."""
+    if not value:
+        return None
+    try:
+        return signer.unsign(value).decode()
+    except BadSignature:
+        return None
+
+
+def browser_cookie_header(signer: Signer, browser_id: str, *, secure: bool) -> str:
+    """A Set-Cookie value: signed, HttpOnly, SameSite=Lax, for a year."""
+    value = signer.sign(browser_id).decode()
+    parts = [f"{BROWSER_COOKIE}={value}", "Path=/", f"Max-Age={COOKIE_MAX_AGE_S}", "HttpOnly", "SameSite=Lax"]
+    if secure:
+        parts.append("Secure")
+    return "; ".join(parts)
+
+
+def bearer_token(conn: HTTPConnection) -> str | None:
+    """The token of an `Authorization: Bearer ...` header, if any."""
+    header = conn.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def key_fingerprint(key: str) -> str:
+    """A stable, non-reversible owner id for an API key."""
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _matches_any(candidate: str, secrets_: tuple[str, ...]) -> bool:
+    # compare against every key, so the time taken does not tell which prefix matched
+    found = False
+    for key in secrets_:
+        found |= hmac.compare_digest(candidate.encode(), key.encode())
+    return found
+
+
+def require_api_key(conn: HTTPConnection, settings: Settings) -> str | None:
+    """On /v1: the caller's owner id when keys are configured (401 otherwise); None when no keys are set."""
+    if not settings.api_keys:
+        return None
+    token = bearer_token(conn)
+    if token is None:
+        raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+    if not _matches_any(token, settings.api_keys):
+        raise APIError(401, "invalid API key", code="invalid_api_key")
+    return "key:" + key_fingerprint(token)
+
+
+def session_owner(conn: HTTPConnection, settings: Settings) -> str:
+    """Who owns the sessions this caller may touch: its API key if it sends one, else its browser cookie."""
+    if settings.api_keys and bearer_token(conn) is not None:
+        owner = require_api_key(conn, settings)
+        assert owner is not None
+        return owner
+    browser_id = conn.scope.get("state", {}).get("browser_id")
+    if not browser_id:
+        raise APIError(401, f"no identity: send the {BROWSER_COOKIE} cookie (load a page first) or an API key",
+                       code="no_identity")
+    return "browser:" + browser_id
+
+
+def is_loopback(host: str | None) -> bool:
+    """True for 127.0.0.0/8 and ::1."""
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def require_admin(conn: HTTPConnection, settings: Settings) -> None:
+    """Admin surface: the admin token (constant-time compare) if one is set, else loopback clients only."""
+    if settings.admin_token:
+        token = conn.headers.get("x-admin-token") or bearer_token(conn)
+        if token is None:
+            raise APIError(401, "admin token required: send 'X-Admin-Token: <token>'", code="admin_token_required")
+        if not hmac.compare_digest(token.encode(), settings.admin_token.encode()):
+            raise APIError(403, "invalid admin token", code="invalid_admin_token")
+        return
+    client = conn.client.host if conn.client else None
+    if not is_loopback(client):
+        raise APIError(403, "the admin surface is reachable from loopback only unless PAGEDCHAT_ADMIN_TOKEN is set",
+                       code="admin_loopback_only")
+
+
+def origin_allowed(conn: HTTPConnection, settings: Settings) -> bool:
+    """WebSocket upgrades: no Origin (not a browser), the server's own origin, or a configured extra origin."""
+    origin = conn.headers.get("origin")
+    if origin is None:
+        return True
+    if origin in settings.allowed_origins:
+        return True
+    parts = urlsplit(origin)
+    host = conn.headers.get("host", "")
+    return parts.scheme in ("http", "https") and bool(parts.netloc) and parts.netloc.lower() == host.lower()

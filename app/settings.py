@@ -1,0 +1,165 @@
+"""The service's settings: one frozen dataclass, read once from PAGEDCHAT_* environment variables."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.config import DEFAULT_MODEL, EngineConfig
+
+ENV_PREFIX = "PAGEDCHAT_"
+SECRET_KEY_FILE = "secret_key"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the server needs: where it listens, who may use it, its limits and every engine knob."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = DEFAULT_MODEL
+    database_url: str = ""  # empty: sqlite file under cache_dir
+    api_keys: tuple[str, ...] = ()  # when set, required on /v1 and they identify session owners
+    admin_token: str = ""  # empty: the admin surface answers loopback clients only
+    secret_key: str = ""  # signs the browser cookie; load_settings() generates and persists one
+    cache_dir: str = ""
+    log_level: str = "info"
+    # limits
+    max_body_bytes: int = 1024 * 1024
+    max_messages: int = 512  # messages in one /v1/chat/completions request
+    max_message_chars: int = 200_000  # characters of one message or prompt
+    max_queued_requests: int = 256  # requests allowed to wait beyond max_num_seqs before 503
+    request_timeout_s: float = 600.0
+    default_max_tokens: int = 512  # session turns whose settings do not say
+    ws_max_frame_bytes: int = 256 * 1024
+    flush_interval_s: float = 0.5
+    allowed_origins: tuple[str, ...] = ()  # extra WebSocket origins besides the server's own
+    cookie_secure: bool = False
+    shutdown_grace_s: float = 10.0
+    # engine knobs (None: the engine's default)
+    block_size: int = 16
+    kv_cache_bytes: int | None = None
+    memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    dtype: str = "auto"
+    device: str = "auto"
+    attention_backend: str = "auto"
+    seed: int = 0
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in [1, 65535], got {self.port}")
+        for name in ("max_body_bytes", "max_messages", "max_message_chars", "default_max_tokens",
+                     "ws_max_frame_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_queued_requests < 0:
+            raise ValueError(f"max_queued_requests must be non-negative, got {self.max_queued_requests}")
+        for name in ("request_timeout_s", "flush_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    def engine_config(self) -> EngineConfig:
+        """The EngineConfig these settings describe (validated by EngineConfig itself)."""
+        return EngineConfig(
+            model=self.model,
+            dtype=self.dtype,
+            device=self.device,
+            attention_backend=self.attention_backend,
+            block_size=self.block_size,
+            memory_utilization=self.memory_utilization,
+            kv_cache_bytes=self.kv_cache_bytes,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            enable_prefix_caching=self.enable_prefix_caching,
+            seed=self.seed,
+            num_threads=self.num_threads,
+        )
+
+    @property
+    def resolved_database_url(self) -> str:
+        """The database URL, defaulting to a SQLite file in the cache directory."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{Path(self.resolved_cache_dir) / 'pagedchat.db'}"
+
+    @property
+    def resolved_cache_dir(self) -> str:
+        """$PAGEDCHAT_CACHE_DIR or ~/.cache/pagedchat (the same rule as the engine's provisioning)."""
+        return self.cache_dir or str(Path.home() / ".cache" / "pagedchat")
+
+
+def _field_types() -> dict[str, str]:
+    return {f.name: str(f.type) for f in dataclasses.fields(Settings)}
+
+
+def _parse(name: str, type_name: str, raw: str) -> Any:
+    """Turn one environment string into the field's type; ValueError names the variable."""
+    raw = raw.strip()
+    try:
+        if "None" in type_name and raw.lower() in ("", "none", "auto"):
+            return None
+        if type_name.startswith("tuple"):
+            return tuple(part.strip() for part in raw.split(",") if part.strip())
+        if type_name.startswith("bool"):
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if type_name.startswith("int"):
+            return int(float(raw)) if "e" in raw.lower() else int(raw)
+        if type_name.startswith("float"):
+            return float(raw)
+        return raw
+    except ValueError:
+        raise ValueError(f"{ENV_PREFIX}{name.upper()} must be a {type_name}, got {raw!r}") from None
+
+
+def settings_from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Settings from PAGEDCHAT_* variables in `env` (default os.environ); `overrides` (CLI flags) win."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for name, type_name in _field_types().items():
+        key = ENV_PREFIX + name.upper()
+        if key in env:
+            values[name] = _parse(name, type_name, env[key])
+    if "PAGEDCHAT_API_KEY" in env and "api_keys" not in values:
+        values["api_keys"] = _parse("api_keys", "tuple[str, ...]", env["PAGEDCHAT_API_KEY"])
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return Settings(**values)
+
+
+def ensure_secret_key(settings: Settings) -> Settings:
+    """Settings with a secret key: the configured one, else one persisted in the cache dir (created 0600)."""
+    if settings.secret_key:
+        return settings
+    path = Path(settings.resolved_cache_dir) / SECRET_KEY_FILE
+    if path.is_file():
+        key = path.read_text().strip()
+        if key:
+            return dataclasses.replace(settings, secret_key=key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(32)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process created it between our check and now
+        return dataclasses.replace(settings, secret_key=path.read_text().strip())
+    with os.fdopen(fd, "w") as f:
+        f.write(key)
+    return dataclasses.replace(settings, secret_key=key)
+
+
+def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """The one call the CLI makes: environment + flags, with the secret key resolved."""
+    return ensure_secret_key(settings_from_env(env, **overrides))

@@ -1,0 +1,168 @@
+"""Factories for service tests: a tiny random Llama with the SmolLM2 tokenizer, settings, and an app to test."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from starlette.testclient import TestClient
+
+from app.settings import Settings
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                   "generation_config.json")
+TINY_CONFIG = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
+TINY_BLOCK_BYTES = 2 * 2 * 2 * 16 * 4  # layers * (K, V) * kv_heads * head_dim * fp32 bytes, per token
+
+
+def smollm2_dir() -> Path:
+    """The provisioned SmolLM2-135M-Instruct folder (downloaded and converted on first use)."""
+    from engine.provision import provision_default_model
+
+    return provision_default_model()
+
+
+def make_tiny_model_dir(seed: int = 0) -> Path:
+    """A random-weight 2-layer Llama (hidden 64) sharing SmolLM2's tokenizer; built once per machine and reused."""
+    import torch
+    from filelock import FileLock
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    source = smollm2_dir()
+    vocab_size = json.loads((source / "config.json").read_text())["vocab_size"]
+    root = Path(tempfile.gettempdir()) / "pagedchat-test-models"
+    target = root / f"tiny-llama-smollm2-tok-s{seed}"
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "model.safetensors").is_file():
+            return target
+        staging = Path(tempfile.mkdtemp(dir=root))
+        config = LlamaConfig(vocab_size=vocab_size, **TINY_CONFIG)
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).eval()
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                noise = torch.randn(param.shape, generator=gen) * 0.5
+                param.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else noise)
+        tensors = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+        save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        config.save_pretrained(str(staging))
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file():
+                shutil.copy(source / name, staging / name)
+        staging.rename(target)
+    return target
+
+
+def make_settings(tmp_path: Path, model_dir: Path | str, **overrides: Any) -> Settings:
+    """Settings for a test server: tiny KV pool, fp32 on CPU, a temp SQLite database and cache dir."""
+    values: dict[str, Any] = dict(
+        model=str(model_dir),
+        database_url=f"sqlite:///{tmp_path / 'chat.db'}",
+        cache_dir=str(tmp_path / "cache"),
+        secret_key="test-secret",
+        device="cpu",
+        dtype="float32",
+        block_size=16,
+        kv_cache_bytes=256 * 16 * TINY_BLOCK_BYTES,  # 256 blocks of 16 tokens
+        max_model_len=512,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        num_threads=1,
+        flush_interval_s=0.05,
+    )
+    values.update(overrides)
+    return dataclasses.replace(Settings(), **values)
+
+
+def make_engine_factory(settings: Settings):
+    """The default engine factory, built from settings (the real LLMEngine)."""
+    from engine.llm_engine import LLMEngine
+
+    return lambda: LLMEngine(settings.engine_config())
+
+
+LOOPBACK_CLIENT = ("127.0.0.1", 50000)
+
+
+@contextlib.contextmanager
+def make_client(tmp_path: Path, **overrides: Any) -> Iterator[TestClient]:
+    """A TestClient (from loopback) on a fresh app with the tiny model, running the app's lifespan."""
+    from app.main import create_app
+
+    settings = make_settings(tmp_path, make_tiny_model_dir(), **overrides)
+    with TestClient(create_app(settings), client=LOOPBACK_CLIENT) as client:
+        yield client
+
+
+def pool_state(client: TestClient) -> dict[str, Any]:
+    """The admin snapshot of the block pool."""
+    response = client.get("/api/admin/state")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def wait_pool_idle(client: TestClient, timeout_s: float = 5.0) -> dict[str, Any]:
+    """Poll until no block is in use and no sequence is live (aborts land at the engine's next step)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = pool_state(client)
+        if "u" not in state["block_states"] and not state["sequences"]:
+            return state
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pool not idle after {timeout_s} s: {state['stats']}")
+        time.sleep(0.02)
+
+
+def sse_events(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """Parse SSE lines into [{"event": name or None, "data": str}] (comments and blank lines dropped)."""
+    events: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    for line in lines:
+        if not line:
+            if current:
+                events.append(current)
+                current = {}
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "data":
+            current["data"] = current["data"] + "\n" + value if "data" in current else value
+        elif field == "event":
+            current["event"] = value
+    if current:
+        events.append(current)
+    return events
+
+
+def chat_prompt_ids(messages: list[dict[str, str]]) -> list[int]:
+    """What the server's tokenizer renders for a /v1/chat/completions request (template + generation prompt)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(make_tiny_model_dir()))
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer.encode(text, add_special_tokens=False))

@@ -1,0 +1,223 @@
+"""/v1 routes against the real tiny engine: shapes, greedy consistency, usage, cached tokens and every error case."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.app.factories import chat_prompt_ids, make_client, make_tiny_model_dir, sse_events, wait_pool_idle
+
+MODEL = make_tiny_model_dir().name
+HELLO = [{"role": "user", "content": "Hello there, how are you?"}]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    with make_client(tmp_path_factory.mktemp("openai")) as c:
+        yield c
+
+
+def chat(client, **body):
+    return client.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, **body})
+
+
+def stream_chat(client, **body) -> list[dict]:
+    with client.stream("POST", "/v1/chat/completions",
+                       json={"model": MODEL, "messages": HELLO, "stream": True, **body}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(response.iter_lines())
+    assert events[-1]["data"] == "[DONE]"
+    return [json.loads(e["data"]) for e in events[:-1]]
+
+
+def test_models_lists_the_served_model(client):
+    body = client.get("/v1/models").json()
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == [MODEL]
+    assert body["data"][0]["max_model_len"] == 512
+
+
+def test_chat_completion_shape_and_usage(client):
+    response = chat(client, max_tokens=7, temperature=0)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "chat.completion"
+    assert body["model"] == MODEL
+    assert body["id"].startswith("chatcmpl-")
+    [choice] = body["choices"]
+    assert choice["index"] == 0
+    assert choice["message"]["role"] == "assistant"
+    assert choice["finish_reason"] == "length"  # random weights: EOS within 7 tokens is (almost) impossible
+    num_prompt = len(chat_prompt_ids(HELLO))
+    usage = body["usage"]
+    assert usage["prompt_tokens"] == num_prompt
+    assert usage["completion_tokens"] == 7
+    assert usage["total_tokens"] == num_prompt + 7
+    assert "cached_tokens" in usage["prompt_tokens_details"]
+
+
+def test_repeated_prompt_reports_cached_full_blocks(client):
+    messages = [{"role": "user", "content": "A prompt only this test sends, long enough for two blocks of cache."}]
+    num_prompt = len(chat_prompt_ids(messages))
+    first = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2, "temperature": 0})
+    second = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2, "temperature": 0})
+    block_size = 16
+    # the first request shares only the template's default system prompt with earlier tests; the second hits
+    # every full block of its prompt except that the last prompt token is always recomputed
+    assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == (num_prompt - 1) // block_size * block_size
+    assert first.json()["choices"][0]["message"] == second.json()["choices"][0]["message"]
+
+
+def test_stream_concatenates_to_the_non_streamed_greedy_text(client):
+    full = chat(client, max_tokens=12, temperature=0).json()["choices"][0]["message"]["content"]
+    chunks = stream_chat(client, max_tokens=12, temperature=0, stream_options={"include_usage": True})
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"])
+    assert text == full
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    assert finishes[-1] == "length" and set(finishes[:-1]) == {None}
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+    assert all(c["usage"] is None for c in chunks[:-1])
+    wait_pool_idle(client)
+
+
+def test_stream_without_include_usage_has_no_usage_chunk(client):
+    chunks = stream_chat(client, max_tokens=3, temperature=0)
+    assert all("usage" not in c for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_stop_string_cuts_the_text_and_finishes_with_stop(client):
+    chunks = stream_chat(client, max_tokens=10, temperature=0)
+    deltas = [c["choices"][0]["delta"]["content"] for c in chunks]
+    full = "".join(deltas)
+    stop = next(d for d in deltas[3:] if d.strip())
+    body = chat(client, max_tokens=10, temperature=0, stop=[stop]).json()
+    assert body["choices"][0]["message"]["content"] == full[: full.index(stop)]
+    assert body["choices"][0]["finish_reason"] == "stop"
+
+
+def test_n_samples_with_seed_are_reproducible(client):
+    a = chat(client, max_tokens=6, temperature=1.0, n=2, seed=7).json()
+    b = chat(client, max_tokens=6, temperature=1.0, n=2, seed=7).json()
+    assert [c["index"] for c in a["choices"]] == [0, 1]
+    assert [c["message"]["content"] for c in a["choices"]] == [c["message"]["content"] for c in b["choices"]]
+    assert a["usage"]["completion_tokens"] == 12
+
+
+def test_chat_logprobs(client):
+    body = chat(client, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3).json()
+    content = body["choices"][0]["logprobs"]["content"]
+    assert len(content) == 4
+    assert "".join(c["token"] for c in content) == body["choices"][0]["message"]["content"]
+    for entry in content:
+        assert len(entry["top_logprobs"]) == 3
+        assert entry["logprob"] == pytest.approx(max(t["logprob"] for t in entry["top_logprobs"]))  # greedy
+
+
+def test_completions_text_and_stream(client):
+    body = client.post("/v1/completions", json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 5,
+                                                "temperature": 0, "logprobs": 2}).json()
+    assert body["object"] == "text_completion"
+    [choice] = body["choices"]
+    assert choice["finish_reason"] == "length"
+    assert "".join(choice["logprobs"]["tokens"]) == choice["text"]
+    assert choice["logprobs"]["text_offset"][0] == 0
+    assert body["usage"]["completion_tokens"] == 5
+    with client.stream("POST", "/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 5,
+                                                        "temperature": 0, "stream": True}) as response:
+        events = sse_events(response.iter_lines())
+    assert events[-1]["data"] == "[DONE]"
+    assert "".join(json.loads(e["data"])["choices"][0]["text"] for e in events[:-1]) == choice["text"]
+
+
+def test_completions_accepts_token_ids(client):
+    body = client.post("/v1/completions", json={"prompt": [1, 2, 3, 4], "max_tokens": 2}).json()
+    assert body["usage"]["prompt_tokens"] == 4
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "fragment"),
+    [
+        ({"temperature": "hot"}, "temperature", "temperature must be a finite number"),
+        ({"temperature": -1}, "temperature", "temperature must be in [0, 100], got -1.0"),
+        ({"top_p": 0}, "top_p", "top_p must be in (0, 1]"),
+        ({"top_k": 1.5}, "top_k", "top_k must be an integer"),
+        ({"max_tokens": 0}, "max_tokens", "max_tokens must be a positive integer, got 0"),
+        ({"max_tokens": 500}, "max_tokens", "+ max_tokens (500) exceeds max_model_len (512)"),
+        ({"n": 99}, "n", "n must be an integer in [1, 16], got 99"),
+        ({"stop": 5}, "stop", "stop must be a string or a list of strings"),
+        ({"stop": ["x"] * 17}, "stop", "stop may hold at most 16 strings"),
+        ({"seed": -3}, "seed", "seed must be an integer in [0, 2**63)"),
+        ({"presence_penalty": 3}, "presence_penalty", "presence_penalty must be in [-2, 2]"),
+        ({"top_logprobs": 2}, "top_logprobs", "top_logprobs requires logprobs"),
+        ({"logprobs": True, "top_logprobs": 50}, "logprobs", "logprobs must be an integer in [0, 20], got 50"),
+        ({"messages": []}, "messages", "messages must be a non-empty list"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages", "messages[0].role must be one of"),
+        ({"messages": [{"role": "user", "content": 3}]}, "messages", "messages[0].content must be a string"),
+        ({"stream": "yes"}, "stream", "stream must be true or false"),
+    ],
+)
+def test_invalid_parameters_are_400_naming_the_field(client, body, param, fragment):
+    response = chat(client, **body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert fragment in error["message"]
+
+
+def test_prompt_over_max_model_len_gives_both_numbers(client):
+    num_prompt = len(chat_prompt_ids(HELLO))
+    response = chat(client, max_tokens=512 - num_prompt + 1)
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == (
+        f"prompt ({num_prompt} tokens) + max_tokens ({512 - num_prompt + 1}) exceeds max_model_len (512)"
+    )
+
+
+def test_unknown_model_is_404(client):
+    response = client.post("/v1/chat/completions", json={"model": "gpt-9", "messages": HELLO})
+    assert response.status_code == 404
+    assert response.json()["error"]["message"] == f"model 'gpt-9' not found; this server serves '{MODEL}'"
+    assert response.json()["error"]["param"] == "model"
+
+
+def test_malformed_bodies_are_400(client):
+    for content, fragment in [(b"{not json", "not valid JSON"), (b"[1, 2]", "must be a JSON object, got list"),
+                              (b"", "body is empty"), (b'{"a": "\xff"}', "not valid UTF-8")]:
+        response = client.post("/v1/chat/completions", content=content, headers={"content-type": "application/json"})
+        assert response.status_code == 400, content
+        assert fragment in response.json()["error"]["message"]
+
+
+def test_body_over_the_limit_is_413_with_and_without_content_length(client):
+    big = json.dumps({"messages": HELLO, "pad": "x" * (1024 * 1024)}).encode()
+    response = client.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    assert f"request body of {len(big)} bytes exceeds the limit of 1048576 bytes" == response.json()["error"]["message"]
+
+    def chunks():  # no Content-Length: the limit must count the bytes actually received
+        for i in range(0, len(big), 65536):
+            yield big[i : i + 65536]
+
+    response = client.post("/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    assert response.json()["error"]["message"] == "request body exceeds the limit of 1048576 bytes"
+
+
+def test_unknown_route_and_method_use_the_error_shape(client):
+    assert client.get("/v1/nothing").json()["error"]["message"] == "no route for GET /v1/nothing"
+    response = client.get("/v1/chat/completions")
+    assert response.status_code == 405
+    assert response.json()["error"]["message"] == "method GET not allowed on /v1/chat/completions"
+
+
+def test_no_block_stays_in_use(client):
+    state = wait_pool_idle(client)
+    assert state["stats"]["num_used_blocks"] == 0
