@@ -21,7 +21,7 @@ from engine.outputs import RequestOutput
 from engine.sequence import SamplingParams
 
 logger = logging.getLogger(__name__)
-TERMINAL_EVENTS = ("done", "error")
+TERMINAL_EVENTS = ("done",)  # every reply ends with one `done`; its message.status says how (finished ... failed)
 SESSION_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "seed",
                          "presence_penalty", "frequency_penalty", "repetition_penalty")
 
@@ -51,7 +51,7 @@ class Reply:
         self.events.put_nowait(event)
 
     async def iter_events(self) -> AsyncIterator[dict[str, Any]]:
-        """Events until (and including) the final `done` or `error`."""
+        """Events until (and including) the final `done`."""
         while True:
             event = await self.events.get()
             yield event
@@ -241,11 +241,7 @@ class ChatService:
                    "finish_reason": reason, "prompt_tokens": len(plan.token_ids), "completion_tokens": len(token_ids),
                    "cached_tokens": cached, "truncated_turns": plan.truncated_turns, "timings": timings,
                    "error": error}
-        if status == "failed":
-            turn.emit({"type": "error", "message": error, "code": "reply_failed", "assistant_message": message,
-                       "usage": usage})
-        else:
-            turn.emit({"type": "done", "message": message, "usage": usage, "timings": timings})
+        turn.emit({"type": "done", "message": message, "usage": usage, "timings": timings})
 
     async def _start_assistant(self, session_id: str, plan: PromptPlan, cached_tokens: int) -> MessageRecord:
         return await self.store.start_assistant(

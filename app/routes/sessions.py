@@ -174,7 +174,7 @@ def _sse(svc: Services, reply: Reply) -> Response:
         ended = False
         try:
             async for event in reply.iter_events():
-                ended = event["type"] in ("done", "error")
+                ended = event["type"] == "done"
                 yield {"event": event["type"], "data": json.dumps(event, ensure_ascii=False)}
         finally:
             if not ended:  # the client went away mid-reply: abort it (stored as stopped)

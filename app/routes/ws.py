@@ -31,8 +31,10 @@ REPLY_FRAMES = ("message", "regenerate", "edit")
 
 
 def error_frame(error: APIError) -> dict[str, Any]:
-    """An error as a socket frame: same fields as the HTTP error body, plus the status it would have had."""
-    return {"type": "error", "status": error.status, **error.to_dict()["error"]}
+    """An error as a socket frame: the HTTP error body's fields (its `type` as `error_type`) and the status."""
+    body = error.to_dict()["error"]
+    return {"type": "error", "status": error.status, "error_type": body["type"], "message": body["message"],
+            "param": body["param"], "code": body["code"]}
 
 
 class _Socket:
