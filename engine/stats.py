@@ -1,0 +1,41 @@
+"""Engine statistics and a consistent picture of the KV block pool, as plain dataclasses for the admin page."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Counters and gauges of one engine at one moment."""
+
+    num_running: int
+    num_waiting: int
+    num_preemptions: int  # total since start
+    num_blocks: int
+    num_free_blocks: int  # ref 0, no hash
+    num_cached_blocks: int  # ref 0 but holding a hash: free, evictable, still a prefix-cache hit
+    num_used_blocks: int  # ref >= 1
+    num_shared_blocks: int  # ref > 1
+    num_tokens_stored: int  # sum of num_computed_tokens over running sequences
+    num_slots_allocated: int  # sum of len(block_table) * block_size over running sequences
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    num_prompt_tokens_total: int
+    num_generation_tokens_total: int
+    num_steps: int
+    block_size: int
+    max_model_len: int
+
+
+@dataclass(frozen=True)
+class PoolSnapshot:
+    """Per-block state of the pool (0 free / 1 cached-evictable / 2 in use) and the live sequences' tables."""
+
+    block_states: list[int]
+    ref_counts: list[int]
+    block_hash_prefixes: dict[int, str]  # block id -> first 8 hex chars of its hash
+    # each: seq_id, request_id, block_table, num_tokens, num_computed_tokens, status
+    sequences: list[dict[str, Any]]
+    stats: EngineStats
