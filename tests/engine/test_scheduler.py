@@ -1,0 +1,401 @@
+"""Scheduler: batching limits, chunked prefill, preemption, prefix hits, stops, parallel samples, stats."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.outputs import ScheduledSequence, SchedulerOutput
+from engine.scheduler import Scheduler
+from engine.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
+
+EOS = 2
+
+
+def make_scheduler(num_blocks: int = 64, **overrides: object) -> Scheduler:
+    kwargs = {"block_size": 8, "max_num_batched_tokens": 64, "max_model_len": 512, "max_num_seqs": 8}
+    kwargs.update(overrides)
+    return Scheduler(EngineConfig(**kwargs), num_blocks, frozenset({EOS}))  # type: ignore[arg-type]
+
+
+def make_seq(seq_id: int, prompt: list[int], **params: object) -> Sequence:
+    return Sequence(seq_id, f"r{seq_id}", list(prompt), len(prompt), SamplingParams(**params), 0.0)  # type: ignore[arg-type]
+
+
+def make_prompt(length: int, seed: int = 0) -> list[int]:
+    return [10 + (i * 7919 + seed * 104729) % 5000 for i in range(length)]
+
+
+def next_token(context: list[int]) -> int:
+    """A deterministic stand-in for a greedy model: depends on every previous token, never EOS."""
+    return 10 + sum(t * (i + 1) for i, t in enumerate(context)) % 997
+
+
+class FakeModel:
+    """Writes each computed token into a simulated KV pool and samples from the context read back from it.
+
+    Reading the context through the block table catches any block sharing, copy or prefix-hit error.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.kv: list[list[int | None]] = [[None] * block_size for _ in range(num_blocks)]
+
+    def __call__(self, out: SchedulerOutput) -> dict[int, int]:
+        bs = self.block_size
+        for src, dst in out.block_copies:
+            self.kv[dst] = list(self.kv[src])
+        for s in out.scheduled:
+            seq = s.seq
+            for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + s.num_new_tokens):
+                self.kv[seq.block_table[pos // bs]][pos % bs] = seq.token_ids[pos]
+        sampled = {}
+        for s in out.scheduled:
+            if s.samples:
+                seq = s.seq
+                context = [self.kv[seq.block_table[pos // bs]][pos % bs] for pos in range(len(seq))]
+                assert context == seq.token_ids, f"seq {seq.seq_id} reads a corrupted context"
+                sampled[seq.seq_id] = next_token(context)  # type: ignore[arg-type]
+        return sampled
+
+
+def make_child(parent: Sequence, k: int, token_ids: list[int]) -> Sequence:
+    seq_id = 10_000 + parent.seq_id * 100 + k  # apart from the tests' own ids
+    return Sequence(seq_id, parent.request_id, token_ids, parent.num_prompt_tokens, parent.params, 0.0, k)
+
+
+def fork_after_update(sched: Scheduler, got_token: list[Sequence]) -> list[Sequence]:
+    """For n > 1: fork the other samples once the first one got its first token, each with its own token."""
+    children = []
+    for parent in got_token:
+        if parent.sample_index == 0 and parent.num_output_tokens == 1:
+            for k in range(1, parent.params.n):
+                child = make_child(parent, k, [*parent.token_ids[:-1], parent.token_ids[-1] + 1000 * k])
+                sched.fork(parent, child)
+                children.append(child)
+    return children
+
+
+def fork_before_update(sched: Scheduler, out: SchedulerOutput, sampled: dict[int, int]) -> None:
+    """The other order: fork between schedule and update, so that update hands every sample its first token."""
+    for item in list(out.scheduled):
+        parent = item.seq
+        if item.samples and parent.sample_index == 0 and parent.num_output_tokens == 0:
+            for k in range(1, parent.params.n):
+                child = make_child(parent, k, list(parent.token_ids))
+                child.num_computed_tokens = parent.num_computed_tokens
+                sched.fork(parent, child)
+                out.scheduled.append(ScheduledSequence(child, item.num_new_tokens))
+                sampled[child.seq_id] = sampled[parent.seq_id] + 1000 * k
+
+
+def live_seqs(sched: Scheduler) -> list[Sequence]:
+    return [*sched.running, *sched.waiting]
+
+
+def step(
+    sched: Scheduler, model: FakeModel, fork_before: bool = False
+) -> tuple[SchedulerOutput, list[tuple[int, int, bool]], list[Sequence]]:
+    """One engine step; returns the output, its (seq_id, num_new_tokens, samples) and the sequences given a token."""
+    running_before = list(sched.running)
+    out = sched.schedule()
+    assert not out.is_empty, "nothing scheduled although sequences are unfinished"
+    assert out.num_batched_tokens <= sched.max_num_batched_tokens
+    if out.preempted:  # no admission in a step that preempts; the preempted go back first, oldest first
+        assert all(s.seq in running_before for s in out.scheduled)
+        assert list(sched.waiting)[: len(out.preempted)] == out.preempted[::-1]
+    # samples is read before update moves num_computed_tokens
+    scheduled = [(s.seq.seq_id, s.num_new_tokens, s.samples) for s in out.scheduled]
+    sampled = model(out)
+    if fork_before:
+        fork_before_update(sched, out, sampled)
+    got_token = sched.update(out, sampled)
+    children = [] if fork_before else fork_after_update(sched, got_token)
+    sched.block_manager.check_invariants(live_seqs(sched))
+    return out, scheduled, got_token + children
+
+
+def run_to_completion(
+    sched: Scheduler, model: FakeModel | None = None, fork_before: bool = False
+) -> list[SchedulerOutput]:
+    model = model or FakeModel(sched.block_manager.num_blocks, sched.config.block_size)
+    outputs = []
+    while sched.has_unfinished():
+        assert len(outputs) < 2000, "no progress"
+        outputs.append(step(sched, model, fork_before)[0])
+    assert sched.block_manager.stats().num_used_blocks == 0
+    return outputs
+
+
+def test_max_num_seqs_limits_running() -> None:
+    sched = make_scheduler(max_num_seqs=2)
+    for i in range(3):
+        sched.add_sequence(make_seq(i, make_prompt(5, i)))
+    out = sched.schedule()
+    assert [(s.seq.seq_id, s.num_new_tokens) for s in out.scheduled] == [(0, 5), (1, 5)]
+    assert (sched.num_running, sched.num_waiting) == (2, 1)
+
+
+def test_token_budget_splits_prefills() -> None:
+    sched = make_scheduler(max_num_batched_tokens=16)
+    seqs = [make_seq(i, make_prompt(10, i)) for i in range(3)]
+    for seq in seqs:
+        sched.add_sequence(seq)
+    model = FakeModel(64, 8)
+    _, scheduled, got = step(sched, model)
+    assert scheduled == [(0, 10, True), (1, 6, False)]
+    assert got == [seqs[0]]
+    _, scheduled, got = step(sched, model)
+    assert scheduled == [(0, 1, True), (1, 4, True), (2, 10, True)]
+    assert got == seqs
+
+
+def test_chunked_prefill_matches_an_unchunked_run() -> None:
+    prompt = make_prompt(30)
+    sched = make_scheduler(max_num_batched_tokens=13)
+    seq = make_seq(0, prompt, max_tokens=3)
+    sched.add_sequence(seq)
+    model = FakeModel(64, 8)
+    chunks = []
+    while sched.has_unfinished():
+        _, scheduled, _ = step(sched, model)
+        chunks.append((*scheduled[0][1:], len(seq.block_table)))
+    # the last step samples the 3rd token, finishes the sequence and frees its blocks
+    assert chunks == [(13, False, 2), (13, False, 4), (4, True, 4), (1, True, 4), (1, True, 0)]
+    reference = make_seq(1, prompt, max_tokens=3)
+    unchunked = make_scheduler()
+    unchunked.add_sequence(reference)
+    assert len(run_to_completion(unchunked)) == 3
+    assert seq.output_token_ids == reference.output_token_ids
+    assert seq.finish_reason is reference.finish_reason is FinishReason.LENGTH
+
+
+@pytest.mark.parametrize("enable_prefix_caching", [True, False])
+def test_preempted_sequences_resume_with_the_same_tokens(enable_prefix_caching: bool) -> None:
+    def run(num_blocks: int) -> tuple[Scheduler, list[Sequence], list[SchedulerOutput]]:
+        sched = make_scheduler(num_blocks, enable_prefix_caching=enable_prefix_caching)
+        seqs = [make_seq(i, make_prompt(12, i), max_tokens=20) for i in range(3)]
+        for seq in seqs:
+            sched.add_sequence(seq)
+        return sched, seqs, run_to_completion(sched)
+
+    tight, tight_seqs, tight_outputs = run(num_blocks=6)
+    roomy, roomy_seqs, _ = run(num_blocks=64)
+    assert roomy.num_preemptions == 0
+    assert tight.num_preemptions > 0
+    assert tight.num_preemptions == sum(s.num_preemptions for s in tight_seqs)
+    assert sum(len(out.preempted) for out in tight_outputs) == tight.num_preemptions
+    assert [s.token_ids for s in tight_seqs] == [s.token_ids for s in roomy_seqs]
+    assert all(s.finish_reason is FinishReason.LENGTH and s.num_output_tokens == 20 for s in tight_seqs)
+
+
+def test_waste_stays_under_one_block_per_running_sequence() -> None:
+    sched = make_scheduler(num_blocks=10, max_num_batched_tokens=13)
+    for i in range(4):
+        sched.add_sequence(make_seq(i, make_prompt(5 + 7 * i, i), max_tokens=9))
+    model = FakeModel(10, 8)
+    max_running = 0
+    while sched.has_unfinished():
+        step(sched, model)
+        stats = sched.stats()
+        max_running = max(max_running, stats.num_running)
+        for seq in sched.running:
+            assert 0 <= len(seq.block_table) * 8 - seq.num_computed_tokens < 8
+        assert stats.num_slots_allocated - stats.num_tokens_stored < 8 * max(1, stats.num_running)
+    assert max_running >= 2
+
+
+def test_shared_prefix_is_served_from_the_cache() -> None:
+    sched = make_scheduler(block_size=16, max_num_batched_tokens=512)
+    prefix = make_prompt(300)
+    a = make_seq(0, prefix, max_tokens=4)
+    sched.add_sequence(a)
+    model = FakeModel(64, 16)
+    step(sched, model)
+    b = make_seq(1, prefix + make_prompt(20, seed=1), max_tokens=4)
+    sched.add_sequence(b)
+    _, scheduled, _ = step(sched, model)  # a decodes while b is admitted next to it
+    assert b.num_cached_tokens == 288
+    assert scheduled == [(0, 1, True), (1, 32, True)]
+    assert (sched.stats().prefix_query_tokens, sched.stats().prefix_hit_tokens) == (620, 288)
+    assert b.block_table[:18] == a.block_table[:18]
+    run_to_completion(sched, model)
+
+
+def test_next_conversation_turn_reuses_prompt_and_answer() -> None:
+    sched = make_scheduler(block_size=16, max_num_batched_tokens=512)
+    first = make_seq(0, make_prompt(100), max_tokens=20)
+    sched.add_sequence(first)
+    run_to_completion(sched)
+    assert len(first) == 120
+    second = make_seq(1, [*first.token_ids, *make_prompt(15, seed=3)], max_tokens=2)
+    sched.add_sequence(second)
+    sched.schedule()
+    assert second.num_cached_tokens == (120 - 1) // 16 * 16 == 112
+    assert sched.block_manager.stats().num_cached_blocks == 0  # all 7 cached blocks back in use, tail reused
+
+
+def test_stop_conditions() -> None:
+    sched = make_scheduler(max_model_len=16)
+    eos, ignore, stop_tok, length = (
+        make_seq(0, make_prompt(4)),
+        make_seq(1, make_prompt(4), ignore_eos=True, max_tokens=2),
+        make_seq(2, make_prompt(4), stop_token_ids=[77]),
+        make_seq(3, make_prompt(14), max_tokens=10),
+    )
+    for seq in (eos, ignore, stop_tok, length):
+        sched.add_sequence(seq)
+    out = sched.schedule()
+    got = sched.update(out, {0: EOS, 1: EOS, 2: 77, 3: 50}, now=5.0)
+    assert got == [eos, ignore, stop_tok, length]
+    assert (eos.finish_reason, eos.stop_reason, eos.first_token_time) == (FinishReason.STOP, None, 5.0)
+    assert (stop_tok.finish_reason, stop_tok.stop_reason) == (FinishReason.STOP, 77)
+    assert not ignore.is_finished and not length.is_finished
+    assert sched.running == [ignore, length]
+    out = sched.schedule()
+    sched.update(out, {1: EOS, 3: 51}, now=6.0)
+    assert ignore.finish_reason is FinishReason.LENGTH and ignore.output_token_ids == [EOS, EOS]
+    assert length.finish_reason is FinishReason.LENGTH and len(length) == 16
+    assert ignore.first_token_time == 5.0
+    assert not sched.has_unfinished() and sched.block_manager.stats().num_used_blocks == 0
+
+
+def test_abort_frees_running_and_waiting_sequences() -> None:
+    sched = make_scheduler(max_num_seqs=1)
+    running, waiting = make_seq(0, make_prompt(9)), make_seq(1, make_prompt(9, 1))
+    sched.add_sequence(running)
+    sched.add_sequence(waiting)
+    sched.schedule()
+    assert sched.block_manager.stats().num_used_blocks == 2
+    assert sched.abort("r1") == [waiting]
+    assert sched.abort("r0") == [running]
+    assert sched.abort("r0") == [] and sched.abort("nope") == []
+    assert running.finish_reason is waiting.finish_reason is FinishReason.ABORT
+    assert running.block_table == [] and not sched.has_unfinished()
+    assert sched.block_manager.stats().num_used_blocks == 0
+    assert sched.get_sequences("r0") == []
+
+
+@pytest.mark.parametrize("fork_before", [False, True], ids=["fork_after_update", "fork_before_update"])
+def test_fork_shares_blocks_then_copies_the_partial_tail(fork_before: bool) -> None:
+    sched = make_scheduler()
+    parent = make_seq(0, make_prompt(17), n=3, max_tokens=3)
+    sched.add_sequence(parent)
+    model = FakeModel(64, 8)
+    _, _, got = step(sched, model, fork_before)
+    assert [s.seq_id for s in got] == [0, 10_001, 10_002]
+    assert [s.output_token_ids[0] - parent.output_token_ids[0] for s in got] == [0, 1000, 2000]
+    assert sched.running == got and sched.get_sequences("r0") == got
+    assert got[1].block_table == got[2].block_table == parent.block_table == [0, 1, 2]
+    assert [b.ref_count for b in sched.block_manager.blocks[:4]] == [3, 3, 3, 0]
+    assert [s.num_hashed_blocks for s in got] == [2, 2, 2]
+    assert sched.stats().num_shared_blocks == 3
+    out, scheduled, _ = step(sched, model, fork_before)
+    assert scheduled == [(0, 1, True), (10_001, 1, True), (10_002, 1, True)]
+    assert out.block_copies == [(2, 3), (2, 4)]  # the last writer of block 2 owns it alone by then
+    assert [s.block_table for s in got] == [[0, 1, 3], [0, 1, 4], [0, 1, 2]]
+    run_to_completion(sched, model, fork_before)
+    assert len({tuple(s.output_token_ids) for s in got}) == 3
+    assert [s.num_output_tokens for s in got] == [3, 3, 3]
+
+
+def test_fork_before_update_does_not_stop_on_the_prompt_token() -> None:
+    sched = make_scheduler()
+    parent = make_seq(0, [*make_prompt(9), 77], n=2, stop_token_ids=[77], max_tokens=2)
+    sched.add_sequence(parent)
+    _, _, got = step(sched, FakeModel(64, 8), fork_before=True)
+    assert [(s.seq_id, s.num_output_tokens, s.is_finished) for s in got] == [
+        (0, 1, False),
+        (10_001, 1, False),
+    ]
+
+
+def test_admission_counts_every_sample_of_a_request() -> None:
+    sched = make_scheduler(max_num_seqs=3, max_num_batched_tokens=8)
+    first = make_seq(0, make_prompt(10), n=2)
+    sched.add_sequence(first)
+    model = FakeModel(64, 8)
+    step(sched, model)  # first prompt chunk: not forked yet, but it will need 2 slots
+    sched.add_sequence(make_seq(1, make_prompt(5, 1), n=2))
+    _, scheduled, got = step(sched, model)
+    assert scheduled == [(0, 2, True)] and [s.seq_id for s in got] == [0, 10_001]
+    assert sched.num_waiting == 1
+    sched.add_sequence(make_seq(2, make_prompt(5, 2)))
+    # one slot is free, but FCFS: the n=2 request at the head blocks the one behind it
+    assert [s.seq.seq_id for s in sched.schedule().scheduled] == [0, 10_001]
+    assert [s.seq_id for s in sched.waiting] == [1, 2]
+
+
+def test_fork_after_the_parent_finished() -> None:
+    sched = make_scheduler()
+    one_token = make_seq(0, make_prompt(10), n=2, max_tokens=1)
+    sched.add_sequence(one_token)
+    _, _, got = step(sched, FakeModel(64, 8))
+    assert [s.finish_reason for s in got] == [FinishReason.LENGTH, FinishReason.LENGTH]
+    assert not sched.has_unfinished()
+
+    sched = make_scheduler(max_num_seqs=2)
+    parent, later = (
+        make_seq(0, make_prompt(10), n=2, max_tokens=5),
+        make_seq(1, make_prompt(4, 1), max_tokens=5),
+    )
+    sched.add_sequence(parent)
+    sched.add_sequence(later)
+    model = FakeModel(64, 8)
+    out = sched.schedule()
+    assert [s.seq for s in out.scheduled] == [parent]
+    model(out)
+    sched.update(out, {0: EOS})
+    assert parent.finish_reason is FinishReason.STOP
+    child = Sequence(2, "r0", [*parent.token_ids[:-1], 60], 10, parent.params, 0.0, sample_index=1)
+    sched.fork(parent, child)
+    assert child.status is SequenceStatus.WAITING and list(sched.waiting) == [child, later]
+    step(sched, model)
+    assert child.num_cached_tokens == 8  # the parent's full block is still cached
+    run_to_completion(sched, model)
+    assert child.finish_reason is FinishReason.LENGTH and child.num_output_tokens == 5
+
+
+def test_sequence_larger_than_the_pool_is_rejected() -> None:
+    sched = make_scheduler(num_blocks=4)
+    with pytest.raises(
+        ValueError, match=r"prompt \+ max_tokens \(34 tokens\) needs 5 KV blocks, the pool has 4"
+    ):
+        sched.add_sequence(make_seq(0, make_prompt(30), max_tokens=4))
+    sched.add_sequence(make_seq(1, make_prompt(30), max_tokens=3))
+
+
+def test_stats_and_snapshot() -> None:
+    sched = make_scheduler(num_blocks=8, max_num_seqs=1)
+    a, b = make_seq(0, make_prompt(10), max_tokens=4), make_seq(1, make_prompt(3, 1), max_tokens=4)
+    sched.add_sequence(a)
+    sched.add_sequence(b)
+    step(sched, FakeModel(8, 8))
+    stats = sched.stats(num_prompt_tokens_total=10, num_generation_tokens_total=1, num_steps=1)
+    assert (stats.num_running, stats.num_waiting, stats.num_preemptions) == (1, 1, 0)
+    assert (stats.num_blocks, stats.num_free_blocks, stats.num_cached_blocks, stats.num_used_blocks) == (
+        8,
+        6,
+        0,
+        2,
+    )
+    assert (stats.num_tokens_stored, stats.num_slots_allocated, stats.num_shared_blocks) == (10, 16, 0)
+    assert (stats.prefix_query_tokens, stats.prefix_hit_tokens) == (10, 0)
+    assert (stats.num_prompt_tokens_total, stats.num_generation_tokens_total, stats.num_steps) == (10, 1, 1)
+    assert (stats.block_size, stats.max_model_len) == (8, 512)
+    snap = sched.snapshot(num_steps=1)
+    assert snap.block_states == [2, 2, 0, 0, 0, 0, 0, 0]
+    assert snap.ref_counts == [1, 1, 0, 0, 0, 0, 0, 0]
+    assert snap.block_hash_prefixes == {0: a.block_hashes[0].hex()[:8]}
+    assert snap.sequences == [
+        {"seq_id": 0, "request_id": "r0", "block_table": [0, 1], "num_tokens": 11, "num_computed_tokens": 10,
+         "status": "running"},
+        {"seq_id": 1, "request_id": "r1", "block_table": [], "num_tokens": 3, "num_computed_tokens": 0,
+         "status": "waiting"},
+    ]  # fmt: skip
+    assert snap.stats.num_steps == 1
+
+
+def test_unresolved_config_is_a_caller_bug() -> None:
+    with pytest.raises(RuntimeError, match="resolved"):
+        Scheduler(EngineConfig(), 16, frozenset({EOS}))
