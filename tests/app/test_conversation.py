@@ -1,0 +1,374 @@
+"""Token-exact history: prompts extend the previous prompt and answer, truncation, fallback, fingerprints."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from app.conversation import (
+    ConversationBuilder,
+    Turn,
+    template_end_of_turn_ids,
+    tokenizer_fingerprint,
+    turns_from_messages,
+)
+
+SMOLLM2_PATH = Path.home() / ".cache" / "pagedchat" / "models" / "smollm2-135m-instruct"
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# Numbers every message from the end, so adding a turn re-renders all the earlier ones differently.
+REVINDEX_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + ' ' + loop.revindex|string + '\\n' + m['content'] }}"
+    "{{ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+CORPUS = [
+    "hello world, how are you today? I am fine, thank you. What is the capital of France? Paris is.",
+    "user assistant system Tell me a joke about cats. Why did the cat sit on the computer?",
+    "The quick brown fox jumps over the lazy dog. Count to five: one two three four five.",
+]
+SCRIPT = [  # (question, answer, how the answer ended)
+    ("What is the capital of France?", "Paris is the capital of France.", "eos"),
+    (
+        "Tell me a joke about cats.",
+        "Why did the cat sit on the computer? To keep an eye on the mouse",
+        "length",
+    ),
+    ("Count to five.", "one two three four five", "eos"),
+    ("Say hello world.", "hello world", "stop_button"),
+    ("How are you today?", "I am fine, thank you.", "eos"),
+]
+
+
+def make_chatml_tokenizer(template: str = CHATML) -> Any:
+    """A small byte-level BPE tokenizer with ChatML special tokens (no download needed)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>")
+    hf.chat_template = template
+    return hf
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Any:
+    if not (SMOLLM2_PATH / "tokenizer.json").is_file():
+        pytest.skip(f"SmolLM2 not provisioned at {SMOLLM2_PATH} (scripts/setup_test_deps.sh)")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(SMOLLM2_PATH))
+
+
+@pytest.fixture(params=["smollm2", "chatml"])
+def tokenizer(request: pytest.FixtureRequest) -> Any:
+    if request.param == "smollm2":
+        return request.getfixturevalue("smollm2")
+    return make_chatml_tokenizer()
+
+
+def make_builder(tok: Any, max_model_len: int = 2048) -> ConversationBuilder:
+    return ConversationBuilder(tok, max_model_len, template_end_of_turn_ids(tok))
+
+
+def answer_ids(tok: Any, text: str, ended: str) -> list[int]:
+    """Ids as the engine reports them: an answer ended by EOS carries the EOS id."""
+    ids = tok.encode(text, add_special_tokens=False)
+    return ids + [tok.convert_tokens_to_ids("<|im_end|>")] if ended == "eos" else ids
+
+
+def run_script(builder: ConversationBuilder, system_prompt: str, max_tokens: int = 64) -> list[Turn]:
+    turns: list[Turn] = []
+    for question, answer, ended in SCRIPT[:2]:
+        plan = builder.build_prompt(system_prompt, turns, question, max_tokens)
+        ids = answer_ids(builder.tokenizer, answer, ended)
+        turns += [Turn("user", question, plan.new_user_token_ids), Turn("assistant", answer, ids)]
+    return turns
+
+
+def test_end_of_turn_ids_of_smollm2(smollm2: Any) -> None:
+    assert smollm2.convert_tokens_to_ids("<|im_end|>") == 2
+    assert template_end_of_turn_ids(smollm2) == [2, 198]  # "<|im_end|>" "\n"
+
+
+@pytest.mark.parametrize("system_prompt", ["", "You answer in one sentence."])
+def test_five_turns_each_prompt_extends_the_previous_prompt_and_answer(
+    tokenizer: Any, system_prompt: str
+) -> None:
+    builder = make_builder(tokenizer)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    newline = tokenizer.encode("\n", add_special_tokens=False)
+    assert builder.end_of_turn_ids == (im_end, *newline)
+    turns: list[Turn] = []
+    # before the first turn, only the system prompt's rendering (if any) precedes the new user turn
+    previous = builder.render(system_prompt, []) if system_prompt else []
+    for question, answer, ended in SCRIPT:
+        plan = builder.build_prompt(system_prompt, turns, question, max_tokens=64)
+        assert (plan.exact_extension, plan.truncated_turns, plan.num_retokenized_turns) == (True, 0, 0)
+        assert plan.token_ids[: len(previous)] == previous
+        assert plan.token_ids[len(previous) :] == plan.new_user_token_ids
+        assert plan.token_ids == builder.render(
+            system_prompt, turns, question
+        )  # canonical answers: equal ids
+        ids = answer_ids(tokenizer, answer, ended)
+        # what the next prompt must start with: this prompt, the answer, and the end-of-turn it lacked
+        closing = newline if ended == "eos" else [im_end, *newline]
+        previous = plan.token_ids + ids + closing
+        turns += [Turn("user", question, plan.new_user_token_ids), Turn("assistant", answer, ids)]
+    assert len(turns) == 10
+
+
+def test_length_ended_answer_gets_im_end_and_newline(smollm2: Any) -> None:
+    builder = make_builder(smollm2)
+    first = builder.build_prompt("", [], "Hi", max_tokens=16)
+    cut_answer = smollm2.encode("Hello! How can I", add_special_tokens=False)
+    turns = [Turn("user", "Hi", first.new_user_token_ids), Turn("assistant", "Hello! How can I", cut_answer)]
+    second = builder.build_prompt("", turns, "Go on", max_tokens=16)
+    n = len(first.token_ids) + len(cut_answer)
+    assert second.token_ids[:n] == first.token_ids + cut_answer
+    assert second.token_ids[n : n + 2] == [2, 198]
+    assert (
+        smollm2.decode(second.new_user_token_ids)
+        == "<|im_start|>user\nGo on<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert builder.closing_ids([5, 2]) == [198]
+    assert builder.closing_ids([5, 2, 198]) == []
+    assert builder.closing_ids([]) == [2, 198]
+
+
+def test_generated_ids_are_kept_even_when_retokenizing_differs(tokenizer: Any) -> None:
+    builder = make_builder(tokenizer)
+    first = builder.build_prompt("", [], "Say hello world.", max_tokens=16)
+    # the model spelled the answer character by character: same text, other ids than a re-render
+    spelled = [i for ch in "hello world" for i in tokenizer.encode(ch, add_special_tokens=False)]
+    assert spelled != tokenizer.encode("hello world", add_special_tokens=False)
+    turns = [
+        Turn("user", "Say hello world.", first.new_user_token_ids),
+        Turn("assistant", "hello world", spelled),
+    ]
+    plan = builder.build_prompt("", turns, "Thanks", max_tokens=16)
+    full = builder.render("", turns, "Thanks")
+    assert plan.exact_extension is True
+    assert plan.token_ids[: len(first.token_ids) + len(spelled)] == first.token_ids + spelled
+    assert plan.token_ids != full
+    assert tokenizer.decode(plan.token_ids) == tokenizer.decode(full)
+
+
+def test_truncation_drops_the_oldest_exchange_and_keeps_the_system_prompt(tokenizer: Any) -> None:
+    system_prompt = "You answer in one sentence."
+    turns = run_script(make_builder(tokenizer), system_prompt)
+    question, max_tokens = "Count to five.", 32
+    renderer = make_builder(tokenizer)
+    whole = len(renderer.render(system_prompt, turns, question))
+    without_first = len(renderer.render(system_prompt, turns[2:], question))
+    assert whole > without_first
+    builder = make_builder(
+        tokenizer, max_model_len=without_first + max_tokens
+    )  # fits only without exchange 1
+    plan = builder.build_prompt(system_prompt, turns, question, max_tokens)
+    assert (plan.truncated_turns, plan.exact_extension) == (1, True)
+    assert plan.token_ids == renderer.render(system_prompt, turns[2:], question)
+    assert tokenizer.decode(plan.token_ids).count(system_prompt) == 1
+    assert "capital of France" not in tokenizer.decode(plan.token_ids)
+    # one token less room drops the second exchange too; room for everything keeps everything
+    tighter = make_builder(tokenizer, max_model_len=without_first + max_tokens - 1)
+    assert tighter.build_prompt(system_prompt, turns, question, max_tokens).truncated_turns == 2
+    roomy = make_builder(tokenizer, max_model_len=whole + max_tokens)
+    plan = roomy.build_prompt(system_prompt, turns, question, max_tokens)
+    assert (plan.truncated_turns, len(plan.token_ids)) == (0, whole)
+
+
+@pytest.mark.parametrize("with_ids", [True, False])
+def test_truncation_matches_a_brute_force_search(tokenizer: Any, with_ids: bool) -> None:
+    renderer = make_builder(tokenizer)
+    turns: list[Turn] = []
+    for i in range(12):
+        question, answer = f"Question {i}: how are you?", "I am fine, thank you. " * (1 + i % 3)
+        plan = renderer.build_prompt("Be brief.", turns, question, max_tokens=8)
+        user_ids = plan.new_user_token_ids if with_ids else None
+        ids = answer_ids(tokenizer, answer, "eos") if with_ids else None
+        turns += [Turn("user", question, user_ids), Turn("assistant", answer, ids)]
+    for max_model_len in (150, 200, 333, 400):
+        budget = max_model_len - 8
+        expected = next(
+            k for k in range(13) if len(renderer.render("Be brief.", turns[2 * k :], "Hi")) <= budget
+        )
+        plan = make_builder(tokenizer, max_model_len).build_prompt("Be brief.", turns, "Hi", max_tokens=8)
+        assert (plan.truncated_turns, plan.exact_extension) == (expected, with_ids or expected == 12)
+        assert plan.token_ids == renderer.render("Be brief.", turns[2 * expected :], "Hi")
+
+
+def test_prompt_that_cannot_fit_raises_naming_the_numbers(tokenizer: Any) -> None:
+    builder = make_builder(tokenizer)
+    turns = run_script(builder, "")
+    alone = len(builder.render("", [], "Count to five."))
+    tight = make_builder(tokenizer, max_model_len=alone + 9)
+    with pytest.raises(ValueError) as info:
+        tight.build_prompt("", turns, "Count to five.", max_tokens=10)
+    assert str(info.value) == (
+        f"system prompt + new message ({alone} tokens) + max_tokens (10) exceeds max_model_len ({alone + 9})"
+    )
+    plan = tight.build_prompt("", turns, "Count to five.", max_tokens=9)
+    assert (plan.truncated_turns, len(plan.token_ids)) == (2, alone)
+
+
+def test_template_that_does_not_extend_falls_back_to_a_full_render() -> None:
+    tok = make_chatml_tokenizer(REVINDEX_TEMPLATE)
+    builder = make_builder(tok)
+    turns = run_script(builder, "Be brief.")
+    plan = builder.build_prompt("Be brief.", turns, "Count to five.", max_tokens=16)
+    assert plan.exact_extension is False
+    assert plan.token_ids == builder.render("Be brief.", turns, "Count to five.")
+    assert tok.decode(plan.token_ids).startswith("<|im_start|>system 6\nBe brief.")
+
+
+def test_a_system_prompt_edit_keeps_the_turns_ids_but_stale_user_ids_fall_back(tokenizer: Any) -> None:
+    builder = make_builder(tokenizer)
+    turns = run_script(builder, "Be brief.")
+    plan = builder.build_prompt("Be verbose.", turns, "Count to five.", max_tokens=16)
+    assert plan.exact_extension is True  # the head is re-rendered; the turns' ids still line up
+    assert plan.token_ids == builder.render("Be verbose.", turns, "Count to five.")
+    for stale in (
+        [turns[0], turns[1], Turn("user", "Tell me a joke about dogs.", turns[2].token_ids), turns[3]],
+        [Turn("user", "What is the capital of Spain?", turns[0].token_ids), *turns[1:]],
+        [Turn("user", turns[0].content, None), *turns[1:]],
+    ):
+        plan = builder.build_prompt("Be brief.", stale, "Next", max_tokens=16)
+        assert (plan.exact_extension, plan.num_retokenized_turns) == (False, 0)
+        assert plan.token_ids == builder.render("Be brief.", stale, "Next")
+
+
+def test_answers_whose_ids_do_not_spell_their_text_are_retokenized_alone(tokenizer: Any) -> None:
+    builder = make_builder(tokenizer)
+    spelled = [i for ch in "hello world" for i in tokenizer.encode(ch, add_special_tokens=False)]
+    cut_by_stop = tokenizer.encode(
+        "one two three\n\nfour", add_special_tokens=False
+    )  # stop="\n\n" cut the text
+    script = [
+        ("Say hello world.", "hello world", spelled),
+        ("Count to five.", "one two three", cut_by_stop),
+        ("Tell me a joke.", "Why did the cat", None),  # interrupted by a crash: no ids stored
+    ]
+    turns: list[Turn] = []
+    for question, answer, ids in script:
+        plan = builder.build_prompt("", turns, question, max_tokens=8)
+        turns += [Turn("user", question, plan.new_user_token_ids), Turn("assistant", answer, ids)]
+    plan = builder.build_prompt("", turns, "Thanks", max_tokens=8)
+    assert (plan.exact_extension, plan.num_retokenized_turns) == (True, 2)
+    assert tokenizer.decode(plan.token_ids) == tokenizer.decode(builder.render("", turns, "Thanks"))
+    first_answer_at = len(turns[0].token_ids or ())  # no system prompt: the first user ids start the prompt
+    assert plan.token_ids[first_answer_at : first_answer_at + len(spelled)] == spelled  # kept as generated
+    assert "four" not in tokenizer.decode(plan.token_ids)
+
+
+def test_tokenizer_fingerprint_tracks_vocab_and_template(smollm2: Any) -> None:
+    fp = tokenizer_fingerprint(smollm2)
+    assert len(fp) == 16 and int(fp, 16) >= 0
+    assert tokenizer_fingerprint(make_chatml_tokenizer()) == tokenizer_fingerprint(make_chatml_tokenizer())
+    assert tokenizer_fingerprint(make_chatml_tokenizer()) != tokenizer_fingerprint(
+        make_chatml_tokenizer(REVINDEX_TEMPLATE)
+    )
+    assert tokenizer_fingerprint(make_chatml_tokenizer()) != fp
+
+
+def test_turns_from_messages_keeps_user_turns_and_ended_answers() -> None:
+    def msg(role: str, status: str, ids: list[int] | None = None) -> SimpleNamespace:
+        return SimpleNamespace(role=role, content=f"{role}-{status}", token_ids=ids, status=status)
+
+    messages = [
+        msg("system", "complete"),
+        msg("user", "complete", [1, 2]),
+        msg("assistant", "finished", [3]),
+        msg("user", "complete", [4]),
+        msg("assistant", "failed", []),
+        msg("user", "complete", [6]),
+        msg("assistant", "stopped", [5]),
+        msg("user", "complete", [7]),
+        msg("assistant", "interrupted"),
+        msg("user", "complete", [8]),
+        msg("assistant", "streaming"),
+    ]
+    assert turns_from_messages(messages) == [
+        Turn("user", "user-complete", (1, 2)),
+        Turn("assistant", "assistant-finished", (3,)),
+        Turn("user", "user-complete", (4,)),
+        Turn("assistant", "assistant-failed", ()),
+        Turn("user", "user-complete", (6,)),
+        Turn("assistant", "assistant-stopped", (5,)),
+        Turn("user", "user-complete", (7,)),
+        Turn("assistant", "assistant-interrupted", None),
+        Turn("user", "user-complete", (8,)),
+    ]
+    with pytest.raises(ValueError, match="turn role must be one of"):
+        Turn("system", "x")
+
+
+def test_failed_and_interrupted_answers_keep_the_prompt_exact(tokenizer: Any) -> None:
+    builder = make_builder(tokenizer)
+    first = builder.build_prompt("", [], "Hi", max_tokens=8)
+    failed = [
+        Turn("user", "Hi", first.new_user_token_ids),
+        Turn("assistant", "", ()),
+    ]  # failed before any token
+    second = builder.build_prompt("", failed, "Hello?", max_tokens=8)
+    assert second.exact_extension is True
+    assert second.token_ids == first.token_ids + builder.closing_ids(()) + second.new_user_token_ids
+    # an answer cut off by a crash has its text but no ids: its text's tokenization stands in
+    turns = [
+        *failed,
+        Turn("user", "Hello?", second.new_user_token_ids),
+        Turn("assistant", "Hello world", None),
+    ]
+    third = builder.build_prompt("", turns, "Thanks", max_tokens=8)
+    assert third.exact_extension is True
+    assert third.token_ids == builder.render("", turns, "Thanks")
+    prefix = second.token_ids + tokenizer.encode("Hello world", add_special_tokens=False)
+    assert third.token_ids[: len(prefix)] == prefix
+
+
+def test_app_storage_and_history_import_neither_torch_nor_engine() -> None:
+    code = (
+        "import sys, app.conversation, app.db; "
+        "bad = sorted(m for m in sys.modules if m == 'torch' or m == 'engine' or m.startswith('engine.')); "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+
+
+def test_truncation_steps_past_a_cut_where_only_the_plain_render_fits(tokenizer: Any) -> None:
+    builder = make_builder(tokenizer)
+    spelled = [i for ch in "hello world" for i in tokenizer.encode(ch, add_special_tokens=False)]
+    script = [
+        ("Hi", "Hello", None),
+        ("Say hello world.", "hello world", spelled),
+        ("Thanks", "You are welcome", None),
+    ]
+    turns: list[Turn] = []
+    for question, answer, ids in script:
+        plan = builder.build_prompt("", turns, question, max_tokens=8)
+        ids = ids or answer_ids(tokenizer, answer, "eos")
+        turns += [Turn("user", question, plan.new_user_token_ids), Turn("assistant", answer, ids)]
+    question = "Now please count from one to five, then tell me a joke about cats and the lazy dog. " * 2
+    exact_from_2nd = len(builder.build_prompt("", turns[2:], question, max_tokens=8).token_ids)
+    budget = len(builder.render("", turns[2:], question))  # the plain render from exchange 2 on fits exactly
+    stored = sum(len(t.token_ids or ()) for t in turns)
+    # the preconditions that send the search through the plain-render fit at cut 1 and on to cut 2
+    assert stored <= budget < len(builder.render("", turns, question)) and exact_from_2nd > budget
+    plan = make_builder(tokenizer, max_model_len=budget + 8).build_prompt("", turns, question, max_tokens=8)
+    assert (plan.truncated_turns, plan.exact_extension) == (2, True)
+    assert plan.token_ids == builder.render("", turns[4:], question)
