@@ -62,13 +62,23 @@ class MessageLike(Protocol):
     status: str
 
 
-def turns_from_messages(messages: Iterable[MessageLike]) -> list[Turn]:
-    """History turns from stored messages: user turns and every answer that ended (not one still streaming)."""
-    turns = []
-    for m in messages:
-        if m.role == "user" or (m.role == "assistant" and m.status in HISTORY_ASSISTANT_STATUSES):
-            turns.append(Turn(m.role, m.content, None if m.token_ids is None else tuple(m.token_ids)))
-    return turns
+def turns_from_messages(messages: Iterable[MessageLike], fingerprint: str | None = None) -> list[Turn]:
+    """History turns from stored messages: user turns and every answer that ended (not one still streaming).
+
+    With `fingerprint`, ids recorded under another tokenizer (an answer's `tokenizer_fingerprint` differs) are
+    dropped for the whole history, so the prompt is re-rendered instead of mixing vocabularies.
+    """
+    kept = [
+        m
+        for m in messages
+        if m.role == "user" or (m.role == "assistant" and m.status in HISTORY_ASSISTANT_STATUSES)
+    ]
+    foreign = fingerprint is not None and any(
+        getattr(m, "tokenizer_fingerprint", None) not in (None, fingerprint) for m in kept
+    )
+    return [
+        Turn(m.role, m.content, None if foreign or m.token_ids is None else tuple(m.token_ids)) for m in kept
+    ]
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:

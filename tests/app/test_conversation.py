@@ -316,6 +316,22 @@ def test_turns_from_messages_keeps_user_turns_and_ended_answers() -> None:
     ]
     with pytest.raises(ValueError, match="turn role must be one of"):
         Turn("system", "x")
+    # ids recorded under another tokenizer are dropped for the whole history
+    mine = SimpleNamespace(
+        role="assistant", content="a", token_ids=[3], status="finished", tokenizer_fingerprint="f1"
+    )
+    theirs = SimpleNamespace(
+        role="assistant", content="b", token_ids=[4], status="finished", tokenizer_fingerprint="f0"
+    )
+    user = msg("user", "complete", [1])
+    assert [t.token_ids for t in turns_from_messages([user, mine, user, theirs], "f1")] == [None] * 4
+    assert [t.token_ids for t in turns_from_messages([user, mine, user, mine], "f1")] == [
+        (1,),
+        (3,),
+        (1,),
+        (3,),
+    ]
+    assert [t.token_ids for t in turns_from_messages([user, theirs])] == [(1,), (4,)]
 
 
 def test_failed_and_interrupted_answers_keep_the_prompt_exact(tokenizer: Any) -> None:
