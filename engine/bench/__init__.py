@@ -1,0 +1,1 @@
+"""`pagedchat bench …`: throughput, memory, serving and multi-turn benchmarks, each against its baseline."""

@@ -1,0 +1,247 @@
+"""The benchmark suite's pure pieces: statistics, tables, targets, workloads, shapes, SSE parsing, summaries."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from engine.bench import common, loadgen, memory, multiturn, servers, workload
+from engine.bench.cli import build_parser
+from engine.bench.matmul import flops_per_token, linear_shapes
+from engine.bench.session_client import TurnResult, iter_sse
+from engine.config import EngineConfig
+
+SMOLLM2_135M = SimpleNamespace(
+    hidden_size=576,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    vocab_size=49152,
+)
+
+
+def test_percentiles_interpolate_linearly():
+    assert common.percentiles([4.0, 1.0, 3.0, 2.0]) == pytest.approx({"p50": 2.5, "p90": 3.7, "p99": 3.97})
+    assert common.percentiles([7.0]) == {"p50": 7.0, "p90": 7.0, "p99": 7.0}
+    assert all(math.isnan(v) for v in common.percentiles([]).values())
+
+
+def test_target_verdicts_and_lines():
+    assert common.Target("speedup", 2.0, 2.0).line() == "PASS  speedup: 2.00 (target >= 2.00)"
+    assert common.Target("speedup", 1.99, 2.0).line() == "FAIL  speedup: 1.99 (target >= 2.00)"
+    assert common.Target("waste %", 3.5, 4.0, "<=").passed
+    assert not common.Target("waste %", 4.5, 4.0, "<=").passed
+    assert not common.Target("nan", float("nan"), 0.0).passed
+
+
+def test_format_table_aligns_columns():
+    text = common.format_table(["system", "tok/s"], [["ours", 1234.5], ["hf", 0.5]])
+    assert text.splitlines() == ["system  tok/s", "------  -----", "ours     1234", "hf        0.5"]
+
+
+def test_write_results_writes_json_with_nulls_and_a_png(tmp_path):
+    fig, (ax,) = common.new_figure()
+    ax.plot([0, 1], [1, 2])
+    json_path, png_path = common.write_results("demo", {"value": float("nan"), "n": 3}, fig, tmp_path, "cmd")
+    doc = json.loads(json_path.read_text())
+    assert json_path.name.startswith("demo-") and json_path.suffix == ".json"
+    assert (doc["benchmark"], doc["command"], doc["value"], doc["n"]) == ("demo", "cmd", None, 3)
+    assert doc["machine"]["num_cpus"] >= 1
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_chat_requests_are_seeded_and_bounded():
+    first = workload.chat_requests(40, seed=3, max_tokens=128)
+    assert first == workload.chat_requests(40, seed=3, max_tokens=128)
+    assert first != workload.chat_requests(40, seed=4, max_tokens=128)
+    assert all(32 <= r.max_tokens <= 128 for r in first)
+    assert {r.kind for r in first} == {"short", "medium", "long"}
+    assert all(r.messages[0]["role"] == "user" and r.messages[0]["content"] for r in first)
+
+
+def test_length_mix_fits_max_model_len():
+    mix = workload.length_mix(500, seed=0, max_model_len=4096)
+    assert all(4 <= p <= 2048 and o >= 1 and p + o <= 4096 for p, o in mix)
+    assert workload.lognormal_lengths(3, 0, median=100, sigma=0.0, lo=1, hi=1000) == [100, 100, 100]
+    assert workload.lognormal_lengths(2, 0, median=100, sigma=0.0, lo=1, hi=50) == [50, 50]
+
+
+def test_user_turns_are_seeded_per_user():
+    assert workload.user_turns(0, 10, seed=1) == workload.user_turns(0, 10, seed=1)
+    assert workload.user_turns(0, 10, seed=1) != workload.user_turns(1, 10, seed=1)
+    assert len(workload.user_turns(5, 10, seed=1)) == 10
+
+
+def test_linear_shapes_of_smollm2_give_its_flops_per_token():
+    shapes = linear_shapes(SMOLLM2_135M)
+    assert [(s.name, s.in_features, s.out_features, s.count) for s in shapes] == [
+        ("qkv", 576, 960, 30),
+        ("o", 576, 576, 30),
+        ("gate_up", 576, 3072, 30),
+        ("down", 1536, 576, 30),
+        ("lm_head", 576, 49152, 1),
+    ]
+    assert flops_per_token(shapes) == 268_959_744
+
+
+def test_kv_bytes_per_token_of_smollm2_in_bf16():
+    assert memory.kv_bytes_per_token(SMOLLM2_135M, element_size=2) == 2 * 30 * 3 * 64 * 2
+
+
+def test_memory_summary_compares_paged_with_contiguous():
+    samples = [
+        memory.StepSample(
+            1,
+            num_running=4,
+            num_waiting=2,
+            num_tokens_stored=90,
+            num_slots_allocated=96,
+            num_used_blocks=6,
+            future_tokens=100,
+        ),
+        memory.StepSample(
+            2,
+            num_running=2,
+            num_waiting=0,
+            num_tokens_stored=30,
+            num_slots_allocated=32,
+            num_used_blocks=2,
+            future_tokens=20,
+        ),
+    ]
+    s = memory.summarise(samples, max_model_len=64, contiguous_capacity=2)
+    assert s["paged_waste_pct"] == pytest.approx(100 * 8 / 128)
+    assert s["contiguous_waste_pct"] == pytest.approx(100 * (384 - 120) / 384)
+    assert s["contiguous_reserved_future_pct"] == pytest.approx(100 * 120 / 384)
+    assert s["mean_running_saturated"] == 4.0  # only the step with a waiting request counts
+    assert (s["peak_running"], s["concurrency_ratio"]) == (4, 2.0)
+
+
+def test_request_result_latencies():
+    r = loadgen.RequestResult(
+        ok=True, start_s=0.0, e2e_s=1.0, ttft_s=0.2, chunk_times_s=[0.2, 0.5, 1.0], num_output_tokens=5
+    )
+    assert r.itl_s == pytest.approx([0.3, 0.5])
+    assert r.tpot_s == pytest.approx(0.2)
+    assert math.isnan(loadgen.RequestResult(ok=True, start_s=0.0, num_output_tokens=1).tpot_s)
+
+
+def test_load_summary_counts_only_successful_requests():
+    ok = loadgen.RequestResult(
+        ok=True, start_s=0.0, e2e_s=2.0, ttft_s=0.5, chunk_times_s=[0.5, 1.0, 2.0], num_output_tokens=4
+    )
+    failed = loadgen.RequestResult(ok=False, start_s=0.1, e2e_s=0.1, error="ConnectError: refused")
+    s = loadgen.summarise([ok, failed], duration_s=4.0)
+    assert (s["num_requests"], s["num_failed"], s["output_tokens"]) == (2, 1, 4)
+    assert (s["output_tokens_per_s"], s["requests_per_s"]) == (1.0, 0.25)
+    assert s["ttft_ms"]["p50"] == 500.0 and s["tpot_ms"]["p50"] == 500.0 and s["e2e_ms"]["p99"] == 2000.0
+    assert s["itl_ms"]["p50"] == 750.0 and s["errors"] == ["ConnectError: refused"]
+
+
+def test_poisson_offsets_are_seeded_and_increasing():
+    offsets = loadgen.poisson_offsets(2000, rate=4.0, seed=7)
+    assert offsets == loadgen.poisson_offsets(2000, rate=4.0, seed=7)
+    assert offsets[0] == 0.0 and all(b >= a for a, b in zip(offsets, offsets[1:], strict=False))
+    assert offsets[-1] / 1999 == pytest.approx(0.25, rel=0.1)  # mean gap 1 / rate
+
+
+def test_run_load_keeps_at_most_concurrency_in_flight():
+    lock, in_flight, peak = threading.Lock(), [0], [0]
+
+    def send(i: int, start_s: float) -> loadgen.RequestResult:
+        with lock:
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+        time.sleep(0.02)
+        with lock:
+            in_flight[0] -= 1
+        return loadgen.RequestResult(ok=True, start_s=start_s, num_output_tokens=i)
+
+    results, _ = loadgen.run_load(send, 10, concurrency=3)
+    assert [r.num_output_tokens for r in results] == list(range(10))
+    assert peak[0] == 3
+    with pytest.raises(ValueError, match="exactly one"):
+        loadgen.run_load(send, 1)
+
+
+def test_run_load_sends_on_the_poisson_schedule():
+    sent: list[float] = []
+    results, duration = loadgen.run_load(
+        lambda i, start_s: sent.append(start_s) or loadgen.RequestResult(ok=True, start_s=start_s),
+        5,
+        rate=100.0,
+        seed=3,
+    )
+    expected = loadgen.poisson_offsets(5, 100.0, seed=3)
+    assert [r.start_s for r in results] == sorted(sent)
+    assert all(0 <= s - e < 0.05 for s, e in zip(sorted(sent), expected, strict=True))
+    assert duration >= expected[-1]
+
+
+def test_iter_sse_parses_events():
+    class FakeResponse:
+        def iter_lines(self):
+            yield from [
+                "event: delta",
+                'data: {"text": "Hi"}',
+                "",
+                ": ping",
+                "",
+                "data: plain",
+                "",
+                "event: done",
+                "data: {}",
+            ]
+
+    assert list(iter_sse(FakeResponse())) == [
+        ("delta", '{"text": "Hi"}'),
+        ("message", "plain"),
+        ("done", "{}"),
+    ]
+
+
+def test_multiturn_summary_counts_cache_hits_over_all_turns():
+    def turn(ttft: float, prompt: int, cached: int) -> TurnResult:
+        return TurnResult(ok=True, ttft_s=ttft, e2e_s=1.0, prompt_tokens=prompt, cached_tokens=cached)
+
+    users = [[turn(0.1, 100, 96), turn(0.1, 200, 192)], [turn(0.3, 100, 80), turn(0.3, 220, 208)]]
+    s = multiturn.summarise(
+        users,
+        2,
+        {"prefix_query_tokens": 10, "prefix_hit_tokens": 5},
+        {"prefix_query_tokens": 110, "prefix_hit_tokens": 85},
+    )
+    assert (s["prompt_tokens"], s["cached_tokens"], s["prefill_tokens"]) == (620, 576, 44)
+    assert s["cache_hit_pct"] == pytest.approx(100 * 576 / 620)
+    assert s["turns"][0]["mean_prefill_tokens"] == 12.0 and s["turns"][1]["mean_prefill_tokens"] == 10.0
+    assert s["ttft_ratio_last_first"] == pytest.approx(1.0)
+    assert s["server_prefix_hit_pct"] == 80.0
+
+
+def test_engine_env_maps_config_to_server_variables():
+    env = servers.engine_env(EngineConfig(model="/m", kv_cache_bytes=1024, enable_prefix_caching=False))
+    assert env["PAGEDCHAT_MODEL"] == "/m" and env["PAGEDCHAT_KV_CACHE_BYTES"] == "1024"
+    assert env["PAGEDCHAT_ENABLE_PREFIX_CACHING"] == "0" and env["PAGEDCHAT_BLOCK_SIZE"] == "16"
+    assert "PAGEDCHAT_MAX_MODEL_LEN" not in env  # None: the server's own default
+    assert 0 < servers.free_port() < 65536
+
+
+def test_bench_parser_checks_baselines_and_loads():
+    parser = build_parser()
+    assert parser.parse_args(["throughput", "--baselines", "none"]).baselines == []
+    assert parser.parse_args(["throughput", "--baselines", "static, sequential"]).baselines == [
+        "static",
+        "sequential",
+    ]
+    assert parser.parse_args(["serving", "--concurrency", "1,8"]).concurrency == [1.0, 8.0]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["throughput", "--baselines", "static,vllm"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serving", "--rates", "1,-2"])

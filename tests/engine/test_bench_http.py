@@ -1,0 +1,128 @@
+"""`bench serving` and `bench multiturn` end to end against real servers (tiny random model, tiny sizes)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.bench import servers
+from engine.bench.cli import bench_main
+from engine.config import EngineConfig
+from tests.engine.bench_helpers import shared_tiny_model
+
+API_KEY = "test-bench-key"
+
+
+@pytest.fixture(scope="module")
+def tiny_servers(tmp_path_factory):
+    """The tiny model and two pagedchat servers on it (prefix caching on and off), started the bench's way."""
+    model = shared_tiny_model()
+    logs = tmp_path_factory.mktemp("server-logs")
+    config = EngineConfig(model=model, dtype="float32", kv_cache_bytes=4 * 2**20)
+    env = {"PAGEDCHAT_API_KEYS": API_KEY}
+    started = [
+        servers.start_pagedchat("caching-on", config, logs, env),
+        servers.start_pagedchat(
+            "caching-off", dataclasses.replace(config, enable_prefix_caching=False), logs, env
+        ),
+    ]
+    with servers.running(started, timeout_s=120):
+        yield model, started[0].url, started[1].url
+    assert all(s.proc.poll() is not None for s in started), "servers must be stopped after the benchmark"
+
+
+def _only_result(folder: Path, name: str) -> dict:
+    jsons, pngs = sorted(folder.glob(f"{name}-*.json")), sorted(folder.glob(f"{name}-*.png"))
+    assert len(jsons) == 1 and len(pngs) == 1, f"expected one JSON and one PNG, got {jsons + pngs}"
+    assert pngs[0].read_bytes()[:4] == b"\x89PNG"
+    return json.loads(jsons[0].read_text())
+
+
+def test_serving_bench_against_pagedchat_and_the_hf_baseline(tiny_servers, tmp_path):
+    model, url, _ = tiny_servers
+    argv = [
+        "serving",
+        "--model",
+        model,
+        "--dtype",
+        "float32",
+        "--url",
+        url,
+        "--api-key",
+        API_KEY,
+        "--rates",
+        "50",
+        "--num-requests",
+        "3",
+        "--max-tokens",
+        "5",
+        "--results-dir",
+        str(tmp_path),
+    ]
+    assert bench_main(argv) == 0  # the HF baseline server is started and stopped by the benchmark itself
+    doc = _only_result(tmp_path, "serving")
+    assert set(doc["systems"]) == {"pagedchat", "hf_baseline"}
+    for name, points in doc["systems"].items():
+        (point,) = points
+        assert (point["load"], point["value"], point["num_requests"], point["num_failed"]) == (
+            "rate",
+            50.0,
+            3,
+            0,
+        )
+        assert 3 <= point["output_tokens"] <= sum(doc["workload"]["max_tokens"]), name
+        assert point["ttft_ms"]["p50"] > 0 and point["e2e_ms"]["p99"] >= point["ttft_ms"]["p99"], name
+    assert set(doc["ratios"]) == {"rate=50"}
+
+
+def test_multiturn_bench_with_caching_on_and_off(tiny_servers, tmp_path, capsys):
+    model, url_on, url_off = tiny_servers
+    argv = [
+        "multiturn",
+        "--model",
+        model,
+        "--url",
+        url_on,
+        "--url-no-caching",
+        url_off,
+        "--api-key",
+        API_KEY,
+        "--users",
+        "2",
+        "--turns",
+        "2",
+        "--system-tokens",
+        "48",
+        "--max-tokens",
+        "4",
+        "--results-dir",
+        str(tmp_path),
+    ]
+    assert bench_main(argv) == 0
+    doc = _only_result(tmp_path, "multiturn")
+    runs = doc["runs"]
+    assert set(runs) == {"session/caching-on", "v1/caching-on", "session/caching-off", "v1/caching-off"}
+    for name, run in runs.items():
+        assert run["num_turns_failed"] == 0, (name, run["errors"])
+        assert [t["num_ok"] for t in run["turns"]] == [2, 2], name
+        assert run["prompt_tokens"] > 2 * 48, name
+    assert runs["session/caching-off"]["cached_tokens"] == 0 and runs["v1/caching-off"]["cached_tokens"] == 0
+    # the warm-up request put the shared system prompt in the cache, so even turn 1 hits it
+    assert runs["session/caching-on"]["turns"][0]["mean_cached_tokens"] >= 32
+    assert (
+        runs["session/caching-on"]["turns"][1]["mean_cached_tokens"]
+        > runs["session/caching-on"]["turns"][0]["mean_cached_tokens"]
+    )
+    assert [t["name"] for t in doc["targets"]] == [
+        "session API, caching on: turn 2 TTFT / turn 1 TTFT",
+        "session API, caching on: prompt tokens from the cache %",
+    ]
+    lines = capsys.readouterr().out.splitlines()
+    verdicts = [line.split()[0] for line in lines if "session API, caching on:" in line]
+    assert len(verdicts) == 2 and set(verdicts) <= {
+        "PASS",
+        "FAIL",
+    }  # the verdicts themselves depend on timing

@@ -1,0 +1,104 @@
+"""`bench throughput` and `bench memory` end to end on a tiny random model: JSON keys, PNG, sane values."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.bench.cli import bench_main
+from tests.engine.bench_helpers import shared_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> str:
+    return shared_tiny_model()
+
+
+def _only_result(folder: Path, name: str) -> dict:
+    jsons = sorted(folder.glob(f"{name}-*.json"))
+    pngs = sorted(folder.glob(f"{name}-*.png"))
+    assert len(jsons) == 1 and len(pngs) == 1, f"expected one JSON and one PNG, got {jsons + pngs}"
+    assert pngs[0].read_bytes()[:4] == b"\x89PNG"
+    return json.loads(jsons[0].read_text())
+
+
+def test_trim_output_keeps_the_first_eos_and_the_limit():
+    from engine.bench.hf_baselines import agreement, trim_output
+
+    assert trim_output([5, 6, 2, 7], frozenset({2}), max_tokens=10) == [5, 6, 2]
+    assert trim_output([5, 6, 2, 7], frozenset({2}), max_tokens=2) == [5, 6]
+    assert agreement([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 9]]) == {
+        "identical_outputs": 1,
+        "mean_shared_prefix_fraction": 0.75,
+    }
+
+
+def test_throughput_bench_runs_every_baseline(tiny_model, tmp_path, capsys):
+    argv = [
+        "throughput",
+        "--model",
+        tiny_model,
+        "--dtype",
+        "float32",
+        "--kv-cache-bytes",
+        str(4 * 2**20),
+        "--num-requests",
+        "3",
+        "--max-tokens",
+        "6",
+        "--matmul-seconds",
+        "0.05",
+        "--results-dir",
+        str(tmp_path),
+    ]
+    assert bench_main(argv) == 0
+    doc = _only_result(tmp_path, "throughput")
+    assert set(doc["systems"]) == {"pagedchat", "hf_static", "hf_continuous", "hf_sequential"}
+    assert set(doc["ratios"]) == {"pagedchat/hf_static", "pagedchat/hf_continuous", "pagedchat/hf_sequential"}
+    budget = sum(doc["workload"]["max_tokens"])
+    for name, system in doc["systems"].items():
+        assert 3 <= system["num_output_tokens"] <= budget, name
+        assert system["tokens_per_s"] > 0, name
+    # fp32 greedy with identical EOS / max_tokens handling: one-at-a-time HF gives exactly our tokens
+    assert doc["agreement_with_pagedchat"]["hf_sequential"]["identical_outputs"] == 3
+    assert (
+        doc["systems"]["hf_sequential"]["num_output_tokens"]
+        == doc["systems"]["pagedchat"]["num_output_tokens"]
+    )
+    assert doc["matmul"]["flops_per_token"] > 0 and doc["matmul"]["engine_fraction"] > 0
+    assert [t["name"] for t in doc["targets"]] == ["pagedchat / HF static batching"]
+    out = capsys.readouterr().out
+    assert "hf_continuous" in out and "pagedchat / HF static batching" in out
+
+
+def test_memory_bench_reports_waste_and_concurrency(tiny_model, tmp_path):
+    argv = [
+        "memory",
+        "--model",
+        tiny_model,
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "64",
+        "--budget-seqs",
+        "2",
+        "--num-requests",
+        "6",
+        "--results-dir",
+        str(tmp_path),
+    ]
+    assert bench_main(argv) == 0
+    doc = _only_result(tmp_path, "memory")
+    pool, summary = doc["pool"], doc["summary"]
+    assert pool["max_model_len"] == 64 and pool["pool_tokens"] == 128
+    assert summary["contiguous_capacity"] == 2
+    assert 0 <= summary["max_waste_per_seq_tokens"] < pool["block_size"]  # paged waste is under one block
+    assert 0 <= summary["paged_waste_pct"] < summary["contiguous_waste_pct"]
+    assert summary["peak_running"] >= 2 and len(doc["workload"]["lengths"]) == 6
+    assert doc["timeline"] and doc["timeline"][-1]["num_running"] == 0
+    assert [t["name"] for t in doc["targets"]] == [
+        "paged KV waste %",
+        "concurrency vs contiguous reservation",
+    ]
