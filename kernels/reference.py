@@ -1,0 +1,102 @@
+"""Pure-torch twins of the paged-attention kernels: plain per-sequence loops, the oracle the kernels are tested against.
+
+Same signatures as the kernels (performance knobs are accepted and ignored). Scores and softmax are computed in fp32;
+outputs have q's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def store_kv_ref(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write k[t], v[t] into the caches at slot_mapping[t]; negative slots are padding and skipped."""
+    block_size = k_cache.shape[1]
+    for token, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        k_cache[slot // block_size, slot % block_size] = k[token]
+        v_cache[slot // block_size, slot % block_size] = v[token]
+
+
+def gather_context(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """One sequence's first seq_len cached tokens, [seq_len, num_kv_heads, head_dim], read through its block table."""
+    block_size = cache.shape[1]
+    num_blocks = -(-seq_len // block_size)
+    blocks = [cache[block_id] for block_id in block_table[:num_blocks].tolist()]
+    if not blocks:
+        return cache.new_empty((0, *cache.shape[2:]))
+    return torch.cat(blocks)[:seq_len]
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of each sequence's queries (the last query_len of its seq_len tokens) over its paged context."""
+    num_heads = q.shape[1]
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.zeros_like(q)
+    starts = query_start_loc.tolist()
+    for i, seq_len in enumerate(seq_lens.tolist()):
+        query = q[starts[i] : starts[i + 1]].float()  # [query_len, num_heads, head_dim]
+        query_len = query.shape[0]
+        if query_len == 0 or seq_len == 0:
+            continue
+        # query head h reads kv head h // group
+        key = gather_context(k_cache, block_tables[i], seq_len).float().repeat_interleave(group, dim=1)
+        value = gather_context(v_cache, block_tables[i], seq_len).float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", query, key) * scale  # [num_heads, query_len, seq_len]
+        query_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
+        key_pos = torch.arange(seq_len, device=q.device)
+        scores = scores.masked_fill(key_pos[None, None, :] > query_pos[None, :, None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[starts[i] : starts[i + 1]] = torch.einsum("hqk,khd->qhd", probs, value).to(q.dtype)
+    return out
+
+
+def paged_decode_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+    *,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """One query token per sequence (the last of its seq_len tokens); written into `out` when given."""
+    query_start_loc = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+    result = paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
+
+
+def paged_prefill_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+) -> torch.Tensor:
+    """Causal attention for a flattened batch of prompts (or prompt chunks) whose prefixes may already be cached."""
+    return paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
