@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from engine.attention import AttentionMetadata
+
+MAX_DECODE_GROUPS = 4
+MIN_SPLIT_SAVING = 32  # padded blocks a length split must save (per layer) to pay for its extra kernel calls
 
 
 class AttentionBackend(Protocol):
@@ -43,25 +47,54 @@ class _Prefill:
     mask: torch.Tensor | None  # [query_len, seq_len] bool, True = attend; None: plain causal
 
 
+@dataclass
+class _DecodeGroup:
+    """Single-token sequences of similar length, attended together over their gathered, padded blocks."""
+
+    rows: torch.Tensor | None  # [n] int64 query rows; None: every row of the batch, in order
+    block_ids: torch.Tensor  # [n * num_blocks] int64
+    valid: torch.Tensor  # [n, 1, 1, num_blocks * block_size] bool, True = a real context position
+    masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # additive, made at first use
+
+    def mask(self, dtype: torch.dtype) -> torch.Tensor:
+        if dtype not in self.masks:
+            zeros = torch.zeros(self.valid.shape, dtype=dtype, device=self.valid.device)
+            self.masks[dtype] = zeros.masked_fill_(~self.valid, float("-inf"))
+        return self.masks[dtype]
+
+
 @dataclass(frozen=True)
 class _StepPlan:
     """Per-step indices and masks shared by every layer."""
 
     meta: AttentionMetadata
     block_size: int
-    decode_rows: (
-        torch.Tensor | None
-    )  # [B] int64 query rows of single-token sequences; None: every row, in order
-    decode_block_ids: torch.Tensor | None  # [B * nb] int64 blocks to gather, nb covering the longest context
-    decode_mask: torch.Tensor | None  # [B, 1, 1, nb * block_size] bool, True = attend
+    decode_groups: tuple[_DecodeGroup, ...]
     prefills: tuple[_Prefill, ...]
+
+
+def split_by_length(lengths: list[int], max_groups: int, min_saving: int) -> list[int]:
+    """Group boundaries over ascending `lengths` that cut padding (sum of size * longest) by greedy splits."""
+    bounds = [0, len(lengths)]
+    while len(bounds) - 1 < max_groups:
+        best = (min_saving - 1, -1)  # (saving, split index)
+        for start, end in pairwise(bounds):
+            whole = (end - start) * lengths[end - 1]
+            for i in range(start + 1, end):
+                saving = whole - (i - start) * lengths[i - 1] - (end - i) * lengths[end - 1]
+                best = max(best, (saving, i))
+        if best[1] < 0:
+            break
+        bounds = sorted([*bounds, best[1]])
+    return bounds
 
 
 class TorchAttentionBackend:
     """CPU paged attention; the caches must hold finite values (allocate them with torch.zeros).
 
-    Decode sequences are attended together: their blocks are gathered into [B, L, Hkv, D] (padded to the longest
-    context and masked) and fed to SDPA with grouped-query heads. Prefill sequences run one SDPA call each.
+    Decode sequences are attended together: their blocks are gathered into [n, L, Hkv, D] (padded to the longest
+    context, masked) and fed to SDPA with grouped-query heads; very uneven lengths are split into a few groups.
+    Prefill sequences run one SDPA call each, reading cached context through their block tables.
     """
 
     def __init__(self, block_size: int | None = None) -> None:
@@ -75,7 +108,7 @@ class TorchAttentionBackend:
     def _make_plan(self, meta: AttentionMetadata, bs: int) -> _StepPlan:
         starts = meta.query_start_loc.tolist()
         tables = meta.block_tables.to(torch.int64)
-        decode_seqs = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
+        device = tables.device
         prefills = []
         for i, query_len in enumerate(meta.query_lens_cpu):
             if query_len == 1:
@@ -84,21 +117,33 @@ class TorchAttentionBackend:
             block_ids = mask = None
             if seq_len != query_len:  # cached context precedes this step's tokens
                 block_ids = tables[i, : -(-seq_len // bs)]
-                rows = torch.arange(query_len, device=tables.device)[:, None] + (seq_len - query_len)
-                mask = torch.arange(seq_len, device=tables.device)[None, :] <= rows
+                rows = torch.arange(query_len, device=device)[:, None] + (seq_len - query_len)
+                mask = torch.arange(seq_len, device=device)[None, :] <= rows
             prefills.append(_Prefill(starts[i], starts[i] + query_len, seq_len, block_ids, mask))
-        decode_rows = decode_ids = decode_mask = None
-        if decode_seqs:
-            index = torch.tensor(decode_seqs, dtype=torch.int64, device=tables.device)
-            if len(decode_seqs) != meta.num_seqs:
-                decode_rows = meta.query_start_loc.to(torch.int64)[index]
-            max_len = max(meta.seq_lens_cpu[i] for i in decode_seqs)
-            num_blocks = -(-max_len // bs)
-            decode_ids = tables[index, :num_blocks].reshape(-1)
-            lens = meta.seq_lens.to(torch.int64)[index]
-            positions = torch.arange(num_blocks * bs, device=tables.device)
-            decode_mask = (positions[None, :] < lens[:, None]).view(len(decode_seqs), 1, 1, -1)
-        return _StepPlan(meta, bs, decode_rows, decode_ids, decode_mask, tuple(prefills))
+        decodes = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
+        groups = []
+        if decodes:
+            blocks = [-(-meta.seq_lens_cpu[i] // bs) for i in decodes]
+            bounds = [0, len(decodes)]
+            if max(blocks) - min(blocks) > 1:
+                order = sorted(range(len(decodes)), key=blocks.__getitem__)
+                bounds = split_by_length([blocks[j] for j in order], MAX_DECODE_GROUPS, MIN_SPLIT_SAVING)
+                if len(bounds) > 2:
+                    decodes = [decodes[j] for j in order]
+            in_order = len(bounds) == 2 and len(decodes) == meta.num_seqs
+            for start, end in pairwise(bounds):
+                groups.append(self._decode_group(meta, tables, starts, decodes[start:end], bs, in_order))
+        return _StepPlan(meta, bs, tuple(groups), tuple(prefills))
+
+    @staticmethod
+    def _decode_group(meta, tables, starts, seqs: list[int], bs: int, in_order: bool) -> _DecodeGroup:
+        index = torch.tensor(seqs, dtype=torch.int64, device=tables.device)
+        num_blocks = -(-max(meta.seq_lens_cpu[i] for i in seqs) // bs)
+        lens = torch.tensor([meta.seq_lens_cpu[i] for i in seqs], device=tables.device)
+        valid = torch.arange(num_blocks * bs, device=tables.device)[None, :] < lens[:, None]
+        rows = None if in_order else torch.tensor([starts[i] for i in seqs], device=tables.device)
+        block_ids = tables[index, :num_blocks].reshape(-1)
+        return _DecodeGroup(rows, block_ids, valid.view(len(seqs), 1, 1, -1))
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """See AttentionBackend.forward."""
@@ -108,31 +153,35 @@ class TorchAttentionBackend:
             plan = self._plan = self._make_plan(meta, block_size)
         k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
-        if plan.decode_block_ids is not None and plan.decode_rows is None:
-            return self._decode(q, k_cache, v_cache, plan, scale)
+        groups = plan.decode_groups
+        if len(groups) == 1 and groups[0].rows is None:
+            return self._decode(q, k_cache, v_cache, groups[0], scale)
         out = q.new_empty(q.shape)
-        if plan.decode_rows is not None:
-            out[plan.decode_rows] = self._decode(q[plan.decode_rows], k_cache, v_cache, plan, scale)
+        for group in groups:
+            out[group.rows] = self._decode(q[group.rows], k_cache, v_cache, group, scale)
         for p in plan.prefills:
             out[p.row_start : p.row_end] = self._prefill(q, k, v, k_cache, v_cache, p, scale)
         return out
 
-    def _decode(self, q, k_cache, v_cache, plan: _StepPlan, scale: float) -> torch.Tensor:
-        num_seqs, num_heads, head_dim = q.shape  # [B, Hq, D]
-        block_ids = plan.decode_block_ids
-        keys = k_cache.index_select(0, block_ids).view(num_seqs, -1, *k_cache.shape[2:])  # [B, L, Hkv, D]
-        values = v_cache.index_select(0, block_ids).view(num_seqs, -1, *v_cache.shape[2:])
+    @staticmethod
+    def _decode(q, k_cache, v_cache, group: _DecodeGroup, scale: float) -> torch.Tensor:
+        num_seqs, num_heads, head_dim = q.shape  # [n, Hq, D]
+        keys = k_cache.index_select(0, group.block_ids).view(
+            num_seqs, -1, *k_cache.shape[2:]
+        )  # [n, L, Hkv, D]
+        values = v_cache.index_select(0, group.block_ids).view(num_seqs, -1, *v_cache.shape[2:])
         out = F.scaled_dot_product_attention(
-            q.unsqueeze(2),  # [B, Hq, 1, D]
-            keys.transpose(1, 2),  # [B, Hkv, L, D]
+            q.unsqueeze(2),  # [n, Hq, 1, D]
+            keys.transpose(1, 2),  # [n, Hkv, L, D]
             values.transpose(1, 2),
-            attn_mask=plan.decode_mask,
+            attn_mask=group.mask(q.dtype),
             scale=scale,
             enable_gqa=True,
         )
         return out.view(num_seqs, num_heads, head_dim)
 
-    def _prefill(self, q, k, v, k_cache, v_cache, p: _Prefill, scale: float) -> torch.Tensor:
+    @staticmethod
+    def _prefill(q, k, v, k_cache, v_cache, p: _Prefill, scale: float) -> torch.Tensor:
         query = q[p.row_start : p.row_end].transpose(0, 1).unsqueeze(0)  # [1, Hq, Lq, D]
         if p.block_ids is None:
             keys, values = k[p.row_start : p.row_end], v[p.row_start : p.row_end]  # [L, Hkv, D]

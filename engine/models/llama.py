@@ -106,19 +106,21 @@ def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
 
 
 def rope_cos_sin(args: ModelArgs) -> torch.Tensor:
-    """[max_seq_len, 2, head_dim // 2]: cos and sin per position, computed in fp32."""
+    """[max_seq_len, 2, head_dim]: cos and sign-folded sin (-sin, sin) per position, computed in fp32."""
     freqs = torch.outer(torch.arange(args.max_seq_len, dtype=torch.float32), rope_inv_freq(args))
-    return torch.stack((freqs.cos(), freqs.sin()), dim=1)
+    cos, sin = freqs.cos(), freqs.sin()
+    return torch.stack((torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)), dim=1)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate halves of x [T, H, D] by cos/sin [T, 1, D/2] (HF's rotate_half convention)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    """Rotate x [T, H, D] by cos/sin [T, 1, D] from rope_cos_sin (HF's rotate_half convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # times (-sin, sin): rotate_half(x) * sin
+    return torch.addcmul(x * cos, rotated, sin)
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm computed in fp32, rounded to the input dtype before the weight (as HF does)."""
+    """Root-mean-square norm; torch's fused kernel (in bf16 it rounds once where HF rounds twice)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -126,9 +128,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -145,7 +145,7 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [T, hidden]
-        cos: torch.Tensor,  # [T, 1, D/2]
+        cos: torch.Tensor,  # [T, 1, D]
         sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
@@ -218,8 +218,8 @@ class LlamaForCausalLM(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         """Final-normed hidden states [T, hidden] of every token in the flattened batch."""
-        cos_sin = self.rope_cache[positions]  # [T, 2, D/2]
-        cos, sin = cos_sin[:, 0:1], cos_sin[:, 1:2]  # [T, 1, D/2]
+        cos_sin = self.rope_cache[positions]  # [T, 2, D]
+        cos, sin = cos_sin[:, 0:1], cos_sin[:, 1:2]  # [T, 1, D]
         x = self.embed_tokens(input_ids)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, cos, sin, kv_cache, meta, backend)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention_torch import TorchAttentionBackend
+from engine.attention_torch import TorchAttentionBackend, split_by_length
 from kernels.reference import paged_attention_ref
 from tests.engine.factories import make_attention_metadata, make_block_tables
 
@@ -15,13 +15,13 @@ HEAD_DIM = 32
 SEQ_LENS = [1, 15, 17, 100]
 
 
-def _inputs(num_tokens: int, num_heads: int, num_kv_heads: int, dtype: torch.dtype, seed: int):
+def _inputs(num_tokens, num_heads, num_kv_heads, dtype, seed, num_blocks=NUM_BLOCKS):
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*shape):
         return torch.randn(shape, generator=gen).to(dtype)
 
-    cache_shape = (NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, HEAD_DIM)
+    cache_shape = (num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM)
     # every slot holds finite garbage: context written by "earlier steps" and stale slots the mask must hide
     return (
         rand(num_tokens, num_heads, HEAD_DIM),
@@ -32,9 +32,19 @@ def _inputs(num_tokens: int, num_heads: int, num_kv_heads: int, dtype: torch.dty
     )
 
 
-def _check(query_lens, seq_lens, tables, num_heads, num_kv_heads, dtype=torch.float32, atol=1e-5, seed=0):
+def _check(
+    query_lens,
+    seq_lens,
+    tables,
+    num_heads,
+    num_kv_heads,
+    dtype=torch.float32,
+    atol=1e-5,
+    seed=0,
+    num_blocks=40,
+):
     meta = make_attention_metadata(query_lens, seq_lens, tables, BLOCK_SIZE)
-    q, k, v, k_cache, v_cache = _inputs(sum(query_lens), num_heads, num_kv_heads, dtype, seed)
+    q, k, v, k_cache, v_cache = _inputs(sum(query_lens), num_heads, num_kv_heads, dtype, seed, num_blocks)
     ref_k_cache, ref_v_cache = k_cache.clone(), v_cache.clone()
     backend = TorchAttentionBackend()
     backend.prepare(meta)
@@ -89,3 +99,22 @@ def test_plan_follows_a_new_metadata_without_prepare():
             q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, 0.5
         )
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+
+
+def test_split_by_length_groups_uneven_lengths():
+    assert split_by_length([1, 1, 2, 7], max_groups=4, min_saving=32) == [0, 4]  # saving 15: one group
+    assert split_by_length([1] * 40 + [19, 19], max_groups=4, min_saving=32) == [0, 40, 42]
+    assert split_by_length([2] * 30 + [10] * 30 + [40] * 30, 4, 32) == [0, 30, 60, 90]
+    assert split_by_length([2] * 30 + [10] * 30 + [40] * 30, 2, 32) == [0, 60, 90]
+
+
+def test_uneven_decode_batch_split_into_groups_matches_reference():
+    # 40 short sequences and 2 long ones, interleaved: attended as two length groups, rows scattered back
+    seq_lens = [5 + i % 7 for i in range(42)]
+    seq_lens[3], seq_lens[30] = 300, 250
+    tables = make_block_tables(seq_lens, BLOCK_SIZE, 120, seed=6)
+    meta = make_attention_metadata([1] * 42, seq_lens, tables, BLOCK_SIZE)
+    plan = TorchAttentionBackend(BLOCK_SIZE)._make_plan(meta, BLOCK_SIZE)
+    assert [g.valid.shape[0] for g in plan.decode_groups] == [40, 2]
+    assert plan.decode_groups[1].rows.tolist() == [30, 3]
+    _check([1] * 42, seq_lens, tables, 6, 2, num_blocks=120)

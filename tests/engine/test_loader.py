@@ -47,7 +47,7 @@ def test_load_model_casts_to_bf16(tmp_path):
     make_hf_model("llama", seed=0).save_pretrained(tmp_path)
     model, _ = load_model(tmp_path, torch.bfloat16, torch.device("cpu"), max_model_len=32)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
-    assert model.rope_cache.shape == (32, 2, 8) and model.rope_cache.dtype == torch.bfloat16
+    assert model.rope_cache.shape == (32, 2, 16) and model.rope_cache.dtype == torch.bfloat16
     assert torch.isfinite(model.rope_cache).all() and float(model.rope_cache[0, 0].min()) == 1.0
 
 
