@@ -95,20 +95,16 @@ class RequestStream:
         self._timer = asyncio.get_running_loop().call_later(timeout_s, self._queue.put_nowait, _TIMED_OUT)
 
     def push(self, item: Any) -> None:
-        """Called on the event loop by the bridge; records latency metrics for token outputs."""
+        """Called on the event loop by the bridge; records token latencies as outputs arrive."""
         if isinstance(item, RequestOutput) and self._bridge.metrics is not None:
-            now = time.monotonic()
             num_new = max((o.num_new_tokens for o in item.outputs), default=0)
             if num_new:
+                now = time.monotonic()
                 if self._last_token_time is None:
                     self._bridge.metrics.observe_first_token(now - self._started)
                 else:
                     self._bridge.metrics.observe_inter_token((now - self._last_token_time) / num_new, num_new)
                 self._last_token_time = now
-            if item.finished:
-                reason = item.outputs[0].finish_reason if item.outputs else None
-                label = "error" if item.error else (reason.value if reason is not None else "abort")
-                self._bridge.metrics.observe_finished(label, now - self._started)
         self._queue.put_nowait(item)
 
     def __aiter__(self) -> RequestStream:
@@ -120,33 +116,41 @@ class RequestStream:
         item = await self._queue.get()
         if isinstance(item, RequestOutput):
             self.last = item
-            if item.finished:
-                self._done()
             if item.error is not None:
+                self._done("error")
                 raise RequestFailed(item.error)
+            if item.finished:
+                reason = item.outputs[0].finish_reason if item.outputs else None
+                self._done(reason.value if reason is not None else "abort")
             return item
-        self._done()
         if item is _ABORTED:
             self.aborted = True
+            self._done("abort")
             raise StopAsyncIteration
         if item is _TIMED_OUT:
             self.aborted = True
+            self._done("timeout")
             self._bridge.abort(self.request_id)
             raise RequestTimedOut(f"request {self.request_id} exceeded the {self._timeout_s:g} s request timeout")
+        self._done("error")
         raise item  # an exception delivered by the bridge
 
-    def _done(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self._timer.cancel()
-            self._bridge._streams.pop(self.request_id, None)
+    def _done(self, reason: str) -> None:
+        """Mark the stream finished once: stop the timer, unregister, count the request's end."""
+        if self.finished:
+            return
+        self.finished = True
+        self._timer.cancel()
+        self._bridge._streams.pop(self.request_id, None)
+        if self._bridge.metrics is not None:
+            self._bridge.metrics.observe_finished(reason, time.monotonic() - self._started)
 
     def close(self) -> None:
         """Stop consuming: abort the request at the next step unless it already finished."""
         if not self.finished:
             self.aborted = True
             self._queue.put_nowait(_ABORTED)  # wakes a consumer blocked in __anext__
-            self._done()
+            self._done("abort")
             self._bridge.abort(self.request_id)
 
     async def aclose(self) -> None:

@@ -1,0 +1,126 @@
+"""Sessions over plain HTTP and the chat socket over `websockets`, against a real server."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from tests.app.factories import sse_events
+
+
+@pytest.fixture
+def http(server):
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        yield client
+
+
+def new_session(http, **settings) -> str:
+    response = http.post("/api/sessions", json={"title": "e2e", "settings": {"temperature": 0, **settings}})
+    assert response.status_code == 201
+    return response.json()["id"]
+
+
+def open_socket(server, http, sid: str, **kwargs):
+    cookie = f"pagedchat_browser={http.cookies['pagedchat_browser']}"
+    return connect(f"{server.ws_url}/ws/sessions/{sid}", additional_headers={"Cookie": cookie}, **kwargs)
+
+
+def until_done(ws) -> list[dict]:
+    frames = []
+    while not frames or frames[-1]["type"] != "done":
+        frames.append(json.loads(ws.recv(timeout=30)))
+    return frames
+
+
+def test_session_crud_and_sse_reply(server, http):
+    sid = new_session(http, max_tokens=5)
+    assert http.patch(f"/api/sessions/{sid}", json={"title": "renamed"}).json()["title"] == "renamed"
+    with http.stream("POST", f"/api/sessions/{sid}/messages", json={"content": "Hello"}) as response:
+        events = [json.loads(e["data"]) for e in sse_events(response.iter_lines())]
+    done = events[-1]
+    assert (done["type"], done["message"]["status"], done["usage"]["completion_tokens"]) == ("done", "finished", 5)
+    body = http.get(f"/api/sessions/{sid}").json()
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant"]
+    assert body["messages"][1]["content"] == done["message"]["content"]
+    assert sid in [s["id"] for s in http.get("/api/sessions").json()["sessions"]]
+    assert http.delete(f"/api/sessions/{sid}").status_code == 204
+    assert http.get(f"/api/sessions/{sid}").status_code == 404
+
+
+def test_socket_chat_with_cache_reuse_across_turns(server, http):
+    sid = new_session(http, max_tokens=8)
+    with open_socket(server, http, sid) as ws:
+        ws.send(json.dumps({"type": "message", "content": "First turn"}))
+        first = until_done(ws)[-1]
+        ws.send(json.dumps({"type": "message", "content": "Second turn"}))
+        second = until_done(ws)
+    assert [f["type"] for f in second[:2]] == ["start", "assistant_start"]
+    assert second[0]["exact_extension"] is True
+    floor = (first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"] - 1) // 16 * 16
+    assert second[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] >= floor
+    assert second[-1]["message"]["content"] == "".join(f["text"] for f in second if f["type"] == "delta")
+
+
+def test_stop_over_the_socket_aborts_and_frees_every_block(server, http):
+    sid = new_session(http, max_tokens=250)
+    with open_socket(server, http, sid) as ws:
+        ws.send(json.dumps({"type": "message", "content": "Go on and on"}))
+        while json.loads(ws.recv(timeout=30))["type"] != "delta":
+            pass
+        assert "u" in server.admin_state()["block_states"]
+        ws.send(json.dumps({"type": "stop"}))
+        frames = until_done(ws)
+        ws.send(json.dumps({"type": "nonsense"}))  # error frames keep the socket open
+        error = json.loads(ws.recv(timeout=30))
+        assert (error["type"], error["status"], error["param"]) == ("error", 400, "type")
+        ws.send(json.dumps({"type": "ping"}))
+        assert json.loads(ws.recv(timeout=30)) == {"type": "pong"}
+    assert {"type": "stop_ack", "stopped": True} in frames
+    done = frames[-1]
+    assert (done["message"]["status"], done["message"]["finish_reason"]) == ("stopped", "abort")
+    assert done["usage"]["completion_tokens"] < 250
+    server.wait_pool_idle()
+    stored = httpx.get(f"{server.base_url}/api/sessions/{sid}/messages",
+                       cookies=http.cookies).json()["messages"]
+    assert stored[-1]["status"] == "stopped"
+
+
+def test_closing_the_socket_mid_reply_aborts_it(server, http):
+    sid = new_session(http, max_tokens=250)
+    with open_socket(server, http, sid) as ws:
+        ws.send(json.dumps({"type": "message", "content": "Keep talking"}))
+        while json.loads(ws.recv(timeout=30))["type"] != "delta":
+            pass
+    server.wait_pool_idle()
+    stored = http.get(f"/api/sessions/{sid}/messages").json()["messages"]
+    assert stored[-1]["status"] == "stopped" and stored[-1]["completion_tokens"] < 250
+
+
+def test_sse_disconnect_mid_reply_aborts_it(server, http):
+    sid = new_session(http, max_tokens=250)
+    with http.stream("POST", f"/api/sessions/{sid}/messages", json={"content": "Ramble"}) as response:
+        lines = response.iter_lines()
+        while not next(lines).startswith("event: delta"):
+            pass
+    server.wait_pool_idle()
+    stored = http.get(f"/api/sessions/{sid}/messages").json()["messages"]
+    assert stored[-1]["status"] == "stopped" and stored[-1]["completion_tokens"] < 250
+
+
+def test_cross_origin_socket_is_refused_and_strangers_get_404(server, http):
+    sid = new_session(http)
+    with pytest.raises(InvalidStatus) as refused:
+        open_socket(server, http, sid, origin="http://evil.example")
+    assert refused.value.response.status_code == 403
+    with open_socket(server, http, sid, origin=server.base_url) as ws:
+        ws.send(json.dumps({"type": "ping"}))
+        assert json.loads(ws.recv(timeout=30)) == {"type": "pong"}
+    with httpx.Client(base_url=server.base_url) as stranger:
+        assert stranger.get(f"/api/sessions/{sid}").status_code == 404
+        with open_socket(server, stranger, sid) as ws:
+            error = json.loads(ws.recv(timeout=30))
+    assert (error["status"], error["message"]) == (404, f"session {sid!r} not found")
