@@ -5,8 +5,9 @@
 - CUDA, TRITON_INTERPRET unset (the GPU check: `pytest -m cuda tests/kernels`): the kernels compile natively;
   the `cuda` tests run and the interpreter tests skip, since the same comparisons run natively.
 Triton's interpreter and compiler cannot share a process (triton.language's own helpers are decorated at
-import), so if something imported triton before this file ran, on a machine without CUDA, the interpreter
-tests fail with a message saying so: set TRITON_INTERPRET=1 for the whole run (the root conftest should).
+import). A full `pytest` run imports triton (through transformers) while collecting tests/app, before this
+file runs, so tests/conftest.py must set TRITON_INTERPRET=1 first thing when CUDA is absent; where it was not
+set in time, the interpreter tests fail with a message saying so.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ def _kernel_mode(request: pytest.FixtureRequest) -> None:
         if NATIVE_CUDA:
             pytest.skip("kernels are compiled in this process; the cuda tests run the same comparisons")
         pytest.fail(
-            "triton was imported without TRITON_INTERPRET=1 before tests/kernels/conftest.py could set it; "
-            "run with TRITON_INTERPRET=1"
+            "triton was imported without TRITON_INTERPRET=1 before tests/kernels/conftest.py could set it: "
+            "set it in tests/conftest.py (when CUDA is absent) or run with TRITON_INTERPRET=1"
         )
 
 
