@@ -36,7 +36,12 @@ class AttentionBackend(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+def _additive(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where valid, -inf elsewhere: SDPA takes it as is, where a bool mask is converted in every call."""
+    return torch.zeros(valid.shape, dtype=dtype, device=valid.device).masked_fill_(~valid, float("-inf"))
+
+
+@dataclass
 class _Prefill:
     """One sequence with more than one query token this step."""
 
@@ -44,7 +49,13 @@ class _Prefill:
     row_end: int
     seq_len: int
     block_ids: torch.Tensor | None  # [num_blocks] int64 to gather its context; None: all context is new
-    mask: torch.Tensor | None  # [query_len, seq_len] bool, True = attend; None: plain causal
+    valid: torch.Tensor | None  # [query_len, seq_len] bool, True = attend; None: plain causal
+    masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # additive, made at first use
+
+    def mask(self, dtype: torch.dtype) -> torch.Tensor | None:
+        if self.valid is not None and dtype not in self.masks:
+            self.masks[dtype] = _additive(self.valid, dtype)
+        return self.masks.get(dtype)
 
 
 @dataclass
@@ -58,8 +69,7 @@ class _DecodeGroup:
 
     def mask(self, dtype: torch.dtype) -> torch.Tensor:
         if dtype not in self.masks:
-            zeros = torch.zeros(self.valid.shape, dtype=dtype, device=self.valid.device)
-            self.masks[dtype] = zeros.masked_fill_(~self.valid, float("-inf"))
+            self.masks[dtype] = _additive(self.valid, dtype)
         return self.masks[dtype]
 
 
@@ -192,8 +202,8 @@ class TorchAttentionBackend:
             query,
             keys.transpose(0, 1).unsqueeze(0),  # [1, Hkv, L, D]
             values.transpose(0, 1).unsqueeze(0),
-            attn_mask=p.mask,
-            is_causal=p.mask is None,
+            attn_mask=p.mask(q.dtype),
+            is_causal=p.valid is None,
             scale=scale,
             enable_gqa=True,
         )

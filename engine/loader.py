@@ -73,8 +73,8 @@ def load_model(
     hf_config = load_hf_config(path)
     args = ModelArgs.from_hf_config(hf_config, max_model_len=max_model_len)
     with torch.device("meta"):  # no random init: every weight is overwritten by the checkpoint
-        model = LlamaForCausalLM(args)
-    model = model.to_empty(device=device).to(dtype)
+        model = LlamaForCausalLM(args).to(dtype)
+    model = model.to_empty(device=device)
     model.rebuild_after_to_empty()
     model.load_weights(iter_safetensors(path))
     model.eval().requires_grad_(False)

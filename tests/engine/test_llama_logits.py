@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from engine.attention_torch import TorchAttentionBackend
 from engine.models.llama import ModelArgs, rope_inv_freq
 from tests.engine.factories import (
     HF_KINDS,
+    TINY,
     make_attention_metadata,
     make_block_tables,
     make_hf_config,
@@ -116,6 +119,23 @@ def test_model_args_from_configs():
     with pytest.raises(ValueError, match="sliding_window \\(128\\) is shorter than max_model_len \\(256\\)"):
         ModelArgs.from_hf_config(make_hf_config("mistral", sliding_window=128))
     assert ModelArgs.from_hf_config(make_hf_config("qwen2", sliding_window=8)).max_seq_len == 256  # unused
+
+
+def test_model_args_from_a_4x_style_config():
+    # transformers 4.x kept rope_theta at the top level and scaling in rope_scaling (with "type")
+    old = SimpleNamespace(
+        **TINY, model_type="llama", rope_theta=500000.0, rope_scaling={"type": "linear", "factor": 2.0}
+    )
+    args = ModelArgs.from_hf_config(old)
+    assert (args.rope_type, args.rope_theta, args.rope_scaling) == ("linear", 500000.0, (("factor", 2.0),))
+    unscaled = ModelArgs.from_hf_config(SimpleNamespace(**TINY, model_type="llama", rope_theta=500000.0))
+    torch.testing.assert_close(rope_inv_freq(args), rope_inv_freq(unscaled) / 2.0)
+    with pytest.raises(ValueError, match="rope_type 'yarn' is not supported"):
+        ModelArgs.from_hf_config(
+            SimpleNamespace(**TINY, model_type="llama", rope_scaling={"rope_type": "yarn"})
+        )
+    with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
+        ModelArgs.from_hf_config(SimpleNamespace(**TINY, model_type="gpt2"))
 
 
 def test_load_weights_rejects_unknown_and_missing_tensors():
