@@ -7,12 +7,12 @@ import copy
 import logging
 import queue
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from app.request_stream import ABORTED, RequestFailed, RequestStream
 from engine.outputs import RequestOutput
 from engine.sequence import SamplingParams
 
@@ -38,14 +38,6 @@ class EngineOverloaded(RuntimeError):
         self.retry_after = retry_after
 
 
-class RequestFailed(RuntimeError):
-    """The engine failed this request (a fault in its step, its detokenization, or a dead engine thread)."""
-
-
-class RequestTimedOut(RuntimeError):
-    """The request ran past the per-request timeout and was aborted."""
-
-
 @dataclass
 class _Add:
     request_id: str
@@ -66,8 +58,6 @@ class _Call:
 
 
 _STOP = object()
-_ABORTED = object()  # queued into a stream when its request is aborted by the service
-_TIMED_OUT = object()
 
 
 def _resolve(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
@@ -77,90 +67,6 @@ def _resolve(future: asyncio.Future, result: Any = None, error: BaseException | 
         future.set_exception(error)
     else:
         future.set_result(result)
-
-
-class RequestStream:
-    """One request's outputs in order. `async for` them; closing the stream early aborts the request."""
-
-    def __init__(self, bridge: AsyncEngine, request_id: str, timeout_s: float) -> None:
-        self.request_id = request_id
-        self.finished = False
-        self.aborted = False
-        self.last: RequestOutput | None = None
-        self._bridge = bridge
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._timeout_s = timeout_s
-        self._started = time.monotonic()
-        self._last_token_time: float | None = None
-        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._queue.put_nowait, _TIMED_OUT)
-
-    def push(self, item: Any) -> None:
-        """Called on the event loop by the bridge; records token latencies as outputs arrive."""
-        if isinstance(item, RequestOutput) and self._bridge.metrics is not None:
-            num_new = max((o.num_new_tokens for o in item.outputs), default=0)
-            if num_new:
-                now = time.monotonic()
-                if self._last_token_time is None:
-                    self._bridge.metrics.observe_first_token(now - self._started)
-                else:
-                    self._bridge.metrics.observe_inter_token((now - self._last_token_time) / num_new, num_new)
-                self._last_token_time = now
-        self._queue.put_nowait(item)
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self.finished:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, RequestOutput):
-            self.last = item
-            if item.error is not None:
-                self._done("error")
-                raise RequestFailed(item.error)
-            if item.finished:
-                reason = item.outputs[0].finish_reason if item.outputs else None
-                self._done(reason.value if reason is not None else "abort")
-            return item
-        if item is _ABORTED:
-            self.aborted = True
-            self._done("abort")
-            raise StopAsyncIteration
-        if item is _TIMED_OUT:
-            self.aborted = True
-            self._done("timeout")
-            self._bridge.abort(self.request_id)
-            raise RequestTimedOut(f"request {self.request_id} exceeded the {self._timeout_s:g} s request timeout")
-        self._done("error")
-        raise item  # an exception delivered by the bridge
-
-    def _done(self, reason: str) -> None:
-        """Mark the stream finished once: stop the timer, unregister, count the request's end."""
-        if self.finished:
-            return
-        self.finished = True
-        self._timer.cancel()
-        self._bridge._streams.pop(self.request_id, None)
-        if self._bridge.metrics is not None:
-            self._bridge.metrics.observe_finished(reason, time.monotonic() - self._started)
-
-    def close(self) -> None:
-        """Stop consuming: abort the request at the next step unless it already finished."""
-        if not self.finished:
-            self.aborted = True
-            self._queue.put_nowait(_ABORTED)  # wakes a consumer blocked in __anext__
-            self._done("abort")
-            self._bridge.abort(self.request_id)
-
-    async def aclose(self) -> None:
-        self.close()
-
-    async def __aenter__(self) -> RequestStream:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.close()
 
 
 class AsyncEngine:
@@ -236,7 +142,8 @@ class AsyncEngine:
             raise EngineOverloaded(f"the server is at its limit of {limit} concurrent requests; retry shortly")
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
-        stream = RequestStream(self, request_id, self._timeout_s)
+        stream = RequestStream(request_id, self._timeout_s, abort=self.abort, unregister=self._unregister,
+                               metrics=self.metrics)
         self._streams[request_id] = stream
         future = asyncio.get_running_loop().create_future()
         self._commands.put(_Add(request_id, prompt, params, future))
@@ -259,7 +166,7 @@ class AsyncEngine:
         stream = self._streams.get(request_id)
         if stream is not None:
             stream.aborted = True
-            stream.push(_ABORTED)
+            stream.push(ABORTED)
         if self._alive:
             self._commands.put(_Abort(request_id))
 
@@ -361,6 +268,9 @@ class AsyncEngine:
                 self._loop.call_soon_threadsafe(_resolve, command.future, result)
 
     # ---- on the event loop ----------------------------------------------------------------------------------
+    def _unregister(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
             stream = self._streams.get(output.request_id)

@@ -11,10 +11,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.async_engine import AsyncEngine, RequestFailed, RequestStream, RequestTimedOut
+from app.async_engine import AsyncEngine
 from app.conversation import ConversationBuilder, PromptPlan, turns_from_messages
 from app.db import MessageRecord, SessionRecord, Store, StoreUnavailable
 from app.errors import APIError, bad_request, from_exception, not_found
+from app.request_stream import RequestFailed, RequestStream, RequestTimedOut
 from app.routes.params import sampling_params
 from app.settings import Settings
 from engine.outputs import RequestOutput
@@ -133,7 +134,7 @@ class ChatService:
             if mode == "regenerate":
                 content = last_user.content
             history = [m for m in messages if m.position < last_user.position]
-        turns = turns_from_messages(history)
+        turns = turns_from_messages(history, self.fingerprint)
         system_prompt = session.system_prompt
         plan: PromptPlan = await self.engine.tokenize(
             lambda _tok: self.builder.build_prompt(system_prompt, turns, content, max_tokens)

@@ -9,7 +9,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from app.async_engine import EngineOverloaded, EngineUnavailable, RequestFailed, RequestTimedOut
+from app.async_engine import EngineOverloaded, EngineUnavailable
+from app.request_stream import RequestFailed, RequestTimedOut
 
 logger = logging.getLogger(__name__)
 

@@ -16,10 +16,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.async_engine import RequestFailed, RequestStream, RequestTimedOut
 from app.context import Services, services
-from app.errors import APIError, bad_request, error_response, from_exception
+from app.errors import bad_request, error_response, from_exception
+from app.request_stream import RequestFailed, RequestStream, RequestTimedOut
 from app.routes import openai_format as fmt
+from app.routes.openai_input import check_model
+from app.routes.openai_input import prompt_ids as prompt_input
 from app.routes.params import (
     get_bool,
     get_int,
@@ -31,7 +33,6 @@ from app.security import require_api_key
 from engine.outputs import Logprob, RequestOutput
 
 logger = logging.getLogger(__name__)
-ROLES = ("system", "user", "assistant", "developer")
 
 
 @dataclass
@@ -91,82 +92,10 @@ async def _handle(request: Request, kind: str) -> Response:
     return JSONResponse(await _full_body(svc, call, result))
 
 
-def _check_model(body: dict[str, Any], svc: Services) -> str:
-    engine = svc.engine.engine
-    served = engine.model_name if engine is not None else svc.settings.model
-    model = body.get("model")
-    if model is None:
-        return served
-    if not isinstance(model, str):
-        raise bad_request(f"model must be a string, got {json.dumps(model)[:80]}", "model")
-    if model != served:
-        raise APIError(404, f"model {model[:200]!r} not found; this server serves {served!r}", param="model",
-                       code="model_not_found")
-    return served
-
-
-def _messages(body: dict[str, Any], max_messages: int, max_chars: int) -> list[dict[str, str]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("messages must be a non-empty list of {role, content} objects", "messages")
-    if len(messages) > max_messages:
-        raise bad_request(f"messages holds {len(messages)} messages, over the limit of {max_messages}", "messages")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise bad_request(f"messages[{i}] must be an object with role and content", "messages")
-        role, content = m.get("role"), m.get("content")
-        if role not in ROLES:
-            raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {json.dumps(role)[:60]}",
-                              "messages")
-        if isinstance(content, list):  # content parts: only text is served
-            parts = [p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None for p in content]
-            if any(not isinstance(p, str) for p in parts):
-                raise bad_request(f"messages[{i}].content parts must be text parts", "messages")
-            content = "".join(parts)
-        if content is None and role == "assistant":
-            content = ""
-        if not isinstance(content, str):
-            raise bad_request(f"messages[{i}].content must be a string, got {json.dumps(content)[:60]}", "messages")
-        if len(content) > max_chars:
-            raise bad_request(f"messages[{i}].content is {len(content)} characters, over the limit of {max_chars}",
-                              "messages")
-        out.append({"role": "system" if role == "developer" else role, "content": content})
-    return out
-
-
-def _render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-async def _prompt_ids(svc: Services, kind: str, body: dict[str, Any]) -> list[int]:
-    settings = svc.settings
-    if kind == "chat":
-        messages = _messages(body, settings.max_messages, settings.max_message_chars)
-        return await svc.engine.tokenize(lambda tok: _render_chat(tok, messages))
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str):
-        if not prompt:
-            raise bad_request("prompt is empty", "prompt")
-        if len(prompt) > settings.max_message_chars:
-            raise bad_request(f"prompt is {len(prompt)} characters, over the limit of {settings.max_message_chars}",
-                              "prompt")
-        return await svc.engine.tokenize(lambda tok: list(tok.encode(prompt, add_special_tokens=False)))
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return list(prompt)
-    if isinstance(prompt, list) and len(prompt) > 1:
-        raise bad_request("prompt: batches of several prompts are not supported; send one prompt per request",
-                          "prompt")
-    raise bad_request("prompt must be a non-empty string or a list of token ids", "prompt")
-
-
 async def _start(request: Request, svc: Services, kind: str) -> _Call:
     require_api_key(request, svc.settings)
     body = await read_json_object(request, svc.settings.max_body_bytes)
-    model = _check_model(body, svc)
+    model = check_model(body, svc)
     streaming = get_bool(body, "stream", False)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
@@ -184,7 +113,7 @@ async def _start(request: Request, svc: Services, kind: str) -> _Call:
     else:
         logprobs = get_int(body, "logprobs", None)
         requested = get_int(body, "max_tokens", 16)
-    prompt_ids = await _prompt_ids(svc, kind, body)
+    prompt_ids = await prompt_input(svc, kind, body)
     engine = svc.engine.engine
     max_model_len = engine.config.max_model_len if engine is not None else 0
     max_tokens = resolve_max_tokens(requested, len(prompt_ids), max_model_len,

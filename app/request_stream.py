@@ -1,0 +1,118 @@
+"""One request's outputs as an async iterator: timeout, abort on close, latency metrics, and its exceptions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from engine.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from app.metrics import Metrics
+
+ABORTED = object()  # queued into a stream when the service aborts its request
+TIMED_OUT = object()  # queued by the stream's own timer
+
+
+class RequestFailed(RuntimeError):
+    """The engine failed this request (a fault in its step, its detokenization, or a dead engine thread)."""
+
+
+class RequestTimedOut(RuntimeError):
+    """The request ran past the per-request timeout and was aborted."""
+
+
+class RequestStream:
+    """One request's outputs in order. `async for` them; closing the stream early aborts the request."""
+
+    def __init__(
+        self,
+        request_id: str,
+        timeout_s: float,
+        *,
+        abort: Callable[[str], None],
+        unregister: Callable[[str], None],
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.finished = False
+        self.aborted = False
+        self.last: RequestOutput | None = None
+        self._abort = abort
+        self._unregister = unregister
+        self._metrics = metrics
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._timeout_s = timeout_s
+        self._started = time.monotonic()
+        self._last_token_time: float | None = None
+        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._queue.put_nowait, TIMED_OUT)
+
+    def push(self, item: Any) -> None:
+        """Called on the event loop by the bridge; records token latencies as outputs arrive."""
+        if isinstance(item, RequestOutput) and self._metrics is not None:
+            num_new = max((o.num_new_tokens for o in item.outputs), default=0)
+            if num_new:
+                now = time.monotonic()
+                if self._last_token_time is None:
+                    self._metrics.observe_first_token(now - self._started)
+                else:
+                    self._metrics.observe_inter_token((now - self._last_token_time) / num_new, num_new)
+                self._last_token_time = now
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, RequestOutput):
+            self.last = item
+            if item.error is not None:
+                self._done("error")
+                raise RequestFailed(item.error)
+            if item.finished:
+                reason = item.outputs[0].finish_reason if item.outputs else None
+                self._done(reason.value if reason is not None else "abort")
+            return item
+        if item is ABORTED:
+            self.aborted = True
+            self._done("abort")
+            raise StopAsyncIteration
+        if item is TIMED_OUT:
+            self.aborted = True
+            self._done("timeout")
+            self._abort(self.request_id)
+            raise RequestTimedOut(f"request {self.request_id} exceeded the {self._timeout_s:g} s request timeout")
+        self._done("error")
+        raise item  # an exception delivered by the bridge
+
+    def _done(self, reason: str) -> None:
+        """Mark the stream finished once: stop the timer, unregister, count the request's end."""
+        if self.finished:
+            return
+        self.finished = True
+        self._timer.cancel()
+        self._unregister(self.request_id)
+        if self._metrics is not None:
+            self._metrics.observe_finished(reason, time.monotonic() - self._started)
+
+    def close(self) -> None:
+        """Stop consuming: abort the request at the next step unless it already finished."""
+        if not self.finished:
+            self.aborted = True
+            self._queue.put_nowait(ABORTED)  # wakes a consumer blocked in __anext__
+            self._done("abort")
+            self._abort(self.request_id)
+
+    async def aclose(self) -> None:
+        self.close()
+
+    async def __aenter__(self) -> RequestStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
