@@ -322,15 +322,21 @@ def _profile_peak_bytes(config: EngineConfig, model: torch.nn.Module, spec: KVCa
     from engine.outputs import ScheduledSequence as Item
 
     num_tokens = config.max_num_batched_tokens
-    num_blocks = -(-num_tokens // spec.block_size) + 1
-    runner = ModelRunner(config, model, spec, num_blocks)
-    seq = Sequence(
-        seq_id=-1, request_id="profile", token_ids=[0] * num_tokens, num_prompt_tokens=num_tokens,
-        params=SamplingParams(max_tokens=1), arrival_time=0.0, block_table=list(range(num_blocks - 1)),
-    )
+    seq_len = min(num_tokens, config.max_model_len)
+    lengths = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
+    blocks_per_seq = -(-seq_len // spec.block_size)
+    runner = ModelRunner(config, model, spec, blocks_per_seq * len(lengths))
+    items = []
+    for i, length in enumerate(lengths):
+        seq = Sequence(
+            seq_id=-1 - i, request_id="profile", token_ids=[0] * length, num_prompt_tokens=length,
+            params=SamplingParams(max_tokens=1), arrival_time=0.0,
+            block_table=list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)),
+        )
+        items.append(Item(seq, length))
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    runner.execute(SchedulerOutput(scheduled=[Item(seq, num_tokens)]))
+    runner.execute(SchedulerOutput(scheduled=items))
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - runner.kv_cache.numel() * runner.kv_cache.element_size()
     del runner
