@@ -18,7 +18,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool budget in bytes")
-    g.add_argument("--memory-utilization", type=float, default=0.9, help="GPU: fraction of device memory to use")
+    g.add_argument(
+        "--memory-utilization", type=float, default=0.9, help="GPU: fraction of device memory to use"
+    )
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--max-num-seqs", type=int, default=256)
     g.add_argument("--max-num-batched-tokens", type=int, default=None)

@@ -161,7 +161,9 @@ class LLMEngine:
             except Exception as exc:  # a batched fault fails the requests of this step, not the engine
                 logger.exception("engine step failed; failing %d requests", len(out.scheduled))
                 for item in out.scheduled:
-                    self._fail(item.seq.request_id, f"engine step failed: {type(exc).__name__}: {exc}", touched)
+                    self._fail(
+                        item.seq.request_id, f"engine step failed: {type(exc).__name__}: {exc}", touched
+                    )
         return [self._make_output(rid, deltas) for rid, deltas in touched.items() if rid in self._requests]
 
     def _run(self, out: SchedulerOutput, touched: dict[str, dict[int, tuple[str, int]]]) -> None:
@@ -173,7 +175,11 @@ class LLMEngine:
         row_of: list[int] = list(range(len(rows)))
         for i, parent in enumerate(list(rows)):
             request = self._requests[parent.request_id]
-            if parent.sample_index == 0 and parent.num_output_tokens == 0 and len(request.seqs) < request.params.n:
+            if (
+                parent.sample_index == 0
+                and parent.num_output_tokens == 0
+                and len(request.seqs) < request.params.n
+            ):
                 for k in range(len(request.seqs), request.params.n):
                     child = self._new_sequence(request, list(parent.token_ids), sample_index=k)
                     child.num_computed_tokens = parent.num_computed_tokens
@@ -208,7 +214,9 @@ class LLMEngine:
                 logger.exception("request %s failed in detokenization", seq.request_id)
                 self._fail(seq.request_id, f"detokenization failed: {type(exc).__name__}: {exc}", touched)
 
-    def _detokenize(self, request: _Request, seq: Sequence, touched: dict[str, dict[int, tuple[str, int]]]) -> None:
+    def _detokenize(
+        self, request: _Request, seq: Sequence, touched: dict[str, dict[int, tuple[str, int]]]
+    ) -> None:
         detok = request.detokenizers[seq.seq_id]
         result = detok.step([seq.token_ids[-1]])
         delta = result.text_delta
@@ -233,8 +241,10 @@ class LLMEngine:
 
     def _make_output(self, request_id: str, deltas: dict[int, tuple[str, int]]) -> RequestOutput:
         request = self._requests[request_id]
-        finished = request.error is not None or request.finished or any(
-            s.finish_reason is FinishReason.ABORT for s in request.seqs
+        finished = (
+            request.error is not None
+            or request.finished
+            or any(s.finish_reason is FinishReason.ABORT for s in request.seqs)
         )
         outputs = []
         for seq in request.seqs:
@@ -246,7 +256,9 @@ class LLMEngine:
                     token_ids=seq.output_token_ids,
                     text_delta=delta,
                     num_new_tokens=num_new,
-                    logprobs=request.logprobs.get(seq.seq_id) if request.params.logprobs is not None else None,
+                    logprobs=request.logprobs.get(seq.seq_id)
+                    if request.params.logprobs is not None
+                    else None,
                     finish_reason=seq.finish_reason,
                     stop_reason=seq.stop_reason,
                 )
@@ -329,8 +341,12 @@ def _profile_peak_bytes(config: EngineConfig, model: torch.nn.Module, spec: KVCa
     items = []
     for i, length in enumerate(lengths):
         seq = Sequence(
-            seq_id=-1 - i, request_id="profile", token_ids=[0] * length, num_prompt_tokens=length,
-            params=SamplingParams(max_tokens=1), arrival_time=0.0,
+            seq_id=-1 - i,
+            request_id="profile",
+            token_ids=[0] * length,
+            num_prompt_tokens=length,
+            params=SamplingParams(max_tokens=1),
+            arrival_time=0.0,
             block_table=list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)),
         )
         items.append(Item(seq, length))

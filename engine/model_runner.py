@@ -44,7 +44,9 @@ def make_attention_backend(name: str):
 class ModelRunner:
     """Runs one scheduled step: KV copies, input preparation, forward, logits for the sequences that sample."""
 
-    def __init__(self, config: EngineConfig, model: torch.nn.Module, spec: KVCacheSpec, num_blocks: int) -> None:
+    def __init__(
+        self, config: EngineConfig, model: torch.nn.Module, spec: KVCacheSpec, num_blocks: int
+    ) -> None:
         self.config = config
         self.model = model
         self.spec = spec
@@ -53,13 +55,22 @@ class ModelRunner:
         self.backend = make_attention_backend(config.attention_backend)
         # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         self.kv_cache = torch.zeros(
-            spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim,
-            dtype=spec.dtype, device=self.device,
+            spec.num_layers,
+            2,
+            num_blocks,
+            spec.block_size,
+            spec.num_kv_heads,
+            spec.head_dim,
+            dtype=spec.dtype,
+            device=self.device,
         )
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(spec.num_layers)]
         logger.info(
             "KV cache: %d blocks x %d tokens (%.1f MiB, %d tokens)",
-            num_blocks, spec.block_size, num_blocks * spec.block_bytes / 2**20, num_blocks * spec.block_size,
+            num_blocks,
+            spec.block_size,
+            num_blocks * spec.block_bytes / 2**20,
+            num_blocks * spec.block_size,
         )
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -70,7 +81,9 @@ class ModelRunner:
         dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=self.device)
         self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
 
-    def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+    def prepare(
+        self, out: SchedulerOutput
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """Flatten the step into input ids, positions and attention metadata; rows of the tokens that sample."""
         block_size = self.spec.block_size
         input_ids: list[int] = []
@@ -125,7 +138,9 @@ class ModelRunner:
         return logits.float().cpu()
 
 
-def num_blocks_for_budget(config: EngineConfig, spec: KVCacheSpec, profile_peak_bytes: int | None = None) -> int:
+def num_blocks_for_budget(
+    config: EngineConfig, spec: KVCacheSpec, profile_peak_bytes: int | None = None
+) -> int:
     """How many blocks the KV budget buys: an explicit byte budget, the CPU default, or GPU memory left over."""
     from engine.config import CPU_DEFAULT_KV_CACHE_BYTES
 
@@ -139,6 +154,9 @@ def num_blocks_for_budget(config: EngineConfig, spec: KVCacheSpec, profile_peak_
         budget = int(total * config.memory_utilization) - peak
         logger.info(
             "GPU memory: %.2f GiB total x %.2f utilisation - %.2f GiB peak (weights + activations) = %.2f GiB for KV",
-            total / 2**30, config.memory_utilization, peak / 2**30, budget / 2**30,
+            total / 2**30,
+            config.memory_utilization,
+            peak / 2**30,
+            budget / 2**30,
         )
     return max(budget // spec.block_bytes, 0)

@@ -74,7 +74,9 @@ class RequestOutput:
     num_cached_tokens: int
     finished: bool
     error: str | None = None  # set when the request failed (finish_reason ERROR)
-    metrics: dict[str, float] = field(default_factory=dict)  # arrival, first_token, finished times (monotonic)
+    metrics: dict[str, float] = field(
+        default_factory=dict
+    )  # arrival, first_token, finished times (monotonic)
 
     @property
     def num_prompt_tokens(self) -> int:

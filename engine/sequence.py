@@ -67,7 +67,9 @@ class SamplingParams:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
             if len(s) > MAX_STOP_STRING_LEN:
-                raise ValueError(f"a stop string may be at most {MAX_STOP_STRING_LEN} characters, got {len(s)}")
+                raise ValueError(
+                    f"a stop string may be at most {MAX_STOP_STRING_LEN} characters, got {len(s)}"
+                )
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0:
                 raise ValueError(f"stop_token_ids must be non-negative integers, got {t!r}")

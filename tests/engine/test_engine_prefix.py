@@ -1,0 +1,76 @@
+"""Prefix caching through the whole engine with the real SmolLM2: system prompts, block alignment, next turns."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.loader import resolve_model_path
+
+pytestmark = pytest.mark.slow
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM(model=str(resolve_model_path("smollm2-135m-instruct")), kv_cache_bytes=128 * 2**20)
+
+
+@pytest.fixture(scope="module")
+def llm_no_cache() -> LLM:
+    return LLM(
+        model=str(resolve_model_path("smollm2-135m-instruct")),
+        kv_cache_bytes=128 * 2**20,
+        enable_prefix_caching=False,
+    )
+
+
+def system_prompt(llm: LLM, num_tokens: int) -> list[int]:
+    words = " ".join(f"rule{i}" for i in range(num_tokens * 2))
+    return llm.tokenizer.encode(words, add_special_tokens=False)[:num_tokens]
+
+
+def test_second_request_with_same_300_token_prefix_hits_288(llm):
+    prefix = system_prompt(llm, 300)
+    first = llm.generate([prefix + llm.tokenizer.encode(" first question")], GREEDY)[0]
+    second = llm.generate([prefix + llm.tokenizer.encode(" another question entirely")], GREEDY)[0]
+    assert first.num_cached_tokens == 0
+    assert second.num_cached_tokens >= 288
+    assert llm.engine.stats().num_used_blocks == 0
+
+
+def test_fully_cached_block_aligned_prompt_still_computes_its_last_token(llm):
+    prompt = system_prompt(llm, 300)[:64]  # exactly 4 blocks of 16
+    first = llm.generate([prompt], GREEDY)[0]
+    again = llm.generate([prompt], GREEDY)[0]
+    # 3 blocks come from the cache, the 4th is recomputed so the last prompt token yields logits
+    assert again.num_cached_tokens == 48
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
+
+
+def test_next_turn_reuses_prompt_and_answer(llm):
+    messages = [
+        {"role": "system", "content": "You are a concise assistant who answers in one sentence."},
+        {"role": "user", "content": "Name a large animal that lives in the ocean."},
+    ]
+    prompt = llm.engine.apply_chat_template(messages)
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=40))[0]
+    answer_ids = out.outputs[0].token_ids
+    # the next prompt extends the previous prompt + answer exactly (as the session service builds it)
+    follow_up = llm.tokenizer.encode(
+        "\n<|im_start|>user\nAnd a small one?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    next_prompt = prompt + answer_ids + follow_up
+    nxt = llm.generate([next_prompt], GREEDY)[0]
+    expected = (len(prompt) + len(answer_ids) - 1) // 16 * 16
+    assert nxt.num_cached_tokens >= expected
+
+
+def test_caching_off_reports_zero_everywhere(llm_no_cache):
+    prefix = system_prompt(llm_no_cache, 300)
+    outs = [llm_no_cache.generate([prefix + [i + 100]], GREEDY)[0] for i in range(2)]
+    assert [o.num_cached_tokens for o in outs] == [0, 0]
+    stats = llm_no_cache.engine.stats()
+    assert stats.prefix_hit_tokens == 0
+    assert stats.num_cached_blocks == 0
