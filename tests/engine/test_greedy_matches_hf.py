@@ -71,10 +71,7 @@ def test_greedy_equals_hf(hf_reference, model_path, batched, caching):
         model=str(model_path), dtype="float32", kv_cache_bytes=64 * 2**20, enable_prefix_caching=caching,
     )
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
-    if batched:
-        outs = llm.generate(prompts, params)
-    else:
-        outs = [llm.generate([p], params)[0] for p in prompts]
+    outs = llm.generate(prompts, params) if batched else [llm.generate([p], params)[0] for p in prompts]
     for prompt, out, expected in zip(prompts, outs, ref):
         _assert_same_greedy(model, prompt, out.outputs[0].token_ids, expected)
         if not caching:
