@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,6 @@ class Server:
     log_path: Path
     env: dict[str, str]
     process: subprocess.Popen | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:
@@ -116,7 +115,11 @@ def start_server(tmp_path: Path, env: dict[str, str], *, port: int | None = None
 
 
 def stop_server(server: Server, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
-    """Signal the server and wait for it to exit; returns its exit code."""
+    """Signal the server and wait for it to exit; returns its exit code.
+
+    After a graceful SIGTERM shutdown uvicorn re-raises the signal, so the code is -15: check the log for
+    "Application shutdown complete." instead.
+    """
     process = server.process
     if process is None or process.poll() is not None:
         return process.returncode if process else 0

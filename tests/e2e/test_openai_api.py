@@ -93,6 +93,15 @@ def test_disconnect_mid_stream_aborts_and_frees_every_block(server):
     assert 'finished_reason="abort"' in metrics
 
 
+def test_disconnect_during_a_non_streamed_request_aborts_it(server):
+    generated_before = server.wait_pool_idle()["stats"]["num_generation_tokens_total"]
+    body = {"messages": HELLO, "max_tokens": 450, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up after 0.2 s and closes the connection
+        httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(5, read=0.2))
+    idle = server.wait_pool_idle()
+    assert idle["stats"]["num_generation_tokens_total"] - generated_before < 450
+
+
 def test_keys_and_queue_limit_on_a_locked_server(tmp_path, tiny_model):
     env = server_env(tmp_path, tiny_model, PAGEDCHAT_API_KEYS="sk-e2e", PAGEDCHAT_MAX_NUM_SEQS="1",
                      PAGEDCHAT_MAX_QUEUED_REQUESTS="0")
