@@ -81,8 +81,12 @@ class AsyncEngine:
         metrics: Metrics | None = None,
     ) -> None:
         self.metrics = metrics
-        self.engine: LLMEngine | None = None  # immutable attributes (config, model_name, ...) are safe to read
-        self.tokenizer: Any = None  # a private copy for the event-loop side; never shared with the engine thread
+        self.engine: LLMEngine | None = (
+            None  # immutable attributes (config, model_name, ...) are safe to read
+        )
+        self.tokenizer: Any = (
+            None  # a private copy for the event-loop side; never shared with the engine thread
+        )
         self.ready = False
         self.dead_reason: str | None = None
         self._factory = engine_factory
@@ -139,11 +143,14 @@ class AsyncEngine:
         assert self.engine is not None
         limit = self.engine.config.max_num_seqs + self._max_queued
         if len(self._streams) >= limit:
-            raise EngineOverloaded(f"the server is at its limit of {limit} concurrent requests; retry shortly")
+            raise EngineOverloaded(
+                f"the server is at its limit of {limit} concurrent requests; retry shortly"
+            )
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
-        stream = RequestStream(request_id, self._timeout_s, abort=self.abort, unregister=self._unregister,
-                               metrics=self.metrics)
+        stream = RequestStream(
+            request_id, self._timeout_s, abort=self.abort, unregister=self._unregister, metrics=self.metrics
+        )
         self._streams[request_id] = stream
         future = asyncio.get_running_loop().create_future()
         self._commands.put(_Add(request_id, prompt, params, future))
@@ -154,7 +161,9 @@ class AsyncEngine:
             raise
         return stream
 
-    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, request_id: str, prompt: list[int], params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs; stopping the iteration (break, cancel, disconnect) aborts it."""
         stream = await self.add_request(request_id, prompt, params)
         async with stream:

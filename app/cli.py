@@ -13,22 +13,34 @@ LOG_FORMAT = "%(asctime)s %(levelname)s [%(request_id)s] %(name)s: %(message)s"
 
 def build_parser() -> argparse.ArgumentParser:
     """Every flag defaults to None, so that only flags actually given override the environment."""
-    p = argparse.ArgumentParser(prog="pagedchat serve", description="Run the chat service (HTTP, SSE, WebSocket).")
+    p = argparse.ArgumentParser(
+        prog="pagedchat serve", description="Run the chat service (HTTP, SSE, WebSocket)."
+    )
     p.add_argument("--host", help="listen address (PAGEDCHAT_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, help="listen port (PAGEDCHAT_PORT, default 8000)")
     p.add_argument("--model", help="a local HF folder or smollm2-135m-instruct (PAGEDCHAT_MODEL)")
-    p.add_argument("--database-url", help="SQLAlchemy URL (PAGEDCHAT_DATABASE_URL, default SQLite in the cache dir)")
-    p.add_argument("--api-key", dest="api_keys", action="append",
-                   help="required on /v1 when given; repeatable (PAGEDCHAT_API_KEYS, comma-separated)")
+    p.add_argument(
+        "--database-url", help="SQLAlchemy URL (PAGEDCHAT_DATABASE_URL, default SQLite in the cache dir)"
+    )
+    p.add_argument(
+        "--api-key",
+        dest="api_keys",
+        action="append",
+        help="required on /v1 when given; repeatable (PAGEDCHAT_API_KEYS, comma-separated)",
+    )
     p.add_argument("--admin-token", help="guards /api/admin (PAGEDCHAT_ADMIN_TOKEN; unset: loopback only)")
     p.add_argument("--cache-dir", help="PAGEDCHAT_CACHE_DIR")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     limits = p.add_argument_group("limits")
     limits.add_argument("--max-body-bytes", type=int)
-    limits.add_argument("--max-queued-requests", type=int, help="requests waiting beyond max-num-seqs before 503")
+    limits.add_argument(
+        "--max-queued-requests", type=int, help="requests waiting beyond max-num-seqs before 503"
+    )
     limits.add_argument("--request-timeout-s", type=float)
     limits.add_argument("--default-max-tokens", type=int, help="reply length of session turns")
-    limits.add_argument("--shutdown-grace-s", type=float, help="how long running replies may finish at shutdown")
+    limits.add_argument(
+        "--shutdown-grace-s", type=float, help="how long running replies may finish at shutdown"
+    )
     engine = p.add_argument_group("engine")
     engine.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
     engine.add_argument("--device", choices=["auto", "cpu", "cuda"])
@@ -38,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--max-model-len", type=int)
     engine.add_argument("--max-num-seqs", type=int)
     engine.add_argument("--max-num-batched-tokens", type=int)
-    engine.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_const", const=False)
+    engine.add_argument(
+        "--no-prefix-caching", dest="enable_prefix_caching", action="store_const", const=False
+    )
     engine.add_argument("--seed", type=int)
     engine.add_argument("--num-threads", type=int)
     return p

@@ -55,7 +55,9 @@ class APIError(Exception):
         return {
             "error": {
                 "message": self.message,
-                "type": _TYPE_BY_STATUS.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error"),
+                "type": _TYPE_BY_STATUS.get(
+                    self.status, "server_error" if self.status >= 500 else "invalid_request_error"
+                ),
                 "param": self.param,
                 "code": self.code,
             }
@@ -85,8 +87,12 @@ def from_exception(exc: BaseException) -> APIError:
     if isinstance(exc, EngineUnavailable):
         return APIError(503, str(exc), code="engine_unavailable", headers={"Retry-After": "5"})
     if isinstance(exc, StoreUnavailable):
-        return APIError(503, f"the database is unavailable: {exc}", code="database_unavailable",
-                        headers={"Retry-After": "2"})
+        return APIError(
+            503,
+            f"the database is unavailable: {exc}",
+            code="database_unavailable",
+            headers={"Retry-After": "2"},
+        )
     if isinstance(exc, RequestTimedOut):
         return APIError(504, str(exc), code="timeout")
     if isinstance(exc, RequestFailed):
@@ -95,8 +101,21 @@ def from_exception(exc: BaseException) -> APIError:
 
 
 _KNOWN_PARAMS = (
-    "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "stop", "seed", "n",
-    "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "top_logprobs", "stop_token_ids",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "seed",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logprobs",
+    "top_logprobs",
+    "stop_token_ids",
 )
 
 
@@ -122,8 +141,10 @@ async def api_error_handler(request: Request, exc: Exception) -> Response:
 async def http_exception_handler(request: Request, exc: Exception) -> Response:
     """Starlette's own 404/405 in the OpenAI shape."""
     assert isinstance(exc, HTTPException)
-    message = {404: f"no route for {request.method} {request.url.path}",
-               405: f"method {request.method} not allowed on {request.url.path}"}.get(exc.status_code, exc.detail)
+    message = {
+        404: f"no route for {request.method} {request.url.path}",
+        405: f"method {request.method} not allowed on {request.url.path}",
+    }.get(exc.status_code, exc.detail)
     return error_response(APIError(exc.status_code, message, headers=dict(exc.headers or {})))
 
 

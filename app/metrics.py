@@ -11,12 +11,74 @@ from prometheus_client.registry import Collector
 from engine.stats import EngineStats
 
 PREFIX = "pagedchat:"
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0)
-ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-               10.0, 20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-               480.0, 960.0, 1920.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+)
+ITL_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+)
 
 
 class _EngineStatsCollector(Collector):
@@ -49,13 +111,25 @@ class _EngineStatsCollector(Collector):
         yield gauge("num_requests_waiting", "Sequences waiting to be scheduled.", stats.num_waiting)
         yield gauge("kv_cache_blocks_total", "Blocks in the KV pool.", stats.num_blocks)
         yield gauge("kv_cache_blocks_free", "Free blocks holding no cached prefix.", stats.num_free_blocks)
-        yield gauge("kv_cache_blocks_cached", "Free blocks still holding a cached prefix (evictable).",
-                    stats.num_cached_blocks)
-        yield gauge("kv_cache_blocks_shared", "Blocks referenced by more than one sequence.", stats.num_shared_blocks)
-        yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_query_tokens)
-        yield counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.", stats.prefix_hit_tokens)
-        yield counter("num_preemptions", "Sequences preempted (recomputed later) for lack of KV blocks.",
-                      stats.num_preemptions)
+        yield gauge(
+            "kv_cache_blocks_cached",
+            "Free blocks still holding a cached prefix (evictable).",
+            stats.num_cached_blocks,
+        )
+        yield gauge(
+            "kv_cache_blocks_shared", "Blocks referenced by more than one sequence.", stats.num_shared_blocks
+        )
+        yield counter(
+            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_query_tokens
+        )
+        yield counter(
+            "prefix_cache_hits", "Prompt tokens served from the prefix cache.", stats.prefix_hit_tokens
+        )
+        yield counter(
+            "num_preemptions",
+            "Sequences preempted (recomputed later) for lack of KV blocks.",
+            stats.num_preemptions,
+        )
         yield counter("prompt_tokens", "Prompt tokens computed (prefill).", stats.num_prompt_tokens_total)
         yield counter("generation_tokens", "Tokens generated.", stats.num_generation_tokens_total)
         yield counter("engine_steps", "Engine steps run.", stats.num_steps)
@@ -70,23 +144,37 @@ class Metrics:
         self._engine = _EngineStatsCollector(model_name)
         self.registry.register(self._engine)
         self.time_to_first_token = Histogram(
-            PREFIX + "time_to_first_token_seconds", "Time from submission to the first token.",
-            ["model_name"], buckets=TTFT_BUCKETS, registry=self.registry,
+            PREFIX + "time_to_first_token_seconds",
+            "Time from submission to the first token.",
+            ["model_name"],
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
         )
         self.inter_token_latency = Histogram(
-            PREFIX + "inter_token_latency_seconds", "Time between consecutive tokens of a request.",
-            ["model_name"], buckets=ITL_BUCKETS, registry=self.registry,
+            PREFIX + "inter_token_latency_seconds",
+            "Time between consecutive tokens of a request.",
+            ["model_name"],
+            buckets=ITL_BUCKETS,
+            registry=self.registry,
         )
         self.e2e_latency = Histogram(
-            PREFIX + "e2e_request_latency_seconds", "Time from submission to the request's end.",
-            ["model_name"], buckets=E2E_BUCKETS, registry=self.registry,
+            PREFIX + "e2e_request_latency_seconds",
+            "Time from submission to the request's end.",
+            ["model_name"],
+            buckets=E2E_BUCKETS,
+            registry=self.registry,
         )
         self.request_finished = Counter(
-            PREFIX + "request_success", "Requests ended, by finish reason (stop, length, abort, error).",
-            ["model_name", "finished_reason"], registry=self.registry,
+            PREFIX + "request_success",
+            "Requests ended, by finish reason (stop, length, abort, error).",
+            ["model_name", "finished_reason"],
+            registry=self.registry,
         )
         self.http_errors = Counter(
-            PREFIX + "http_errors", "Error responses sent, by status.", ["status"], registry=self.registry,
+            PREFIX + "http_errors",
+            "Error responses sent, by status.",
+            ["status"],
+            registry=self.registry,
         )
 
     def set_model_name(self, model_name: str) -> None:

@@ -63,11 +63,17 @@ class RequestContextMiddleware:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        incoming = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"x-request-id"), "")
+        incoming = next(
+            (v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"x-request-id"), ""
+        )
         request_id = incoming if _SAFE_REQUEST_ID.match(incoming) else new_request_id()
         browser_id = verify_browser_cookie(self.signer, _cookie_value(scope))
         set_cookie = None
-        if browser_id is None and scope["type"] == "http" and not scope["path"].startswith(_NO_COOKIE_PREFIXES):
+        if (
+            browser_id is None
+            and scope["type"] == "http"
+            and not scope["path"].startswith(_NO_COOKIE_PREFIXES)
+        ):
             browser_id = new_browser_id()
             set_cookie = browser_cookie_header(self.signer, browser_id, secure=self.cookie_secure)
         state = scope.setdefault("state", {})

@@ -86,7 +86,9 @@ class RequestStream:
             self.aborted = True
             self._done("timeout")
             self._abort(self.request_id)
-            raise RequestTimedOut(f"request {self.request_id} exceeded the {self._timeout_s:g} s request timeout")
+            raise RequestTimedOut(
+                f"request {self.request_id} exceeded the {self._timeout_s:g} s request timeout"
+            )
         self._done("error")
         raise item  # an exception delivered by the bridge
 

@@ -98,8 +98,11 @@ def session_owner(conn: HTTPConnection, settings: Settings) -> str:
         return owner
     browser_id = conn.scope.get("state", {}).get("browser_id")
     if not browser_id:
-        raise APIError(401, f"no identity: send the {BROWSER_COOKIE} cookie (load a page first) or an API key",
-                       code="no_identity")
+        raise APIError(
+            401,
+            f"no identity: send the {BROWSER_COOKIE} cookie (load a page first) or an API key",
+            code="no_identity",
+        )
     return "browser:" + browser_id
 
 
@@ -118,14 +121,19 @@ def require_admin(conn: HTTPConnection, settings: Settings) -> None:
     if settings.admin_token:
         token = conn.headers.get("x-admin-token") or bearer_token(conn)
         if token is None:
-            raise APIError(401, "admin token required: send 'X-Admin-Token: <token>'", code="admin_token_required")
+            raise APIError(
+                401, "admin token required: send 'X-Admin-Token: <token>'", code="admin_token_required"
+            )
         if not hmac.compare_digest(token.encode(), settings.admin_token.encode()):
             raise APIError(403, "invalid admin token", code="invalid_admin_token")
         return
     client = conn.client.host if conn.client else None
     if not is_loopback(client):
-        raise APIError(403, "the admin surface is reachable from loopback only unless PAGEDCHAT_ADMIN_TOKEN is set",
-                       code="admin_loopback_only")
+        raise APIError(
+            403,
+            "the admin surface is reachable from loopback only unless PAGEDCHAT_ADMIN_TOKEN is set",
+            code="admin_loopback_only",
+        )
 
 
 def origin_allowed(conn: HTTPConnection, settings: Settings) -> bool:

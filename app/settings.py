@@ -58,8 +58,13 @@ class Settings:
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in [1, 65535], got {self.port}")
-        for name in ("max_body_bytes", "max_messages", "max_message_chars", "default_max_tokens",
-                     "ws_max_frame_bytes"):
+        for name in (
+            "max_body_bytes",
+            "max_messages",
+            "max_message_chars",
+            "default_max_tokens",
+            "ws_max_frame_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_queued_requests < 0:

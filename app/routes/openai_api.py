@@ -56,8 +56,15 @@ async def list_models(request: Request) -> Response:
     engine = svc.engine.engine
     data = []
     if engine is not None:
-        data.append({"id": engine.model_name, "object": "model", "created": 0, "owned_by": "pagedchat",
-                     "max_model_len": engine.config.max_model_len})
+        data.append(
+            {
+                "id": engine.model_name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "pagedchat",
+                "max_model_len": engine.config.max_model_len,
+            }
+        )
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -80,7 +87,9 @@ async def _handle(request: Request, kind: str) -> Response:
         svc.metrics.observe_error(error.status)
         return error_response(error)
     if call.streaming:
-        return EventSourceResponse(_sse(svc, call), ping=15, shutdown_grace_period=svc.settings.shutdown_grace_s)
+        return EventSourceResponse(
+            _sse(svc, call), ping=15, shutdown_grace_period=svc.settings.shutdown_grace_s
+        )
     try:
         result = await _collect(call.stream, request)
     except (RequestFailed, RequestTimedOut) as exc:
@@ -116,14 +125,24 @@ async def _start(request: Request, svc: Services, kind: str) -> _Call:
     prompt_ids = await prompt_input(svc, kind, body)
     engine = svc.engine.engine
     max_model_len = engine.config.max_model_len if engine is not None else 0
-    max_tokens = resolve_max_tokens(requested, len(prompt_ids), max_model_len,
-                                    prompt_param="messages" if kind == "chat" else "prompt")
+    max_tokens = resolve_max_tokens(
+        requested, len(prompt_ids), max_model_len, prompt_param="messages" if kind == "chat" else "prompt"
+    )
     params = sampling_params(body, max_tokens=max_tokens, logprobs=logprobs)
     response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
     stream = await svc.engine.add_request(response_id, prompt_ids, params)
-    logger.info("%s %s: %d prompt tokens, max_tokens %d, n %d, stream %s", kind, response_id, len(prompt_ids),
-                max_tokens, params.n, streaming)
-    return _Call(kind, response_id, model, stream, streaming, include_usage, logprobs is not None, len(prompt_ids))
+    logger.info(
+        "%s %s: %d prompt tokens, max_tokens %d, n %d, stream %s",
+        kind,
+        response_id,
+        len(prompt_ids),
+        max_tokens,
+        params.n,
+        streaming,
+    )
+    return _Call(
+        kind, response_id, model, stream, streaming, include_usage, logprobs is not None, len(prompt_ids)
+    )
 
 
 async def _collect(stream: RequestStream, request: Request) -> RequestOutput | None:
@@ -170,9 +189,16 @@ async def _full_body(svc: Services, call: _Call, result: RequestOutput) -> dict[
         logprobs = None
         if call.logprobs:
             text_of = await _token_text(svc, out.logprobs or [])
-            logprobs = (fmt.chat_logprobs(out.logprobs or [], text_of) if call.kind == "chat"
-                        else fmt.completion_logprobs(out.logprobs or [], text_of, 0))
-        choice: dict[str, Any] = {"index": out.index, "logprobs": logprobs, "finish_reason": fmt.finish_reason(out)}
+            logprobs = (
+                fmt.chat_logprobs(out.logprobs or [], text_of)
+                if call.kind == "chat"
+                else fmt.completion_logprobs(out.logprobs or [], text_of, 0)
+            )
+        choice: dict[str, Any] = {
+            "index": out.index,
+            "logprobs": logprobs,
+            "finish_reason": fmt.finish_reason(out),
+        }
         if call.kind == "chat":
             choice["message"] = {"role": "assistant", "content": out.text}
         else:
@@ -211,11 +237,17 @@ async def _sse(svc: Services, call: _Call) -> AsyncIterator[dict[str, str]]:
                     if call.logprobs:
                         entries = cursor.new_entries(out)
                         text_of = await _token_text(svc, entries)
-                        logprobs = (fmt.chat_logprobs(entries, text_of) if call.kind == "chat" else
-                                    fmt.completion_logprobs(entries, text_of, text_len.get(out.index, 0)))
+                        logprobs = (
+                            fmt.chat_logprobs(entries, text_of)
+                            if call.kind == "chat"
+                            else fmt.completion_logprobs(entries, text_of, text_len.get(out.index, 0))
+                        )
                     text_len[out.index] = len(out.text)
-                    choice: dict[str, Any] = {"index": out.index, "logprobs": logprobs,
-                                              "finish_reason": fmt.finish_reason(out)}
+                    choice: dict[str, Any] = {
+                        "index": out.index,
+                        "logprobs": logprobs,
+                        "finish_reason": fmt.finish_reason(out),
+                    }
                     if call.kind == "chat":
                         delta: dict[str, Any] = {"content": out.text_delta}
                         if first:

@@ -35,6 +35,7 @@ def envelope(kind: str, response_id: str, model: str, created: int | None = None
 
 def chat_logprobs(entries: list[Logprob], token_text: dict[int, str]) -> dict[str, Any]:
     """Chat-style logprobs: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+
     def item(token_id: int, logprob: float) -> dict[str, Any]:
         text = token_text.get(token_id, "")
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
@@ -46,7 +47,9 @@ def chat_logprobs(entries: list[Logprob], token_text: dict[int, str]) -> dict[st
     }
 
 
-def completion_logprobs(entries: list[Logprob], token_text: dict[int, str], text_offset: int) -> dict[str, Any]:
+def completion_logprobs(
+    entries: list[Logprob], token_text: dict[int, str], text_offset: int
+) -> dict[str, Any]:
     """Legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
     tokens, offsets = [], []
     for e in entries:

@@ -21,8 +21,12 @@ def check_model(body: dict[str, Any], svc: Services) -> str:
     if not isinstance(model, str):
         raise bad_request(f"model must be a string, got {json.dumps(model)[:80]}", "model")
     if model != served:
-        raise APIError(404, f"model {model[:200]!r} not found; this server serves {served!r}", param="model",
-                       code="model_not_found")
+        raise APIError(
+            404,
+            f"model {model[:200]!r} not found; this server serves {served!r}",
+            param="model",
+            code="model_not_found",
+        )
     return served
 
 
@@ -32,27 +36,37 @@ def parse_messages(body: dict[str, Any], max_messages: int, max_chars: int) -> l
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty list of {role, content} objects", "messages")
     if len(messages) > max_messages:
-        raise bad_request(f"messages holds {len(messages)} messages, over the limit of {max_messages}", "messages")
+        raise bad_request(
+            f"messages holds {len(messages)} messages, over the limit of {max_messages}", "messages"
+        )
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise bad_request(f"messages[{i}] must be an object with role and content", "messages")
         role, content = m.get("role"), m.get("content")
         if role not in ROLES:
-            raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {json.dumps(role)[:60]}",
-                              "messages")
+            raise bad_request(
+                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {json.dumps(role)[:60]}",
+                "messages",
+            )
         if isinstance(content, list):  # content parts: only text is served
-            parts = [p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None for p in content]
+            parts = [
+                p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None for p in content
+            ]
             if any(not isinstance(p, str) for p in parts):
                 raise bad_request(f"messages[{i}].content parts must be text parts", "messages")
             content = "".join(parts)
         if content is None and role == "assistant":
             content = ""
         if not isinstance(content, str):
-            raise bad_request(f"messages[{i}].content must be a string, got {json.dumps(content)[:60]}", "messages")
+            raise bad_request(
+                f"messages[{i}].content must be a string, got {json.dumps(content)[:60]}", "messages"
+            )
         if len(content) > max_chars:
-            raise bad_request(f"messages[{i}].content is {len(content)} characters, over the limit of {max_chars}",
-                              "messages")
+            raise bad_request(
+                f"messages[{i}].content is {len(content)} characters, over the limit of {max_chars}",
+                "messages",
+            )
         out.append({"role": "system" if role == "developer" else role, "content": content})
     return out
 
@@ -76,12 +90,19 @@ async def prompt_ids(svc: Services, kind: str, body: dict[str, Any]) -> list[int
         if not prompt:
             raise bad_request("prompt is empty", "prompt")
         if len(prompt) > settings.max_message_chars:
-            raise bad_request(f"prompt is {len(prompt)} characters, over the limit of {settings.max_message_chars}",
-                              "prompt")
+            raise bad_request(
+                f"prompt is {len(prompt)} characters, over the limit of {settings.max_message_chars}",
+                "prompt",
+            )
         return await svc.engine.tokenize(lambda tok: list(tok.encode(prompt, add_special_tokens=False)))
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
         return list(prompt)
     if isinstance(prompt, list) and len(prompt) > 1:
-        raise bad_request("prompt: batches of several prompts are not supported; send one prompt per request",
-                          "prompt")
+        raise bad_request(
+            "prompt: batches of several prompts are not supported; send one prompt per request", "prompt"
+        )
     raise bad_request("prompt must be a non-empty string or a list of token ids", "prompt")

@@ -27,8 +27,11 @@ async def health(request: Request) -> Response:
                 await svc.store.ping()
             except Exception:  # noqa: BLE001 - reported in the body, the engine still serves /v1
                 store_ok = False
-        body = {"status": "ok", "model": engine.engine.model_name if engine.engine else None,
-                "database": "ok" if store_ok else "unavailable"}
+        body = {
+            "status": "ok",
+            "model": engine.engine.model_name if engine.engine else None,
+            "database": "ok" if store_ok else "unavailable",
+        }
         return JSONResponse(body)
     reason = engine.dead_reason or ("starting" if not engine.ready else "stopped")
     status = "starting" if engine.dead_reason is None and not engine.ready else "unhealthy"

@@ -18,14 +18,19 @@ async def read_json_object(request: Request, max_bytes: int, *, allow_empty: boo
     """The body as a JSON object; 413 past `max_bytes` counting the bytes actually received, 400 if not JSON."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise APIError(413, f"request body of {int(declared)} bytes exceeds the limit of {max_bytes} bytes",
-                       code="request_too_large")
+        raise APIError(
+            413,
+            f"request body of {int(declared)} bytes exceeds the limit of {max_bytes} bytes",
+            code="request_too_large",
+        )
     chunks: list[bytes] = []
     received = 0
     async for chunk in request.stream():
         received += len(chunk)
         if received > max_bytes:
-            raise APIError(413, f"request body exceeds the limit of {max_bytes} bytes", code="request_too_large")
+            raise APIError(
+                413, f"request body exceeds the limit of {max_bytes} bytes", code="request_too_large"
+            )
         chunks.append(chunk)
     body = b"".join(chunks)
     if not body and allow_empty:
@@ -110,7 +115,8 @@ def sampling_params(
     d = defaults or {}
     stop_token_ids = body.get("stop_token_ids")
     if stop_token_ids is not None and not (
-        isinstance(stop_token_ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids)
+        isinstance(stop_token_ids, list)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids)
     ):
         raise bad_request("stop_token_ids must be a list of integers", "stop_token_ids")
     try:
@@ -146,12 +152,14 @@ def resolve_max_tokens(
         if num_prompt_tokens >= max_model_len:
             raise bad_request(
                 f"prompt ({num_prompt_tokens} tokens) leaves no room to generate within max_model_len "
-                f"({max_model_len})", prompt_param,
+                f"({max_model_len})",
+                prompt_param,
             )
         return max_model_len - num_prompt_tokens
     if num_prompt_tokens + requested > max_model_len:
         raise bad_request(
             f"prompt ({num_prompt_tokens} tokens) + max_tokens ({requested}) exceeds max_model_len "
-            f"({max_model_len})", "max_tokens",
+            f"({max_model_len})",
+            "max_tokens",
         )
     return requested

@@ -13,7 +13,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.chat_service import SESSION_SAMPLING_KEYS, ChatService, Reply, message_json
+from app.chat_reply import Reply, message_json
+from app.chat_service import SESSION_SAMPLING_KEYS, ChatService
 from app.context import Services, services
 from app.db import SessionRecord
 from app.errors import APIError, bad_request, error_response, from_exception, not_found
@@ -44,9 +45,15 @@ def _api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
 
 def session_json(s: SessionRecord, chat: ChatService) -> dict[str, Any]:
     """A session as the API shows it."""
-    return {"id": s.id, "title": s.title, "system_prompt": s.system_prompt, "settings": s.settings,
-            "created_at": s.created_at.isoformat(), "updated_at": s.updated_at.isoformat(),
-            "streaming": chat.is_streaming(s.id)}
+    return {
+        "id": s.id,
+        "title": s.title,
+        "system_prompt": s.system_prompt,
+        "settings": s.settings,
+        "created_at": s.created_at.isoformat(),
+        "updated_at": s.updated_at.isoformat(),
+        "streaming": chat.is_streaming(s.id),
+    }
 
 
 def check_session_settings(value: Any, default_max_tokens: int) -> dict[str, Any]:
@@ -55,16 +62,22 @@ def check_session_settings(value: Any, default_max_tokens: int) -> dict[str, Any
         raise bad_request("settings must be an object", "settings")
     unknown = sorted(k for k in value if k not in SESSION_SAMPLING_KEYS)
     if unknown:
-        raise bad_request(f"settings.{unknown[0][:60]} is not a known setting; known: {', '.join(SESSION_SAMPLING_KEYS)}",
-                          "settings")
+        raise bad_request(
+            f"settings.{unknown[0][:60]} is not a known setting; known: {', '.join(SESSION_SAMPLING_KEYS)}",
+            "settings",
+        )
     max_tokens = value.get("max_tokens", default_max_tokens)
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise bad_request(f"settings.max_tokens must be a positive integer, got {json.dumps(max_tokens)[:40]}",
-                          "settings.max_tokens")
+        raise bad_request(
+            f"settings.max_tokens must be a positive integer, got {json.dumps(max_tokens)[:40]}",
+            "settings.max_tokens",
+        )
     try:
         sampling_params(value, max_tokens=max_tokens, logprobs=None)
     except APIError as exc:
-        raise bad_request(f"settings.{exc.message}", f"settings.{exc.param}" if exc.param else "settings") from None
+        raise bad_request(
+            f"settings.{exc.message}", f"settings.{exc.param}" if exc.param else "settings"
+        ) from None
     return dict(value)
 
 

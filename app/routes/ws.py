@@ -17,7 +17,8 @@ from typing import Any
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from app.chat_service import ChatService, Reply
+from app.chat_reply import Reply
+from app.chat_service import ChatService
 from app.context import services
 from app.errors import APIError, bad_request, from_exception
 from app.security import origin_allowed, session_owner
@@ -33,8 +34,14 @@ REPLY_FRAMES = ("message", "regenerate", "edit")
 def error_frame(error: APIError) -> dict[str, Any]:
     """An error as a socket frame: the HTTP error body's fields (its `type` as `error_type`) and the status."""
     body = error.to_dict()["error"]
-    return {"type": "error", "status": error.status, "error_type": body["type"], "message": body["message"],
-            "param": body["param"], "code": body["code"]}
+    return {
+        "type": "error",
+        "status": error.status,
+        "error_type": body["type"],
+        "message": body["message"],
+        "param": body["param"],
+        "code": body["code"],
+    }
 
 
 class _Socket:
@@ -74,13 +81,17 @@ async def chat_socket(websocket: WebSocket) -> None:
         await websocket.close(code=CLOSE_TRY_AGAIN_LATER)
         return
     if session is None:
-        await socket.send(error_frame(APIError(404, f"session {session_id[:64]!r} not found", code="not_found")))
+        await socket.send(
+            error_frame(APIError(404, f"session {session_id[:64]!r} not found", code="not_found"))
+        )
         await websocket.close(code=CLOSE_SESSION_NOT_FOUND)
         return
     await _serve(socket, svc.chat, owner, session_id, svc.settings.ws_max_frame_bytes)
 
 
-async def _serve(socket: _Socket, chat: ChatService, owner: str, session_id: str, max_frame_bytes: int) -> None:
+async def _serve(
+    socket: _Socket, chat: ChatService, owner: str, session_id: str, max_frame_bytes: int
+) -> None:
     pump: asyncio.Task | None = None
     try:
         while True:
@@ -105,8 +116,10 @@ async def _serve(socket: _Socket, chat: ChatService, owner: str, session_id: str
                     reply = await _start(chat, owner, session_id, kind, frame)
                     pump = asyncio.create_task(_forward(socket, reply))
                 else:
-                    raise bad_request(f"unknown frame type {kind[:40]!r}: expected message, stop, regenerate, "
-                                      "edit or ping", "type")
+                    raise bad_request(
+                        f"unknown frame type {kind[:40]!r}: expected message, stop, regenerate, edit or ping",
+                        "type",
+                    )
             except Exception as exc:  # noqa: BLE001 - bad input or a busy session: an error frame, socket stays open
                 await socket.send(error_frame(from_exception(exc)))
     except WebSocketDisconnect:

@@ -16,8 +16,13 @@ from starlette.testclient import TestClient
 
 from app.settings import Settings
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-                   "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 TINY_CONFIG = dict(
     hidden_size=64,
     intermediate_size=128,

@@ -84,7 +84,11 @@ def test_a_failed_session_reply_is_stored_as_failed_and_the_next_turn_works(clie
     assert again["message"]["status"] == "finished"
     stored = client.get(f"/api/sessions/{sid}/messages").json()["messages"]
     assert [(m["role"], m["status"]) for m in stored] == [
-        ("user", "complete"), ("assistant", "failed"), ("user", "complete"), ("assistant", "finished")]
+        ("user", "complete"),
+        ("assistant", "failed"),
+        ("user", "complete"),
+        ("assistant", "finished"),
+    ]
     assert stored[1]["error"] == "engine step failed: RuntimeError: injected"
 
 
@@ -123,7 +127,10 @@ def test_a_dead_engine_thread_turns_health_red_and_new_requests_get_503(tmp_path
         assert in_flight.json()["error"]["message"] == "engine thread died: RuntimeError: injected death"
         health = client.get("/health")
         assert health.status_code == 503
-        assert health.json() == {"status": "unhealthy", "reason": "engine thread died: RuntimeError: injected death"}
+        assert health.json() == {
+            "status": "unhealthy",
+            "reason": "engine thread died: RuntimeError: injected death",
+        }
         refused = client.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 5})
         assert refused.status_code == 503
         assert refused.json()["error"]["message"] == (

@@ -23,8 +23,9 @@ def chat(client, **body):
 
 
 def stream_chat(client, **body) -> list[dict]:
-    with client.stream("POST", "/v1/chat/completions",
-                       json={"model": MODEL, "messages": HELLO, "stream": True, **body}) as response:
+    with client.stream(
+        "POST", "/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "stream": True, **body}
+    ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         events = sse_events(response.iter_lines())
@@ -59,14 +60,23 @@ def test_chat_completion_shape_and_usage(client):
 
 
 def test_repeated_prompt_reports_cached_full_blocks(client):
-    messages = [{"role": "user", "content": "A prompt only this test sends, long enough for two blocks of cache."}]
+    messages = [
+        {"role": "user", "content": "A prompt only this test sends, long enough for two blocks of cache."}
+    ]
     num_prompt = len(chat_prompt_ids(messages))
-    first = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2, "temperature": 0})
-    second = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2, "temperature": 0})
+    first = client.post(
+        "/v1/chat/completions", json={"messages": messages, "max_tokens": 2, "temperature": 0}
+    )
+    second = client.post(
+        "/v1/chat/completions", json={"messages": messages, "max_tokens": 2, "temperature": 0}
+    )
     block_size = 16
     # the first request shares only the template's default system prompt with earlier tests; the second hits
     # every full block of its prompt except that the last prompt token is always recomputed
-    assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == (num_prompt - 1) // block_size * block_size
+    assert (
+        second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        == (num_prompt - 1) // block_size * block_size
+    )
     assert first.json()["choices"][0]["message"] == second.json()["choices"][0]["message"]
 
 
@@ -121,16 +131,21 @@ def test_chat_logprobs(client):
 
 
 def test_completions_text_and_stream(client):
-    body = client.post("/v1/completions", json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 5,
-                                                "temperature": 0, "logprobs": 2}).json()
+    body = client.post(
+        "/v1/completions",
+        json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 5, "temperature": 0, "logprobs": 2},
+    ).json()
     assert body["object"] == "text_completion"
     [choice] = body["choices"]
     assert choice["finish_reason"] == "length"
     assert "".join(choice["logprobs"]["tokens"]) == choice["text"]
     assert choice["logprobs"]["text_offset"][0] == 0
     assert body["usage"]["completion_tokens"] == 5
-    with client.stream("POST", "/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 5,
-                                                        "temperature": 0, "stream": True}) as response:
+    with client.stream(
+        "POST",
+        "/v1/completions",
+        json={"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0, "stream": True},
+    ) as response:
         events = sse_events(response.iter_lines())
     assert events[-1]["data"] == "[DONE]"
     assert "".join(json.loads(e["data"])["choices"][0]["text"] for e in events[:-1]) == choice["text"]
@@ -156,7 +171,11 @@ def test_completions_accepts_token_ids(client):
         ({"seed": -3}, "seed", "seed must be an integer in [0, 2**63)"),
         ({"presence_penalty": 3}, "presence_penalty", "presence_penalty must be in [-2, 2]"),
         ({"top_logprobs": 2}, "top_logprobs", "top_logprobs requires logprobs"),
-        ({"logprobs": True, "top_logprobs": 50}, "logprobs", "logprobs must be an integer in [0, 20], got 50"),
+        (
+            {"logprobs": True, "top_logprobs": 50},
+            "logprobs",
+            "logprobs must be an integer in [0, 20], got 50",
+        ),
         ({"messages": []}, "messages", "messages must be a non-empty list"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages", "messages[0].role must be one of"),
         ({"messages": [{"role": "user", "content": 3}]}, "messages", "messages[0].content must be a string"),
@@ -189,9 +208,15 @@ def test_unknown_model_is_404(client):
 
 
 def test_malformed_bodies_are_400(client):
-    for content, fragment in [(b"{not json", "not valid JSON"), (b"[1, 2]", "must be a JSON object, got list"),
-                              (b"", "body is empty"), (b'{"a": "\xff"}', "not valid UTF-8")]:
-        response = client.post("/v1/chat/completions", content=content, headers={"content-type": "application/json"})
+    for content, fragment in [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object, got list"),
+        (b"", "body is empty"),
+        (b'{"a": "\xff"}', "not valid UTF-8"),
+    ]:
+        response = client.post(
+            "/v1/chat/completions", content=content, headers={"content-type": "application/json"}
+        )
         assert response.status_code == 400, content
         assert fragment in response.json()["error"]["message"]
 
@@ -200,13 +225,18 @@ def test_body_over_the_limit_is_413_with_and_without_content_length(client):
     big = json.dumps({"messages": HELLO, "pad": "x" * (1024 * 1024)}).encode()
     response = client.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"})
     assert response.status_code == 413
-    assert f"request body of {len(big)} bytes exceeds the limit of 1048576 bytes" == response.json()["error"]["message"]
+    assert (
+        f"request body of {len(big)} bytes exceeds the limit of 1048576 bytes"
+        == response.json()["error"]["message"]
+    )
 
     def chunks():  # no Content-Length: the limit must count the bytes actually received
         for i in range(0, len(big), 65536):
             yield big[i : i + 65536]
 
-    response = client.post("/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
+    response = client.post(
+        "/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"}
+    )
     assert response.status_code == 413
     assert response.json()["error"]["message"] == "request body exceeds the limit of 1048576 bytes"
 

@@ -23,8 +23,13 @@ def client(tmp_path_factory):
 @pytest.fixture(scope="module")
 def locked(tmp_path_factory):
     """API keys, an admin token, and room for exactly one request at a time."""
-    with make_client(tmp_path_factory.mktemp("locked"), api_keys=("sk-alpha", "sk-beta"), admin_token="adm-token",
-                     max_num_seqs=1, max_queued_requests=0) as c:
+    with make_client(
+        tmp_path_factory.mktemp("locked"),
+        api_keys=("sk-alpha", "sk-beta"),
+        admin_token="adm-token",
+        max_num_seqs=1,
+        max_queued_requests=0,
+    ) as c:
         yield c
 
 
@@ -60,7 +65,9 @@ def test_metrics_have_vllm_style_names_and_count_requests(client):
     assert metric(text, "pagedchat:time_to_first_token_seconds_count") >= 1
     assert metric(text, "pagedchat:inter_token_latency_seconds_count") >= 4  # 4 gaps between 5 tokens
     assert metric(text, "pagedchat:generation_tokens_total") >= 5
-    assert metric(text, "pagedchat:prefix_cache_queries_total") >= metric(text, "pagedchat:prefix_cache_hits_total")
+    assert metric(text, "pagedchat:prefix_cache_queries_total") >= metric(
+        text, "pagedchat:prefix_cache_hits_total"
+    )
     assert metric(text, "pagedchat:num_preemptions_total") == 0
 
 
@@ -124,7 +131,9 @@ def test_sessions_of_an_api_key_are_its_own(locked):
     beta = TestClient(locked.app, headers={"authorization": "Bearer sk-beta"})
     sid = alpha.post("/api/sessions", json={"title": "alpha's"}).json()["id"]
     assert beta.get(f"/api/sessions/{sid}").status_code == 404
-    assert TestClient(locked.app).get(f"/api/sessions/{sid}").status_code == 404  # a browser cookie is not a key
+    assert (
+        TestClient(locked.app).get(f"/api/sessions/{sid}").status_code == 404
+    )  # a browser cookie is not a key
     assert [s["id"] for s in alpha.get("/api/sessions").json()["sessions"]] == [sid]
 
 
@@ -142,12 +151,17 @@ def test_queue_limit_gives_503_with_retry_after(locked):
     with locked.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
         lines = response.iter_lines()
         next(line for line in lines if line.startswith("data:"))
-        refused = locked.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 2}, headers=headers)
+        refused = locked.post(
+            "/v1/chat/completions", json={"messages": HELLO, "max_tokens": 2}, headers=headers
+        )
         for _ in lines:
             pass
     assert refused.status_code == 503
     assert refused.headers["retry-after"] == "1"
-    assert refused.json()["error"]["message"] == "the server is at its limit of 1 concurrent requests; retry shortly"
+    assert (
+        refused.json()["error"]["message"]
+        == "the server is at its limit of 1 concurrent requests; retry shortly"
+    )
     after = locked.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 2}, headers=headers)
     assert after.status_code == 200
 

@@ -47,7 +47,11 @@ def test_create_list_rename_delete(client):
     listed = client.get("/api/sessions").json()["sessions"]
     assert sid in [s["id"] for s in listed]
     renamed = client.patch(f"/api/sessions/{sid}", json={"title": "Renamed"}).json()
-    assert (renamed["title"], renamed["system_prompt"], renamed["settings"]) == ("Renamed", "Be brief.", GREEDY)
+    assert (renamed["title"], renamed["system_prompt"], renamed["settings"]) == (
+        "Renamed",
+        "Be brief.",
+        GREEDY,
+    )
     assert client.get(f"/api/sessions/{sid}").json()["messages"] == []
     assert client.delete(f"/api/sessions/{sid}").status_code == 204
     assert client.get(f"/api/sessions/{sid}").status_code == 404
@@ -74,15 +78,25 @@ def test_another_browser_sees_nothing(client):
 
 def test_forged_cookie_is_a_new_identity(client):
     sid = new_session(client)
-    forged = TestClient(client.app, cookies={"pagedchat_browser": client.cookies["pagedchat_browser"][:-2] + "xx"})
+    forged = TestClient(
+        client.app, cookies={"pagedchat_browser": client.cookies["pagedchat_browser"][:-2] + "xx"}
+    )
     assert forged.get(f"/api/sessions/{sid}").status_code == 404
 
 
 @pytest.mark.parametrize(
     ("body", "param", "fragment"),
     [
-        ({"settings": {"temperature": -1}}, "settings.temperature", "settings.temperature must be in [0, 100]"),
-        ({"settings": {"max_tokens": 0}}, "settings.max_tokens", "settings.max_tokens must be a positive integer"),
+        (
+            {"settings": {"temperature": -1}},
+            "settings.temperature",
+            "settings.temperature must be in [0, 100]",
+        ),
+        (
+            {"settings": {"max_tokens": 0}},
+            "settings.max_tokens",
+            "settings.max_tokens must be a positive integer",
+        ),
         ({"settings": {"colour": "red"}}, "settings", "settings.colour is not a known setting"),
         ({"settings": []}, "settings", "settings must be an object"),
         ({"title": 5}, "title", "title must be a string"),
@@ -171,7 +185,9 @@ def test_second_message_while_streaming_is_409_and_stop_stores_stopped(client):
 
 def test_partial_reply_is_flushed_while_streaming(client):
     sid = new_session(client, settings={"temperature": 0, "max_tokens": 250})
-    with client.stream("POST", f"/api/sessions/{sid}/messages", json={"content": "Stream slowly"}) as response:
+    with client.stream(
+        "POST", f"/api/sessions/{sid}/messages", json={"content": "Stream slowly"}
+    ) as response:
         lines = response.iter_lines()
         for line in lines:
             if line.startswith("event: delta"):
@@ -204,7 +220,10 @@ def test_edit_replaces_the_last_user_turn_and_reuses_the_history(client):
     edited = send(client, sid, "Two, edited.", path="edit")[-1]
     stored = messages(client, sid)
     assert [(m["role"], m["content"]) for m in stored[:3]] == [
-        ("user", "One."), ("assistant", stored[1]["content"]), ("user", "Two, edited.")]
+        ("user", "One."),
+        ("assistant", stored[1]["content"]),
+        ("user", "Two, edited."),
+    ]
     assert len(stored) == 4 and stored[3]["content"] == edited["message"]["content"]
     floor = (turn1["prompt_tokens"] + turn1["completion_tokens"] - 1) // BLOCK * BLOCK
     assert edited["usage"]["prompt_tokens_details"]["cached_tokens"] >= floor

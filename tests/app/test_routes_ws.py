@@ -16,7 +16,9 @@ def client(tmp_path_factory):
 
 
 def new_session(client, max_tokens: int = 6) -> str:
-    return client.post("/api/sessions", json={"settings": {"temperature": 0, "max_tokens": max_tokens}}).json()["id"]
+    return client.post(
+        "/api/sessions", json={"settings": {"temperature": 0, "max_tokens": max_tokens}}
+    ).json()["id"]
 
 
 def until_final(ws) -> list[dict]:
@@ -57,7 +59,11 @@ def test_bad_frames_get_error_frames_and_the_socket_stays_open(client):
         assert error["message"].startswith("unknown frame type 'dance'")
         ws.send_json({"type": "message", "content": 42})
         error = ws.receive_json()
-        assert (error["status"], error["param"], error["message"]) == (400, "content", "content must be a non-empty string")
+        assert (error["status"], error["param"], error["message"]) == (
+            400,
+            "content",
+            "content must be a non-empty string",
+        )
         ws.send_bytes(b"\x00\x01")
         assert ws.receive_json()["message"] == "binary frames are not supported: send JSON text"
         ws.send_json({"type": "ping"})
@@ -81,7 +87,11 @@ def test_second_message_while_streaming_is_an_error_frame_and_stop_ends_the_repl
         ack = next(f for f in frames if f["type"] == "stop_ack")
         assert ack == {"type": "stop_ack", "stopped": True}
         done = frames[-1]
-        assert (done["type"], done["message"]["status"], done["message"]["finish_reason"]) == ("done", "stopped", "abort")
+        assert (done["type"], done["message"]["status"], done["message"]["finish_reason"]) == (
+            "done",
+            "stopped",
+            "abort",
+        )
         assert done["usage"]["completion_tokens"] < 250
         ws.send_json({"type": "regenerate"})  # the socket still serves: regenerate the stopped reply
         regenerated = until_final(ws)[-1]
@@ -146,8 +156,9 @@ def test_another_browser_cannot_open_the_socket(client):
 
 def test_cross_origin_upgrade_is_refused(client):
     sid = new_session(client)
-    with pytest.raises(WebSocketDisconnect) as rejected, client.websocket_connect(
-        f"/ws/sessions/{sid}", headers={"origin": "http://evil.example"}
+    with (
+        pytest.raises(WebSocketDisconnect) as rejected,
+        client.websocket_connect(f"/ws/sessions/{sid}", headers={"origin": "http://evil.example"}),
     ):
         pass
     assert rejected.value.code == 1008

@@ -91,14 +91,19 @@ def server_env(tmp_path: Path, model: str, **env: str) -> dict[str, str]:
 
 def start_server(tmp_path: Path, env: dict[str, str], *, port: int | None = None) -> Server:
     """Start `pagedchat serve` and wait until /health says ok (fails with the server's log otherwise)."""
-    server = Server(port=port or free_port(), db_path=tmp_path / "chat.db", log_path=tmp_path / "server.log", env=env)
+    server = Server(
+        port=port or free_port(), db_path=tmp_path / "chat.db", log_path=tmp_path / "server.log", env=env
+    )
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("PAGEDCHAT_")}
     full_env.update(env)
     full_env["PYTHONPATH"] = str(REPO_ROOT)
     with open(server.log_path, "ab") as log:
         server.process = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "--host", "127.0.0.1", "--port", str(server.port)],
-            cwd=REPO_ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=REPO_ROOT,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -44,8 +44,12 @@ def run_turn(http: httpx.Client, sid: str, content: str, stop_after: int | None)
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_ten_turns_hit_the_prefix_cache_for_all_earlier_tokens(server_factory):
-    server = server_factory(model=str(smollm2_dir()), PAGEDCHAT_MAX_MODEL_LEN="2048",
-                            PAGEDCHAT_KV_CACHE_BYTES=str(4096 * SMOLLM2_KV_BYTES_PER_TOKEN), PAGEDCHAT_NUM_THREADS="2")
+    server = server_factory(
+        model=str(smollm2_dir()),
+        PAGEDCHAT_MAX_MODEL_LEN="2048",
+        PAGEDCHAT_KV_CACHE_BYTES=str(4096 * SMOLLM2_KV_BYTES_PER_TOKEN),
+        PAGEDCHAT_NUM_THREADS="2",
+    )
     with httpx.Client(base_url=server.base_url, timeout=120) as http:
         sid = http.post("/api/sessions", json={"system_prompt": "You are a concise assistant."}).json()["id"]
         previous, reasons = None, []

@@ -38,8 +38,14 @@ def test_chat_completion(client, model_id, server):
 
 def test_streaming_chat_matches_the_non_streamed_text(client, model_id):
     full = client.chat.completions.create(model=model_id, messages=HELLO, max_tokens=10, temperature=0)
-    stream = client.chat.completions.create(model=model_id, messages=HELLO, max_tokens=10, temperature=0,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=model_id,
+        messages=HELLO,
+        max_tokens=10,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
@@ -50,7 +56,9 @@ def test_streaming_chat_matches_the_non_streamed_text(client, model_id):
 
 def test_completions_streaming_and_not(client, model_id):
     done = client.completions.create(model=model_id, prompt="The cat", max_tokens=5, temperature=0)
-    parts = client.completions.create(model=model_id, prompt="The cat", max_tokens=5, temperature=0, stream=True)
+    parts = client.completions.create(
+        model=model_id, prompt="The cat", max_tokens=5, temperature=0, stream=True
+    )
     assert "".join(p.choices[0].text for p in parts) == done.choices[0].text
     assert done.usage.completion_tokens == 5
 
@@ -70,16 +78,21 @@ def test_error_cases_name_the_problem(client, model_id, server):
         client.chat.completions.create(model="gpt-nope", messages=HELLO)
     assert missing.value.body["message"] == f"model 'gpt-nope' not found; this server serves '{model_id}'"
 
-    huge = httpx.post(server.base_url + "/v1/chat/completions", content=b"{" + b" " * (2 * 1024 * 1024) + b"}",
-                      headers={"content-type": "application/json"})
+    huge = httpx.post(
+        server.base_url + "/v1/chat/completions",
+        content=b"{" + b" " * (2 * 1024 * 1024) + b"}",
+        headers={"content-type": "application/json"},
+    )
     assert huge.status_code == 413
     assert "exceeds the limit of 1048576 bytes" in huge.json()["error"]["message"]
 
 
 def test_disconnect_mid_stream_aborts_and_frees_every_block(server):
     body = {"messages": HELLO, "max_tokens": 400, "temperature": 0, "stream": True}
-    with httpx.Client(base_url=server.base_url, timeout=30) as http, \
-            http.stream("POST", "/v1/chat/completions", json=body) as response:
+    with (
+        httpx.Client(base_url=server.base_url, timeout=30) as http,
+        http.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
         lines = response.iter_lines()  # kept referenced: a closed line iterator closes the connection
         received = 0
         while received < 3:
@@ -103,8 +116,13 @@ def test_disconnect_during_a_non_streamed_request_aborts_it(server):
 
 
 def test_keys_and_queue_limit_on_a_locked_server(tmp_path, tiny_model):
-    env = server_env(tmp_path, tiny_model, PAGEDCHAT_API_KEYS="sk-e2e", PAGEDCHAT_MAX_NUM_SEQS="1",
-                     PAGEDCHAT_MAX_QUEUED_REQUESTS="0")
+    env = server_env(
+        tmp_path,
+        tiny_model,
+        PAGEDCHAT_API_KEYS="sk-e2e",
+        PAGEDCHAT_MAX_NUM_SEQS="1",
+        PAGEDCHAT_MAX_QUEUED_REQUESTS="0",
+    )
     locked = start_server(tmp_path, env)
     try:
         base = locked.base_url + "/v1"
@@ -124,7 +142,12 @@ def test_keys_and_queue_limit_on_a_locked_server(tmp_path, tiny_model):
         raw = httpx.get(locked.base_url + "/metrics")
         assert raw.status_code == 200
         locked.wait_pool_idle()
-        assert client.chat.completions.create(model=model_id, messages=HELLO, max_tokens=2).usage.completion_tokens == 2
+        assert (
+            client.chat.completions.create(
+                model=model_id, messages=HELLO, max_tokens=2
+            ).usage.completion_tokens
+            == 2
+        )
     finally:
         stop_server(locked)
     assert "Application shutdown complete." in locked.log()

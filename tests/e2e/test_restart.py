@@ -23,8 +23,14 @@ def test_restart_keeps_everything_and_kill_9_loses_at_most_the_last_flush(server
     # phase 1: a conversation, then a graceful stop (SIGTERM)
     first = server_factory(PAGEDCHAT_MAX_MODEL_LEN="1024")
     with httpx.Client(base_url=first.base_url, timeout=30) as http:
-        sid = http.post("/api/sessions", json={"title": "kept", "system_prompt": "Be terse.",
-                                               "settings": {"temperature": 0, "max_tokens": 6}}).json()["id"]
+        sid = http.post(
+            "/api/sessions",
+            json={
+                "title": "kept",
+                "system_prompt": "Be terse.",
+                "settings": {"temperature": 0, "max_tokens": 6},
+            },
+        ).json()["id"]
         reply(http, sid, "one")
         reply(http, sid, "two")
         before = http.get(f"/api/sessions/{sid}").json()
@@ -34,8 +40,10 @@ def test_restart_keeps_everything_and_kill_9_loses_at_most_the_last_flush(server
 
     # phase 2: same directory, so the same database and the same persisted cookie secret
     second = server_factory(PAGEDCHAT_MAX_MODEL_LEN="1024")
-    with httpx.Client(base_url=second.base_url, timeout=30, cookies=cookies) as http, \
-            httpx.Client(base_url=second.base_url, timeout=30, cookies=cookies) as watcher:
+    with (
+        httpx.Client(base_url=second.base_url, timeout=30, cookies=cookies) as http,
+        httpx.Client(base_url=second.base_url, timeout=30, cookies=cookies) as watcher,
+    ):
         assert http.get(f"/api/sessions/{sid}").json() == before
         assert [m["status"] for m in before["messages"]] == ["complete", "finished", "complete", "finished"]
         events = reply(http, sid, "three")
@@ -58,7 +66,10 @@ def test_restart_keeps_everything_and_kill_9_loses_at_most_the_last_flush(server
     with httpx.Client(base_url=third.base_url, timeout=30, cookies=cookies) as http:
         stored = http.get(f"/api/sessions/{sid}/messages").json()["messages"]
         assert stored[:6] == http.get(f"/api/sessions/{sid}").json()["messages"][:6]
-        assert [(m["role"], m["status"]) for m in stored[6:]] == [("user", "complete"), ("assistant", "interrupted")]
+        assert [(m["role"], m["status"]) for m in stored[6:]] == [
+            ("user", "complete"),
+            ("assistant", "interrupted"),
+        ]
         assert stored[6]["content"] == "Never stop"
         assert stored[7]["content"].startswith(partial)
         http.patch(f"/api/sessions/{sid}", json={"settings": {"temperature": 0, "max_tokens": 4}})

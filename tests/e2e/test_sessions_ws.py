@@ -42,7 +42,11 @@ def test_session_crud_and_sse_reply(server, http):
     with http.stream("POST", f"/api/sessions/{sid}/messages", json={"content": "Hello"}) as response:
         events = [json.loads(e["data"]) for e in sse_events(response.iter_lines())]
     done = events[-1]
-    assert (done["type"], done["message"]["status"], done["usage"]["completion_tokens"]) == ("done", "finished", 5)
+    assert (done["type"], done["message"]["status"], done["usage"]["completion_tokens"]) == (
+        "done",
+        "finished",
+        5,
+    )
     body = http.get(f"/api/sessions/{sid}").json()
     assert [m["role"] for m in body["messages"]] == ["user", "assistant"]
     assert body["messages"][1]["content"] == done["message"]["content"]
@@ -84,8 +88,9 @@ def test_stop_over_the_socket_aborts_and_frees_every_block(server, http):
     assert (done["message"]["status"], done["message"]["finish_reason"]) == ("stopped", "abort")
     assert done["usage"]["completion_tokens"] < 250
     server.wait_pool_idle()
-    stored = httpx.get(f"{server.base_url}/api/sessions/{sid}/messages",
-                       cookies=http.cookies).json()["messages"]
+    stored = httpx.get(f"{server.base_url}/api/sessions/{sid}/messages", cookies=http.cookies).json()[
+        "messages"
+    ]
     assert stored[-1]["status"] == "stopped"
 
 
