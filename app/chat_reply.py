@@ -17,9 +17,8 @@ from app.request_stream import RequestFailed, RequestStream, RequestTimedOut
 from engine.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
-TERMINAL_EVENTS = (
-    "done",
-)  # every reply ends with one `done`; its message.status says how (finished ... failed)
+# every reply ends with one `done`; its message.status says how it ended (finished, stopped, failed, ...)
+TERMINAL_EVENTS = ("done",)
 
 
 def message_json(m: MessageRecord) -> dict[str, Any]:
