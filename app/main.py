@@ -64,7 +64,9 @@ def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | Non
 
     app = Starlette(
         routes=[*ops.routes, *openai_api.routes, *sessions.routes, *ws.routes],
-        middleware=[Middleware(RequestContextMiddleware, signer=svc.signer, cookie_secure=settings.cookie_secure)],
+        middleware=[
+            Middleware(RequestContextMiddleware, signer=svc.signer, cookie_secure=settings.cookie_secure)
+        ],
         exception_handlers={
             APIError: api_error_handler,
             HTTPException: http_exception_handler,
@@ -96,8 +98,13 @@ async def _startup(svc: Services) -> None:
     builder = ConversationBuilder(svc.engine.tokenizer, engine.config.max_model_len, end_of_turn)
     svc.store = store
     svc.chat = ChatService(store, svc.engine, settings, builder, fingerprint)
-    logger.info("serving %s: %d KV blocks of %d tokens, max_model_len %d", engine.model_name, engine.num_blocks,
-                engine.config.block_size, engine.config.max_model_len)
+    logger.info(
+        "serving %s: %d KV blocks of %d tokens, max_model_len %d",
+        engine.model_name,
+        engine.num_blocks,
+        engine.config.block_size,
+        engine.config.max_model_len,
+    )
 
 
 async def _shutdown(svc: Services) -> None:
