@@ -108,6 +108,9 @@ def _field_types() -> dict[str, str]:
     return {f.name: str(f.type) for f in dataclasses.fields(Settings)}
 
 
+_KIND_NAMES = {"bool": "true or false (1/0, yes/no, on/off)", "int": "an integer", "float": "a number"}
+
+
 def _parse(name: str, type_name: str, raw: str) -> Any:
     """Turn one environment string into the field's type; ValueError names the variable."""
     raw = raw.strip()
@@ -128,7 +131,8 @@ def _parse(name: str, type_name: str, raw: str) -> Any:
             return float(raw)
         return raw
     except ValueError:
-        raise ValueError(f"{ENV_PREFIX}{name.upper()} must be a {type_name}, got {raw!r}") from None
+        kind = next((v for k, v in _KIND_NAMES.items() if type_name.startswith(k)), type_name)
+        raise ValueError(f"{ENV_PREFIX}{name.upper()} must be {kind}, got {raw!r}") from None
 
 
 def settings_from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
