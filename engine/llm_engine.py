@@ -124,7 +124,7 @@ class LLMEngine:
             )
         now = time.monotonic() if arrival_time is None else arrival_time
         request = _Request(request_id, token_ids, params, now)
-        seq = self._new_sequence(request, token_ids, sample_index=0)
+        seq = self._new_sequence(request, list(token_ids), sample_index=0)
         self._requests[request_id] = request
         self.scheduler.add_sequence(seq)
 
