@@ -1,4 +1,4 @@
-"""The `pagedchat` command: generate, chat, serve, bench."""
+"""`pagedchat generate` and `pagedchat chat`: the engine without the web service."""
 
 from __future__ import annotations
 
@@ -111,21 +111,11 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `pagedchat` console script."""
+    """Entry point of `pagedchat generate|chat` (app.commands dispatches here)."""
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if argv and argv[0] == "serve":
-        from app.cli import serve_main
-
-        return serve_main(argv[1:])
-    if argv and argv[0] == "bench":
-        from engine.bench.cli import bench_main
-
-        return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="pagedchat", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("serve", help="run the chat service (see `pagedchat serve --help`)")
-    sub.add_parser("bench", help="benchmarks (see `pagedchat bench --help`)")
     gen = sub.add_parser("generate", help="generate replies to prompts")
     gen.add_argument("prompt", nargs="+")
     gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")

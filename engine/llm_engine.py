@@ -15,7 +15,14 @@ import torch
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.dtype import resolve_device, resolve_dtype
-from engine.loader import eos_token_ids, load_model, load_tokenizer, resolve_model_path
+from engine.loader import (
+    eos_token_ids,
+    load_generation_config,
+    load_hf_config,
+    load_model,
+    load_tokenizer,
+    resolve_model_path,
+)
 from engine.model_runner import KVCacheSpec, ModelRunner, num_blocks_for_budget
 from engine.outputs import CompletionOutput, Logprob, RequestOutput, ScheduledSequence, SchedulerOutput
 from engine.sampler import Sampler, SamplingBatch
@@ -55,15 +62,16 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         path = resolve_model_path(config.model)
         self.model_name = path.name if Path(config.model).exists() else config.model
-        model, hf_config = load_model(path, dtype, device)
-        self.tokenizer = load_tokenizer(path)
-        self.eos_token_ids = eos_token_ids(hf_config, path, self.tokenizer)
-        self.vocab_size = int(hf_config.vocab_size)
+        hf_config = load_hf_config(path)
         self.config = config.resolve(
             model_max_len=int(hf_config.max_position_embeddings),
             device=str(device.type),
             dtype=str(dtype).removeprefix("torch."),
         )
+        model, hf_config = load_model(path, dtype, device, max_model_len=self.config.max_model_len)
+        self.tokenizer = load_tokenizer(path)
+        self.eos_token_ids = eos_token_ids(hf_config, load_generation_config(path), self.tokenizer)
+        self.vocab_size = int(hf_config.vocab_size)
         spec = KVCacheSpec(
             num_layers=model.args.num_layers,
             num_kv_heads=model.args.num_kv_heads,
