@@ -34,7 +34,7 @@ def model_path():
 def hf_reference(model_path):
     """HF greedy continuations, one request at a time, and the model for near-tie checks."""
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    llm = LLM(model=str(model_path), dtype="float32", kv_cache_bytes=64 * 2**20)
+    llm = LLM(model=str(model_path), dtype="float32", kv_cache_bytes=256 * 2**20)
     prompts = [llm.engine.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
     eos = sorted(llm.engine.eos_token_ids)
     outputs = []
@@ -68,7 +68,7 @@ def _assert_same_greedy(model, prompt: list[int], ours: list[int], ref: list[int
 def test_greedy_equals_hf(hf_reference, model_path, batched, caching):
     model, prompts, ref = hf_reference
     llm = LLM(
-        model=str(model_path), dtype="float32", kv_cache_bytes=64 * 2**20, enable_prefix_caching=caching,
+        model=str(model_path), dtype="float32", kv_cache_bytes=256 * 2**20, enable_prefix_caching=caching,
     )
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     outs = llm.generate(prompts, params) if batched else [llm.generate([p], params)[0] for p in prompts]
