@@ -38,6 +38,9 @@ def bench_main(argv: list[str]) -> int:
     """Parse `argv` (after `bench`) and run the chosen benchmark; with --strict, 1 when a target failed."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    # the CLI owns logging: engine progress (provisioning, loading) shows as INFO
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in ("httpx", "openai", "httpcore"):  # one line per HTTP request would drown the progress bars
         logging.getLogger(name).setLevel(logging.WARNING)
     try:

@@ -133,11 +133,12 @@ def mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def progress(total: int | None, desc: str, unit: str = "req", disable: bool | None = None):
-    """A tqdm progress bar on stderr (hidden when stderr is not a terminal unless forced)."""
+def progress(total: int | None, desc: str, unit: str = "req"):
+    """A tqdm progress bar on stderr, shown also when stderr is a log file (then updated at most once a second)."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=disable, dynamic_ncols=True)
+    interval = 0.1 if sys.stderr.isatty() else 1.0
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, mininterval=interval, dynamic_ncols=True)
 
 
 def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (6.0, 4.2)):

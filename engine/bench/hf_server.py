@@ -101,6 +101,8 @@ class BaselineService:
                 "top_p": float(body.get("top_p", 1.0)),
                 "top_k": None,
             }
+        if body.get("ignore_eos"):  # generate has no ignore_eos: forbid EOS until max_tokens instead
+            sampling["min_new_tokens"] = max_tokens
         x = torch.tensor([list(ids)])
         streamer = SSEStreamer(self.tokenizer, send)
         with self.lock:
@@ -109,7 +111,7 @@ class BaselineService:
                 attention_mask=torch.ones_like(x),
                 max_new_tokens=max_tokens,
                 streamer=streamer,
-                eos_token_id=None if body.get("ignore_eos") else self.eos_ids,
+                eos_token_id=self.eos_ids,
                 pad_token_id=self.eos_ids[0],
                 **sampling,
             )

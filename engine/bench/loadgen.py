@@ -160,7 +160,7 @@ def summarise(results: list[RequestResult], duration_s: float) -> dict[str, Any]
     }
     series = {
         "ttft_ms": [1000 * r.ttft_s for r in ok if r.chunk_times_s],
-        "tpot_ms": [1000 * r.tpot_s for r in ok if r.num_output_tokens >= 2],
+        "tpot_ms": [1000 * r.tpot_s for r in ok if r.chunk_times_s and r.num_output_tokens >= 2],
         "itl_ms": [1000 * gap for r in ok for gap in r.itl_s],
         "e2e_ms": [1000 * r.e2e_s for r in ok],
     }

@@ -84,7 +84,7 @@ def start_pagedchat(
         "PAGEDCHAT_DATABASE_URL": f"sqlite:///{log_dir / (name + '.db')}",
         "PAGEDCHAT_LOG_LEVEL": "warning",
     }
-    cmd = [sys.executable, "-m", "engine.cli", "serve"]
+    cmd = [sys.executable, "-m", "app.commands", "serve"]  # the `pagedchat serve` console script
     return _spawn(name, cmd, env, f"http://127.0.0.1:{port}", log_dir)
 
 

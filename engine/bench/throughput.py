@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import logging
 import time
 from typing import Any
@@ -75,7 +76,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     pad_id = engine.tokenizer.pad_token_id if engine.tokenizer.pad_token_id is not None else min(eos_ids)
 
     runs = []
-    llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up, not timed
+    # warm-up, not timed, on a prompt outside the workload so that no measured prompt is cached by it
+    warmup = engine.apply_chat_template([{"role": "user", "content": "Warm-up: say hi."}])
+    llm.generate([warmup], SamplingParams(temperature=0.0, max_tokens=4))
     with progress(len(prompts), "pagedchat") as bar:
         params = [SamplingParams(temperature=0.0, max_tokens=m) for m in max_tokens]
         start = time.perf_counter()
@@ -89,11 +92,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "num_steps": engine_stats.num_steps,
         "num_preemptions": engine_stats.num_preemptions,
     }
-    del llm, engine  # free the KV pool before the baselines allocate theirs
+    del llm, engine, outputs  # free the KV pool before the baselines allocate theirs
+    gc.collect()
 
     if baselines:
         model = hf.load_hf_model(path, dtype, device)
-        hf.hf_sequential(model, prompts[:1], [4], eos_ids, pad_id)  # warm-up, not timed
+        hf.hf_sequential(model, [warmup], [4], eos_ids, pad_id)  # warm-up, not timed
         for name in baselines:
             runs.append(_run_baseline(name, model, prompts, max_tokens, eos_ids, pad_id, args))
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
+import threading
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -34,6 +37,20 @@ def tiny_servers(tmp_path_factory):
     assert all(s.proc.poll() is not None for s in started), "servers must be stopped after the benchmark"
 
 
+@pytest.fixture(scope="module")
+def hf_baseline_url(tiny_servers):
+    """The HF baseline server, run in-process on a thread (its subprocess start is what pagedchat's exercises)."""
+    from engine.bench.hf_server import BaselineService, make_handler
+
+    service = BaselineService(tiny_servers[0], "float32", model_name="tiny")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(service))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
 def _only_result(folder: Path, name: str) -> dict:
     jsons, pngs = sorted(folder.glob(f"{name}-*.json")), sorted(folder.glob(f"{name}-*.png"))
     assert len(jsons) == 1 and len(pngs) == 1, f"expected one JSON and one PNG, got {jsons + pngs}"
@@ -41,28 +58,13 @@ def _only_result(folder: Path, name: str) -> dict:
     return json.loads(jsons[0].read_text())
 
 
-def test_serving_bench_against_pagedchat_and_the_hf_baseline(tiny_servers, tmp_path):
+def test_serving_bench_against_pagedchat_and_the_hf_baseline(tiny_servers, hf_baseline_url, tmp_path):
     model, url, _ = tiny_servers
-    argv = [
-        "serving",
-        "--model",
-        model,
-        "--dtype",
-        "float32",
-        "--url",
-        url,
-        "--api-key",
-        API_KEY,
-        "--rates",
-        "50",
-        "--num-requests",
-        "3",
-        "--max-tokens",
-        "5",
-        "--results-dir",
-        str(tmp_path),
-    ]
-    assert bench_main(argv) == 0  # the HF baseline server is started and stopped by the benchmark itself
+    argv = shlex.split(
+        f"serving --model {model} --dtype float32 --url {url} --api-key {API_KEY} --baseline-url "
+        f"{hf_baseline_url} --rates 50 --num-requests 3 --max-tokens 5 --results-dir {tmp_path}"
+    )
+    assert bench_main(argv) == 0
     doc = _only_result(tmp_path, "serving")
     assert set(doc["systems"]) == {"pagedchat", "hf_baseline"}
     for name, points in doc["systems"].items():
@@ -80,27 +82,10 @@ def test_serving_bench_against_pagedchat_and_the_hf_baseline(tiny_servers, tmp_p
 
 def test_multiturn_bench_with_caching_on_and_off(tiny_servers, tmp_path, capsys):
     model, url_on, url_off = tiny_servers
-    argv = [
-        "multiturn",
-        "--model",
-        model,
-        "--url",
-        url_on,
-        "--url-no-caching",
-        url_off,
-        "--api-key",
-        API_KEY,
-        "--users",
-        "2",
-        "--turns",
-        "2",
-        "--system-tokens",
-        "48",
-        "--max-tokens",
-        "4",
-        "--results-dir",
-        str(tmp_path),
-    ]
+    argv = shlex.split(
+        f"multiturn --model {model} --url {url_on} --url-no-caching {url_off} --api-key {API_KEY} "
+        f"--users 2 --turns 2 --system-tokens 48 --max-tokens 4 --results-dir {tmp_path}"
+    )
     assert bench_main(argv) == 0
     doc = _only_result(tmp_path, "multiturn")
     runs = doc["runs"]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import shlex
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -36,23 +39,10 @@ def test_trim_output_keeps_the_first_eos_and_the_limit():
 
 
 def test_throughput_bench_runs_every_baseline(tiny_model, tmp_path, capsys):
-    argv = [
-        "throughput",
-        "--model",
-        tiny_model,
-        "--dtype",
-        "float32",
-        "--kv-cache-bytes",
-        str(4 * 2**20),
-        "--num-requests",
-        "3",
-        "--max-tokens",
-        "6",
-        "--matmul-seconds",
-        "0.05",
-        "--results-dir",
-        str(tmp_path),
-    ]
+    argv = shlex.split(
+        f"throughput --model {tiny_model} --dtype float32 --kv-cache-bytes {4 * 2**20} "
+        f"--num-requests 3 --max-tokens 6 --matmul-seconds 0.05 --results-dir {tmp_path}"
+    )
     assert bench_main(argv) == 0
     doc = _only_result(tmp_path, "throughput")
     assert set(doc["systems"]) == {"pagedchat", "hf_static", "hf_continuous", "hf_sequential"}
@@ -74,21 +64,10 @@ def test_throughput_bench_runs_every_baseline(tiny_model, tmp_path, capsys):
 
 
 def test_memory_bench_reports_waste_and_concurrency(tiny_model, tmp_path):
-    argv = [
-        "memory",
-        "--model",
-        tiny_model,
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "64",
-        "--budget-seqs",
-        "2",
-        "--num-requests",
-        "6",
-        "--results-dir",
-        str(tmp_path),
-    ]
+    argv = shlex.split(
+        f"memory --model {tiny_model} --dtype float32 --max-model-len 64 --budget-seqs 2 "
+        f"--num-requests 6 --results-dir {tmp_path}"
+    )
     assert bench_main(argv) == 0
     doc = _only_result(tmp_path, "memory")
     pool, summary = doc["pool"], doc["summary"]
@@ -102,3 +81,44 @@ def test_memory_bench_reports_waste_and_concurrency(tiny_model, tmp_path):
         "paged KV waste %",
         "concurrency vs contiguous reservation",
     ]
+
+
+def test_fifo_lock_serves_waiters_in_arrival_order():
+    from engine.bench.hf_server import FifoLock
+
+    lock, order = FifoLock(), []
+    lock.__enter__()
+    threads = []
+    for i in range(4):
+        t = threading.Thread(target=lambda i=i: _record_under(lock, order, i))
+        t.start()
+        while lock._next_ticket < i + 2:  # wait until this thread holds its ticket before starting the next
+            time.sleep(0.001)
+        threads.append(t)
+    lock.__exit__(None, None, None)
+    for t in threads:
+        t.join(5)
+    assert order == [0, 1, 2, 3]
+
+
+def _record_under(lock, order: list[int], i: int) -> None:
+    with lock:
+        order.append(i)
+
+
+def test_sse_streamer_sends_deltas_that_add_up_to_the_text(tiny_model):
+    import torch
+    from transformers import AutoTokenizer
+
+    from engine.bench.hf_server import SSEStreamer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    ids = tokenizer.encode("Explain how a hash table works, then give an example.", add_special_tokens=False)
+    sent: list[str] = []
+    streamer = SSEStreamer(tokenizer, sent.append)
+    streamer.put(torch.tensor([[1, 2, 3]]))  # the prompt comes first and is not sent
+    for tok in ids:
+        streamer.put(torch.tensor([tok]))
+    streamer.end()
+    assert "".join(sent) == tokenizer.decode(ids) == streamer.text
+    assert streamer.token_ids == ids and all(sent)
