@@ -1,0 +1,149 @@
+"""GET /api/admin/stream: the admin page's live feed (SSE) of the block pool, chart points and advice.
+
+One sampler per app, running only while an admin page listens: 4 samples a second while anything is in the pool or
+the queues, two a second when idle. Each sample is a snapshot taken on the engine thread between steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sse_starlette import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from app.admin_auth import check_admin
+from app.advice import AdviceInputs, advise
+from app.context import Services, services
+from app.errors import error_response, from_exception
+from app.routes.ops import snapshot_to_json
+from app.traffic import TrafficRecorder
+
+logger = logging.getLogger(__name__)
+ACTIVE_INTERVAL_S = 0.25
+IDLE_INTERVAL_S = 0.5
+HISTORY_S = 180.0  # chart history sent to a page when it connects
+
+
+def _take(engine: Any) -> tuple[Any, int]:
+    """On the engine thread: the pool snapshot and how many waiting sequences were preempted."""
+    snap = engine.snapshot()
+    return snap, sum(1 for seq in engine.scheduler.waiting if seq.num_preemptions > 0)
+
+
+class AdminFeed:
+    """Samples the pool while subscribers listen and hands each the newest state (slow readers skip states)."""
+
+    def __init__(self, svc: Services, recorder: TrafficRecorder) -> None:
+        self.svc = svc
+        self.recorder = recorder
+        self._subscribers: set[asyncio.Queue[str]] = set()
+        self._task: asyncio.Task | None = None
+
+    def subscribe(self) -> asyncio.Queue[str]:
+        """A queue of JSON states; starts the sampler if it is not running."""
+        queue: asyncio.Queue[str] = asyncio.Queue(maxsize=1)
+        self._subscribers.add(queue)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="admin-feed")
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[str]) -> None:
+        """Stop delivering to `queue`; the sampler stops after its last subscriber leaves."""
+        self._subscribers.discard(queue)
+
+    def history(self, now: float) -> list[dict[str, Any]]:
+        """Recent chart points, for a page that just connected."""
+        return [p.to_json() for p in self.recorder.points(since_s=now - HISTORY_S)]
+
+    async def sample(self) -> tuple[dict[str, Any], bool]:
+        """One state for the page, and whether anything is running (which sets the sampling rate)."""
+        engine = self.svc.engine
+        snap, num_preempted = await engine.call(_take)
+        now = time.monotonic()
+        stats = snap.stats
+        self.recorder.observe_live_sequences(snap.sequences, now)
+        point = self.recorder.observe_stats(stats, now, num_preempted=num_preempted)
+        assert engine.engine is not None
+        advice = advise(
+            AdviceInputs(
+                block_size=stats.block_size,
+                num_blocks=stats.num_blocks,
+                block_bytes=engine.engine.kv_block_bytes,
+                max_model_len=stats.max_model_len,
+                max_num_seqs=engine.engine.config.max_num_seqs,
+                num_running=stats.num_running,
+                num_tokens_stored=stats.num_tokens_stored,
+                num_slots_allocated=stats.num_slots_allocated,
+                window_s=self.recorder.observed_span_s(now),
+                num_preemptions=self.recorder.preemptions_in_window(),
+                peak_running=self.recorder.peak_running(),
+                sequence_lengths=self.recorder.sequence_lengths(),
+            )
+        )
+        state = {
+            "time_s": round(now, 3),
+            "pool": snapshot_to_json(snap),
+            "point": point.to_json(),
+            "advice": advice.to_json(),
+        }
+        active = bool(stats.num_running or stats.num_waiting or stats.num_used_blocks)
+        return state, active
+
+    async def _run(self) -> None:
+        while self._subscribers:
+            try:
+                state, active = await self.sample()
+            except Exception as exc:  # noqa: BLE001 - the page shows the error and the feed keeps trying
+                state, active = {"error": from_exception(exc).message}, False
+            data = json.dumps(state, separators=(",", ":"))
+            for queue in list(self._subscribers):
+                if queue.full():  # a slow reader gets the newest state, not a backlog
+                    with contextlib.suppress(asyncio.QueueEmpty):
+                        queue.get_nowait()
+                queue.put_nowait(data)
+            await asyncio.sleep(ACTIVE_INTERVAL_S if active else IDLE_INTERVAL_S)
+
+
+def admin_feed(app: Starlette) -> AdminFeed:
+    """The app's feed, made on first use (its recorder is the service's own when the service keeps one)."""
+    feed = getattr(app.state, "admin_feed", None)
+    if feed is None:
+        svc = app.state.services
+        feed = AdminFeed(svc, getattr(svc, "traffic", None) or TrafficRecorder())
+        app.state.admin_feed = feed
+    return feed
+
+
+async def admin_stream(request: Request) -> Response:
+    """SSE: a `history` event of recent chart points, then a `state` event per sample."""
+    svc = services(request)
+    try:
+        check_admin(request, svc.settings)
+    except Exception as exc:  # noqa: BLE001 - 401/403 in the API's error shape
+        return error_response(from_exception(exc))
+    feed = admin_feed(request.app)
+    queue = feed.subscribe()
+
+    async def events() -> AsyncIterator[dict[str, str]]:
+        try:
+            now = time.monotonic()
+            history = {"time_s": round(now, 3), "points": feed.history(now)}
+            yield {"event": "history", "data": json.dumps(history, separators=(",", ":"))}
+            while True:
+                yield {"event": "state", "data": await queue.get()}
+        finally:
+            feed.unsubscribe(queue)
+
+    return EventSourceResponse(events(), ping=15, headers={"Cache-Control": "no-store"})
+
+
+routes = [Route("/api/admin/stream", admin_stream, methods=["GET"])]

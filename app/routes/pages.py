@@ -1,0 +1,120 @@
+"""HTML pages: the chat (`/`), the admin page (`/admin`) with its token-for-cookie sign-in, and `/static`."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from app.admin_auth import admin_cookie_header, is_admin, read_login_token, token_matches
+from app.advice import format_bytes
+from app.context import Services, services
+from app.security import is_loopback
+
+logger = logging.getLogger(__name__)
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the supported install is the repo itself (editable)
+TEMPLATES_DIR = REPO_ROOT / "templates"
+STATIC_DIR = REPO_ROOT / "static"
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+def static_url(name: str) -> str:
+    """/static/<name>?v=<mtime>: a new URL whenever the file changes, so browsers never run stale scripts."""
+    try:
+        version = int((STATIC_DIR / name).stat().st_mtime)
+    except OSError:
+        version = 0
+    return f"/static/{name}?v={version}"
+
+
+templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
+templates.env.globals["static_url"] = static_url
+
+
+def _render(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> Response:
+    return templates.TemplateResponse(request, name, context, status_code=status_code, headers=NO_STORE)
+
+
+async def chat_page(request: Request) -> Response:
+    """GET /: the chat UI (the middleware hands out the browser cookie that owns its sessions)."""
+    svc = services(request)
+    model = svc.engine.engine.model_name if svc.engine.engine is not None else svc.settings.model
+    return _render(request, "chat.html", {"model_name": model})
+
+
+def engine_settings_rows(svc: Services) -> list[tuple[str, str]]:
+    """The engine's settings as (label, value) rows for the admin page."""
+    engine = svc.engine.engine
+    if engine is None:
+        return [("Engine", "not started")]
+    cfg = engine.config
+    pool_bytes = engine.num_blocks * engine.kv_block_bytes
+    return [
+        ("Model", engine.model_name),
+        ("Device / dtype", f"{cfg.device} / {cfg.dtype}"),
+        ("Attention backend", cfg.attention_backend),
+        ("Block size", f"{cfg.block_size} tokens"),
+        (
+            "KV pool",
+            f"{engine.num_blocks} blocks · {engine.num_blocks * cfg.block_size} tokens · "
+            f"{format_bytes(pool_bytes)}",
+        ),
+        ("Bytes per block", format_bytes(engine.kv_block_bytes)),
+        ("Max model length", f"{cfg.max_model_len} tokens"),
+        ("Max sequences", str(cfg.max_num_seqs)),
+        ("Max batched tokens", str(cfg.max_num_batched_tokens)),
+        ("Prefix caching", "on" if cfg.enable_prefix_caching else "off"),
+    ]
+
+
+async def admin_page(request: Request) -> Response:
+    """GET /admin: the live pool page, or the sign-in form (401) when the admin cookie is missing."""
+    svc = services(request)
+    if is_admin(request, svc.settings):
+        return _render(
+            request,
+            "admin.html",
+            {"settings_rows": engine_settings_rows(svc), "signed_in": bool(svc.settings.admin_token)},
+        )
+    if not svc.settings.admin_token:
+        return _render(request, "admin_login.html", {"loopback_only": True}, status_code=403)
+    return _render(request, "admin_login.html", {"error": None}, status_code=401)
+
+
+async def admin_login(request: Request) -> Response:
+    """POST /admin/login (form field `token`): a correct token sets the admin cookie and redirects to /admin."""
+    svc = services(request)
+    if not svc.settings.admin_token:
+        return RedirectResponse("/admin", status_code=303)
+    token = await read_login_token(request)
+    if not token_matches(token, svc.settings):
+        client = request.client.host if request.client else "?"
+        logger.warning(
+            "admin sign-in refused from %s%s", client, " (loopback)" if is_loopback(client) else ""
+        )
+        return _render(request, "admin_login.html", {"error": "That token is not valid."}, status_code=403)
+    response = RedirectResponse("/admin", status_code=303, headers=NO_STORE)
+    response.headers.append("Set-Cookie", admin_cookie_header(svc.settings))
+    return response
+
+
+async def admin_logout(request: Request) -> Response:
+    """POST /admin/logout: forget the admin cookie."""
+    response = RedirectResponse("/admin", status_code=303, headers=NO_STORE)
+    response.headers.append("Set-Cookie", admin_cookie_header(services(request).settings, clear=True))
+    return response
+
+
+routes = [
+    Route("/", chat_page, methods=["GET"]),
+    Route("/admin", admin_page, methods=["GET"]),
+    Route("/admin/login", admin_login, methods=["POST"]),
+    Route("/admin/logout", admin_logout, methods=["POST"]),
+    Mount("/static", app=StaticFiles(directory=str(STATIC_DIR)), name="static"),
+]

@@ -1,0 +1,182 @@
+// The admin page: listens to /api/admin/stream (SSE) and updates counters, the block map, sequences, charts and
+// advice from each sample.
+(function () {
+  "use strict";
+  const ns = window.pagedchat;
+  const HISTORY_S = 180;
+  const $ = (id) => document.getElementById(id);
+  const state = { points: [], nowS: 0, adviceJson: "", seqsJson: "", selected: null, map: null, charts: {} };
+
+  function setText(id, text) {
+    const node = $(id);
+    if (node.textContent !== text) node.textContent = text;
+  }
+
+  function pct(value) {
+    return value == null ? "–" : (value * 100).toFixed(value >= 0.995 || value === 0 ? 0 : 1) + "%";
+  }
+
+  function setFeedStatus(kind, text) {
+    const node = $("feed-status");
+    node.dataset.state = kind;
+    node.textContent = text;
+  }
+
+  function makeCharts() {
+    const c = (key, color, label, fill) => ({ key, color, label, fill });
+    const specs = {
+      blocks: [[c("num_used_blocks", "#4f7cf7", "in use", true), c("num_cached_blocks", "#3aa886", "cached"),
+        c("num_free_blocks", "#a3a8b5", "free")]],
+      sequences: [[c("num_running", "#4f7cf7", "running", true), c("num_waiting", "#e09422", "waiting"),
+        c("num_preempted", "#d9485f", "preempted")]],
+      preemptions: [[c("preemptions_per_min", "#d9485f", "per min", true)]],
+      hits: [[c("hit_pct", "#3aa886", "hit rate", true)], { yMax: 100, format: (v) => (v == null ? "–" : v.toFixed(0) + "%") }],
+      speed: [[c("tokens_per_s", "#7c5cf0", "tok/s", true)]],
+      waste: [[c("paged_waste_tokens", "#4f7cf7", "paged", true), c("contiguous_waste_tokens", "#d9485f", "contiguous")]],
+    };
+    for (const canvas of document.querySelectorAll("canvas[data-chart]")) {
+      const [series, options] = specs[canvas.dataset.chart];
+      const chartOptions = Object.assign({ maxSpanS: HISTORY_S }, options);
+      state.charts[canvas.dataset.chart] = new ns.charts.LineChart(canvas, series, chartOptions);
+    }
+  }
+
+  function withDerived(point) {
+    return Object.assign({}, point, { hit_pct: point.prefix_hit_rate == null ? null : point.prefix_hit_rate * 100 });
+  }
+
+  function renderCounters(pool, point) {
+    const s = pool.stats;
+    setText("stat-used", String(s.num_used_blocks));
+    setText("stat-used-pct", pct(s.num_used_blocks / Math.max(1, s.num_blocks)) + " of pool");
+    setText("stat-cached", String(s.num_cached_blocks));
+    setText("stat-free", String(s.num_free_blocks));
+    setText("stat-total", "of " + s.num_blocks + " blocks");
+    setText("stat-shared", String(s.num_shared_blocks));
+    setText("stat-running", String(s.num_running));
+    setText("stat-queue", s.num_waiting + " waiting, " + point.num_preempted + " preempted");
+    setText("stat-preempt-rate", point.preemptions_per_min.toFixed(1) + "/min");
+    setText("stat-preempt-total", s.num_preemptions + " since start");
+    setText("stat-hit-rate", pct(point.prefix_hit_rate));
+    setText("stat-tokps", ns.charts.compact(point.tokens_per_s));
+    setText("stat-waste-paged", point.paged_waste_tokens + " tok");
+    setText("stat-waste-contig", "contiguous: " + point.contiguous_waste_tokens);
+  }
+
+  function renderSequences(sequences) {
+    const json = JSON.stringify(sequences) + "|" + state.selected;
+    if (json === state.seqsJson) return;
+    state.seqsJson = json;
+    setText("seqs-count", sequences.length ? sequences.length + " live" : "");
+    const body = $("seq-rows");
+    if (!sequences.length) {
+      const td = document.createElement("td");
+      td.colSpan = 5;
+      td.className = "muted";
+      td.textContent = "No live sequences.";
+      const tr = document.createElement("tr");
+      tr.appendChild(td);
+      body.replaceChildren(tr);
+      return;
+    }
+    body.replaceChildren(...sequences.map((seq) => {
+      const tr = document.createElement("tr");
+      tr.className = seq.seq_id === state.selected ? "is-selected" : "";
+      const pick = document.createElement("button");
+      pick.type = "button";
+      pick.className = "link-btn";
+      pick.textContent = "#" + seq.seq_id;
+      pick.setAttribute("aria-pressed", String(seq.seq_id === state.selected));
+      pick.setAttribute("aria-label", "Highlight the blocks of sequence " + seq.seq_id);
+      pick.addEventListener("click", () => select(seq.seq_id === state.selected ? null : seq.seq_id));
+      const cells = [pick, seq.request_id, seq.status, String(seq.num_tokens), String(seq.block_table.length)];
+      cells.forEach((value, i) => {
+        const td = document.createElement("td");
+        if (i >= 3) td.className = "num";
+        if (i === 1) {
+          td.className = "mono";
+          td.title = value;
+        }
+        if (typeof value === "string") td.textContent = i === 1 ? value.slice(0, 22) : value;
+        else td.appendChild(value);
+        tr.appendChild(td);
+      });
+      tr.addEventListener("click", (e) => {
+        if (e.target.tagName !== "BUTTON") pick.click();
+      });
+      return tr;
+    }));
+  }
+
+  function select(seqId) {
+    state.selected = seqId;
+    state.map.setHighlight(seqId);
+    state.seqsJson = "";
+    if (state.lastPool) renderSequences(state.lastPool.sequences);
+  }
+
+  function renderAdvice(advice) {
+    const json = JSON.stringify(advice.items);
+    if (json === state.adviceJson) return;
+    state.adviceJson = json;
+    $("advice").replaceChildren(...advice.items.map((item) => {
+      const li = document.createElement("li");
+      li.className = "advice-item advice-" + item.level;
+      const title = document.createElement("strong");
+      title.textContent = item.title;
+      const text = document.createElement("p");
+      text.textContent = item.text;
+      li.append(title, text);
+      return li;
+    }));
+  }
+
+  function onState(s) {
+    if (s.error) {
+      $("feed-error").textContent = "The engine cannot be sampled: " + s.error;
+      $("feed-error").hidden = false;
+      return;
+    }
+    $("feed-error").hidden = true;
+    state.lastPool = s.pool;
+    state.nowS = s.time_s;
+    state.points.push(withDerived(s.point));
+    while (state.points.length && state.nowS - state.points[0].time_s > HISTORY_S) state.points.shift();
+    renderCounters(s.pool, s.point);
+    state.map.update(s.pool);
+    if (state.selected !== null && !s.pool.sequences.some((q) => q.seq_id === state.selected)) select(null);
+    renderSequences(s.pool.sequences);
+    state.charts.blocks.setMax(s.pool.num_blocks); // the blocks chart spans the whole pool
+    for (const chart of Object.values(state.charts)) chart.setData(state.points, state.nowS);
+    renderAdvice(s.advice);
+    document.body.dataset.samples = String(Number(document.body.dataset.samples || 0) + 1);
+  }
+
+  function connect() {
+    const source = new EventSource("/api/admin/stream");
+    source.addEventListener("open", () => setFeedStatus("live", "live"));
+    source.addEventListener("history", (e) => {
+      const history = JSON.parse(e.data);
+      state.points = history.points.map(withDerived);
+      state.nowS = history.time_s;
+    });
+    source.addEventListener("state", (e) => onState(JSON.parse(e.data)));
+    source.addEventListener("error", () => {
+      if (source.readyState === EventSource.CLOSED) {
+        setFeedStatus("down", "disconnected — reload to sign in again");
+      } else {
+        setFeedStatus("down", "reconnecting…");
+      }
+    });
+  }
+
+  function start() {
+    state.map = new ns.BlockMap($("block-map"), $("block-info"));
+    state.map.onSelectSequence = (seqId) => select(seqId);
+    makeCharts();
+    connect();
+    ns.admin = state; // read by the browser tests (block layout, selection)
+  }
+
+  document.addEventListener("DOMContentLoaded", start);
+})();
