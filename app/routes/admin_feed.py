@@ -42,9 +42,12 @@ def _take(engine: Any) -> tuple[Any, int]:
 class AdminFeed:
     """Samples the pool while subscribers listen and hands each the newest state (slow readers skip states)."""
 
-    def __init__(self, svc: Services, recorder: TrafficRecorder) -> None:
+    def __init__(self, svc: Services, recorder: TrafficRecorder, *, sample_lengths: bool) -> None:
         self.svc = svc
         self.recorder = recorder
+        self.sample_lengths = (
+            sample_lengths  # True: learn sequence lengths by diffing snapshots (approximate)
+        )
         self._subscribers: set[asyncio.Queue[str]] = set()
         self._task: asyncio.Task | None = None
 
@@ -70,7 +73,8 @@ class AdminFeed:
         snap, num_preempted = await engine.call(_take)
         now = time.monotonic()
         stats = snap.stats
-        self.recorder.observe_live_sequences(snap.sequences, now)
+        if self.sample_lengths:
+            self.recorder.observe_live_sequences(snap.sequences, now)
         point = self.recorder.observe_stats(stats, now, num_preempted=num_preempted)
         assert engine.engine is not None
         advice = advise(
@@ -114,11 +118,16 @@ class AdminFeed:
 
 
 def admin_feed(app: Starlette) -> AdminFeed:
-    """The app's feed, made on first use (its recorder is the service's own when the service keeps one)."""
+    """The app's feed, made on first use.
+
+    When the service keeps a `traffic` recorder (fed with every finished sequence's exact length), the feed uses it;
+    otherwise the feed keeps its own and learns lengths from the snapshots it takes while a page listens.
+    """
     feed = getattr(app.state, "admin_feed", None)
     if feed is None:
         svc = app.state.services
-        feed = AdminFeed(svc, getattr(svc, "traffic", None) or TrafficRecorder())
+        recorder = getattr(svc, "traffic", None)
+        feed = AdminFeed(svc, recorder or TrafficRecorder(), sample_lengths=recorder is None)
         app.state.admin_feed = feed
     return feed
 
