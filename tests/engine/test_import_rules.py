@@ -20,22 +20,13 @@ TORCH_FREE = [
 ]
 TORCH_FREE += ["engine.stats"]
 FORBIDDEN = {"asyncio", "starlette", "sqlalchemy", "jinja2", "uvicorn", "websockets", "app"}
-# breaches already in the tree, reported for a move out of engine/; strict: the test fails once one is fixed
-KNOWN_BREACHES = {
-    "bench/loadgen.py": "asyncio HTTP load generator",
-    "bench/multiturn.py": "asyncio HTTP load generator",
-    "bench/serving.py": "asyncio HTTP load generator",
-}
 
 
 def engine_files() -> list:
     params = []
     for path in sorted(ENGINE_DIR.rglob("*.py")):
         name = path.relative_to(ENGINE_DIR).as_posix()
-        marks = (
-            [pytest.mark.xfail(reason=KNOWN_BREACHES[name], strict=True)] if name in KNOWN_BREACHES else []
-        )
-        params.append(pytest.param(path, id=name, marks=marks))
+        params.append(pytest.param(path, id=name))
     return params
 
 
