@@ -216,7 +216,7 @@ class BlockManager:
         while len(seq.block_hashes) <= index:
             i = len(seq.block_hashes)
             assert (i + 1) * bs <= len(seq), f"seq {seq.seq_id}: block {i} is not full"
-            parent = seq.block_hashes[i - 1] if i else b""
+            parent = seq.block_hashes[i - 1] if i else _chain_root(seq.cache_salt)
             seq.block_hashes.append(self.hash_block(parent, seq.token_ids[i * bs : (i + 1) * bs]))
         return seq.block_hashes[index]
 
@@ -252,3 +252,12 @@ class BlockManager:
                 self.free_queue.move_to_end(block_id, last=False)
             else:
                 self.num_cached_free += 1
+
+
+def _chain_root(cache_salt: str | None) -> bytes:
+    """The parent hash of a sequence's first block: empty, or a 32-byte salt digest (never a 16-byte block hash)."""
+    if cache_salt is None:
+        return b""
+    return hashlib.blake2b(
+        cache_salt.encode("utf-8", "surrogatepass"), digest_size=32, person=b"cache-salt"
+    ).digest()

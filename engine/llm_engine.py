@@ -46,6 +46,7 @@ class _Request:
     logprobs: dict[int, list[Logprob]] = field(default_factory=dict)
     first_token_time: float | None = None
     error: str | None = None
+    cache_salt: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -111,8 +112,12 @@ class LLMEngine:
         params: SamplingParams,
         *,
         arrival_time: float | None = None,
+        cache_salt: str | None = None,
     ) -> None:
-        """Queue a request; bad input raises ValueError naming the problem and the limit."""
+        """Queue a request; bad input raises ValueError naming the problem and the limit.
+
+        `cache_salt` (e.g. a tenant id) keeps its prefix-cache hits among requests with the same salt.
+        """
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         if isinstance(prompt, str):
@@ -131,7 +136,7 @@ class LLMEngine:
                 f"({max_len})"
             )
         now = time.monotonic() if arrival_time is None else arrival_time
-        request = _Request(request_id, token_ids, params, now)
+        request = _Request(request_id, token_ids, params, now, cache_salt=cache_salt)
         seq = self._new_sequence(request, list(token_ids), sample_index=0)
         self._requests[request_id] = request
         self.scheduler.add_sequence(seq)
@@ -298,6 +303,7 @@ class LLMEngine:
             params=request.params,
             arrival_time=request.arrival_time,
             sample_index=sample_index,
+            cache_salt=request.cache_salt,
         )
         request.seqs.append(seq)
         request.detokenizers[seq.seq_id] = IncrementalDetokenizer(

@@ -129,6 +129,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string or stop token that ended it
     first_token_time: float | None = None
+    cache_salt: str | None = None  # mixed into the first block hash: cache hits stay within one tenant
 
     def __len__(self) -> int:
         return len(self.token_ids)
