@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import queue
@@ -17,6 +18,7 @@ from engine.outputs import RequestOutput
 from engine.sequence import SamplingParams
 
 if TYPE_CHECKING:
+    from app.faults import FaultPlan
     from app.metrics import Metrics
     from engine.llm_engine import LLMEngine
     from engine.stats import EngineStats, PoolSnapshot
@@ -44,6 +46,7 @@ class _Add:
     prompt: list[int]
     params: SamplingParams
     future: asyncio.Future
+    cache_salt: str | None = None
 
 
 @dataclass
@@ -69,6 +72,12 @@ def _resolve(future: asyncio.Future, result: Any = None, error: BaseException | 
         future.set_result(result)
 
 
+def _answer(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
+    """From the engine thread: resolve `future` on its own loop (a test client may run its own), if still open."""
+    with contextlib.suppress(RuntimeError):  # that loop has closed: nobody waits for the answer any more
+        future.get_loop().call_soon_threadsafe(_resolve, future, result, error)
+
+
 class AsyncEngine:
     """Owns the engine thread. Requests go in through a thread-safe queue; outputs come back on the event loop."""
 
@@ -79,8 +88,10 @@ class AsyncEngine:
         max_queued_requests: int = 256,
         request_timeout_s: float = 600.0,
         metrics: Metrics | None = None,
+        faults: FaultPlan | None = None,
     ) -> None:
         self.metrics = metrics
+        self.faults = faults  # test-only fault injection (app/faults.py); None in production
         self.engine: LLMEngine | None = (
             None  # immutable attributes (config, model_name, ...) are safe to read
         )
@@ -130,6 +141,11 @@ class AsyncEngine:
     def num_in_flight(self) -> int:
         return len(self._streams)
 
+    @property
+    def num_pending_outputs(self) -> int:
+        """Outputs delivered but not yet taken by their consumers (bounded: at most one per stream)."""
+        return sum(stream.num_pending for stream in self._streams.values())
+
     def _check_serving(self) -> None:
         if self.dead_reason is not None:
             raise EngineUnavailable(f"the engine is not running: {self.dead_reason}")
@@ -137,8 +153,13 @@ class AsyncEngine:
             raise EngineUnavailable("the engine is not ready yet")
 
     # ---- requests -------------------------------------------------------------------------------------------
-    async def add_request(self, request_id: str, prompt: list[int], params: SamplingParams) -> RequestStream:
-        """Queue a request; raises ValueError (bad input), EngineOverloaded or EngineUnavailable."""
+    async def add_request(
+        self, request_id: str, prompt: list[int], params: SamplingParams, *, cache_salt: str | None = None
+    ) -> RequestStream:
+        """Queue a request; raises ValueError (bad input), EngineOverloaded or EngineUnavailable.
+
+        `cache_salt` (a tenant id) confines the request's prefix-cache hits to requests with the same salt.
+        """
         self._check_serving()
         assert self.engine is not None
         limit = self.engine.config.max_num_seqs + self._max_queued
@@ -153,7 +174,7 @@ class AsyncEngine:
         )
         self._streams[request_id] = stream
         future = asyncio.get_running_loop().create_future()
-        self._commands.put(_Add(request_id, prompt, params, future))
+        self._commands.put(_Add(request_id, prompt, params, future, cache_salt))
         try:
             await future
         except BaseException:
@@ -162,10 +183,10 @@ class AsyncEngine:
         return stream
 
     async def generate(
-        self, request_id: str, prompt: list[int], params: SamplingParams
+        self, request_id: str, prompt: list[int], params: SamplingParams, *, cache_salt: str | None = None
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs; stopping the iteration (break, cancel, disconnect) aborts it."""
-        stream = await self.add_request(request_id, prompt, params)
+        stream = await self.add_request(request_id, prompt, params, cache_salt=cache_salt)
         async with stream:
             async for output in stream:
                 yield output
@@ -204,6 +225,8 @@ class AsyncEngine:
         assert self._loop is not None
         try:
             engine = self._factory()
+            if self.faults is not None:
+                self.faults.install(engine)
             self.tokenizer = copy.deepcopy(engine.tokenizer)
             _warm_up(engine)
             self.engine = engine
@@ -260,21 +283,23 @@ class AsyncEngine:
     def _run_command(self, engine: LLMEngine, command: Any, live: set[str]) -> None:
         if isinstance(command, _Add):
             try:
-                engine.add_request(command.request_id, command.prompt, command.params)
+                engine.add_request(
+                    command.request_id, command.prompt, command.params, cache_salt=command.cache_salt
+                )
             except Exception as exc:  # ValueError: bad input; the caller maps it to 400
-                self._loop.call_soon_threadsafe(_resolve, command.future, None, exc)
+                _answer(command.future, None, exc)
                 return
             live.add(command.request_id)
-            self._loop.call_soon_threadsafe(_resolve, command.future, None)
+            _answer(command.future, None)
         elif isinstance(command, _Abort):
             engine.abort_request(command.request_id)
         elif isinstance(command, _Call):
             try:
                 result = command.fn(engine)
             except Exception as exc:
-                self._loop.call_soon_threadsafe(_resolve, command.future, None, exc)
+                _answer(command.future, None, exc)
             else:
-                self._loop.call_soon_threadsafe(_resolve, command.future, result)
+                _answer(command.future, result)
 
     # ---- on the event loop ----------------------------------------------------------------------------------
     def _unregister(self, request_id: str) -> None:
@@ -282,15 +307,29 @@ class AsyncEngine:
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
-            stream = self._streams.get(output.request_id)
-            if stream is not None:
-                stream.push(output)
+            request_id = output.request_id
+            stream = self._streams.get(request_id)
+            try:
+                if self.faults is not None:
+                    self.faults.fire("deliver", request_id)
+                if stream is not None:
+                    stream.push(output)
+            except Exception as exc:  # a fault delivering one request's output fails that request only
+                logger.exception("delivering an output of request %s failed", request_id)
+                self._streams.pop(request_id, None)
+                if not output.finished:
+                    self.abort(request_id)
+                if stream is not None:
+                    stream.fail(RequestFailed(f"output delivery failed: {type(exc).__name__}: {exc}"))
+            finally:
+                if output.finished and self.faults is not None:
+                    self.faults.forget(request_id)
 
     def _fail(self, request_ids: list[str], error: BaseException) -> None:
         for request_id in request_ids:
             stream = self._streams.get(request_id)
             if stream is not None:
-                stream.push(error)
+                stream.fail(error)
 
     def _on_thread_exit(self) -> None:
         reason = self.dead_reason or "the engine was stopped"

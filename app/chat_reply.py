@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,22 +42,35 @@ def message_json(m: MessageRecord) -> dict[str, Any]:
 
 @dataclass
 class Reply:
-    """One reply being generated: its events go to whoever streams it (SSE or WebSocket)."""
+    """One reply being generated: its events go to whoever streams it (SSE or WebSocket).
+
+    Events wait in `events` until the client takes them; consecutive `delta` events are merged there, so a slow
+    reader holds at most the reply's text, never one object per token.
+    """
 
     session_id: str
     request_id: str
-    events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+    events: deque[dict[str, Any]] = field(default_factory=deque)
     task: asyncio.Task | None = None
     stream: RequestStream | None = None
     stop_requested: bool = False
+    _ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     def emit(self, event: dict[str, Any]) -> None:
-        self.events.put_nowait(event)
+        last = self.events[-1] if self.events else None
+        if last is not None and last["type"] == "delta" and event["type"] == "delta":
+            self.events[-1] = {"type": "delta", "text": last["text"] + event["text"]}
+        else:
+            self.events.append(event)
+        self._ready.set()
 
     async def iter_events(self) -> AsyncIterator[dict[str, Any]]:
         """Events until (and including) the final `done`."""
         while True:
-            event = await self.events.get()
+            while not self.events:
+                self._ready.clear()
+                await self._ready.wait()
+            event = self.events.popleft()
             yield event
             if event["type"] in TERMINAL_EVENTS:
                 return
@@ -65,10 +79,13 @@ class Reply:
 class ReplyWriter:
     """Streams replies from the engine to their events, flushes their text, and stores how they ended."""
 
-    def __init__(self, store: Store, fingerprint: str, flush_interval_s: float) -> None:
+    def __init__(
+        self, store: Store, fingerprint: str, flush_interval_s: float, store_retry_s: float = 10.0
+    ) -> None:
         self.store = store
         self.fingerprint = fingerprint
         self.flush_interval_s = flush_interval_s
+        self.store_retry_s = store_retry_s
 
     async def run(self, turn: Reply, plan: PromptPlan) -> None:
         """Stream the reply into its events, flushing its text; always store it and end with `done`."""
@@ -78,12 +95,17 @@ class ReplyWriter:
         last: RequestOutput | None = None
         record: MessageRecord | None = None
         flushed_at, flushed_len = time.monotonic(), 0
+        # Flushes never hold up the stream: they run in the background, one at a time; while the database is busy
+        # or down they fail quietly (the row is then created late) and the final write retries the whole reply.
+        writing: asyncio.Task | None = None
         try:
             async with stream:
                 async for output in stream:
-                    last = output
-                    if record is None:
-                        record = await self.start_assistant(turn.session_id, plan, output.num_cached_tokens)
+                    if last is None:  # the row exists before the first delta, unless the database is down
+                        with contextlib.suppress(StoreUnavailable):
+                            record = await self.start_assistant(
+                                turn.session_id, plan, output.num_cached_tokens
+                            )
                         turn.emit(
                             {
                                 "type": "assistant_start",
@@ -91,19 +113,27 @@ class ReplyWriter:
                                 "cached_tokens": output.num_cached_tokens,
                             }
                         )
+                    last = output
                     delta = output.outputs[0].text_delta
                     if delta:
                         text += delta
                         turn.emit({"type": "delta", "text": delta})
                     now = time.monotonic()
+                    if writing is not None and writing.done():
+                        if record is None:
+                            record = _result_or_none(writing)
+                        writing = None
                     if (
-                        record is not None
+                        writing is None
                         and len(text) != flushed_len
                         and now - flushed_at >= self.flush_interval_s
                     ):
                         flushed_at, flushed_len = now, len(text)
-                        with contextlib.suppress(StoreUnavailable):  # the final write retries the whole text
-                            await self.store.flush_assistant(record.id, text)
+                        if record is None:
+                            create = self.start_assistant(turn.session_id, plan, output.num_cached_tokens)
+                            writing = asyncio.ensure_future(create)
+                        else:
+                            writing = asyncio.ensure_future(self.store.flush_assistant(record.id, text))
             if stream.aborted:
                 status = "stopped"
         except (RequestFailed, RequestTimedOut) as exc:
@@ -114,13 +144,14 @@ class ReplyWriter:
             logger.exception("turn %s failed", turn.request_id)
             status, error = "failed", f"internal error: {type(exc).__name__}"
         finally:
-            await asyncio.shield(self._complete(turn, plan, record, last, text, status, error))
+            await asyncio.shield(self._complete(turn, plan, record, writing, last, text, status, error))
 
     async def _complete(
         self,
         turn: Reply,
         plan: PromptPlan,
         record: MessageRecord | None,
+        writing: asyncio.Task | None,
         last: RequestOutput | None,
         text: str,
         status: str,
@@ -133,13 +164,27 @@ class ReplyWriter:
             reason = "abort"
         token_ids = list(out.token_ids) if out is not None else []
         timings = _timings(last)
-        try:
+        if writing is not None:
+            await asyncio.wait([writing])
+            if record is None:
+                record = _result_or_none(writing)
+
+        async def store_final() -> None:
+            nonlocal record
             if record is None:
                 record = await self.start_assistant(turn.session_id, plan, cached)
             await self.finish(record.id, text, status, reason, token_ids, timings, error)
+
+        try:
+            await _retry_while_unavailable(store_final, self.store_retry_s)
         except StoreUnavailable as exc:
             logger.error("turn %s: the reply could not be stored: %s", turn.request_id, exc)
             error = error or f"the reply could not be stored: {exc}"
+        except Exception as exc:  # noqa: BLE001 - e.g. the session was deleted meanwhile; the client still gets done
+            logger.warning(
+                "turn %s: the reply was not stored: %s: %s", turn.request_id, type(exc).__name__, exc
+            )
+            error = error or f"the reply was not stored: {type(exc).__name__}"
         usage = {
             "prompt_tokens": len(plan.token_ids),
             "completion_tokens": len(token_ids),
@@ -192,6 +237,29 @@ class ReplyWriter:
             timings=timings,
             error=error,
         )
+
+
+def _result_or_none(task: asyncio.Task) -> Any:
+    """A finished write's result; None when it failed (its error was expected: the database was unavailable)."""
+    if task.cancelled() or task.exception() is not None:
+        if not task.cancelled() and not isinstance(task.exception(), StoreUnavailable):
+            logger.error("a background write failed", exc_info=task.exception())
+        return None
+    return task.result()
+
+
+async def _retry_while_unavailable(write: Callable[[], Awaitable[Any]], retry_s: float) -> Any:
+    """Run `write`, retrying while the database is unavailable, for up to `retry_s` seconds."""
+    deadline = time.monotonic() + retry_s
+    pause = 0.05
+    while True:
+        try:
+            return await write()
+        except StoreUnavailable:
+            if time.monotonic() + pause > deadline:
+                raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
 
 def _timings(last: RequestOutput | None) -> dict[str, float]:

@@ -13,6 +13,7 @@ from app.chat_reply import Reply, ReplyWriter, message_json
 from app.conversation import ConversationBuilder, PromptPlan, turns_from_messages
 from app.db import SessionRecord, Store, StoreUnavailable
 from app.errors import APIError, bad_request, from_exception, not_found
+from app.limits import Lease
 from app.routes.params import sampling_params
 from app.settings import Settings
 from engine.sequence import SamplingParams
@@ -48,8 +49,13 @@ class ChatService:
         self.settings = settings
         self.builder = builder
         self.fingerprint = fingerprint
-        self.writer = ReplyWriter(store, fingerprint, settings.flush_interval_s)
+        self.writer = ReplyWriter(store, fingerprint, settings.flush_interval_s, settings.store_retry_s)
         self._turns: dict[str, Reply | None] = {}  # None: reserved while the turn is being set up
+
+    @property
+    def num_streaming(self) -> int:
+        """Sessions with a reply being set up or streamed."""
+        return len(self._turns)
 
     def is_streaming(self, session_id: str) -> bool:
         return session_id in self._turns
@@ -75,32 +81,45 @@ class ChatService:
             if pending:
                 await asyncio.wait(pending, timeout=5.0)
 
-    async def send(self, owner: str, session_id: str, content: Any) -> Reply:
-        """Store a new user message and start its reply."""
-        return await self._begin(owner, session_id, "send", content)
+    async def send(self, owner: str, session_id: str, content: Any, lease: Lease | None = None) -> Reply:
+        """Store a new user message and start its reply; `lease` (a client limit's slot) is released at its end."""
+        return await self._begin(owner, session_id, "send", content, lease)
 
-    async def regenerate(self, owner: str, session_id: str) -> Reply:
+    async def regenerate(self, owner: str, session_id: str, lease: Lease | None = None) -> Reply:
         """Replace the last reply with a new one."""
-        return await self._begin(owner, session_id, "regenerate", None)
+        return await self._begin(owner, session_id, "regenerate", None, lease)
 
-    async def edit(self, owner: str, session_id: str, content: Any) -> Reply:
+    async def edit(self, owner: str, session_id: str, content: Any, lease: Lease | None = None) -> Reply:
         """Replace the last user message (and its reply) with `content`, and answer it."""
-        return await self._begin(owner, session_id, "edit", content)
+        return await self._begin(owner, session_id, "edit", content, lease)
 
     # ---- setup ----------------------------------------------------------------------------------------------
-    async def _begin(self, owner: str, session_id: str, mode: str, content: Any) -> Reply:
-        if session_id in self._turns:
-            raise APIError(
-                409,
-                "a reply is still streaming in this session: stop it or wait for it to finish",
-                code="reply_in_progress",
-            )
-        self._turns[session_id] = None  # reserved before the first await, so a racing second send sees 409
+    async def _begin(
+        self, owner: str, session_id: str, mode: str, content: Any, lease: Lease | None
+    ) -> Reply:
         try:
-            return await self._setup(owner, session_id, mode, content)
+            if session_id in self._turns:
+                raise APIError(
+                    409,
+                    "a reply is still streaming in this session: stop it or wait for it to finish",
+                    code="reply_in_progress",
+                )
+            self._turns[session_id] = (
+                None  # reserved before the first await, so a racing second send sees 409
+            )
+            try:
+                reply = await self._setup(owner, session_id, mode, content)
+            except BaseException:
+                self._turns.pop(session_id, None)
+                raise
         except BaseException:
-            self._turns.pop(session_id, None)
+            if lease is not None:
+                lease.release()
             raise
+        if lease is not None:
+            assert reply.task is not None
+            reply.task.add_done_callback(lambda _task: lease.release())
+        return reply
 
     async def _setup(self, owner: str, session_id: str, mode: str, content: Any) -> Reply:
         if mode != "regenerate":
@@ -128,7 +147,10 @@ class ChatService:
         user = await self.store.add_message(session_id, "user", content, token_ids=plan.new_user_token_ids)
         turn = Reply(session_id, "chat-" + uuid.uuid4().hex)
         try:
-            turn.stream = await self.engine.add_request(turn.request_id, plan.token_ids, params)
+            salt = owner if self.settings.isolates_prefix_cache else None
+            turn.stream = await self.engine.add_request(
+                turn.request_id, plan.token_ids, params, cache_salt=salt
+            )
         except Exception as exc:  # keep user/assistant alternation: record the failed reply, then report
             with contextlib.suppress(StoreUnavailable):
                 record = await self.writer.start_assistant(session_id, plan, 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from types import FrameType
 
 from app.settings import Settings, load_settings
 
@@ -41,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument(
         "--shutdown-grace-s", type=float, help="how long running replies may finish at shutdown"
     )
+    limits.add_argument("--client-requests-per-minute", type=int, help="per API key / browser; 0: no limit")
+    limits.add_argument("--client-max-streams", type=int, help="requests in flight per client; 0: no limit")
+    limits.add_argument("--db-busy-timeout-ms", type=int, help="wait for a database lock this long, then 503")
     engine = p.add_argument_group("engine")
     engine.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
     engine.add_argument("--device", choices=["auto", "cpu", "cuda"])
@@ -72,13 +76,22 @@ def configure_logging(level: str) -> None:
 
 
 def run(settings: Settings) -> None:
-    """Serve until SIGINT/SIGTERM; running replies get `shutdown_grace_s` to finish."""
+    """Serve until SIGINT/SIGTERM: admit nothing new from then on; running replies get `shutdown_grace_s`."""
     import uvicorn
 
     from app.main import create_app
 
     app = create_app(settings)
-    uvicorn.run(
+
+    class DrainingServer(uvicorn.Server):
+        """Tells the app as soon as a shutdown signal arrives, before uvicorn waits for open connections."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            logging.getLogger(__name__).warning("signal %d: draining (no new replies)", sig)
+            app.state.services.start_draining()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -87,6 +100,7 @@ def run(settings: Settings) -> None:
         timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5,
         proxy_headers=False,
     )
+    DrainingServer(config).run()
 
 
 def serve_main(argv: list[str]) -> int:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from itsdangerous import Signer
 from starlette.requests import HTTPConnection
 
 from app.async_engine import AsyncEngine
+from app.errors import APIError
+from app.limits import ClientLimiter, Lease, client_identity
 from app.metrics import Metrics
 from app.settings import Settings
 
@@ -27,6 +30,33 @@ class Services:
     signer: Signer
     store: Store | None = None
     chat: ChatService | None = None
+    limiter: ClientLimiter = field(init=False)
+    draining_since: float | None = None  # set when a shutdown signal arrives: no new replies from then on
+
+    def __post_init__(self) -> None:
+        self.limiter = ClientLimiter(
+            self.settings.client_requests_per_minute, self.settings.client_max_streams
+        )
+
+    def start_draining(self) -> None:
+        """Stop admitting new replies (the server received SIGTERM/SIGINT); running ones may finish."""
+        if self.draining_since is None:
+            self.draining_since = time.monotonic()
+
+    def admit(self, conn: HTTPConnection, owner: str | None = None) -> Lease:
+        """Admit one generation request of this caller: 503 while shutting down, 429 past a client limit."""
+        self.check_admitting()
+        return self.limiter.admit(client_identity(conn, owner))
+
+    def check_admitting(self) -> None:
+        """Raise 503 once the server is shutting down."""
+        if self.draining_since is not None:
+            raise APIError(
+                503,
+                "the server is shutting down and admits no new requests; retry on another instance or later",
+                code="shutting_down",
+                headers={"Retry-After": "5", "Connection": "close"},
+            )
 
 
 def services(conn: HTTPConnection) -> Services:

@@ -19,6 +19,7 @@ from app.context import Services
 from app.conversation import ConversationBuilder, template_end_of_turn_ids, tokenizer_fingerprint
 from app.db import Store
 from app.errors import APIError, api_error_handler, http_exception_handler, unhandled_error_handler
+from app.faults import FaultPlan
 from app.metrics import Metrics
 from app.middleware import RequestContextMiddleware
 from app.routes import openai_api, ops, sessions, ws
@@ -51,6 +52,7 @@ def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | Non
         max_queued_requests=settings.max_queued_requests,
         request_timeout_s=settings.request_timeout_s,
         metrics=metrics,
+        faults=FaultPlan.parse(settings.fault_injection),
     )
     svc = Services(settings=settings, engine=engine, metrics=metrics, signer=make_signer(settings.secret_key))
 
@@ -83,7 +85,7 @@ async def _startup(svc: Services) -> None:
     url = settings.resolved_database_url
     if url.startswith("sqlite:///") and not settings.database_url:
         Path(settings.resolved_cache_dir).mkdir(parents=True, exist_ok=True)
-    store = Store(url)
+    store = Store(url, busy_timeout_ms=settings.db_busy_timeout_ms)
     results = await asyncio.gather(store.start(), svc.engine.start(), return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]
     if failures:

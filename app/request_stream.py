@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -43,11 +45,33 @@ class RequestStream:
         self._abort = abort
         self._unregister = unregister
         self._metrics = metrics
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        # Pending items. A consumer that falls behind (a slow reader) finds consecutive outputs merged into one,
+        # so what waits here stays one output (text deltas joined) plus sentinels, whatever the reader's pace.
+        self._items: deque[Any] = deque()
+        self._ready = asyncio.Event()
         self._timeout_s = timeout_s
         self._started = time.monotonic()
         self._last_token_time: float | None = None
-        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._queue.put_nowait, TIMED_OUT)
+        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._put, TIMED_OUT)
+
+    @property
+    def num_pending(self) -> int:
+        """Items waiting for the consumer (at most one output, thanks to merging, plus sentinels)."""
+        return len(self._items)
+
+    def _put(self, item: Any) -> None:
+        last = self._items[-1] if self._items else None
+        if isinstance(item, RequestOutput) and isinstance(last, RequestOutput) and not last.finished:
+            self._items[-1] = merge_outputs(last, item)
+        else:
+            self._items.append(item)
+        self._ready.set()
+
+    async def _get(self) -> Any:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._items.popleft()
 
     def push(self, item: Any) -> None:
         """Called on the event loop by the bridge; records token latencies as outputs arrive."""
@@ -60,7 +84,11 @@ class RequestStream:
                 else:
                     self._metrics.observe_inter_token((now - self._last_token_time) / num_new, num_new)
                 self._last_token_time = now
-        self._queue.put_nowait(item)
+        self._put(item)
+
+    def fail(self, error: BaseException) -> None:
+        """Deliver an exception: the consumer raises it once the outputs before it are taken."""
+        self._put(error)
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -68,7 +96,7 @@ class RequestStream:
     async def __anext__(self) -> RequestOutput:
         if self.finished:
             raise StopAsyncIteration
-        item = await self._queue.get()
+        item = await self._get()
         if isinstance(item, RequestOutput):
             self.last = item
             if item.error is not None:
@@ -106,7 +134,7 @@ class RequestStream:
         """Stop consuming: abort the request at the next step unless it already finished."""
         if not self.finished:
             self.aborted = True
-            self._queue.put_nowait(ABORTED)  # wakes a consumer blocked in __anext__
+            self._put(ABORTED)  # wakes a consumer blocked in __anext__
             self._done("abort")
             self._abort(self.request_id)
 
@@ -118,3 +146,21 @@ class RequestStream:
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
+
+
+def merge_outputs(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
+    """One output standing for two consecutive ones: the later state, with the text deltas and token counts joined."""
+    before = {o.index: o for o in earlier.outputs}
+    outputs = []
+    for out in later.outputs:
+        prev = before.pop(out.index, None)
+        if prev is not None:
+            out = dataclasses.replace(
+                out,
+                text_delta=prev.text_delta + out.text_delta,
+                num_new_tokens=prev.num_new_tokens + out.num_new_tokens,
+            )
+        outputs.append(out)
+    outputs.extend(before.values())  # a sample missing from the later output keeps its pending delta
+    outputs.sort(key=lambda o: o.index)
+    return dataclasses.replace(later, outputs=outputs)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.faults import FaultPlan
 from engine.config import DEFAULT_MODEL, EngineConfig
 
 ENV_PREFIX = "PAGEDCHAT_"
@@ -41,6 +42,20 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()  # extra WebSocket origins besides the server's own
     cookie_secure: bool = False
     shutdown_grace_s: float = 10.0
+    # per client (API key, else browser cookie, else address); 0 disables the limit
+    client_requests_per_minute: int = (
+        0  # generation requests (chat turns, /v1 completions) per rolling minute
+    )
+    client_max_streams: int = 0  # generation requests in flight at once
+    slow_reader_timeout_s: float = 60.0  # a client that takes no data for this long is cut off (and aborted)
+    # storage
+    db_busy_timeout_ms: int = 5000  # how long one database call waits for a lock before it is "unavailable"
+    store_retry_s: float = (
+        10.0  # how long a finished reply keeps retrying its final write while the DB is down
+    )
+    # prefix-cache isolation: salt block hashes per tenant; None: on exactly when API keys are configured
+    prefix_cache_isolation: bool | None = None
+    fault_injection: str = ""  # test-only, see app/faults.py; empty (off) in production
     # engine knobs (None: the engine's default)
     block_size: int = 16
     kv_cache_bytes: int | None = None
@@ -67,11 +82,25 @@ class Settings:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.max_queued_requests < 0:
-            raise ValueError(f"max_queued_requests must be non-negative, got {self.max_queued_requests}")
-        for name in ("request_timeout_s", "flush_interval_s"):
+        for name in (
+            "max_queued_requests",
+            "client_requests_per_minute",
+            "client_max_streams",
+            "db_busy_timeout_ms",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")
+        for name in ("request_timeout_s", "flush_interval_s", "slow_reader_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not self.store_retry_s >= 0:
+            raise ValueError(f"store_retry_s must be non-negative, got {self.store_retry_s}")
+        FaultPlan.parse(self.fault_injection)  # a typo fails at startup, not silently
+
+    @property
+    def isolates_prefix_cache(self) -> bool:
+        """Whether block hashes are salted per tenant (explicit setting, else: API keys are configured)."""
+        return bool(self.api_keys) if self.prefix_cache_isolation is None else self.prefix_cache_isolation
 
     def engine_config(self) -> EngineConfig:
         """The EngineConfig these settings describe (validated by EngineConfig itself)."""

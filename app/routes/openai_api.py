@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from app.context import Services, services
 from app.errors import bad_request, error_response, from_exception
+from app.limits import Lease, client_identity
 from app.request_stream import RequestFailed, RequestStream, RequestTimedOut
 from app.routes import openai_format as fmt
 from app.routes.openai_input import check_model
@@ -80,15 +81,24 @@ async def completions(request: Request) -> Response:
 
 async def _handle(request: Request, kind: str) -> Response:
     svc = services(request)
+    lease: Lease | None = None
     try:
-        call = await _start(request, svc, kind)
+        owner = require_api_key(request, svc.settings)
+        lease = svc.admit(request, owner)  # shutting down (503) or over a client limit (429)
+        salt = client_identity(request, owner) if svc.settings.isolates_prefix_cache else None
+        call = await _start(request, svc, kind, salt)
     except Exception as exc:  # noqa: BLE001 - every failure before streaming becomes an API error
+        if lease is not None:
+            lease.release()
         error = from_exception(exc)
         svc.metrics.observe_error(error.status)
         return error_response(error)
     if call.streaming:
         return EventSourceResponse(
-            _sse(svc, call), ping=15, shutdown_grace_period=svc.settings.shutdown_grace_s
+            _sse(svc, call, lease),
+            ping=15,
+            shutdown_grace_period=svc.settings.shutdown_grace_s,
+            send_timeout=svc.settings.slow_reader_timeout_s,
         )
     try:
         result = await _collect(call.stream, request)
@@ -96,13 +106,14 @@ async def _handle(request: Request, kind: str) -> Response:
         error = from_exception(exc)
         svc.metrics.observe_error(error.status)
         return error_response(error)
+    finally:
+        lease.release()
     if result is None:  # the client went away; the request was aborted
         return Response(status_code=499)
     return JSONResponse(await _full_body(svc, call, result))
 
 
-async def _start(request: Request, svc: Services, kind: str) -> _Call:
-    require_api_key(request, svc.settings)
+async def _start(request: Request, svc: Services, kind: str, cache_salt: str | None) -> _Call:
     body = await read_json_object(request, svc.settings.max_body_bytes)
     model = check_model(body, svc)
     streaming = get_bool(body, "stream", False)
@@ -130,7 +141,7 @@ async def _start(request: Request, svc: Services, kind: str) -> _Call:
     )
     params = sampling_params(body, max_tokens=max_tokens, logprobs=logprobs)
     response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
-    stream = await svc.engine.add_request(response_id, prompt_ids, params)
+    stream = await svc.engine.add_request(response_id, prompt_ids, params, cache_salt=cache_salt)
     logger.info(
         "%s %s: %d prompt tokens, max_tokens %d, n %d, stream %s",
         kind,
@@ -209,8 +220,16 @@ async def _full_body(svc: Services, call: _Call, result: RequestOutput) -> dict[
     return body
 
 
-async def _sse(svc: Services, call: _Call) -> AsyncIterator[dict[str, str]]:
+async def _sse(svc: Services, call: _Call, lease: Lease) -> AsyncIterator[dict[str, str]]:
     """The SSE events of a streamed request, ending with `data: [DONE]`; closing it aborts the request."""
+    try:
+        async for event in _sse_events(svc, call):
+            yield event
+    finally:
+        lease.release()
+
+
+async def _sse_events(svc: Services, call: _Call) -> AsyncIterator[dict[str, str]]:
     kind = "chat.completion.chunk" if call.kind == "chat" else "text_completion"
     created = int(time.time())
     cursor = fmt.LogprobCursor()
@@ -259,9 +278,12 @@ async def _sse(svc: Services, call: _Call) -> AsyncIterator[dict[str, str]]:
                 first = False
                 if choices:
                     yield chunk(choices)
-        except (RequestFailed, RequestTimedOut) as exc:
+        except Exception as exc:  # noqa: BLE001 - the client gets an error event, never a cut stream
             error = from_exception(exc)
-            logger.warning("%s failed mid-stream: %s", call.response_id, error.message)
+            if error.code == "internal_error":
+                logger.exception("%s failed mid-stream", call.response_id)
+            else:
+                logger.warning("%s failed mid-stream: %s", call.response_id, error.message)
             yield {"data": json.dumps(error.to_dict())}
             yield {"data": "[DONE]"}
             return

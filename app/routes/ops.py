@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.context import services
+from app.context import Services, services
 from app.errors import error_response, from_exception
 from app.security import require_admin
 from engine.stats import PoolSnapshot
@@ -20,6 +20,9 @@ async def health(request: Request) -> Response:
     """200 once the model is loaded and warmed up and the engine thread runs; 503 with the reason otherwise."""
     svc = services(request)
     engine = svc.engine
+    if svc.draining_since is not None:
+        body = {"status": "draining", "reason": "the server is shutting down"}
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
     if engine.healthy:
         store_ok = True
         if svc.store is not None:
@@ -44,6 +47,18 @@ async def metrics(request: Request) -> Response:
     if svc.engine.healthy:
         svc.metrics.set_engine_stats(await svc.engine.stats())
     return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def service_state(svc: Services) -> dict[str, Any]:
+    """The service's own bookkeeping: streams and replies in flight (all 0 when idle: nothing leaked)."""
+    return {
+        "in_flight_requests": svc.engine.num_in_flight,
+        "pending_outputs": svc.engine.num_pending_outputs,
+        "streaming_replies": svc.chat.num_streaming if svc.chat is not None else 0,
+        "client_limit_rejections": svc.limiter.num_rejected,
+        "faults_injected": dict(svc.engine.faults.injected) if svc.engine.faults is not None else {},
+        "draining": svc.draining_since is not None,
+    }
 
 
 def snapshot_to_json(snap: PoolSnapshot) -> dict[str, Any]:
@@ -72,7 +87,7 @@ async def admin_state(request: Request) -> Response:
         snap = await svc.engine.snapshot()
     except Exception as exc:  # noqa: BLE001 - auth and engine failures become API errors
         return error_response(from_exception(exc))
-    return JSONResponse(snapshot_to_json(snap))
+    return JSONResponse({**snapshot_to_json(snap), "service": service_state(svc)})
 
 
 routes = [

@@ -43,9 +43,37 @@ async def read_json_object(request: Request, max_bytes: int, *, allow_empty: boo
         raise bad_request("the request body is not valid UTF-8") from None
     except ValueError as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply") from None
     if not isinstance(value, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(value).__name__}")
+    check_unicode(value, "body")
     return value
+
+
+def check_unicode(value: Any, where: str) -> None:
+    """400 naming the field when a string holds a lone surrogate (JSON allows "\\ud800"; UTF-8 cannot hold it)."""
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            _check_str(item, path)
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                _check_str(key, path)
+                stack.append((child, key if path == where else f"{path}.{key}"))
+        elif isinstance(item, list):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
+
+
+def _check_str(text: str, path: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        field = path.split(".", 1)[0].split("[", 1)[0]
+        raise bad_request(
+            f"{path[:200]} is not valid Unicode: it holds a lone surrogate (a \\ud800-\\udfff escape)", field
+        ) from None
 
 
 def get_number(body: dict[str, Any], name: str, default: float | None) -> float | None:

@@ -163,14 +163,16 @@ async def stop_reply(request: Request, svc: Services, owner: str) -> Response:
 async def post_message(request: Request, svc: Services, owner: str) -> Response:
     """POST /api/sessions/{id}/messages {content}: store it and stream the reply over SSE."""
     body = await read_json_object(request, svc.settings.max_body_bytes)
-    reply = await svc.chat.send(owner, request.path_params["session_id"], body.get("content"))
+    lease = svc.admit(request, owner)
+    reply = await svc.chat.send(owner, request.path_params["session_id"], body.get("content"), lease)
     return _sse(svc, reply)
 
 
 @_api
 async def regenerate(request: Request, svc: Services, owner: str) -> Response:
     """POST /api/sessions/{id}/regenerate: a new reply to the last user message, over SSE."""
-    reply = await svc.chat.regenerate(owner, request.path_params["session_id"])
+    lease = svc.admit(request, owner)
+    reply = await svc.chat.regenerate(owner, request.path_params["session_id"], lease)
     return _sse(svc, reply)
 
 
@@ -178,7 +180,8 @@ async def regenerate(request: Request, svc: Services, owner: str) -> Response:
 async def edit_last(request: Request, svc: Services, owner: str) -> Response:
     """POST /api/sessions/{id}/edit {content}: replace the last user message and stream the new reply."""
     body = await read_json_object(request, svc.settings.max_body_bytes)
-    reply = await svc.chat.edit(owner, request.path_params["session_id"], body.get("content"))
+    lease = svc.admit(request, owner)
+    reply = await svc.chat.edit(owner, request.path_params["session_id"], body.get("content"), lease)
     return _sse(svc, reply)
 
 
@@ -193,7 +196,12 @@ def _sse(svc: Services, reply: Reply) -> Response:
             if not ended:  # the client went away mid-reply: abort it (stored as stopped)
                 svc.chat.stop(reply.session_id)
 
-    return EventSourceResponse(events(), ping=15, shutdown_grace_period=svc.settings.shutdown_grace_s)
+    return EventSourceResponse(
+        events(),
+        ping=15,
+        shutdown_grace_period=svc.settings.shutdown_grace_s,
+        send_timeout=svc.settings.slow_reader_timeout_s,
+    )
 
 
 routes = [

@@ -19,8 +19,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.chat_reply import Reply
 from app.chat_service import ChatService
-from app.context import services
+from app.context import Services, services
 from app.errors import APIError, bad_request, from_exception
+from app.limits import Lease
+from app.routes.params import check_unicode
 from app.security import origin_allowed, session_owner
 
 logger = logging.getLogger(__name__)
@@ -45,15 +47,20 @@ def error_frame(error: APIError) -> dict[str, Any]:
 
 
 class _Socket:
-    """Serialises sends: replies are forwarded by a task while the main loop answers other frames."""
+    """Serialises sends: replies are forwarded by a task while the main loop answers other frames.
 
-    def __init__(self, websocket: WebSocket) -> None:
+    A send that the client does not take within `send_timeout_s` (a stalled reader) raises TimeoutError.
+    """
+
+    def __init__(self, websocket: WebSocket, send_timeout_s: float) -> None:
         self.websocket = websocket
         self.lock = asyncio.Lock()
+        self.send_timeout_s = send_timeout_s
 
     async def send(self, frame: dict[str, Any]) -> None:
         async with self.lock:
-            await self.websocket.send_text(json.dumps(frame, ensure_ascii=False))
+            text = json.dumps(frame, ensure_ascii=False)
+            await asyncio.wait_for(self.websocket.send_text(text), self.send_timeout_s)
 
 
 async def chat_socket(websocket: WebSocket) -> None:
@@ -73,7 +80,7 @@ async def chat_socket(websocket: WebSocket) -> None:
         await websocket.close(code=CLOSE_TRY_AGAIN_LATER)
         return
     await websocket.accept()
-    socket = _Socket(websocket)
+    socket = _Socket(websocket, svc.settings.slow_reader_timeout_s)
     try:
         session = await svc.store.get_session(owner, session_id)
     except Exception as exc:  # noqa: BLE001 - the store is down: say so and close
@@ -86,12 +93,12 @@ async def chat_socket(websocket: WebSocket) -> None:
         )
         await websocket.close(code=CLOSE_SESSION_NOT_FOUND)
         return
-    await _serve(socket, svc.chat, owner, session_id, svc.settings.ws_max_frame_bytes)
+    await _serve(socket, svc, owner, session_id)
 
 
-async def _serve(
-    socket: _Socket, chat: ChatService, owner: str, session_id: str, max_frame_bytes: int
-) -> None:
+async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str) -> None:
+    chat, max_frame_bytes = svc.chat, svc.settings.ws_max_frame_bytes
+    assert chat is not None
     pump: asyncio.Task | None = None
     try:
         while True:
@@ -113,8 +120,11 @@ async def _serve(
                 elif kind == "stop":
                     await socket.send({"type": "stop_ack", "stopped": chat.stop(session_id)})
                 elif kind in REPLY_FRAMES:
-                    reply = await _start(chat, owner, session_id, kind, frame)
-                    pump = asyncio.create_task(_forward(socket, reply))
+                    lease = svc.admit(
+                        socket.websocket, owner
+                    )  # shutting down (503) or over a client limit (429)
+                    reply = await _start(chat, owner, session_id, kind, frame, lease)
+                    pump = asyncio.create_task(_forward(socket, chat, reply))
                 else:
                     raise bad_request(
                         f"unknown frame type {kind[:40]!r}: expected message, stop, regenerate, edit or ping",
@@ -125,8 +135,10 @@ async def _serve(
     except WebSocketDisconnect:
         return
     finally:
-        if pump is not None and not pump.done():
-            chat.stop(session_id)  # the tab went away mid-reply: abort it; it is stored as stopped
+        # The tab went away mid-reply: abort it (stored as stopped). Not while the server drains: the socket was
+        # closed by the shutdown, and the reply may still finish and be stored within the grace period.
+        if pump is not None and not pump.done() and svc.draining_since is None:
+            chat.stop(session_id)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(pump, timeout=5.0)
 
@@ -134,26 +146,40 @@ async def _serve(
 def _parse(text: str) -> dict[str, Any]:
     try:
         frame = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise bad_request(f"frame is not valid JSON: {exc}") from None
     if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
         raise bad_request("frame must be a JSON object with a string 'type'", "type")
+    check_unicode(frame, "frame")
     return frame
 
 
-async def _start(chat: ChatService, owner: str, session_id: str, kind: str, frame: dict[str, Any]) -> Reply:
+async def _start(
+    chat: ChatService, owner: str, session_id: str, kind: str, frame: dict[str, Any], lease: Lease
+) -> Reply:
     if kind == "message":
-        return await chat.send(owner, session_id, frame.get("content"))
+        return await chat.send(owner, session_id, frame.get("content"), lease)
     if kind == "regenerate":
-        return await chat.regenerate(owner, session_id)
-    return await chat.edit(owner, session_id, frame.get("content"))
+        return await chat.regenerate(owner, session_id, lease)
+    return await chat.edit(owner, session_id, frame.get("content"), lease)
 
 
-async def _forward(socket: _Socket, reply: Reply) -> None:
+async def _forward(socket: _Socket, chat: ChatService, reply: Reply) -> None:
     """Send the reply's events to the socket (events keep coming even if sends fail: the reply must end)."""
+    stalled = False
     async for event in reply.iter_events():
+        if stalled:
+            continue
         try:
             await socket.send(event)
+        except (
+            asyncio.TimeoutError
+        ):  # the client stopped reading: drop it and stop its reply (stored as stopped)
+            stalled = True
+            logger.warning("websocket reader stalled for %g s: closing it", socket.send_timeout_s)
+            chat.stop(reply.session_id)
+            with contextlib.suppress(Exception):
+                await socket.websocket.close(code=CLOSE_TRY_AGAIN_LATER, reason="reader too slow")
         except Exception:  # noqa: BLE001 - the socket closed; the reply still runs to its stored end
             continue
 

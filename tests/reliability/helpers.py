@@ -1,0 +1,72 @@
+"""Shared helpers of the reliability tests: concurrent calls, SSE parsing, the service's own idle check."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from starlette.testclient import TestClient
+
+from app.faults import marker
+from tests.app.factories import LOOPBACK_CLIENT, pool_state, sse_events
+
+HELLO = [{"role": "user", "content": "Hello"}]
+
+
+def peer(running: TestClient, **kwargs: Any) -> TestClient:
+    """Another client of the same running app (its own cookies/headers), on the app's one event loop.
+
+    A TestClient that is not entered runs each request on a loop of its own; the service's streams and reply
+    tasks belong to the lifespan's loop, so a peer borrows the running client's portal instead.
+    """
+    other = TestClient(running.app, **{"client": LOOPBACK_CLIENT, **kwargs})
+    other.portal = running.portal
+    return other
+
+
+def faulty(site: str, text: str = "Tell me a story") -> list[dict[str, str]]:
+    """Chat messages whose prompt carries the fault marker of `site`."""
+    return [{"role": "user", "content": f"{text} {marker(site)}"}]
+
+
+def concurrently(*calls: Callable[[], Any]) -> list[Any]:
+    """Run the calls on threads at once; their results in order (an exception re-raises here)."""
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [f.result(timeout=60) for f in futures]
+
+
+def stream_chat(client: TestClient, body: dict[str, Any]) -> list[str]:
+    """POST a streamed /v1/chat/completions; the data field of every SSE event."""
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
+        assert response.status_code == 200, response.read()
+        return [e["data"] for e in sse_events(response.iter_lines())]
+
+
+def session_events(client: TestClient, sid: str, content: str) -> list[dict[str, Any]]:
+    """POST a session message; its SSE events' data as dicts."""
+    with client.stream("POST", f"/api/sessions/{sid}/messages", json={"content": content}) as response:
+        assert response.status_code == 200, response.read()
+        return [json.loads(e["data"]) for e in sse_events(response.iter_lines())]
+
+
+def wait_service_idle(client: TestClient, timeout_s: float = 10.0) -> dict[str, Any]:
+    """Poll the admin state until no block is in use, nothing waits and the bridge holds no stream or reply."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = pool_state(client)
+        service = state["service"]
+        if (
+            "u" not in state["block_states"]
+            and not state["sequences"]
+            and state["stats"]["num_waiting"] == 0
+            and service["in_flight_requests"] == 0
+            and service["streaming_replies"] == 0
+        ):
+            return state
+        if time.monotonic() > deadline:
+            raise AssertionError(f"service not idle after {timeout_s} s: {state['stats']} {service}")
+        time.sleep(0.02)
