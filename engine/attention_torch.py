@@ -1,4 +1,4 @@
-"""Paged attention in plain torch: the CPU backend (decode batched over gathered blocks, prefill per sequence)."""
+"""Paged attention on the CPU: decode through the compiled kernel or over gathered blocks, prefill per sequence."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import AttentionMetadata
+from engine.attention_cpu_native import NativeDecode, load_kernel
 
 MAX_DECODE_GROUPS = 4
 MIN_SPLIT_SAVING = 32  # padded blocks a length split must save (per layer) to pay for its extra kernel calls
@@ -74,13 +75,31 @@ class _DecodeGroup:
 
 
 @dataclass(frozen=True)
+class _NativeInputs:
+    """The decoding sequences of a step as the compiled kernel takes them."""
+
+    rows: torch.Tensor  # [n] int32 query rows
+    seq_lens: torch.Tensor  # [n] int32
+    block_tables: torch.Tensor  # [n, max_blocks] int32, contiguous
+
+
+@dataclass
 class _StepPlan:
     """Per-step indices and masks shared by every layer."""
 
     meta: AttentionMetadata
     block_size: int
-    decode_groups: tuple[_DecodeGroup, ...]
+    decodes: list[int]  # the sequences with one query token
     prefills: tuple[_Prefill, ...]
+    native: _NativeInputs | None  # None: no decodes, or no kernel
+    groups: tuple[_DecodeGroup, ...] | None = None  # the torch decode path, made at first use
+
+    @property
+    def decode_groups(self) -> tuple[_DecodeGroup, ...]:
+        """The decoding sequences in length groups, each gathered and padded for SDPA."""
+        if self.groups is None:
+            self.groups = _group_decodes(self.meta, self.decodes, self.block_size)
+        return self.groups
 
 
 def split_by_length(lengths: list[int], max_groups: int, min_saving: int) -> list[int]:
@@ -99,16 +118,51 @@ def split_by_length(lengths: list[int], max_groups: int, min_saving: int) -> lis
     return bounds
 
 
+def _group_decodes(meta: AttentionMetadata, decodes: list[int], bs: int) -> tuple[_DecodeGroup, ...]:
+    if not decodes:
+        return ()
+    starts = meta.query_start_loc.tolist()
+    tables = meta.block_tables.to(torch.int64)
+    blocks = [-(-meta.seq_lens_cpu[i] // bs) for i in decodes]
+    bounds = [0, len(decodes)]
+    if max(blocks) - min(blocks) > 1:
+        order = sorted(range(len(decodes)), key=blocks.__getitem__)
+        bounds = split_by_length([blocks[j] for j in order], MAX_DECODE_GROUPS, MIN_SPLIT_SAVING)
+        if len(bounds) > 2:
+            decodes = [decodes[j] for j in order]
+    in_order = len(bounds) == 2 and len(decodes) == meta.num_seqs
+    return tuple(
+        _decode_group(meta, tables, starts, decodes[start:end], bs, in_order)
+        for start, end in pairwise(bounds)
+    )
+
+
+def _decode_group(meta, tables, starts, seqs: list[int], bs: int, in_order: bool) -> _DecodeGroup:
+    index = torch.tensor(seqs, dtype=torch.int64, device=tables.device)
+    num_blocks = -(-max(meta.seq_lens_cpu[i] for i in seqs) // bs)
+    lens = torch.tensor([meta.seq_lens_cpu[i] for i in seqs], device=tables.device)
+    valid = torch.arange(num_blocks * bs, device=tables.device)[None, :] < lens[:, None]
+    rows = None if in_order else torch.tensor([starts[i] for i in seqs], device=tables.device)
+    block_ids = tables[index, :num_blocks].reshape(-1)
+    return _DecodeGroup(rows, block_ids, valid.view(len(seqs), 1, 1, -1))
+
+
 class TorchAttentionBackend:
     """CPU paged attention; the caches must hold finite values (allocate them with torch.zeros).
 
-    Decode sequences are attended together: their blocks are gathered into [n, L, Hkv, D] (padded to the longest
-    context, masked) and fed to SDPA with grouped-query heads; very uneven lengths are split into a few groups.
-    Prefill sequences run one SDPA call each, reading cached context through their block tables.
+    Decode sequences go to the compiled kernel (attention_cpu_native) when it is built and supports the dtype and
+    shapes: it reads K/V in place through the block tables. Otherwise they are attended together in torch: their
+    blocks are gathered into [n, L, Hkv, D] (padded to the longest context, masked) and fed to SDPA with
+    grouped-query heads; very uneven lengths are split into a few groups. Prefill sequences run one SDPA call each,
+    reading cached context through their block tables.
     """
 
-    def __init__(self, block_size: int | None = None) -> None:
+    def __init__(self, block_size: int | None = None, native: bool | None = None) -> None:
+        """`native`: None uses the compiled decode kernel when it builds, False never, True requires it."""
         self.block_size = block_size  # None: taken from the cache shape at the first forward
+        self.kernel: NativeDecode | None = None if native is False else load_kernel()
+        if native and self.kernel is None:
+            raise RuntimeError("native CPU attention was required but could not be built (see the log)")
         self._plan: _StepPlan | None = None
 
     def prepare(self, meta: AttentionMetadata) -> None:
@@ -117,7 +171,7 @@ class TorchAttentionBackend:
 
     def _make_plan(self, meta: AttentionMetadata, bs: int) -> _StepPlan:
         starts = meta.query_start_loc.tolist()
-        tables = meta.block_tables.to(torch.int64)
+        tables = meta.block_tables
         device = tables.device
         prefills = []
         for i, query_len in enumerate(meta.query_lens_cpu):
@@ -126,34 +180,21 @@ class TorchAttentionBackend:
             seq_len = meta.seq_lens_cpu[i]
             block_ids = mask = None
             if seq_len != query_len:  # cached context precedes this step's tokens
-                block_ids = tables[i, : -(-seq_len // bs)]
+                block_ids = tables[i, : -(-seq_len // bs)].to(torch.int64)
                 rows = torch.arange(query_len, device=device)[:, None] + (seq_len - query_len)
                 mask = torch.arange(seq_len, device=device)[None, :] <= rows
             prefills.append(_Prefill(starts[i], starts[i] + query_len, seq_len, block_ids, mask))
         decodes = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
-        groups = []
-        if decodes:
-            blocks = [-(-meta.seq_lens_cpu[i] // bs) for i in decodes]
-            bounds = [0, len(decodes)]
-            if max(blocks) - min(blocks) > 1:
-                order = sorted(range(len(decodes)), key=blocks.__getitem__)
-                bounds = split_by_length([blocks[j] for j in order], MAX_DECODE_GROUPS, MIN_SPLIT_SAVING)
-                if len(bounds) > 2:
-                    decodes = [decodes[j] for j in order]
-            in_order = len(bounds) == 2 and len(decodes) == meta.num_seqs
-            for start, end in pairwise(bounds):
-                groups.append(self._decode_group(meta, tables, starts, decodes[start:end], bs, in_order))
-        return _StepPlan(meta, bs, tuple(groups), tuple(prefills))
-
-    @staticmethod
-    def _decode_group(meta, tables, starts, seqs: list[int], bs: int, in_order: bool) -> _DecodeGroup:
-        index = torch.tensor(seqs, dtype=torch.int64, device=tables.device)
-        num_blocks = -(-max(meta.seq_lens_cpu[i] for i in seqs) // bs)
-        lens = torch.tensor([meta.seq_lens_cpu[i] for i in seqs], device=tables.device)
-        valid = torch.arange(num_blocks * bs, device=tables.device)[None, :] < lens[:, None]
-        rows = None if in_order else torch.tensor([starts[i] for i in seqs], device=tables.device)
-        block_ids = tables[index, :num_blocks].reshape(-1)
-        return _DecodeGroup(rows, block_ids, valid.view(len(seqs), 1, 1, -1))
+        native = None
+        if decodes and self.kernel is not None and device.type == "cpu":
+            if len(decodes) == meta.num_seqs:  # the usual decode step: every row, in order
+                rows = torch.arange(len(decodes), dtype=torch.int32)
+                native = _NativeInputs(rows, meta.seq_lens.contiguous(), tables.contiguous())
+            else:
+                index = torch.tensor(decodes, dtype=torch.int64)
+                rows = torch.tensor([starts[i] for i in decodes], dtype=torch.int32)
+                native = _NativeInputs(rows, meta.seq_lens[index], tables[index].contiguous())
+        return _StepPlan(meta, bs, decodes, tuple(prefills), native)
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """See AttentionBackend.forward."""
@@ -163,12 +204,17 @@ class TorchAttentionBackend:
             plan = self._plan = self._make_plan(meta, block_size)
         k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
-        groups = plan.decode_groups
-        if len(groups) == 1 and groups[0].rows is None:
-            return self._decode(q, k_cache, v_cache, groups[0], scale)
-        out = q.new_empty(q.shape)
-        for group in groups:
-            out[group.rows] = self._decode(q[group.rows], k_cache, v_cache, group, scale)
+        if plan.native is not None and self.kernel.supports(q, k_cache):
+            out = q.new_empty(q.shape)
+            n = plan.native
+            self.kernel(q, k_cache, v_cache, n.rows, n.seq_lens, n.block_tables, out, scale)
+        else:
+            groups = plan.decode_groups
+            if len(groups) == 1 and groups[0].rows is None:
+                return self._decode(q, k_cache, v_cache, groups[0], scale)
+            out = q.new_empty(q.shape)
+            for group in groups:
+                out[group.rows] = self._decode(q[group.rows], k_cache, v_cache, group, scale)
         for p in plan.prefills:
             out[p.row_start : p.row_end] = self._prefill(q, k, v, k_cache, v_cache, p, scale)
         return out

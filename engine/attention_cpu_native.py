@@ -1,0 +1,162 @@
+"""The compiled CPU decode-attention kernel (attention_cpu_kernel.c): built once per machine, called through ctypes.
+
+Torch has no op that attends through a block table, so the pure-torch decode path copies every sequence's blocks
+into a padded tensor per layer and reads them again in SDPA: three passes over the KV bytes, the largest cost of a
+CPU decode step. The kernel reads each block once, in place. It needs a C compiler (`cc`, or $CC) the first time;
+without one, or with PAGEDCHAT_NATIVE_ATTENTION=0, `load_kernel()` returns None and the torch path is used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from engine.provision import cache_dir
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("attention_cpu_kernel.c")
+CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared")
+DISABLE_ENV = "PAGEDCHAT_NATIVE_ATTENTION"  # "0": never build or use the kernel
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
+
+_lock = threading.Lock()
+_loaded: dict[str, NativeDecode | None] = {}
+
+
+class NativeDecode:
+    """`paged_decode` of the compiled library: decode attention straight from the paged cache."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+        self._fn = lib.paged_decode
+        self._fn.restype = i32
+        self._fn.argtypes = [i32, ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, i64, ptr, i64, i64]
+        self._fn.argtypes += [i32] * 5 + [ctypes.c_float, i32]
+
+    @staticmethod
+    def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+        """Whether these inputs fit the kernel: CPU, bf16/fp32, head_dim a multiple of 16 up to 256, GQA <= 16."""
+        num_heads, head_dim = q.shape[1:]
+        num_kv_heads = k_cache.shape[2]
+        return (
+            q.device.type == "cpu"
+            and q.dtype in SUPPORTED_DTYPES
+            and k_cache.dtype == q.dtype
+            and head_dim % 16 == 0
+            and 16 <= head_dim <= 256
+            and num_heads % num_kv_heads == 0
+            and num_heads // num_kv_heads <= 16
+        )
+
+    def __call__(
+        self,
+        q: torch.Tensor,  # [T, Hq, D], unit stride over D
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], unit stride over D
+        v_cache: torch.Tensor,  # same shape and strides as k_cache
+        rows: torch.Tensor,  # [n] int32: the query row (and output row) of each decoding sequence
+        seq_lens: torch.Tensor,  # [n] int32: its context length, this token included
+        block_tables: torch.Tensor,  # [n, max_blocks] int32
+        out: torch.Tensor,  # [T, Hq, D], same dtype as q; rows not in `rows` are left untouched
+        scale: float,
+    ) -> None:
+        """Attend each row's query over its sequence's cached context, writing the result into `out`."""
+        assert self.supports(q, k_cache), "inputs the kernel does not support (check supports() first)"
+        assert q.stride(-1) == out.stride(-1) == k_cache.stride(-1) == 1, "head_dim must have unit stride"
+        assert k_cache.stride() == v_cache.stride() and out.dtype == q.dtype == v_cache.dtype
+        for t in (rows, seq_lens, block_tables):
+            assert t.dtype == torch.int32 and t.is_contiguous(), "index tensors must be contiguous int32"
+        num_seqs = rows.shape[0]
+        assert seq_lens.shape[0] == num_seqs == block_tables.shape[0]
+        status = self._fn(
+            int(q.dtype == torch.bfloat16),
+            q.data_ptr(),
+            q.stride(0),
+            q.stride(1),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            rows.data_ptr(),
+            seq_lens.data_ptr(),
+            block_tables.data_ptr(),
+            block_tables.stride(0),
+            out.data_ptr(),
+            out.stride(0),
+            out.stride(1),
+            num_seqs,
+            q.shape[1],
+            k_cache.shape[2],
+            q.shape[2],
+            k_cache.shape[1],
+            scale,
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise RuntimeError(f"paged_decode rejected its inputs (status {status})")
+
+
+def load_kernel() -> NativeDecode | None:
+    """The kernel for this machine, compiling it on first use; None when disabled or it cannot be built."""
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return None
+    key = _build_key()
+    with _lock:
+        if key not in _loaded:
+            _loaded[key] = _load(key)
+        return _loaded[key]
+
+
+def _build_key() -> str:
+    """Hash of everything the binary depends on: source, flags, compiler, and this CPU's instruction set."""
+    digest = hashlib.sha256(SOURCE.read_bytes() if SOURCE.exists() else b"")
+    digest.update(" ".join((_compiler() or "", *CFLAGS, platform.machine(), _cpu_flags())).encode())
+    return digest.hexdigest()[:16]
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc"))
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return platform.processor()
+
+
+def _load(key: str) -> NativeDecode | None:
+    compiler = _compiler()
+    if not SOURCE.exists() or compiler is None:
+        logger.info(
+            "native CPU attention unavailable (no %s); using the torch path",
+            SOURCE.name if compiler else "cc",
+        )
+        return None
+    target = cache_dir() / "kernels" / f"attention_cpu_{key}.so"
+    try:
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                built = Path(tmp) / target.name
+                cmd = [compiler, *CFLAGS, str(SOURCE), "-o", str(built), "-lm"]
+                subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
+                os.replace(built, target)  # atomic: concurrent builders each publish a complete file
+            logger.info("built native CPU attention kernel %s", target)
+        return NativeDecode(ctypes.CDLL(str(target)))
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        logger.warning("native CPU attention could not be built (%s); using the torch path", detail)
+        return None

@@ -1,0 +1,137 @@
+"""The compiled CPU decode kernel equals the reference on ragged, GQA, strided and partial-row batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import attention_cpu_native
+from engine.attention_cpu_native import load_kernel
+from engine.attention_torch import TorchAttentionBackend
+from kernels.reference import paged_attention_ref
+from tests.engine.factories import make_attention_metadata, make_block_tables
+
+KERNEL = load_kernel()
+pytestmark = pytest.mark.skipif(
+    KERNEL is None, reason="no C compiler: the native kernel cannot be built here"
+)
+SEQ_LENS = [1, 15, 16, 17, 100, 250]  # one token, block boundaries, several chunks of 16
+BF16_TOL = dict(atol=1e-2, rtol=2**-7)  # one bf16 rounding of outputs up to ~10 (both sides round once)
+FP32_TOL = dict(atol=1e-5, rtol=0)
+
+
+def _caches(num_blocks, block_size, num_kv_heads, head_dim, dtype, gen):
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    return (torch.randn(shape, generator=gen) * 3).to(dtype), (torch.randn(shape, generator=gen) * 3).to(
+        dtype
+    )
+
+
+def _reference(q, k_cache, v_cache, tables, rows, seq_lens, scale):
+    """paged_attention_ref over the decoding rows only, one query token each."""
+    starts = torch.arange(len(rows) + 1, dtype=torch.int32)
+    return paged_attention_ref(
+        q[rows].float(), k_cache.float(), v_cache.float(), tables, starts, seq_lens, scale
+    )
+
+
+@pytest.mark.parametrize(
+    "dtype,head_dim,num_heads,num_kv_heads,block_size",
+    [
+        (torch.float32, 32, 6, 2, 16),
+        (torch.float32, 16, 4, 4, 8),
+        (torch.float32, 48, 7, 1, 32),
+        (torch.bfloat16, 64, 9, 3, 16),  # SmolLM2's specialised copy
+        (torch.bfloat16, 64, 8, 2, 16),
+        (torch.bfloat16, 128, 8, 2, 16),
+        (torch.bfloat16, 80, 10, 5, 128),
+    ],
+)
+def test_decode_matches_reference(dtype, head_dim, num_heads, num_kv_heads, block_size):
+    gen = torch.Generator().manual_seed(head_dim + num_heads)
+    num_blocks = sum(-(-n // block_size) for n in SEQ_LENS) + 3
+    width = -(-max(SEQ_LENS) // block_size)
+    tables = torch.tensor(
+        [t + [0] * (width - len(t)) for t in make_block_tables(SEQ_LENS, block_size, num_blocks, seed=1)],
+        dtype=torch.int32,
+    )
+    k_cache, v_cache = _caches(num_blocks, block_size, num_kv_heads, head_dim, dtype, gen)
+    q = torch.randn(len(SEQ_LENS), num_heads, head_dim, generator=gen).to(dtype)
+    seq_lens = torch.tensor(SEQ_LENS, dtype=torch.int32)
+    rows = torch.arange(len(SEQ_LENS), dtype=torch.int32)
+    out = torch.empty_like(q)
+    KERNEL(q, k_cache, v_cache, rows, seq_lens, tables, out, 0.3)
+    expected = _reference(q, k_cache, v_cache, tables, rows.long(), seq_lens, 0.3)
+    tol = FP32_TOL if dtype == torch.float32 else BF16_TOL
+    torch.testing.assert_close(out.float(), expected.float(), **tol)
+
+
+def test_strided_query_and_scattered_rows_leave_other_rows_alone():
+    # q is a view into a fused qkv row (as the model passes it); only rows 4 and 1 decode
+    gen = torch.Generator().manual_seed(3)
+    k_cache, v_cache = _caches(20, 16, 2, 32, torch.float32, gen)
+    qkv = torch.randn(6, 8 + 2 * 2, 32, generator=gen)
+    q = qkv[:, :8]
+    tables = torch.tensor([[3, 7, 11], [0, 19, 2]], dtype=torch.int32)
+    seq_lens = torch.tensor([40, 33], dtype=torch.int32)
+    rows = torch.tensor([4, 1], dtype=torch.int32)
+    out = torch.full((6, 8, 32), 7.0)
+    KERNEL(q, k_cache, v_cache, rows, seq_lens, tables, out, 32**-0.5)
+    expected = _reference(q, k_cache, v_cache, tables, rows.long(), seq_lens, 32**-0.5)
+    torch.testing.assert_close(out[rows.long()], expected, atol=1e-5, rtol=0)
+    untouched = [0, 2, 3, 5]
+    assert torch.equal(out[untouched], torch.full((4, 8, 32), 7.0))
+
+
+def test_supports_only_what_the_kernel_handles():
+    cache = torch.zeros(4, 16, 2, 64)
+    assert KERNEL.supports(torch.zeros(3, 6, 64), cache)
+    assert not KERNEL.supports(torch.zeros(3, 6, 64, dtype=torch.float16), cache.half())
+    assert not KERNEL.supports(
+        torch.zeros(3, 6, 24), torch.zeros(4, 16, 2, 24)
+    )  # head_dim not a multiple of 16
+    assert not KERNEL.supports(torch.zeros(3, 34, 64), cache)  # 17 query heads per kv head
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backend_native_and_torch_paths_agree_on_mixed_steps(dtype):
+    # decodes interleaved with a chunked prefill and a fresh prefill: the kernel takes rows 0, 4, 6
+    seq_lens, query_lens = [37, 60, 1, 18, 90], [1, 3, 1, 18, 1]
+    tables = make_block_tables(seq_lens, 16, 40, seed=2)
+    meta = make_attention_metadata(query_lens, seq_lens, tables, 16)
+    gen = torch.Generator().manual_seed(4)
+    num_tokens = sum(query_lens)
+    q, k, v = (torch.randn(num_tokens, h, 32, generator=gen).to(dtype) for h in (6, 2, 2))
+    results = []
+    for native in (True, False):
+        k_cache, v_cache = _caches(40, 16, 2, 32, dtype, torch.Generator().manual_seed(5))
+        backend = TorchAttentionBackend(16, native=native)
+        backend.prepare(meta)
+        results.append(backend.forward(q, k, v, k_cache, v_cache, meta, 0.25))
+        expected = paged_attention_ref(
+            q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, 0.25
+        )
+        tol = FP32_TOL if dtype == torch.float32 else BF16_TOL
+        torch.testing.assert_close(results[-1].float(), expected.float(), **tol)
+    assert backend.kernel is None and TorchAttentionBackend(16, native=True).kernel is KERNEL
+
+
+def test_unsupported_dtype_falls_back_to_torch():
+    seq_lens = [5, 20]
+    meta = make_attention_metadata([1, 1], seq_lens, make_block_tables(seq_lens, 16, 8, seed=0), 16)
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, h, 32, generator=gen).half() for h in (4, 2, 2))
+    k_cache, v_cache = _caches(8, 16, 2, 32, torch.float16, gen)
+    out = TorchAttentionBackend(16).forward(q, k, v, k_cache, v_cache, meta, 0.5)
+    expected = paged_attention_ref(
+        q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, 0.5
+    )
+    torch.testing.assert_close(out, expected, atol=1e-2, rtol=0)
+
+
+def test_disabled_by_environment(monkeypatch):
+    monkeypatch.setenv(attention_cpu_native.DISABLE_ENV, "0")
+    assert load_kernel() is None
+    assert TorchAttentionBackend(16).kernel is None
+    with pytest.raises(RuntimeError, match="native CPU attention was required"):
+        TorchAttentionBackend(16, native=True)
