@@ -53,6 +53,8 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.device = torch.device(config.device)
         self.backend = make_attention_backend(config.attention_backend)
+        if self.device.type == "cpu" and hasattr(model, "pack_linear_weights"):
+            logger.info("prepacked %d linear weights for oneDNN", model.pack_linear_weights())
         # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         self.kv_cache = torch.zeros(
             spec.num_layers,
