@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from app.engine_commands import STOP, AbortRequest, AddRequest, CallOnEngine, answer, resolve, warm_up
 from app.request_stream import ABORTED, RequestFailed, RequestStream
 from engine.outputs import RequestOutput
 from engine.sequence import SamplingParams
@@ -25,7 +24,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-WARMUP_TEXT = "Hello"
 
 
 class EngineUnavailable(RuntimeError):
@@ -38,44 +36,6 @@ class EngineOverloaded(RuntimeError):
     def __init__(self, message: str, retry_after: int = 1) -> None:
         super().__init__(message)
         self.retry_after = retry_after
-
-
-@dataclass
-class _Add:
-    request_id: str
-    prompt: list[int]
-    params: SamplingParams
-    future: asyncio.Future
-    cache_salt: str | None = None
-
-
-@dataclass
-class _Abort:
-    request_id: str
-
-
-@dataclass
-class _Call:
-    fn: Callable[[Any], Any]
-    future: asyncio.Future
-
-
-_STOP = object()
-
-
-def _resolve(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
-    if future.done():  # the awaiting coroutine was cancelled meanwhile
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
-def _answer(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
-    """From the engine thread: resolve `future` on its own loop (a test client may run its own), if still open."""
-    with contextlib.suppress(RuntimeError):  # that loop has closed: nobody waits for the answer any more
-        future.get_loop().call_soon_threadsafe(_resolve, future, result, error)
 
 
 class AsyncEngine:
@@ -128,7 +88,7 @@ class AsyncEngine:
         for request_id in list(self._streams):
             self.abort(request_id)
         if self._thread is not None and self._thread.is_alive():
-            self._commands.put(_STOP)
+            self._commands.put(STOP)
             await asyncio.to_thread(self._thread.join, 30.0)
         self._tokenizer_executor.shutdown(wait=False, cancel_futures=True)
 
@@ -174,7 +134,7 @@ class AsyncEngine:
         )
         self._streams[request_id] = stream
         future = asyncio.get_running_loop().create_future()
-        self._commands.put(_Add(request_id, prompt, params, future, cache_salt))
+        self._commands.put(AddRequest(request_id, prompt, params, future, cache_salt))
         try:
             await future
         except BaseException:
@@ -198,13 +158,13 @@ class AsyncEngine:
             stream.aborted = True
             stream.push(ABORTED)
         if self._alive:
-            self._commands.put(_Abort(request_id))
+            self._commands.put(AbortRequest(request_id))
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run `fn(engine)` on the engine thread between steps and return its result."""
         self._check_serving()
         future = asyncio.get_running_loop().create_future()
-        self._commands.put(_Call(fn, future))
+        self._commands.put(CallOnEngine(fn, future))
         return await future
 
     async def tokenize(self, fn: Callable[[Any], T]) -> T:
@@ -228,15 +188,15 @@ class AsyncEngine:
             if self.faults is not None:
                 self.faults.install(engine)
             self.tokenizer = copy.deepcopy(engine.tokenizer)
-            _warm_up(engine)
+            warm_up(engine)
             self.engine = engine
         except BaseException as exc:  # noqa: BLE001 - reported to start() and the log
             logger.exception("engine failed to start")
             self._alive = False
             self.dead_reason = f"startup failed: {type(exc).__name__}: {exc}"
-            self._loop.call_soon_threadsafe(_resolve, started, None, exc)
+            self._loop.call_soon_threadsafe(resolve, started, None, exc)
             return
-        self._loop.call_soon_threadsafe(_resolve, started, None)
+        self._loop.call_soon_threadsafe(resolve, started, None)
         try:
             self._serve(engine)
         except BaseException as exc:  # noqa: BLE001 - the thread must report its death, never vanish
@@ -257,7 +217,7 @@ class AsyncEngine:
                 except queue.Empty:
                     break
                 block = False
-                if command is _STOP:
+                if command is STOP:
                     for request_id in list(live):
                         engine.abort_request(request_id)
                     return
@@ -281,25 +241,25 @@ class AsyncEngine:
                 self._loop.call_soon_threadsafe(self._dispatch, outputs)
 
     def _run_command(self, engine: LLMEngine, command: Any, live: set[str]) -> None:
-        if isinstance(command, _Add):
+        if isinstance(command, AddRequest):
             try:
                 engine.add_request(
                     command.request_id, command.prompt, command.params, cache_salt=command.cache_salt
                 )
             except Exception as exc:  # ValueError: bad input; the caller maps it to 400
-                _answer(command.future, None, exc)
+                answer(command.future, None, exc)
                 return
             live.add(command.request_id)
-            _answer(command.future, None)
-        elif isinstance(command, _Abort):
+            answer(command.future, None)
+        elif isinstance(command, AbortRequest):
             engine.abort_request(command.request_id)
-        elif isinstance(command, _Call):
+        elif isinstance(command, CallOnEngine):
             try:
                 result = command.fn(engine)
             except Exception as exc:
-                _answer(command.future, None, exc)
+                answer(command.future, None, exc)
             else:
-                _answer(command.future, result)
+                answer(command.future, result)
 
     # ---- on the event loop ----------------------------------------------------------------------------------
     def _unregister(self, request_id: str) -> None:
@@ -339,13 +299,5 @@ class AsyncEngine:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(command, (_Add, _Call)):
-                _resolve(command.future, None, EngineUnavailable(f"the engine is not running: {reason}"))
-
-
-def _warm_up(engine: LLMEngine) -> None:
-    """One short greedy request through the whole step path, so /health means the model really runs."""
-    prompt = engine.tokenizer.encode(WARMUP_TEXT, add_special_tokens=False) or [0]
-    engine.add_request("warmup", prompt, SamplingParams(temperature=0.0, max_tokens=2))
-    while engine.has_unfinished_requests():
-        engine.step()
+            if isinstance(command, (AddRequest, CallOnEngine)):
+                resolve(command.future, None, EngineUnavailable(f"the engine is not running: {reason}"))

@@ -133,7 +133,7 @@ class ChatService:
         if mode in ("regenerate", "edit"):
             last_user = next((m for m in reversed(messages) if m.role == "user"), None)
             if last_user is None:
-                raise bad_request(f"nothing to {mode}: the session has no user message yet")
+                raise bad_request(f"nothing to {mode}: the session has no user message yet", "session")
             if mode == "regenerate":
                 content = last_user.content
             history = [m for m in messages if m.position < last_user.position]

@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from engine.outputs import RequestOutput
@@ -164,3 +164,33 @@ def merge_outputs(earlier: RequestOutput, later: RequestOutput) -> RequestOutput
     outputs.extend(before.values())  # a sample missing from the later output keeps its pending delta
     outputs.sort(key=lambda o: o.index)
     return dataclasses.replace(later, outputs=outputs)
+
+
+async def collect(
+    stream: RequestStream, receive: Callable[[], Awaitable[dict[str, Any]]]
+) -> RequestOutput | None:
+    """Run a request to its end; None (and an abort) if the ASGI client disconnects first."""
+
+    async def consume() -> RequestOutput | None:
+        last = None
+        async with stream:
+            async for output in stream:
+                last = output
+            return None if stream.aborted else last
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(consume())
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            stream.close()
+            task.cancel()
+    if task.cancelled():
+        return None
+    return task.result()

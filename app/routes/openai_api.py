@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -11,7 +10,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -19,7 +17,7 @@ from starlette.routing import Route
 from app.context import Services, services
 from app.errors import bad_request, error_response, from_exception
 from app.limits import Lease, client_identity
-from app.request_stream import RequestFailed, RequestStream, RequestTimedOut
+from app.request_stream import RequestFailed, RequestStream, RequestTimedOut, collect
 from app.routes import openai_format as fmt
 from app.routes.openai_input import check_model
 from app.routes.openai_input import prompt_ids as prompt_input
@@ -30,6 +28,7 @@ from app.routes.params import (
     resolve_max_tokens,
     sampling_params,
 )
+from app.routes.sse import event_stream
 from app.security import require_api_key
 from engine.outputs import Logprob, RequestOutput
 
@@ -94,14 +93,9 @@ async def _handle(request: Request, kind: str) -> Response:
         svc.metrics.observe_error(error.status)
         return error_response(error)
     if call.streaming:
-        return EventSourceResponse(
-            _sse(svc, call, lease),
-            ping=15,
-            shutdown_grace_period=svc.settings.shutdown_grace_s,
-            send_timeout=svc.settings.slow_reader_timeout_s,
-        )
+        return event_stream(_sse(svc, call, lease), svc.settings)
     try:
-        result = await _collect(call.stream, request)
+        result = await collect(call.stream, request.receive)
     except (RequestFailed, RequestTimedOut) as exc:
         error = from_exception(exc)
         svc.metrics.observe_error(error.status)
@@ -120,7 +114,12 @@ async def _start(request: Request, svc: Services, kind: str, cache_salt: str | N
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad_request("stream_options must be an object", "stream_options")
-    include_usage = get_bool(options or {}, "include_usage", False)
+    include_usage = (options or {}).get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise bad_request(
+            f"stream_options.include_usage must be true or false, got {json.dumps(include_usage)[:80]}",
+            "stream_options",
+        )
     if kind == "chat":
         want = get_bool(body, "logprobs", False)
         top = get_int(body, "top_logprobs", None)
@@ -152,36 +151,15 @@ async def _start(request: Request, svc: Services, kind: str, cache_salt: str | N
         streaming,
     )
     return _Call(
-        kind, response_id, model, stream, streaming, include_usage, logprobs is not None, len(prompt_ids)
+        kind,
+        response_id,
+        model,
+        stream,
+        streaming,
+        bool(include_usage),
+        logprobs is not None,
+        len(prompt_ids),
     )
-
-
-async def _collect(stream: RequestStream, request: Request) -> RequestOutput | None:
-    """Run a request to its end; None (and an abort) if the client disconnects first."""
-
-    async def consume() -> RequestOutput | None:
-        last = None
-        async with stream:
-            async for output in stream:
-                last = output
-            return None if stream.aborted else last
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    task = asyncio.ensure_future(consume())
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            stream.close()
-            task.cancel()
-    if task.cancelled():
-        return None
-    return task.result()
 
 
 async def _token_text(svc: Services, entries: list[Logprob]) -> dict[int, str]:
@@ -241,7 +219,7 @@ async def _sse_events(svc: Services, call: _Call) -> AsyncIterator[dict[str, str
         body["choices"] = choices
         if call.include_usage:
             body["usage"] = None
-        return {"data": json.dumps(body, ensure_ascii=False)}
+        return {"data": fmt.sse_json(body)}
 
     async with call.stream as stream:
         try:

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
 from engine.sequence import FinishReason
+
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def sse_json(value: Any) -> str:
+    """JSON for an SSE `data:` field: UTF-8 as is, but U+0085/U+2028/U+2029 escaped, since clients that split
+    lines with str.splitlines() (httpx's iter_lines among them) would cut an event there."""
+    return json.dumps(value, ensure_ascii=False).translate(_LINE_BREAKS)
 
 
 def finish_reason(output: CompletionOutput) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -12,6 +13,7 @@ from app.errors import APIError, bad_request
 from engine.sequence import SamplingParams
 
 _MISSING = object()
+_SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 
 
 async def read_json_object(request: Request, max_bytes: int, *, allow_empty: bool = False) -> dict[str, Any]:
@@ -167,7 +169,9 @@ def sampling_params(
     except ValueError as exc:
         message = str(exc)
         field = message.split(" ", 1)[0]
-        raise bad_request(message, field if field.isidentifier() else None) from None
+        if field not in _SAMPLING_FIELDS:
+            field = next((f for f in _SAMPLING_FIELDS if f" {f} " in f" {message} "), None)
+        raise bad_request(message, field) from None
 
 
 def resolve_max_tokens(

@@ -8,7 +8,6 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -18,7 +17,9 @@ from app.chat_service import SESSION_SAMPLING_KEYS, ChatService
 from app.context import Services, services
 from app.db import SessionRecord
 from app.errors import APIError, bad_request, error_response, from_exception, not_found
+from app.routes.openai_format import sse_json
 from app.routes.params import get_str, read_json_object, sampling_params
+from app.routes.sse import event_stream
 from app.security import session_owner
 
 logger = logging.getLogger(__name__)
@@ -191,17 +192,12 @@ def _sse(svc: Services, reply: Reply) -> Response:
         try:
             async for event in reply.iter_events():
                 ended = event["type"] == "done"
-                yield {"event": event["type"], "data": json.dumps(event, ensure_ascii=False)}
+                yield {"event": event["type"], "data": sse_json(event)}
         finally:
             if not ended:  # the client went away mid-reply: abort it (stored as stopped)
                 svc.chat.stop(reply.session_id)
 
-    return EventSourceResponse(
-        events(),
-        ping=15,
-        shutdown_grace_period=svc.settings.shutdown_grace_s,
-        send_timeout=svc.settings.slow_reader_timeout_s,
-    )
+    return event_stream(events(), svc.settings)
 
 
 routes = [

@@ -120,9 +120,8 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str) ->
                 elif kind == "stop":
                     await socket.send({"type": "stop_ack", "stopped": chat.stop(session_id)})
                 elif kind in REPLY_FRAMES:
-                    lease = svc.admit(
-                        socket.websocket, owner
-                    )  # shutting down (503) or over a client limit (429)
+                    # shutting down (503) or over a client limit (429)
+                    lease = svc.admit(socket.websocket, owner)
                     reply = await _start(chat, owner, session_id, kind, frame, lease)
                     pump = asyncio.create_task(_forward(socket, chat, reply))
                 else:
@@ -130,8 +129,13 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str) ->
                         f"unknown frame type {kind[:40]!r}: expected message, stop, regenerate, edit or ping",
                         "type",
                     )
+            except WebSocketDisconnect:
+                raise
             except Exception as exc:  # noqa: BLE001 - bad input or a busy session: an error frame, socket stays open
-                await socket.send(error_frame(from_exception(exc)))
+                try:
+                    await socket.send(error_frame(from_exception(exc)))
+                except Exception:  # noqa: BLE001 - the client is gone (a send on a closed socket raises)
+                    return
     except WebSocketDisconnect:
         return
     finally:

@@ -81,5 +81,6 @@ def test_sessions_share_a_system_prompt_only_within_one_owner(keyed):
     b = peer(client, headers={"authorization": "Bearer sk-b"})
     assert first_turn_cached(a) == 0
     shared = first_turn_cached(a)
-    assert shared == (num_prompt - 1) // 16 * 16  # a second session of the same owner reuses the system prompt's blocks
+    # a second session of the same owner reuses the system prompt's blocks
+    assert shared == (num_prompt - 1) // 16 * 16
     assert first_turn_cached(b) == (0 if isolated else shared)

@@ -1,0 +1,130 @@
+"""A load harness for a running server: many concurrent clients mixing SSE, WebSocket and plain requests.
+
+One round = `num_streams` streams opened together and held open at once (a barrier: each waits, after its first
+event, until all are open), then a seeded random mix of jobs: /v1 streams (the official openai client), plain /v1
+requests, clients that vanish mid-stream, multi-turn sessions over SSE (some stopped, some abandoned), WebSocket chats
+(some stopped, some closed mid-reply) and, when the server injects faults, requests that must fail cleanly. Every
+job checks what it got; a job that does not end in `job_timeout_s` counts as a hang. Two rounds with the same seed
+are identical. Run it from `tests/soak.py` (a longer mode) or `tests/reliability/test_load.py` (CI).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from tests.load_jobs import STEP_FAULT, Hold, Job, LoadConfig
+
+
+@dataclass
+class RoundReport:
+    """What a round saw: outcomes per job kind, the peak of streams open at once, and every problem found."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+    peak_streams: int = 0
+    num_jobs: int = 0
+    duration_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as plain JSON values."""
+        return {
+            "jobs": self.num_jobs,
+            "peak_streams": self.peak_streams,
+            "duration_s": round(self.duration_s, 2),
+            "outcomes": dict(sorted(self.outcomes.items())),
+            "problems": self.problems[:20],
+            "num_problems": len(self.problems),
+        }
+
+
+HELD_KINDS = ("v1_stream", "session_sse", "ws_chat")
+MIXED_KINDS = ("v1_stream",) * 3 + ("v1_plain",) * 2 + ("v1_vanish", "session_sse", "session_sse", "ws_chat")
+FAULT_KINDS = ("v1_fault", "ws_fault")
+
+
+def plan_jobs(cfg: LoadConfig, hold: Hold) -> list[Job]:
+    """The round's jobs, the same for the same seed: the held streams first, then the mix."""
+    rng = random.Random(cfg.seed)
+    kinds = MIXED_KINDS + (FAULT_KINDS if cfg.faults else ())
+    jobs = [Job(cfg, HELD_KINDS[i % len(HELD_KINDS)], rng, hold, True) for i in range(cfg.num_streams)]
+    jobs += [Job(cfg, rng.choice(kinds), rng, hold, False) for _ in range(cfg.num_jobs - cfg.num_streams)]
+    # one batched step fault per round: it fails every request of its step, so more would drown the mix
+    first_v1_fault = next((j for j in jobs if j.kind == "v1_fault"), None)
+    if first_v1_fault is not None:
+        first_v1_fault.fault_site = "step"
+    return jobs
+
+
+async def run_round(cfg: LoadConfig) -> RoundReport:
+    """Run one round against the server and return what it saw (problems included, never raised)."""
+    report, started = RoundReport(), time.monotonic()
+    hold = Hold(cfg.num_streams)
+    jobs = plan_jobs(cfg, hold)
+    gate = asyncio.Semaphore(cfg.concurrency)
+
+    async def guarded(job: Job, limit: asyncio.Semaphore | None) -> None:
+        async with limit or contextlib.nullcontext():
+            try:
+                report.outcomes[await asyncio.wait_for(job.run(), cfg.job_timeout_s)] += 1
+            except asyncio.TimeoutError:
+                report.problems.append(f"{job.kind}: no end within {cfg.job_timeout_s} s (a hang)")
+            except Exception as exc:  # noqa: BLE001 - every problem is reported, none stops the round
+                if cfg.faults and STEP_FAULT in str(
+                    exc
+                ):  # it shared a step with a faulty request: failed cleanly
+                    report.outcomes[f"{job.kind} failed by a step fault in its batch"] += 1
+                else:
+                    where = f" (after {job.trace[-1]})" if job.trace else ""
+                    report.problems.append(f"{job.kind}{where}: {type(exc).__name__}: {str(exc)[:300]}")
+
+    held = [guarded(j, None) for j in jobs[: cfg.num_streams]]
+    mixed = [guarded(j, gate) for j in jobs[cfg.num_streams :]]
+    await asyncio.gather(*held, _after(hold.all_open.wait(), mixed))
+    report.num_jobs, report.peak_streams = len(jobs), hold.peak
+    report.duration_s = time.monotonic() - started
+    return report
+
+
+async def _after(first: Awaitable[Any], then: list[Awaitable[Any]]) -> None:
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(first, timeout=90)
+    await asyncio.gather(*then)
+
+
+async def wait_idle(base_url: str, admin_token: str = "", timeout_s: float = 30.0) -> dict[str, Any]:
+    """The admin state once no block is in use, nothing waits and the service holds no stream or reply."""
+    headers = {"X-Admin-Token": admin_token} if admin_token else {}
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=headers) as http:
+        while True:
+            state = (await http.get("/api/admin/state")).json()
+            service = state["service"]
+            idle = (
+                not state["sequences"]
+                and "u" not in state["block_states"]
+                and not state["stats"]["num_waiting"]
+            )
+            busy = service["in_flight_requests"] or service["streaming_replies"] or service["pending_outputs"]
+            if idle and not busy:
+                return state
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not idle after {timeout_s} s: {state['stats']} {service}")
+            await asyncio.sleep(0.1)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (Linux /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
