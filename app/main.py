@@ -22,7 +22,7 @@ from app.errors import APIError, api_error_handler, http_exception_handler, unha
 from app.faults import FaultPlan
 from app.metrics import Metrics
 from app.middleware import RequestContextMiddleware
-from app.routes import openai_api, ops, sessions, ws
+from app.routes import admin_feed, openai_api, ops, pages, sessions, ws
 from app.security import make_signer
 from app.settings import Settings, ensure_secret_key
 
@@ -65,7 +65,14 @@ def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | Non
             await _shutdown(svc)
 
     app = Starlette(
-        routes=[*ops.routes, *openai_api.routes, *sessions.routes, *ws.routes],
+        routes=[
+            *ops.routes,
+            *openai_api.routes,
+            *sessions.routes,
+            *ws.routes,
+            *admin_feed.routes,
+            *pages.routes,
+        ],
         middleware=[
             Middleware(RequestContextMiddleware, signer=svc.signer, cookie_secure=settings.cookie_secure)
         ],
