@@ -66,10 +66,16 @@ class ChatService:
         if turn is None:
             return False
         turn.stop_requested = True
-        self.engine.abort(
-            turn.request_id
-        )  # the stream then ends as aborted and the reply is stored as stopped
+        self.engine.abort(turn.request_id)  # its stream then ends as aborted; the reply is stored as stopped
         return True
+
+    def stop_reply(self, reply: Reply) -> bool:
+        """Stop this reply if it is still its session's running reply (never a newer one); False otherwise."""
+        if self._turns.get(reply.session_id) is not reply or (
+            reply.stream is not None and reply.stream.finished
+        ):
+            return False
+        return self.stop(reply.session_id)
 
     async def shutdown(self, timeout_s: float) -> None:
         """Let running replies finish up to `timeout_s`, then stop them; each is stored before returning."""

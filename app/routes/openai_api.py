@@ -93,7 +93,7 @@ async def _handle(request: Request, kind: str) -> Response:
         svc.metrics.observe_error(error.status)
         return error_response(error)
     if call.streaming:
-        return event_stream(_sse(svc, call, lease), svc.settings)
+        return event_stream(_sse(svc, call, lease), svc.settings, on_close=lambda: _close(call, lease))
     try:
         result = await collect(call.stream, request.receive)
     except (RequestFailed, RequestTimedOut) as exc:
@@ -196,6 +196,11 @@ async def _full_body(svc: Services, call: _Call, result: RequestOutput) -> dict[
     body["choices"] = choices
     body["usage"] = fmt.usage(result, call.num_prompt_tokens)
     return body
+
+
+def _close(call: _Call, lease: Lease) -> None:
+    call.stream.close()  # aborts the request unless it finished
+    lease.release()
 
 
 async def _sse(svc: Services, call: _Call, lease: Lease) -> AsyncIterator[dict[str, str]]:

@@ -188,16 +188,12 @@ async def edit_last(request: Request, svc: Services, owner: str) -> Response:
 
 def _sse(svc: Services, reply: Reply) -> Response:
     async def events() -> AsyncIterator[dict[str, str]]:
-        ended = False
-        try:
-            async for event in reply.iter_events():
-                ended = event["type"] == "done"
-                yield {"event": event["type"], "data": sse_json(event)}
-        finally:
-            if not ended:  # the client went away mid-reply: abort it (stored as stopped)
-                svc.chat.stop(reply.session_id)
+        async for event in reply.iter_events():
+            yield {"event": event["type"], "data": sse_json(event)}
 
-    return event_stream(events(), svc.settings)
+    # however the response ends (the client went away mid-reply, even before the first event): abort the reply
+    # if it still runs; it is stored as stopped
+    return event_stream(events(), svc.settings, on_close=lambda: svc.chat.stop_reply(reply))
 
 
 routes = [

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
@@ -16,7 +16,11 @@ PING_S = 15
 
 
 class _EventStream(EventSourceResponse):
-    """An EventSourceResponse that ends quietly when its reader stalls past the send timeout."""
+    """An EventSourceResponse that ends quietly when its reader stalls past the send timeout, and always runs
+    `on_close` at its end: a generator that never started (the client left before the first event) runs no
+    `finally` of its own."""
+
+    on_close: Callable[[], None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -26,6 +30,9 @@ class _EventStream(EventSourceResponse):
                 raise
             # the body iterator was closed (its finally blocks ran: the request is aborted); nothing left to send
             logger.warning("the client took no data for %s s: stream closed", self.send_timeout)
+        finally:
+            if self.on_close is not None:
+                self.on_close()
 
 
 def _only_send_timeouts(exc: BaseException) -> bool:
@@ -35,12 +42,17 @@ def _only_send_timeouts(exc: BaseException) -> bool:
     return bool(inner) and all(_only_send_timeouts(e) for e in inner)
 
 
-def event_stream(events: AsyncIterator[dict[str, str]], settings: Settings) -> EventSourceResponse:
+def event_stream(
+    events: AsyncIterator[dict[str, str]], settings: Settings, on_close: Callable[[], None] | None = None
+) -> EventSourceResponse:
     """Stream `events` as SSE: pings keep proxies open, shutdown waits `shutdown_grace_s` for the stream to end,
-    and a client that takes nothing for `slow_reader_timeout_s` is cut off (closing `events` aborts its work)."""
-    return _EventStream(
+    a client that takes nothing for `slow_reader_timeout_s` is cut off, and `on_close` (idempotent: abort the
+    work unless it finished, release the client's slot) runs however the response ends."""
+    response = _EventStream(
         events,
         ping=PING_S,
         shutdown_grace_period=settings.shutdown_grace_s,
         send_timeout=settings.slow_reader_timeout_s,
     )
+    response.on_close = on_close
+    return response

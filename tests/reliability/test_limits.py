@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -264,3 +265,56 @@ def test_a_stalled_websocket_reader_is_closed_and_its_reply_stopped():
     assert websocket.closed_with == CLOSE_TRY_AGAIN_LATER
     assert chat.stopped == ["s1"]
     assert 0.2 <= elapsed < 1.0  # one timed-out send, then the remaining events are drained without sending
+
+
+def vanish_before_the_first_event(client, path: str, body: dict) -> None:
+    """Send a request straight into the app whose client is gone before the response starts: every send fails."""
+    payload = json.dumps(body).encode()
+    cookie = "; ".join(f"{k}={v}" for k, v in client.cookies.items())
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+            (b"authorization", b"Bearer sk-one"),
+            (b"cookie", cookie.encode()),
+        ],
+        "client": ("127.0.0.1", 5000),
+        "server": ("testserver", 80),
+    }
+    pending = [{"type": "http.request", "body": payload, "more_body": False}]
+
+    async def receive() -> dict:
+        return pending.pop(0) if pending else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        raise OSError("the client is gone")
+
+    async def run() -> None:
+        with contextlib.suppress(Exception):
+            await client.app(scope, receive, send)
+
+    client.portal.call(run)
+
+
+def test_a_client_gone_before_the_first_event_leaves_nothing_running(client):
+    body = {"messages": HELLO, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    vanish_before_the_first_event(client, "/v1/chat/completions", body)
+    one = {"authorization": "Bearer sk-one"}
+    sid = client.post("/api/sessions", json={"settings": {"max_tokens": 200}}, headers=one).json()["id"]
+    vanish_before_the_first_event(client, f"/api/sessions/{sid}/messages", {"content": "hello?"})
+    state = wait_service_idle(client, timeout_s=5)
+    assert (
+        state["stats"]["num_generation_tokens_total"] < 300
+    )  # both were aborted long before their 200 tokens
+    stored = client.get(f"/api/sessions/{sid}/messages", headers=one).json()["messages"]
+    assert [(m["role"], m["status"]) for m in stored] == [("user", "complete"), ("assistant", "stopped")]
+    assert client.app.state.services.limiter.in_flight("key:" + _fp("sk-one")) == 0
