@@ -10,6 +10,7 @@ MAX_N = 16
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_LEN = 256
 MAX_TOP_LOGPROBS = 20
+MIN_TEMPERATURE = 1e-5  # below this, sampling is greedy
 
 
 @dataclass(frozen=True)
@@ -45,14 +46,17 @@ class SamplingParams:
         _check_finite("frequency_penalty", self.frequency_penalty)
         if not 0.0 <= self.temperature <= 100.0:
             raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
+        if self.temperature < MIN_TEMPERATURE:
+            # dividing logits by a denormal-small temperature overflows to inf/NaN: such a value means greedy
+            object.__setattr__(self, "temperature", 0.0)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not isinstance(self.top_k, int) or self.top_k < -1:
             raise ValueError(f"top_k must be -1, 0 (disabled) or a positive integer, got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not 0.0 < self.repetition_penalty <= 10.0:
-            raise ValueError(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        if not 0.01 <= self.repetition_penalty <= 10.0:
+            raise ValueError(f"repetition_penalty must be in [0.01, 10], got {self.repetition_penalty}")
         if not -2.0 <= self.presence_penalty <= 2.0:
             raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         if not -2.0 <= self.frequency_penalty <= 2.0:

@@ -231,3 +231,14 @@ def test_from_sequences_generators_and_histories() -> None:
 def test_logits_batch_mismatch_raises() -> None:
     with pytest.raises(RuntimeError, match="do not match"):
         Sampler()(torch.zeros(2, 4), make_batch([SamplingParams()]))
+
+
+def test_vanishing_temperature_is_greedy_and_tiny_penalties_are_refused():
+    import pytest
+
+    from engine.sequence import SamplingParams
+
+    assert SamplingParams(temperature=1e-300).temperature == 0.0
+    assert SamplingParams(temperature=1e-3).temperature == 1e-3
+    with pytest.raises(ValueError, match=r"repetition_penalty must be in \[0.01, 10\], got 1e-300"):
+        SamplingParams(repetition_penalty=1e-300)
