@@ -2,36 +2,27 @@
 
 Torch has no op that attends through a block table, so the pure-torch decode path copies every sequence's blocks
 into a padded tensor per layer and reads them again in SDPA: three passes over the KV bytes, the largest cost of a
-CPU decode step. The kernel reads each block once, in place. It needs a C compiler (`cc`, or $CC) the first time;
-without one, or with PAGEDCHAT_NATIVE_ATTENTION=0, `load_kernel()` returns None and the torch path is used.
+CPU decode step. The kernel reads each block once, in place. It is built by engine.native_build (a C compiler is
+needed once); without one, or with PAGEDCHAT_NATIVE=0, `load_kernel()` returns None and the torch path is used.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
 import torch
 
-from engine.provision import cache_dir
+from engine.native_build import DISABLE_ENV, load_library
 
-logger = logging.getLogger(__name__)
+__all__ = ["DISABLE_ENV", "NativeDecode", "load_kernel"]
 
 SOURCE = Path(__file__).with_name("attention_cpu_kernel.c")
-CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared")
-DISABLE_ENV = "PAGEDCHAT_NATIVE_ATTENTION"  # "0": never build or use the kernel
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
 
 _lock = threading.Lock()
-_loaded: dict[str, NativeDecode | None] = {}
+_kernels: dict[int, NativeDecode] = {}
 
 
 class NativeDecode:
@@ -109,54 +100,10 @@ class NativeDecode:
 
 def load_kernel() -> NativeDecode | None:
     """The kernel for this machine, compiling it on first use; None when disabled or it cannot be built."""
-    if os.environ.get(DISABLE_ENV, "1") == "0":
+    lib = load_library(SOURCE)
+    if lib is None:
         return None
-    key = _build_key()
     with _lock:
-        if key not in _loaded:
-            _loaded[key] = _load(key)
-        return _loaded[key]
-
-
-def _build_key() -> str:
-    """Hash of everything the binary depends on: source, flags, compiler, and this CPU's instruction set."""
-    digest = hashlib.sha256(SOURCE.read_bytes() if SOURCE.exists() else b"")
-    digest.update(" ".join((_compiler() or "", *CFLAGS, platform.machine(), _cpu_flags())).encode())
-    return digest.hexdigest()[:16]
-
-
-def _compiler() -> str | None:
-    return shutil.which(os.environ.get("CC", "cc"))
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return platform.processor()
-
-
-def _load(key: str) -> NativeDecode | None:
-    compiler = _compiler()
-    if not SOURCE.exists() or compiler is None:
-        logger.info(
-            "native CPU attention unavailable (no %s); using the torch path",
-            SOURCE.name if compiler else "cc",
-        )
-        return None
-    target = cache_dir() / "kernels" / f"attention_cpu_{key}.so"
-    try:
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-                built = Path(tmp) / target.name
-                cmd = [compiler, *CFLAGS, str(SOURCE), "-o", str(built), "-lm"]
-                subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
-                os.replace(built, target)  # atomic: concurrent builders each publish a complete file
-            logger.info("built native CPU attention kernel %s", target)
-        return NativeDecode(ctypes.CDLL(str(target)))
-    except (OSError, subprocess.SubprocessError) as exc:
-        detail = getattr(exc, "stderr", "") or exc
-        logger.warning("native CPU attention could not be built (%s); using the torch path", detail)
-        return None
+        if id(lib) not in _kernels:
+            _kernels[id(lib)] = NativeDecode(lib)
+        return _kernels[id(lib)]
