@@ -54,6 +54,7 @@ class Reply:
     task: asyncio.Task | None = None
     stream: RequestStream | None = None
     stop_requested: bool = False
+    stop_status: str = "stopped"  # how an aborted reply is stored: "stopped" (the user) or "interrupted" (a drop)
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     def emit(self, event: dict[str, Any]) -> None:
@@ -135,7 +136,7 @@ class ReplyWriter:
                         else:
                             writing = asyncio.ensure_future(self.store.flush_assistant(record.id, text))
             if stream.aborted:
-                status = "stopped"
+                status = turn.stop_status
         except (RequestFailed, RequestTimedOut) as exc:
             status, error = "failed", from_exception(exc).message
         except asyncio.CancelledError:
@@ -160,7 +161,7 @@ class ReplyWriter:
         out = last.outputs[0] if last is not None else None
         cached = last.num_cached_tokens if last is not None else 0
         reason = out.finish_reason.value if out is not None and out.finish_reason is not None else None
-        if status == "stopped":
+        if status in ("stopped", "interrupted"):
             reason = "abort"
         token_ids = list(out.token_ids) if out is not None else []
         timings = _timings(last)

@@ -60,12 +60,13 @@ class ChatService:
     def is_streaming(self, session_id: str) -> bool:
         return session_id in self._turns
 
-    def stop(self, session_id: str) -> bool:
-        """Abort the session's streaming reply (it is stored as `stopped`); False when nothing streams."""
+    def stop(self, session_id: str, status: str = "stopped") -> bool:
+        """Abort the session's streaming reply, stored with `status` (stopped or interrupted); False when idle."""
         turn = self._turns.get(session_id)
         if turn is None:
             return False
         turn.stop_requested = True
+        turn.stop_status = status
         self.engine.abort(turn.request_id)  # its stream then ends as aborted; the reply is stored as stopped
         return True
 

@@ -218,7 +218,7 @@ class Job:
             if mode == "leave":
                 await _until_not_streaming(http, sid)
                 last = (await http.get(f"/api/sessions/{sid}/messages")).json()["messages"][-1]
-                assert last["status"] in ("stopped", "finished") or last["error"] == STEP_FAULT, last
+                assert last["status"] in ("interrupted", "finished") or last["error"] == STEP_FAULT, last
                 return "ws_chat closed mid-reply"
         return "ws_chat 2 turns"
 

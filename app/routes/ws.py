@@ -139,10 +139,10 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str) ->
     except WebSocketDisconnect:
         return
     finally:
-        # The tab went away mid-reply: abort it (stored as stopped). Not while the server drains: the socket was
-        # closed by the shutdown, and the reply may still finish and be stored within the grace period.
+        # The tab went away mid-reply: abort it (stored as interrupted). Not while the server drains: the socket
+        # was closed by the shutdown, and the reply may still finish and be stored within the grace period.
         if pump is not None and not pump.done() and svc.draining_since is None:
-            chat.stop(session_id)
+            chat.stop(session_id, status="interrupted")
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(pump, timeout=5.0)
 
