@@ -54,7 +54,8 @@ class Reply:
     task: asyncio.Task | None = None
     stream: RequestStream | None = None
     stop_requested: bool = False
-    stop_status: str = "stopped"  # how an aborted reply is stored: "stopped" (the user) or "interrupted" (a drop)
+    # how an aborted reply is stored: "stopped" (the user's stop) or "interrupted" (a dropped connection)
+    stop_status: str = "stopped"
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     def emit(self, event: dict[str, Any]) -> None:
