@@ -55,8 +55,9 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.device = torch.device(config.device)
         self.backend = make_attention_backend(config.attention_backend)
-        if self.device.type == "cpu" and hasattr(model, "pack_linear_weights"):
-            logger.info("prepacked %d linear weights for oneDNN", model.pack_linear_weights())
+        if self.device.type == "cpu" and hasattr(model, "use_cpu_fast_paths"):
+            num_packed, fused = model.use_cpu_fast_paths()
+            logger.info("CPU fast paths: %d prepacked linear weights, fused bf16 ops %s", num_packed, fused)
         # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         shape = (spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
         self.kv_cache = zeros_on_huge_pages(shape, spec.dtype, self.device)

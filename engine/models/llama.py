@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -11,13 +10,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models.cpu_ops import CpuOps, Linear, load_cpu_ops
+from engine.models.rope import RopeInputs, apply_rope, rope_cos_sin, rope_inv_freq
+
 if TYPE_CHECKING:
     from engine.attention import AttentionMetadata
     from engine.attention_torch import AttentionBackend
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-PACK_BATCH_HINT = 64  # rows oneDNN tunes a prepacked weight's blocking for: a decode batch
+__all__ = [
+    "Linear",
+    "LlamaForCausalLM",
+    "ModelArgs",
+    "RopeInputs",
+    "apply_rope",
+    "rope_cos_sin",
+    "rope_inv_freq",
+]
 
 
 @dataclass(frozen=True)
@@ -87,72 +97,10 @@ class ModelArgs:
         )
 
 
-def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
-    """Inverse frequencies [head_dim // 2] in fp32, with linear or Llama 3 scaling applied."""
-    dim = args.head_dim
-    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-    scaling = dict(args.rope_scaling)
-    if args.rope_type == "linear":
-        return inv_freq / scaling["factor"]
-    if args.rope_type == "llama3":
-        factor, old_len = scaling["factor"], scaling["original_max_position_embeddings"]
-        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-        smooth = (old_len / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-        return torch.where(is_medium, smoothed, scaled)
-    return inv_freq
-
-
-def rope_cos_sin(args: ModelArgs) -> torch.Tensor:
-    """[max_seq_len, 2, head_dim]: cos and sign-folded sin (-sin, sin) per position, computed in fp32."""
-    freqs = torch.outer(torch.arange(args.max_seq_len, dtype=torch.float32), rope_inv_freq(args))
-    cos, sin = freqs.cos(), freqs.sin()
-    return torch.stack((torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)), dim=1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, H, D] by cos/sin [T, 1, D] from rope_cos_sin (HF's rotate_half convention)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # times (-sin, sin): rotate_half(x) * sin
-    return torch.addcmul(x * cos, rotated, sin)
-
-
-class Linear(nn.Linear):
-    """nn.Linear that can run from a oneDNN-prepacked copy of its weight (bf16 on CPU).
-
-    F.linear reorders a bf16 weight into oneDNN's blocked layout on every call; at decode batch sizes that reorder
-    is a large share of the call (SmolLM2's 30 layers of linears at 64 rows, one core: ~79 -> ~44-56 ms; no
-    slower at 512 rows).
-    """
-
-    packed: torch.Tensor | None = None
-
-    def pack(self) -> bool:
-        """Prepack the current weight (call after the weights are final); False where it does not apply."""
-        weight = self.weight.detach()
-        if (
-            weight.device.type != "cpu"
-            or weight.dtype != torch.bfloat16
-            or not torch.backends.mkldnn.is_available()
-        ):
-            return False
-        try:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
-        except (AttributeError, RuntimeError):  # a torch build without the oneDNN linear ops
-            return False
-        return True
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:
-            return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-
-
 class RMSNorm(nn.Module):
     """Root-mean-square norm; torch's fused kernel (in bf16 it rounds once where HF rounds twice)."""
+
+    ops: CpuOps | None = None  # fused bf16 CPU ops, set by LlamaForCausalLM.use_cpu_fast_paths
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -162,9 +110,19 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
+    def add_and_norm(self, residual: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+        """residual += delta in place (skipped for None), then the norm of residual as a new tensor."""
+        if self.ops is not None and self.ops.supports(residual):
+            return self.ops.add_rms_norm_(residual, delta, self.weight, self.eps)
+        if delta is not None:
+            residual.add_(delta)
+        return self(residual)
+
 
 class Attention(nn.Module):
     """Fused-QKV self-attention; the backend stores K/V in the paged cache and attends."""
+
+    ops: CpuOps | None = None
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -177,15 +135,14 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [T, hidden]
-        cos: torch.Tensor,  # [T, 1, D]
-        sin: torch.Tensor,
+        rope: RopeInputs,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
         num_tokens, hq, hkv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)  # [T, (Hq + 2 Hkv) D]
-        qk = apply_rope(qkv[:, : (hq + hkv) * d].view(num_tokens, hq + hkv, d), cos, sin)
+        qk = rope.rotate(qkv[:, : (hq + hkv) * d].view(num_tokens, hq + hkv, d), self.ops)
         q, k = qk[:, :hq], qk[:, hq:]  # [T, Hq, D], [T, Hkv, D]
         v = qkv[:, (hq + hkv) * d :].view(num_tokens, hkv, d)
         out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)  # [T, Hq, D]
@@ -195,18 +152,23 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU feed-forward with a fused gate/up projection."""
 
+    ops: CpuOps | None = None
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.gate_up_proj = Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)
         self.down_proj = Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.ops is not None and self.ops.supports(gate_up):
+            return self.down_proj(self.ops.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm attention and MLP blocks with residual adds."""
+    """Pre-norm attention and MLP blocks; each residual add is fused with the norm that follows it."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -215,9 +177,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args)
 
-    def forward(self, x, cos, sin, kv_cache, meta, backend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, h, residual, rope, kv_cache, meta, backend, next_norm: RMSNorm) -> torch.Tensor:
+        """h = input_layernorm(residual) in; residual updated in place; next_norm(residual) out."""
+        h = self.post_attention_layernorm.add_and_norm(
+            residual, self.self_attn(h, rope, kv_cache, meta, backend)
+        )
+        return next_norm.add_and_norm(residual, self.mlp(h))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -250,16 +215,25 @@ class LlamaForCausalLM(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         """Final-normed hidden states [T, hidden] of every token in the flattened batch."""
-        cos_sin = self.rope_cache[positions]  # [T, 2, D]
-        cos, sin = cos_sin[:, 0:1], cos_sin[:, 1:2]  # [T, 1, D]
-        x = self.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv_cache, meta, backend)
-        return self.norm(x)
+        rope = RopeInputs.gather(self.rope_cache, positions)
+        residual = self.embed_tokens(input_ids)  # [T, hidden], the residual stream, updated in place
+        norms = [layer.input_layernorm for layer in self.layers] + [self.norm]
+        h = norms[0].add_and_norm(residual, None)
+        for layer, kv_cache, next_norm in zip(self.layers, kv_caches, norms[1:], strict=True):
+            h = layer(h, residual, rope, kv_cache, meta, backend, next_norm)
+        return h
 
-    def pack_linear_weights(self) -> int:
-        """Prepack every linear's weight for the CPU where that applies (bf16); how many were packed."""
-        return sum(m.pack() for m in self.modules() if isinstance(m, Linear))
+    def use_cpu_fast_paths(self) -> tuple[int, bool]:
+        """Prepack bf16 linear weights and attach the fused bf16 ops (call once the weights are final).
+
+        Returns (linears packed, fused ops attached); both stay unused for fp32 weights and activations.
+        """
+        num_packed = sum(m.pack() for m in self.modules() if isinstance(m, Linear))
+        ops = load_cpu_ops() if self.embed_tokens.weight.dtype == torch.bfloat16 else None
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, Attention, MLP)):
+                module.ops = ops
+        return num_packed, ops is not None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] in fp32 for the selected hidden rows [N, hidden]."""

@@ -1,0 +1,126 @@
+"""CPU fast paths: prepacked bf16 linears give F.linear's results; the fused bf16 ops match torch's to one
+rounding; a bf16 model keeps its logits with them on, an fp32 model does not use them at all."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.attention_torch import TorchAttentionBackend
+from engine.models.cpu_ops import Linear, load_cpu_ops
+from engine.models.rope import apply_rope
+from tests.engine.factories import make_attention_metadata, make_hf_model, make_kv_caches, make_model_from_hf
+
+OPS = load_cpu_ops()
+needs_ops = pytest.mark.skipif(OPS is None, reason="no C compiler: the fused ops cannot be built here")
+needs_onednn = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"
+)
+ONE_ROUNDING = dict(atol=1e-6, rtol=2**-7)  # a bf16 result against an fp32 reference of the same bf16 inputs
+
+
+def _bf16(*shape, seed=0, scale=1.0):
+    return (torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * scale).to(torch.bfloat16)
+
+
+@needs_onednn
+@pytest.mark.parametrize("num_rows", [1, 7, 64, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_equals_f_linear(num_rows, bias):
+    torch.manual_seed(num_rows)
+    layer = Linear(96, 160, bias=bias).to(torch.bfloat16).requires_grad_(False)
+    x = _bf16(num_rows, 96, seed=1)
+    expected = F.linear(x, layer.weight, layer.bias)
+    assert layer.pack() and layer.packed is not None
+    out = layer(x)
+    assert out.shape == (num_rows, 160) and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected.float(), atol=0.0, rtol=2**-7)
+
+
+def test_fp32_linear_is_not_packed():
+    layer = Linear(32, 48)
+    assert not layer.pack() and layer.packed is None
+    x = torch.randn(5, 32)
+    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+@needs_ops
+@pytest.mark.parametrize("rows,dim", [(3, 576), (64, 100), (512, 576)])  # tail lanes; 512 rows run threaded
+def test_add_rms_norm(rows, dim):
+    residual, delta = _bf16(rows, dim, seed=2, scale=3), _bf16(rows, dim, seed=3)
+    weight = (1 + 0.2 * torch.randn(dim, generator=torch.Generator().manual_seed(4))).to(torch.bfloat16)
+    expected_residual = residual + delta  # torch rounds the fp32 sum to bf16 once, as the op does
+    updated = residual.clone()
+    out = OPS.add_rms_norm_(updated, delta, weight, 1e-5)
+    assert torch.equal(updated, expected_residual)
+    expected = F.rms_norm(expected_residual.float(), (dim,), weight.float(), 1e-5)
+    torch.testing.assert_close(out.float(), expected, **ONE_ROUNDING)
+    untouched = residual.clone()
+    out = OPS.add_rms_norm_(untouched, None, weight, 1e-5)  # no delta: norm only
+    assert torch.equal(untouched, residual)
+    torch.testing.assert_close(
+        out.float(), F.rms_norm(residual.float(), (dim,), weight.float(), 1e-5), **ONE_ROUNDING
+    )
+
+
+@needs_ops
+@pytest.mark.parametrize("rows,width", [(5, 1536), (64, 37), (512, 1536)])
+def test_silu_mul(rows, width):
+    gate_up = _bf16(rows, 2 * width, seed=5, scale=4)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    out = OPS.silu_mul(gate_up)
+    assert out.shape == (rows, width) and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), F.silu(gate) * up, **ONE_ROUNDING)
+
+
+@needs_ops
+@pytest.mark.parametrize("rows,head_dim", [(6, 64), (40, 24), (300, 64)])
+def test_rope_in_place_on_the_rotated_heads_only(rows, head_dim):
+    from engine.models.llama import ModelArgs
+    from engine.models.rope import rope_cos_sin
+
+    args = ModelArgs(100, 64, 64, 1, 6, 2, head_dim, max_seq_len=512, rope_theta=10000.0)
+    table = rope_cos_sin(args).to(torch.bfloat16)
+    qkv = _bf16(rows, 10 * head_dim, seed=6)
+    positions = torch.randint(0, 512, (rows,), generator=torch.Generator().manual_seed(7))
+    qk = qkv[:, : 8 * head_dim].view(rows, 8, head_dim)  # strided: rows of 10 heads, the first 8 rotated
+    cos_sin = table[positions].float()
+    expected = apply_rope(qk.float(), cos_sin[:, 0:1], cos_sin[:, 1:2])
+    before_v = qkv[:, 8 * head_dim :].clone()
+    assert OPS.rope_(qk, positions, table) is qk
+    torch.testing.assert_close(qk.float(), expected, atol=1e-2, rtol=2**-7)  # values near 0 lose a few bits
+    assert torch.equal(qkv[:, 8 * head_dim :], before_v)
+
+
+def _logits(model, seed=0):
+    args = model.args
+    seq_lens = [9, 4]
+    meta = make_attention_metadata(seq_lens, seq_lens, [[0], [1]], 16)
+    ids = torch.randint(0, args.vocab_size, (sum(seq_lens),), generator=torch.Generator().manual_seed(seed))
+    pos = torch.tensor([*range(9), *range(4)])
+    caches = make_kv_caches(args, num_blocks=2, block_size=16, dtype=model.embed_tokens.weight.dtype)
+    with torch.inference_mode():
+        return model.compute_logits(model(ids, pos, caches, meta, TorchAttentionBackend(16)))
+
+
+@needs_onednn
+@pytest.mark.parametrize("kind,seed", [("qwen2", 3), ("llama3", 5)])  # QKV bias: packed linears carry it
+def test_bf16_model_with_fast_paths_is_as_close_to_fp32_as_torch_bf16(kind, seed):
+    hf = make_hf_model(kind, seed=seed)
+    reference = _logits(make_model_from_hf(hf))  # fp32, logits up to ~4.5
+    model = make_model_from_hf(hf, torch.bfloat16)
+    plain_error = (_logits(model) - reference).abs()
+    num_packed, fused = model.use_cpu_fast_paths()
+    assert num_packed == 4 * model.args.num_layers + 1  # qkv, o, gate_up, down per layer; lm_head
+    assert fused == (OPS is not None)
+    fast_error = (_logits(model) - reference).abs()
+    # measured: mean 0.012 / max 0.066 for both paths; a wrong bias, norm or rotation is ~1 or more
+    assert fast_error.max() < 0.15 and fast_error.mean() < 1.25 * plain_error.mean()
+
+
+def test_fp32_model_is_untouched():
+    model = make_model_from_hf(make_hf_model("llama", seed=4))
+    before = _logits(model)
+    assert model.use_cpu_fast_paths() == (0, False)
+    assert torch.equal(_logits(model), before)
