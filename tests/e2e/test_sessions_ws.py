@@ -102,7 +102,7 @@ def test_closing_the_socket_mid_reply_aborts_it(server, http):
             pass
     server.wait_pool_idle()
     stored = http.get(f"/api/sessions/{sid}/messages").json()["messages"]
-    assert stored[-1]["status"] == "stopped" and stored[-1]["completion_tokens"] < 250
+    assert stored[-1]["status"] == "interrupted" and stored[-1]["completion_tokens"] < 250
 
 
 def test_sse_disconnect_mid_reply_aborts_it(server, http):
