@@ -233,3 +233,21 @@ int paged_decode(int is_bf16, const void *q, int64_t q_row, int64_t q_head, cons
         fn(&job, s);
     return 0;
 }
+
+/* Write each token's K and V rows into the caches at its slot (block * block_size + offset); negative slots are
+ * padding and skipped. Any dtype: rows are copied as bytes, elem_size per element. */
+void store_kv(int elem_size, const void *k, const void *v, int64_t kv_row, int64_t kv_head, void *k_cache,
+              void *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head, const int64_t *slots, int num_tokens,
+              int num_kv_heads, int head_dim, int block_size) {
+    const size_t row_bytes = (size_t)head_dim * elem_size;
+    for (int t = 0; t < num_tokens; t++) {
+        const int64_t slot = slots[t];
+        if (slot < 0) continue;
+        const int64_t dst = (slot / block_size) * c_block + (slot % block_size) * c_tok;
+        for (int h = 0; h < num_kv_heads; h++) {
+            const int64_t src = t * kv_row + h * kv_head, at = dst + h * c_head;
+            memcpy((char *)k_cache + at * elem_size, (const char *)k + src * elem_size, row_bytes);
+            memcpy((char *)v_cache + at * elem_size, (const char *)v + src * elem_size, row_bytes);
+        }
+    }
+}

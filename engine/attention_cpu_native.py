@@ -34,6 +34,9 @@ class NativeDecode:
         self._fn.restype = i32
         self._fn.argtypes = [i32, ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, i64, ptr, i64, i64]
         self._fn.argtypes += [i32] * 5 + [ctypes.c_float, i32]
+        self._store = lib.store_kv
+        self._store.restype = None
+        self._store.argtypes = [i32, ptr, ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr, i32, i32, i32, i32]
 
     @staticmethod
     def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -48,6 +51,46 @@ class NativeDecode:
             and 16 <= head_dim <= 256
             and num_heads % num_kv_heads == 0
             and num_heads // num_kv_heads <= 16
+        )
+
+    @staticmethod
+    def can_store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+        """Whether store_kv applies: CPU tensors of one dtype, unit stride over head_dim, k/v and caches alike."""
+        tensors = (k, v, k_cache, v_cache)
+        return (
+            all(t.device.type == "cpu" and t.dtype == k.dtype and t.stride(-1) == 1 for t in tensors)
+            and k.stride() == v.stride()
+            and k_cache.stride() == v_cache.stride()
+        )
+
+    def store_kv(
+        self,
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,  # [T] int64; negative = padding, skipped
+    ) -> None:
+        """Copy each token's K/V rows into the caches at its slot (index_copy_ without its per-call overhead)."""
+        assert self.can_store(k, v, k_cache, v_cache), "inputs store_kv does not support (check can_store())"
+        assert slot_mapping.dtype == torch.int64 and slot_mapping.is_contiguous()
+        assert k.shape[0] == slot_mapping.shape[0] and k.shape[1:] == v.shape[1:] == k_cache.shape[2:]
+        self._store(
+            k.element_size(),
+            k.data_ptr(),
+            v.data_ptr(),
+            k.stride(0),
+            k.stride(1),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            slot_mapping.data_ptr(),
+            k.shape[0],
+            k.shape[1],
+            k.shape[2],
+            k_cache.shape[1],
         )
 
     def __call__(

@@ -202,8 +202,11 @@ class TorchAttentionBackend:
         plan = self._plan
         if plan is None or plan.meta is not meta or plan.block_size != block_size:
             plan = self._plan = self._make_plan(meta, block_size)
-        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
-        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+        if self.kernel is not None and self.kernel.can_store(k, v, k_cache, v_cache):
+            self.kernel.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        else:
+            k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
+            v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
         if plan.native is not None and self.kernel.supports(q, k_cache):
             out = q.new_empty(q.shape)
             n = plan.native

@@ -8,7 +8,7 @@ import torch
 from engine import attention_cpu_native
 from engine.attention_cpu_native import load_kernel
 from engine.attention_torch import TorchAttentionBackend
-from kernels.reference import paged_attention_ref
+from kernels.reference import paged_attention_ref, store_kv_ref
 from tests.engine.factories import make_attention_metadata, make_block_tables
 
 KERNEL = load_kernel()
@@ -81,6 +81,21 @@ def test_strided_query_and_scattered_rows_leave_other_rows_alone():
     torch.testing.assert_close(out[rows.long()], expected, atol=1e-5, rtol=0)
     untouched = [0, 2, 3, 5]
     assert torch.equal(out[untouched], torch.full((4, 8, 32), 7.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_store_kv_matches_reference_with_strided_rows_and_padding(dtype):
+    gen = torch.Generator().manual_seed(8)
+    k_cache, v_cache = _caches(12, 16, 2, 32, dtype, gen)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    qkv = torch.randn(5, 4 + 2 + 2, 32, generator=gen).to(dtype)  # k and v are views into fused rows
+    k, v = qkv[:, 4:6], qkv[:, 6:8]
+    slots = torch.tensor([3, 191, -1, 16 * 7 + 15, 40], dtype=torch.int64)  # first/last slots, a padding row
+    assert KERNEL.can_store(k, v, k_cache, v_cache)
+    KERNEL.store_kv(k, v, k_cache, v_cache, slots)
+    store_kv_ref(k, v, expected_k, expected_v, slots)
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+    assert not KERNEL.can_store(k.float() if dtype != torch.float32 else k.half(), v, k_cache, v_cache)
 
 
 def test_supports_only_what_the_kernel_handles():
