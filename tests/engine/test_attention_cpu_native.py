@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -142,6 +144,20 @@ def test_unsupported_dtype_falls_back_to_torch():
         q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, 0.5
     )
     torch.testing.assert_close(out, expected, atol=1e-2, rtol=0)
+
+
+@pytest.mark.parametrize("past", ["block", "slot"])
+def test_metadata_past_the_pool_raises_instead_of_reading_out_of_bounds(past):
+    seq_lens = [20, 5]
+    tables = [[1, 9 if past == "block" else 2], [3]]  # a pool of 8 blocks: block 9 does not exist
+    meta = make_attention_metadata([1, 1], seq_lens, tables, 16)
+    if past == "slot":  # a slot mapping that points past the pool while the tables stay in range
+        meta = dataclasses.replace(meta, slot_mapping=torch.tensor([8 * 16, 3 * 16 + 4]))
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(2, h, 32, generator=gen) for h in (4, 2, 2))
+    k_cache, v_cache = _caches(8, 16, 2, 32, torch.float32, gen)
+    with pytest.raises(RuntimeError, match="past a pool of 8 blocks"):
+        TorchAttentionBackend(16, native=True).forward(q, k, v, k_cache, v_cache, meta, 0.5)
 
 
 def test_disabled_by_environment(monkeypatch):
