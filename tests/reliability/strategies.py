@@ -11,22 +11,12 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from app.chat_service import SESSION_SAMPLING_KEYS
 from tests.app.factories import make_tiny_model_dir
 
 MAX_CHARS = 2000
 MAX_BODY = 32 * 1024
-SAMPLING_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "max_tokens",
-    "stop",
-    "seed",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-)
+SAMPLING_FIELDS = SESSION_SAMPLING_KEYS  # the settings a session accepts, as the service defines them
 V1_FIELDS = (
     *SAMPLING_FIELDS,
     "model",
