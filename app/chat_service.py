@@ -61,22 +61,27 @@ class ChatService:
         return session_id in self._turns
 
     def stop(self, session_id: str, status: str = "stopped") -> bool:
-        """Abort the session's streaming reply, stored with `status` (stopped or interrupted); False when idle."""
+        """Abort the session's streaming reply, stored with `status`; False when idle.
+
+        `stopped`: the user asked (Stop button, POST …/stop, server shutdown); `interrupted`: the client went away
+        or stopped reading. The first reason given wins: a Stop followed by the tab closing stays `stopped`.
+        """
         turn = self._turns.get(session_id)
         if turn is None:
             return False
-        turn.stop_requested = True
-        turn.stop_status = status
-        self.engine.abort(turn.request_id)  # its stream then ends as aborted; the reply is stored as stopped
+        if not turn.stop_requested:
+            turn.stop_requested = True
+            turn.stop_status = status
+        self.engine.abort(turn.request_id)  # its stream ends as aborted; the reply is stored as stop_status
         return True
 
-    def stop_reply(self, reply: Reply) -> bool:
+    def stop_reply(self, reply: Reply, status: str = "stopped") -> bool:
         """Stop this reply if it is still its session's running reply (never a newer one); False otherwise."""
         if self._turns.get(reply.session_id) is not reply or (
             reply.stream is not None and reply.stream.finished
         ):
             return False
-        return self.stop(reply.session_id)
+        return self.stop(reply.session_id, status)
 
     async def shutdown(self, timeout_s: float) -> None:
         """Let running replies finish up to `timeout_s`, then stop them; each is stored before returning."""

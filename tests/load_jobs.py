@@ -182,7 +182,7 @@ class Job:
                 _check_reply(events, stopped=mode == "stopped")
             stored = (await http.get(f"/api/sessions/{sid}/messages")).json()["messages"]
         assert [m["role"] for m in stored] == expected, stored
-        ended = ("complete", "finished", "stopped")
+        ended = ("complete", "finished", "stopped", "interrupted")  # interrupted: the client left mid-reply
         assert all(m["status"] in ended or m["error"] == STEP_FAULT for m in stored), stored
         return f"session_sse {self.num_turns} turns"
 

@@ -191,9 +191,12 @@ def _sse(svc: Services, reply: Reply) -> Response:
         async for event in reply.iter_events():
             yield {"event": event["type"], "data": sse_json(event)}
 
-    # however the response ends (the client went away mid-reply, even before the first event): abort the reply
-    # if it still runs; it is stored as stopped
-    return event_stream(events(), svc.settings, on_close=lambda: svc.chat.stop_reply(reply))
+    def on_close() -> None:
+        # However the response ends, abort the reply if it still runs. The client went away (even before the
+        # first event): stored as interrupted, as when a WebSocket drops; the shutdown cut it: stored as stopped.
+        svc.chat.stop_reply(reply, status="interrupted" if svc.draining_since is None else "stopped")
+
+    return event_stream(events(), svc.settings, on_close=on_close)
 
 
 routes = [

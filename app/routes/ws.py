@@ -178,10 +178,10 @@ async def _forward(socket: _Socket, chat: ChatService, reply: Reply) -> None:
             await socket.send(event)
         except (
             asyncio.TimeoutError
-        ):  # the client stopped reading: drop it and stop its reply (stored as stopped)
+        ):  # the client stopped reading: drop it and stop its reply (stored as interrupted)
             stalled = True
             logger.warning("websocket reader stalled for %g s: closing it", socket.send_timeout_s)
-            chat.stop(reply.session_id)
+            chat.stop(reply.session_id, status="interrupted")
             with contextlib.suppress(Exception):
                 await socket.websocket.close(code=CLOSE_TRY_AGAIN_LATER, reason="reader too slow")
         except Exception:  # noqa: BLE001 - the socket closed; the reply still runs to its stored end

@@ -105,7 +105,7 @@ def test_closing_the_socket_mid_reply_aborts_it(server, http):
     assert stored[-1]["status"] == "interrupted" and stored[-1]["completion_tokens"] < 250
 
 
-def test_sse_disconnect_mid_reply_aborts_it(server, http):
+def test_sse_disconnect_mid_reply_aborts_it_and_stores_it_interrupted(server, http):
     sid = new_session(http, max_tokens=250)
     with http.stream("POST", f"/api/sessions/{sid}/messages", json={"content": "Ramble"}) as response:
         lines = response.iter_lines()
@@ -113,7 +113,7 @@ def test_sse_disconnect_mid_reply_aborts_it(server, http):
             pass
     server.wait_pool_idle()
     stored = http.get(f"/api/sessions/{sid}/messages").json()["messages"]
-    assert stored[-1]["status"] == "stopped" and stored[-1]["completion_tokens"] < 250
+    assert stored[-1]["status"] == "interrupted" and stored[-1]["completion_tokens"] < 250
 
 
 def test_cross_origin_socket_is_refused_and_strangers_get_404(server, http):

@@ -42,8 +42,12 @@ def hf_reference(model_path):
         for ids in prompts:
             x = torch.tensor([ids])
             out = model.generate(
-                x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_TOKENS, do_sample=False,
-                eos_token_id=eos, pad_token_id=eos[0],
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=MAX_TOKENS,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=eos[0],
             )
             tokens = out[0, len(ids) :].tolist()
             outputs.append(tokens)
@@ -58,7 +62,9 @@ def _assert_same_greedy(model, prompt: list[int], ours: list[int], ref: list[int
                 logits = model(torch.tensor([prompt + ref[:i]])).logits[0, -1]
             top2 = torch.topk(logits, 2).values
             gap = float(top2[0] - top2[1])
-            assert gap < NEAR_TIE, f"diverged at output token {i}: ours {a}, HF {b}, top-2 logit gap {gap:.2e}"
+            assert gap < NEAR_TIE, (
+                f"diverged at output token {i}: ours {a}, HF {b}, top-2 logit gap {gap:.2e}"
+            )
             return
     assert len(ours) == len(ref), f"ours stopped after {len(ours)} tokens, HF after {len(ref)}"
 
@@ -68,7 +74,10 @@ def _assert_same_greedy(model, prompt: list[int], ours: list[int], ref: list[int
 def test_greedy_equals_hf(hf_reference, model_path, batched, caching):
     model, prompts, ref = hf_reference
     llm = LLM(
-        model=str(model_path), dtype="float32", kv_cache_bytes=256 * 2**20, enable_prefix_caching=caching,
+        model=str(model_path),
+        dtype="float32",
+        kv_cache_bytes=256 * 2**20,
+        enable_prefix_caching=caching,
     )
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     outs = llm.generate(prompts, params) if batched else [llm.generate([p], params)[0] for p in prompts]

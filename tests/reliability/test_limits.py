@@ -233,7 +233,7 @@ def test_a_reader_stalled_past_the_timeout_is_cut_off_and_its_request_aborted(tm
         assert concurrently(lambda: chat(client, {}).status_code) == [200]
 
 
-def test_a_stalled_websocket_reader_is_closed_and_its_reply_stopped():
+def test_a_stalled_websocket_reader_is_closed_and_its_reply_interrupted():
     from app.routes.ws import CLOSE_TRY_AGAIN_LATER, _forward, _Socket
 
     class StalledSocket:
@@ -246,10 +246,10 @@ def test_a_stalled_websocket_reader_is_closed_and_its_reply_stopped():
             self.closed_with = code
 
     class Chat:
-        stopped: list[str] = []
+        stopped: list[tuple[str, str]] = []
 
-        def stop(self, session_id: str) -> bool:
-            self.stopped.append(session_id)
+        def stop(self, session_id: str, status: str = "stopped") -> bool:
+            self.stopped.append((session_id, status))
             return True
 
     async def scenario() -> tuple[StalledSocket, Chat, float]:
@@ -263,7 +263,7 @@ def test_a_stalled_websocket_reader_is_closed_and_its_reply_stopped():
 
     websocket, chat, elapsed = asyncio.run(scenario())
     assert websocket.closed_with == CLOSE_TRY_AGAIN_LATER
-    assert chat.stopped == ["s1"]
+    assert chat.stopped == [("s1", "interrupted")]
     assert 0.2 <= elapsed < 1.0  # one timed-out send, then the remaining events are drained without sending
 
 
@@ -316,5 +316,5 @@ def test_a_client_gone_before_the_first_event_leaves_nothing_running(client):
         state["stats"]["num_generation_tokens_total"] < 300
     )  # both were aborted long before their 200 tokens
     stored = client.get(f"/api/sessions/{sid}/messages", headers=one).json()["messages"]
-    assert [(m["role"], m["status"]) for m in stored] == [("user", "complete"), ("assistant", "stopped")]
+    assert [(m["role"], m["status"]) for m in stored] == [("user", "complete"), ("assistant", "interrupted")]
     assert client.app.state.services.limiter.in_flight("key:" + _fp("sk-one")) == 0
