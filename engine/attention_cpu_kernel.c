@@ -1,67 +1,15 @@
 /* Paged decode attention for the CPU: one query token per sequence, K/V read in place from the paged cache.
  *
  * Built and loaded by engine/attention_cpu_native.py (cc -O3 -march=native, ctypes). Plain C with GCC/Clang
- * vector extensions: 16-float vectors, head_dim a multiple of 16. Online softmax in fp32 over chunks of up to
- * 16 tokens; the 16 scores of a chunk come out of one transpose-and-add reduction, not 16 horizontal sums.
+ * vector extensions: 16-float vectors (cpu_simd.h), head_dim a multiple of 16. Online softmax in fp32 over chunks
+ * of up to 16 tokens; the 16 scores of a chunk come out of one transpose-and-add reduction, not 16 horizontal sums.
  * Caches [num_blocks, block_size, num_kv_heads, head_dim] are addressed through element strides, so any layout
  * with a unit head_dim stride works.
  */
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
+#include "cpu_simd.h"
 
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-typedef uint16_t vh __attribute__((vector_size(32)));
-typedef uint32_t vu __attribute__((vector_size(64)));
-typedef uint16_t bf16;
-
-#define W 16          /* lanes per vector, tokens per chunk */
-#define MAX_C 16      /* head_dim <= 256 */
-#define MAX_G 16      /* query heads per kv head */
-#define SHUF __builtin_shufflevector
-
-static inline vf load_bf16(const bf16 *p) {
-    vh h;
-    memcpy(&h, p, sizeof h);
-    vu u = __builtin_convertvector(h, vu) << 16;
-    vf f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-static inline vf load_f32(const float *p) {
-    vf f;
-    memcpy(&f, p, sizeof f);
-    return f;
-}
-static inline bf16 round_bf16(float f) { /* round to nearest even, as torch does */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (bf16)(u >> 16);
-}
-static inline void store_bf16(bf16 *p, vf x) {
-    for (int i = 0; i < W; i++) p[i] = round_bf16(x[i]);
-}
-static inline void store_f32(float *p, vf x) { memcpy(p, &x, sizeof x); }
-
-static inline vf vsel(vi mask, vf a, vf b) { return (vf)(((vi)a & mask) | ((vi)b & ~mask)); }
-static inline vf vmax(vf a, vf b) { return vsel(a > b, a, b); }
-static inline float hmax(vf x) {
-    x = vmax(x, SHUF(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
-    x = vmax(x, SHUF(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
-    x = vmax(x, SHUF(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
-    x = vmax(x, SHUF(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
-    return x[0];
-}
-static inline float hsum(vf x) {
-    x += SHUF(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-    x += SHUF(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-    x += SHUF(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-    x += SHUF(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-    return x[0];
-}
+#define MAX_C 16 /* head_dim <= 256 */
+#define MAX_G 16 /* query heads per kv head */
 
 /* Lane t of the result is the sum of the lanes of r[t]: four rounds of pairwise shuffles and adds. */
 static inline vf reduce16(const vf *r) {
@@ -77,23 +25,6 @@ static inline vf reduce16(const vf *r) {
                SHUF(b[2 * i], b[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
     return SHUF(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
            SHUF(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-}
-
-/* exp(x) for x <= 0 (scores minus their running max), relative error ~1e-7; -inf and x < -87 give ~0. */
-static inline vf vexp(vf x) {
-    const vf lo = (vf){0} - 87.0f;
-    x = vmax(x, lo);
-    const vf t = x * 1.44269504088896341f + 0.5f;
-    vf n = __builtin_convertvector(__builtin_convertvector(t, vi), vf); /* trunc, then floor */
-    n = vsel(n > t, n - 1.0f, n);
-    const vf f = x - n * 0.693145751953125f - n * 1.428606765330187e-06f; /* |f| <= ln2 / 2, two-part ln2 */
-    const vf p =
-        1.0f +
-        f * (1.0f + f * (0.5f + f * (1.6666667e-1f + f * (4.1666668e-2f + f * (8.3333338e-3f + f * 1.3888889e-3f)))));
-    const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
-    vf s;
-    memcpy(&s, &e, sizeof s);
-    return p * s;
 }
 
 typedef struct {

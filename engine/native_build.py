@@ -24,6 +24,7 @@ from engine.provision import cache_dir
 logger = logging.getLogger(__name__)
 
 CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared")
+INCLUDE_DIR = Path(__file__).parent  # the shared headers (cpu_simd.h) every library may include
 DISABLE_ENV = "PAGEDCHAT_NATIVE"  # "0": never build or load native libraries
 
 _lock = threading.Lock()
@@ -42,8 +43,10 @@ def load_library(source: Path) -> ctypes.CDLL | None:
 
 
 def _build_key(source: Path) -> str:
-    """Hash of everything the binary depends on: source, flags, compiler, and this CPU's instruction set."""
+    """Hash of everything the binary depends on: source, shared headers, flags, compiler, this CPU's instruction set."""
     digest = hashlib.sha256(source.read_bytes() if source.exists() else b"")
+    for header in sorted(INCLUDE_DIR.glob("*.h")):
+        digest.update(header.read_bytes())
     digest.update(" ".join((_compiler() or "", *CFLAGS, platform.machine(), _cpu_flags())).encode())
     return digest.hexdigest()[:16]
 
@@ -71,7 +74,7 @@ def _build_and_load(source: Path, key: str) -> ctypes.CDLL | None:
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
                 built = Path(tmp) / target.name
-                cmd = [compiler, *CFLAGS, str(source), "-o", str(built), "-lm"]
+                cmd = [compiler, *CFLAGS, f"-I{INCLUDE_DIR}", str(source), "-o", str(built), "-lm"]
                 subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
                 os.replace(built, target)  # atomic: concurrent builders each publish a complete file
             logger.info("built %s", target)
