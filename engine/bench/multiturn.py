@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -28,6 +29,14 @@ from engine.bench.workload import ChatRequest, system_prompt, user_turns
 TARGET_TTFT_RATIO = 1.5
 TARGET_CACHE_HIT_PCT = 90.0
 MODES = ("session", "v1")
+ARRIVALS = ("staggered", "together")
+ARRIVALS_MEANING = {
+    "staggered": "every user chats back to back for the whole run; user u's measured conversation starts after "
+    "u mod K unmeasured turns of another one, and users keep chatting (unmeasured) until all measured "
+    "conversations are done: the measured turn 1 and turn K see the same number of users",
+    "together": "every user starts its measured conversation in the same instant; turn 1 is a burst",
+}
+FILLER_SEED = 1_000_003  # conversations outside the measured ones (lead-in, keep-busy) use other scripts
 BENCH_API_KEY = "pagedchat-bench"
 
 
@@ -37,6 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--system-tokens", type=int, default=400, help="length of the shared system prompt")
     parser.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every answer")
+    parser.add_argument(
+        "--arrivals",
+        choices=ARRIVALS,
+        default="staggered",
+        help="staggered: all users chat all the time, their measured conversations out of phase, so every turn "
+        "number sees the same load; together: every user starts its conversation in the same instant",
+    )
     parser.add_argument("--url", default=None, help="a running pagedchat server with prefix caching on")
     parser.add_argument(
         "--url-no-caching", default=None, help="a running pagedchat server with prefix caching off"
@@ -45,40 +61,94 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-logs", default=None, help="keep server logs and databases in this folder")
 
 
-def _session_user(
-    client: httpx.Client, system: str, messages: list[str], max_tokens: int, on_turn: Callable[[], None]
-) -> list[sc.TurnResult]:
-    sid = sc.create_session(client, system, {"temperature": 0.0, "max_tokens": max_tokens})
-    out = []
-    for content in messages:
-        out.append(sc.send_message(client, sid, content))
-        on_turn()
-    return out
+class Conversation:
+    """One user's conversation through one API: a session (token-exact history) or /v1 (history resent as text)."""
 
-
-def _v1_user(
-    client: Any, model: str, system: str, messages: list[str], max_tokens: int, on_turn: Callable[[], None]
-) -> list[sc.TurnResult]:
-    history: list[dict[str, str]] = [{"role": "system", "content": system}]
-    out = []
-    for content in messages:
-        history.append({"role": "user", "content": content})
-        request = ChatRequest(list(history), max_tokens, "turn")
-        r = loadgen.stream_chat(client, model, request, 0.0)
-        out.append(
-            sc.TurnResult(
-                ok=r.ok,
-                ttft_s=r.ttft_s,
-                e2e_s=r.e2e_s,
-                prompt_tokens=r.num_prompt_tokens,
-                cached_tokens=r.num_cached_tokens,
-                completion_tokens=r.num_output_tokens,
-                text=r.text,
-                error=r.error,
-            )
+    def __init__(
+        self, api: str, http: httpx.Client, oa: Any, model: str, system: str, max_tokens: int
+    ) -> None:
+        self.http, self.oa, self.model, self.max_tokens = http, oa, model, max_tokens
+        self.history: list[dict[str, str]] = [{"role": "system", "content": system}]
+        self.session_id = (
+            sc.create_session(http, system, {"temperature": 0.0, "max_tokens": max_tokens})
+            if api == "session"
+            else None
         )
-        history.append({"role": "assistant", "content": r.text})  # history resent as text
-        on_turn()
+
+    def send(self, content: str) -> sc.TurnResult:
+        if self.session_id is not None:
+            return sc.send_message(self.http, self.session_id, content)
+        self.history.append({"role": "user", "content": content})
+        r = loadgen.stream_chat(
+            self.oa, self.model, ChatRequest(list(self.history), self.max_tokens, "turn"), 0.0
+        )
+        self.history.append({"role": "assistant", "content": r.text})  # history resent as text
+        return sc.TurnResult(
+            ok=r.ok,
+            ttft_s=r.ttft_s,
+            e2e_s=r.e2e_s,
+            prompt_tokens=r.num_prompt_tokens,
+            cached_tokens=r.num_cached_tokens,
+            completion_tokens=r.num_output_tokens,
+            text=r.text,
+            error=r.error,
+        )
+
+
+class Latch:
+    """Counts the users whose measured conversation is still going."""
+
+    def __init__(self, count: int) -> None:
+        self._left = count
+        self._lock = threading.Lock()
+
+    def count_down(self) -> None:
+        with self._lock:
+            self._left -= 1
+
+    @property
+    def open(self) -> bool:
+        return self._left <= 0
+
+
+def _user(
+    index: int,
+    start: Callable[[], Conversation],
+    script: list[str],
+    staggered: bool,
+    measured: Latch,
+    on_turn: Callable[[], None],
+) -> list[sc.TurnResult]:
+    """One user's measured conversation (its turn results).
+
+    Staggered: it starts after `index mod turns` unmeasured turns of another conversation, and the user goes on
+    with unmeasured turns until every user's measured conversation is done. So all users chat all the time, and
+    turn 1 and turn K of the measured conversations run under the same load.
+    """
+    fillers = 0
+
+    def chat_unmeasured(go_on: Callable[[int], bool]) -> None:
+        """Turns of fresh conversations (as long as the measured one) while `go_on(turns sent so far)`."""
+        nonlocal fillers
+        sent, conversation, messages = 0, None, script
+        while go_on(sent):
+            if sent % len(script) == 0:
+                messages = user_turns(index, len(script), FILLER_SEED + fillers)
+                conversation, fillers = start(), fillers + 1
+            conversation.send(messages[sent % len(script)])
+            sent += 1
+
+    try:
+        if staggered:
+            chat_unmeasured(lambda sent: sent < index % len(script))
+        conversation, out = start(), []
+        for content in script:
+            out.append(conversation.send(content))
+            on_turn()
+    finally:  # even when this user failed, the others must not keep chatting forever
+        measured.count_down()
+    if staggered:
+        chat_unmeasured(lambda _: not measured.open)
     return out
 
 
@@ -104,10 +174,12 @@ def run_mode(
             ThreadPoolExecutor(args.users) as pool,
         ):
             tick = functools.partial(bar.update, 1)
-            if mode == "session":
-                jobs = [pool.submit(_session_user, http, system, s, args.max_tokens, tick) for s in scripts]
-            else:
-                jobs = [pool.submit(_v1_user, oa, model, system, s, args.max_tokens, tick) for s in scripts]
+            start = functools.partial(Conversation, mode, http, oa, model, system, args.max_tokens)
+            measured = Latch(args.users)
+            jobs = [
+                pool.submit(_user, u, start, script, args.arrivals == "staggered", measured, tick)
+                for u, script in enumerate(scripts)
+            ]
             per_user = [job.result() for job in jobs]
         after = sc.admin_stats(http)
         oa.close()
@@ -206,6 +278,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "system_tokens_target": args.system_tokens,
             "max_tokens": args.max_tokens,
             "temperature": 0.0,
+            "arrivals": args.arrivals,
+            "arrivals_meaning": ARRIVALS_MEANING[args.arrivals],
             "warmup": "one /v1 request with the shared system prompt before each API's run",
         },
         "runs": runs,

@@ -89,6 +89,7 @@ def test_multiturn_bench_with_caching_on_and_off(tiny_servers, tmp_path, capsys)
     assert bench_main(argv) == 0
     doc = _only_result(tmp_path, "multiturn")
     runs = doc["runs"]
+    assert doc["workload"]["arrivals"] == "staggered"  # the default
     assert set(runs) == {"session/caching-on", "v1/caching-on", "session/caching-off", "v1/caching-off"}
     for name, run in runs.items():
         assert run["num_turns_failed"] == 0, (name, run["errors"])
