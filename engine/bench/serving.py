@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None, help="API key for a pagedchat server given by --url")
     load = parser.add_mutually_exclusive_group()
     load.add_argument(
-        "--rates", type=_floats, default=None, help="Poisson request rates per second, e.g. 0.5,1,2,4"
+        "--rates", type=_floats, default=None, help="Poisson request rates per second (default 0.5,1,2,4,8)"
     )
     load.add_argument(
         "--concurrency", type=_floats, default=None, help="fixed numbers of requests in flight, e.g. 1,8"
@@ -41,10 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_points(args: argparse.Namespace) -> list[tuple[str, float]]:
-    """("rate", r) or ("concurrency", c) for each point of the sweep (default: rates 0.5, 1, 2, 4)."""
+    """("rate", r) or ("concurrency", c) for each point of the sweep (default: rates 0.5, 1, 2, 4, 8)."""
     if args.concurrency:
         return [("concurrency", c) for c in args.concurrency]
-    return [("rate", r) for r in (args.rates or [0.5, 1.0, 2.0, 4.0])]
+    return [("rate", r) for r in (args.rates or [0.5, 1.0, 2.0, 4.0, 8.0])]
 
 
 def sweep(
