@@ -63,12 +63,53 @@
     setText("stat-waste-contig", "contiguous: " + point.contiguous_waste_tokens);
   }
 
+  // Rows are keyed by sequence and updated in place, so a row's button stays put (and clickable) while the
+  // feed updates its numbers several times a second.
+  const rows = new Map(); // seq_id -> { tr, pick, tds }
+
+  function setCellText(td, text) {
+    if (td.textContent !== text) td.textContent = text;
+  }
+
+  function sequenceRow(seqId) {
+    let row = rows.get(seqId);
+    if (row) return row;
+    const tr = document.createElement("tr");
+    tr.dataset.seqId = String(seqId);
+    const pick = document.createElement("button");
+    pick.type = "button";
+    pick.className = "link-btn";
+    pick.textContent = "#" + seqId;
+    pick.setAttribute("aria-label", "Highlight the blocks of sequence " + seqId);
+    pick.addEventListener("click", () => select(seqId === state.selected ? null : seqId));
+    const tds = ["", "mono", "", "num", "num"].map((className) => {
+      const td = document.createElement("td");
+      if (className) td.className = className;
+      tr.appendChild(td);
+      return td;
+    });
+    tds[0].appendChild(pick);
+    tr.addEventListener("click", (e) => {
+      if (e.target.tagName !== "BUTTON") pick.click();
+    });
+    row = { tr, pick, tds };
+    rows.set(seqId, row);
+    return row;
+  }
+
   function renderSequences(sequences) {
     const json = JSON.stringify(sequences) + "|" + state.selected;
     if (json === state.seqsJson) return;
     state.seqsJson = json;
     setText("seqs-count", sequences.length ? sequences.length + " live" : "");
     const body = $("seq-rows");
+    const live = new Set(sequences.map((seq) => seq.seq_id));
+    for (const [seqId, row] of rows) {
+      if (!live.has(seqId)) {
+        row.tr.remove();
+        rows.delete(seqId);
+      }
+    }
     if (!sequences.length) {
       const td = document.createElement("td");
       td.colSpan = 5;
@@ -79,33 +120,24 @@
       body.replaceChildren(tr);
       return;
     }
-    body.replaceChildren(...sequences.map((seq) => {
-      const tr = document.createElement("tr");
-      tr.className = seq.seq_id === state.selected ? "is-selected" : "";
-      const pick = document.createElement("button");
-      pick.type = "button";
-      pick.className = "link-btn";
-      pick.textContent = "#" + seq.seq_id;
-      pick.setAttribute("aria-pressed", String(seq.seq_id === state.selected));
-      pick.setAttribute("aria-label", "Highlight the blocks of sequence " + seq.seq_id);
-      pick.addEventListener("click", () => select(seq.seq_id === state.selected ? null : seq.seq_id));
-      const cells = [pick, seq.request_id, seq.status, String(seq.num_tokens), String(seq.block_table.length)];
-      cells.forEach((value, i) => {
-        const td = document.createElement("td");
-        if (i >= 3) td.className = "num";
-        if (i === 1) {
-          td.className = "mono";
-          td.title = value;
-        }
-        if (typeof value === "string") td.textContent = i === 1 ? value.slice(0, 22) : value;
-        else td.appendChild(value);
-        tr.appendChild(td);
-      });
-      tr.addEventListener("click", (e) => {
-        if (e.target.tagName !== "BUTTON") pick.click();
-      });
-      return tr;
-    }));
+    for (const child of Array.from(body.children)) {
+      if (!child.dataset.seqId) child.remove(); // the "No live sequences." placeholder
+    }
+    let previous = null;
+    for (const seq of sequences) {
+      const row = sequenceRow(seq.seq_id);
+      const selected = seq.seq_id === state.selected;
+      row.tr.className = selected ? "is-selected" : "";
+      row.pick.setAttribute("aria-pressed", String(selected));
+      setCellText(row.tds[1], seq.request_id.slice(0, 22));
+      row.tds[1].title = seq.request_id;
+      setCellText(row.tds[2], seq.status);
+      setCellText(row.tds[3], String(seq.num_tokens));
+      setCellText(row.tds[4], String(seq.block_table.length));
+      const expected = previous ? previous.nextSibling : body.firstChild;
+      if (expected !== row.tr) body.insertBefore(row.tr, expected); // moves only rows out of order
+      previous = row.tr;
+    }
   }
 
   function select(seqId) {

@@ -66,21 +66,26 @@ def chromium() -> Iterator[Any]:
         browser.close()
 
 
-@pytest.fixture(scope="module")
-def ui_server(tmp_path_factory, tiny_model) -> Iterator[Server]:
+def _ui_server(tmp_path: Path, tiny_model: str, **env: str) -> Iterator[Server]:
     """A server with an admin token, short default replies (200 tokens) and room for 500-token ones."""
-    tmp_path = tmp_path_factory.mktemp("ui-server")
-    env = server_env(
-        tmp_path,
-        tiny_model,
-        PAGEDCHAT_ADMIN_TOKEN=ADMIN_TOKEN,
-        PAGEDCHAT_MAX_MODEL_LEN="1024",
-        PAGEDCHAT_DEFAULT_MAX_TOKENS="200",
+    settings = dict(
+        PAGEDCHAT_ADMIN_TOKEN=ADMIN_TOKEN, PAGEDCHAT_MAX_MODEL_LEN="1024", PAGEDCHAT_DEFAULT_MAX_TOKENS="200"
     )
-    running = start_server(tmp_path, env)
+    running = start_server(tmp_path, server_env(tmp_path, tiny_model, **settings, **env))
     yield running
     # uvicorn re-raises the SIGTERM it handled once shut down, so a clean stop exits with -SIGTERM
     assert stop_server(running) in (0, -signal.SIGTERM), running.log()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def ui_server(tmp_path_factory, tiny_model) -> Iterator[Server]:
+    yield from _ui_server(tmp_path_factory.mktemp("ui-server"), tiny_model)
+
+
+@pytest.fixture
+def slow_ui_server(tmp_path, tiny_model) -> Iterator[Server]:
+    """The same, with every engine step 15 ms slower: a reply stays running while the test looks at it."""
+    yield from _ui_server(tmp_path, tiny_model, PAGEDCHAT_FAULT_INJECTION="step_delay_ms=15")
 
 
 @pytest.fixture
@@ -358,19 +363,23 @@ def test_admin_without_the_token_is_refused(open_page, ui_server):
     expect(page.locator("h1")).to_have_text("Admin sign-in")
 
 
-def test_admin_block_map_follows_a_running_request(open_page, ui_server):
-    page = open_page("/admin", http_errors_ok=True)
+def test_admin_block_map_follows_a_running_request(open_page, chromium, slow_ui_server):
+    server = slow_ui_server
+    context = chromium.new_context(viewport=WIDE, base_url=server.base_url)
+    page = open_page("/admin", context=context, http_errors_ok=True)
     sign_in(page)
     canvas = page.locator("#block-map")
     expect(page.locator("#stat-used")).to_have_text("0")
     expect(canvas).to_have_attribute("data-in-use", "0")
     idle_pixels = page.evaluate("() => document.getElementById('block-map').toDataURL()")
-    model = httpx.get(ui_server.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    model = httpx.get(server.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
     results: list[httpx.Response] = []
-    body = {"model": model, "messages": [{"role": "user", "content": "Count slowly."}], "max_tokens": 480}
+    # 480 tokens at >= 15 ms a step: >= 7 s running, whatever the model says (ignore_eos)
+    messages = [{"role": "user", "content": "Count slowly."}]
+    body = {"model": model, "messages": messages, "max_tokens": 480, "ignore_eos": True}
     worker = threading.Thread(
         target=lambda: results.append(
-            httpx.post(ui_server.base_url + "/v1/chat/completions", json=body, timeout=120)
+            httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=120)
         )
     )
     worker.start()
@@ -394,6 +403,16 @@ def test_admin_block_map_follows_a_running_request(open_page, ui_server):
         expect(page.locator("#block-info")).to_contain_text("in use")
         page.locator("#seq-rows button").first.click()
         expect(page.locator("#seq-rows tr.is-selected")).to_have_count(1)
+        # the feed updates the row's numbers in place: the same element (and button) across samples
+        before = page.evaluate(
+            """() => { const tr = document.querySelector('#seq-rows tr'); tr.__kept = true;
+                       return { samples: Number(document.body.dataset.samples), tokens: tr.cells[3].textContent }; }"""
+        )
+        page.wait_for_function("n => Number(document.body.dataset.samples) >= n", arg=before["samples"] + 2)
+        after = page.evaluate(
+            "() => { const tr = document.querySelector('#seq-rows tr'); return { kept: tr.__kept === true, tokens: tr.cells[3].textContent }; }"
+        )
+        assert after["kept"] and after["tokens"] != before["tokens"], (before, after)
         screenshot(page, "admin-wide.png", full_page=True)
     finally:
         worker.join(timeout=120)
@@ -410,3 +429,4 @@ def test_admin_block_map_follows_a_running_request(open_page, ui_server):
     page.set_viewport_size(NARROW)
     page.wait_for_timeout(300)
     screenshot(page, "admin-narrow.png", full_page=True)
+    context.close()
