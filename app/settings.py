@@ -14,6 +14,23 @@ from app.faults import FaultPlan
 from engine.config import DEFAULT_MODEL, EngineConfig
 
 ENV_PREFIX = "PAGEDCHAT_"
+_POSITIVE = (
+    "max_body_bytes",
+    "max_messages",
+    "max_message_chars",
+    "default_max_tokens",
+    "ws_max_frame_bytes",
+    "request_timeout_s",
+    "flush_interval_s",
+    "slow_reader_timeout_s",
+)
+_NON_NEGATIVE = (
+    "max_queued_requests",
+    "client_requests_per_minute",
+    "client_max_streams",
+    "db_busy_timeout_ms",
+    "store_retry_s",
+)
 SECRET_KEY_FILE = "secret_key"
 
 
@@ -73,28 +90,12 @@ class Settings:
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in [1, 65535], got {self.port}")
-        for name in (
-            "max_body_bytes",
-            "max_messages",
-            "max_message_chars",
-            "default_max_tokens",
-            "ws_max_frame_bytes",
-        ):
-            if getattr(self, name) < 1:
+        for name in _POSITIVE:
+            if not getattr(self, name) > 0:  # written so that NaN fails too
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in (
-            "max_queued_requests",
-            "client_requests_per_minute",
-            "client_max_streams",
-            "db_busy_timeout_ms",
-        ):
-            if getattr(self, name) < 0:
+        for name in _NON_NEGATIVE:
+            if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")
-        for name in ("request_timeout_s", "flush_interval_s", "slow_reader_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if not self.store_retry_s >= 0:
-            raise ValueError(f"store_retry_s must be non-negative, got {self.store_retry_s}")
         FaultPlan.parse(self.fault_injection)  # a typo fails at startup, not silently
 
     @property
