@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from app.conversation import PromptPlan
 from app.db import MessageRecord, Store, StoreUnavailable
 from app.errors import from_exception
+from app.merging_queue import MergingQueue
 from app.request_stream import RequestFailed, RequestStream, RequestTimedOut
 from engine.outputs import RequestOutput
 
@@ -50,29 +50,20 @@ class Reply:
 
     session_id: str
     request_id: str
-    events: deque[dict[str, Any]] = field(default_factory=deque)
+    events: MergingQueue[dict[str, Any]] = field(default_factory=lambda: MergingQueue(_merge_deltas))
     task: asyncio.Task | None = None
     stream: RequestStream | None = None
     stop_requested: bool = False
     # how an aborted reply is stored: "stopped" (the user's stop) or "interrupted" (a dropped connection)
     stop_status: str = "stopped"
-    _ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     def emit(self, event: dict[str, Any]) -> None:
-        last = self.events[-1] if self.events else None
-        if last is not None and last["type"] == "delta" and event["type"] == "delta":
-            self.events[-1] = {"type": "delta", "text": last["text"] + event["text"]}
-        else:
-            self.events.append(event)
-        self._ready.set()
+        self.events.put(event)
 
     async def iter_events(self) -> AsyncIterator[dict[str, Any]]:
         """Events until (and including) the final `done`."""
         while True:
-            while not self.events:
-                self._ready.clear()
-                await self._ready.wait()
-            event = self.events.popleft()
+            event = await self.events.get()
             yield event
             if event["type"] in TERMINAL_EVENTS:
                 return
@@ -239,6 +230,12 @@ class ReplyWriter:
             timings=timings,
             error=error,
         )
+
+
+def _merge_deltas(last: dict[str, Any], event: dict[str, Any]) -> dict[str, Any] | None:
+    if last["type"] == "delta" and event["type"] == "delta":
+        return {"type": "delta", "text": last["text"] + event["text"]}
+    return None
 
 
 def _result_or_none(task: asyncio.Task) -> Any:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from app.merging_queue import MergingQueue
 from engine.outputs import RequestOutput
 
 if TYPE_CHECKING:
@@ -47,31 +47,16 @@ class RequestStream:
         self._metrics = metrics
         # Pending items. A consumer that falls behind (a slow reader) finds consecutive outputs merged into one,
         # so what waits here stays one output (text deltas joined) plus sentinels, whatever the reader's pace.
-        self._items: deque[Any] = deque()
-        self._ready = asyncio.Event()
+        self._items: MergingQueue[Any] = MergingQueue(_merge_pending)
         self._timeout_s = timeout_s
         self._started = time.monotonic()
         self._last_token_time: float | None = None
-        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._put, TIMED_OUT)
+        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._items.put, TIMED_OUT)
 
     @property
     def num_pending(self) -> int:
         """Items waiting for the consumer (at most one output, thanks to merging, plus sentinels)."""
         return len(self._items)
-
-    def _put(self, item: Any) -> None:
-        last = self._items[-1] if self._items else None
-        if isinstance(item, RequestOutput) and isinstance(last, RequestOutput) and not last.finished:
-            self._items[-1] = merge_outputs(last, item)
-        else:
-            self._items.append(item)
-        self._ready.set()
-
-    async def _get(self) -> Any:
-        while not self._items:
-            self._ready.clear()
-            await self._ready.wait()
-        return self._items.popleft()
 
     def push(self, item: Any) -> None:
         """Called on the event loop by the bridge; records token latencies as outputs arrive."""
@@ -84,11 +69,11 @@ class RequestStream:
                 else:
                     self._metrics.observe_inter_token((now - self._last_token_time) / num_new, num_new)
                 self._last_token_time = now
-        self._put(item)
+        self._items.put(item)
 
     def fail(self, error: BaseException) -> None:
         """Deliver an exception: the consumer raises it once the outputs before it are taken."""
-        self._put(error)
+        self._items.put(error)
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -96,7 +81,7 @@ class RequestStream:
     async def __anext__(self) -> RequestOutput:
         if self.finished:
             raise StopAsyncIteration
-        item = await self._get()
+        item = await self._items.get()
         if isinstance(item, RequestOutput):
             self.last = item
             if item.error is not None:
@@ -134,7 +119,7 @@ class RequestStream:
         """Stop consuming: abort the request at the next step unless it already finished."""
         if not self.finished:
             self.aborted = True
-            self._put(ABORTED)  # wakes a consumer blocked in __anext__
+            self._items.put(ABORTED)  # wakes a consumer blocked in __anext__
             self._done("abort")
             self._abort(self.request_id)
 
@@ -146,6 +131,13 @@ class RequestStream:
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
+
+
+def _merge_pending(last: Any, item: Any) -> RequestOutput | None:
+    """A new output joins the pending one unless that one is final (sentinels and errors never merge)."""
+    if isinstance(item, RequestOutput) and isinstance(last, RequestOutput) and not last.finished:
+        return merge_outputs(last, item)
+    return None
 
 
 def merge_outputs(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
