@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from tests.app.factories import service_is_idle
 from tests.load_jobs import STEP_FAULT, Hold, Job, LoadConfig
 
 
@@ -107,17 +108,10 @@ async def wait_idle(base_url: str, admin_token: str = "", timeout_s: float = 30.
     async with httpx.AsyncClient(base_url=base_url, timeout=30, headers=headers) as http:
         while True:
             state = (await http.get("/api/admin/state")).json()
-            service = state["service"]
-            idle = (
-                not state["sequences"]
-                and "u" not in state["block_states"]
-                and not state["stats"]["num_waiting"]
-            )
-            busy = service["in_flight_requests"] or service["streaming_replies"] or service["pending_outputs"]
-            if idle and not busy:
+            if service_is_idle(state):
                 return state
             if time.monotonic() > deadline:
-                raise AssertionError(f"not idle after {timeout_s} s: {state['stats']} {service}")
+                raise AssertionError(f"not idle after {timeout_s} s: {state['stats']} {state['service']}")
             await asyncio.sleep(0.1)
 
 

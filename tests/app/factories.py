@@ -129,12 +129,29 @@ def pool_state(client: TestClient) -> dict[str, Any]:
     return response.json()
 
 
+def pool_is_idle(state: dict[str, Any]) -> bool:
+    """Whether an admin state shows no block in use and no live sequence."""
+    return "u" not in state["block_states"] and not state["sequences"]
+
+
+def service_is_idle(state: dict[str, Any]) -> bool:
+    """The pool idle, nothing waiting, and the service holding no stream, reply or undelivered output."""
+    service = state["service"]
+    return (
+        pool_is_idle(state)
+        and state["stats"]["num_waiting"] == 0
+        and service["in_flight_requests"] == 0
+        and service["streaming_replies"] == 0
+        and service["pending_outputs"] == 0
+    )
+
+
 def wait_pool_idle(client: TestClient, timeout_s: float = 5.0) -> dict[str, Any]:
     """Poll until no block is in use and no sequence is live (aborts land at the engine's next step)."""
     deadline = time.monotonic() + timeout_s
     while True:
         state = pool_state(client)
-        if "u" not in state["block_states"] and not state["sequences"]:
+        if pool_is_idle(state):
             return state
         if time.monotonic() > deadline:
             raise AssertionError(f"pool not idle after {timeout_s} s: {state['stats']}")

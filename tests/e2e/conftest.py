@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.app.factories import TINY_BLOCK_BYTES, make_tiny_model_dir
+from tests.app.factories import TINY_BLOCK_BYTES, make_tiny_model_dir, pool_is_idle
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 180.0
@@ -61,7 +61,7 @@ class Server:
         deadline = time.monotonic() + timeout_s
         while True:
             state = self.admin_state()
-            if "u" not in state["block_states"] and not state["sequences"]:
+            if pool_is_idle(state):
                 return state
             if time.monotonic() > deadline:
                 raise AssertionError(f"pool not idle after {timeout_s} s: {state['stats']}")

@@ -11,7 +11,7 @@ from typing import Any
 from starlette.testclient import TestClient
 
 from app.faults import marker
-from tests.app.factories import LOOPBACK_CLIENT, pool_state, sse_events
+from tests.app.factories import LOOPBACK_CLIENT, pool_state, service_is_idle, sse_events
 
 HELLO = [{"role": "user", "content": "Hello"}]
 
@@ -58,15 +58,8 @@ def wait_service_idle(client: TestClient, timeout_s: float = 10.0) -> dict[str, 
     deadline = time.monotonic() + timeout_s
     while True:
         state = pool_state(client)
-        service = state["service"]
-        if (
-            "u" not in state["block_states"]
-            and not state["sequences"]
-            and state["stats"]["num_waiting"] == 0
-            and service["in_flight_requests"] == 0
-            and service["streaming_replies"] == 0
-        ):
+        if service_is_idle(state):
             return state
         if time.monotonic() > deadline:
-            raise AssertionError(f"service not idle after {timeout_s} s: {state['stats']} {service}")
+            raise AssertionError(f"service not idle after {timeout_s} s: {state['stats']} {state['service']}")
         time.sleep(0.02)
