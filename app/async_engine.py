@@ -52,12 +52,10 @@ class AsyncEngine:
     ) -> None:
         self.metrics = metrics
         self.faults = faults  # test-only fault injection (app/faults.py); None in production
-        self.engine: LLMEngine | None = (
-            None  # immutable attributes (config, model_name, ...) are safe to read
-        )
-        self.tokenizer: Any = (
-            None  # a private copy for the event-loop side; never shared with the engine thread
-        )
+        # immutable attributes (config, model_name, ...) are safe to read
+        self.engine: LLMEngine | None = None
+        # a private copy for the event-loop side; never shared with the engine thread
+        self.tokenizer: Any = None
         self.ready = False
         self.dead_reason: str | None = None
         self._factory = engine_factory

@@ -116,9 +116,8 @@ class ChatService:
                     "a reply is still streaming in this session: stop it or wait for it to finish",
                     code="reply_in_progress",
                 )
-            self._turns[session_id] = (
-                None  # reserved before the first await, so a racing second send sees 409
-            )
+            # reserved before the first await, so a racing second send sees 409
+            self._turns[session_id] = None
             try:
                 reply = await self._setup(owner, session_id, mode, content)
             except BaseException:

@@ -50,9 +50,8 @@ class ClientLimiter:
         self.requests_per_minute = requests_per_minute
         self.max_streams = max_streams
         self._clock = clock
-        self._recent: OrderedDict[str, deque[float]] = (
-            OrderedDict()
-        )  # client -> admission times in the window
+        # client -> admission times in the window, most recently seen client last
+        self._recent: OrderedDict[str, deque[float]] = OrderedDict()
         self._in_flight: dict[str, int] = {}
         self.num_rejected = 0
 

@@ -60,16 +60,14 @@ class Settings:
     cookie_secure: bool = False
     shutdown_grace_s: float = 10.0
     # per client (API key, else browser cookie, else address); 0 disables the limit
-    client_requests_per_minute: int = (
-        0  # generation requests (chat turns, /v1 completions) per rolling minute
-    )
+    # generation requests (chat turns, /v1 completions) per rolling minute
+    client_requests_per_minute: int = 0
     client_max_streams: int = 0  # generation requests in flight at once
     slow_reader_timeout_s: float = 60.0  # a client that takes no data for this long is cut off (and aborted)
     # storage
     db_busy_timeout_ms: int = 5000  # how long one database call waits for a lock before it is "unavailable"
-    store_retry_s: float = (
-        10.0  # how long a finished reply keeps retrying its final write while the DB is down
-    )
+    # how long a finished reply keeps retrying its final write while the DB is down
+    store_retry_s: float = 10.0
     # prefix-cache isolation: salt block hashes per tenant; None: on exactly when API keys are configured
     prefix_cache_isolation: bool | None = None
     fault_injection: str = ""  # test-only, see app/faults.py; empty (off) in production

@@ -92,9 +92,8 @@ class _StepPlan:
     decodes: list[int]  # the sequences with one query token
     prefills: tuple[_Prefill, ...]
     native: _NativeInputs | None  # None: no decodes, or no kernel
-    max_block_id: int = (
-        0  # largest block id and slot the step names: raw-pointer code checks them once per layer
-    )
+    # the largest block id and slot the step names: raw-pointer code checks them once per layer
+    max_block_id: int = 0
     max_slot: int = -1
     groups: tuple[_DecodeGroup, ...] | None = None  # the torch decode path, made at first use
 

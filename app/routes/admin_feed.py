@@ -45,9 +45,8 @@ class AdminFeed:
     def __init__(self, svc: Services, recorder: TrafficRecorder, *, sample_lengths: bool) -> None:
         self.svc = svc
         self.recorder = recorder
-        self.sample_lengths = (
-            sample_lengths  # True: learn sequence lengths by diffing snapshots (approximate)
-        )
+        # True: learn sequence lengths by diffing snapshots (approximate)
+        self.sample_lengths = sample_lengths
         self._subscribers: set[asyncio.Queue[str]] = set()
         self._task: asyncio.Task | None = None
 

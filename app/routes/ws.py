@@ -176,9 +176,7 @@ async def _forward(socket: _Socket, chat: ChatService, reply: Reply) -> None:
             continue
         try:
             await socket.send(event)
-        except (
-            asyncio.TimeoutError
-        ):  # the client stopped reading: drop it and stop its reply (stored as interrupted)
+        except asyncio.TimeoutError:  # the client stopped reading: drop it and stop its reply (interrupted)
             stalled = True
             logger.warning("websocket reader stalled for %g s: closing it", socket.send_timeout_s)
             chat.stop(reply.session_id, status="interrupted")
