@@ -8,7 +8,7 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -146,15 +146,20 @@ def service_is_idle(state: dict[str, Any]) -> bool:
     )
 
 
-def wait_pool_idle(client: TestClient, timeout_s: float = 5.0) -> dict[str, Any]:
-    """Poll until no block is in use and no sequence is live (aborts land at the engine's next step)."""
+def wait_pool_idle(
+    client: TestClient, timeout_s: float = 5.0, idle: Callable[[dict[str, Any]], bool] = pool_is_idle
+) -> dict[str, Any]:
+    """Poll the admin state until `idle(state)` (by default: no block in use, no live sequence; aborts land at
+    the engine's next step)."""
     deadline = time.monotonic() + timeout_s
     while True:
         state = pool_state(client)
-        if pool_is_idle(state):
+        if idle(state):
             return state
         if time.monotonic() > deadline:
-            raise AssertionError(f"pool not idle after {timeout_s} s: {state['stats']}")
+            raise AssertionError(
+                f"{idle.__name__} still false after {timeout_s} s: {state['stats']} {state.get('service')}"
+            )
         time.sleep(0.02)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 from starlette.testclient import TestClient
 
 from app.faults import marker
-from tests.app.factories import LOOPBACK_CLIENT, pool_state, service_is_idle, sse_events
+from tests.app.factories import LOOPBACK_CLIENT, service_is_idle, sse_events, wait_pool_idle
 
 HELLO = [{"role": "user", "content": "Hello"}]
 
@@ -55,11 +54,4 @@ def session_events(client: TestClient, sid: str, content: str) -> list[dict[str,
 
 def wait_service_idle(client: TestClient, timeout_s: float = 10.0) -> dict[str, Any]:
     """Poll the admin state until no block is in use, nothing waits and the bridge holds no stream or reply."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        state = pool_state(client)
-        if service_is_idle(state):
-            return state
-        if time.monotonic() > deadline:
-            raise AssertionError(f"service not idle after {timeout_s} s: {state['stats']} {state['service']}")
-        time.sleep(0.02)
+    return wait_pool_idle(client, timeout_s, idle=service_is_idle)
