@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from app.engine_commands import STOP, AbortRequest, AddRequest, CallOnEngine, answer, resolve, warm_up
 from app.request_stream import ABORTED, RequestFailed, RequestStream
-from engine.outputs import RequestOutput
-from engine.sequence import SamplingParams
+from engine.core.outputs import RequestOutput
+from engine.core.sequence import SamplingParams
 
 if TYPE_CHECKING:
     from app.faults import FaultPlan
     from app.metrics import Metrics
+    from engine.core.stats import EngineStats, PoolSnapshot
     from engine.llm_engine import LLMEngine
-    from engine.stats import EngineStats, PoolSnapshot
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -15,7 +15,7 @@ from app.db import MessageRecord, Store, StoreUnavailable
 from app.errors import from_exception
 from app.merging_queue import MergingQueue
 from app.request_stream import RequestFailed, RequestStream, RequestTimedOut
-from engine.outputs import RequestOutput
+from engine.core.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
 # every reply ends with one `done`; its message.status says how it ended (finished, stopped, failed, ...)

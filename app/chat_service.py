@@ -16,7 +16,7 @@ from app.errors import APIError, bad_request, from_exception, not_found
 from app.limits import Lease
 from app.routes.params import sampling_params
 from app.settings import Settings
-from engine.sequence import SamplingParams
+from engine.core.sequence import SamplingParams
 
 logger = logging.getLogger(__name__)
 SESSION_SAMPLING_KEYS = (

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.sequence import SamplingParams
+from engine.core.sequence import SamplingParams
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.stats import EngineStats
+from engine.core.stats import EngineStats
 
 PREFIX = "pagedchat:"
 TTFT_BUCKETS = (

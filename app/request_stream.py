@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from app.merging_queue import MergingQueue
-from engine.outputs import RequestOutput
+from engine.core.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from app.metrics import Metrics

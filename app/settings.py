@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from app.faults import FaultPlan
-from engine.config import DEFAULT_MODEL, EngineConfig
+from engine.core.config import DEFAULT_MODEL, EngineConfig
+from engine.core.paths import cache_dir
 
 ENV_PREFIX = "PAGEDCHAT_"
 _POSITIVE = (
@@ -128,8 +129,8 @@ class Settings:
 
     @property
     def resolved_cache_dir(self) -> str:
-        """$PAGEDCHAT_CACHE_DIR or ~/.cache/pagedchat (the same rule as the engine's provisioning)."""
-        return self.cache_dir or str(Path.home() / ".cache" / "pagedchat")
+        """The configured cache dir, else the engine's rule ($PAGEDCHAT_CACHE_DIR or ~/.cache/pagedchat)."""
+        return str(cache_dir(self.cache_dir))
 
 
 def _field_types() -> dict[str, str]:

@@ -6,7 +6,7 @@ import collections
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from engine.stats import EngineStats
+from engine.core.stats import EngineStats
 
 DEFAULT_WINDOW_S = 600.0
 RATE_WINDOW_S = 60.0  # preemptions per minute and the prefix hit rate look this far back

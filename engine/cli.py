@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 
-from engine.config import DEFAULT_MODEL, EngineConfig
+from engine.core.config import DEFAULT_MODEL, EngineConfig
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -111,7 +111,7 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `pagedchat generate|chat` (app.commands dispatches here)."""
+    """Entry point of `pagedchat generate|chat` (pagedchat.cli dispatches here)."""
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(prog="pagedchat", description=__doc__)

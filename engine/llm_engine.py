@@ -1,4 +1,4 @@
-"""LLMEngine: the synchronous step loop the service drives; LLM: the offline convenience wrapper."""
+"""LLMEngine: the synchronous step loop the service drives."""
 
 from __future__ import annotations
 
@@ -6,16 +6,18 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from engine.config import EngineConfig
+from engine.core.config import EngineConfig
+from engine.core.outputs import CompletionOutput, Logprob, RequestOutput, ScheduledSequence, SchedulerOutput
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
+from engine.core.stats import EngineStats, PoolSnapshot
 from engine.detokenizer import IncrementalDetokenizer
-from engine.dtype import resolve_device, resolve_dtype
-from engine.loader import (
+from engine.loading.loader import (
     eos_token_ids,
     load_generation_config,
     load_hf_config,
@@ -23,12 +25,11 @@ from engine.loader import (
     load_tokenizer,
     resolve_model_path,
 )
-from engine.model_runner import KVCacheSpec, ModelRunner, num_blocks_for_budget
-from engine.outputs import CompletionOutput, Logprob, RequestOutput, ScheduledSequence, SchedulerOutput
-from engine.sampler import Sampler, SamplingBatch
-from engine.scheduler import Scheduler
-from engine.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
-from engine.stats import EngineStats, PoolSnapshot
+from engine.worker.device import resolve_device, resolve_dtype
+from engine.worker.kv_cache import KVCacheSpec, num_blocks_for_budget
+from engine.worker.model_runner import ModelRunner
+from engine.worker.profile import profile_peak_bytes
+from engine.worker.sampler import Sampler, SamplingBatch
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class LLMEngine:
             block_size=self.config.block_size,
             dtype=dtype,
         )
-        peak = _profile_peak_bytes(self.config, model, spec) if device.type == "cuda" else None
+        peak = profile_peak_bytes(self.config, model, spec) if device.type == "cuda" else None
         num_blocks = num_blocks_for_budget(self.config, spec, peak)
         max_len = self.config.max_model_len
         if num_blocks * spec.block_size < max_len:
@@ -341,81 +342,3 @@ class LLMEngine:
             messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
         )
         return list(ids)
-
-
-def _profile_peak_bytes(config: EngineConfig, model: torch.nn.Module, spec: KVCacheSpec) -> int:
-    """Peak GPU memory (weights + activations) of the largest step the scheduler may build."""
-    from engine.outputs import ScheduledSequence as Item
-
-    num_tokens = config.max_num_batched_tokens
-    seq_len = min(num_tokens, config.max_model_len)
-    lengths = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
-    blocks_per_seq = -(-seq_len // spec.block_size)
-    runner = ModelRunner(config, model, spec, blocks_per_seq * len(lengths))
-    items = []
-    for i, length in enumerate(lengths):
-        seq = Sequence(
-            seq_id=-1 - i,
-            request_id="profile",
-            token_ids=[0] * length,
-            num_prompt_tokens=length,
-            params=SamplingParams(max_tokens=1),
-            arrival_time=0.0,
-            block_table=list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)),
-        )
-        items.append(Item(seq, length))
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    runner.execute(SchedulerOutput(scheduled=items))
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - runner.kv_cache.numel() * runner.kv_cache.element_size()
-    del runner
-    torch.cuda.empty_cache()
-    return int(peak)
-
-
-class LLM:
-    """Offline batch generation: `LLM(model=..., **config_overrides).generate(prompts, params)`."""
-
-    def __init__(self, model: str | None = None, **overrides) -> None:
-        if model is not None:
-            overrides["model"] = model
-        self.engine = LLMEngine(EngineConfig(**overrides))
-        self._ids = itertools.count()
-
-    @property
-    def tokenizer(self):
-        return self.engine.tokenizer
-
-    def generate(
-        self,
-        prompts: Iterable[str | list[int]],
-        params: SamplingParams | list[SamplingParams] | None = None,
-    ) -> list[RequestOutput]:
-        """Run every prompt to completion in one continuous batch; outputs in prompt order."""
-        prompts = list(prompts)
-        if params is None:
-            params = SamplingParams()
-        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
-        if len(per_prompt) != len(prompts):
-            raise ValueError(f"got {len(per_prompt)} sampling params for {len(prompts)} prompts")
-        order = []
-        for prompt, p in zip(prompts, per_prompt):
-            rid = f"llm-{next(self._ids)}"
-            self.engine.add_request(rid, prompt, p)
-            order.append(rid)
-        done: dict[str, RequestOutput] = {}
-        while self.engine.has_unfinished_requests():
-            for output in self.engine.step():
-                if output.finished:
-                    done[output.request_id] = output
-        return [done[rid] for rid in order]
-
-    def chat(
-        self,
-        conversations: list[list[dict]],
-        params: SamplingParams | list[SamplingParams] | None = None,
-    ) -> list[RequestOutput]:
-        """Apply the chat template to each conversation and generate replies."""
-        prompts = [self.engine.apply_chat_template(messages) for messages in conversations]
-        return self.generate(prompts, params)

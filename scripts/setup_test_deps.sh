@@ -8,4 +8,4 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v a
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || \
         echo "warning: could not install chromium; the browser tests will skip"
 fi
-.venv/bin/python -c "from engine.loader import resolve_model_path; print('model ready:', resolve_model_path('smollm2-135m-instruct'))"
+.venv/bin/python -c "from engine.loading.loader import resolve_model_path; print('model ready:', resolve_model_path('smollm2-135m-instruct'))"

@@ -30,7 +30,7 @@ from app.routes.params import (
 )
 from app.routes.sse import event_stream
 from app.security import require_api_key
-from engine.outputs import Logprob, RequestOutput
+from engine.core.outputs import Logprob, RequestOutput
 
 logger = logging.getLogger(__name__)
 

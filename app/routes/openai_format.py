@@ -6,8 +6,8 @@ import json
 import time
 from typing import Any
 
-from engine.outputs import CompletionOutput, Logprob, RequestOutput
-from engine.sequence import FinishReason
+from engine.core.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.core.sequence import FinishReason
 
 _LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 

@@ -11,7 +11,7 @@ from starlette.routing import Route
 from app.context import Services, services
 from app.errors import error_response, from_exception
 from app.security import require_admin
-from engine.stats import PoolSnapshot
+from engine.core.stats import PoolSnapshot
 
 _STATE_CHARS = "fcu"  # block_states 0 free / 1 cached-evictable / 2 in use, one character per block
 

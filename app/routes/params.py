@@ -10,7 +10,7 @@ from typing import Any
 from starlette.requests import Request
 
 from app.errors import APIError, bad_request
-from engine.sequence import SamplingParams
+from engine.core.sequence import SamplingParams
 
 _MISSING = object()
 _SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))

@@ -10,12 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.cpu_ops import CpuOps, Linear, load_cpu_ops
 from engine.models.rope import RopeInputs, apply_rope, rope_cos_sin, rope_inv_freq
+from engine.native.fused_ops import CpuOps, load_cpu_ops
+from engine.native.onednn import Linear
 
 if TYPE_CHECKING:
-    from engine.attention import AttentionMetadata
-    from engine.attention_torch import AttentionBackend
+    from engine.attention.backend import AttentionBackend
+    from engine.attention.metadata import AttentionMetadata
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")

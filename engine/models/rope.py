@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from engine.models.cpu_ops import CpuOps
     from engine.models.llama import ModelArgs
+    from engine.native.fused_ops import CpuOps
 
 
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:

@@ -42,7 +42,7 @@ TINY_BLOCK_BYTES = 2 * 2 * 2 * 16 * 4  # layers * (K, V) * kv_heads * head_dim *
 
 def smollm2_dir() -> Path:
     """The provisioned SmolLM2-135M-Instruct folder (downloaded and converted on first use)."""
-    from engine.provision import provision_default_model
+    from engine.loading.provision import provision_default_model
 
     return provision_default_model()
 

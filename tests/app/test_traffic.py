@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.traffic import TrafficRecorder
-from engine.stats import EngineStats
+from engine.core.stats import EngineStats
 
 
 def make_stats(**overrides) -> EngineStats:

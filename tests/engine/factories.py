@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from engine.attention import AttentionMetadata
+from engine.attention.metadata import AttentionMetadata
 from engine.models.llama import LlamaForCausalLM, ModelArgs
 
 TINY = dict(

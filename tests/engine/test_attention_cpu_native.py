@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from engine import attention_cpu_native
-from engine.attention_cpu_native import load_kernel
-from engine.attention_torch import TorchAttentionBackend
+from engine.attention.torch_backend import TorchAttentionBackend
+from engine.native import attention as attention_cpu_native
+from engine.native.attention import load_kernel
 from kernels.reference import paged_attention_ref, store_kv_ref
 from tests.engine.factories import make_attention_metadata, make_block_tables
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention_torch import TorchAttentionBackend, split_by_length
+from engine.attention.torch_backend import TorchAttentionBackend, split_by_length
 from kernels.reference import paged_attention_ref
 from tests.engine.factories import make_attention_metadata, make_block_tables
 

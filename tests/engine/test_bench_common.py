@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.bench import common, loadgen, memory, multiturn, servers, workload
-from engine.bench.cli import build_parser
-from engine.bench.matmul import flops_per_token, linear_shapes
-from engine.bench.session_client import TurnResult, iter_sse
-from engine.config import EngineConfig
+from bench import common, loadgen, memory, multiturn, servers, workload
+from bench.cli import build_parser
+from bench.matmul import flops_per_token, linear_shapes
+from bench.session_client import TurnResult, iter_sse
+from engine.core.config import EngineConfig
 
 SMOLLM2_135M = SimpleNamespace(
     hidden_size=576,

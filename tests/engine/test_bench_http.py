@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.bench import servers
-from engine.bench.cli import bench_main
-from engine.config import EngineConfig
+from bench import servers
+from bench.cli import bench_main
+from engine.core.config import EngineConfig
 from tests.engine.bench_helpers import shared_tiny_model
 
 API_KEY = "test-bench-key"
@@ -40,7 +40,7 @@ def tiny_servers(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hf_baseline_url(tiny_servers):
     """The HF baseline server, run in-process on a thread (its subprocess start is what pagedchat's exercises)."""
-    from engine.bench.hf_server import BaselineService, make_handler
+    from bench.hf_server import BaselineService, make_handler
 
     service = BaselineService(tiny_servers[0], "float32", model_name="tiny")
     server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(service))

@@ -6,9 +6,9 @@ import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from engine.bench import session_client as sc
-from engine.bench.multiturn import Latch, _user
-from engine.bench.workload import user_turns
+from bench import session_client as sc
+from bench.multiturn import Latch, _user
+from bench.workload import user_turns
 
 SEED = 0
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.bench.cli import bench_main
+from bench.cli import bench_main
 from tests.engine.bench_helpers import shared_tiny_model
 
 
@@ -28,7 +28,7 @@ def _only_result(folder: Path, name: str) -> dict:
 
 
 def test_trim_output_keeps_the_first_eos_and_the_limit():
-    from engine.bench.hf_baselines import agreement, trim_output
+    from bench.hf_baselines import agreement, trim_output
 
     assert trim_output([5, 6, 2, 7], frozenset({2}), max_tokens=10) == [5, 6, 2]
     assert trim_output([5, 6, 2, 7], frozenset({2}), max_tokens=2) == [5, 6]
@@ -84,7 +84,7 @@ def test_memory_bench_reports_waste_and_concurrency(tiny_model, tmp_path):
 
 
 def test_fifo_lock_serves_waiters_in_arrival_order():
-    from engine.bench.hf_server import FifoLock
+    from bench.hf_server import FifoLock
 
     lock, order = FifoLock(), []
     lock.__enter__()
@@ -110,7 +110,7 @@ def test_sse_streamer_sends_deltas_that_add_up_to_the_text(tiny_model):
     import torch
     from transformers import AutoTokenizer
 
-    from engine.bench.hf_server import SSEStreamer
+    from bench.hf_server import SSEStreamer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     ids = tokenizer.encode("Explain how a hash table works, then give an example.", add_special_tokens=False)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import CACHED, FREE, IN_USE, BlockManager
-from engine.sequence import SamplingParams, Sequence
+from engine.core.block_manager import CACHED, FREE, IN_USE, BlockManager
+from engine.core.sequence import SamplingParams, Sequence
 
 
 def make_seq(token_ids: list[int], seq_id: int = 0) -> Sequence:

@@ -6,7 +6,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from engine.sequence import FinishReason
+from engine.core.sequence import FinishReason
 from tests.engine.test_scheduler import FakeModel, live_seqs, make_prompt, make_scheduler, make_seq, step
 
 # shared prompt stems, so that random prompts hit (and evict) each other's cached blocks

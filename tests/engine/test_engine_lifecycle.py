@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
-from engine.sequence import FinishReason
+from engine.core.sequence import FinishReason
 from tests.engine.bench_helpers import make_tiny_model_folder
 
 BLOCK_BYTES = 2 * 2 * 2 * 16 * 16 * 4  # layers x (K, V) x kv_heads x head_dim x block tokens x fp32

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.loader import resolve_model_path
+from engine.loading.loader import resolve_model_path
 
 pytestmark = pytest.mark.slow
 
@@ -14,14 +14,14 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM(model=str(resolve_model_path("smollm2-135m-instruct")), kv_cache_bytes=128 * 2**20)
+    return LLM(model=str(resolve_model_path("smollm2-135m-instruct")), kv_cache_bytes=256 * 2**20)
 
 
 @pytest.fixture(scope="module")
 def llm_no_cache() -> LLM:
     return LLM(
         model=str(resolve_model_path("smollm2-135m-instruct")),
-        kv_cache_bytes=128 * 2**20,
+        kv_cache_bytes=256 * 2**20,
         enable_prefix_caching=False,
     )
 

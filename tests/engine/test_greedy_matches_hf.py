@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
-from engine.loader import resolve_model_path
+from engine.loading.loader import resolve_model_path
 
 pytestmark = pytest.mark.slow
 

@@ -7,15 +7,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.attention_torch import TorchAttentionBackend
-from engine.models.cpu_ops import Linear, load_cpu_ops
+from engine.attention.torch_backend import TorchAttentionBackend
 from engine.models.rope import apply_rope
+from engine.native.fused_ops import load_cpu_ops
+from engine.native.onednn import Linear, bf16_prepack_supported
 from tests.engine.factories import make_attention_metadata, make_hf_model, make_kv_caches, make_model_from_hf
 
 OPS = load_cpu_ops()
 needs_ops = pytest.mark.skipif(OPS is None, reason="no C compiler: the fused ops cannot be built here")
 needs_onednn = pytest.mark.skipif(
-    not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"
+    not bf16_prepack_supported(),
+    reason="oneDNN cannot prepack bf16 here (torch without oneDNN, or a CPU without AVX-512 BW/VL/DQ)",
 )
 ONE_ROUNDING = dict(atol=1e-6, rtol=2**-7)  # a bf16 result against an fp32 reference of the same bf16 inputs
 

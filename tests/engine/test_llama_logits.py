@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.attention_torch import TorchAttentionBackend
+from engine.attention.torch_backend import TorchAttentionBackend
 from engine.models.llama import ModelArgs, rope_inv_freq
 from tests.engine.factories import (
     HF_KINDS,

@@ -8,11 +8,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine import dtype as dtype_mod
-from engine.attention_torch import TorchAttentionBackend
-from engine.dtype import cpu_flags, resolve_device, resolve_dtype
-from engine.loader import eos_token_ids, load_model, load_tokenizer, resolve_model_path
-from engine.provision import MARKER_FILE, cache_dir, is_provisioned, provision_default_model, provisioned_path
+from engine.attention.torch_backend import TorchAttentionBackend
+from engine.loading.loader import eos_token_ids, load_model, load_tokenizer, resolve_model_path
+from engine.loading.provision import (
+    MARKER_FILE,
+    cache_dir,
+    is_provisioned,
+    provision_default_model,
+    provisioned_path,
+)
+from engine.worker import device as dtype_mod
+from engine.worker.device import cpu_flags, resolve_device, resolve_dtype
 from tests.engine.factories import make_attention_metadata, make_hf_model, make_kv_caches
 
 

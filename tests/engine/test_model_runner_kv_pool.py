@@ -7,7 +7,7 @@ import gc
 import pytest
 import torch
 
-from engine.model_runner import zeros_on_huge_pages
+from engine.worker.kv_cache import zeros_on_huge_pages
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from engine.sampler import Sampler, SamplingBatch, _draw, make_generator
-from engine.sequence import SamplingParams, Sequence
+from engine.core.sequence import SamplingParams, Sequence
+from engine.worker.sampler import Sampler, SamplingBatch, _draw, make_generator
 
 
 def make_batch(
@@ -236,7 +236,7 @@ def test_logits_batch_mismatch_raises() -> None:
 def test_vanishing_temperature_is_greedy_and_tiny_penalties_are_refused():
     import pytest
 
-    from engine.sequence import SamplingParams
+    from engine.core.sequence import SamplingParams
 
     assert SamplingParams(temperature=1e-300).temperature == 0.0
     assert SamplingParams(temperature=1e-3).temperature == 1e-3

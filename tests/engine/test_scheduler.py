@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.outputs import ScheduledSequence, SchedulerOutput
-from engine.scheduler import Scheduler
-from engine.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
+from engine.core.config import EngineConfig
+from engine.core.outputs import ScheduledSequence, SchedulerOutput
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
 
 EOS = 2
 

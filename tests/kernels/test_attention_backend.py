@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention import AttentionMetadata
-from engine.attention_triton import TritonAttentionBackend
+from engine.attention.metadata import AttentionMetadata
+from engine.attention.triton_backend import TritonAttentionBackend
 from kernels.reference import paged_attention_ref
 from tests.kernels.paged_cases import PagedBatch, make_paged_batch
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention_triton import TritonAttentionBackend
+from engine.attention.triton_backend import TritonAttentionBackend
 from kernels.paged_decode import choose_num_splits, num_sms, paged_decode_attention
 from kernels.paged_prefill import paged_prefill_attention
 from kernels.reference import paged_attention_ref, paged_decode_attention_ref, paged_prefill_attention_ref

@@ -13,8 +13,8 @@ import pytest
 from app.chat_reply import Reply
 from app.limits import ClientLimiter
 from app.request_stream import RequestStream
-from engine.outputs import CompletionOutput, RequestOutput
-from engine.sequence import MAX_N, MAX_STOP_STRING_LEN, MAX_STOP_STRINGS
+from engine.core.outputs import CompletionOutput, RequestOutput
+from engine.core.sequence import MAX_N, MAX_STOP_STRING_LEN, MAX_STOP_STRINGS
 from tests.app.factories import make_client, sse_events
 from tests.reliability.helpers import HELLO, concurrently, peer, wait_service_idle
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import BlockManager
-from engine.sequence import SamplingParams, Sequence
+from engine.core.block_manager import BlockManager
+from engine.core.sequence import SamplingParams, Sequence
 from tests.app.factories import make_client
 from tests.reliability.helpers import peer, session_events
 

@@ -1,0 +1,53 @@
+"""`pagedchat bench {throughput,memory,serving,multiturn}`: argument parsing and dispatch."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import shlex
+
+from engine.cli import add_engine_args, config_from_args
+
+BENCHMARKS = {
+    "throughput": "offline tokens/s: pagedchat vs HF transformers (sequential, static batch, continuous batching)",
+    "memory": "paged KV waste and concurrency vs contiguous max-length reservation",
+    "serving": "OpenAI-API load test (Poisson rates or fixed concurrency): pagedchat vs an HF one-at-a-time server",
+    "multiturn": "N users x K turns with a shared system prompt: session API and /v1, prefix caching on and off",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `pagedchat bench` parser with one subcommand per benchmark."""
+    parser = argparse.ArgumentParser(prog="pagedchat bench", description=__doc__)
+    sub = parser.add_subparsers(dest="benchmark", required=True)
+    for name, help_text in BENCHMARKS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--results-dir", default=None, help="where JSON and PNG go (default ./results)")
+        p.add_argument("--strict", action="store_true", help="exit with status 1 when a target fails")
+        add_engine_args(p)
+        _module(name).add_arguments(p)
+    return parser
+
+
+def _module(name: str):
+    return importlib.import_module(f"bench.{name}")
+
+
+def bench_main(argv: list[str]) -> int:
+    """Parse `argv` (after `bench`) and run the chosen benchmark; with --strict, 1 when a target failed."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # the CLI owns logging: engine progress (provisioning, loading) shows as INFO
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("httpx", "openai", "httpcore"):  # one line per HTTP request would drown the progress bars
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        args.engine_config = config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    args.command_line = "pagedchat bench " + shlex.join(argv)
+    payload = _module(args.benchmark).run(args)
+    failed = [t["name"] for t in payload.get("targets", []) if not t["passed"]]
+    return 1 if failed and args.strict else 0

@@ -1,0 +1,172 @@
+"""An OpenAI-API load generator: streaming chat requests at Poisson arrivals or a fixed concurrency, and metrics."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.common import mean, percentiles
+from bench.workload import ChatRequest
+
+CLIENT_TIMEOUT_S = 1800.0
+
+
+@dataclass
+class RequestResult:
+    """What the client saw of one streamed request (times in seconds from the request's send)."""
+
+    ok: bool
+    start_s: float  # when it was sent, from the start of the load point
+    e2e_s: float = float("nan")
+    ttft_s: float = float("nan")
+    chunk_times_s: list[float] = field(default_factory=list)  # arrival of every chunk that carried text
+    num_output_tokens: int = 0
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    text: str = ""
+    error: str = ""
+
+    @property
+    def itl_s(self) -> list[float]:
+        """Gaps between successive text chunks."""
+        return [b - a for a, b in zip(self.chunk_times_s, self.chunk_times_s[1:], strict=False)]
+
+    @property
+    def tpot_s(self) -> float:
+        """Time per output token after the first: (e2e - ttft) / (tokens - 1); NaN for one-token replies."""
+        if self.num_output_tokens < 2:
+            return float("nan")
+        return (self.e2e_s - self.ttft_s) / (self.num_output_tokens - 1)
+
+
+def poisson_offsets(num: int, rate: float, seed: int) -> list[float]:
+    """Send times of `num` requests at Poisson arrivals of `rate` per second (the first at 0)."""
+    rng = random.Random(seed)
+    offsets, t = [], 0.0
+    for i in range(num):
+        if i:
+            t += rng.expovariate(rate)
+        offsets.append(t)
+    return offsets
+
+
+def make_client(base_url: str, api_key: str = "bench"):
+    """An OpenAI client for `base_url` (the server root; /v1 is appended), shared by the sending threads."""
+    import httpx
+    from openai import OpenAI
+
+    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+    http = httpx.Client(limits=limits, timeout=httpx.Timeout(CLIENT_TIMEOUT_S, connect=30.0))
+    return OpenAI(base_url=base_url.rstrip("/") + "/v1", api_key=api_key, http_client=http, max_retries=0)
+
+
+def stream_chat(
+    client: Any,
+    model: str,
+    request: ChatRequest,
+    start_s: float,
+    *,
+    ignore_eos: bool = False,
+    messages: list[dict] | None = None,
+) -> RequestResult:
+    """One streamed /v1/chat/completions call, timed chunk by chunk."""
+    sent = time.perf_counter()
+    result = RequestResult(ok=False, start_s=start_s)
+    pieces: list[str] = []
+    num_chunks = 0
+    try:
+        stream = client.chat.completions.create(
+            model=model,
+            messages=messages or request.messages,
+            max_tokens=request.max_tokens,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": ignore_eos},
+        )
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta and chunk.choices[0].delta.content:
+                result.chunk_times_s.append(time.perf_counter() - sent)
+                pieces.append(chunk.choices[0].delta.content)
+                num_chunks += 1
+            if getattr(chunk, "usage", None):
+                result.num_output_tokens = chunk.usage.completion_tokens
+                result.num_prompt_tokens = chunk.usage.prompt_tokens
+                details = getattr(chunk.usage, "prompt_tokens_details", None)
+                result.num_cached_tokens = int(getattr(details, "cached_tokens", 0) or 0)
+        result.ok = True
+    except Exception as exc:  # noqa: BLE001 - a failed request is a data point, not a crash of the benchmark
+        result.error = f"{type(exc).__name__}: {exc}"
+    result.e2e_s = time.perf_counter() - sent
+    result.text = "".join(pieces)
+    if not result.num_output_tokens:
+        result.num_output_tokens = num_chunks  # a server without usage: count text chunks
+    if result.chunk_times_s:
+        result.ttft_s = result.chunk_times_s[0]
+    return result
+
+
+def run_load(
+    send: Callable[[int, float], RequestResult],
+    num: int,
+    *,
+    rate: float | None = None,
+    concurrency: int | None = None,
+    seed: int = 0,
+    on_done: Callable[[], None] | None = None,
+) -> tuple[list[RequestResult], float]:
+    """Send requests 0..num-1 at Poisson `rate` or with `concurrency` in flight, one thread per request in flight;
+    returns the results in request order and the wall seconds."""
+    if (rate is None) == (concurrency is None):
+        raise ValueError("give exactly one of rate and concurrency")
+    start = time.perf_counter()
+
+    def one(i: int) -> RequestResult:
+        result = send(i, time.perf_counter() - start)
+        if on_done is not None:
+            on_done()
+        return result
+
+    # a rate sends on schedule whatever is in flight, so it needs a thread per request; a concurrency caps them
+    with ThreadPoolExecutor(max_workers=max(1, num if rate is not None else concurrency)) as pool:
+        futures = []
+        if rate is not None:
+            for i, offset in enumerate(poisson_offsets(num, rate, seed)):
+                delay = offset - (time.perf_counter() - start)
+                if delay > 0:
+                    time.sleep(delay)
+                futures.append(pool.submit(one, i))
+        else:
+            futures = [pool.submit(one, i) for i in range(num)]
+        results = [f.result() for f in futures]
+    return results, time.perf_counter() - start
+
+
+def summarise(results: list[RequestResult], duration_s: float) -> dict[str, Any]:
+    """Latency percentiles (ms), throughput and failure count of one load point."""
+    ok = [r for r in results if r.ok]
+    out_tokens = sum(r.num_output_tokens for r in ok)
+    summary: dict[str, Any] = {
+        "num_requests": len(results),
+        "num_failed": len(results) - len(ok),
+        "duration_s": duration_s,
+        "output_tokens": out_tokens,
+        "output_tokens_per_s": out_tokens / duration_s if duration_s > 0 else float("nan"),
+        "requests_per_s": len(ok) / duration_s if duration_s > 0 else float("nan"),
+    }
+    series = {
+        "ttft_ms": [1000 * r.ttft_s for r in ok if r.chunk_times_s],
+        "tpot_ms": [1000 * r.tpot_s for r in ok if r.chunk_times_s and r.num_output_tokens >= 2],
+        "itl_ms": [1000 * gap for r in ok for gap in r.itl_s],
+        "e2e_ms": [1000 * r.e2e_s for r in ok],
+    }
+    for name, values in series.items():
+        summary[name] = {"mean": mean(values), **percentiles(values)}
+    errors = sorted({r.error for r in results if not r.ok})
+    if errors:
+        summary["errors"] = errors[:5]
+    return summary

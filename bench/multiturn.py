@@ -1,0 +1,336 @@
+"""`bench multiturn`: N users x K turns sharing a system prompt, via the session API and /v1, caching on and off."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+
+from bench import loadgen, servers
+from bench import session_client as sc
+from bench.common import (
+    Target,
+    mean,
+    new_figure,
+    percentiles,
+    print_report,
+    progress,
+    targets_payload,
+    write_results,
+)
+from bench.workload import ChatRequest, system_prompt, user_turns
+
+TARGET_TTFT_RATIO = 1.5
+TARGET_CACHE_HIT_PCT = 90.0
+MODES = ("session", "v1")
+ARRIVALS = ("staggered", "together")
+ARRIVALS_MEANING = {
+    "staggered": "every user chats back to back for the whole run; user u's measured conversation starts after "
+    "u mod K unmeasured turns of another one, and users keep chatting (unmeasured) until all measured "
+    "conversations are done: the measured turn 1 and turn K see the same number of users",
+    "together": "every user starts its measured conversation in the same instant; turn 1 is a burst",
+}
+FILLER_SEED = 1_000_003  # conversations outside the measured ones (lead-in, keep-busy) use other scripts
+BENCH_API_KEY = "pagedchat-bench"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `bench multiturn`."""
+    parser.add_argument("--users", type=int, default=32)
+    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--system-tokens", type=int, default=400, help="length of the shared system prompt")
+    parser.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every answer")
+    parser.add_argument(
+        "--arrivals",
+        choices=ARRIVALS,
+        default="staggered",
+        help="staggered: all users chat all the time, their measured conversations out of phase, so every turn "
+        "number sees the same load; together: every user starts its conversation in the same instant",
+    )
+    parser.add_argument("--url", default=None, help="a running pagedchat server with prefix caching on")
+    parser.add_argument(
+        "--url-no-caching", default=None, help="a running pagedchat server with prefix caching off"
+    )
+    parser.add_argument("--api-key", default=None, help="API key for servers given by URL")
+    parser.add_argument("--keep-logs", default=None, help="keep server logs and databases in this folder")
+
+
+class Conversation:
+    """One user's conversation through one API: a session (token-exact history) or /v1 (history resent as text)."""
+
+    def __init__(
+        self, api: str, http: httpx.Client, oa: Any, model: str, system: str, max_tokens: int
+    ) -> None:
+        self.http, self.oa, self.model, self.max_tokens = http, oa, model, max_tokens
+        self.history: list[dict[str, str]] = [{"role": "system", "content": system}]
+        self.session_id = (
+            sc.create_session(http, system, {"temperature": 0.0, "max_tokens": max_tokens})
+            if api == "session"
+            else None
+        )
+
+    def send(self, content: str) -> sc.TurnResult:
+        if self.session_id is not None:
+            return sc.send_message(self.http, self.session_id, content)
+        self.history.append({"role": "user", "content": content})
+        r = loadgen.stream_chat(
+            self.oa, self.model, ChatRequest(list(self.history), self.max_tokens, "turn"), 0.0
+        )
+        self.history.append({"role": "assistant", "content": r.text})  # history resent as text
+        return sc.TurnResult(
+            ok=r.ok,
+            ttft_s=r.ttft_s,
+            e2e_s=r.e2e_s,
+            prompt_tokens=r.num_prompt_tokens,
+            cached_tokens=r.num_cached_tokens,
+            completion_tokens=r.num_output_tokens,
+            text=r.text,
+            error=r.error,
+        )
+
+
+class Latch:
+    """Counts the users whose measured conversation is still going."""
+
+    def __init__(self, count: int) -> None:
+        self._left = count
+        self._lock = threading.Lock()
+
+    def count_down(self) -> None:
+        with self._lock:
+            self._left -= 1
+
+    @property
+    def open(self) -> bool:
+        return self._left <= 0
+
+
+def _user(
+    index: int,
+    start: Callable[[], Conversation],
+    script: list[str],
+    staggered: bool,
+    measured: Latch,
+    on_turn: Callable[[], None],
+) -> list[sc.TurnResult]:
+    """One user's measured conversation (its turn results).
+
+    Staggered: it starts after `index mod turns` unmeasured turns of another conversation, and the user goes on
+    with unmeasured turns until every user's measured conversation is done. So all users chat all the time, and
+    turn 1 and turn K of the measured conversations run under the same load.
+    """
+    fillers = 0
+
+    def chat_unmeasured(go_on: Callable[[int], bool]) -> None:
+        """Turns of fresh conversations (as long as the measured one) while `go_on(turns sent so far)`."""
+        nonlocal fillers
+        sent, conversation, messages = 0, None, script
+        while go_on(sent):
+            if sent % len(script) == 0:
+                messages = user_turns(index, len(script), FILLER_SEED + fillers)
+                conversation, fillers = start(), fillers + 1
+            conversation.send(messages[sent % len(script)])
+            sent += 1
+
+    try:
+        if staggered:
+            chat_unmeasured(lambda sent: sent < index % len(script))
+        conversation, out = start(), []
+        for content in script:
+            out.append(conversation.send(content))
+            on_turn()
+    finally:  # even when this user failed, the others must not keep chatting forever
+        measured.count_down()
+    if staggered:
+        chat_unmeasured(lambda _: not measured.open)
+    return out
+
+
+def run_mode(
+    url: str, mode: str, api_key: str | None, system: str, args: argparse.Namespace, label: str
+) -> dict[str, Any]:
+    """All users' conversations (one thread each) through one API of one server; per-turn and overall numbers."""
+    # distinct conversations per API: only the system prompt is shared between the two runs on one server
+    seed = args.seed + (0 if mode == "session" else 1000)
+    scripts = [user_turns(u, args.turns, seed) for u in range(args.users)]
+    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+    headers = sc.auth_headers(api_key)
+    with httpx.Client(base_url=url, headers=headers, timeout=loadgen.CLIENT_TIMEOUT_S, limits=limits) as http:
+        oa = loadgen.make_client(url, api_key or "bench")
+        model = oa.models.list().data[0].id
+        hello = [{"role": "system", "content": system}, {"role": "user", "content": "Hello!"}]
+        warm = loadgen.stream_chat(oa, model, ChatRequest(hello, 8, "warm"), 0.0)
+        if not warm.ok:
+            raise RuntimeError(f"warm-up request to {url} failed: {warm.error}")
+        before = sc.admin_stats(http)
+        with (
+            progress(args.users * args.turns, label, unit="turn") as bar,
+            ThreadPoolExecutor(args.users) as pool,
+        ):
+            tick = functools.partial(bar.update, 1)
+            start = functools.partial(Conversation, mode, http, oa, model, system, args.max_tokens)
+            measured = Latch(args.users)
+            jobs = [
+                pool.submit(_user, u, start, script, args.arrivals == "staggered", measured, tick)
+                for u, script in enumerate(scripts)
+            ]
+            per_user = [job.result() for job in jobs]
+        after = sc.admin_stats(http)
+        oa.close()
+    return summarise(per_user, args.turns, before, after)
+
+
+def summarise(
+    per_user: list[list[sc.TurnResult]], num_turns: int, before: dict | None, after: dict | None
+) -> dict[str, Any]:
+    """Per-turn TTFT and prefill numbers, the overall cache hit rate and the last/first TTFT ratio."""
+    turns = []
+    for k in range(num_turns):
+        results = [user[k] for user in per_user if len(user) > k and user[k].ok]
+        prompt = sum(r.prompt_tokens for r in results)
+        cached = sum(r.cached_tokens for r in results)
+        turns.append(
+            {
+                "turn": k + 1,
+                "num_ok": len(results),
+                "ttft_ms": {
+                    "mean": mean([1000 * r.ttft_s for r in results]),
+                    **percentiles([1000 * r.ttft_s for r in results]),
+                },
+                "server_ttft_ms_p50": percentiles([1000 * r.server_ttft_s for r in results])["p50"],
+                "mean_prompt_tokens": mean([r.prompt_tokens for r in results]),
+                "mean_cached_tokens": mean([r.cached_tokens for r in results]),
+                "mean_prefill_tokens": mean([r.prefill_tokens for r in results]),
+                "cache_hit_pct": 100.0 * cached / prompt if prompt else float("nan"),
+            }
+        )
+    every = [r for user in per_user for r in user]
+    ok = [r for r in every if r.ok]
+    prompt, cached = sum(r.prompt_tokens for r in ok), sum(r.cached_tokens for r in ok)
+    summary: dict[str, Any] = {
+        "turns": turns,
+        "num_turns_failed": len(every) - len(ok),
+        "errors": sorted({r.error for r in every if not r.ok})[:5],
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "prefill_tokens": prompt - cached,
+        "cache_hit_pct": 100.0 * cached / prompt if prompt else float("nan"),
+        "ttft_ratio_last_first": turns[-1]["ttft_ms"]["p50"] / turns[0]["ttft_ms"]["p50"],
+    }
+    if before and after:
+        queried = after.get("prefix_query_tokens", 0) - before.get("prefix_query_tokens", 0)
+        hit = after.get("prefix_hit_tokens", 0) - before.get("prefix_hit_tokens", 0)
+        summary["server_prefix_hit_pct"] = 100.0 * hit / queried if queried else float("nan")
+    return summary
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Both APIs on a caching and a non-caching server (started here, one after the other, unless URLs are given)."""
+    from engine.loading.loader import load_tokenizer, resolve_model_path
+
+    config = args.engine_config
+    system = system_prompt(load_tokenizer(resolve_model_path(config.model)), args.system_tokens)
+    runs: dict[str, dict[str, Any]] = {}
+    with servers.log_folder(args.keep_logs) as logs:
+        for caching, url in (("on", args.url), ("off", args.url_no_caching)):
+            if url is not None:
+                for mode in MODES:
+                    runs[f"{mode}/caching-{caching}"] = run_mode(
+                        url, mode, args.api_key, system, args, f"{mode}, caching {caching}"
+                    )
+                continue
+            cfg = dataclasses.replace(config, enable_prefix_caching=caching == "on")
+            server = servers.start_pagedchat(
+                f"pagedchat-caching-{caching}", cfg, logs, {"PAGEDCHAT_API_KEYS": BENCH_API_KEY}
+            )
+            with servers.running([server]):
+                for mode in MODES:
+                    runs[f"{mode}/caching-{caching}"] = run_mode(
+                        server.url, mode, BENCH_API_KEY, system, args, f"{mode}, caching {caching}"
+                    )
+    on = runs["session/caching-on"]
+    targets = [
+        Target(
+            f"session API, caching on: turn {args.turns} TTFT / turn 1 TTFT",
+            on["ttft_ratio_last_first"],
+            TARGET_TTFT_RATIO,
+            "<=",
+        ),
+        Target(
+            "session API, caching on: prompt tokens from the cache %",
+            on["cache_hit_pct"],
+            TARGET_CACHE_HIT_PCT,
+        ),
+    ]
+    payload = {
+        "model": config.model,
+        "workload": {
+            "label": "synthetic: templated support-chat conversations",
+            "users": args.users,
+            "turns": args.turns,
+            "system_prompt_chars": len(system),
+            "system_tokens_target": args.system_tokens,
+            "max_tokens": args.max_tokens,
+            "temperature": 0.0,
+            "arrivals": args.arrivals,
+            "arrivals_meaning": ARRIVALS_MEANING[args.arrivals],
+            "warmup": "one /v1 request with the shared system prompt before each API's run",
+        },
+        "runs": runs,
+        "targets": targets_payload(targets),
+    }
+    paths = write_results("multiturn", payload, _plot(runs, args.turns), args.results_dir, args.command_line)
+    rows = [
+        [
+            name,
+            r["turns"][0]["ttft_ms"]["p50"],
+            r["turns"][-1]["ttft_ms"]["p50"],
+            r["ttft_ratio_last_first"],
+            r["cache_hit_pct"],
+            r["prefill_tokens"],
+            r["num_turns_failed"],
+        ]
+        for name, r in runs.items()
+    ]
+    headers = [
+        "API / caching",
+        "turn 1 TTFT p50 ms",
+        f"turn {args.turns} TTFT p50 ms",
+        "ratio",
+        "cached prompt %",
+        "prefill tokens",
+        "failed",
+    ]
+    print_report(
+        f"multiturn: {args.users} users x {args.turns} turns, {args.system_tokens}-token system prompt",
+        headers,
+        rows,
+        targets,
+        paths,
+    )
+    return payload
+
+
+def _plot(runs: dict[str, dict[str, Any]], num_turns: int):
+    fig, (ax_ttft, ax_prefill) = new_figure(ncols=2)
+    x = list(range(1, num_turns + 1))
+    for name, r in runs.items():
+        style = "-" if name.endswith("caching-on") else "--"
+        ax_ttft.plot(x, [t["ttft_ms"]["p50"] for t in r["turns"]], "o" + style, label=name)
+        ax_prefill.plot(x, [t["mean_prefill_tokens"] for t in r["turns"]], "o" + style, label=name)
+    ax_ttft.set_title("time to first token (p50 over users)")
+    ax_ttft.set_ylabel("ms")
+    ax_ttft.set_yscale("log")
+    ax_prefill.set_title("prompt tokens computed per turn (mean)")
+    ax_prefill.set_ylabel("tokens")
+    for ax in (ax_ttft, ax_prefill):
+        ax.set_xticks(x)
+        ax.set_xlabel("turn")
+        ax.legend(fontsize=8)
+    return fig

@@ -1,0 +1,221 @@
+"""`bench throughput`: the same chat requests through pagedchat and HF transformers baselines, in one run."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import logging
+import time
+from typing import Any
+
+from bench.common import (
+    Target,
+    mean,
+    new_figure,
+    print_report,
+    progress,
+    targets_payload,
+    write_results,
+)
+from bench.workload import WORKLOAD_LABEL, chat_requests
+
+logger = logging.getLogger(__name__)
+TARGET_VS_STATIC = 2.0
+BASELINES = ("static", "continuous", "sequential")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `bench throughput`."""
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument(
+        "--max-tokens", type=int, default=128, help="the largest per-request max_tokens of the mix"
+    )
+    parser.add_argument(
+        "--baselines",
+        type=parse_baselines,
+        default="static,continuous,sequential",
+        help="comma-separated HF baselines to run: static, continuous, sequential, or none",
+    )
+    parser.add_argument("--matmul-rows", type=int, default=64, help="rows of the matmul ceiling measurement")
+    parser.add_argument("--matmul-seconds", type=float, default=2.0)
+    parser.add_argument("--hf-page-size", type=int, default=32, help="page size of HF continuous batching")
+    parser.add_argument(
+        "--hf-max-batch-tokens", type=int, default=512, help="HF continuous batching token budget"
+    )
+
+
+def parse_baselines(text: str) -> list[str]:
+    """The baseline names of a comma-separated list ('none' or '' for none); unknown names are an argparse error."""
+    names = [n.strip() for n in text.split(",") if n.strip() and n.strip() != "none"]
+    unknown = [n for n in names if n not in BASELINES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown baselines {unknown}; choose from {list(BASELINES)}")
+    return names
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark, print the table and targets, write JSON + PNG; returns the JSON payload."""
+    import torch
+
+    from bench import hf_baselines as hf
+    from bench.matmul import linear_shapes, measure_matmul
+    from engine import LLM, SamplingParams
+    from engine.loading.loader import load_hf_config, resolve_model_path
+
+    baselines = args.baselines
+    path = resolve_model_path(args.model)
+    llm = LLM(**dataclasses.asdict(args.engine_config))
+    engine = llm.engine
+    dtype = getattr(torch, engine.config.dtype)
+    device = torch.device(engine.config.device)
+    requests = chat_requests(args.num_requests, seed=args.seed, max_tokens=args.max_tokens)
+    prompts = [engine.apply_chat_template(r.messages) for r in requests]
+    max_tokens = [r.max_tokens for r in requests]
+    eos_ids = engine.eos_token_ids
+    pad_id = engine.tokenizer.pad_token_id if engine.tokenizer.pad_token_id is not None else min(eos_ids)
+
+    runs = []
+    # warm-up, not timed, on a prompt outside the workload so that no measured prompt is cached by it
+    warmup = engine.apply_chat_template([{"role": "user", "content": "Warm-up: say hi."}])
+    llm.generate([warmup], SamplingParams(temperature=0.0, max_tokens=4))
+    with progress(len(prompts), "pagedchat") as bar:
+        params = [SamplingParams(temperature=0.0, max_tokens=m) for m in max_tokens]
+        start = time.perf_counter()
+        outputs = _generate_with_progress(llm, prompts, params, bar)
+        elapsed = time.perf_counter() - start
+    runs.append(hf.GenerationRun("pagedchat", [list(o.outputs[0].token_ids) for o in outputs], elapsed))
+    engine_stats = engine.stats()
+    engine_config = {
+        **dataclasses.asdict(engine.config),
+        "num_blocks": engine.num_blocks,
+        "num_steps": engine_stats.num_steps,
+        "num_preemptions": engine_stats.num_preemptions,
+    }
+    del llm, engine, outputs  # free the KV pool before the baselines allocate theirs
+    gc.collect()
+
+    if baselines:
+        model = hf.load_hf_model(path, dtype, device)
+        hf.hf_sequential(model, [warmup], [4], eos_ids, pad_id)  # warm-up, not timed
+        for name in baselines:
+            runs.append(_run_baseline(name, model, prompts, max_tokens, eos_ids, pad_id, args))
+
+    with progress(None, "matmul ceiling", unit="pass") as bar:
+        matmul = measure_matmul(
+            linear_shapes(load_hf_config(path)),
+            dtype,
+            device,
+            rows=args.matmul_rows,
+            min_seconds=args.matmul_seconds,
+        )
+        bar.update(1)
+    ours = runs[0]
+    systems = {
+        r.name: {
+            "tokens_per_s": r.tokens_per_s,
+            "num_output_tokens": r.num_output_tokens,
+            "elapsed_s": r.elapsed_s,
+        }
+        for r in runs
+    }
+    ratios = {f"pagedchat/{r.name}": ours.tokens_per_s / r.tokens_per_s for r in runs[1:]}
+    agreement = {r.name: hf.agreement(ours.token_ids, r.token_ids) for r in runs[1:]}
+    fraction = ours.tokens_per_s / matmul.ceiling_tokens_per_s
+    targets = []
+    if "hf_static" in systems:
+        targets.append(
+            Target("pagedchat / HF static batching", ratios["pagedchat/hf_static"], TARGET_VS_STATIC)
+        )
+    payload = {
+        "model": args.model,
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": str(device),
+        "workload": {
+            "label": WORKLOAD_LABEL,
+            "num_requests": len(prompts),
+            "max_tokens": max_tokens,
+            "mean_prompt_tokens": mean([len(p) for p in prompts]),
+            "max_prompt_tokens": max(len(p) for p in prompts),
+            "ignore_eos": False,
+            "eos_token_ids": sorted(eos_ids),
+        },
+        "engine_config": engine_config,
+        "systems": systems,
+        "ratios": ratios,
+        "agreement_with_pagedchat": agreement,
+        "matmul": {**matmul.as_dict(), "engine_fraction": fraction},
+        "targets": targets_payload(targets),
+    }
+    fig = _plot(runs, matmul.ceiling_tokens_per_s, args)
+    paths = write_results("throughput", payload, fig, args.results_dir, args.command_line)
+    rows = [
+        [r.name, r.num_output_tokens, r.elapsed_s, r.tokens_per_s, ours.tokens_per_s / r.tokens_per_s]
+        for r in runs
+    ]
+    rows.append(["matmul ceiling", "", "", matmul.ceiling_tokens_per_s, fraction])
+    print_report(
+        f"throughput: {len(prompts)} chat requests, {payload['dtype']} on {device}",
+        ["system", "output tokens", "seconds", "tokens/s", "pagedchat ratio"],
+        rows,
+        targets,
+        paths,
+    )
+    print(
+        f"matmul at {matmul.rows} rows: {matmul.flops_per_s / 1e9:.0f} GFLOP/s -> pagedchat reaches "
+        f"{100 * fraction:.1f}% of the ceiling"
+    )
+    return payload
+
+
+def _generate_with_progress(llm, prompts, params, bar) -> list:
+    """`llm.generate`, but stepping the engine here so the bar moves as requests finish."""
+    engine = llm.engine
+    ids = [f"tp-{i}" for i in range(len(prompts))]
+    for rid, prompt, p in zip(ids, prompts, params, strict=True):
+        engine.add_request(rid, prompt, p)
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+                bar.update(1)
+    return [done[rid] for rid in ids]
+
+
+def _run_baseline(name, model, prompts, max_tokens, eos_ids, pad_id, args):
+    from bench import hf_baselines as hf
+
+    with progress(len(prompts), f"HF {name}") as bar:
+        if name == "sequential":
+            return hf.hf_sequential(
+                model, prompts, max_tokens, eos_ids, pad_id, on_done=lambda: bar.update(1)
+            )
+        if name == "static":
+            result = hf.hf_static_batch(model, prompts, max_tokens, eos_ids, pad_id)
+            bar.update(len(prompts))
+            return result
+        return hf.hf_continuous(
+            model,
+            prompts,
+            max_tokens,
+            eos_ids,
+            pad_id,
+            page_size=args.hf_page_size,
+            max_batch_tokens=args.hf_max_batch_tokens,
+            on_done=lambda: bar.update(1),
+        )
+
+
+def _plot(runs, ceiling: float, args):
+    fig, (ax,) = new_figure()
+    names = [r.name for r in runs]
+    values = [r.tokens_per_s for r in runs]
+    bars = ax.bar(names, values, color=["tab:blue"] + ["tab:gray"] * (len(runs) - 1))
+    for bar, value in zip(bars, values, strict=True):
+        ax.annotate(f"{value:.0f}", (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom")
+    ax.axhline(ceiling, color="tab:red", linestyle="--", label=f"matmul ceiling ({ceiling:.0f} tok/s)")
+    ax.set_ylabel("output tokens / s")
+    ax.set_title(f"{len(runs[0].token_ids)} chat requests, max_tokens <= {args.max_tokens}")
+    ax.legend()
+    return fig

@@ -1,0 +1,254 @@
+"""Paged attention on the CPU: decode through the compiled kernel or over gathered blocks, prefill per sequence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.metadata import AttentionMetadata
+from engine.native.attention import NativeDecode, load_kernel
+
+MAX_DECODE_GROUPS = 4
+MIN_SPLIT_SAVING = 32  # padded blocks a length split must save (per layer) to pay for its extra kernel calls
+
+
+def _additive(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where valid, -inf elsewhere: SDPA takes it as is, where a bool mask is converted in every call."""
+    return torch.zeros(valid.shape, dtype=dtype, device=valid.device).masked_fill_(~valid, float("-inf"))
+
+
+@dataclass
+class _Prefill:
+    """One sequence with more than one query token this step."""
+
+    row_start: int
+    row_end: int
+    seq_len: int
+    block_ids: torch.Tensor | None  # [num_blocks] int64 to gather its context; None: all context is new
+    valid: torch.Tensor | None  # [query_len, seq_len] bool, True = attend; None: plain causal
+    masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # additive, made at first use
+
+    def mask(self, dtype: torch.dtype) -> torch.Tensor | None:
+        if self.valid is not None and dtype not in self.masks:
+            self.masks[dtype] = _additive(self.valid, dtype)
+        return self.masks.get(dtype)
+
+
+@dataclass
+class _DecodeGroup:
+    """Single-token sequences of similar length, attended together over their gathered, padded blocks."""
+
+    rows: torch.Tensor | None  # [n] int64 query rows; None: every row of the batch, in order
+    block_ids: torch.Tensor  # [n * num_blocks] int64
+    valid: torch.Tensor  # [n, 1, 1, num_blocks * block_size] bool, True = a real context position
+    masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # additive, made at first use
+
+    def mask(self, dtype: torch.dtype) -> torch.Tensor:
+        if dtype not in self.masks:
+            self.masks[dtype] = _additive(self.valid, dtype)
+        return self.masks[dtype]
+
+
+@dataclass(frozen=True)
+class _NativeInputs:
+    """The decoding sequences of a step as the compiled kernel takes them."""
+
+    rows: torch.Tensor  # [n] int32 query rows
+    seq_lens: torch.Tensor  # [n] int32
+    block_tables: torch.Tensor  # [n, max_blocks] int32, contiguous
+
+
+@dataclass
+class _StepPlan:
+    """Per-step indices and masks shared by every layer."""
+
+    meta: AttentionMetadata
+    block_size: int
+    decodes: list[int]  # the sequences with one query token
+    prefills: tuple[_Prefill, ...]
+    native: _NativeInputs | None  # None: no decodes, or no kernel
+    # the largest block id and slot the step names: raw-pointer code checks them once per layer
+    max_block_id: int = 0
+    max_slot: int = -1
+    groups: tuple[_DecodeGroup, ...] | None = None  # the torch decode path, made at first use
+
+    @property
+    def decode_groups(self) -> tuple[_DecodeGroup, ...]:
+        """The decoding sequences in length groups, each gathered and padded for SDPA."""
+        if self.groups is None:
+            self.groups = _group_decodes(self.meta, self.decodes, self.block_size)
+        return self.groups
+
+
+def split_by_length(lengths: list[int], max_groups: int, min_saving: int) -> list[int]:
+    """Group boundaries over ascending `lengths` that cut padding (sum of size * longest) by greedy splits."""
+    bounds = [0, len(lengths)]
+    while len(bounds) - 1 < max_groups:
+        best = (min_saving - 1, -1)  # (saving, split index)
+        for start, end in pairwise(bounds):
+            whole = (end - start) * lengths[end - 1]
+            for i in range(start + 1, end):
+                saving = whole - (i - start) * lengths[i - 1] - (end - i) * lengths[end - 1]
+                best = max(best, (saving, i))
+        if best[1] < 0:
+            break
+        bounds = sorted([*bounds, best[1]])
+    return bounds
+
+
+def _group_decodes(meta: AttentionMetadata, decodes: list[int], bs: int) -> tuple[_DecodeGroup, ...]:
+    if not decodes:
+        return ()
+    starts = meta.query_start_loc.tolist()
+    tables = meta.block_tables.to(torch.int64)
+    blocks = [-(-meta.seq_lens_cpu[i] // bs) for i in decodes]
+    bounds = [0, len(decodes)]
+    if max(blocks) - min(blocks) > 1:
+        order = sorted(range(len(decodes)), key=blocks.__getitem__)
+        bounds = split_by_length([blocks[j] for j in order], MAX_DECODE_GROUPS, MIN_SPLIT_SAVING)
+        if len(bounds) > 2:
+            decodes = [decodes[j] for j in order]
+    in_order = len(bounds) == 2 and len(decodes) == meta.num_seqs
+    return tuple(
+        _decode_group(meta, tables, starts, decodes[start:end], bs, in_order)
+        for start, end in pairwise(bounds)
+    )
+
+
+def _decode_group(meta, tables, starts, seqs: list[int], bs: int, in_order: bool) -> _DecodeGroup:
+    index = torch.tensor(seqs, dtype=torch.int64, device=tables.device)
+    num_blocks = -(-max(meta.seq_lens_cpu[i] for i in seqs) // bs)
+    lens = torch.tensor([meta.seq_lens_cpu[i] for i in seqs], device=tables.device)
+    valid = torch.arange(num_blocks * bs, device=tables.device)[None, :] < lens[:, None]
+    rows = None if in_order else torch.tensor([starts[i] for i in seqs], device=tables.device)
+    block_ids = tables[index, :num_blocks].reshape(-1)
+    return _DecodeGroup(rows, block_ids, valid.view(len(seqs), 1, 1, -1))
+
+
+class TorchAttentionBackend:
+    """CPU paged attention; the caches must hold finite values (allocate them with torch.zeros).
+
+    Decode sequences go to the compiled kernel (engine.native.attention) when it is built and supports the dtype and
+    shapes: it reads K/V in place through the block tables. Otherwise they are attended together in torch: their
+    blocks are gathered into [n, L, Hkv, D] (padded to the longest context, masked) and fed to SDPA with
+    grouped-query heads; very uneven lengths are split into a few groups. Prefill sequences run one SDPA call each,
+    reading cached context through their block tables.
+    """
+
+    def __init__(self, block_size: int | None = None, native: bool | None = None) -> None:
+        """`native`: None uses the compiled decode kernel when it builds, False never, True requires it."""
+        self.block_size = block_size  # None: taken from the cache shape at the first forward
+        self.kernel: NativeDecode | None = None if native is False else load_kernel()
+        if native and self.kernel is None:
+            raise RuntimeError("native CPU attention was required but could not be built (see the log)")
+        self._plan: _StepPlan | None = None
+
+    def prepare(self, meta: AttentionMetadata) -> None:
+        """Build the step plan for `meta` (or, without a known block size, at the step's first forward)."""
+        self._plan = None if self.block_size is None else self._make_plan(meta, self.block_size)
+
+    def _make_plan(self, meta: AttentionMetadata, bs: int) -> _StepPlan:
+        starts = meta.query_start_loc.tolist()
+        tables = meta.block_tables
+        device = tables.device
+        prefills = []
+        for i, query_len in enumerate(meta.query_lens_cpu):
+            if query_len == 1:
+                continue
+            seq_len = meta.seq_lens_cpu[i]
+            block_ids = mask = None
+            if seq_len != query_len:  # cached context precedes this step's tokens
+                block_ids = tables[i, : -(-seq_len // bs)].to(torch.int64)
+                rows = torch.arange(query_len, device=device)[:, None] + (seq_len - query_len)
+                mask = torch.arange(seq_len, device=device)[None, :] <= rows
+            prefills.append(_Prefill(starts[i], starts[i] + query_len, seq_len, block_ids, mask))
+        decodes = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
+        native = None
+        if decodes and self.kernel is not None and device.type == "cpu":
+            if len(decodes) == meta.num_seqs:  # the usual decode step: every row, in order
+                rows = torch.arange(len(decodes), dtype=torch.int32)
+                native = _NativeInputs(rows, meta.seq_lens.contiguous(), tables.contiguous())
+            else:
+                index = torch.tensor(decodes, dtype=torch.int64)
+                rows = torch.tensor([starts[i] for i in decodes], dtype=torch.int32)
+                native = _NativeInputs(rows, meta.seq_lens[index], tables[index].contiguous())
+        plan = _StepPlan(meta, bs, decodes, tuple(prefills), native)
+        if self.kernel is not None:
+            plan.max_block_id = int(tables.max()) if tables.numel() else 0
+            plan.max_slot = int(meta.slot_mapping.max()) if meta.slot_mapping.numel() else -1
+        return plan
+
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """See AttentionBackend.forward."""
+        block_size, num_kv_heads, head_dim = k_cache.shape[1:]
+        plan = self._plan
+        if plan is None or plan.meta is not meta or plan.block_size != block_size:
+            plan = self._plan = self._make_plan(meta, block_size)
+        num_blocks = k_cache.shape[0]
+        if plan.max_block_id >= num_blocks or plan.max_slot >= num_blocks * block_size:
+            raise RuntimeError(
+                f"attention metadata names block {plan.max_block_id} / slot {plan.max_slot}, past a pool of "
+                f"{num_blocks} blocks of {block_size}"
+            )
+        if self.kernel is not None and self.kernel.can_store(k, v, k_cache, v_cache):
+            self.kernel.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        else:
+            k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
+            v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+        if plan.native is not None and self.kernel.supports(q, k_cache):
+            n = plan.native
+            if meta.max_seq_len > n.block_tables.shape[1] * block_size:
+                raise RuntimeError(
+                    f"block tables of {n.block_tables.shape[1]} blocks for {meta.max_seq_len} tokens"
+                )
+            out = q.new_empty(q.shape)
+            self.kernel(q, k_cache, v_cache, n.rows, n.seq_lens, n.block_tables, out, scale)
+        else:
+            groups = plan.decode_groups
+            if len(groups) == 1 and groups[0].rows is None:
+                return self._decode(q, k_cache, v_cache, groups[0], scale)
+            out = q.new_empty(q.shape)
+            for group in groups:
+                out[group.rows] = self._decode(q[group.rows], k_cache, v_cache, group, scale)
+        for p in plan.prefills:
+            out[p.row_start : p.row_end] = self._prefill(q, k, v, k_cache, v_cache, p, scale)
+        return out
+
+    @staticmethod
+    def _decode(q, k_cache, v_cache, group: _DecodeGroup, scale: float) -> torch.Tensor:
+        num_seqs, num_heads, head_dim = q.shape  # [n, Hq, D]
+        keys = k_cache.index_select(0, group.block_ids).view(
+            num_seqs, -1, *k_cache.shape[2:]
+        )  # [n, L, Hkv, D]
+        values = v_cache.index_select(0, group.block_ids).view(num_seqs, -1, *v_cache.shape[2:])
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2),  # [n, Hq, 1, D]
+            keys.transpose(1, 2),  # [n, Hkv, L, D]
+            values.transpose(1, 2),
+            attn_mask=group.mask(q.dtype),
+            scale=scale,
+            enable_gqa=True,
+        )
+        return out.view(num_seqs, num_heads, head_dim)
+
+    @staticmethod
+    def _prefill(q, k, v, k_cache, v_cache, p: _Prefill, scale: float) -> torch.Tensor:
+        query = q[p.row_start : p.row_end].transpose(0, 1).unsqueeze(0)  # [1, Hq, Lq, D]
+        if p.block_ids is None:
+            keys, values = k[p.row_start : p.row_end], v[p.row_start : p.row_end]  # [L, Hkv, D]
+        else:
+            keys = k_cache.index_select(0, p.block_ids).flatten(0, 1)[: p.seq_len]
+            values = v_cache.index_select(0, p.block_ids).flatten(0, 1)[: p.seq_len]
+        out = F.scaled_dot_product_attention(
+            query,
+            keys.transpose(0, 1).unsqueeze(0),  # [1, Hkv, L, D]
+            values.transpose(0, 1).unsqueeze(0),
+            attn_mask=p.mask(q.dtype),
+            is_causal=p.valid is None,
+            scale=scale,
+            enable_gqa=True,
+        )
+        return out[0].transpose(0, 1)  # [Lq, Hq, D]

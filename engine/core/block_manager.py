@@ -1,0 +1,245 @@
+"""The paged KV block pool: ref counts, an LRU free queue, the prefix-cache hash chain and copy-on-write."""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from engine.core.hash_chain import BlockHasher, num_cacheable_blocks
+from engine.core.sequence import Sequence
+
+FREE, CACHED, IN_USE = 0, 1, 2  # block states in snapshots
+
+
+@dataclass
+class Block:
+    """block_size KV slots; `block_hash` is set once the block is full and registered in the prefix cache."""
+
+    block_id: int
+    ref_count: int = 0
+    block_hash: bytes | None = None
+
+
+@dataclass(frozen=True)
+class BlockPoolStats:
+    """Block counts by state, and the prefix cache's query/hit token counters."""
+
+    num_blocks: int
+    num_free_blocks: int
+    num_cached_blocks: int
+    num_used_blocks: int
+    num_shared_blocks: int
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+
+
+class BlockManager:
+    """Hands out blocks to sequences; lack of room is a `None` return that leaves everything unchanged."""
+
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, hash_salt: bytes = b""
+    ) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks} and {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # every ref-0 block, next victim first; cached ones stay findable by hash until popped
+        self.free_queue: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
+        # several blocks may hold one hash (identical prompts computed at once); the inner dict is an ordered set
+        self.hash_to_block_ids: dict[bytes, dict[int, None]] = {}
+        self.hasher = BlockHasher(block_size, hash_salt)
+        self.num_cached_free = 0  # ref-0 blocks holding a hash
+        self.num_shared = 0  # blocks with ref > 1
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
+
+    def hash_block(self, parent_hash: bytes, token_ids: list[int]) -> bytes:
+        """Chain hash of one full block (see engine.core.hash_chain)."""
+        return self.hasher.hash_block(parent_hash, token_ids)
+
+    def match_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks an admission of `seq` would reuse; the last token is always left to compute."""
+        if seq.block_table or seq.num_computed_tokens:
+            raise RuntimeError(f"seq {seq.seq_id} already holds blocks; prefix matching is for admission")
+        if not self.enable_prefix_caching:
+            return []
+        block_ids: list[int] = []
+        for i in range(num_cacheable_blocks(len(seq), self.block_size)):
+            candidates = self.hash_to_block_ids.get(self._block_hash(seq, i))
+            if not candidates:
+                break
+            block_ids.append(next(iter(candidates)))
+        return block_ids
+
+    def allocate_slots(
+        self, seq: Sequence, num_new_tokens: int, cached_block_ids: list[int] | None = None
+    ) -> list[tuple[int, int]] | None:
+        """Cover num_computed_tokens + num_new_tokens slots; returns the CoW copies (src, dst) made, or None.
+
+        Passing `cached_block_ids` (from match_prefix, possibly empty) admits the sequence: it takes those blocks
+        and starts computing after them.
+        """
+        bs = self.block_size
+        admitting = cached_block_ids is not None
+        if admitting and (seq.block_table or seq.num_computed_tokens):
+            raise RuntimeError(f"seq {seq.seq_id} already holds blocks; it cannot be admitted again")
+        table = list(cached_block_ids) if admitting else seq.block_table
+        num_computed = len(table) * bs if admitting else seq.num_computed_tokens
+        end = num_computed + num_new_tokens
+        if end > len(seq):
+            raise RuntimeError(f"seq {seq.seq_id}: slots up to {end} requested for {len(seq)} tokens")
+        num_table_blocks = -(-end // bs)
+        num_new_blocks = max(0, num_table_blocks - len(table))
+        written = range(num_computed // bs, min(len(table), num_table_blocks)) if num_new_tokens else range(0)
+        cow_indices = [i for i in written if self.blocks[table[i]].ref_count > 1]
+        for i in written:
+            assert self.blocks[table[i]].block_hash is None, f"write into cached full block {table[i]}"
+        num_reused_free = sum(1 for b in table if self.blocks[b].ref_count == 0) if admitting else 0
+        if num_new_blocks + len(cow_indices) > len(self.free_queue) - num_reused_free:
+            return None
+
+        if admitting:
+            for block_id in table:
+                self._incref(block_id)
+            seq.block_table = table
+            seq.num_computed_tokens = seq.num_cached_tokens = num_computed
+            seq.num_hashed_blocks = len(table)
+            if self.enable_prefix_caching:
+                self.prefix_query_tokens += len(seq)
+                self.prefix_hit_tokens += num_computed
+        copies = []
+        for i in cow_indices:
+            src, dst = table[i], self._pop_free()
+            self._decref(src)
+            table[i] = dst
+            copies.append((src, dst))
+        table.extend(self._pop_free() for _ in range(num_new_blocks))
+        return copies
+
+    def free(self, seq: Sequence) -> None:
+        """Drop the sequence's references; its tail is evicted before its prefix, unhashed blocks first of all."""
+        for block_id in reversed(seq.block_table):
+            self._decref(block_id)
+        seq.block_table = []
+        seq.num_hashed_blocks = 0
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Let `child` share every block of `parent`, the partial tail included (written later through CoW)."""
+        if child.block_table:
+            raise RuntimeError(f"fork target seq {child.seq_id} already holds blocks")
+        for block_id in parent.block_table:
+            self._incref(block_id)
+        child.block_table = list(parent.block_table)
+        child.num_hashed_blocks = parent.num_hashed_blocks
+        child.block_hashes = parent.block_hashes[: parent.num_hashed_blocks]
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Hash and register the blocks that num_computed_tokens now covers completely."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = seq.num_computed_tokens // self.block_size
+        assert num_full <= len(seq.block_table), f"seq {seq.seq_id}: computed tokens beyond its block table"
+        for i in range(seq.num_hashed_blocks, num_full):
+            block, block_hash = self.blocks[seq.block_table[i]], self._block_hash(seq, i)
+            if block.block_hash is not None:  # shared with a sibling forked mid-step, which hashed it first
+                assert block.block_hash == block_hash, f"block {block.block_id} holds two different contents"
+                continue
+            block.block_hash = block_hash
+            self.hash_to_block_ids.setdefault(block_hash, {})[block.block_id] = None
+        seq.num_hashed_blocks = max(seq.num_hashed_blocks, num_full)
+
+    def num_slots_allocated(self, seq: Sequence) -> int:
+        """KV slots reserved for the sequence (its table length times block_size)."""
+        return len(seq.block_table) * self.block_size
+
+    def stats(self) -> BlockPoolStats:
+        """Block counts by state (O(1)) and the prefix cache counters."""
+        num_ref0 = len(self.free_queue)
+        return BlockPoolStats(
+            num_blocks=self.num_blocks,
+            num_free_blocks=num_ref0 - self.num_cached_free,
+            num_cached_blocks=self.num_cached_free,
+            num_used_blocks=self.num_blocks - num_ref0,
+            num_shared_blocks=self.num_shared,
+            prefix_query_tokens=self.prefix_query_tokens,
+            prefix_hit_tokens=self.prefix_hit_tokens,
+        )
+
+    def snapshot(self) -> tuple[list[int], list[int], dict[int, str]]:
+        """Per-block state codes, ref counts, and the first 8 hex chars of every held hash."""
+        states = [IN_USE if b.ref_count else FREE if b.block_hash is None else CACHED for b in self.blocks]
+        hashes = {b.block_id: b.block_hash.hex()[:8] for b in self.blocks if b.block_hash is not None}
+        return states, [b.ref_count for b in self.blocks], hashes
+
+    def check_invariants(self, live_seqs: Iterable[Sequence]) -> None:
+        """Assert the pool's bookkeeping against the live sequences (call between steps)."""
+        live_seqs = list(live_seqs)
+        refs = Counter(b for seq in live_seqs for b in seq.block_table)
+        assert sum(b.ref_count for b in self.blocks) == sum(len(s.block_table) for s in live_seqs), "ref sum"
+        for b in self.blocks:
+            assert b.ref_count == refs[b.block_id], (
+                f"block {b.block_id}: ref {b.ref_count}, {refs[b.block_id]} users"
+            )
+            assert (b.ref_count == 0) == (b.block_id in self.free_queue), f"block {b.block_id}: free queue"
+            if b.block_hash is not None:
+                assert b.block_id in self.hash_to_block_ids.get(b.block_hash, {}), (
+                    f"block {b.block_id}: no map"
+                )
+        for block_hash, block_ids in self.hash_to_block_ids.items():
+            assert block_ids, "empty hash entry"
+            assert all(self.blocks[i].block_hash == block_hash for i in block_ids), "stale hash entry"
+        num_cached = sum(b.block_hash is not None for b in self.free_queue.values())
+        assert self.num_cached_free == num_cached, f"cached count {self.num_cached_free} != {num_cached}"
+        assert self.num_shared == sum(b.ref_count > 1 for b in self.blocks), "shared count"
+        for seq in live_seqs:
+            waste = self.num_slots_allocated(seq) - seq.num_computed_tokens
+            assert 0 <= waste < self.block_size, f"seq {seq.seq_id}: {waste} allocated slots hold no KV"
+            k = seq.num_hashed_blocks
+            assert k <= min(len(seq.block_table), len(seq.block_hashes)), (
+                f"seq {seq.seq_id}: {k} hashed blocks"
+            )
+            for block_id, block_hash in zip(seq.block_table[:k], seq.block_hashes[:k], strict=True):
+                assert self.blocks[block_id].block_hash == block_hash, (
+                    f"seq {seq.seq_id}: chain at {block_id}"
+                )
+
+    def _block_hash(self, seq: Sequence, index: int) -> bytes:
+        # seq.block_hashes caches the chain over its token ids, which only ever grow, so it survives preemption
+        self.hasher.extend(seq.block_hashes, seq.token_ids, seq.cache_salt, index + 1)
+        return seq.block_hashes[index]
+
+    def _pop_free(self) -> int:
+        block_id, block = self.free_queue.popitem(last=False)
+        if block.block_hash is not None:  # evict: the hash no longer describes what the block will hold
+            self.num_cached_free -= 1
+            ids = self.hash_to_block_ids[block.block_hash]
+            del ids[block_id]
+            if not ids:
+                del self.hash_to_block_ids[block.block_hash]
+            block.block_hash = None
+        block.ref_count = 1
+        return block_id
+
+    def _incref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free_queue[block_id]
+            self.num_cached_free -= block.block_hash is not None
+        block.ref_count += 1
+        self.num_shared += block.ref_count == 2
+
+    def _decref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        assert block.ref_count > 0, f"block {block_id} freed more often than taken"
+        self.num_shared -= block.ref_count == 2
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free_queue[block_id] = block
+            if block.block_hash is None:
+                # holds nothing reusable: hand it out before any cached block (a deviation from plain LRU)
+                self.free_queue.move_to_end(block_id, last=False)
+            else:
+                self.num_cached_free += 1

@@ -1,0 +1,83 @@
+"""Plain dataclasses that layers pass to each other: what a step schedules and what a request has produced."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.core.sequence import FinishReason, Sequence
+
+
+@dataclass
+class ScheduledSequence:
+    """One sequence's share of a step: compute tokens [seq.num_computed_tokens, + num_new_tokens)."""
+
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the end of the sequence's known tokens, so a next token is sampled."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == len(self.seq.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    """What one engine step runs. `block_copies` (src, dst) must be applied to the KV cache before the step's store."""
+
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class Logprob:
+    """A token id with its log-probability, and the top alternatives at that position."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class CompletionOutput:
+    """One of a request's n samples, as far as it has come."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    text_delta: str = ""  # text added since the previous output of this request
+    num_new_tokens: int = 0
+    logprobs: list[Logprob] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """A request's state after a step: emitted whenever one of its samples produced text or finished."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    num_cached_tokens: int
+    finished: bool
+    error: str | None = None  # set when the request failed (finish_reason ERROR)
+    metrics: dict[str, float] = field(
+        default_factory=dict
+    )  # arrival, first_token, finished times (monotonic)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)

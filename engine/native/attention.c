@@ -1,0 +1,184 @@
+/* Paged decode attention for the CPU: one query token per sequence, K/V read in place from the paged cache.
+ *
+ * Built and loaded by engine/native/attention.py (cc -O3 -march=native, ctypes). Plain C with GCC/Clang
+ * vector extensions: 16-float vectors (simd.h), head_dim a multiple of 16. Online softmax in fp32 over chunks
+ * of up to 16 tokens; the 16 scores of a chunk come out of one transpose-and-add reduction, not 16 horizontal sums.
+ * Caches [num_blocks, block_size, num_kv_heads, head_dim] are addressed through element strides, so any layout
+ * with a unit head_dim stride works.
+ */
+#include "simd.h"
+
+#define MAX_C 16 /* head_dim <= 256 */
+#define MAX_G 16 /* query heads per kv head */
+
+/* Lane t of the result is the sum of the lanes of r[t]: four rounds of pairwise shuffles and adds. */
+static inline vf reduce16(const vf *r) {
+    vf a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++) /* lanes 0-7: halves of r[2i]; 8-15: of r[2i+1] */
+        a[i] = SHUF(r[2 * i], r[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               SHUF(r[2 * i], r[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    for (int i = 0; i < 4; i++) /* four lanes each of r[4i .. 4i+3] */
+        b[i] = SHUF(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+               SHUF(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    for (int i = 0; i < 2; i++) /* two lanes each of r[8i .. 8i+7] */
+        c[i] = SHUF(b[2 * i], b[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+               SHUF(b[2 * i], b[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    return SHUF(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           SHUF(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+typedef struct {
+    const void *q, *k, *v;
+    void *out;
+    int64_t q_row, q_head, o_row, o_head; /* element strides of q / out: [rows, heads, head_dim] */
+    int64_t c_block, c_tok, c_head;       /* element strides of the caches */
+    const int32_t *rows;                  /* query (and output) row of each sequence */
+    const int32_t *seq_lens;              /* context length, the query token included */
+    const int32_t *tables;                /* block table rows */
+    int64_t t_row;
+    int num_heads, num_kv_heads, head_dim, block_size;
+    float scale;
+} job_t;
+
+/* One sequence, every head. NC (vectors per head) and NG (query heads per kv head) are compile-time constants in
+ * the specialised copies, so the accumulators of a chunk stay in registers; 0 means "read them from the job". */
+#define DEFINE_SEQUENCE(NAME, T, LOAD, STORE, NC, NG)                                                         \
+    static void NAME(const job_t *j, int s) {                                                                  \
+        const int nc = (NC) ? (NC) : j->head_dim / W, ng = (NG) ? (NG) : j->num_heads / j->num_kv_heads;     \
+        const int bs = j->block_size, len = j->seq_lens[s], chunk = W < bs ? W : bs;                         \
+        vf q[j->num_heads][nc], acc[j->num_heads][nc], part[MAX_G][W];                                         \
+        float m[j->num_heads], l[j->num_heads], p[MAX_G][W];                                                   \
+        for (int hh = 0; hh < j->num_heads; hh++) {                                                            \
+            const T *qp = (const T *)j->q + j->rows[s] * j->q_row + hh * j->q_head;                          \
+            for (int c = 0; c < nc; c++) {                                                                     \
+                q[hh][c] = LOAD(qp + c * W) * j->scale;                                                        \
+                acc[hh][c] = (vf){0};                                                                          \
+            }                                                                                                  \
+            m[hh] = -INFINITY;                                                                                 \
+            l[hh] = 0.f;                                                                                       \
+        }                                                                                                      \
+        const int32_t *table = j->tables + s * j->t_row;                                                       \
+        for (int t0 = 0; t0 < len; t0 += chunk) {                                                              \
+            const int n = len - t0 < chunk ? len - t0 : chunk;                                                 \
+            const int64_t base = (int64_t)table[t0 / bs] * j->c_block + (t0 % bs) * j->c_tok;                \
+            if (t0 + chunk < len) { /* the next chunk's rows, while this one computes */                      \
+                const int t1 = t0 + chunk;                                                                     \
+                const int64_t next = (int64_t)table[t1 / bs] * j->c_block + (t1 % bs) * j->c_tok;            \
+                const char *pk = (const char *)((const T *)j->k + next);                                       \
+                const char *pv = (const char *)((const T *)j->v + next);                                       \
+                for (int64_t o = 0; o < (int64_t)chunk * j->c_tok * (int64_t)sizeof(T); o += 64) {           \
+                    __builtin_prefetch(pk + o);                                                                \
+                    __builtin_prefetch(pv + o);                                                                \
+                }                                                                                              \
+            }                                                                                                  \
+            const vf lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};                            \
+            for (int h = 0; h < j->num_kv_heads; h++) {                                                        \
+                const T *kb = (const T *)j->k + base + h * j->c_head;                                          \
+                const T *vb = (const T *)j->v + base + h * j->c_head;                                          \
+                vf(*qh)[nc] = q + h * ng, (*ah)[nc] = acc + h * ng;                                            \
+                for (int t = 0; t < n; t++) { /* partial dot products, reduced 16 at a time below */          \
+                    vf kt[MAX_C];                                                                              \
+                    for (int c = 0; c < nc; c++) kt[c] = LOAD(kb + t * j->c_tok + c * W);                      \
+                    for (int g = 0; g < ng; g++) {                                                             \
+                        vf a = qh[g][0] * kt[0];                                                               \
+                        for (int c = 1; c < nc; c++) a += qh[g][c] * kt[c];                                    \
+                        part[g][t] = a;                                                                        \
+                    }                                                                                          \
+                }                                                                                              \
+                for (int g = 0; g < ng; g++) {                                                                 \
+                    const int hh = h * ng + g;                                                                 \
+                    for (int t = n; t < W; t++) part[g][t] = (vf){0};                                          \
+                    const vf scores = vsel(lane < (float)n, reduce16(part[g]), (vf){0} - INFINITY);           \
+                    const float chunk_max = hmax(scores), mx = chunk_max > m[hh] ? chunk_max : m[hh];          \
+                    const float corr = expf(m[hh] - mx);                                                       \
+                    const vf pe = vsel(lane < (float)n, vexp(scores - mx), (vf){0});                           \
+                    l[hh] = l[hh] * corr + hsum(pe);                                                           \
+                    m[hh] = mx;                                                                                \
+                    memcpy(p[g], &pe, sizeof pe);                                                              \
+                    for (int c = 0; c < nc; c++) ah[g][c] *= corr;                                             \
+                }                                                                                              \
+                vf a[MAX_G][MAX_C];                                                                            \
+                for (int g = 0; g < ng; g++)                                                                   \
+                    for (int c = 0; c < nc; c++) a[g][c] = ah[g][c];                                           \
+                for (int t = 0; t < n; t++) {                                                                  \
+                    vf vt[MAX_C];                                                                              \
+                    for (int c = 0; c < nc; c++) vt[c] = LOAD(vb + t * j->c_tok + c * W);                      \
+                    for (int g = 0; g < ng; g++)                                                               \
+                        for (int c = 0; c < nc; c++) a[g][c] += p[g][t] * vt[c];                               \
+                }                                                                                              \
+                for (int g = 0; g < ng; g++)                                                                   \
+                    for (int c = 0; c < nc; c++) ah[g][c] = a[g][c];                                           \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int hh = 0; hh < j->num_heads; hh++) {                                                            \
+            T *op = (T *)j->out + j->rows[s] * j->o_row + hh * j->o_head;                                     \
+            const float inv = 1.f / l[hh];                                                                     \
+            for (int c = 0; c < nc; c++) STORE(op + c * W, acc[hh][c] * inv);                                  \
+        }                                                                                                      \
+    }
+
+DEFINE_SEQUENCE(bf16_any, bf16, load_bf16, store_bf16, 0, 0)
+DEFINE_SEQUENCE(bf16_d64_g3, bf16, load_bf16, store_bf16, 4, 3)   /* SmolLM2 */
+DEFINE_SEQUENCE(bf16_d64_g4, bf16, load_bf16, store_bf16, 4, 4)   /* Llama 3.2 1B */
+DEFINE_SEQUENCE(bf16_d128_g4, bf16, load_bf16, store_bf16, 8, 4)  /* Llama 3 8B, Mistral 7B */
+DEFINE_SEQUENCE(f32_any, float, load_f32, store_f32, 0, 0)
+
+typedef void (*sequence_fn)(const job_t *, int);
+
+static sequence_fn pick(int is_bf16, int nc, int ng) {
+    if (!is_bf16) return f32_any;
+    if (nc == 4 && ng == 3) return bf16_d64_g3;
+    if (nc == 4 && ng == 4) return bf16_d64_g4;
+    if (nc == 8 && ng == 4) return bf16_d128_g4;
+    return bf16_any;
+}
+
+/* Returns 0, or -1 when the shapes are outside what this kernel handles (the caller then uses torch).
+ * Threads come from OpenMP: loaded into a torch process, this library binds to torch's own libgomp (the same
+ * soname), so its parallel region reuses torch's thread team instead of racing it for the cores. */
+int paged_decode(int is_bf16, const void *q, int64_t q_row, int64_t q_head, const void *k_cache,
+                 const void *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head, const int32_t *rows,
+                 const int32_t *seq_lens, const int32_t *tables, int64_t t_row, void *out, int64_t o_row,
+                 int64_t o_head, int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                 float scale, int num_threads) {
+    if (num_kv_heads < 1 || num_heads % num_kv_heads || num_heads / num_kv_heads > MAX_G || head_dim % W ||
+        head_dim / W > MAX_C || head_dim < W || block_size < 1)
+        return -1;
+    for (int s = 0; s < num_seqs; s++)
+        if (seq_lens[s] < 1) return -1;
+    const sequence_fn fn = pick(is_bf16, head_dim / W, num_heads / num_kv_heads);
+    const job_t job = {q,      k_cache,  v_cache, out,       q_row,        q_head,   o_row,      o_head,
+                       c_block, c_tok,   c_head,  rows,      seq_lens,     tables,   t_row,      num_heads,
+                       num_kv_heads, head_dim, block_size, scale};
+    if (num_threads > num_seqs) num_threads = num_seqs;
+    if (num_threads <= 1) {
+        for (int s = 0; s < num_seqs; s++) fn(&job, s);
+        return 0;
+    }
+    int next = 0; /* sequences are handed out one at a time: their lengths differ */
+#ifdef _OPENMP
+#pragma omp parallel num_threads(num_threads)
+#endif
+    for (int s = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED); s < num_seqs;
+         s = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED))
+        fn(&job, s);
+    return 0;
+}
+
+/* Write each token's K and V rows into the caches at its slot (block * block_size + offset); negative slots are
+ * padding and skipped. Any dtype: rows are copied as bytes, elem_size per element. */
+void store_kv(int elem_size, const void *k, const void *v, int64_t kv_row, int64_t kv_head, void *k_cache,
+              void *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head, const int64_t *slots, int num_tokens,
+              int num_kv_heads, int head_dim, int block_size) {
+    const size_t row_bytes = (size_t)head_dim * elem_size;
+    for (int t = 0; t < num_tokens; t++) {
+        const int64_t slot = slots[t];
+        if (slot < 0) continue;
+        const int64_t dst = (slot / block_size) * c_block + (slot % block_size) * c_tok;
+        for (int h = 0; h < num_kv_heads; h++) {
+            const int64_t src = t * kv_row + h * kv_head, at = dst + h * c_head;
+            memcpy((char *)k_cache + at * elem_size, (const char *)k + src * elem_size, row_bytes);
+            memcpy((char *)v_cache + at * elem_size, (const char *)v + src * elem_size, row_bytes);
+        }
+    }
+}

@@ -1,0 +1,152 @@
+"""The compiled CPU decode-attention kernel (attention.c): built once per machine, called through ctypes.
+
+Torch has no op that attends through a block table, so the pure-torch decode path copies every sequence's blocks
+into a padded tensor per layer and reads them again in SDPA: three passes over the KV bytes, the largest cost of a
+CPU decode step. The kernel reads each block once, in place. It is built by engine.native.build (a C compiler is
+needed once); without one, or with PAGEDCHAT_NATIVE=0, `load_kernel()` returns None and the torch path is used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+import torch
+
+from engine.native.build import DISABLE_ENV, load_library
+
+__all__ = ["DISABLE_ENV", "NativeDecode", "load_kernel"]
+
+SOURCE = Path(__file__).with_name("attention.c")
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
+
+_lock = threading.Lock()
+_kernels: dict[int, NativeDecode] = {}
+
+
+class NativeDecode:
+    """`paged_decode` of the compiled library: decode attention straight from the paged cache."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+        self._fn = lib.paged_decode
+        self._fn.restype = i32
+        self._fn.argtypes = [i32, ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, i64, ptr, i64, i64]
+        self._fn.argtypes += [i32] * 5 + [ctypes.c_float, i32]
+        self._store = lib.store_kv
+        self._store.restype = None
+        self._store.argtypes = [i32, ptr, ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr, i32, i32, i32, i32]
+
+    @staticmethod
+    def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+        """Whether these inputs fit the kernel: CPU, bf16/fp32, head_dim a multiple of 16 up to 256, GQA <= 16."""
+        num_heads, head_dim = q.shape[1:]
+        num_kv_heads = k_cache.shape[2]
+        return (
+            q.device.type == "cpu"
+            and q.dtype in SUPPORTED_DTYPES
+            and k_cache.dtype == q.dtype
+            and head_dim % 16 == 0
+            and 16 <= head_dim <= 256
+            and num_heads % num_kv_heads == 0
+            and num_heads // num_kv_heads <= 16
+        )
+
+    @staticmethod
+    def can_store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+        """Whether store_kv applies: CPU tensors of one dtype, unit stride over head_dim, k/v and caches alike."""
+        tensors = (k, v, k_cache, v_cache)
+        return (
+            all(t.device.type == "cpu" and t.dtype == k.dtype and t.stride(-1) == 1 for t in tensors)
+            and k.stride() == v.stride()
+            and k_cache.stride() == v_cache.stride()
+        )
+
+    def store_kv(
+        self,
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,  # [T] int64; negative = padding, skipped
+    ) -> None:
+        """Copy each token's K/V rows into the caches at its slot (index_copy_ without its per-call overhead)."""
+        assert self.can_store(k, v, k_cache, v_cache), "inputs store_kv does not support (check can_store())"
+        assert slot_mapping.dtype == torch.int64 and slot_mapping.is_contiguous()
+        assert k.shape[0] == slot_mapping.shape[0] and k.shape[1:] == v.shape[1:] == k_cache.shape[2:]
+        self._store(
+            k.element_size(),
+            k.data_ptr(),
+            v.data_ptr(),
+            k.stride(0),
+            k.stride(1),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            slot_mapping.data_ptr(),
+            k.shape[0],
+            k.shape[1],
+            k.shape[2],
+            k_cache.shape[1],
+        )
+
+    def __call__(
+        self,
+        q: torch.Tensor,  # [T, Hq, D], unit stride over D
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], unit stride over D
+        v_cache: torch.Tensor,  # same shape and strides as k_cache
+        rows: torch.Tensor,  # [n] int32: the query row (and output row) of each decoding sequence
+        seq_lens: torch.Tensor,  # [n] int32: its context length, this token included
+        block_tables: torch.Tensor,  # [n, max_blocks] int32
+        out: torch.Tensor,  # [T, Hq, D], same dtype as q; rows not in `rows` are left untouched
+        scale: float,
+    ) -> None:
+        """Attend each row's query over its sequence's cached context, writing the result into `out`."""
+        assert self.supports(q, k_cache), "inputs the kernel does not support (check supports() first)"
+        assert q.stride(-1) == out.stride(-1) == k_cache.stride(-1) == 1, "head_dim must have unit stride"
+        assert k_cache.stride() == v_cache.stride() and out.dtype == q.dtype == v_cache.dtype
+        for t in (rows, seq_lens, block_tables):
+            assert t.dtype == torch.int32 and t.is_contiguous(), "index tensors must be contiguous int32"
+        num_seqs = rows.shape[0]
+        assert seq_lens.shape[0] == num_seqs == block_tables.shape[0]
+        status = self._fn(
+            int(q.dtype == torch.bfloat16),
+            q.data_ptr(),
+            q.stride(0),
+            q.stride(1),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            rows.data_ptr(),
+            seq_lens.data_ptr(),
+            block_tables.data_ptr(),
+            block_tables.stride(0),
+            out.data_ptr(),
+            out.stride(0),
+            out.stride(1),
+            num_seqs,
+            q.shape[1],
+            k_cache.shape[2],
+            q.shape[2],
+            k_cache.shape[1],
+            scale,
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise RuntimeError(f"paged_decode rejected its inputs (status {status})")
+
+
+def load_kernel() -> NativeDecode | None:
+    """The kernel for this machine, compiling it on first use; None when disabled or it cannot be built."""
+    lib = load_library(SOURCE)
+    if lib is None:
+        return None
+    with _lock:
+        if id(lib) not in _kernels:
+            _kernels[id(lib)] = NativeDecode(lib)
+        return _kernels[id(lib)]

@@ -1,0 +1,85 @@
+"""Build and load the engine's small C libraries for the CPU, once per machine (cc -O3 -march=native, OpenMP).
+
+A library is compiled on first use into ~/.cache/pagedchat/kernels (or $PAGEDCHAT_CACHE_DIR/kernels) under a name
+that hashes its source, the flags, the compiler and this CPU's instruction set, then loaded with ctypes. OpenMP binds
+to the libgomp torch has already loaded (same soname), so a library's parallel regions run on torch's own threads.
+Without a compiler, or with PAGEDCHAT_NATIVE=0, `load_library` returns None and callers use their torch paths.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+from engine.core.paths import cache_dir
+
+logger = logging.getLogger(__name__)
+
+CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared")
+INCLUDE_DIR = Path(__file__).parent  # the shared headers (simd.h) every library may include
+DISABLE_ENV = "PAGEDCHAT_NATIVE"  # "0": never build or load native libraries
+
+_lock = threading.Lock()
+_loaded: dict[str, ctypes.CDLL | None] = {}
+
+
+def load_library(source: Path) -> ctypes.CDLL | None:
+    """The compiled `source` for this machine, built on first use; None when disabled or it cannot be built."""
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return None
+    key = f"{source.stem}_{_build_key(source)}"
+    with _lock:
+        if key not in _loaded:
+            _loaded[key] = _build_and_load(source, key)
+        return _loaded[key]
+
+
+def _build_key(source: Path) -> str:
+    """Hash of everything the binary depends on: source, shared headers, flags, compiler, this CPU's instruction set."""
+    digest = hashlib.sha256(source.read_bytes() if source.exists() else b"")
+    for header in sorted(INCLUDE_DIR.glob("*.h")):
+        digest.update(header.read_bytes())
+    digest.update(" ".join((_compiler() or "", *CFLAGS, platform.machine(), _cpu_flags())).encode())
+    return digest.hexdigest()[:16]
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc"))
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return platform.processor()
+
+
+def _build_and_load(source: Path, key: str) -> ctypes.CDLL | None:
+    compiler = _compiler()
+    if not source.exists() or compiler is None:
+        logger.info("%s: no %s; using the torch path", source.name, "source" if compiler else "C compiler")
+        return None
+    target = cache_dir() / "kernels" / f"{key}.so"
+    try:
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                built = Path(tmp) / target.name
+                cmd = [compiler, *CFLAGS, f"-I{INCLUDE_DIR}", str(source), "-o", str(built), "-lm"]
+                subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
+                os.replace(built, target)  # atomic: concurrent builders each publish a complete file
+            logger.info("built %s", target)
+        return ctypes.CDLL(str(target))
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        logger.warning("%s could not be built (%s); using the torch path", source.name, detail)
+        return None

@@ -1,0 +1,86 @@
+/* Fused bf16 elementwise ops of the Llama family for the CPU: residual add + RMSNorm, SiLU(gate) * up, RoPE.
+ *
+ * Built and loaded by engine/native/fused_ops.py. Each op reads and writes its rows once and rounds to bf16 once
+ * (torch's bf16 ops round after every step and make several passes). Math in fp32; 16-float vectors
+ * (simd.h) with a scalar tail, so any width works. Rows are split over OpenMP threads only when there
+ * are enough elements to pay for waking them.
+ */
+#include "simd.h"
+
+#define PARALLEL_MIN_ELEMENTS 65536
+
+static inline int threads_for(int64_t elements, int num_threads) {
+    return elements >= PARALLEL_MIN_ELEMENTS && num_threads > 1 ? num_threads : 1;
+}
+
+/* residual[r] += delta[r] (rounded to bf16, when delta is not NULL); out[r] = residual[r] / rms * weight */
+void add_rms_norm(bf16 *residual, int64_t res_row, const bf16 *delta, int64_t delta_row, const bf16 *weight,
+                  bf16 *out, int64_t out_row, int rows, int dim, float eps, int num_threads) {
+    const int vec_end = dim - dim % W;
+#pragma omp parallel for num_threads(threads_for((int64_t)rows * dim, num_threads))
+    for (int r = 0; r < rows; r++) {
+        bf16 *x = residual + r * res_row;
+        const bf16 *d = delta ? delta + r * delta_row : NULL;
+        bf16 *o = out + r * out_row;
+        vf ss_v = {0};
+        float ss = 0.f;
+        for (int i = 0; i < vec_end; i += W) {
+            vf v = load_bf16(x + i);
+            if (d) {
+                store_bf16(x + i, v + load_bf16(d + i));
+                v = load_bf16(x + i); /* the rounded residual, as the next layer will read it */
+            }
+            ss_v += v * v;
+        }
+        for (int i = vec_end; i < dim; i++) {
+            if (d) x[i] = round_bf16(bf16_to_f32(x[i]) + bf16_to_f32(d[i]));
+            ss += bf16_to_f32(x[i]) * bf16_to_f32(x[i]);
+        }
+        const float inv = 1.0f / sqrtf((hsum(ss_v) + ss) / dim + eps);
+        for (int i = 0; i < vec_end; i += W) store_bf16(o + i, load_bf16(x + i) * inv * load_bf16(weight + i));
+        for (int i = vec_end; i < dim; i++) o[i] = round_bf16(bf16_to_f32(x[i]) * inv * bf16_to_f32(weight[i]));
+    }
+}
+
+/* out[r, i] = silu(gate_up[r, i]) * gate_up[r, width + i] */
+void silu_mul(const bf16 *gate_up, int64_t in_row, bf16 *out, int64_t out_row, int rows, int width,
+              int num_threads) {
+    const int vec_end = width - width % W;
+#pragma omp parallel for num_threads(threads_for((int64_t)rows * width, num_threads))
+    for (int r = 0; r < rows; r++) {
+        const bf16 *g = gate_up + r * in_row, *u = g + width;
+        bf16 *o = out + r * out_row;
+        for (int i = 0; i < vec_end; i += W) {
+            const vf x = load_bf16(g + i);
+            store_bf16(o + i, x / (1.0f + vexp(-x)) * load_bf16(u + i));
+        }
+        for (int i = vec_end; i < width; i++) {
+            const float x = bf16_to_f32(g[i]);
+            o[i] = round_bf16(x / (1.0f + expf(-x)) * bf16_to_f32(u[i]));
+        }
+    }
+}
+
+/* In place on heads [0, num_heads) of each row of x: x = x * cos + rotate_half(x) * sin, where table[pos] holds
+ * (cos, cos) then the sign-folded (-sin, sin) for that position (see llama.rope_cos_sin). */
+void rope(bf16 *x, int64_t x_row, int64_t x_head, const int64_t *positions, const bf16 *table, int64_t t_row,
+          int rows, int num_heads, int head_dim, int num_threads) {
+    const int half = head_dim / 2, vec_end = half - half % W;
+#pragma omp parallel for num_threads(threads_for((int64_t)rows * num_heads * head_dim, num_threads))
+    for (int r = 0; r < rows; r++) {
+        const bf16 *cos = table + positions[r] * t_row, *sin = cos + head_dim;
+        for (int h = 0; h < num_heads; h++) {
+            bf16 *a = x + r * x_row + h * x_head, *b = a + half;
+            for (int i = 0; i < vec_end; i += W) {
+                const vf av = load_bf16(a + i), bv = load_bf16(b + i);
+                store_bf16(a + i, av * load_bf16(cos + i) + bv * load_bf16(sin + i));
+                store_bf16(b + i, bv * load_bf16(cos + half + i) + av * load_bf16(sin + half + i));
+            }
+            for (int i = vec_end; i < half; i++) {
+                const float av = bf16_to_f32(a[i]), bv = bf16_to_f32(b[i]);
+                a[i] = round_bf16(av * bf16_to_f32(cos[i]) + bv * bf16_to_f32(sin[i]));
+                b[i] = round_bf16(bv * bf16_to_f32(cos[half + i]) + av * bf16_to_f32(sin[half + i]));
+            }
+        }
+    }
+}

@@ -1,0 +1,91 @@
+/* 16-float vectors (GCC/Clang vector extensions) and bf16 conversions shared by the engine's CPU C libraries:
+ * attention.c and fused_ops.c. build.py compiles them with this folder on the include path
+ * and hashes this header into each library's build key.
+ */
+#ifndef PAGEDCHAT_CPU_SIMD_H
+#define PAGEDCHAT_CPU_SIMD_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+typedef uint16_t vh __attribute__((vector_size(32)));
+typedef uint32_t vu __attribute__((vector_size(64)));
+typedef uint16_t bf16;
+
+#define W 16 /* lanes per vector */
+#define SHUF __builtin_shufflevector
+
+static inline float bf16_to_f32(bf16 x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline bf16 round_bf16(float f) { /* round to nearest even, as torch does; NaN stays NaN */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16)(u >> 16);
+}
+static inline vf load_bf16(const bf16 *p) {
+    vh h;
+    memcpy(&h, p, sizeof h);
+    vu u = __builtin_convertvector(h, vu) << 16;
+    vf f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline void store_bf16(bf16 *p, vf x) { /* vector form of round_bf16 */
+    vu u;
+    memcpy(&u, &x, sizeof u);
+    const vu nan = (vu)((u & 0x7fffffffu) > 0x7f800000u);
+    const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const vh h = __builtin_convertvector((nan & ((u >> 16) | 0x40)) | (~nan & rounded), vh);
+    memcpy(p, &h, sizeof h);
+}
+static inline vf load_f32(const float *p) {
+    vf f;
+    memcpy(&f, p, sizeof f);
+    return f;
+}
+static inline void store_f32(float *p, vf x) { memcpy(p, &x, sizeof x); }
+
+static inline vf vsel(vi mask, vf a, vf b) { return (vf)(((vi)a & mask) | ((vi)b & ~mask)); }
+static inline vf vmax(vf a, vf b) { return vsel(a > b, a, b); }
+static inline float hmax(vf x) {
+    x = vmax(x, SHUF(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+    x = vmax(x, SHUF(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+    x = vmax(x, SHUF(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+    x = vmax(x, SHUF(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
+    return x[0];
+}
+static inline float hsum(vf x) {
+    x += SHUF(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    x += SHUF(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    x += SHUF(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    x += SHUF(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    return x[0];
+}
+
+/* exp(x), clamped to [-87, 88] (-inf gives ~0); relative error ~1e-7. */
+static inline vf vexp(vf x) {
+    x = vsel(x < -87.0f, (vf){0} - 87.0f, x);
+    x = vsel(x > 88.0f, (vf){0} + 88.0f, x);
+    const vf t = x * 1.44269504088896341f + 0.5f;
+    vf n = __builtin_convertvector(__builtin_convertvector(t, vi), vf); /* trunc, then floor */
+    n = vsel(n > t, n - 1.0f, n);
+    const vf f = x - n * 0.693145751953125f - n * 1.428606765330187e-06f; /* |f| <= ln2 / 2, two-part ln2 */
+    const vf p =
+        1.0f +
+        f * (1.0f + f * (0.5f + f * (1.6666667e-1f + f * (4.1666668e-2f + f * (8.3333338e-3f + f * 1.3888889e-3f)))));
+    const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+    vf s;
+    memcpy(&s, &e, sizeof s);
+    return p * s;
+}
+
+#endif

@@ -1,0 +1,107 @@
+"""Owns the model and its paged KV cache: sizes the pool, prepares a step's flattened inputs, runs the forward."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.attention.backend import make_attention_backend
+from engine.attention.metadata import AttentionMetadata
+from engine.core.config import EngineConfig
+from engine.core.outputs import SchedulerOutput
+from engine.worker.kv_cache import KVCacheSpec, zeros_on_huge_pages
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    """Runs one scheduled step: KV copies, input preparation, forward, logits for the sequences that sample."""
+
+    def __init__(
+        self, config: EngineConfig, model: torch.nn.Module, spec: KVCacheSpec, num_blocks: int
+    ) -> None:
+        self.config = config
+        self.model = model
+        self.spec = spec
+        self.num_blocks = num_blocks
+        self.device = torch.device(config.device)
+        self.backend = make_attention_backend(config.attention_backend)
+        if self.device.type == "cpu" and hasattr(model, "use_cpu_fast_paths"):
+            num_packed, fused = model.use_cpu_fast_paths()
+            logger.info("CPU fast paths: %d prepacked linear weights, fused bf16 ops %s", num_packed, fused)
+        # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+        shape = (spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        self.kv_cache = zeros_on_huge_pages(shape, spec.dtype, self.device)
+        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(spec.num_layers)]
+        logger.info(
+            "KV cache: %d blocks x %d tokens (%.1f MiB, %d tokens)",
+            num_blocks,
+            spec.block_size,
+            num_blocks * spec.block_bytes / 2**20,
+            num_blocks * spec.block_size,
+        )
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Apply copy-on-write block copies to every layer before the step stores new K/V."""
+        if not copies:
+            return
+        src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)
+        dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=self.device)
+        self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+
+    def prepare(
+        self, out: SchedulerOutput
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """Flatten the step into input ids, positions and attention metadata; rows of the tokens that sample."""
+        block_size = self.spec.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start = [0]
+        seq_lens: list[int] = []
+        tables: list[list[int]] = []
+        sample_rows: list[int] = []
+        for item in out.scheduled:
+            seq = item.seq
+            start = seq.num_computed_tokens
+            end = start + item.num_new_tokens
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            table = seq.block_table
+            slots.extend(table[p // block_size] * block_size + p % block_size for p in range(start, end))
+            query_start.append(query_start[-1] + item.num_new_tokens)
+            seq_lens.append(end)
+            tables.append(table)
+            if item.samples:
+                sample_rows.append(query_start[-1] - 1)
+        max_blocks = max(len(t) for t in tables)
+        padded = [t + [0] * (max_blocks - len(t)) for t in tables]
+        dev = self.device
+        query_lens = tuple(b - a for a, b in zip(query_start, query_start[1:]))
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+            query_lens_cpu=query_lens,
+            seq_lens_cpu=tuple(seq_lens),
+        )
+        ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
+        pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        return ids, pos, meta, sample_rows
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> torch.Tensor:
+        """Run the step; float32 logits [num_sampling_seqs, vocab] in the order of out.scheduled's sampling items."""
+        self.copy_blocks(out.block_copies)
+        ids, pos, meta, sample_rows = self.prepare(out)
+        self.backend.prepare(meta)
+        hidden = self.model(ids, pos, self.kv_caches, meta, self.backend)
+        if not sample_rows:
+            return torch.empty(0, 0)
+        rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, rows))
+        return logits.float().cpu()

@@ -1,0 +1,154 @@
+"""The layers of the tree, checked: each folder imports only the layers below it, and the engine never the web.
+
+A file's layer is its folder (engine/core, engine/worker, ...; the modules directly under engine/ are the engine's
+top layer). Imports are read from the source (every `import` and `from` anywhere in the file, relative imports
+resolved), so a lazy import inside a function is a breach too.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+OURS = ("engine", "kernels", "app", "bench", "pagedchat", "tests")
+WEB = {
+    "asyncio",
+    "starlette",
+    "sse_starlette",
+    "sqlalchemy",
+    "alembic",
+    "jinja2",
+    "uvicorn",
+    "websockets",
+    "httpx",
+}
+NUMERIC = {"torch", "triton", "numpy", "transformers", "safetensors", "gguf", "tokenizers"}
+ENGINE_TOP = "engine"  # llm_engine, llm, output_processor, detokenizer, cli
+
+# layer -> (our layers it may import, third-party top-level packages it must not import)
+RULES: dict[str, tuple[set[str], set[str]]] = {
+    "engine.core": ({"engine.core"}, WEB | NUMERIC),
+    "engine.native": ({"engine.core", "engine.native"}, WEB),
+    "engine.attention": ({"engine.core", "engine.native", "engine.attention", "kernels"}, WEB),
+    "engine.models": ({"engine.core", "engine.native", "engine.attention", "engine.models"}, WEB),
+    "engine.worker": ({"engine.core", "engine.attention", "engine.models", "engine.worker"}, WEB),
+    "engine.loading": ({"engine.core", "engine.models", "engine.loading"}, WEB),
+    ENGINE_TOP: (
+        {"engine.core", "engine.attention", "engine.models", "engine.worker", "engine.loading", ENGINE_TOP},
+        WEB,
+    ),
+    "kernels": ({"kernels"}, WEB),
+    "app": ({"app", "engine.core", ENGINE_TOP, "engine.loading"}, set()),
+    "bench": (
+        {"bench", "app", "engine.core", "engine.native", ENGINE_TOP, "engine.loading", "engine.worker"},
+        set(),
+    ),
+    "pagedchat": ({"pagedchat", "app", "bench", ENGINE_TOP}, set()),
+}
+
+
+def layer_of_module(module: str) -> str | None:
+    """The layer a dotted module name belongs to, or None for third-party modules."""
+    parts = module.split(".")
+    if parts[0] not in OURS:
+        return None
+    if parts[0] == "engine" and len(parts) >= 2 and f"engine.{parts[1]}" in RULES:
+        return f"engine.{parts[1]}"
+    return parts[0]
+
+
+def module_of(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(source: str, module: str = "", is_package: bool = False) -> set[str]:
+    """Every module an import statement names, relative imports resolved against `module`."""
+    names = set()
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names.add(target)
+            names.update(f"{target}.{alias.name}" for alias in node.names)
+    return {n for n in names if n}
+
+
+def source_files() -> list:
+    params = []
+    for top in ("engine", "kernels", "app", "bench", "pagedchat"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            params.append(pytest.param(path, id=path.relative_to(ROOT).as_posix()))
+    return params
+
+
+def breaches(path: Path) -> list[str]:
+    """The imports of one file that its layer's rule forbids."""
+    module = module_of(path)
+    layer = layer_of_module(module)
+    allowed, forbidden_third_party = RULES[layer]
+    found = []
+    for name in sorted(imported_modules(path.read_text(), module, path.name == "__init__.py")):
+        target = layer_of_module(name)
+        if target is None:
+            if name.split(".")[0] in forbidden_third_party:
+                found.append(name)
+        elif target not in allowed:
+            found.append(name)
+    return found
+
+
+@pytest.mark.parametrize("path", source_files())
+def test_every_file_imports_only_the_layers_below_it(path: Path) -> None:
+    assert breaches(path) == [], f"{path.relative_to(ROOT)} ({layer_of_module(module_of(path))}) imports them"
+
+
+def test_the_core_never_loads_torch() -> None:
+    core = sorted(module_of(p) for p in (ROOT / "engine" / "core").glob("*.py"))
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {core!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton', 'numpy'))))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert json.loads(result.stdout) == []
+
+
+def test_imported_modules_sees_every_import_form() -> None:
+    source = (
+        "import os.path as p\nfrom app.db import store\nfrom . import sibling\nif True:\n    import asyncio\n"
+    )
+    assert imported_modules(source, "engine.core.x") == {
+        "os.path",
+        "app.db",
+        "app.db.store",
+        "engine.core",
+        "engine.core.sibling",
+        "asyncio",
+    }
+
+
+def test_a_breach_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = ROOT / "engine" / "core" / "block_manager.py"
+    monkeypatch.setattr(
+        Path, "read_text", lambda self, *a, **k: "import torch\nfrom engine.worker import sampler\n"
+    )
+    assert breaches(fake) == ["engine.worker", "engine.worker.sampler", "torch"]
