@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.runtime import TileConfig, check_attention_inputs, check_launchable, check_power_of_two
+from kernels.tiles import load_kv_tile, online_softmax_step
 
 SPLIT_MIN_SEQ_LEN = 1024  # shorter contexts never split: the reduce pass would cost more than it wins
 MIN_TOKENS_PER_SPLIT = 256
@@ -80,20 +81,14 @@ def _paged_decode_kernel(
     for tile_start in range(start, end, TILE_N):
         pos = tile_start + tl.arange(0, TILE_N)
         pos_mask = pos < end
-        block_id = tl.load(block_table + pos // BLOCK_SIZE, mask=pos_mask, other=0).to(tl.int64)
-        row = block_id * stride_c_b + (pos % BLOCK_SIZE) * stride_c_s + kv_head * stride_c_h
-        kv_mask = pos_mask[:, None] & (d[None, :] < HEAD_DIM)
-        k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)  # [TILE_N, BLOCK_D]
-        v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        k, v = load_kv_tile(  # [TILE_N, BLOCK_D] each
+            k_cache_ptr, v_cache_ptr, block_table, pos, pos_mask, d, kv_head,
+            stride_c_b, stride_c_s, stride_c_h, BLOCK_SIZE, HEAD_DIM,
+        )  # fmt: skip
 
         qk = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_G, TILE_N]
         qk = tl.where(pos_mask[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc)
 
     if NUM_SPLITS == 1:
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # an empty context (a padding row) outputs zeros

@@ -28,6 +28,7 @@ from kernels.runtime import (
     check_power_of_two,
     check_tensor,
 )
+from kernels.tiles import load_kv_tile, online_softmax_step
 
 
 @triton.jit
@@ -99,21 +100,15 @@ def _paged_prefill_kernel(
     for tile_start in range(0, kv_end, TILE_N):
         pos = tile_start + tl.arange(0, TILE_N)
         pos_mask = pos < kv_end
-        block_id = tl.load(block_table + pos // BLOCK_SIZE, mask=pos_mask, other=0).to(tl.int64)
-        row = block_id * stride_c_b + (pos % BLOCK_SIZE) * stride_c_s + kv_head * stride_c_h
-        kv_mask = pos_mask[:, None] & (d[None, :] < HEAD_DIM)
-        k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)  # [TILE_N, BLOCK_D]
-        v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        k, v = load_kv_tile(  # [TILE_N, BLOCK_D] each
+            k_cache_ptr, v_cache_ptr, block_table, pos, pos_mask, d, kv_head,
+            stride_c_b, stride_c_s, stride_c_h, BLOCK_SIZE, HEAD_DIM,
+        )  # fmt: skip
 
         qk = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_M, TILE_N]
         visible = pos_mask[None, :] & (pos[None, :] <= query_pos[:, None])
         qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
