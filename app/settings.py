@@ -6,15 +6,16 @@ import dataclasses
 import os
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app.faults import FaultPlan
-from engine.core.config import DEFAULT_MODEL, EngineConfig
+from engine.core.config import EngineConfig
+from engine.core.options import option, options, parse_env, parse_value
 from engine.core.paths import cache_dir
 
-ENV_PREFIX = "PAGEDCHAT_"
+API_KEY_ALIAS = "PAGEDCHAT_API_KEY"  # one key: the singular spelling operators reach for
 _POSITIVE = (
     "max_body_bytes",
     "max_messages",
@@ -33,58 +34,73 @@ _NON_NEGATIVE = (
     "store_retry_s",
 )
 SECRET_KEY_FILE = "secret_key"
+_LIMITS = "limits"
+_STORAGE = "storage"
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything the server needs: where it listens, who may use it, its limits and every engine knob."""
+    """Everything the server needs: where it listens, who may use it, its limits, and the engine's config."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    model: str = DEFAULT_MODEL
-    database_url: str = ""  # empty: sqlite file under cache_dir
-    api_keys: tuple[str, ...] = ()  # when set, required on /v1 and they identify session owners
-    admin_token: str = ""  # empty: the admin surface answers loopback clients only
-    secret_key: str = ""  # signs the browser cookie; load_settings() generates and persists one
-    cache_dir: str = ""
-    log_level: str = "info"
-    # limits
-    max_body_bytes: int = 1024 * 1024
-    max_messages: int = 512  # messages in one /v1/chat/completions request
-    max_message_chars: int = 200_000  # characters of one message or prompt
-    max_queued_requests: int = 256  # requests allowed to wait beyond max_num_seqs before 503
-    request_timeout_s: float = 600.0
-    default_max_tokens: int = 512  # session turns whose settings do not say
-    ws_max_frame_bytes: int = 256 * 1024
-    flush_interval_s: float = 0.5
-    allowed_origins: tuple[str, ...] = ()  # extra WebSocket origins besides the server's own
-    cookie_secure: bool = False
-    shutdown_grace_s: float = 10.0
-    # per client (API key, else browser cookie, else address); 0 disables the limit
-    # generation requests (chat turns, /v1 completions) per rolling minute
-    client_requests_per_minute: int = 0
-    client_max_streams: int = 0  # generation requests in flight at once
-    slow_reader_timeout_s: float = 60.0  # a client that takes no data for this long is cut off (and aborted)
-    # storage
-    db_busy_timeout_ms: int = 5000  # how long one database call waits for a lock before it is "unavailable"
-    # how long a finished reply keeps retrying its final write while the DB is down
-    store_retry_s: float = 10.0
-    # prefix-cache isolation: salt block hashes per tenant; None: on exactly when API keys are configured
-    prefix_cache_isolation: bool | None = None
+    # One line per setting: `pagedchat serve` flags and PAGEDCHAT_* variables are derived from these fields
+    # (engine/core/options.py); the engine's own knobs are EngineConfig's fields, under `engine`.
+    host: str = option("127.0.0.1", "listen address")
+    port: int = option(8000, "listen port")
+    database_url: str = option("", "SQLAlchemy URL; unset: a SQLite file in the cache dir")
+    api_keys: tuple[str, ...] = option(
+        (),
+        "required on /v1 when set, and they identify session owners; PAGEDCHAT_API_KEY works too",
+        flag="--api-key",
+    )
+    admin_token: str = option("", "guards /api/admin; unset: the admin surface answers loopback clients only")
+    secret_key: str = option(
+        "",
+        "signs the browser cookie; unset: one generated and kept in the cache dir; flags show in ps, prefer the variable",
+    )
+    cache_dir: str = option(
+        "", "models, kernels, database, secret key; unset: $PAGEDCHAT_CACHE_DIR or ~/.cache/pagedchat"
+    )
+    log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))
+    allowed_origins: tuple[str, ...] = option(
+        (), "WebSocket origins allowed besides the server's own", flag="--allowed-origin"
+    )
+    cookie_secure: bool = option(False, "mark the browser cookie Secure (serve behind HTTPS)")
+    prefix_cache_isolation: bool | None = option(
+        None, "salt block hashes per tenant; unset: on exactly when API keys are configured"
+    )
     fault_injection: str = ""  # test-only, see app/faults.py; empty (off) in production
-    # engine knobs (None: the engine's default)
-    block_size: int = 16
-    kv_cache_bytes: int | None = None
-    memory_utilization: float = 0.9
-    max_model_len: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    enable_prefix_caching: bool = True
-    dtype: str = "auto"
-    device: str = "auto"
-    attention_backend: str = "auto"
-    seed: int = 0
-    num_threads: int | None = None
+    max_body_bytes: int = option(1024 * 1024, "largest request body", group=_LIMITS)
+    max_messages: int = option(512, "messages in one /v1/chat/completions request", group=_LIMITS)
+    max_message_chars: int = option(200_000, "characters of one message or prompt", group=_LIMITS)
+    max_queued_requests: int = option(256, "requests waiting beyond max-num-seqs before 503", group=_LIMITS)
+    request_timeout_s: float = option(600.0, "longest a generation request may run", group=_LIMITS)
+    default_max_tokens: int = option(
+        512, "reply length of session turns whose settings do not say", group=_LIMITS
+    )
+    ws_max_frame_bytes: int = option(256 * 1024, "largest WebSocket frame", group=_LIMITS)
+    shutdown_grace_s: float = option(10.0, "how long running replies may finish at shutdown", group=_LIMITS)
+    # a client: its API key, else its browser cookie, else its address
+    client_requests_per_minute: int = option(
+        0,
+        "generation requests (chat turns, /v1 completions) per client per rolling minute; 0: no limit",
+        group=_LIMITS,
+    )
+    client_max_streams: int = option(
+        0, "generation requests in flight per client; 0: no limit", group=_LIMITS
+    )
+    slow_reader_timeout_s: float = option(
+        60.0, "a client that takes no data for this long is cut off and its request aborted", group=_LIMITS
+    )
+    flush_interval_s: float = option(0.5, "how often a streaming reply is saved", group=_STORAGE)
+    db_busy_timeout_ms: int = option(
+        5000, "how long one database call waits for a lock before it is unavailable (503)", group=_STORAGE
+    )
+    store_retry_s: float = option(
+        10.0,
+        "how long a finished reply keeps retrying its final write while the database is down",
+        group=_STORAGE,
+    )
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -98,27 +114,18 @@ class Settings:
         FaultPlan.parse(self.fault_injection)  # a typo fails at startup, not silently
 
     @property
+    def model(self) -> str:
+        """The engine's model (what the API reports before the engine has loaded)."""
+        return self.engine.model
+
+    @property
     def isolates_prefix_cache(self) -> bool:
         """Whether block hashes are salted per tenant (explicit setting, else: API keys are configured)."""
         return bool(self.api_keys) if self.prefix_cache_isolation is None else self.prefix_cache_isolation
 
     def engine_config(self) -> EngineConfig:
-        """The EngineConfig these settings describe (validated by EngineConfig itself)."""
-        return EngineConfig(
-            model=self.model,
-            dtype=self.dtype,
-            device=self.device,
-            attention_backend=self.attention_backend,
-            block_size=self.block_size,
-            memory_utilization=self.memory_utilization,
-            kv_cache_bytes=self.kv_cache_bytes,
-            max_model_len=self.max_model_len,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            enable_prefix_caching=self.enable_prefix_caching,
-            seed=self.seed,
-            num_threads=self.num_threads,
-        )
+        """The EngineConfig these settings describe."""
+        return self.engine
 
     @property
     def resolved_database_url(self) -> str:
@@ -133,49 +140,22 @@ class Settings:
         return str(cache_dir(self.cache_dir))
 
 
-def _field_types() -> dict[str, str]:
-    return {f.name: str(f.type) for f in dataclasses.fields(Settings)}
-
-
-_KIND_NAMES = {"bool": "true or false (1/0, yes/no, on/off)", "int": "an integer", "float": "a number"}
-
-
-def _parse(name: str, type_name: str, raw: str) -> Any:
-    """Turn one environment string into the field's type; ValueError names the variable."""
-    raw = raw.strip()
-    try:
-        if "None" in type_name and raw.lower() in ("", "none", "auto"):
-            return None
-        if type_name.startswith("tuple"):
-            return tuple(part.strip() for part in raw.split(",") if part.strip())
-        if type_name.startswith("bool"):
-            if raw.lower() in ("1", "true", "yes", "on"):
-                return True
-            if raw.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if type_name.startswith("int"):
-            return int(float(raw)) if "e" in raw.lower() else int(raw)
-        if type_name.startswith("float"):
-            return float(raw)
-        return raw
-    except ValueError:
-        kind = next((v for k, v in _KIND_NAMES.items() if type_name.startswith(k)), type_name)
-        raise ValueError(f"{ENV_PREFIX}{name.upper()} must be {kind}, got {raw!r}") from None
+def settings_from_values(values: Mapping[str, Any]) -> Settings:
+    """Settings from flat field names: the service's own, and EngineConfig's (which go into `engine`)."""
+    engine_names = {opt.name for opt in options(EngineConfig)}
+    engine = EngineConfig(**{k: v for k, v in values.items() if k in engine_names})
+    return Settings(**{k: v for k, v in values.items() if k not in engine_names}, engine=engine)
 
 
 def settings_from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     """Settings from PAGEDCHAT_* variables in `env` (default os.environ); `overrides` (CLI flags) win."""
     env = os.environ if env is None else env
-    values: dict[str, Any] = {}
-    for name, type_name in _field_types().items():
-        key = ENV_PREFIX + name.upper()
-        if key in env:
-            values[name] = _parse(name, type_name, env[key])
-    if "PAGEDCHAT_API_KEY" in env and "api_keys" not in values:
-        values["api_keys"] = _parse("api_keys", "tuple[str, ...]", env["PAGEDCHAT_API_KEY"])
+    values = {**parse_env(Settings, env), **parse_env(EngineConfig, env)}
+    if API_KEY_ALIAS in env and "api_keys" not in values:
+        api_keys = next(opt for opt in options(Settings) if opt.name == "api_keys")
+        values["api_keys"] = parse_value(api_keys, env[API_KEY_ALIAS], API_KEY_ALIAS)
     values.update({k: v for k, v in overrides.items() if v is not None})
-    return Settings(**values)
+    return settings_from_values(values)
 
 
 def ensure_secret_key(settings: Settings) -> Settings:

@@ -16,23 +16,9 @@ from pathlib import Path
 import httpx
 
 from engine.core.config import EngineConfig
+from engine.core.options import to_env
 
 READY_TIMEOUT_S = 600.0  # the first start may provision the default model
-_ENGINE_ENV = {
-    "model": "PAGEDCHAT_MODEL",
-    "dtype": "PAGEDCHAT_DTYPE",
-    "device": "PAGEDCHAT_DEVICE",
-    "attention_backend": "PAGEDCHAT_ATTENTION_BACKEND",
-    "block_size": "PAGEDCHAT_BLOCK_SIZE",
-    "memory_utilization": "PAGEDCHAT_MEMORY_UTILIZATION",
-    "kv_cache_bytes": "PAGEDCHAT_KV_CACHE_BYTES",
-    "max_model_len": "PAGEDCHAT_MAX_MODEL_LEN",
-    "max_num_seqs": "PAGEDCHAT_MAX_NUM_SEQS",
-    "max_num_batched_tokens": "PAGEDCHAT_MAX_NUM_BATCHED_TOKENS",
-    "enable_prefix_caching": "PAGEDCHAT_ENABLE_PREFIX_CACHING",
-    "seed": "PAGEDCHAT_SEED",
-    "num_threads": "PAGEDCHAT_NUM_THREADS",
-}
 
 
 @dataclass
@@ -62,13 +48,7 @@ def free_port() -> int:
 
 def engine_env(config: EngineConfig) -> dict[str, str]:
     """PAGEDCHAT_* variables that make `pagedchat serve` build an engine with this config (None: left unset)."""
-    env = {}
-    for name, var in _ENGINE_ENV.items():
-        value = getattr(config, name)
-        if value is None:
-            continue
-        env[var] = ("1" if value else "0") if isinstance(value, bool) else str(value)
-    return env
+    return to_env(config)
 
 
 def start_pagedchat(

@@ -7,42 +7,18 @@ import logging
 import sys
 import time
 
-from engine.core.config import DEFAULT_MODEL, EngineConfig
+from engine.core.config import EngineConfig
+from engine.core.options import add_options, given_options
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """Engine knobs shared by every subcommand that builds an engine."""
-    g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=DEFAULT_MODEL, help="a local HF folder or smollm2-135m-instruct")
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool budget in bytes")
-    g.add_argument(
-        "--memory-utilization", type=float, default=0.9, help="GPU: fraction of device memory to use"
-    )
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--max-num-seqs", type=int, default=256)
-    g.add_argument("--max-num-batched-tokens", type=int, default=None)
-    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    g.add_argument("--seed", type=int, default=0)
+    """A flag for every EngineConfig field (defaults from the fields), for each subcommand that builds an engine."""
+    add_options(parser, EngineConfig, title="engine")
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
     """An EngineConfig from parsed engine arguments."""
-    return EngineConfig(
-        model=args.model,
-        dtype=args.dtype,
-        device=args.device,
-        block_size=args.block_size,
-        kv_cache_bytes=args.kv_cache_bytes,
-        memory_utilization=args.memory_utilization,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_prefix_caching=not args.no_prefix_caching,
-        seed=args.seed,
-    )
+    return EngineConfig(**given_options(args, EngineConfig))
 
 
 def _sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -110,10 +86,8 @@ def _chat(args: argparse.Namespace) -> int:
         messages.append({"role": "assistant", "content": reply})
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `pagedchat generate|chat` (pagedchat.cli dispatches here)."""
-    argv = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def build_parser() -> argparse.ArgumentParser:
+    """The `pagedchat generate|chat` parser: prompts, sampling and every engine flag."""
     parser = argparse.ArgumentParser(prog="pagedchat", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate replies to prompts")
@@ -125,7 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_argument("--system", default="", help="system prompt")
     _sampling_args(chat)
     add_engine_args(chat)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `pagedchat generate|chat` (pagedchat.cli dispatches here)."""
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
     if args.command == "generate":
         return _generate(args)
     return _chat(args)

@@ -5,42 +5,51 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from engine.core.options import check_choices, option
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 CPU_DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
 MAX_MODEL_LEN_CAP = 4096
-_DTYPES = ("auto", "float32", "bfloat16", "float16")
-_DEVICES = ("auto", "cpu", "cuda")
-_BACKENDS = ("auto", "torch", "triton")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     """Every engine knob. Built once; `resolve()` returns a new config with model-derived defaults filled in."""
 
-    model: str = DEFAULT_MODEL
-    dtype: str = "auto"  # auto: bf16 where the CPU/GPU supports it, else fp32
-    device: str = "auto"  # auto: cuda when available, else cpu
-    attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
-    block_size: int = 16
-    memory_utilization: float = 0.9  # GPU only: fraction of total device memory the engine may use
-    kv_cache_bytes: int | None = None  # explicit KV budget; CPU default CPU_DEFAULT_KV_CACHE_BYTES
-    max_model_len: int | None = None  # None: the model's limit capped at MAX_MODEL_LEN_CAP
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None  # None: 512 on CPU, 8192 on GPU
-    enable_prefix_caching: bool = True
-    prefix_cache_salt: str = ""  # mixed into every block hash (per-tenant isolation)
-    seed: int = 0
-    num_threads: int | None = None  # CPU torch threads; None: torch's default
+    # One line per knob: the engine flags of every subcommand and the PAGEDCHAT_* variables of `pagedchat serve`
+    # are derived from these fields (engine/core/options.py).
+    model: str = option(DEFAULT_MODEL, "a local HF folder or smollm2-135m-instruct")
+    dtype: str = option(
+        "auto",
+        "auto: bf16 where the CPU/GPU supports it, else fp32",
+        choices=("auto", "float32", "bfloat16", "float16"),
+    )
+    device: str = option("auto", "auto: cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
+    attention_backend: str = option(
+        "auto", "auto: triton on CUDA, torch elsewhere", choices=("auto", "torch", "triton")
+    )
+    block_size: int = option(16, "tokens per KV block", choices=(8, 16, 32, 64, 128))
+    memory_utilization: float = option(0.9, "GPU only: fraction of total device memory the engine may use")
+    kv_cache_bytes: int | None = option(
+        None,
+        f"KV pool budget in bytes; unset: {CPU_DEFAULT_KV_CACHE_BYTES >> 30} GiB on CPU, memory_utilization on GPU",
+    )
+    max_model_len: int | None = option(
+        None, f"longest sequence (prompt + reply); unset: the model's limit capped at {MAX_MODEL_LEN_CAP}"
+    )
+    max_num_seqs: int = option(256, "sequences running at once")
+    max_num_batched_tokens: int | None = option(None, "tokens per step; unset: 512 on CPU, 8192 on GPU")
+    enable_prefix_caching: bool = option(
+        True, "reuse the KV blocks of shared prompt prefixes", flag="--prefix-caching"
+    )
+    prefix_cache_salt: str = option(
+        "", "mixed into every block hash: engines with different salts share no cached prefix"
+    )
+    seed: int = option(0, "random seed of sampling")
+    num_threads: int | None = option(None, "CPU torch threads; unset: torch's default")
 
     def __post_init__(self) -> None:
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
-        if self.device not in _DEVICES:
-            raise ValueError(f"device must be one of {_DEVICES}, got {self.device!r}")
-        if self.attention_backend not in _BACKENDS:
-            raise ValueError(f"attention_backend must be one of {_BACKENDS}, got {self.attention_backend!r}")
-        if self.block_size not in (8, 16, 32, 64, 128):
-            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
+        check_choices(self)
         if not 0.0 < self.memory_utilization <= 1.0:
             raise ValueError(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import shutil
 import tempfile
@@ -14,7 +13,7 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from app.settings import Settings
+from app.settings import Settings, settings_from_values
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -99,7 +98,7 @@ def make_settings(tmp_path: Path, model_dir: Path | str, **overrides: Any) -> Se
         flush_interval_s=0.05,
     )
     values.update(overrides)
-    return dataclasses.replace(Settings(), **values)
+    return settings_from_values(values)
 
 
 def make_engine_factory(settings: Settings):

@@ -1,13 +1,20 @@
-"""Settings from PAGEDCHAT_* variables, CLI flags over them, and the persisted cookie secret."""
+"""Settings from PAGEDCHAT_* variables, CLI flags over them (every engine field has both), the cookie secret."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import stat
 
 import pytest
 
 from app.cli import build_parser
-from app.settings import ensure_secret_key, load_settings, settings_from_env
+from app.settings import Settings, ensure_secret_key, load_settings, settings_from_env
+from bench.servers import engine_env
+from engine.cli import build_parser as build_engine_parser
+from engine.cli import config_from_args
+from engine.core.config import EngineConfig
+from engine.core.options import given_options, options
 
 
 def test_environment_is_parsed_into_typed_fields():
@@ -25,9 +32,9 @@ def test_environment_is_parsed_into_typed_fields():
     )
     assert (settings.host, settings.port) == ("127.0.0.1", 9001)
     assert settings.api_keys == ("sk-a", "sk-b")
-    assert settings.enable_prefix_caching is False
-    assert settings.kv_cache_bytes == 1_000_000_000
-    assert settings.max_model_len is None
+    assert settings.engine.enable_prefix_caching is False
+    assert settings.engine.kv_cache_bytes == 1_000_000_000
+    assert settings.engine.max_model_len is None
     assert settings.request_timeout_s == 2.5
     config = settings.engine_config()
     assert (config.block_size, config.kv_cache_bytes, config.enable_prefix_caching) == (
@@ -57,6 +64,14 @@ def test_flags_override_the_environment_and_only_when_given():
         ),
         ({"PAGEDCHAT_PORT": "70000"}, "port must be in [1, 65535], got 70000"),
         ({"PAGEDCHAT_MAX_QUEUED_REQUESTS": "-1"}, "max_queued_requests must be non-negative, got -1"),
+        ({"PAGEDCHAT_BLOCK_SIZE": "big"}, "PAGEDCHAT_BLOCK_SIZE must be an integer, got 'big'"),
+        (
+            {"PAGEDCHAT_MEMORY_UTILIZATION": "most"},
+            "PAGEDCHAT_MEMORY_UTILIZATION must be a number, got 'most'",
+        ),
+        ({"PAGEDCHAT_NUM_THREADS": "two"}, "PAGEDCHAT_NUM_THREADS must be an integer, got 'two'"),
+        ({"PAGEDCHAT_DEVICE": "tpu"}, "device must be one of auto, cpu, cuda, got 'tpu'"),
+        ({"PAGEDCHAT_BLOCK_SIZE": "24"}, "block_size must be one of 8, 16, 32, 64, 128, got 24"),
     ],
 )
 def test_bad_values_name_the_variable(env, message):
@@ -79,3 +94,91 @@ def test_secret_key_is_generated_once_and_kept_private(tmp_path):
 def test_default_database_is_sqlite_in_the_cache_dir(tmp_path):
     settings = settings_from_env({"PAGEDCHAT_CACHE_DIR": str(tmp_path)})
     assert settings.resolved_database_url == f"sqlite:///{tmp_path / 'pagedchat.db'}"
+
+
+ENGINE_FIELDS = [f.name for f in dataclasses.fields(EngineConfig)]
+SERVICE_OPTIONS = [opt.name for opt in options(Settings)]
+
+
+def _non_default_config() -> EngineConfig:
+    """A config in which every field differs from its default."""
+    return EngineConfig(
+        model="/models/tiny",
+        dtype="float32",
+        device="cpu",
+        attention_backend="torch",
+        block_size=32,
+        memory_utilization=0.5,
+        kv_cache_bytes=123_456,
+        max_model_len=300,
+        max_num_seqs=3,
+        max_num_batched_tokens=64,
+        enable_prefix_caching=False,
+        prefix_cache_salt="tenant-7",
+        seed=11,
+        num_threads=2,
+    )
+
+
+def test_the_non_default_config_covers_every_engine_field():
+    config, default = _non_default_config(), EngineConfig()
+    assert [n for n in ENGINE_FIELDS if getattr(config, n) == getattr(default, n)] == []
+
+
+@pytest.mark.parametrize("argv", [[], ["generate", "hi"], ["chat"]])
+def test_every_engine_field_has_a_flag_in_serve_generate_and_chat(argv):
+    parser = build_parser() if not argv else build_engine_parser()
+    dests = set(vars(parser.parse_args(argv)))
+    assert set(ENGINE_FIELDS) <= dests
+    if not argv:
+        assert set(SERVICE_OPTIONS) <= dests
+
+
+def test_every_engine_field_and_setting_has_an_environment_variable():
+    config = _non_default_config()
+    env = engine_env(config)
+    assert sorted(env) == sorted("PAGEDCHAT_" + n.upper() for n in ENGINE_FIELDS)
+    assert settings_from_env(env).engine == config  # what the benchmarks' servers are started with
+    service = {opt.name: opt.env_var for opt in options(Settings)}
+    assert (
+        service["max_body_bytes"] == "PAGEDCHAT_MAX_BODY_BYTES"
+        and service["api_keys"] == "PAGEDCHAT_API_KEYS"
+    )
+    assert settings_from_env({"PAGEDCHAT_API_KEY": "solo"}).api_keys == ("solo",)
+    assert settings_from_env({"PAGEDCHAT_API_KEYS": "a,b", "PAGEDCHAT_API_KEY": "solo"}).api_keys == (
+        "a",
+        "b",
+    )
+
+
+def test_generate_flags_build_the_engine_config():
+    args = build_engine_parser().parse_args(
+        ["generate", "hi", "--no-prefix-caching", "--attention-backend", "torch", "--num-threads", "2"]
+    )
+    assert config_from_args(args) == EngineConfig(
+        attention_backend="torch", num_threads=2, enable_prefix_caching=False
+    )
+    assert config_from_args(build_engine_parser().parse_args(["chat"])) == EngineConfig()
+    with pytest.raises(SystemExit):
+        build_engine_parser().parse_args(["chat", "--block-size", "24"])
+
+
+def test_serve_flags_reach_the_settings_and_the_engine():
+    args = build_parser().parse_args(
+        ["--api-key", "k1", "--api-key", "k2", "--block-size", "32", "--prefix-caching", "--no-cookie-secure"]
+    )
+    env = {"PAGEDCHAT_ENABLE_PREFIX_CACHING": "0", "PAGEDCHAT_COOKIE_SECURE": "1", "PAGEDCHAT_PORT": "9001"}
+    settings = settings_from_env(env, **given_options(args, Settings), **given_options(args, EngineConfig))
+    assert (settings.api_keys, settings.cookie_secure, settings.port) == (("k1", "k2"), False, 9001)
+    assert (settings.engine.block_size, settings.engine.enable_prefix_caching) == (32, True)
+    assert settings.model == settings.engine.model == EngineConfig().model
+
+
+def test_serve_help_lists_every_setting_in_groups():
+    parser = build_parser()
+    groups = {g.title: g._group_actions for g in parser._action_groups if g._group_actions}
+    assert list(groups)[1:] == ["service", "limits", "storage", "engine"]
+    assert sorted(a.dest for a in groups["engine"]) == sorted(ENGINE_FIELDS)
+    undocumented = [a.dest for a in parser._actions if a.help == argparse.SUPPRESS]
+    assert undocumented == ["fault_injection"]  # test-only
+    assert "PAGEDCHAT_ENABLE_PREFIX_CACHING" in parser.format_help()

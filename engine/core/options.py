@@ -1,0 +1,194 @@
+"""Settings declared once, as dataclass fields with their help beside them; flags and env variables follow from them.
+
+`option()` puts a field's help text (and choices, `--help` group, flag spelling) in its metadata. From a config
+class `add_options` derives the argparse flags (`--field-name`; bools as `--x/--no-x`; tuples as a repeatable flag),
+`parse_env` reads `PAGEDCHAT_FIELD_NAME` variables into the field types, and `to_env` writes a config back out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+ENV_PREFIX = "PAGEDCHAT_"
+_SCALARS = (bool, int, float, str, tuple)
+_KIND_NAMES = {bool: "true or false (1/0, yes/no, on/off)", int: "an integer", float: "a number"}
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def option(
+    default: Any,
+    help: str,
+    *,
+    choices: tuple[Any, ...] | None = None,
+    group: str | None = None,
+    flag: str | None = None,
+) -> Any:
+    """A dataclass field whose metadata holds its help, choices, `--help` group and flag (default `--field-name`)."""
+    metadata = {"help": help, "choices": choices, "group": group, "flag": flag}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One settable field of a config class: its name, value type and declaration."""
+
+    name: str
+    kind: type  # bool, int, float, str or tuple (of str)
+    optional: bool  # None allowed ("unset": the consumer's own default)
+    field: dataclasses.Field
+
+    @property
+    def env_var(self) -> str:
+        """PAGEDCHAT_ and the field name in capitals."""
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag: declared, else `--field-name`."""
+        return self.field.metadata.get("flag") or "--" + self.name.replace("_", "-")
+
+    @property
+    def help(self) -> str:
+        """What the option does; empty: left out of `--help`."""
+        return self.field.metadata.get("help", "")
+
+    @property
+    def choices(self) -> tuple[Any, ...] | None:
+        """The values allowed, where the field declares them."""
+        return self.field.metadata.get("choices")
+
+    @property
+    def group(self) -> str | None:
+        """The `--help` group, where the field declares one."""
+        return self.field.metadata.get("group")
+
+
+@functools.cache
+def options(cls: type) -> tuple[Option, ...]:
+    """The fields of dataclass `cls` with a plain value type (nested configs are not options), in order."""
+    hints = typing.get_type_hints(cls)
+    found = []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        args = typing.get_args(hint)
+        optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args
+        if optional:
+            hint = next(a for a in args if a is not type(None))
+        kind = typing.get_origin(hint) or hint
+        if kind in _SCALARS:
+            found.append(Option(f.name, kind, optional, f))
+    return tuple(found)
+
+
+def check_choices(config: Any) -> None:
+    """ValueError naming the field when a value is not among its declared choices."""
+    for opt in options(type(config)):
+        value = getattr(config, opt.name)
+        if opt.choices is not None and value not in opt.choices:
+            allowed = ", ".join(map(str, opt.choices))
+            raise ValueError(f"{opt.name} must be one of {allowed}, got {value!r}")
+
+
+def parse_value(opt: Option, raw: str, var: str | None = None) -> Any:
+    """One environment string in the option's type; the ValueError names the variable (default: its own)."""
+    raw = raw.strip()
+    try:
+        if opt.optional and raw.lower() in ("", "none", "auto"):
+            return None
+        if opt.kind is tuple:
+            return tuple(part.strip() for part in raw.split(",") if part.strip())
+        if opt.kind is bool:
+            if raw.lower() in _TRUE + _FALSE:
+                return raw.lower() in _TRUE
+            raise ValueError(raw)
+        if opt.kind is int:
+            return int(float(raw)) if "e" in raw.lower() else int(raw)
+        return opt.kind(raw)
+    except ValueError:
+        kind = _KIND_NAMES.get(opt.kind, opt.kind.__name__)
+        raise ValueError(f"{var or opt.env_var} must be {kind}, got {raw!r}") from None
+
+
+def parse_env(cls: type, env: Mapping[str, str]) -> dict[str, Any]:
+    """The values of `cls`'s options that `env` sets (PAGEDCHAT_FIELD_NAME), parsed into their types."""
+    return {opt.name: parse_value(opt, env[opt.env_var]) for opt in options(cls) if opt.env_var in env}
+
+
+def to_env(config: Any) -> dict[str, str]:
+    """PAGEDCHAT_* variables that `parse_env` reads back as `config`'s values (None: left unset)."""
+    env = {}
+    for opt in options(type(config)):
+        value = getattr(config, opt.name)
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            env[opt.env_var] = "1" if value else "0"
+        elif isinstance(value, tuple):
+            env[opt.env_var] = ",".join(value)
+        else:
+            env[opt.env_var] = str(value)
+    return env
+
+
+def add_options(
+    parser: argparse.ArgumentParser, cls: type, *, title: str, defaults: bool = True, show_env: bool = False
+) -> None:
+    """One flag per option of `cls`, in argument groups (the field's group, else `title`).
+
+    defaults=False: every flag defaults to None, so that only flags actually given override another source.
+    show_env: the help names each option's PAGEDCHAT_* variable.
+    """
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for opt in options(cls):
+        name = opt.group or title
+        if name not in groups:
+            groups[name] = parser.add_argument_group(name)
+        kwargs: dict[str, Any] = {"dest": opt.name, "help": _help_text(opt, show_env)}
+        default = opt.field.default if defaults else None
+        if opt.kind is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif opt.kind is tuple:
+            kwargs["action"] = "append"
+            default = list(default) if default else None
+        else:
+            kwargs["type"] = opt.kind
+            kwargs["choices"] = opt.choices
+        if opt.kind is not bool and opt.choices is None:
+            # named after the flag: `--api-key API_KEY`, not `API_KEYS`
+            kwargs["metavar"] = opt.flag.lstrip("-").upper().replace("-", "_")
+        groups[name].add_argument(opt.flag, default=default, **kwargs)
+
+
+def given_options(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The values `args` holds for `cls`'s options, leaving out None (not given); repeated flags as tuples."""
+    values = {}
+    for opt in options(cls):
+        value = getattr(args, opt.name, None)
+        if value is not None:
+            values[opt.name] = tuple(value) if opt.kind is tuple else value
+    return values
+
+
+def _help_text(opt: Option, show_env: bool) -> str:
+    if not opt.help:
+        return argparse.SUPPRESS
+    notes = []
+    default = opt.field.default
+    if opt.kind is tuple:
+        notes.append("repeatable")
+    elif opt.kind is bool and default is not None:
+        notes.append(f"default: {'on' if default else 'off'}")
+    elif default not in (None, ""):
+        notes.append(f"default: {default}")
+    if show_env:
+        notes.append(opt.env_var + (", comma-separated" if opt.kind is tuple else ""))
+    text = opt.help + (f" ({'; '.join(notes)})" if notes else "")
+    return text.replace("%", "%%")

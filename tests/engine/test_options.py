@@ -1,0 +1,124 @@
+"""Flags, PAGEDCHAT_* variables and help derived from a config dataclass's fields (engine/core/options.py)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import pytest
+
+from engine.core.options import add_options, check_choices, given_options, option, options, parse_env, to_env
+
+
+@dataclass(frozen=True)
+class ToyConfig:
+    """Every kind of option once."""
+
+    name: str = option("toy", "what it is called")
+    size: int = option(16, "how big", choices=(8, 16))
+    ratio: float = option(0.5, "a fraction", group="tuning")
+    limit: int | None = option(None, "unset: no limit")
+    fast: bool = option(True, "go fast", flag="--speed")
+    tags: tuple[str, ...] = option((), "labels", flag="--tag")
+    hidden: str = ""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+
+
+def test_options_know_kind_optionality_flag_and_variable():
+    found = {opt.name: opt for opt in options(ToyConfig)}
+    assert [(o.kind, o.optional) for o in found.values()] == [
+        (str, False),
+        (int, False),
+        (float, False),
+        (int, True),
+        (bool, False),
+        (tuple, False),
+        (str, False),
+    ]
+    assert (found["limit"].flag, found["limit"].env_var) == ("--limit", "PAGEDCHAT_LIMIT")
+    assert (found["fast"].flag, found["tags"].flag) == ("--speed", "--tag")
+
+
+def test_environment_strings_become_typed_values():
+    env = {
+        "PAGEDCHAT_SIZE": "8",
+        "PAGEDCHAT_RATIO": " 0.25 ",
+        "PAGEDCHAT_LIMIT": "auto",
+        "PAGEDCHAT_FAST": "off",
+        "PAGEDCHAT_TAGS": "a, b,,c",
+        "PAGEDCHAT_OTHER": "ignored",
+    }
+    assert parse_env(ToyConfig, env) == {
+        "size": 8,
+        "ratio": 0.25,
+        "limit": None,
+        "fast": False,
+        "tags": ("a", "b", "c"),
+    }
+    assert parse_env(ToyConfig, {"PAGEDCHAT_LIMIT": "2e3", "PAGEDCHAT_FAST": "YES"}) == {
+        "limit": 2000,
+        "fast": True,
+    }
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"PAGEDCHAT_SIZE": "sixteen"}, "PAGEDCHAT_SIZE must be an integer, got 'sixteen'"),
+        ({"PAGEDCHAT_RATIO": "half"}, "PAGEDCHAT_RATIO must be a number, got 'half'"),
+        (
+            {"PAGEDCHAT_FAST": "maybe"},
+            "PAGEDCHAT_FAST must be true or false (1/0, yes/no, on/off), got 'maybe'",
+        ),
+    ],
+)
+def test_bad_environment_strings_name_the_variable(env, message):
+    with pytest.raises(ValueError) as error:
+        parse_env(ToyConfig, env)
+    assert str(error.value) == message
+
+
+def test_to_env_round_trips_and_leaves_none_unset():
+    config = ToyConfig(name="x", size=8, ratio=0.1, limit=None, fast=False, tags=("a", "b"))
+    env = to_env(config)
+    assert "PAGEDCHAT_LIMIT" not in env and env["PAGEDCHAT_FAST"] == "0" and env["PAGEDCHAT_TAGS"] == "a,b"
+    assert ToyConfig(**parse_env(ToyConfig, env)) == config
+
+
+def test_choices_are_checked_with_the_field_name():
+    with pytest.raises(ValueError, match=r"^size must be one of 8, 16, got 12$"):
+        ToyConfig(size=12)
+
+
+def test_flags_with_field_defaults():
+    parser = argparse.ArgumentParser()
+    add_options(parser, ToyConfig, title="toy")
+    assert ToyConfig(**given_options(parser.parse_args([]), ToyConfig)) == ToyConfig()
+    args = parser.parse_args(["--no-speed", "--tag", "a", "--tag", "b", "--limit", "3", "--size", "8"])
+    assert given_options(args, ToyConfig) == {
+        "name": "toy",
+        "size": 8,
+        "ratio": 0.5,
+        "limit": 3,
+        "fast": False,
+        "tags": ("a", "b"),
+        "hidden": "",
+    }
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--size", "12"])
+
+
+def test_flags_without_defaults_give_only_what_was_typed():
+    parser = argparse.ArgumentParser()
+    add_options(parser, ToyConfig, title="toy", defaults=False, show_env=True)
+    assert given_options(parser.parse_args([]), ToyConfig) == {}
+    assert given_options(parser.parse_args(["--speed", "--ratio", "1"]), ToyConfig) == {
+        "fast": True,
+        "ratio": 1.0,
+    }
+    text = parser.format_help()
+    assert "how big (default: 16; PAGEDCHAT_SIZE)" in text
+    assert "labels (repeatable; PAGEDCHAT_TAGS, comma-separated)" in text
+    assert "tuning:" in text and "--hidden" not in text
