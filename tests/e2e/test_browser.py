@@ -205,7 +205,8 @@ def test_reconnect_after_a_drop_then_regenerate_and_edit(open_page, ui_server):
     page.wait_for_selector("body[data-ready=true]")
     send(page, "Tell me more")
     wait_streaming(page)
-    page.evaluate("() => window.pagedchat.chat.state.socket.ws.close()")  # the network drops mid-reply
+    # the network drops mid-reply
+    page.evaluate("async () => (await import('/static/chat_state.js')).state.socket.ws.close()")
     expect(page.locator(".msg")).to_have_count(2)
     expect(last_reply(page)).to_have_attribute("data-status", re.compile("stopped|interrupted"))
     expect(page.locator("#conn-status")).to_be_hidden()  # reconnected on its own
@@ -317,19 +318,25 @@ MARKDOWN_CASES = [
 def test_markdown_renderer_builds_safe_nodes(open_page):
     page = open_page("/")
     results = page.evaluate(
-        """(cases) => cases.map((src) => {
-            const box = document.createElement("div");
-            box.appendChild(window.pagedchat.markdown.render(src));
-            return box.innerHTML;
-        })""",
+        """async (cases) => {
+            const { render } = await import("/static/markdown.js");
+            return cases.map((src) => {
+                const box = document.createElement("div");
+                box.appendChild(render(src));
+                return box.innerHTML;
+            });
+        }""",
         [source for source, _ in MARKDOWN_CASES],
     )
     assert list(zip([s for s, _ in MARKDOWN_CASES], results, strict=True)) == [
         (s, html) for s, html in MARKDOWN_CASES
     ]
     safe = page.evaluate(
-        """() => ["javascript:alert(1)", "java\\tscript:alert(1)", " data:text/html,x", "vbscript:x", "/x",
-                  "https://ok.example/", "mailto:a@b.c"].map((u) => window.pagedchat.markdown.safeHref(u))"""
+        """async () => {
+            const { safeHref } = await import("/static/markdown.js");
+            return ["javascript:alert(1)", "java\\tscript:alert(1)", " data:text/html,x", "vbscript:x", "/x",
+                    "https://ok.example/", "mailto:a@b.c"].map((u) => safeHref(u));
+        }"""
     )
     assert safe == [None, None, None, None, None, "https://ok.example/", "mailto:a@b.c"]
 
