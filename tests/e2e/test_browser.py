@@ -375,6 +375,7 @@ def test_admin_block_map_follows_a_running_request(open_page, chromium, slow_ui_
     context = chromium.new_context(viewport=WIDE, base_url=server.base_url)
     page = open_page("/admin", context=context, http_errors_ok=True)
     sign_in(page)
+    assert page.evaluate("() => 'pagedchat' in window") is False
     canvas = page.locator("#block-map")
     expect(page.locator("#stat-used")).to_have_text("0")
     expect(canvas).to_have_attribute("data-in-use", "0")
@@ -398,8 +399,8 @@ def test_admin_block_map_follows_a_running_request(open_page, chromium, slow_ui_
         assert busy_pixels != idle_pixels
         # hovering an in-use block names it; picking the sequence highlights its block table
         cell = page.evaluate(
-            """() => {
-                const s = window.pagedchat.admin;
+            """async () => {
+                const { state: s } = await import("/static/admin_state.js");
                 const index = s.lastPool.block_states.indexOf("u");
                 const { cell, gap, cols } = s.map.layout;
                 return { index, x: (index % cols) * (cell + gap) + cell / 2, y: Math.floor(index / cols) * (cell + gap) + cell / 2 };
