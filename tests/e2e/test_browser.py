@@ -28,7 +28,7 @@ from tests.e2e.browser_helpers import (
     wait_pool_idle,
     wait_streaming,
 )
-from tests.e2e.conftest import Server, server_env, start_server, stop_server
+from tests.e2e.conftest import REPO_ROOT, Server, server_env, start_server, stop_server
 
 pytestmark = pytest.mark.browser
 
@@ -43,6 +43,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+JAVASCRIPT_TYPES = ("text/javascript", "application/javascript")
 WIDE = {"width": 1280, "height": 800}
 NARROW = {"width": 390, "height": 844}
 STATS_LINE = re.compile(
@@ -275,6 +276,23 @@ def test_xss_in_a_message_is_shown_as_text(open_page):
     injected = "#messages img, #messages script, .msg-user b, .msg-user a, #session-list img, #session-list b"
     assert page.locator(injected).count() == 0
     assert page.evaluate("() => window.__xss") is None
+
+
+def test_scripts_are_modules_served_as_javascript(open_page, ui_server):
+    page = open_page("/")
+    scripts = page.eval_on_selector_all(
+        "script", "nodes => nodes.map((n) => [n.type, new URL(n.src).pathname])"
+    )
+    assert scripts == [["module", "/static/chat_page.js"]]  # one entry; it imports the rest
+    assert page.evaluate("() => 'pagedchat' in window") is False  # modules share state by import only
+    names = sorted(path.name for path in (REPO_ROOT / "static").glob("*.js"))
+    assert "protocol.js" in names and "admin_page.js" in names
+    for name in names:
+        response = httpx.get(f"{ui_server.base_url}/static/{name}", timeout=10)
+        assert response.status_code == 200, name
+        # a module script of another MIME type is refused; imported modules have no ?v=, so they revalidate
+        assert response.headers["content-type"].split(";")[0] in JAVASCRIPT_TYPES, name
+        assert response.headers["cache-control"] == "no-cache", name
 
 
 MARKDOWN_CASES = [
