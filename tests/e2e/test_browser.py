@@ -22,6 +22,7 @@ from tests.e2e.browser_helpers import (
     expect,
     last_reply,
     new_session,
+    page_scripts,
     screenshot,
     send,
     sign_in,
@@ -280,10 +281,7 @@ def test_xss_in_a_message_is_shown_as_text(open_page):
 
 def test_scripts_are_modules_served_as_javascript(open_page, ui_server):
     page = open_page("/")
-    scripts = page.eval_on_selector_all(
-        "script", "nodes => nodes.map((n) => [n.type, new URL(n.src).pathname])"
-    )
-    assert scripts == [["module", "/static/chat_page.js"]]  # one entry; it imports the rest
+    assert page_scripts(page) == [["module", "/static/chat_page.js"]]  # one entry; it imports the rest
     assert page.evaluate("() => 'pagedchat' in window") is False  # modules share state by import only
     names = sorted(path.name for path in (REPO_ROOT / "static").glob("*.js"))
     assert "protocol.js" in names and "admin_page.js" in names
@@ -393,6 +391,7 @@ def test_admin_block_map_follows_a_running_request(open_page, chromium, slow_ui_
     context = chromium.new_context(viewport=WIDE, base_url=server.base_url)
     page = open_page("/admin", context=context, http_errors_ok=True)
     sign_in(page)
+    assert page_scripts(page) == [["module", "/static/admin_page.js"]]
     assert page.evaluate("() => 'pagedchat' in window") is False
     canvas = page.locator("#block-map")
     expect(page.locator("#stat-used")).to_have_text("0")
