@@ -1,127 +1,119 @@
 // The chat page's transport: JSON calls to /api/sessions and the session WebSocket with automatic reconnection.
-(function () {
-  "use strict";
-  const ns = (window.pagedchat = window.pagedchat || {});
-  const RECONNECT_DELAYS_MS = [250, 500, 1000, 2000, 4000];
-  const PING_INTERVAL_MS = 25000;
-  const CLOSE_SESSION_NOT_FOUND = 4404;
-  const CLOSE_POLICY_VIOLATION = 1008;
+import { ClientFrame, CloseCode } from "./protocol.js";
 
-  class ApiError extends Error {
-    constructor(status, message) {
-      super(message);
-      this.status = status;
-    }
+const RECONNECT_DELAYS_MS = [250, 500, 1000, 2000, 4000];
+const PING_INTERVAL_MS = 25000;
+
+export class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+/** fetch() a JSON endpoint; throws ApiError carrying the server's own message. */
+export async function api(method, path, body) {
+  const init = { method, credentials: "same-origin", headers: { Accept: "application/json" } };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (e) {
+    throw new ApiError(0, "The server cannot be reached. Is it running?");
+  }
+  if (response.status === 204) return null;
+  let data = null;
+  try {
+    data = await response.json();
+  } catch (e) {
+    data = null;
+  }
+  if (!response.ok) {
+    const message = data && data.error && data.error.message ? data.error.message : "HTTP " + response.status;
+    throw new ApiError(response.status, message);
+  }
+  return data;
+}
+
+/** One session's socket. Handlers: frame(f), open(isReconnect), drop(), gone(message). */
+export class ChatSocket {
+  constructor(sessionId, handlers) {
+    this.sessionId = sessionId;
+    this.handlers = handlers;
+    this.ws = null;
+    this.closedOnPurpose = false;
+    this.attempt = 0;
+    this.everOpened = false;
+    this.retryTimer = null;
+    this.pingTimer = null;
+    this.waiters = [];
   }
 
-  /** fetch() a JSON endpoint; throws ApiError carrying the server's own message. */
-  async function api(method, path, body) {
-    const init = { method, credentials: "same-origin", headers: { Accept: "application/json" } };
-    if (body !== undefined) {
-      init.headers["Content-Type"] = "application/json";
-      init.body = JSON.stringify(body);
-    }
-    let response;
-    try {
-      response = await fetch(path, init);
-    } catch (e) {
-      throw new ApiError(0, "The server cannot be reached. Is it running?");
-    }
-    if (response.status === 204) return null;
-    let data = null;
-    try {
-      data = await response.json();
-    } catch (e) {
-      data = null;
-    }
-    if (!response.ok) {
-      const message = data && data.error && data.error.message ? data.error.message : "HTTP " + response.status;
-      throw new ApiError(response.status, message);
-    }
-    return data;
+  get isOpen() {
+    return this.ws !== null && this.ws.readyState === WebSocket.OPEN;
   }
 
-  /** One session's socket. Handlers: frame(f), open(isReconnect), drop(), gone(message). */
-  class ChatSocket {
-    constructor(sessionId, handlers) {
-      this.sessionId = sessionId;
-      this.handlers = handlers;
-      this.ws = null;
-      this.closedOnPurpose = false;
+  connect() {
+    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+    const ws = new WebSocket(scheme + "//" + location.host + "/ws/sessions/" + encodeURIComponent(this.sessionId));
+    this.ws = ws;
+    ws.onopen = () => {
+      const reconnect = this.everOpened;
+      this.everOpened = true;
       this.attempt = 0;
-      this.everOpened = false;
-      this.retryTimer = null;
-      this.pingTimer = null;
-      this.waiters = [];
-    }
-
-    get isOpen() {
-      return this.ws !== null && this.ws.readyState === WebSocket.OPEN;
-    }
-
-    connect() {
-      const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-      const ws = new WebSocket(scheme + "//" + location.host + "/ws/sessions/" + encodeURIComponent(this.sessionId));
-      this.ws = ws;
-      ws.onopen = () => {
-        const reconnect = this.everOpened;
-        this.everOpened = true;
-        this.attempt = 0;
-        this.pingTimer = setInterval(() => this.send({ type: "ping" }), PING_INTERVAL_MS);
-        this.waiters.splice(0).forEach((resolve) => resolve(true));
-        this.handlers.open(reconnect);
-      };
-      ws.onmessage = (event) => {
-        let frame;
-        try {
-          frame = JSON.parse(event.data);
-        } catch (e) {
-          return;
-        }
-        this.handlers.frame(frame);
-      };
-      ws.onclose = (event) => {
-        clearInterval(this.pingTimer);
-        if (this.ws !== ws || this.closedOnPurpose) return;
-        this.ws = null;
-        if (event.code === CLOSE_SESSION_NOT_FOUND) {
-          this.handlers.gone("This chat no longer exists.");
-        } else if (event.code === CLOSE_POLICY_VIOLATION) {
-          this.handlers.gone("The server refused the chat connection (reload the page to get a new identity).");
-        } else {
-          this.handlers.drop();
-          const delay = RECONNECT_DELAYS_MS[Math.min(this.attempt, RECONNECT_DELAYS_MS.length - 1)];
-          this.attempt++;
-          this.retryTimer = setTimeout(() => this.connect(), delay);
-        }
-      };
-    }
-
-    /** Resolves true once open (false after `timeoutMs`). */
-    waitOpen(timeoutMs) {
-      if (this.isOpen) return Promise.resolve(true);
-      return new Promise((resolve) => {
-        this.waiters.push(resolve);
-        setTimeout(() => resolve(false), timeoutMs);
-      });
-    }
-
-    send(frame) {
-      if (!this.isOpen) return false;
-      this.ws.send(JSON.stringify(frame));
-      return true;
-    }
-
-    close() {
-      this.closedOnPurpose = true;
-      clearTimeout(this.retryTimer);
+      this.pingTimer = setInterval(() => this.send({ type: ClientFrame.PING }), PING_INTERVAL_MS);
+      this.waiters.splice(0).forEach((resolve) => resolve(true));
+      this.handlers.open(reconnect);
+    };
+    ws.onmessage = (event) => {
+      let frame;
+      try {
+        frame = JSON.parse(event.data);
+      } catch (e) {
+        return;
+      }
+      this.handlers.frame(frame);
+    };
+    ws.onclose = (event) => {
       clearInterval(this.pingTimer);
-      if (this.ws) this.ws.close(1000, "leaving the session");
+      if (this.ws !== ws || this.closedOnPurpose) return;
       this.ws = null;
-    }
+      if (event.code === CloseCode.SESSION_NOT_FOUND) {
+        this.handlers.gone("This chat no longer exists.");
+      } else if (event.code === CloseCode.POLICY_VIOLATION) {
+        this.handlers.gone("The server refused the chat connection (reload the page to get a new identity).");
+      } else {
+        this.handlers.drop();
+        const delay = RECONNECT_DELAYS_MS[Math.min(this.attempt, RECONNECT_DELAYS_MS.length - 1)];
+        this.attempt++;
+        this.retryTimer = setTimeout(() => this.connect(), delay);
+      }
+    };
   }
 
-  ns.api = api;
-  ns.ApiError = ApiError;
-  ns.ChatSocket = ChatSocket;
-})();
+  /** Resolves true once open (false after `timeoutMs`). */
+  waitOpen(timeoutMs) {
+    if (this.isOpen) return Promise.resolve(true);
+    return new Promise((resolve) => {
+      this.waiters.push(resolve);
+      setTimeout(() => resolve(false), timeoutMs);
+    });
+  }
+
+  send(frame) {
+    if (!this.isOpen) return false;
+    this.ws.send(JSON.stringify(frame));
+    return true;
+  }
+
+  close() {
+    this.closedOnPurpose = true;
+    clearTimeout(this.retryTimer);
+    clearInterval(this.pingTimer);
+    if (this.ws) this.ws.close(1000, "leaving the session");
+    this.ws = null;
+  }
+}

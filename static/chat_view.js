@@ -1,194 +1,189 @@
 // DOM builders of the chat page: message bubbles, the quiet stats line, sidebar entries. Text goes in through
 // textContent (user text) or the safe Markdown renderer (model output), never through innerHTML.
-(function () {
-  "use strict";
-  const ns = (window.pagedchat = window.pagedchat || {});
-  const STATUS_LABELS = {
-    stopped: "stopped",
-    interrupted: "interrupted",
-    failed: "failed",
-    streaming: "incomplete",
-  };
+import { renderInto } from "./markdown.js";
+import { FinishReason, ReplyStatus } from "./protocol.js";
 
-  function el(tag, className, text) {
-    const node = document.createElement(tag);
-    if (className) node.className = className;
-    if (text !== undefined) node.textContent = text;
-    return node;
+// the badge of a reply that did not finish (a finished one has none)
+const STATUS_LABELS = {
+  [ReplyStatus.STOPPED]: "stopped",
+  [ReplyStatus.INTERRUPTED]: "interrupted",
+  [ReplyStatus.FAILED]: "failed",
+  [ReplyStatus.STREAMING]: "incomplete",
+};
+
+export function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+const ICON_PATHS = {
+  rename: ["M17 3a2.85 2.85 0 1 1 4 4L7.5 20.5 2 22l1.5-5.5Z"],
+  delete: ["M3 6h18", "M19 6v14a2 2 0 0 1-2 2H7a2 2 0 0 1-2-2V6", "M8 6V4a2 2 0 0 1 2-2h4a2 2 0 0 1 2 2v2"],
+};
+
+function icon(name) {
+  const svg = document.createElementNS(SVG_NS, "svg");
+  svg.setAttribute("viewBox", "0 0 24 24");
+  svg.setAttribute("width", "15");
+  svg.setAttribute("height", "15");
+  svg.setAttribute("aria-hidden", "true");
+  svg.setAttribute("fill", "none");
+  svg.setAttribute("stroke", "currentColor");
+  svg.setAttribute("stroke-width", "2");
+  svg.setAttribute("stroke-linecap", "round");
+  svg.setAttribute("stroke-linejoin", "round");
+  for (const d of ICON_PATHS[name]) {
+    const path = document.createElementNS(SVG_NS, "path");
+    path.setAttribute("d", d);
+    svg.appendChild(path);
   }
+  return svg;
+}
 
-  const SVG_NS = "http://www.w3.org/2000/svg";
-  const ICON_PATHS = {
-    rename: ["M17 3a2.85 2.85 0 1 1 4 4L7.5 20.5 2 22l1.5-5.5Z"],
-    delete: ["M3 6h18", "M19 6v14a2 2 0 0 1-2 2H7a2 2 0 0 1-2-2V6", "M8 6V4a2 2 0 0 1 2-2h4a2 2 0 0 1 2 2v2"],
-  };
+function iconButton(name, label) {
+  const b = el("button", "icon-btn session-tool");
+  b.type = "button";
+  b.dataset.action = name;
+  b.title = label;
+  b.setAttribute("aria-label", label);
+  b.appendChild(icon(name));
+  return b;
+}
 
-  function icon(name) {
-    const svg = document.createElementNS(SVG_NS, "svg");
-    svg.setAttribute("viewBox", "0 0 24 24");
-    svg.setAttribute("width", "15");
-    svg.setAttribute("height", "15");
-    svg.setAttribute("aria-hidden", "true");
-    svg.setAttribute("fill", "none");
-    svg.setAttribute("stroke", "currentColor");
-    svg.setAttribute("stroke-width", "2");
-    svg.setAttribute("stroke-linecap", "round");
-    svg.setAttribute("stroke-linejoin", "round");
-    for (const d of ICON_PATHS[name]) {
-      const path = document.createElementNS(SVG_NS, "path");
-      path.setAttribute("d", d);
-      svg.appendChild(path);
-    }
-    return svg;
+function button(label, action, className) {
+  const b = el("button", className || "link-btn", label);
+  b.type = "button";
+  b.dataset.action = action;
+  return b;
+}
+
+function formatSeconds(s) {
+  return s < 1 ? Math.round(s * 1000) + " ms" : s.toFixed(s < 10 ? 2 : 1) + " s";
+}
+
+/** The quiet line under an assistant message: tokens, tokens/s, TTFT, cached prompt tokens. */
+export function statsText(message) {
+  const parts = [];
+  const timings = message.timings || {};
+  if (message.completion_tokens != null) {
+    parts.push(message.completion_tokens + (message.completion_tokens === 1 ? " token" : " tokens"));
   }
-
-  function iconButton(name, label) {
-    const b = el("button", "icon-btn session-tool");
-    b.type = "button";
-    b.dataset.action = name;
-    b.title = label;
-    b.setAttribute("aria-label", label);
-    b.appendChild(icon(name));
-    return b;
+  if (timings.decode_tokens_per_s != null) parts.push(timings.decode_tokens_per_s.toFixed(1) + " tok/s");
+  if (timings.ttft_s != null) parts.push("TTFT " + formatSeconds(timings.ttft_s));
+  if (message.prompt_tokens) {
+    parts.push((message.cached_tokens || 0) + " of " + message.prompt_tokens + " prompt tokens cached");
   }
-
-  function button(label, action, className) {
-    const b = el("button", className || "link-btn", label);
-    b.type = "button";
-    b.dataset.action = action;
-    return b;
+  if (message.truncated_turns) {
+    parts.push(message.truncated_turns + " earlier turn" + (message.truncated_turns === 1 ? "" : "s") +
+      " left out to fit");
   }
+  if (message.finish_reason === FinishReason.LENGTH) parts.push("hit the token limit");
+  return parts.join(" · ");
+}
 
-  function formatSeconds(s) {
-    return s < 1 ? Math.round(s * 1000) + " ms" : s.toFixed(s < 10 ? 2 : 1) + " s";
+export function userMessage(message) {
+  const node = el("article", "msg msg-user");
+  node.dataset.role = "user";
+  if (message.id != null) node.dataset.id = message.id;
+  node.setAttribute("aria-label", "You");
+  node.appendChild(el("div", "msg-body", message.content)); // plain text: white-space keeps the lines
+  const actions = el("div", "msg-actions");
+  actions.appendChild(button("Edit", "edit"));
+  node.appendChild(actions);
+  return node;
+}
+
+export function assistantMessage(message) {
+  const node = el("article", "msg msg-assistant");
+  node.dataset.role = "assistant";
+  node.setAttribute("aria-label", "Assistant");
+  if (message.id != null) node.dataset.id = message.id;
+  node.appendChild(el("div", "msg-body markdown"));
+  const meta = el("div", "msg-meta");
+  meta.appendChild(el("span", "msg-badge"));
+  meta.appendChild(el("span", "msg-stats"));
+  node.appendChild(meta);
+  node.appendChild(el("p", "msg-error"));
+  const actions = el("div", "msg-actions");
+  actions.appendChild(button("Regenerate", "regenerate"));
+  actions.appendChild(button("Copy", "copy"));
+  node.appendChild(actions);
+  setAssistantText(node, message.content || "");
+  finishAssistant(node, message);
+  return node;
+}
+
+export function setAssistantText(node, text) {
+  node.dataset.text = text;
+  renderInto(node.querySelector(".msg-body"), text);
+}
+
+/** Mark a bubble as streaming (typing indicator, aria-busy) until finishAssistant(). */
+export function startStreaming(node) {
+  node.classList.add("is-streaming");
+  node.setAttribute("aria-busy", "true");
+  node.dataset.status = ReplyStatus.STREAMING;
+  node.querySelector(".msg-badge").textContent = "";
+  node.querySelector(".msg-stats").textContent = "";
+}
+
+export function finishAssistant(node, message) {
+  node.classList.remove("is-streaming");
+  node.setAttribute("aria-busy", "false");
+  const status = message.status || ReplyStatus.FINISHED;
+  node.dataset.status = status;
+  if (message.id != null) node.dataset.id = message.id;
+  const label = STATUS_LABELS[status] || "";
+  const badge = node.querySelector(".msg-badge");
+  badge.textContent = label;
+  badge.className = "msg-badge" + (label ? " badge-" + status : "");
+  node.querySelector(".msg-stats").textContent = statsText(message);
+  node.querySelector(".msg-error").textContent = message.error ? message.error : "";
+  if (!message.content && status !== ReplyStatus.FINISHED) {
+    node.querySelector(".msg-body").replaceChildren(el("p", "msg-empty", "(no text)"));
   }
+}
 
-  /** The quiet line under an assistant message: tokens, tokens/s, TTFT, cached prompt tokens. */
-  function statsText(message) {
-    const parts = [];
-    const timings = message.timings || {};
-    if (message.completion_tokens != null) {
-      parts.push(message.completion_tokens + (message.completion_tokens === 1 ? " token" : " tokens"));
-    }
-    if (timings.decode_tokens_per_s != null) parts.push(timings.decode_tokens_per_s.toFixed(1) + " tok/s");
-    if (timings.ttft_s != null) parts.push("TTFT " + formatSeconds(timings.ttft_s));
-    if (message.prompt_tokens) {
-      parts.push((message.cached_tokens || 0) + " of " + message.prompt_tokens + " prompt tokens cached");
-    }
-    if (message.truncated_turns) {
-      parts.push(message.truncated_turns + " earlier turn" + (message.truncated_turns === 1 ? "" : "s") +
-        " left out to fit");
-    }
-    if (message.finish_reason === "length") parts.push("hit the token limit");
-    return parts.join(" · ");
-  }
+export function sessionItem(session, isCurrent) {
+  const li = el("li", "session" + (isCurrent ? " is-current" : ""));
+  li.dataset.id = session.id;
+  const open = el("button", "session-open", session.title || "Untitled chat");
+  open.type = "button";
+  open.dataset.action = "open";
+  open.title = session.title || "Untitled chat";
+  if (isCurrent) open.setAttribute("aria-current", "true");
+  li.appendChild(open);
+  const name = "“" + (session.title || "Untitled chat") + "”";
+  li.appendChild(iconButton("rename", "Rename " + name));
+  li.appendChild(iconButton("delete", "Delete " + name));
+  return li;
+}
 
-  function userMessage(message) {
-    const node = el("article", "msg msg-user");
-    node.dataset.role = "user";
-    if (message.id != null) node.dataset.id = message.id;
-    node.setAttribute("aria-label", "You");
-    node.appendChild(el("div", "msg-body", message.content)); // plain text: white-space keeps the lines
-    const actions = el("div", "msg-actions");
-    actions.appendChild(button("Edit", "edit"));
-    node.appendChild(actions);
-    return node;
-  }
+export function renameForm(session) {
+  const form = el("form", "session-rename");
+  const input = el("input");
+  input.type = "text";
+  input.name = "title";
+  input.maxLength = 200;
+  input.value = session.title || "";
+  input.setAttribute("aria-label", "New title");
+  form.appendChild(input);
+  const save = el("button", "btn btn-small btn-primary", "Save");
+  save.type = "submit";
+  form.appendChild(save);
+  form.appendChild(button("Cancel", "cancel", "btn btn-small"));
+  return form;
+}
 
-  function assistantMessage(message) {
-    const node = el("article", "msg msg-assistant");
-    node.dataset.role = "assistant";
-    node.setAttribute("aria-label", "Assistant");
-    if (message.id != null) node.dataset.id = message.id;
-    node.appendChild(el("div", "msg-body markdown"));
-    const meta = el("div", "msg-meta");
-    meta.appendChild(el("span", "msg-badge"));
-    meta.appendChild(el("span", "msg-stats"));
-    node.appendChild(meta);
-    node.appendChild(el("p", "msg-error"));
-    const actions = el("div", "msg-actions");
-    actions.appendChild(button("Regenerate", "regenerate"));
-    actions.appendChild(button("Copy", "copy"));
-    node.appendChild(actions);
-    setAssistantText(node, message.content || "");
-    finishAssistant(node, message);
-    return node;
-  }
-
-  function setAssistantText(node, text) {
-    node.dataset.text = text;
-    ns.markdown.renderInto(node.querySelector(".msg-body"), text);
-  }
-
-  /** Mark a bubble as streaming (typing indicator, aria-busy) until finishAssistant(). */
-  function startStreaming(node) {
-    node.classList.add("is-streaming");
-    node.setAttribute("aria-busy", "true");
-    node.dataset.status = "streaming";
-    node.querySelector(".msg-badge").textContent = "";
-    node.querySelector(".msg-stats").textContent = "";
-  }
-
-  function finishAssistant(node, message) {
-    node.classList.remove("is-streaming");
-    node.setAttribute("aria-busy", "false");
-    const status = message.status || "finished";
-    node.dataset.status = status;
-    if (message.id != null) node.dataset.id = message.id;
-    const label = STATUS_LABELS[status] || "";
-    const badge = node.querySelector(".msg-badge");
-    badge.textContent = label;
-    badge.className = "msg-badge" + (label ? " badge-" + status : "");
-    node.querySelector(".msg-stats").textContent = statsText(message);
-    node.querySelector(".msg-error").textContent = message.error ? message.error : "";
-    if (!message.content && status !== "finished") {
-      node.querySelector(".msg-body").replaceChildren(el("p", "msg-empty", "(no text)"));
-    }
-  }
-
-  function sessionItem(session, isCurrent) {
-    const li = el("li", "session" + (isCurrent ? " is-current" : ""));
-    li.dataset.id = session.id;
-    const open = el("button", "session-open", session.title || "Untitled chat");
-    open.type = "button";
-    open.dataset.action = "open";
-    open.title = session.title || "Untitled chat";
-    if (isCurrent) open.setAttribute("aria-current", "true");
-    li.appendChild(open);
-    const name = "“" + (session.title || "Untitled chat") + "”";
-    li.appendChild(iconButton("rename", "Rename " + name));
-    li.appendChild(iconButton("delete", "Delete " + name));
-    return li;
-  }
-
-  function renameForm(session) {
-    const form = el("form", "session-rename");
-    const input = el("input");
-    input.type = "text";
-    input.name = "title";
-    input.maxLength = 200;
-    input.value = session.title || "";
-    input.setAttribute("aria-label", "New title");
-    form.appendChild(input);
-    const save = el("button", "btn btn-small btn-primary", "Save");
-    save.type = "submit";
-    form.appendChild(save);
-    form.appendChild(button("Cancel", "cancel", "btn btn-small"));
-    return form;
-  }
-
-  function deleteConfirm(session) {
-    const box = el("div", "session-confirm");
-    box.setAttribute("role", "group");
-    box.setAttribute("aria-label", "Confirm deletion");
-    box.appendChild(el("span", null, "Delete “" + (session.title || "Untitled chat") + "”?"));
-    box.appendChild(button("Delete", "confirm-delete", "btn btn-small btn-danger"));
-    box.appendChild(button("Cancel", "cancel", "btn btn-small"));
-    return box;
-  }
-
-  ns.view = {
-    el, userMessage, assistantMessage, setAssistantText, startStreaming, finishAssistant, statsText,
-    sessionItem, renameForm, deleteConfirm,
-  };
-})();
+export function deleteConfirm(session) {
+  const box = el("div", "session-confirm");
+  box.setAttribute("role", "group");
+  box.setAttribute("aria-label", "Confirm deletion");
+  box.appendChild(el("span", null, "Delete “" + (session.title || "Untitled chat") + "”?"));
+  box.appendChild(button("Delete", "confirm-delete", "btn btn-small btn-danger"));
+  box.appendChild(button("Cancel", "cancel", "btn btn-small"));
+  return box;
+}

@@ -55,6 +55,11 @@ def wait_streaming(page: Any) -> dict[str, Any]:
     return handle.json_value()
 
 
+def page_scripts(page: Any) -> list[list[str]]:
+    """Each <script> of the page as [type, path]."""
+    return page.eval_on_selector_all("script", "nodes => nodes.map((n) => [n.type, new URL(n.src).pathname])")
+
+
 def admin_get(server: Server, path: str) -> httpx.Response:
     """GET an admin endpoint with the admin token."""
     return httpx.get(server.base_url + path, headers={"X-Admin-Token": ADMIN_TOKEN}, timeout=10)

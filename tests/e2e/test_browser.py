@@ -22,13 +22,14 @@ from tests.e2e.browser_helpers import (
     expect,
     last_reply,
     new_session,
+    page_scripts,
     screenshot,
     send,
     sign_in,
     wait_pool_idle,
     wait_streaming,
 )
-from tests.e2e.conftest import Server, server_env, start_server, stop_server
+from tests.e2e.conftest import REPO_ROOT, Server, server_env, start_server, stop_server
 
 pytestmark = pytest.mark.browser
 
@@ -43,6 +44,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+JAVASCRIPT_TYPES = ("text/javascript", "application/javascript")
 WIDE = {"width": 1280, "height": 800}
 NARROW = {"width": 390, "height": 844}
 STATS_LINE = re.compile(
@@ -205,7 +207,8 @@ def test_reconnect_after_a_drop_then_regenerate_and_edit(open_page, ui_server):
     page.wait_for_selector("body[data-ready=true]")
     send(page, "Tell me more")
     wait_streaming(page)
-    page.evaluate("() => window.pagedchat.chat.state.socket.ws.close()")  # the network drops mid-reply
+    # the network drops mid-reply
+    page.evaluate("async () => (await import('/static/chat_state.js')).state.socket.ws.close()")
     expect(page.locator(".msg")).to_have_count(2)
     expect(last_reply(page)).to_have_attribute("data-status", re.compile("stopped|interrupted"))
     expect(page.locator("#conn-status")).to_be_hidden()  # reconnected on its own
@@ -276,6 +279,20 @@ def test_xss_in_a_message_is_shown_as_text(open_page):
     assert page.evaluate("() => window.__xss") is None
 
 
+def test_scripts_are_modules_served_as_javascript(open_page, ui_server):
+    page = open_page("/")
+    assert page_scripts(page) == [["module", "/static/chat_page.js"]]  # one entry; it imports the rest
+    assert page.evaluate("() => 'pagedchat' in window") is False  # modules share state by import only
+    names = sorted(path.name for path in (REPO_ROOT / "static").glob("*.js"))
+    assert "protocol.js" in names and "admin_page.js" in names
+    for name in names:
+        response = httpx.get(f"{ui_server.base_url}/static/{name}", timeout=10)
+        assert response.status_code == 200, name
+        # a module script of another MIME type is refused; imported modules have no ?v=, so they revalidate
+        assert response.headers["content-type"].split(";")[0] in JAVASCRIPT_TYPES, name
+        assert response.headers["cache-control"] == "no-cache", name
+
+
 MARKDOWN_CASES = [
     ("<script>alert(1)</script>", "<p>&lt;script&gt;alert(1)&lt;/script&gt;</p>"),
     ('<img src=x onerror="alert(1)">', '<p>&lt;img src=x onerror="alert(1)"&gt;</p>'),
@@ -317,19 +334,25 @@ MARKDOWN_CASES = [
 def test_markdown_renderer_builds_safe_nodes(open_page):
     page = open_page("/")
     results = page.evaluate(
-        """(cases) => cases.map((src) => {
-            const box = document.createElement("div");
-            box.appendChild(window.pagedchat.markdown.render(src));
-            return box.innerHTML;
-        })""",
+        """async (cases) => {
+            const { render } = await import("/static/markdown.js");
+            return cases.map((src) => {
+                const box = document.createElement("div");
+                box.appendChild(render(src));
+                return box.innerHTML;
+            });
+        }""",
         [source for source, _ in MARKDOWN_CASES],
     )
     assert list(zip([s for s, _ in MARKDOWN_CASES], results, strict=True)) == [
         (s, html) for s, html in MARKDOWN_CASES
     ]
     safe = page.evaluate(
-        """() => ["javascript:alert(1)", "java\\tscript:alert(1)", " data:text/html,x", "vbscript:x", "/x",
-                  "https://ok.example/", "mailto:a@b.c"].map((u) => window.pagedchat.markdown.safeHref(u))"""
+        """async () => {
+            const { safeHref } = await import("/static/markdown.js");
+            return ["javascript:alert(1)", "java\\tscript:alert(1)", " data:text/html,x", "vbscript:x", "/x",
+                    "https://ok.example/", "mailto:a@b.c"].map((u) => safeHref(u));
+        }"""
     )
     assert safe == [None, None, None, None, None, "https://ok.example/", "mailto:a@b.c"]
 
@@ -368,6 +391,8 @@ def test_admin_block_map_follows_a_running_request(open_page, chromium, slow_ui_
     context = chromium.new_context(viewport=WIDE, base_url=server.base_url)
     page = open_page("/admin", context=context, http_errors_ok=True)
     sign_in(page)
+    assert page_scripts(page) == [["module", "/static/admin_page.js"]]
+    assert page.evaluate("() => 'pagedchat' in window") is False
     canvas = page.locator("#block-map")
     expect(page.locator("#stat-used")).to_have_text("0")
     expect(canvas).to_have_attribute("data-in-use", "0")
@@ -391,8 +416,8 @@ def test_admin_block_map_follows_a_running_request(open_page, chromium, slow_ui_
         assert busy_pixels != idle_pixels
         # hovering an in-use block names it; picking the sequence highlights its block table
         cell = page.evaluate(
-            """() => {
-                const s = window.pagedchat.admin;
+            """async () => {
+                const { state: s } = await import("/static/admin_state.js");
                 const index = s.lastPool.block_states.indexOf("u");
                 const { cell, gap, cols } = s.map.layout;
                 return { index, x: (index % cols) * (cell + gap) + cell / 2, y: Math.floor(index / cols) * (cell + gap) + cell / 2 };

@@ -1,0 +1,132 @@
+// The admin page's entry module: listens to /api/admin/stream (SSE) and updates counters, the block map,
+// sequences, charts and advice from each sample.
+import { BlockMap } from "./admin_blockmap.js";
+import { LineChart, compact } from "./admin_charts.js";
+import { renderSequences, select } from "./admin_sequences.js";
+import { state } from "./admin_state.js";
+
+const HISTORY_S = 180;
+const $ = (id) => document.getElementById(id);
+
+function setText(id, text) {
+  const node = $(id);
+  if (node.textContent !== text) node.textContent = text;
+}
+
+function pct(value) {
+  return value == null ? "–" : (value * 100).toFixed(value >= 0.995 || value === 0 ? 0 : 1) + "%";
+}
+
+function setFeedStatus(kind, text) {
+  const node = $("feed-status");
+  node.dataset.state = kind;
+  node.textContent = text;
+}
+
+function makeCharts() {
+  const c = (key, color, label, fill) => ({ key, color, label, fill });
+  const specs = {
+    blocks: [[c("num_used_blocks", "#4f7cf7", "in use", true), c("num_cached_blocks", "#3aa886", "cached"),
+      c("num_free_blocks", "#a3a8b5", "free")]],
+    sequences: [[c("num_running", "#4f7cf7", "running", true), c("num_waiting", "#e09422", "waiting"),
+      c("num_preempted", "#d9485f", "preempted")]],
+    preemptions: [[c("preemptions_per_min", "#d9485f", "per min", true)]],
+    hits: [[c("hit_pct", "#3aa886", "hit rate", true)],
+      { yMax: 100, format: (v) => (v == null ? "–" : v.toFixed(0) + "%") }],
+    speed: [[c("tokens_per_s", "#7c5cf0", "tok/s", true)]],
+    waste: [[c("paged_waste_tokens", "#4f7cf7", "paged", true),
+      c("contiguous_waste_tokens", "#d9485f", "contiguous")]],
+  };
+  for (const canvas of document.querySelectorAll("canvas[data-chart]")) {
+    const [series, options] = specs[canvas.dataset.chart];
+    const chartOptions = Object.assign({ maxSpanS: HISTORY_S }, options);
+    state.charts[canvas.dataset.chart] = new LineChart(canvas, series, chartOptions);
+  }
+}
+
+function withDerived(point) {
+  return Object.assign({}, point, { hit_pct: point.prefix_hit_rate == null ? null : point.prefix_hit_rate * 100 });
+}
+
+function renderCounters(pool, point) {
+  const s = pool.stats;
+  setText("stat-used", String(s.num_used_blocks));
+  setText("stat-used-pct", pct(s.num_used_blocks / Math.max(1, s.num_blocks)) + " of pool");
+  setText("stat-cached", String(s.num_cached_blocks));
+  setText("stat-free", String(s.num_free_blocks));
+  setText("stat-total", "of " + s.num_blocks + " blocks");
+  setText("stat-shared", String(s.num_shared_blocks));
+  setText("stat-running", String(s.num_running));
+  setText("stat-queue", s.num_waiting + " waiting, " + point.num_preempted + " preempted");
+  setText("stat-preempt-rate", point.preemptions_per_min.toFixed(1) + "/min");
+  setText("stat-preempt-total", s.num_preemptions + " since start");
+  setText("stat-hit-rate", pct(point.prefix_hit_rate));
+  setText("stat-tokps", compact(point.tokens_per_s));
+  setText("stat-waste-paged", point.paged_waste_tokens + " tok");
+  setText("stat-waste-contig", "contiguous: " + point.contiguous_waste_tokens);
+}
+
+function renderAdvice(advice) {
+  const json = JSON.stringify(advice.items);
+  if (json === state.adviceJson) return;
+  state.adviceJson = json;
+  $("advice").replaceChildren(...advice.items.map((item) => {
+    const li = document.createElement("li");
+    li.className = "advice-item advice-" + item.level;
+    const title = document.createElement("strong");
+    title.textContent = item.title;
+    const text = document.createElement("p");
+    text.textContent = item.text;
+    li.append(title, text);
+    return li;
+  }));
+}
+
+function onState(s) {
+  if (s.error) {
+    $("feed-error").textContent = "The engine cannot be sampled: " + s.error;
+    $("feed-error").hidden = false;
+    return;
+  }
+  $("feed-error").hidden = true;
+  state.lastPool = s.pool;
+  state.nowS = s.time_s;
+  state.points.push(withDerived(s.point));
+  while (state.points.length && state.nowS - state.points[0].time_s > HISTORY_S) state.points.shift();
+  renderCounters(s.pool, s.point);
+  state.map.update(s.pool);
+  if (state.selected !== null && !s.pool.sequences.some((q) => q.seq_id === state.selected)) select(null);
+  renderSequences(s.pool.sequences);
+  state.charts.blocks.setMax(s.pool.num_blocks); // the blocks chart spans the whole pool
+  for (const chart of Object.values(state.charts)) chart.setData(state.points, state.nowS);
+  renderAdvice(s.advice);
+  document.body.dataset.samples = String(Number(document.body.dataset.samples || 0) + 1);
+}
+
+function connect() {
+  const source = new EventSource("/api/admin/stream");
+  source.addEventListener("open", () => setFeedStatus("live", "live"));
+  source.addEventListener("history", (e) => {
+    const history = JSON.parse(e.data);
+    state.points = history.points.map(withDerived);
+    state.nowS = history.time_s;
+  });
+  source.addEventListener("state", (e) => onState(JSON.parse(e.data)));
+  source.addEventListener("error", () => {
+    if (source.readyState === EventSource.CLOSED) {
+      setFeedStatus("down", "disconnected — reload to sign in again");
+    } else {
+      setFeedStatus("down", "reconnecting…");
+    }
+  });
+}
+
+function start() {
+  state.map = new BlockMap($("block-map"), $("block-info"));
+  state.map.onSelectSequence = (seqId) => select(seqId);
+  makeCharts();
+  connect();
+}
+
+// a module runs once the document is parsed (like `defer`), so the elements are there
+start();

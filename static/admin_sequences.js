@@ -1,0 +1,87 @@
+// The live sequences table: one row per sequence, updated in place; picking a row outlines its blocks on the map.
+import { state } from "./admin_state.js";
+
+// Rows are keyed by sequence and updated in place, so a row's button stays put (and clickable) while the
+// feed updates its numbers several times a second.
+const rows = new Map(); // seq_id -> { tr, pick, tds }
+
+function setText(node, text) {
+  if (node.textContent !== text) node.textContent = text;
+}
+
+function sequenceRow(seqId) {
+  let row = rows.get(seqId);
+  if (row) return row;
+  const tr = document.createElement("tr");
+  tr.dataset.seqId = String(seqId);
+  const pick = document.createElement("button");
+  pick.type = "button";
+  pick.className = "link-btn";
+  pick.textContent = "#" + seqId;
+  pick.setAttribute("aria-label", "Highlight the blocks of sequence " + seqId);
+  pick.addEventListener("click", () => select(seqId === state.selected ? null : seqId));
+  const tds = ["", "mono", "", "num", "num"].map((className) => {
+    const td = document.createElement("td");
+    if (className) td.className = className;
+    tr.appendChild(td);
+    return td;
+  });
+  tds[0].appendChild(pick);
+  tr.addEventListener("click", (e) => {
+    if (e.target.tagName !== "BUTTON") pick.click();
+  });
+  row = { tr, pick, tds };
+  rows.set(seqId, row);
+  return row;
+}
+
+export function renderSequences(sequences) {
+  const json = JSON.stringify(sequences) + "|" + state.selected;
+  if (json === state.seqsJson) return;
+  state.seqsJson = json;
+  setText(document.getElementById("seqs-count"), sequences.length ? sequences.length + " live" : "");
+  const body = document.getElementById("seq-rows");
+  const live = new Set(sequences.map((seq) => seq.seq_id));
+  for (const [seqId, row] of rows) {
+    if (!live.has(seqId)) {
+      row.tr.remove();
+      rows.delete(seqId);
+    }
+  }
+  if (!sequences.length) {
+    const td = document.createElement("td");
+    td.colSpan = 5;
+    td.className = "muted";
+    td.textContent = "No live sequences.";
+    const tr = document.createElement("tr");
+    tr.appendChild(td);
+    body.replaceChildren(tr);
+    return;
+  }
+  for (const child of Array.from(body.children)) {
+    if (!child.dataset.seqId) child.remove(); // the "No live sequences." placeholder
+  }
+  let previous = null;
+  for (const seq of sequences) {
+    const row = sequenceRow(seq.seq_id);
+    const selected = seq.seq_id === state.selected;
+    row.tr.className = selected ? "is-selected" : "";
+    row.pick.setAttribute("aria-pressed", String(selected));
+    setText(row.tds[1], seq.request_id.slice(0, 22));
+    row.tds[1].title = seq.request_id;
+    setText(row.tds[2], seq.status);
+    setText(row.tds[3], String(seq.num_tokens));
+    setText(row.tds[4], String(seq.block_table.length));
+    const expected = previous ? previous.nextSibling : body.firstChild;
+    if (expected !== row.tr) body.insertBefore(row.tr, expected); // moves only rows out of order
+    previous = row.tr;
+  }
+}
+
+/** Outline sequence `seqId`'s blocks on the map and mark its row (null: none). */
+export function select(seqId) {
+  state.selected = seqId;
+  state.map.setHighlight(seqId);
+  state.seqsJson = "";
+  if (state.lastPool) renderSequences(state.lastPool.sequences);
+}

@@ -1,0 +1,36 @@
+// The chat page's state and its elements, shared by the chat_*.js modules that import them. The browser tests
+// read it too: `(await import("/static/chat_state.js")).state`.
+export const DEFAULT_TITLE = "New chat";
+export const SETTING_FIELDS = ["temperature", "top_p", "max_tokens"];
+
+export const state = {
+  sessions: [],
+  // the open session, as the API returns it
+  current: null,
+  socket: null,
+  // a reply of ours is being generated (or its request is on its way)
+  streaming: false,
+  // a frame was sent and the server has not yet accepted it with `start`
+  awaitingStart: false,
+  // what to give back to the composer if the server refuses the message
+  pendingText: null,
+  assistantNode: null,
+  assistantText: "",
+  renderQueued: false,
+};
+
+/** The page's elements by role, filled in once by bindElements(). */
+export const ui = {};
+
+const ELEMENT_IDS = {
+  app: "app", sidebar: "sidebar", scrim: "scrim", sessionList: "session-list", newChat: "new-chat",
+  toggleSidebar: "toggle-sidebar", title: "chat-title", connStatus: "conn-status", messages: "messages",
+  empty: "empty-state", composer: "composer", input: "input", send: "send", stop: "stop",
+  errorBanner: "error-banner", errorText: "error-text", errorClose: "error-close",
+  toggleSettings: "toggle-settings", settingsPanel: "settings-panel", settingsForm: "settings-form",
+  settingsError: "settings-error", settingsStatus: "settings-status", settingsClose: "settings-close",
+};
+
+export function bindElements() {
+  for (const [key, id] of Object.entries(ELEMENT_IDS)) ui[key] = document.getElementById(id);
+}

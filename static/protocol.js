@@ -1,0 +1,51 @@
+// The values the chat page and the server exchange, named once: the session socket's frames (app/routes/ws.py),
+// how a stored reply ended (app/db/models.py) and why generation finished (engine/core/sequence.py FinishReason).
+
+/** Client → server frames. MESSAGE, REGENERATE and EDIT each start a reply (the server's REPLY_FRAMES). */
+export const ClientFrame = Object.freeze({
+  MESSAGE: "message",
+  REGENERATE: "regenerate",
+  EDIT: "edit",
+  STOP: "stop",
+  PING: "ping",
+});
+
+/** Server → client frames, in the order a reply sends them: START, ASSISTANT_START, DELTA..., DONE. */
+export const ServerFrame = Object.freeze({
+  // the server accepted a reply frame; carries the stored user message
+  START: "start",
+  ASSISTANT_START: "assistant_start",
+  DELTA: "delta",
+  DONE: "done",
+  // a refused frame or a failed reply; the socket stays open
+  ERROR: "error",
+  STOP_ACK: "stop_ack",
+  PONG: "pong",
+});
+
+/** An assistant message's status: STREAMING until it ends as one of the other four. */
+export const ReplyStatus = Object.freeze({
+  STREAMING: "streaming",
+  FINISHED: "finished",
+  // the user pressed Stop
+  STOPPED: "stopped",
+  // the connection dropped (or the server restarted) mid-reply
+  INTERRUPTED: "interrupted",
+  FAILED: "failed",
+});
+
+/** Why the engine stopped generating a reply (a message's `finish_reason`). */
+export const FinishReason = Object.freeze({
+  // end of sequence, a stop token or a stop string
+  STOP: "stop",
+  // max_tokens or max_model_len
+  LENGTH: "length",
+  ABORT: "abort",
+  ERROR: "error",
+});
+
+/** Socket close codes after which reconnecting cannot help. */
+export const CloseCode = Object.freeze({
+  POLICY_VIOLATION: 1008,
+  SESSION_NOT_FOUND: 4404,
+});
