@@ -252,7 +252,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with servers.running([server]):
                 for mode in MODES:
                     runs[f"{mode}/caching-{caching}"] = run_mode(
-                        server.url, mode, BENCH_API_KEY, system, args, f"{mode}, caching {caching}"
+                        server.base_url, mode, BENCH_API_KEY, system, args, f"{mode}, caching {caching}"
                     )
     on = runs["session/caching-on"]
     targets = [

@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 server = servers.start_hf_baseline(name, config.model, config.dtype, logs)
             with servers.running([server]):
-                systems[name] = sweep(server.url, name, requests, points, args.seed)
+                systems[name] = sweep(server.base_url, name, requests, points, args.seed)
     payload = {
         "model": config.model,
         "workload": {

@@ -11,7 +11,8 @@ import asyncio
 
 import pytest
 
-from tests.e2e.conftest import server_env, start_server, stop_server
+from bench.servers import stop_server
+from tests.e2e.conftest import server_env, start_server
 from tests.loadgen import LoadConfig, rss_bytes, run_round, wait_idle
 from tests.soak import server_settings
 
