@@ -1,4 +1,4 @@
-"""Soak: rounds of tests/loadgen.py against a server until time is up; every round must end clean and idle.
+"""Soak: rounds of tests/load_round.py against a server until time is up; every round must end clean and idle.
 
     python -m tests.soak --minutes 10              # starts its own tiny-model server on loopback
     python -m tests.soak --url http://127.0.0.1:8000 --pid 1234 --admin-token T --minutes 30
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.servers import stop_server
-from tests.loadgen import LoadConfig, rss_bytes, run_round, wait_idle
+from tests.load_round import LoadConfig, rss_bytes, run_round, wait_idle
 
 MIB = 1024 * 1024
 DEFAULT_RSS_BOUND_MIB = 48
