@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import shlex
+import sys
 
 from engine.cli import add_engine_args, config_from_args
 
@@ -15,6 +17,7 @@ BENCHMARKS = {
     "serving": "OpenAI-API load test (Poisson rates or fixed concurrency): pagedchat vs an HF one-at-a-time server",
     "multiturn": "N users x K turns with a shared system prompt: session API and /v1, prefix caching on and off",
 }
+EXTRA = ("tqdm", "matplotlib", "openai")  # the `bench` extra of pyproject.toml
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,10 +37,22 @@ def _module(name: str):
     return importlib.import_module(f"bench.{name}")
 
 
+def missing_extra() -> list[str]:
+    """The packages of the `bench` extra that cannot be imported here."""
+    return [name for name in EXTRA if importlib.util.find_spec(name) is None]
+
+
 def bench_main(argv: list[str]) -> int:
     """Parse `argv` (after `bench`) and run the chosen benchmark; with --strict, 1 when a target failed."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    missing = missing_extra()
+    if missing:
+        print(
+            f"pagedchat bench needs {', '.join(missing)}, not installed here: pip install -e '.[bench]'",
+            file=sys.stderr,
+        )
+        return 2
     # the CLI owns logging: engine progress (provisioning, loading) shows as INFO
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,18 +1,20 @@
-"""An OpenAI-API load generator: streaming chat requests at Poisson arrivals or a fixed concurrency, and metrics."""
+"""The one load generator of benchmarks and tests: requests at Poisson arrivals or a fixed concurrency as tasks on
+one event loop, streamed OpenAI chat calls timed chunk by chunk, and their latency summary."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from bench.common import mean, percentiles
 from bench.workload import ChatRequest
 
 CLIENT_TIMEOUT_S = 1800.0
+R = TypeVar("R")
 
 
 @dataclass
@@ -55,16 +57,18 @@ def poisson_offsets(num: int, rate: float, seed: int) -> list[float]:
 
 
 def make_client(base_url: str, api_key: str = "bench"):
-    """An OpenAI client for `base_url` (the server root; /v1 is appended), shared by the sending threads."""
+    """An async OpenAI client for `base_url` (the server root; /v1 is appended), shared by all requests."""
     import httpx
-    from openai import OpenAI
+    from openai import AsyncOpenAI  # the `bench` extra: imported only when a benchmark runs
 
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
-    http = httpx.Client(limits=limits, timeout=httpx.Timeout(CLIENT_TIMEOUT_S, connect=30.0))
-    return OpenAI(base_url=base_url.rstrip("/") + "/v1", api_key=api_key, http_client=http, max_retries=0)
+    http = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(CLIENT_TIMEOUT_S, connect=30.0))
+    return AsyncOpenAI(
+        base_url=base_url.rstrip("/") + "/v1", api_key=api_key, http_client=http, max_retries=0
+    )
 
 
-def stream_chat(
+async def stream_chat(
     client: Any,
     model: str,
     request: ChatRequest,
@@ -79,7 +83,7 @@ def stream_chat(
     pieces: list[str] = []
     num_chunks = 0
     try:
-        stream = client.chat.completions.create(
+        stream = await client.chat.completions.create(
             model=model,
             messages=messages or request.messages,
             max_tokens=request.max_tokens,
@@ -88,7 +92,7 @@ def stream_chat(
             stream_options={"include_usage": True},
             extra_body={"ignore_eos": ignore_eos},
         )
-        for chunk in stream:
+        async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta and chunk.choices[0].delta.content:
                 result.chunk_times_s.append(time.perf_counter() - sent)
                 pieces.append(chunk.choices[0].delta.content)
@@ -110,39 +114,49 @@ def stream_chat(
     return result
 
 
-def run_load(
-    send: Callable[[int, float], RequestResult],
+async def run_load(
+    send: Callable[[int, float], Awaitable[R]],
     num: int,
     *,
     rate: float | None = None,
     concurrency: int | None = None,
     seed: int = 0,
     on_done: Callable[[], None] | None = None,
-) -> tuple[list[RequestResult], float]:
-    """Send requests 0..num-1 at Poisson `rate` or with `concurrency` in flight, one thread per request in flight;
-    returns the results in request order and the wall seconds."""
+) -> tuple[list[R], float]:
+    """Send requests 0..num-1 at Poisson `rate` (whatever is in flight) or with `concurrency` in flight, in order;
+    `send(i, seconds since the start)` makes request i. Returns the results in request order and the wall seconds."""
     if (rate is None) == (concurrency is None):
         raise ValueError("give exactly one of rate and concurrency")
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     start = time.perf_counter()
 
-    def one(i: int) -> RequestResult:
-        result = send(i, time.perf_counter() - start)
+    async def one(i: int) -> R:
+        result = await send(i, time.perf_counter() - start)
         if on_done is not None:
             on_done()
         return result
 
-    # a rate sends on schedule whatever is in flight, so it needs a thread per request; a concurrency caps them
-    with ThreadPoolExecutor(max_workers=max(1, num if rate is not None else concurrency)) as pool:
-        futures = []
-        if rate is not None:
-            for i, offset in enumerate(poisson_offsets(num, rate, seed)):
-                delay = offset - (time.perf_counter() - start)
-                if delay > 0:
-                    time.sleep(delay)
-                futures.append(pool.submit(one, i))
-        else:
-            futures = [pool.submit(one, i) for i in range(num)]
-        results = [f.result() for f in futures]
+    if rate is not None:
+        tasks = []
+        for i, offset in enumerate(poisson_offsets(num, rate, seed)):
+            delay = offset - (time.perf_counter() - start)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i)))
+        results = list(await asyncio.gather(*tasks))
+    else:
+        slots: list[Any] = [None] * num
+
+        async def worker(
+            indices: Iterator[int],
+        ) -> None:  # each takes the next request when its last one ends
+            for i in indices:
+                slots[i] = await one(i)
+
+        indices = iter(range(num))
+        await asyncio.gather(*(worker(indices) for _ in range(min(concurrency, num))))
+        results = slots
     return results, time.perf_counter() - start
 
 

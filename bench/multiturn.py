@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import functools
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -24,6 +22,7 @@ from bench.common import (
     targets_payload,
     write_results,
 )
+from bench.conversations import Conversation, Latch, run_user
 from bench.workload import ChatRequest, system_prompt, user_turns
 
 TARGET_TTFT_RATIO = 1.5
@@ -36,7 +35,6 @@ ARRIVALS_MEANING = {
     "conversations are done: the measured turn 1 and turn K see the same number of users",
     "together": "every user starts its measured conversation in the same instant; turn 1 is a burst",
 }
-FILLER_SEED = 1_000_003  # conversations outside the measured ones (lead-in, keep-busy) use other scripts
 BENCH_API_KEY = "pagedchat-bench"
 
 
@@ -61,129 +59,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-logs", default=None, help="keep server logs and databases in this folder")
 
 
-class Conversation:
-    """One user's conversation through one API: a session (token-exact history) or /v1 (history resent as text)."""
-
-    def __init__(
-        self, api: str, http: httpx.Client, oa: Any, model: str, system: str, max_tokens: int
-    ) -> None:
-        self.http, self.oa, self.model, self.max_tokens = http, oa, model, max_tokens
-        self.history: list[dict[str, str]] = [{"role": "system", "content": system}]
-        self.session_id = (
-            sc.create_session(http, system, {"temperature": 0.0, "max_tokens": max_tokens})
-            if api == "session"
-            else None
-        )
-
-    def send(self, content: str) -> sc.TurnResult:
-        if self.session_id is not None:
-            return sc.send_message(self.http, self.session_id, content)
-        self.history.append({"role": "user", "content": content})
-        r = loadgen.stream_chat(
-            self.oa, self.model, ChatRequest(list(self.history), self.max_tokens, "turn"), 0.0
-        )
-        self.history.append({"role": "assistant", "content": r.text})  # history resent as text
-        return sc.TurnResult(
-            ok=r.ok,
-            ttft_s=r.ttft_s,
-            e2e_s=r.e2e_s,
-            prompt_tokens=r.num_prompt_tokens,
-            cached_tokens=r.num_cached_tokens,
-            completion_tokens=r.num_output_tokens,
-            text=r.text,
-            error=r.error,
-        )
-
-
-class Latch:
-    """Counts the users whose measured conversation is still going."""
-
-    def __init__(self, count: int) -> None:
-        self._left = count
-        self._lock = threading.Lock()
-
-    def count_down(self) -> None:
-        with self._lock:
-            self._left -= 1
-
-    @property
-    def open(self) -> bool:
-        return self._left <= 0
-
-
-def _user(
-    index: int,
-    start: Callable[[], Conversation],
-    script: list[str],
-    staggered: bool,
-    measured: Latch,
-    on_turn: Callable[[], None],
-) -> list[sc.TurnResult]:
-    """One user's measured conversation (its turn results).
-
-    Staggered: it starts after `index mod turns` unmeasured turns of another conversation, and the user goes on
-    with unmeasured turns until every user's measured conversation is done. So all users chat all the time, and
-    turn 1 and turn K of the measured conversations run under the same load.
-    """
-    fillers = 0
-
-    def chat_unmeasured(go_on: Callable[[int], bool]) -> None:
-        """Turns of fresh conversations (as long as the measured one) while `go_on(turns sent so far)`."""
-        nonlocal fillers
-        sent, conversation, messages = 0, None, script
-        while go_on(sent):
-            if sent % len(script) == 0:
-                messages = user_turns(index, len(script), FILLER_SEED + fillers)
-                conversation, fillers = start(), fillers + 1
-            conversation.send(messages[sent % len(script)])
-            sent += 1
-
-    try:
-        if staggered:
-            chat_unmeasured(lambda sent: sent < index % len(script))
-        conversation, out = start(), []
-        for content in script:
-            out.append(conversation.send(content))
-            on_turn()
-    finally:  # even when this user failed, the others must not keep chatting forever
-        measured.count_down()
-    if staggered:
-        chat_unmeasured(lambda _: not measured.open)
-    return out
-
-
-def run_mode(
+async def run_mode(
     url: str, mode: str, api_key: str | None, system: str, args: argparse.Namespace, label: str
 ) -> dict[str, Any]:
-    """All users' conversations (one thread each) through one API of one server; per-turn and overall numbers."""
+    """All users' conversations (one task each) through one API of one server; per-turn and overall numbers."""
     # distinct conversations per API: only the system prompt is shared between the two runs on one server
     seed = args.seed + (0 if mode == "session" else 1000)
     scripts = [user_turns(u, args.turns, seed) for u in range(args.users)]
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
     headers = sc.auth_headers(api_key)
-    with httpx.Client(base_url=url, headers=headers, timeout=loadgen.CLIENT_TIMEOUT_S, limits=limits) as http:
+    async with httpx.AsyncClient(
+        base_url=url, headers=headers, timeout=loadgen.CLIENT_TIMEOUT_S, limits=limits
+    ) as http:
         oa = loadgen.make_client(url, api_key or "bench")
-        model = oa.models.list().data[0].id
+        model = (await oa.models.list()).data[0].id
         hello = [{"role": "system", "content": system}, {"role": "user", "content": "Hello!"}]
-        warm = loadgen.stream_chat(oa, model, ChatRequest(hello, 8, "warm"), 0.0)
+        warm = await loadgen.stream_chat(oa, model, ChatRequest(hello, 8, "warm"), 0.0)
         if not warm.ok:
             raise RuntimeError(f"warm-up request to {url} failed: {warm.error}")
-        before = sc.admin_stats(http)
-        with (
-            progress(args.users * args.turns, label, unit="turn") as bar,
-            ThreadPoolExecutor(args.users) as pool,
-        ):
+        before = await sc.admin_stats(http)
+        with progress(args.users * args.turns, label, unit="turn") as bar:
             tick = functools.partial(bar.update, 1)
-            start = functools.partial(Conversation, mode, http, oa, model, system, args.max_tokens)
+            start = functools.partial(Conversation.open, mode, http, oa, model, system, args.max_tokens)
             measured = Latch(args.users)
-            jobs = [
-                pool.submit(_user, u, start, script, args.arrivals == "staggered", measured, tick)
-                for u, script in enumerate(scripts)
-            ]
-            per_user = [job.result() for job in jobs]
-        after = sc.admin_stats(http)
-        oa.close()
-    return summarise(per_user, args.turns, before, after)
+            staggered = args.arrivals == "staggered"
+            per_user = await asyncio.gather(
+                *(run_user(u, start, script, staggered, measured, tick) for u, script in enumerate(scripts))
+            )
+        after = await sc.admin_stats(http)
+        await oa.close()
+    return summarise(list(per_user), args.turns, before, after)
 
 
 def summarise(
@@ -241,8 +146,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for caching, url in (("on", args.url), ("off", args.url_no_caching)):
             if url is not None:
                 for mode in MODES:
-                    runs[f"{mode}/caching-{caching}"] = run_mode(
-                        url, mode, args.api_key, system, args, f"{mode}, caching {caching}"
+                    runs[f"{mode}/caching-{caching}"] = asyncio.run(
+                        run_mode(url, mode, args.api_key, system, args, f"{mode}, caching {caching}")
                     )
                 continue
             cfg = dataclasses.replace(config, enable_prefix_caching=caching == "on")
@@ -251,8 +156,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             with servers.running([server]):
                 for mode in MODES:
-                    runs[f"{mode}/caching-{caching}"] = run_mode(
-                        server.url, mode, BENCH_API_KEY, system, args, f"{mode}, caching {caching}"
+                    label = f"{mode}, caching {caching}"
+                    runs[f"{mode}/caching-{caching}"] = asyncio.run(
+                        run_mode(server.base_url, mode, BENCH_API_KEY, system, args, label)
                     )
     on = runs["session/caching-on"]
     targets = [

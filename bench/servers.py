@@ -1,9 +1,11 @@
-"""Servers the HTTP benchmarks start themselves: pagedchat and the HF baseline, as subprocesses on free ports."""
+"""The one server harness of benchmarks and tests: `pagedchat serve` and the HF baseline as subprocesses on free
+loopback ports, with their logs, a readiness wait and a graceful or hard stop."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -19,22 +21,32 @@ from engine.core.config import EngineConfig
 from engine.core.options import to_env
 
 READY_TIMEOUT_S = 600.0  # the first start may provision the default model
+REPO_ROOT = Path(__file__).resolve().parents[1]  # servers run from here, so `-m pagedchat` is this checkout's
 
 
 @dataclass
 class ServerProcess:
-    """A server subprocess, its base URL and the file its output goes to."""
+    """A server subprocess, where to reach it, the file its output goes to and (pagedchat) its SQLite database."""
 
     name: str
-    url: str
-    proc: subprocess.Popen
+    base_url: str
+    process: subprocess.Popen
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
+    db_path: Path | None = None
 
-    def log_tail(self, num_chars: int = 3000) -> str:
-        """The end of the server's output, for error messages."""
+    @property
+    def port(self) -> int:
+        return int(self.base_url.rsplit(":", 1)[1])
+
+    @property
+    def ws_url(self) -> str:
+        return "ws" + self.base_url.removeprefix("http")
+
+    def log(self) -> str:
+        """Everything the server has written so far (servers restarted under one name share the file)."""
         try:
-            return self.log_path.read_text(errors="replace")[-num_chars:]
+            return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
 
@@ -54,81 +66,92 @@ def engine_env(config: EngineConfig) -> dict[str, str]:
 def start_pagedchat(
     name: str, config: EngineConfig, log_dir: Path, extra_env: dict[str, str] | None = None
 ) -> ServerProcess:
-    """`pagedchat serve` on a free loopback port with its own throwaway database."""
-    port = free_port()
-    env = {
-        **engine_env(config),
-        **(extra_env or {}),
-        "PAGEDCHAT_HOST": "127.0.0.1",
-        "PAGEDCHAT_PORT": str(port),
-        "PAGEDCHAT_DATABASE_URL": f"sqlite:///{log_dir / (name + '.db')}",
-        "PAGEDCHAT_LOG_LEVEL": "warning",
-    }
-    cmd = [sys.executable, "-m", "pagedchat", "serve"]  # the `pagedchat serve` console script
-    return _spawn(name, cmd, env, f"http://127.0.0.1:{port}", log_dir)
+    """`pagedchat serve` with this engine config on a free loopback port, its own database in `log_dir`."""
+    env = {**engine_env(config), **(extra_env or {}), "PAGEDCHAT_LOG_LEVEL": "warning"}
+    return spawn_pagedchat(name, env, log_dir)
+
+
+def spawn_pagedchat(
+    name: str,
+    env: dict[str, str],
+    log_dir: Path,
+    *,
+    db_path: Path | None = None,
+    port: int | None = None,
+    isolated: bool = False,
+    server_type: type[ServerProcess] = ServerProcess,
+) -> ServerProcess:
+    """`pagedchat serve` with `env` on 127.0.0.1:`port` (default: a free one), not waited for.
+
+    Its output is appended to `log_dir/<name>.log`, its database is `db_path` (default `log_dir/<name>.db`): a
+    server started again under the same name keeps both. `isolated`: PAGEDCHAT_* variables of this process's own
+    environment are not passed on, only `env`.
+    """
+    port = port or free_port()
+    db_path = db_path or log_dir / f"{name}.db"
+    # flags, not variables: they win over the environment, so the server listens on loopback whatever it holds
+    cmd = [sys.executable, "-m", "pagedchat", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--database-url", f"sqlite:///{db_path}"]
+    log_path = log_dir / f"{name}.log"
+    process = _popen(cmd, env, log_path, isolated)
+    return server_type(name, f"http://127.0.0.1:{port}", process, log_path, env, db_path)
 
 
 def start_hf_baseline(name: str, model: str, dtype: str, log_dir: Path) -> ServerProcess:
-    """The one-request-at-a-time HF server (engine/bench/hf_server.py) on a free loopback port."""
+    """The one-request-at-a-time HF server (bench/hf_server.py) on a free loopback port."""
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "bench.hf_server",
-        "--model",
-        model,
-        "--dtype",
-        dtype,
-        "--port",
-        str(port),
-    ]
-    return _spawn(name, cmd, {}, f"http://127.0.0.1:{port}", log_dir)
-
-
-def _spawn(name: str, cmd: list[str], env: dict[str, str], url: str, log_dir: Path) -> ServerProcess:
+    cmd = [sys.executable, "-m", "bench.hf_server", "--model", model, "--dtype", dtype, "--port", str(port)]
     log_path = log_dir / f"{name}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
+    return ServerProcess(name, f"http://127.0.0.1:{port}", _popen(cmd, {}, log_path, False), log_path)
+
+
+def _popen(cmd: list[str], env: dict[str, str], log_path: Path, isolated: bool) -> subprocess.Popen:
+    inherited = {k: v for k, v in os.environ.items() if not (isolated and k.startswith("PAGEDCHAT_"))}
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
             cmd,
-            env={**os.environ, **env},
+            env={**inherited, **env},
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=_repo_root(),
-            start_new_session=True,
+            cwd=REPO_ROOT,
+            start_new_session=True,  # a Ctrl-C of the caller reaches it only through stop_server
         )
-    return ServerProcess(name, url, proc, log_path, env)
 
 
-def _repo_root() -> str:
-    return str(Path(__file__).resolve().parents[2])
-
-
-def wait_ready(server: ServerProcess, timeout_s: float = READY_TIMEOUT_S) -> None:
-    """Poll GET /health until 200; RuntimeError with the server's log if it exits or times out."""
+def wait_ready(server: ServerProcess, timeout_s: float = READY_TIMEOUT_S) -> ServerProcess:
+    """Poll GET /health until 200; else kill the server and raise RuntimeError with its log."""
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=5.0) as client:
         while time.monotonic() < deadline:
-            if server.proc.poll() is not None:
+            if server.process.poll() is not None:
                 raise RuntimeError(
-                    f"{server.name} exited with {server.proc.returncode} before it was ready:\n{server.log_tail()}"
+                    f"{server.name} exited with {server.process.returncode} before it was ready:\n"
+                    f"{server.log()[-4000:]}"
                 )
             with contextlib.suppress(httpx.HTTPError):
-                if client.get(server.url + "/health").status_code == 200:
-                    return
-            time.sleep(0.25)
-    raise RuntimeError(f"{server.name} was not ready after {timeout_s:.0f} s:\n{server.log_tail()}")
+                if client.get(server.base_url + "/health").status_code == 200:
+                    return server
+            time.sleep(0.1)
+    stop_server(server, signal.SIGKILL)
+    raise RuntimeError(f"{server.name} was not ready after {timeout_s:.0f} s:\n{server.log()[-4000:]}")
 
 
-def stop(server: ServerProcess, timeout_s: float = 15.0) -> None:
-    """SIGTERM, then SIGKILL after `timeout_s`; only this server's own process is signalled."""
-    if server.proc.poll() is not None:
-        return
-    server.proc.terminate()
+def stop_server(server: ServerProcess, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
+    """Send `sig` (SIGTERM: graceful shutdown, SIGKILL: a crash) to this server only, SIGKILL after `timeout_s`;
+    returns the exit code.
+
+    After a graceful SIGTERM shutdown uvicorn re-raises the signal, so the code is -15: check the log for
+    "Application shutdown complete." instead.
+    """
+    process = server.process
+    if process.poll() is not None:
+        return process.returncode
+    process.send_signal(sig)
     try:
-        server.proc.wait(timeout_s)
+        return process.wait(timeout_s)
     except subprocess.TimeoutExpired:
-        server.proc.kill()
-        server.proc.wait()
+        process.kill()
+        return process.wait(10)
 
 
 @contextlib.contextmanager
@@ -154,4 +177,4 @@ def running(
         yield servers
     finally:
         for server in servers:
-            stop(server)
+            stop_server(server, timeout_s=15.0)

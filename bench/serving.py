@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 from typing import Any
 
 from bench import loadgen, servers
@@ -47,23 +48,23 @@ def load_points(args: argparse.Namespace) -> list[tuple[str, float]]:
     return [("rate", r) for r in (args.rates or [0.5, 1.0, 2.0, 4.0, 8.0])]
 
 
-def sweep(
+async def sweep(
     url: str, name: str, requests, points, seed: int, api_key: str | None = None
 ) -> list[dict[str, Any]]:
     """Every load point against one server; a warm-up request first."""
     client = loadgen.make_client(url, api_key or "bench")
-    model = client.models.list().data[0].id
-    warm = loadgen.stream_chat(client, model, requests[0], 0.0)
+    model = (await client.models.list()).data[0].id
+    warm = await loadgen.stream_chat(client, model, requests[0], 0.0)
     if not warm.ok:
         raise RuntimeError(f"{name} at {url} failed the warm-up request: {warm.error}")
     out = []
     for kind, value in points:
         with progress(len(requests), f"{name} {kind}={value:g}") as bar:
 
-            def send(i: int, start_s: float) -> loadgen.RequestResult:
-                return loadgen.stream_chat(client, model, requests[i], start_s)
+            async def send(i: int, start_s: float) -> loadgen.RequestResult:
+                return await loadgen.stream_chat(client, model, requests[i], start_s)
 
-            results, duration = loadgen.run_load(
+            results, duration = await loadgen.run_load(
                 send,
                 len(requests),
                 rate=value if kind == "rate" else None,
@@ -72,7 +73,7 @@ def sweep(
                 on_done=lambda: bar.update(1),
             )
         out.append({"load": kind, "value": value, **loadgen.summarise(results, duration)})
-    client.close()
+    await client.close()
     return out
 
 
@@ -89,14 +90,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name, url in targets:
             if url is not None:
                 key = args.api_key if name == "pagedchat" else None
-                systems[name] = sweep(url, name, requests, points, args.seed, key)
+                systems[name] = asyncio.run(sweep(url, name, requests, points, args.seed, key))
                 continue
             if name == "pagedchat":
                 server = servers.start_pagedchat(name, config, logs)
             else:
                 server = servers.start_hf_baseline(name, config.model, config.dtype, logs)
             with servers.running([server]):
-                systems[name] = sweep(server.url, name, requests, points, args.seed)
+                systems[name] = asyncio.run(sweep(server.base_url, name, requests, points, args.seed))
     payload = {
         "model": config.model,
         "workload": {

@@ -1,4 +1,4 @@
-"""The clients of the load harness (tests/loadgen.py): one script per kind, each checking what it got.
+"""The clients of the reliability load (tests/load_round.py): one script per kind, each checking what it got.
 
 Kinds: /v1 streams through the official openai client, plain /v1 completions, /v1 clients that vanish mid-stream,
 multi-turn sessions over SSE (some stopped, some abandoned), WebSocket chats (some stopped, some closed mid-reply),
@@ -21,6 +21,7 @@ import openai
 from websockets.asyncio.client import connect
 
 from app.faults import marker
+from bench.session_client import create_session, iter_sse
 
 STEP_FAULT = "engine step failed: InjectedFault: injected step fault"
 WORDS = ("paged", "attention", "keeps", "every", "block", "of", "the", "cache", "busy", "while", "scheduler")
@@ -157,7 +158,7 @@ class Job:
     # ---- sessions -----------------------------------------------------------------------------------------------
     async def session_sse(self) -> str:
         async with _http(self.cfg.base_url, self.trace) as http:
-            sid = await _new_session(http, self.max_tokens)
+            sid = await create_session(http, {"max_tokens": self.max_tokens, "temperature": 0})
             expected: list[str] = []
             for turn in range(self.num_turns):
                 mode, content = self.modes[turn], f"turn {turn}: {self.prompt}"
@@ -167,7 +168,7 @@ class Job:
                         "POST", f"/api/sessions/{sid}/messages", json={"content": content}
                     ) as r:
                         assert r.status_code == 200, await r.aread()
-                        async for event in _sse_json(r):
+                        async for event in _events(r):
                             await self.first_event()
                             events.append(event)
                             if event["type"] == "delta" and mode == "stop":
@@ -188,7 +189,7 @@ class Job:
 
     async def ws_chat(self, fault: str | None = None) -> str:
         async with _http(self.cfg.base_url, self.trace) as http:
-            sid = await _new_session(http, self.max_tokens)
+            sid = await create_session(http, {"max_tokens": self.max_tokens, "temperature": 0})
             cookie = f"pagedchat_browser={http.cookies['pagedchat_browser']}"
             url = self.cfg.base_url.replace("http", "ws", 1) + f"/ws/sessions/{sid}"
             async with connect(url, additional_headers={"Cookie": cookie}, open_timeout=30) as ws:
@@ -259,12 +260,6 @@ def _check_reply(events: list[dict[str, Any]], *, stopped: bool) -> None:
     assert done["usage"]["completion_tokens"] == message["completion_tokens"], done
 
 
-async def _new_session(http: httpx.AsyncClient, max_tokens: int) -> str:
-    r = await http.post("/api/sessions", json={"settings": {"max_tokens": max_tokens, "temperature": 0}})
-    assert r.status_code == 201, r.text
-    return r.json()["id"]
-
-
 async def _until_not_streaming(http: httpx.AsyncClient, sid: str, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while (await http.get(f"/api/sessions/{sid}")).json()["streaming"]:
@@ -272,11 +267,7 @@ async def _until_not_streaming(http: httpx.AsyncClient, sid: str, timeout_s: flo
         await asyncio.sleep(0.05)
 
 
-async def _sse_json(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    data: list[str] = []
-    async for line in response.aiter_lines():
-        if line.startswith("data:"):
-            data.append(line[5:].lstrip())
-        elif not line and data:
-            yield json.loads("\n".join(data))
-            data = []
+async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON data of every SSE event of a session reply."""
+    async for _, data in iter_sse(response):
+        yield json.loads(data)

@@ -1,4 +1,4 @@
-"""Soak: rounds of tests/loadgen.py against a server until time is up; every round must end clean and idle.
+"""Soak: rounds of tests/load_round.py against a server until time is up; every round must end clean and idle.
 
     python -m tests.soak --minutes 10              # starts its own tiny-model server on loopback
     python -m tests.soak --url http://127.0.0.1:8000 --pid 1234 --admin-token T --minutes 30
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import sys
 import tempfile
 import time
@@ -22,7 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tests.loadgen import LoadConfig, rss_bytes, run_round, wait_idle
+from bench.servers import stop_server
+from tests.load_round import LoadConfig, rss_bytes, run_round, wait_idle
 
 MIB = 1024 * 1024
 DEFAULT_RSS_BOUND_MIB = 48
@@ -97,7 +97,6 @@ def main(argv: list[str]) -> int:
         tmp = Path(tempfile.mkdtemp(prefix="pagedchat-soak-"))
         tiny = make_tiny_model_dir()
         server = start_server(tmp, server_env(tmp, str(tiny), **server_settings(args.faults)))
-        assert server.process is not None
         url, pid, model = server.base_url, server.process.pid, tiny.name
         print(f"server on {url} (pid {pid}), log {server.log_path}", file=sys.stderr)
     cfg = LoadConfig(
@@ -112,9 +111,8 @@ def main(argv: list[str]) -> int:
     try:
         summary = soak(cfg, pid, args.minutes, args.rss_bound_mib)
     finally:
-        if server is not None and server.process is not None:
-            server.process.send_signal(signal.SIGTERM)
-            server.process.wait(timeout=60)
+        if server is not None:
+            stop_server(server, timeout_s=60)
     print(json.dumps(summary, indent=1))
     return 0 if summary["ok"] else 1
 

@@ -152,3 +152,17 @@ def test_a_breach_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         Path, "read_text", lambda self, *a, **k: "import torch\nfrom engine.worker import sampler\n"
     )
     assert breaches(fake) == ["engine.worker", "engine.worker.sampler", "torch"]
+
+
+BENCH_EXTRA = {"matplotlib", "tqdm", "openai"}  # pyproject's `bench` extra: `pagedchat serve` runs without it
+
+
+@pytest.mark.parametrize("top", ["engine", "kernels", "app"])
+def test_only_the_benchmarks_import_the_bench_extra(top: str) -> None:
+    found = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in (ROOT / top).rglob("*.py")
+        for name in imported_modules(path.read_text(), module_of(path), path.name == "__init__.py")
+        if name.split(".")[0] in BENCH_EXTRA | {"bench"}
+    }
+    assert found == set()

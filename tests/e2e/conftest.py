@@ -1,54 +1,28 @@
-"""A real `pagedchat serve` (uvicorn) in a subprocess on a free loopback port, with a temp SQLite DB."""
+"""A real `pagedchat serve` (uvicorn) in a subprocess on a free loopback port, with a temp SQLite DB.
+
+The process itself is bench's harness (bench/servers.py); here: the test settings and the admin checks.
+"""
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from bench.servers import ServerProcess, spawn_pagedchat, stop_server, wait_ready
 from tests.app.factories import TINY_BLOCK_BYTES, make_tiny_model_dir, pool_is_idle
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 180.0
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Server:
-    """One running server process and where to reach it."""
-
-    port: int
-    db_path: Path
-    log_path: Path
-    env: dict[str, str]
-    process: subprocess.Popen | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+class Server(ServerProcess):
+    """A test server: bench's process handle plus the admin checks the tests assert on."""
 
     def admin_state(self) -> dict[str, Any]:
         """The block pool (loopback needs no admin token)."""
@@ -69,10 +43,9 @@ class Server:
 
 
 def server_env(tmp_path: Path, model: str, **env: str) -> dict[str, str]:
-    """Environment of a test server: tiny pool, CPU fp32, its own cache dir and database."""
+    """Environment of a test server: tiny pool, CPU fp32, its own cache dir (its database: start_server's)."""
     values = {
         "PAGEDCHAT_MODEL": model,
-        "PAGEDCHAT_DATABASE_URL": f"sqlite:///{tmp_path / 'chat.db'}",
         "PAGEDCHAT_CACHE_DIR": str(tmp_path / "cache"),
         "PAGEDCHAT_DEVICE": "cpu",
         "PAGEDCHAT_DTYPE": "float32",
@@ -90,50 +63,16 @@ def server_env(tmp_path: Path, model: str, **env: str) -> dict[str, str]:
 
 
 def start_server(tmp_path: Path, env: dict[str, str], *, port: int | None = None) -> Server:
-    """Start `pagedchat serve` and wait until /health says ok (fails with the server's log otherwise)."""
-    server = Server(
-        port=port or free_port(), db_path=tmp_path / "chat.db", log_path=tmp_path / "server.log", env=env
-    )
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PAGEDCHAT_")}
-    full_env.update(env)
-    full_env["PYTHONPATH"] = str(REPO_ROOT)
-    with open(server.log_path, "ab") as log:
-        server.process = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "--host", "127.0.0.1", "--port", str(server.port)],
-            cwd=REPO_ROOT,
-            env=full_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log()[-4000:]}")
-        try:
-            if httpx.get(server.base_url + "/health", timeout=2).status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    stop_server(server, signal.SIGKILL)
-    raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{server.log()[-4000:]}")
+    """Start `pagedchat serve` and wait until /health says ok (fails with the server's log otherwise).
 
-
-def stop_server(server: Server, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
-    """Signal the server and wait for it to exit; returns its exit code.
-
-    After a graceful SIGTERM shutdown uvicorn re-raises the signal, so the code is -15: check the log for
-    "Application shutdown complete." instead.
+    Only `env` reaches it of the PAGEDCHAT_* variables; servers started again on one `tmp_path` share its
+    database (chat.db) and log (server.log).
     """
-    process = server.process
-    if process is None or process.poll() is not None:
-        return process.returncode if process else 0
-    process.send_signal(sig)
-    try:
-        return process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        return process.wait(timeout=10)
+    server = spawn_pagedchat(
+        "server", env, tmp_path, db_path=tmp_path / "chat.db", port=port, isolated=True, server_type=Server
+    )
+    wait_ready(server, STARTUP_TIMEOUT_S)
+    return server
 
 
 @pytest.fixture(scope="module")

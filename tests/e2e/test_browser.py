@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.servers import stop_server
 from tests.e2e.browser_helpers import (
     ADMIN_TOKEN,
     REPLY_TIMEOUT_MS,
@@ -29,7 +30,7 @@ from tests.e2e.browser_helpers import (
     wait_pool_idle,
     wait_streaming,
 )
-from tests.e2e.conftest import REPO_ROOT, Server, server_env, start_server, stop_server
+from tests.e2e.conftest import REPO_ROOT, Server, server_env, start_server
 
 pytestmark = pytest.mark.browser
 

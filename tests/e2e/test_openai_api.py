@@ -6,7 +6,8 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import server_env, start_server, stop_server
+from bench.servers import stop_server
+from tests.e2e.conftest import server_env, start_server
 
 HELLO = [{"role": "user", "content": "Say something."}]
 

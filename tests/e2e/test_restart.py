@@ -9,8 +9,8 @@ import time
 
 import httpx
 
+from bench.servers import stop_server
 from tests.app.factories import sse_events
-from tests.e2e.conftest import stop_server
 
 
 def reply(http: httpx.Client, sid: str, content: str) -> list[dict]:

@@ -1,4 +1,4 @@
-"""CI load: two identical rounds of tests/loadgen.py against a real uvicorn server injecting faults.
+"""CI load: two identical rounds of tests/load_round.py against a real uvicorn server injecting faults.
 
 Each round holds 64 streams open at once, then mixes SSE, WebSocket and plain requests with disconnects, stops,
 multi-turn sessions and faulty requests. Afterwards no block is in use, nothing waits, the service holds no stream,
@@ -11,8 +11,9 @@ import asyncio
 
 import pytest
 
-from tests.e2e.conftest import server_env, start_server, stop_server
-from tests.loadgen import LoadConfig, rss_bytes, run_round, wait_idle
+from bench.servers import stop_server
+from tests.e2e.conftest import server_env, start_server
+from tests.load_round import LoadConfig, rss_bytes, run_round, wait_idle
 from tests.soak import server_settings
 
 STREAMS = 64

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 from bench import session_client as sc
-from bench.multiturn import Latch, _user
+from bench.conversations import Latch, run_user
 from bench.workload import user_turns
 
 SEED = 0
@@ -21,11 +20,10 @@ class FakeConversation:
     def __init__(self, log: list[tuple[int, int, str]], user: int) -> None:
         self.log, self.user, self.number = log, user, next(self.numbers)
 
-    def send(self, content: str) -> sc.TurnResult:
+    async def send(self, content: str) -> sc.TurnResult:
         self.log.append((self.user, self.number, content))
-        time.sleep(
-            0.002
-        )  # a turn takes time, so users finish their measured conversations in order of lead-in
+        # a turn takes time, so users finish their measured conversations in order of lead-in
+        await asyncio.sleep(0.002)
         return sc.TurnResult(ok=True, text=content)
 
 
@@ -33,20 +31,19 @@ def run_users(num_users: int, turns: int, staggered: bool):
     """Each user's returned results and everything it sent, as [(conversation number, message)]."""
     log: list[tuple[int, int, str]] = []
     latch = Latch(num_users)
-    with ThreadPoolExecutor(num_users) as pool:
-        jobs = [
-            pool.submit(
-                _user,
-                u,
-                lambda u=u: FakeConversation(log, u),
-                user_turns(u, turns, SEED),
-                staggered,
-                latch,
-                lambda: None,
+
+    async def users() -> list[list[sc.TurnResult]]:
+        async def start(u: int) -> FakeConversation:
+            return FakeConversation(log, u)
+
+        return await asyncio.gather(
+            *(
+                run_user(u, lambda u=u: start(u), user_turns(u, turns, SEED), staggered, latch, lambda: None)
+                for u in range(num_users)
             )
-            for u in range(num_users)
-        ]
-        results = [job.result() for job in jobs]
+        )
+
+    results = asyncio.run(users())
     sent = [[(n, c) for v, n, c in log if v == u] for u in range(num_users)]
     return results, sent
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
-import threading
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -153,32 +152,30 @@ def test_poisson_offsets_are_seeded_and_increasing():
 
 
 def test_run_load_keeps_at_most_concurrency_in_flight():
-    lock, in_flight, peak = threading.Lock(), [0], [0]
+    in_flight, peak = [0], [0]
 
-    def send(i: int, start_s: float) -> loadgen.RequestResult:
-        with lock:
-            in_flight[0] += 1
-            peak[0] = max(peak[0], in_flight[0])
-        time.sleep(0.02)
-        with lock:
-            in_flight[0] -= 1
+    async def send(i: int, start_s: float) -> loadgen.RequestResult:
+        in_flight[0] += 1
+        peak[0] = max(peak[0], in_flight[0])
+        await asyncio.sleep(0.02)
+        in_flight[0] -= 1
         return loadgen.RequestResult(ok=True, start_s=start_s, num_output_tokens=i)
 
-    results, _ = loadgen.run_load(send, 10, concurrency=3)
+    results, _ = asyncio.run(loadgen.run_load(send, 10, concurrency=3))
     assert [r.num_output_tokens for r in results] == list(range(10))
     assert peak[0] == 3
     with pytest.raises(ValueError, match="exactly one"):
-        loadgen.run_load(send, 1)
+        asyncio.run(loadgen.run_load(send, 1))
 
 
 def test_run_load_sends_on_the_poisson_schedule():
     sent: list[float] = []
-    results, duration = loadgen.run_load(
-        lambda i, start_s: sent.append(start_s) or loadgen.RequestResult(ok=True, start_s=start_s),
-        5,
-        rate=100.0,
-        seed=3,
-    )
+
+    async def send(i: int, start_s: float) -> loadgen.RequestResult:
+        sent.append(start_s)
+        return loadgen.RequestResult(ok=True, start_s=start_s)
+
+    results, duration = asyncio.run(loadgen.run_load(send, 5, rate=100.0, seed=3))
     expected = loadgen.poisson_offsets(5, 100.0, seed=3)
     assert [r.start_s for r in results] == sorted(sent)
     assert all(0 <= s - e < 0.05 for s, e in zip(sorted(sent), expected, strict=True))
@@ -187,8 +184,8 @@ def test_run_load_sends_on_the_poisson_schedule():
 
 def test_iter_sse_parses_events():
     class FakeResponse:
-        def iter_lines(self):
-            yield from [
+        async def aiter_lines(self):
+            for line in [
                 "event: delta",
                 'data: {"text": "Hi"}',
                 "",
@@ -198,9 +195,13 @@ def test_iter_sse_parses_events():
                 "",
                 "event: done",
                 "data: {}",
-            ]
+            ]:
+                yield line
 
-    assert list(iter_sse(FakeResponse())) == [
+    async def events() -> list[tuple[str, str]]:
+        return [event async for event in iter_sse(FakeResponse())]
+
+    assert asyncio.run(events()) == [
         ("delta", '{"text": "Hi"}'),
         ("message", "plain"),
         ("done", "{}"),

@@ -33,8 +33,8 @@ def tiny_servers(tmp_path_factory):
         ),
     ]
     with servers.running(started, timeout_s=120):
-        yield model, started[0].url, started[1].url
-    assert all(s.proc.poll() is not None for s in started), "servers must be stopped after the benchmark"
+        yield model, started[0].base_url, started[1].base_url
+    assert all(s.process.poll() is not None for s in started), "servers must be stopped after the benchmark"
 
 
 @pytest.fixture(scope="module")

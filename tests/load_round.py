@@ -1,4 +1,5 @@
-"""A load harness for a running server: many concurrent clients mixing SSE, WebSocket and plain requests.
+"""Rounds of the reliability load against a running server: many concurrent clients mixing SSE, WebSocket and
+plain requests, sent by bench's load generator (bench/loadgen.py), each checking what it got (tests/load_jobs.py).
 
 One round = `num_streams` streams opened together and held open at once (a barrier: each waits, after its first
 event, until all are open), then a seeded random mix of jobs: /v1 streams (the official openai client), plain /v1
@@ -15,12 +16,12 @@ import contextlib
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from bench.loadgen import run_load
 from tests.app.factories import service_is_idle
 from tests.load_jobs import STEP_FAULT, Hold, Job, LoadConfig
 
@@ -70,35 +71,33 @@ async def run_round(cfg: LoadConfig) -> RoundReport:
     report, started = RoundReport(), time.monotonic()
     hold = Hold(cfg.num_streams)
     jobs = plan_jobs(cfg, hold)
-    gate = asyncio.Semaphore(cfg.concurrency)
+    held, mixed = jobs[: cfg.num_streams], jobs[cfg.num_streams :]
 
-    async def guarded(job: Job, limit: asyncio.Semaphore | None) -> None:
-        async with limit or contextlib.nullcontext():
-            try:
-                report.outcomes[await asyncio.wait_for(job.run(), cfg.job_timeout_s)] += 1
-            except asyncio.TimeoutError:
-                report.problems.append(f"{job.kind}: no end within {cfg.job_timeout_s} s (a hang)")
-            except Exception as exc:  # noqa: BLE001 - every problem is reported, none stops the round
-                if cfg.faults and STEP_FAULT in str(
-                    exc
-                ):  # it shared a step with a faulty request: failed cleanly
-                    report.outcomes[f"{job.kind} failed by a step fault in its batch"] += 1
-                else:
-                    where = f" (after {job.trace[-1]})" if job.trace else ""
-                    report.problems.append(f"{job.kind}{where}: {type(exc).__name__}: {str(exc)[:300]}")
+    async def guarded(job: Job) -> None:
+        try:
+            report.outcomes[await asyncio.wait_for(job.run(), cfg.job_timeout_s)] += 1
+        except asyncio.TimeoutError:
+            report.problems.append(f"{job.kind}: no end within {cfg.job_timeout_s} s (a hang)")
+        except Exception as exc:  # noqa: BLE001 - every problem is reported, none stops the round
+            if cfg.faults and STEP_FAULT in str(
+                exc
+            ):  # it shared a step with a faulty request: failed cleanly
+                report.outcomes[f"{job.kind} failed by a step fault in its batch"] += 1
+            else:
+                where = f" (after {job.trace[-1]})" if job.trace else ""
+                report.problems.append(f"{job.kind}{where}: {type(exc).__name__}: {str(exc)[:300]}")
 
-    held = [guarded(j, None) for j in jobs[: cfg.num_streams]]
-    mixed = [guarded(j, gate) for j in jobs[cfg.num_streams :]]
-    await asyncio.gather(*held, _after(hold.all_open.wait(), mixed))
+    async def mix_after_all_open() -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(hold.all_open.wait(), timeout=90)
+        await run_load(lambda i, _: guarded(mixed[i]), len(mixed), concurrency=cfg.concurrency)
+
+    # the held streams all at once, the mix `concurrency` at a time once they are open
+    hold_all = run_load(lambda i, _: guarded(held[i]), len(held), concurrency=max(1, len(held)))
+    await asyncio.gather(hold_all, mix_after_all_open())
     report.num_jobs, report.peak_streams = len(jobs), hold.peak
     report.duration_s = time.monotonic() - started
     return report
-
-
-async def _after(first: Awaitable[Any], then: list[Awaitable[Any]]) -> None:
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(first, timeout=90)
-    await asyncio.gather(*then)
 
 
 async def wait_idle(base_url: str, admin_token: str = "", timeout_s: float = 30.0) -> dict[str, Any]:

@@ -1,0 +1,110 @@
+"""`bench multiturn`'s users: a conversation through the session API or /v1, and one user's turns around it."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+
+from bench import loadgen
+from bench import session_client as sc
+from bench.workload import ChatRequest, user_turns
+
+FILLER_SEED = 1_000_003  # conversations outside the measured ones (lead-in, keep-busy) use other scripts
+
+
+class Conversation:
+    """One user's conversation through one API: a session (token-exact history) or /v1 (history resent as text)."""
+
+    def __init__(self, http: httpx.AsyncClient, oa: Any, model: str, system: str, max_tokens: int) -> None:
+        self.http, self.oa, self.model, self.max_tokens = http, oa, model, max_tokens
+        self.history: list[dict[str, str]] = [{"role": "system", "content": system}]
+        self.session_id: str | None = None
+
+    @classmethod
+    async def open(
+        cls, api: str, http: httpx.AsyncClient, oa: Any, model: str, system: str, max_tokens: int
+    ) -> Conversation:
+        """A new conversation; through the session API ("session") it starts with creating the session."""
+        conversation = cls(http, oa, model, system, max_tokens)
+        if api == "session":
+            settings = {"temperature": 0.0, "max_tokens": max_tokens}
+            conversation.session_id = await sc.create_session(
+                http, settings, system_prompt=system, title="bench"
+            )
+        return conversation
+
+    async def send(self, content: str) -> sc.TurnResult:
+        if self.session_id is not None:
+            return await sc.send_message(self.http, self.session_id, content)
+        self.history.append({"role": "user", "content": content})
+        r = await loadgen.stream_chat(
+            self.oa, self.model, ChatRequest(list(self.history), self.max_tokens, "turn"), 0.0
+        )
+        self.history.append({"role": "assistant", "content": r.text})  # history resent as text
+        return sc.TurnResult(
+            ok=r.ok,
+            ttft_s=r.ttft_s,
+            e2e_s=r.e2e_s,
+            prompt_tokens=r.num_prompt_tokens,
+            cached_tokens=r.num_cached_tokens,
+            completion_tokens=r.num_output_tokens,
+            text=r.text,
+            error=r.error,
+        )
+
+
+class Latch:
+    """Counts the users whose measured conversation is still going (all users share one event loop)."""
+
+    def __init__(self, count: int) -> None:
+        self._left = count
+
+    def count_down(self) -> None:
+        self._left -= 1
+
+    @property
+    def open(self) -> bool:
+        return self._left <= 0
+
+
+async def run_user(
+    index: int,
+    start: Callable[[], Awaitable[Any]],
+    script: list[str],
+    staggered: bool,
+    measured: Latch,
+    on_turn: Callable[[], None],
+) -> list[sc.TurnResult]:
+    """One user's measured conversation (its turn results); `start()` opens a conversation.
+
+    Staggered: it starts after `index mod turns` unmeasured turns of another conversation, and the user goes on
+    with unmeasured turns until every user's measured conversation is done. So all users chat all the time, and
+    turn 1 and turn K of the measured conversations run under the same load.
+    """
+    fillers = 0
+
+    async def chat_unmeasured(go_on: Callable[[int], bool]) -> None:
+        """Turns of fresh conversations (as long as the measured one) while `go_on(turns sent so far)`."""
+        nonlocal fillers
+        sent, conversation, messages = 0, None, script
+        while go_on(sent):
+            if sent % len(script) == 0:
+                messages = user_turns(index, len(script), FILLER_SEED + fillers)
+                conversation, fillers = await start(), fillers + 1
+            await conversation.send(messages[sent % len(script)])
+            sent += 1
+
+    try:
+        if staggered:
+            await chat_unmeasured(lambda sent: sent < index % len(script))
+        conversation, out = await start(), []
+        for content in script:
+            out.append(await conversation.send(content))
+            on_turn()
+    finally:  # even when this user failed, the others must not keep chatting forever
+        measured.count_down()
+    if staggered:
+        await chat_unmeasured(lambda _: not measured.open)
+    return out
