@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.faults import FaultPlan
 from engine.core.config import DEFAULT_MODEL, EngineConfig
 from engine.core.paths import cache_dir
 
@@ -71,7 +70,6 @@ class Settings:
     store_retry_s: float = 10.0
     # prefix-cache isolation: salt block hashes per tenant; None: on exactly when API keys are configured
     prefix_cache_isolation: bool | None = None
-    fault_injection: str = ""  # test-only, see app/faults.py; empty (off) in production
     # engine knobs (None: the engine's default)
     block_size: int = 16
     kv_cache_bytes: int | None = None
@@ -95,7 +93,6 @@ class Settings:
         for name in _NON_NEGATIVE:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")
-        FaultPlan.parse(self.fault_injection)  # a typo fails at startup, not silently
 
     @property
     def isolates_prefix_cache(self) -> bool:

@@ -56,7 +56,6 @@ def service_state(svc: Services) -> dict[str, Any]:
         "pending_outputs": svc.engine.num_pending_outputs,
         "streaming_replies": svc.chat.num_streaming if svc.chat is not None else 0,
         "client_limit_rejections": svc.limiter.num_rejected,
-        "faults_injected": dict(svc.engine.faults.injected) if svc.engine.faults is not None else {},
         "draining": svc.draining_since is not None,
     }
 

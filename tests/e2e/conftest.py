@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.app.factories import TINY_BLOCK_BYTES, make_tiny_model_dir, pool_is_idle
+from tests.faults import FAULTS_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 180.0
@@ -90,16 +91,20 @@ def server_env(tmp_path: Path, model: str, **env: str) -> dict[str, str]:
 
 
 def start_server(tmp_path: Path, env: dict[str, str], *, port: int | None = None) -> Server:
-    """Start `pagedchat serve` and wait until /health says ok (fails with the server's log otherwise)."""
+    """Start `pagedchat serve` and wait until /health says ok (fails with the server's log otherwise).
+
+    When `env` sets FAULTS_ENV, the server runs under tests/fault_server.py: the same server, its engine faulty.
+    """
     server = Server(
         port=port or free_port(), db_path=tmp_path / "chat.db", log_path=tmp_path / "server.log", env=env
     )
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("PAGEDCHAT_")}
     full_env.update(env)
     full_env["PYTHONPATH"] = str(REPO_ROOT)
+    module = "tests.fault_server" if FAULTS_ENV in env else "app.cli"
     with open(server.log_path, "ab") as log:
         server.process = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "--host", "127.0.0.1", "--port", str(server.port)],
+            [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(server.port)],
             cwd=REPO_ROOT,
             env=full_env,
             stdout=log,
