@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -11,33 +12,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.conversation import PromptPlan
-from app.db import MessageRecord, Store, StoreUnavailable
+from app.db import MessageRecord, MessageStatus, Store, StoreUnavailable
 from app.errors import from_exception
 from app.merging_queue import MergingQueue
+from app.messages import message_fields, usage_json
 from app.request_stream import RequestFailed, RequestStream, RequestTimedOut
 from engine.core.outputs import RequestOutput
+from engine.core.sequence import FinishReason
 
 logger = logging.getLogger(__name__)
 # every reply ends with one `done`; its message.status says how it ended (finished, stopped, failed, ...)
 TERMINAL_EVENTS = ("done",)
-
-
-def message_json(m: MessageRecord) -> dict[str, Any]:
-    """A stored message as the API shows it (token ids left out: they are the server's business)."""
-    return {
-        "id": m.id,
-        "role": m.role,
-        "content": m.content,
-        "status": m.status,
-        "finish_reason": m.finish_reason,
-        "prompt_tokens": m.prompt_tokens,
-        "completion_tokens": m.completion_tokens,
-        "cached_tokens": m.cached_tokens,
-        "truncated_turns": m.truncated_turns,
-        "timings": m.timings,
-        "error": m.error,
-        "created_at": m.created_at.isoformat(),
-    }
+# how a reply cut short is stored: stopped (the user's stop, a shutdown) or interrupted (its client went away)
+CUT_STATUSES = (MessageStatus.STOPPED, MessageStatus.INTERRUPTED)
 
 
 @dataclass
@@ -54,8 +41,8 @@ class Reply:
     task: asyncio.Task | None = None
     stream: RequestStream | None = None
     stop_requested: bool = False
-    # how an aborted reply is stored: "stopped" (the user's stop) or "interrupted" (a dropped connection)
-    stop_status: str = "stopped"
+    # how an aborted reply is stored: stopped (the user's stop) or interrupted (a dropped connection)
+    stop_status: MessageStatus = MessageStatus.STOPPED
 
     def emit(self, event: dict[str, Any]) -> None:
         self.events.put(event)
@@ -67,6 +54,71 @@ class Reply:
             yield event
             if event["type"] in TERMINAL_EVENTS:
                 return
+
+
+@dataclass(frozen=True)
+class FinalReply:
+    """How a reply ended: what its row stores, and the message its `done` event shows."""
+
+    id: int | None  # its row; None when the row could not be stored
+    content: str
+    status: MessageStatus
+    finish_reason: str | None
+    token_ids: list[int]
+    prompt_tokens: int
+    cached_tokens: int
+    truncated_turns: int
+    timings: dict[str, float]
+    error: str | None
+    role: str = "assistant"
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def done_event(self) -> dict[str, Any]:
+        """The reply's last event."""
+        usage = usage_json(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+        return {"type": "done", "message": message_fields(self), "usage": usage, "timings": self.timings}
+
+
+@dataclass
+class _Draft:
+    """A reply as far as it has come: its row (once created), the background write in flight, the last output."""
+
+    plan: PromptPlan
+    text: str = ""
+    last: RequestOutput | None = None
+    record: MessageRecord | None = None
+    writing: asyncio.Task | None = None
+    flushed_at: float = field(default_factory=time.monotonic)
+    flushed_len: int = 0
+
+    def take_write(self) -> None:
+        """Collect the background write once it is done (the row it created, if it created one)."""
+        if self.writing is not None and self.writing.done():
+            if self.record is None:
+                self.record = _result_or_none(self.writing)
+            self.writing = None
+
+    def final(self, status: MessageStatus, error: str | None) -> FinalReply:
+        """The reply ending here with `status` (the row id is filled in once stored)."""
+        out = self.last.outputs[0] if self.last is not None else None
+        reason = out.finish_reason.value if out is not None and out.finish_reason is not None else None
+        if status in CUT_STATUSES:
+            reason = FinishReason.ABORT.value
+        return FinalReply(
+            id=None,
+            content=self.text,
+            status=status,
+            finish_reason=reason,
+            token_ids=list(out.token_ids) if out is not None else [],
+            prompt_tokens=len(self.plan.token_ids),
+            cached_tokens=self.last.num_cached_tokens if self.last is not None else 0,
+            truncated_turns=self.plan.truncated_turns,
+            timings=_timings(self.last),
+            error=error,
+        )
 
 
 class ReplyWriter:
@@ -84,89 +136,71 @@ class ReplyWriter:
         """Stream the reply into its events, flushing its text; always store it and end with `done`."""
         stream = turn.stream
         assert stream is not None
-        text, error, status = "", None, "finished"
-        last: RequestOutput | None = None
-        record: MessageRecord | None = None
-        flushed_at, flushed_len = time.monotonic(), 0
-        # Flushes never hold up the stream: they run in the background, one at a time; while the database is busy
-        # or down they fail quietly (the row is then created late) and the final write retries the whole reply.
-        writing: asyncio.Task | None = None
+        draft = _Draft(plan)
+        status, error = MessageStatus.FINISHED, None
         try:
             async with stream:
                 async for output in stream:
-                    if last is None:  # the row exists before the first delta, unless the database is down
-                        with contextlib.suppress(StoreUnavailable):
-                            record = await self.start_assistant(
-                                turn.session_id, plan, output.num_cached_tokens
-                            )
-                        turn.emit(
-                            {
-                                "type": "assistant_start",
-                                "message_id": record.id if record else None,
-                                "cached_tokens": output.num_cached_tokens,
-                            }
-                        )
-                    last = output
-                    delta = output.outputs[0].text_delta
-                    if delta:
-                        text += delta
-                        turn.emit({"type": "delta", "text": delta})
-                    now = time.monotonic()
-                    if writing is not None and writing.done():
-                        if record is None:
-                            record = _result_or_none(writing)
-                        writing = None
-                    if (
-                        writing is None
-                        and len(text) != flushed_len
-                        and now - flushed_at >= self.flush_interval_s
-                    ):
-                        flushed_at, flushed_len = now, len(text)
-                        if record is None:
-                            create = self.start_assistant(turn.session_id, plan, output.num_cached_tokens)
-                            writing = asyncio.ensure_future(create)
-                        else:
-                            writing = asyncio.ensure_future(self.store.flush_assistant(record.id, text))
+                    await self._take(turn, draft, output)
             if stream.aborted:
                 status = turn.stop_status
         except (RequestFailed, RequestTimedOut) as exc:
-            status, error = "failed", from_exception(exc).message
+            status, error = MessageStatus.FAILED, from_exception(exc).message
         except asyncio.CancelledError:
-            status = "interrupted"
+            status = MessageStatus.INTERRUPTED
         except Exception as exc:  # noqa: BLE001 - a bug here must still end the turn and store what there is
             logger.exception("turn %s failed", turn.request_id)
-            status, error = "failed", f"internal error: {type(exc).__name__}"
+            status, error = MessageStatus.FAILED, f"internal error: {type(exc).__name__}"
         finally:
-            await asyncio.shield(self._complete(turn, plan, record, writing, last, text, status, error))
+            await asyncio.shield(self._complete(turn, draft, draft.final(status, error)))
 
-    async def _complete(
-        self,
-        turn: Reply,
-        plan: PromptPlan,
-        record: MessageRecord | None,
-        writing: asyncio.Task | None,
-        last: RequestOutput | None,
-        text: str,
-        status: str,
-        error: str | None,
-    ) -> None:
-        out = last.outputs[0] if last is not None else None
-        cached = last.num_cached_tokens if last is not None else 0
-        reason = out.finish_reason.value if out is not None and out.finish_reason is not None else None
-        if status in ("stopped", "interrupted"):
-            reason = "abort"
-        token_ids = list(out.token_ids) if out is not None else []
-        timings = _timings(last)
-        if writing is not None:
-            await asyncio.wait([writing])
-            if record is None:
-                record = _result_or_none(writing)
+    async def _take(self, turn: Reply, draft: _Draft, output: RequestOutput) -> None:
+        """One output: its text goes out as a delta at once; the row catches up in the background."""
+        if draft.last is None:  # the row exists before the first delta, unless the database is down
+            with contextlib.suppress(StoreUnavailable):
+                draft.record = await self.start_assistant(
+                    turn.session_id, draft.plan, output.num_cached_tokens
+                )
+            message_id = draft.record.id if draft.record else None
+            turn.emit(
+                {
+                    "type": "assistant_start",
+                    "message_id": message_id,
+                    "cached_tokens": output.num_cached_tokens,
+                }
+            )
+        draft.last = output
+        delta = output.outputs[0].text_delta
+        if delta:
+            draft.text += delta
+            turn.emit({"type": "delta", "text": delta})
+        # Flushes never hold up the stream: they run in the background, one at a time; while the database is busy
+        # or down they fail quietly (the row is then created late) and the final write retries the whole reply.
+        draft.take_write()
+        now = time.monotonic()
+        if (
+            draft.writing is None
+            and len(draft.text) != draft.flushed_len
+            and now - draft.flushed_at >= self.flush_interval_s
+        ):
+            draft.flushed_at, draft.flushed_len = now, len(draft.text)
+            if draft.record is None:
+                write = self.start_assistant(turn.session_id, draft.plan, output.num_cached_tokens)
+            else:
+                write = self.store.flush_assistant(draft.record.id, draft.text)
+            draft.writing = asyncio.ensure_future(write)
+
+    async def _complete(self, turn: Reply, draft: _Draft, final: FinalReply) -> None:
+        """Store the reply's final state (retrying while the database is down), then send `done`."""
+        if draft.writing is not None:
+            await asyncio.wait([draft.writing])
+            draft.take_write()
+        error = final.error
 
         async def store_final() -> None:
-            nonlocal record
-            if record is None:
-                record = await self.start_assistant(turn.session_id, plan, cached)
-            await self.finish(record.id, text, status, reason, token_ids, timings, error)
+            if draft.record is None:
+                draft.record = await self.start_assistant(turn.session_id, draft.plan, final.cached_tokens)
+            await self.finish(draft.record.id, final)
 
         try:
             await _retry_while_unavailable(store_final, self.store_retry_s)
@@ -178,26 +212,13 @@ class ReplyWriter:
                 "turn %s: the reply was not stored: %s: %s", turn.request_id, type(exc).__name__, exc
             )
             error = error or f"the reply was not stored: {type(exc).__name__}"
-        usage = {
-            "prompt_tokens": len(plan.token_ids),
-            "completion_tokens": len(token_ids),
-            "total_tokens": len(plan.token_ids) + len(token_ids),
-            "prompt_tokens_details": {"cached_tokens": cached},
-        }
-        message = {
-            "id": record.id if record else None,
-            "role": "assistant",
-            "content": text,
-            "status": status,
-            "finish_reason": reason,
-            "prompt_tokens": len(plan.token_ids),
-            "completion_tokens": len(token_ids),
-            "cached_tokens": cached,
-            "truncated_turns": plan.truncated_turns,
-            "timings": timings,
-            "error": error,
-        }
-        turn.emit({"type": "done", "message": message, "usage": usage, "timings": timings})
+        record_id = draft.record.id if draft.record else None
+        turn.emit(dataclasses.replace(final, id=record_id, error=error).done_event())
+
+    async def store_unstarted(self, session_id: str, plan: PromptPlan, error: str) -> None:
+        """Store a reply the engine refused as failed and empty: user and assistant turns keep alternating."""
+        record = await self.start_assistant(session_id, plan, 0)
+        await self.finish(record.id, _Draft(plan).final(MessageStatus.FAILED, error))
 
     async def start_assistant(self, session_id: str, plan: PromptPlan, cached_tokens: int) -> MessageRecord:
         """The assistant row, created as `streaming`."""
@@ -209,26 +230,17 @@ class ReplyWriter:
             tokenizer_fingerprint=self.fingerprint,
         )
 
-    async def finish(
-        self,
-        message_id: int,
-        text: str,
-        status: str,
-        reason: str | None,
-        token_ids: list[int],
-        timings: dict[str, float],
-        error: str | None,
-    ) -> None:
+    async def finish(self, message_id: int, final: FinalReply) -> None:
         """The assistant row's final text, status, token ids and timings."""
         await self.store.finish_assistant(
             message_id,
-            content=text,
-            status=status,
-            finish_reason=reason,
-            token_ids=token_ids,
-            completion_tokens=len(token_ids),
-            timings=timings,
-            error=error,
+            content=final.content,
+            status=final.status,
+            finish_reason=final.finish_reason,
+            token_ids=final.token_ids,
+            completion_tokens=final.completion_tokens,
+            timings=final.timings,
+            error=final.error,
         )
 
 
