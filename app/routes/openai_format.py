@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from app.messages import usage_json
+from app.services.messages import usage_json
 from engine.core.outputs import CompletionOutput, Logprob, RequestOutput
 from engine.core.sequence import FinishReason
 

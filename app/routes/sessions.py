@@ -12,16 +12,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.chat_reply import Reply
-from app.chat_service import SESSION_SAMPLING_KEYS, ChatService, ReplyMode
-from app.context import Services, services
 from app.db import MessageStatus, SessionRecord
-from app.errors import APIError, bad_request, error_response, from_exception, not_found
-from app.messages import message_json
+from app.routes.context import Services, services
+from app.routes.errors import error_response
 from app.routes.openai_format import sse_json
-from app.routes.params import get_str, read_json_object, sampling_params
+from app.routes.params import read_json_object
+from app.routes.security import session_owner
 from app.routes.sse import event_stream
-from app.security import session_owner
+from app.services.chat_reply import Reply
+from app.services.chat_service import SESSION_SAMPLING_KEYS, ChatService, ReplyMode
+from app.services.errors import APIError, bad_request, from_exception, not_found
+from app.services.messages import message_json
+from app.services.sampling import get_str, sampling_params
 
 logger = logging.getLogger(__name__)
 Handler = Callable[[Request, Services, str], Awaitable[Response]]

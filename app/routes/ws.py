@@ -17,13 +17,13 @@ from typing import Any
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from app.chat_reply import Reply
-from app.chat_service import ChatService, ReplyMode
-from app.context import Services, services
 from app.db import MessageStatus
-from app.errors import APIError, bad_request, from_exception
+from app.routes.context import Services, services
 from app.routes.params import check_unicode
-from app.security import origin_allowed, session_owner
+from app.routes.security import origin_allowed, session_owner
+from app.services.chat_reply import Reply
+from app.services.chat_service import ChatService, ReplyMode
+from app.services.errors import APIError, bad_request, from_exception
 
 logger = logging.getLogger(__name__)
 CLOSE_POLICY_VIOLATION = 1008

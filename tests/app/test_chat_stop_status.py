@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from app.chat_reply import Reply
-from app.chat_service import ChatService
 from app.db import MessageStatus
+from app.services.chat_reply import Reply
+from app.services.chat_service import ChatService
 from app.settings import Settings
 
 

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from app.chat_reply import Reply
-from app.limits import ClientLimiter
-from app.request_stream import RequestStream
+from app.services.chat_reply import Reply
+from app.services.limits import ClientLimiter
+from app.services.request_stream import RequestStream
 from engine.core.outputs import CompletionOutput, RequestOutput
 from engine.core.sequence import MAX_N, MAX_STOP_STRING_LEN, MAX_STOP_STRINGS
 from tests.app.factories import make_client, sse_events
@@ -81,7 +81,7 @@ def test_concurrent_requests_per_client_are_capped_and_released(client):
 
 
 def _fp(key: str) -> str:
-    from app.security import key_fingerprint
+    from app.routes.security import key_fingerprint
 
     return key_fingerprint(key)
 

@@ -9,14 +9,14 @@ import uuid
 from enum import Enum
 from typing import Any
 
-from app.async_engine import AsyncEngine
-from app.chat_reply import CUT_STATUSES, Reply, ReplyWriter
-from app.conversation import ConversationBuilder, PromptPlan, turns_from_messages
 from app.db import MessageStatus, SessionRecord, Store, StoreUnavailable
-from app.errors import APIError, bad_request, from_exception, not_found
-from app.limits import Lease
-from app.messages import message_json
-from app.routes.params import sampling_params
+from app.services.async_engine import AsyncEngine
+from app.services.chat_reply import CUT_STATUSES, Reply, ReplyWriter
+from app.services.conversation import ConversationBuilder, PromptPlan, turns_from_messages
+from app.services.errors import APIError, bad_request, from_exception, not_found
+from app.services.limits import Lease
+from app.services.messages import message_json
+from app.services.sampling import sampling_params
 from app.settings import Settings
 from engine.core.sequence import SamplingParams
 

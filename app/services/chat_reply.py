@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.conversation import PromptPlan
 from app.db import MessageRecord, MessageStatus, Store, StoreUnavailable
-from app.errors import from_exception
-from app.merging_queue import MergingQueue
-from app.messages import message_fields, usage_json
-from app.request_stream import RequestFailed, RequestStream, RequestTimedOut
+from app.services.conversation import PromptPlan
+from app.services.errors import from_exception
+from app.services.merging_queue import MergingQueue
+from app.services.messages import message_fields, usage_json
+from app.services.request_stream import RequestFailed, RequestStream, RequestTimedOut
 from engine.core.outputs import RequestOutput
 from engine.core.sequence import FinishReason
 

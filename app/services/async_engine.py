@@ -11,13 +11,21 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from app.engine_commands import STOP, AbortRequest, AddRequest, CallOnEngine, answer, resolve, warm_up
-from app.request_stream import ABORTED, RequestFailed, RequestStream
+from app.services.engine_commands import (
+    STOP,
+    AbortRequest,
+    AddRequest,
+    CallOnEngine,
+    answer,
+    resolve,
+    warm_up,
+)
+from app.services.request_stream import ABORTED, RequestFailed, RequestStream
 from engine.core.outputs import RequestOutput
 from engine.core.sequence import SamplingParams
 
 if TYPE_CHECKING:
-    from app.metrics import Metrics
+    from app.services.metrics import Metrics
     from engine.core.stats import EngineStats, PoolSnapshot
     from engine.llm_engine import LLMEngine
 
