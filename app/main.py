@@ -13,17 +13,17 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 
-from app.async_engine import AsyncEngine
-from app.chat_service import ChatService
-from app.context import Services
-from app.conversation import ConversationBuilder, template_end_of_turn_ids, tokenizer_fingerprint
 from app.db import Store
-from app.errors import APIError, api_error_handler, http_exception_handler, unhandled_error_handler
-from app.faults import FaultPlan
-from app.metrics import Metrics
 from app.middleware import RequestContextMiddleware
 from app.routes import admin_feed, openai_api, ops, pages, sessions, ws
-from app.security import make_signer
+from app.routes.context import Services
+from app.routes.errors import api_error_handler, http_exception_handler, unhandled_error_handler
+from app.routes.security import make_signer
+from app.services.async_engine import AsyncEngine
+from app.services.chat_service import ChatService
+from app.services.conversation import ConversationBuilder, template_end_of_turn_ids, tokenizer_fingerprint
+from app.services.errors import APIError
+from app.services.metrics import Metrics
 from app.settings import Settings, ensure_secret_key
 
 if TYPE_CHECKING:
@@ -52,7 +52,6 @@ def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | Non
         max_queued_requests=settings.max_queued_requests,
         request_timeout_s=settings.request_timeout_s,
         metrics=metrics,
-        faults=FaultPlan.parse(settings.fault_injection),
     )
     svc = Services(settings=settings, engine=engine, metrics=metrics, signer=make_signer(settings.secret_key))
 

@@ -12,7 +12,7 @@ from itsdangerous import Signer
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.security import (
+from app.routes.security import (
     BROWSER_COOKIE,
     SECURITY_HEADERS,
     browser_cookie_header,

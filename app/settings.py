@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.faults import FaultPlan
 from engine.core.config import EngineConfig
 from engine.core.options import option, options, parse_env, parse_value
 from engine.core.paths import cache_dir
@@ -68,7 +67,6 @@ class Settings:
     prefix_cache_isolation: bool | None = option(
         None, "salt block hashes per tenant; unset: on exactly when API keys are configured"
     )
-    fault_injection: str = ""  # test-only, see app/faults.py; empty (off) in production
     max_body_bytes: int = option(1024 * 1024, "largest request body", group=_LIMITS)
     max_messages: int = option(512, "messages in one /v1/chat/completions request", group=_LIMITS)
     max_message_chars: int = option(200_000, "characters of one message or prompt", group=_LIMITS)
@@ -111,7 +109,6 @@ class Settings:
         for name in _NON_NEGATIVE:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")
-        FaultPlan.parse(self.fault_injection)  # a typo fails at startup, not silently
 
     @property
     def model(self) -> str:

@@ -20,8 +20,8 @@ import httpx
 import openai
 from websockets.asyncio.client import connect
 
-from app.faults import marker
 from bench.session_client import create_session, iter_sse
+from tests.faults import marker
 
 STEP_FAULT = "engine step failed: InjectedFault: injected step fault"
 WORDS = ("paged", "attention", "keeps", "every", "block", "of", "the", "cache", "busy", "while", "scheduler")
@@ -37,7 +37,8 @@ class LoadConfig:
     num_jobs: int = 160  # jobs per round, the held streams included
     concurrency: int = 48  # jobs after the held ones run this many at a time
     max_tokens: int = 16
-    faults: bool = False  # the server runs with PAGEDCHAT_FAULT_INJECTION=markers
+    # the server injects faults: tests/fault_server.py with PAGEDCHAT_TEST_FAULTS=markers
+    faults: bool = False
     seed: int = 0
     job_timeout_s: float = 120.0
     admin_token: str = ""

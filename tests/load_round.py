@@ -114,6 +114,16 @@ async def wait_idle(base_url: str, admin_token: str = "", timeout_s: float = 30.
             await asyncio.sleep(0.1)
 
 
+async def faults_injected(cfg: LoadConfig) -> dict[str, int]:
+    """The faults a tests/fault_server.py server injected so far, per site ({} when the load brings none)."""
+    if not cfg.faults:
+        return {}
+    async with httpx.AsyncClient(base_url=cfg.base_url, timeout=30) as http:
+        response = await http.get("/test/faults")
+        response.raise_for_status()
+        return response.json()
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size of a process (Linux /proc)."""
     with open(f"/proc/{pid}/status") as f:

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.servers import stop_server
-from tests.load_round import LoadConfig, rss_bytes, run_round, wait_idle
+from tests.faults import FAULTS_ENV
+from tests.load_round import LoadConfig, faults_injected, rss_bytes, run_round, wait_idle
 
 MIB = 1024 * 1024
 DEFAULT_RSS_BOUND_MIB = 48
@@ -39,7 +40,7 @@ def server_settings(faults: bool) -> dict[str, str]:
         "PAGEDCHAT_MAX_QUEUED_REQUESTS": "512",
     }
     if faults:
-        env["PAGEDCHAT_FAULT_INJECTION"] = "markers"
+        env[FAULTS_ENV] = "markers"
     return env
 
 
@@ -54,7 +55,7 @@ def soak(cfg: LoadConfig, pid: int | None, minutes: float, rss_bound_mib: float)
         entry = report.to_json()
         entry["rss_mib"] = round(rss_bytes(pid) / MIB, 1) if pid else None
         entry["blocks_in_use_after"] = state["block_states"].count("u")
-        entry["faults_injected_total"] = sum(state["service"]["faults_injected"].values())
+        entry["faults_injected_total"] = sum(asyncio.run(faults_injected(cfg)).values())
         entry["preemptions_total"] = state["stats"]["num_preemptions"]
         rounds.append(entry)
         print(json.dumps({"round": len(rounds), **entry}), file=sys.stderr, flush=True)

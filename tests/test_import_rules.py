@@ -1,7 +1,7 @@
 """The layers of the tree, checked: each folder imports only the layers below it, and the engine never the web.
 
-A file's layer is its folder (engine/core, engine/worker, ...; the modules directly under engine/ are the engine's
-top layer). Imports are read from the source (every `import` and `from` anywhere in the file, relative imports
+A file's layer is its folder (engine/core, engine/worker, app/db, app/services, app/routes, ...; the modules directly
+under engine/ or app/ are that package's top layer, except app/settings.py, which everything in the app may read). Imports are read from the source (every `import` and `from` anywhere in the file, relative imports
 resolved), so a lazy import inside a function is a breach too.
 """
 
@@ -29,7 +29,11 @@ WEB = {
     "httpx",
 }
 NUMERIC = {"torch", "triton", "numpy", "transformers", "safetensors", "gguf", "tokenizers"}
+HTTP = {"starlette", "sse_starlette", "jinja2", "uvicorn", "websockets", "httpx"}
+SQL = {"sqlalchemy", "alembic"}
 ENGINE_TOP = "engine"  # llm_engine, llm, output_processor, detokenizer, cli
+APP_TOP = "app"  # main (the app factory), cli, middleware
+APP_LAYERS = {"app.settings", "app.db", "app.services", "app.routes", APP_TOP}
 
 # layer -> (our layers it may import, third-party top-level packages it must not import)
 RULES: dict[str, tuple[set[str], set[str]]] = {
@@ -44,12 +48,17 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
         WEB,
     ),
     "kernels": ({"kernels"}, WEB),
-    "app": ({"app", "engine.core", ENGINE_TOP, "engine.loading"}, set()),
+    # the app, bottom up: settings, the store, the services (no HTTP objects, no SQL), the HTTP routes, the factory
+    "app.settings": ({"app.settings", "engine.core"}, WEB),
+    "app.db": ({"app.db"}, HTTP),
+    "app.services": ({"app.services", "app.db", "app.settings", "engine.core", ENGINE_TOP}, HTTP | SQL),
+    "app.routes": ({"app.routes", "app.services", "app.db", "app.settings", "engine.core"}, SQL),
+    APP_TOP: (APP_LAYERS | {"engine.core", ENGINE_TOP, "engine.loading"}, set()),
     "bench": (
-        {"bench", "app", "engine.core", "engine.native", ENGINE_TOP, "engine.loading", "engine.worker"},
+        {"bench", *APP_LAYERS, "engine.core", "engine.native", ENGINE_TOP, "engine.loading", "engine.worker"},
         set(),
     ),
-    "pagedchat": ({"pagedchat", "app", "bench", ENGINE_TOP}, set()),
+    "pagedchat": ({"pagedchat", *APP_LAYERS, "bench", ENGINE_TOP}, set()),
 }
 
 
@@ -58,8 +67,8 @@ def layer_of_module(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] not in OURS:
         return None
-    if parts[0] == "engine" and len(parts) >= 2 and f"engine.{parts[1]}" in RULES:
-        return f"engine.{parts[1]}"
+    if parts[0] in ("engine", "app") and len(parts) >= 2 and f"{parts[0]}.{parts[1]}" in RULES:
+        return f"{parts[0]}.{parts[1]}"
     return parts[0]
 
 
@@ -166,3 +175,35 @@ def test_only_the_benchmarks_import_the_bench_extra(top: str) -> None:
         if name.split(".")[0] in BENCH_EXTRA | {"bench"}
     }
     assert found == set()
+
+
+@pytest.mark.parametrize(
+    ("path", "source", "expected"),
+    [
+        (
+            "app/services/chat_service.py",
+            "from app.routes.params import read_json_object\nimport starlette\nfrom app import main\n",
+            ["app", "app.main", "app.routes.params", "app.routes.params.read_json_object", "starlette"],
+        ),
+        (
+            "app/db/store.py",
+            "from app.services.errors import APIError\nfrom app.settings import Settings\n",
+            [
+                "app.services.errors",
+                "app.services.errors.APIError",
+                "app.settings",
+                "app.settings.Settings",
+            ],
+        ),
+        (
+            "app/routes/ws.py",
+            "from sqlalchemy import select\nfrom app.main import create_app\n",
+            ["app.main", "app.main.create_app", "sqlalchemy", "sqlalchemy.select"],
+        ),
+    ],
+)
+def test_the_app_layers_import_downwards_only(
+    path: str, source: str, expected: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: source)
+    assert breaches(ROOT / path) == expected

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
+from app.db.models import MessageStatus
 from app.db.records import MessageRecord, SessionRecord, StoreUnavailable
 from app.db.store import Store
 
-__all__ = ["MessageRecord", "SessionRecord", "Store", "StoreUnavailable"]
+__all__ = ["MessageRecord", "MessageStatus", "SessionRecord", "Store", "StoreUnavailable"]

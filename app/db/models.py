@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 from datetime import datetime, timezone
+from enum import Enum
 from typing import Any
 
 from sqlalchemy import (
@@ -21,10 +22,27 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 ROLES = ("system", "user", "assistant")
-# `complete` for user/system messages; an assistant message moves from `streaming` to one of the final states.
-STREAMING = "streaming"
-FINAL_ASSISTANT_STATUSES = ("finished", "stopped", "failed", "interrupted")
-STATUSES = ("complete", STREAMING, *FINAL_ASSISTANT_STATUSES)
+
+
+class MessageStatus(str, Enum):
+    """A message's state as stored and as the API shows it (the values are the database's and the JSON's)."""
+
+    COMPLETE = "complete"  # a user or system message
+    STREAMING = "streaming"  # an assistant message being generated; it ends in one of the states below
+    FINISHED = "finished"  # the model ended it (EOS, stop string, max_tokens)
+    STOPPED = "stopped"  # the user stopped it, or a server shutdown cut it
+    FAILED = "failed"  # the engine or the service failed it; `error` says why
+    INTERRUPTED = "interrupted"  # its client went away, or the server died while it streamed
+
+    def __str__(self) -> str:
+        return self.value
+
+
+FINAL_ASSISTANT_STATUSES = tuple(
+    s.value
+    for s in (MessageStatus.FINISHED, MessageStatus.STOPPED, MessageStatus.FAILED, MessageStatus.INTERRUPTED)
+)
+STATUSES = tuple(s.value for s in MessageStatus)  # plain strings: the CHECK constraint spells them out
 
 # Deterministic constraint names, so that migrations can name (and later drop or alter) them on every backend.
 NAMING_CONVENTION = {

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from app.db.models import STREAMING, ChatSession, Message, utcnow
+from app.db.models import ChatSession, Message, MessageStatus, utcnow
 from app.db.records import MessageRecord, SessionRecord, message_record, session_record
 
 logger = logging.getLogger(__name__)
@@ -22,7 +22,9 @@ def _owned(s: Session, owner: str, session_id: str) -> ChatSession | None:
 def mark_streaming_interrupted(s: Session) -> int:
     """Mark assistant rows still 'streaming' (left by a process that died) as 'interrupted'; returns how many."""
     query = (
-        update(Message).where(Message.status == STREAMING).values(status="interrupted", updated_at=utcnow())
+        update(Message)
+        .where(Message.status == MessageStatus.STREAMING.value)
+        .values(status=MessageStatus.INTERRUPTED.value, updated_at=utcnow())
     )
     return s.execute(query).rowcount
 
@@ -103,7 +105,7 @@ def flush_assistant(s: Session, message_id: int, content: str) -> None:
     """Save a streaming answer's partial text; no-op once it left 'streaming' or was deleted."""
     query = (
         update(Message)
-        .where(Message.id == message_id, Message.status == STREAMING)
+        .where(Message.id == message_id, Message.status == MessageStatus.STREAMING.value)
         .values(content=content, updated_at=utcnow())
     )
     s.execute(query)

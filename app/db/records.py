@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from app.db.models import ChatSession, Message
+from app.db.models import ChatSession, Message, MessageStatus
 
 
 class StoreUnavailable(Exception):
@@ -36,7 +36,7 @@ class MessageRecord:
     role: str
     content: str
     token_ids: tuple[int, ...] | None
-    status: str
+    status: MessageStatus
     finish_reason: str | None
     prompt_tokens: int | None
     completion_tokens: int | None
@@ -76,7 +76,7 @@ def message_record(row: Message) -> MessageRecord:
         role=row.role,
         content=row.content,
         token_ids=None if row.token_ids is None else tuple(row.token_ids),
-        status=row.status,
+        status=MessageStatus(row.status),
         finish_reason=row.finish_reason,
         prompt_tokens=row.prompt_tokens,
         completion_tokens=row.completion_tokens,

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import queries
 from app.db.database import DEFAULT_BUSY_TIMEOUT_MS, create_db_engine, upgrade_to_head
-from app.db.models import FINAL_ASSISTANT_STATUSES, ROLES, STREAMING
+from app.db.models import FINAL_ASSISTANT_STATUSES, ROLES, MessageStatus
 from app.db.records import MessageRecord, SessionRecord, StoreUnavailable
 
 logger = logging.getLogger(__name__)
@@ -124,16 +124,17 @@ class Store:
         content: str,
         *,
         token_ids: list[int] | None = None,
-        status: str = "complete",
+        status: MessageStatus = MessageStatus.COMPLETE,
     ) -> MessageRecord:
         """Append a message (committed on return); LookupError when the session does not exist."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-        allowed = (STREAMING, *FINAL_ASSISTANT_STATUSES) if role == "assistant" else ("complete",)
+        assistant = (MessageStatus.STREAMING.value, *FINAL_ASSISTANT_STATUSES)
+        allowed = assistant if role == "assistant" else (MessageStatus.COMPLETE.value,)
         if status not in allowed:
-            raise ValueError(f"status of a {role} message must be one of {allowed}, got {status!r}")
+            raise ValueError(f"status of a {role} message must be one of {allowed}, got {str(status)!r}")
         ids = None if token_ids is None else [int(t) for t in token_ids]
-        values = dict(role=role, content=content, token_ids=ids, status=status)
+        values = dict(role=role, content=content, token_ids=ids, status=MessageStatus(status).value)
         return await self._tx(queries.add_message, session_id, values)
 
     async def start_assistant(
@@ -149,7 +150,7 @@ class Store:
         values = dict(
             role="assistant",
             content="",
-            status=STREAMING,
+            status=MessageStatus.STREAMING.value,
             prompt_tokens=prompt_tokens,
             cached_tokens=cached_tokens,
             truncated_turns=truncated_turns,
@@ -166,7 +167,7 @@ class Store:
         message_id: int,
         *,
         content: str,
-        status: str,
+        status: MessageStatus,
         finish_reason: str | None,
         token_ids: list[int],
         completion_tokens: int,
@@ -175,10 +176,10 @@ class Store:
     ) -> None:
         """Record the final answer (no-op when its session was deleted meanwhile)."""
         if status not in FINAL_ASSISTANT_STATUSES:
-            raise ValueError(f"status must be one of {FINAL_ASSISTANT_STATUSES}, got {status!r}")
+            raise ValueError(f"status must be one of {FINAL_ASSISTANT_STATUSES}, got {str(status)!r}")
         values = dict(
             content=content,
-            status=status,
+            status=MessageStatus(status).value,
             finish_reason=finish_reason,
             token_ids=[int(t) for t in token_ids],
             completion_tokens=completion_tokens,

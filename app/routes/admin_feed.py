@@ -20,12 +20,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from app.admin_auth import check_admin
-from app.advice import AdviceInputs, advise
-from app.context import Services, services
-from app.errors import error_response, from_exception
+from app.routes.admin_auth import check_admin
+from app.routes.context import Services, services
+from app.routes.errors import error_response
 from app.routes.ops import snapshot_to_json
-from app.traffic import TrafficRecorder
+from app.services.advice import AdviceInputs, advise
+from app.services.errors import from_exception
+from app.services.traffic import TrafficRecorder
 
 logger = logging.getLogger(__name__)
 ACTIVE_INTERVAL_S = 0.25

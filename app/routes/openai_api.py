@@ -14,22 +14,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.context import Services, services
-from app.errors import bad_request, error_response, from_exception
-from app.limits import Lease, client_identity
-from app.request_stream import RequestFailed, RequestStream, RequestTimedOut, collect
 from app.routes import openai_format as fmt
+from app.routes.context import Services, services
+from app.routes.errors import error_response
 from app.routes.openai_input import check_model
 from app.routes.openai_input import prompt_ids as prompt_input
-from app.routes.params import (
-    get_bool,
-    get_int,
-    read_json_object,
-    resolve_max_tokens,
-    sampling_params,
-)
+from app.routes.params import read_json_object
+from app.routes.security import client_identity, require_api_key
 from app.routes.sse import event_stream
-from app.security import require_api_key
+from app.services.errors import bad_request, from_exception
+from app.services.limits import Lease
+from app.services.request_stream import RequestFailed, RequestStream, RequestTimedOut, collect
+from app.services.sampling import get_bool, get_int, resolve_max_tokens, sampling_params
 from engine.core.outputs import Logprob, RequestOutput
 
 logger = logging.getLogger(__name__)

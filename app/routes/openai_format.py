@@ -6,6 +6,7 @@ import json
 import time
 from typing import Any
 
+from app.services.messages import usage_json
 from engine.core.outputs import CompletionOutput, Logprob, RequestOutput
 from engine.core.sequence import FinishReason
 
@@ -27,14 +28,9 @@ def finish_reason(output: CompletionOutput) -> str | None:
 
 
 def usage(result: RequestOutput, prompt_tokens: int) -> dict[str, Any]:
-    """`usage` with `prompt_tokens_details.cached_tokens` (prompt tokens served from the prefix cache)."""
+    """`usage` of a request, over all its samples."""
     completion_tokens = sum(len(o.token_ids) for o in result.outputs)
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": result.num_cached_tokens},
-    }
+    return usage_json(prompt_tokens, completion_tokens, result.num_cached_tokens)
 
 
 def envelope(kind: str, response_id: str, model: str, created: int | None = None) -> dict[str, Any]:

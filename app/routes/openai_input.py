@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app.context import Services
-from app.errors import APIError, bad_request
+from app.routes.context import Services
+from app.services.errors import APIError, bad_request
 
 ROLES = ("system", "user", "assistant", "developer")
 

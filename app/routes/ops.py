@@ -8,9 +8,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.context import Services, services
-from app.errors import error_response, from_exception
-from app.security import require_admin
+from app.routes.context import Services, services
+from app.routes.errors import error_response
+from app.routes.security import require_admin
+from app.services.errors import from_exception
 from engine.core.stats import PoolSnapshot
 
 _STATE_CHARS = "fcu"  # block_states 0 free / 1 cached-evictable / 2 in use, one character per block
@@ -56,7 +57,6 @@ def service_state(svc: Services) -> dict[str, Any]:
         "pending_outputs": svc.engine.num_pending_outputs,
         "streaming_replies": svc.chat.num_streaming if svc.chat is not None else 0,
         "client_limit_rejections": svc.limiter.num_rejected,
-        "faults_injected": dict(svc.engine.faults.injected) if svc.engine.faults is not None else {},
         "draining": svc.draining_since is not None,
     }
 

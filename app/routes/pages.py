@@ -12,10 +12,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from app.admin_auth import admin_cookie_header, is_admin, read_login_token, token_matches
-from app.advice import format_bytes
-from app.context import Services, services
-from app.security import is_loopback
+from app.routes.admin_auth import admin_cookie_header, is_admin, read_login_token, token_matches
+from app.routes.context import Services, services
+from app.routes.security import is_loopback
+from app.services.advice import format_bytes
 
 logger = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the supported install is the repo itself (editable)

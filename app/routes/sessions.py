@@ -12,15 +12,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.chat_reply import Reply, message_json
-from app.chat_service import SESSION_SAMPLING_KEYS, ChatService
-from app.context import Services, services
-from app.db import SessionRecord
-from app.errors import APIError, bad_request, error_response, from_exception, not_found
+from app.db import MessageStatus, SessionRecord
+from app.routes.context import Services, services
+from app.routes.errors import error_response
 from app.routes.openai_format import sse_json
-from app.routes.params import get_str, read_json_object, sampling_params
+from app.routes.params import read_json_object
+from app.routes.security import session_owner
 from app.routes.sse import event_stream
-from app.security import session_owner
+from app.services.chat_reply import Reply
+from app.services.chat_service import SESSION_SAMPLING_KEYS, ChatService, ReplyMode
+from app.services.errors import APIError, bad_request, from_exception, not_found
+from app.services.messages import message_json
+from app.services.sampling import get_str, sampling_params
 
 logger = logging.getLogger(__name__)
 Handler = Callable[[Request, Services, str], Awaitable[Response]]
@@ -165,7 +168,9 @@ async def post_message(request: Request, svc: Services, owner: str) -> Response:
     """POST /api/sessions/{id}/messages {content}: store it and stream the reply over SSE."""
     body = await read_json_object(request, svc.settings.max_body_bytes)
     lease = svc.admit(request, owner)
-    reply = await svc.chat.send(owner, request.path_params["session_id"], body.get("content"), lease)
+    reply = await svc.chat.start(
+        ReplyMode.SEND, owner, request.path_params["session_id"], body.get("content"), lease
+    )
     return _sse(svc, reply)
 
 
@@ -173,7 +178,7 @@ async def post_message(request: Request, svc: Services, owner: str) -> Response:
 async def regenerate(request: Request, svc: Services, owner: str) -> Response:
     """POST /api/sessions/{id}/regenerate: a new reply to the last user message, over SSE."""
     lease = svc.admit(request, owner)
-    reply = await svc.chat.regenerate(owner, request.path_params["session_id"], lease)
+    reply = await svc.chat.start(ReplyMode.REGENERATE, owner, request.path_params["session_id"], lease=lease)
     return _sse(svc, reply)
 
 
@@ -182,7 +187,9 @@ async def edit_last(request: Request, svc: Services, owner: str) -> Response:
     """POST /api/sessions/{id}/edit {content}: replace the last user message and stream the new reply."""
     body = await read_json_object(request, svc.settings.max_body_bytes)
     lease = svc.admit(request, owner)
-    reply = await svc.chat.edit(owner, request.path_params["session_id"], body.get("content"), lease)
+    reply = await svc.chat.start(
+        ReplyMode.EDIT, owner, request.path_params["session_id"], body.get("content"), lease
+    )
     return _sse(svc, reply)
 
 
@@ -194,7 +201,8 @@ def _sse(svc: Services, reply: Reply) -> Response:
     def on_close() -> None:
         # However the response ends, abort the reply if it still runs. The client went away (even before the
         # first event): stored as interrupted, as when a WebSocket drops; the shutdown cut it: stored as stopped.
-        svc.chat.stop_reply(reply, status="interrupted" if svc.draining_since is None else "stopped")
+        cut = MessageStatus.INTERRUPTED if svc.draining_since is None else MessageStatus.STOPPED
+        svc.chat.stop_reply(reply, status=cut)
 
     return event_stream(events(), svc.settings, on_close=on_close)
 

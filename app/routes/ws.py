@@ -17,20 +17,20 @@ from typing import Any
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from app.chat_reply import Reply
-from app.chat_service import ChatService
-from app.context import Services, services
-from app.errors import APIError, bad_request, from_exception
-from app.limits import Lease
+from app.db import MessageStatus
+from app.routes.context import Services, services
 from app.routes.params import check_unicode
-from app.security import origin_allowed, session_owner
+from app.routes.security import origin_allowed, session_owner
+from app.services.chat_reply import Reply
+from app.services.chat_service import ChatService, ReplyMode
+from app.services.errors import APIError, bad_request, from_exception
 
 logger = logging.getLogger(__name__)
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_TOO_BIG = 1009
 CLOSE_TRY_AGAIN_LATER = 1013
 CLOSE_SESSION_NOT_FOUND = 4404
-REPLY_FRAMES = ("message", "regenerate", "edit")
+REPLY_FRAMES = {"message": ReplyMode.SEND, "regenerate": ReplyMode.REGENERATE, "edit": ReplyMode.EDIT}
 
 
 def error_frame(error: APIError) -> dict[str, Any]:
@@ -122,7 +122,8 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str) ->
                 elif kind in REPLY_FRAMES:
                     # shutting down (503) or over a client limit (429)
                     lease = svc.admit(socket.websocket, owner)
-                    reply = await _start(chat, owner, session_id, kind, frame, lease)
+                    mode = REPLY_FRAMES[kind]
+                    reply = await chat.start(mode, owner, session_id, frame.get("content"), lease)
                     pump = asyncio.create_task(_forward(socket, chat, reply))
                 else:
                     raise bad_request(
@@ -142,7 +143,7 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str) ->
         # The tab went away mid-reply: abort it (stored as interrupted). Not while the server drains: the socket
         # was closed by the shutdown, and the reply may still finish and be stored within the grace period.
         if pump is not None and not pump.done() and svc.draining_since is None:
-            chat.stop(session_id, status="interrupted")
+            chat.stop(session_id, status=MessageStatus.INTERRUPTED)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(pump, timeout=5.0)
 
@@ -158,16 +159,6 @@ def _parse(text: str) -> dict[str, Any]:
     return frame
 
 
-async def _start(
-    chat: ChatService, owner: str, session_id: str, kind: str, frame: dict[str, Any], lease: Lease
-) -> Reply:
-    if kind == "message":
-        return await chat.send(owner, session_id, frame.get("content"), lease)
-    if kind == "regenerate":
-        return await chat.regenerate(owner, session_id, lease)
-    return await chat.edit(owner, session_id, frame.get("content"), lease)
-
-
 async def _forward(socket: _Socket, chat: ChatService, reply: Reply) -> None:
     """Send the reply's events to the socket (events keep coming even if sends fail: the reply must end)."""
     stalled = False
@@ -179,7 +170,7 @@ async def _forward(socket: _Socket, chat: ChatService, reply: Reply) -> None:
         except asyncio.TimeoutError:  # the client stopped reading: drop it and stop its reply (interrupted)
             stalled = True
             logger.warning("websocket reader stalled for %g s: closing it", socket.send_timeout_s)
-            chat.stop(reply.session_id, status="interrupted")
+            chat.stop(reply.session_id, status=MessageStatus.INTERRUPTED)
             with contextlib.suppress(Exception):
                 await socket.websocket.close(code=CLOSE_TRY_AGAIN_LATER, reason="reader too slow")
         except Exception:  # noqa: BLE001 - the socket closed; the reply still runs to its stored end

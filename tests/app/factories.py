@@ -14,6 +14,7 @@ from typing import Any
 from starlette.testclient import TestClient
 
 from app.settings import Settings, settings_from_values
+from tests.faults import FaultPlan, faulty_engine_factory
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -112,12 +113,16 @@ LOOPBACK_CLIENT = ("127.0.0.1", 50000)
 
 
 @contextlib.contextmanager
-def make_client(tmp_path: Path, **overrides: Any) -> Iterator[TestClient]:
-    """A TestClient (from loopback) on a fresh app with the tiny model, running the app's lifespan."""
+def make_client(tmp_path: Path, faults: FaultPlan | None = None, **overrides: Any) -> Iterator[TestClient]:
+    """A TestClient (from loopback) on a fresh app with the tiny model, running the app's lifespan.
+
+    With `faults`, the app's engine injects them (tests/faults.py); `faults.injected` counts what fired.
+    """
     from app.main import create_app
 
     settings = make_settings(tmp_path, make_tiny_model_dir(), **overrides)
-    with TestClient(create_app(settings), client=LOOPBACK_CLIENT) as client:
+    factory = None if faults is None else faulty_engine_factory(make_engine_factory(settings), faults)
+    with TestClient(create_app(settings, engine_factory=factory), client=LOOPBACK_CLIENT) as client:
         yield client
 
 

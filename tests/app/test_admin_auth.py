@@ -9,7 +9,7 @@ import pytest
 from itsdangerous import TimestampSigner
 from starlette.requests import Request
 
-from app.admin_auth import (
+from app.routes.admin_auth import (
     ADMIN_COOKIE,
     ADMIN_COOKIE_MAX_AGE_S,
     admin_cookie_header,
@@ -18,7 +18,7 @@ from app.admin_auth import (
     read_login_token,
     token_matches,
 )
-from app.errors import APIError
+from app.services.errors import APIError
 from app.settings import Settings
 
 SETTINGS = Settings(secret_key="unit-secret", admin_token="adm-token")

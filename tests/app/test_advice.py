@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from app.advice import Advice, AdviceInputs, advise, format_bytes, percentile
+from app.services.advice import Advice, AdviceInputs, advise, format_bytes, percentile
 
 
 def make_inputs(**overrides) -> AdviceInputs:

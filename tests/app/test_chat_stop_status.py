@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from app.chat_reply import Reply
-from app.chat_service import ChatService
+from app.db import MessageStatus
+from app.services.chat_reply import Reply
+from app.services.chat_service import ChatService
 from app.settings import Settings
 
 
@@ -26,14 +27,16 @@ def service_with_reply() -> tuple[ChatService, RecordingEngine, Reply]:
 def test_the_users_stop_then_the_client_leaving_stays_stopped():
     svc, engine, reply = service_with_reply()
     assert svc.stop("s1") is True
-    assert svc.stop_reply(reply, status="interrupted") is True  # the SSE response closes after the Stop
+    assert (
+        svc.stop_reply(reply, status=MessageStatus.INTERRUPTED) is True
+    )  # the SSE response closes after the Stop
     assert (reply.stop_requested, reply.stop_status) == (True, "stopped")
     assert engine.aborted == ["r1", "r1"]
 
 
 def test_a_client_that_left_is_interrupted_even_when_shutdown_stops_it_later():
     svc, _, reply = service_with_reply()
-    assert svc.stop_reply(reply, status="interrupted") is True
+    assert svc.stop_reply(reply, status=MessageStatus.INTERRUPTED) is True
     assert svc.stop("s1") is True  # server shutdown stops what is still running
     assert reply.stop_status == "interrupted"
 
@@ -41,6 +44,6 @@ def test_a_client_that_left_is_interrupted_even_when_shutdown_stops_it_later():
 def test_stop_reply_never_touches_a_newer_reply_or_an_idle_session():
     svc, engine, old = service_with_reply()
     svc._turns["s1"] = Reply("s1", "r2")  # the session moved on to a new reply
-    assert svc.stop_reply(old, status="interrupted") is False
+    assert svc.stop_reply(old, status=MessageStatus.INTERRUPTED) is False
     assert svc.stop("other") is False
     assert engine.aborted == []

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.conversation import (
+from app.services.conversation import (
     ConversationBuilder,
     Turn,
     template_end_of_turn_ids,
@@ -359,7 +359,7 @@ def test_failed_and_interrupted_answers_keep_the_prompt_exact(tokenizer: Any) ->
 
 def test_app_storage_and_history_import_neither_torch_nor_engine() -> None:
     code = (
-        "import sys, app.conversation, app.db; "
+        "import sys, app.services.conversation, app.db; "
         "bad = sorted(m for m in sys.modules if m == 'torch' or m == 'engine' or m.startswith('engine.')); "
         "assert not bad, bad"
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.traffic import TrafficRecorder
+from app.services.traffic import TrafficRecorder
 from engine.core.stats import EngineStats
 
 

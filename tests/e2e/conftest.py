@@ -16,6 +16,7 @@ import pytest
 
 from bench.servers import ServerProcess, spawn_pagedchat, stop_server, wait_ready
 from tests.app.factories import TINY_BLOCK_BYTES, make_tiny_model_dir, pool_is_idle
+from tests.faults import FAULTS_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 180.0
@@ -66,10 +67,19 @@ def start_server(tmp_path: Path, env: dict[str, str], *, port: int | None = None
     """Start `pagedchat serve` and wait until /health says ok (fails with the server's log otherwise).
 
     Only `env` reaches it of the PAGEDCHAT_* variables; servers started again on one `tmp_path` share its
-    database (chat.db) and log (server.log).
+    database (chat.db) and log (server.log). When `env` sets FAULTS_ENV, the server runs under
+    tests/fault_server.py: the same server, its engine faulty.
     """
+    command = ("tests.fault_server",) if FAULTS_ENV in env else ("pagedchat", "serve")
     server = spawn_pagedchat(
-        "server", env, tmp_path, db_path=tmp_path / "chat.db", port=port, isolated=True, server_type=Server
+        "server",
+        env,
+        tmp_path,
+        db_path=tmp_path / "chat.db",
+        port=port,
+        isolated=True,
+        server_type=Server,
+        command=command,
     )
     wait_ready(server, STARTUP_TIMEOUT_S)
     return server

@@ -31,6 +31,7 @@ from tests.e2e.browser_helpers import (
     wait_streaming,
 )
 from tests.e2e.conftest import REPO_ROOT, Server, server_env, start_server
+from tests.faults import FAULTS_ENV
 
 pytestmark = pytest.mark.browser
 
@@ -88,7 +89,7 @@ def ui_server(tmp_path_factory, tiny_model) -> Iterator[Server]:
 @pytest.fixture
 def slow_ui_server(tmp_path, tiny_model) -> Iterator[Server]:
     """The same, with every engine step 15 ms slower: a reply stays running while the test looks at it."""
-    yield from _ui_server(tmp_path, tiny_model, PAGEDCHAT_FAULT_INJECTION="step_delay_ms=15")
+    yield from _ui_server(tmp_path, tiny_model, **{FAULTS_ENV: "step_delay_ms=15"})
 
 
 @pytest.fixture

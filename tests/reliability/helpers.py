@@ -9,8 +9,8 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from app.faults import marker
 from tests.app.factories import LOOPBACK_CLIENT, service_is_idle, sse_events, wait_pool_idle
+from tests.faults import marker
 
 HELLO = [{"role": "user", "content": "Hello"}]
 

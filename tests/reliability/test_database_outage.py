@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import exc as sa_exc
 
 from tests.app.factories import make_client, sse_events
+from tests.faults import FaultPlan
 from tests.reliability.helpers import HELLO, wait_service_idle
 
 OUTAGE_S = 0.6
@@ -28,7 +29,7 @@ def client(tmp_path_factory):
         tmp_path_factory.mktemp("db"),
         db_busy_timeout_ms=100,
         store_retry_s=20.0,
-        fault_injection="step_delay_ms=15",  # a slow engine: the reply outlasts the outage
+        faults=FaultPlan(step_delay_s=0.015),  # a slow engine: the reply outlasts the outage
     ) as c:
         yield c
 

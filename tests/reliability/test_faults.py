@@ -1,4 +1,4 @@
-"""Faults injected through PAGEDCHAT_FAULT_INJECTION=markers into the real tiny engine, in-process.
+"""Faults injected by marker (tests/faults.py) into the real tiny engine, in-process.
 
 A fault attributable to one request (its detokenization, its stop handling, the delivery of its output) fails that
 request with a clear error and nothing else; a fault in a batched model step fails that step's requests; the engine
@@ -13,6 +13,7 @@ import logging
 import pytest
 
 from tests.app.factories import make_client
+from tests.faults import FaultPlan
 from tests.reliability.helpers import (
     HELLO,
     concurrently,
@@ -26,13 +27,14 @@ GREEDY = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    with make_client(tmp_path_factory.mktemp("faults"), fault_injection="markers", max_num_seqs=8) as c:
+def plan() -> FaultPlan:
+    return FaultPlan(markers=True)
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory, plan):
+    with make_client(tmp_path_factory.mktemp("faults"), faults=plan, max_num_seqs=8) as c:
         yield c
-
-
-def injected(client) -> dict[str, int]:
-    return client.get("/api/admin/state").json()["service"]["faults_injected"]
 
 
 def chat(client, messages, **body):
@@ -46,8 +48,8 @@ def chat(client, messages, **body):
         ("deliver", "output delivery failed: InjectedFault: injected deliver fault"),
     ],
 )
-def test_a_per_request_fault_fails_only_that_request(client, site, message):
-    before = injected(client).get(site, 0)
+def test_a_per_request_fault_fails_only_that_request(client, plan, site, message):
+    before = plan.injected[site]
     bad, *good = concurrently(
         lambda: chat(client, faulty(site)),
         *[lambda i=i: chat(client, [{"role": "user", "content": f"neighbour {i}"}]) for i in range(4)],
@@ -62,7 +64,7 @@ def test_a_per_request_fault_fails_only_that_request(client, site, message):
     for response in good:
         assert response.status_code == 200, response.text
         assert response.json()["usage"]["completion_tokens"] == 12
-    assert injected(client)[site] == before + 1
+    assert plan.injected[site] == before + 1
     wait_service_idle(client)
     assert client.get("/health").json()["status"] == "ok"
 
@@ -94,8 +96,8 @@ def test_a_fault_in_stop_string_handling_fails_only_that_request(client):
     wait_service_idle(client)
 
 
-def test_a_batched_step_fault_fails_the_step_and_the_engine_keeps_serving(client):
-    before = injected(client).get("step", 0)
+def test_a_batched_step_fault_fails_the_step_and_the_engine_keeps_serving(client, plan):
+    before = plan.injected["step"]
     responses = concurrently(
         lambda: chat(client, faulty("step"), max_tokens=40),
         *[
@@ -112,7 +114,7 @@ def test_a_batched_step_fault_fails_the_step_and_the_engine_keeps_serving(client
         else:
             assert response.status_code == 200
             assert response.json()["usage"]["completion_tokens"] == 40
-    assert injected(client)["step"] == before + 1
+    assert plan.injected["step"] == before + 1
     wait_service_idle(client)
     assert chat(client, HELLO).status_code == 200
 
@@ -145,8 +147,8 @@ def test_a_faulty_session_turn_is_stored_failed_and_the_socket_goes_on(client, s
 
 
 def test_a_dead_engine_thread_is_logged_reported_and_refuses_work(tmp_path, caplog):
-    caplog.set_level(logging.CRITICAL, logger="app.async_engine")
-    with make_client(tmp_path, fault_injection="markers") as client:
+    caplog.set_level(logging.CRITICAL, logger="app.services.async_engine")
+    with make_client(tmp_path, faults=FaultPlan(markers=True)) as client:
         dying = chat(client, faulty("die"))
         reason = "engine thread died: InjectedFault: injected die fault"
         assert (dying.status_code, dying.json()["error"]["message"]) == (500, reason)

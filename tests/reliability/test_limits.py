@@ -10,12 +10,13 @@ import time
 
 import pytest
 
-from app.chat_reply import Reply
-from app.limits import ClientLimiter
-from app.request_stream import RequestStream
+from app.services.chat_reply import Reply
+from app.services.limits import ClientLimiter
+from app.services.request_stream import RequestStream
 from engine.core.outputs import CompletionOutput, RequestOutput
 from engine.core.sequence import MAX_N, MAX_STOP_STRING_LEN, MAX_STOP_STRINGS
 from tests.app.factories import make_client, sse_events
+from tests.faults import FaultPlan
 from tests.reliability.helpers import HELLO, concurrently, peer, wait_service_idle
 
 KEYS = {"authorization": "Bearer sk-one"}, {"authorization": "Bearer sk-two"}
@@ -30,7 +31,7 @@ def client(tmp_path_factory):
         client_max_streams=2,
         max_messages=8,
         max_body_bytes=4096,
-        fault_injection="step_delay_ms=10",
+        faults=FaultPlan(step_delay_s=0.01),
     ) as c:
         limiter = c.app.state.services.limiter
         assert (limiter.requests_per_minute, limiter.max_streams) == (1000, 2)
@@ -80,7 +81,7 @@ def test_concurrent_requests_per_client_are_capped_and_released(client):
 
 
 def _fp(key: str) -> str:
-    from app.security import key_fingerprint
+    from app.routes.security import key_fingerprint
 
     return key_fingerprint(key)
 
@@ -222,7 +223,7 @@ def test_a_stalled_sse_reader_keeps_one_pending_output_then_gets_it_all(client):
 
 
 def test_a_reader_stalled_past_the_timeout_is_cut_off_and_its_request_aborted(tmp_path):
-    with make_client(tmp_path, slow_reader_timeout_s=0.5, fault_injection="step_delay_ms=20") as client:
+    with make_client(tmp_path, slow_reader_timeout_s=0.5, faults=FaultPlan(step_delay_s=0.02)) as client:
         body = {"messages": HELLO, "max_tokens": 300, "ignore_eos": True, "stream": True}
         with client.stream("POST", "/v1/chat/completions", json=body) as response:
             lines = response.iter_lines()

@@ -13,7 +13,7 @@ import pytest
 
 from bench.servers import stop_server
 from tests.e2e.conftest import server_env, start_server
-from tests.load_round import LoadConfig, rss_bytes, run_round, wait_idle
+from tests.load_round import LoadConfig, faults_injected, rss_bytes, run_round, wait_idle
 from tests.soak import server_settings
 
 STREAMS = 64
@@ -45,7 +45,7 @@ def test_two_identical_rounds_hold_64_streams_and_leave_nothing_behind(server, t
         report = asyncio.run(run_round(cfg))
         state = asyncio.run(wait_idle(server.base_url))
         rss.append(rss_bytes(server.process.pid))
-        print("round:", report.to_json(), "faults injected so far:", state["service"]["faults_injected"])
+        print("round:", report.to_json(), "faults injected so far:", asyncio.run(faults_injected(cfg)))
         assert report.problems == []
         assert report.peak_streams >= STREAMS
         assert sum(report.outcomes.values()) == report.num_jobs == cfg.num_jobs

@@ -25,9 +25,10 @@ from websockets.sync.client import connect
 from bench.servers import stop_server
 from tests.app.factories import make_tiny_model_dir
 from tests.e2e.conftest import Server, server_env, start_server
+from tests.faults import FAULTS_ENV
 
 GRACE_S = 3
-SLOW = {"PAGEDCHAT_FAULT_INJECTION": "step_delay_ms=25", "PAGEDCHAT_SHUTDOWN_GRACE_S": str(GRACE_S)}
+SLOW = {FAULTS_ENV: "step_delay_ms=25", "PAGEDCHAT_SHUTDOWN_GRACE_S": str(GRACE_S)}
 
 
 class Reader(threading.Thread):

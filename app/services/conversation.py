@@ -18,11 +18,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.db.models import FINAL_ASSISTANT_STATUSES
+
 logger = logging.getLogger(__name__)
 
 TURN_ROLES = ("user", "assistant")
 # Every answer that ended is history, failed ones too: the model sees what the user saw, turns keep alternating.
-HISTORY_ASSISTANT_STATUSES = ("finished", "stopped", "interrupted", "failed")
+HISTORY_ASSISTANT_STATUSES = FINAL_ASSISTANT_STATUSES
 _PROBE = "PAGEDCHAT_END_OF_TURN_PROBE"
 
 

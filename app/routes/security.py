@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 from itsdangerous import BadSignature, Signer
 from starlette.requests import HTTPConnection
 
-from app.errors import APIError
+from app.services.errors import APIError
 from app.settings import Settings
 
 BROWSER_COOKIE = "pagedchat_browser"
@@ -147,3 +147,16 @@ def origin_allowed(conn: HTTPConnection, settings: Settings) -> bool:
     parts = urlsplit(origin)
     host = conn.headers.get("host", "")
     return parts.scheme in ("http", "https") and bool(parts.netloc) and parts.netloc.lower() == host.lower()
+
+
+def client_identity(conn: HTTPConnection, owner: str | None = None) -> str:
+    """Who a limit applies to: the session owner or API key when known, else the browser cookie, else the address."""
+    if owner:
+        return owner
+    token = bearer_token(conn)
+    if token is not None:
+        return "key:" + key_fingerprint(token)
+    browser_id = conn.scope.get("state", {}).get("browser_id")
+    if browser_id:
+        return "browser:" + browser_id
+    return "addr:" + (conn.client.host if conn.client else "unknown")

@@ -6,15 +6,17 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from enum import Enum
 from typing import Any
 
-from app.async_engine import AsyncEngine
-from app.chat_reply import Reply, ReplyWriter, message_json
-from app.conversation import ConversationBuilder, PromptPlan, turns_from_messages
-from app.db import SessionRecord, Store, StoreUnavailable
-from app.errors import APIError, bad_request, from_exception, not_found
-from app.limits import Lease
-from app.routes.params import sampling_params
+from app.db import MessageStatus, SessionRecord, Store, StoreUnavailable
+from app.services.async_engine import AsyncEngine
+from app.services.chat_reply import CUT_STATUSES, Reply, ReplyWriter
+from app.services.conversation import ConversationBuilder, PromptPlan, turns_from_messages
+from app.services.errors import APIError, bad_request, from_exception, not_found
+from app.services.limits import Lease
+from app.services.messages import message_json
+from app.services.sampling import sampling_params
 from app.settings import Settings
 from engine.core.sequence import SamplingParams
 
@@ -31,6 +33,17 @@ SESSION_SAMPLING_KEYS = (
     "frequency_penalty",
     "repetition_penalty",
 )
+
+
+class ReplyMode(str, Enum):
+    """How a turn's reply starts: after a new user message, in place of the last reply, or after an edited one."""
+
+    SEND = "send"
+    REGENERATE = "regenerate"
+    EDIT = "edit"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class ChatService:
@@ -60,12 +73,13 @@ class ChatService:
     def is_streaming(self, session_id: str) -> bool:
         return session_id in self._turns
 
-    def stop(self, session_id: str, status: str = "stopped") -> bool:
+    def stop(self, session_id: str, status: MessageStatus = MessageStatus.STOPPED) -> bool:
         """Abort the session's streaming reply, stored with `status`; False when idle.
 
         `stopped`: the user asked (Stop button, POST …/stop, server shutdown); `interrupted`: the client went away
         or stopped reading. The first reason given wins: a Stop followed by the tab closing stays `stopped`.
         """
+        assert status in CUT_STATUSES, f"a stopped reply is stored as one of {CUT_STATUSES}, not {status!r}"
         turn = self._turns.get(session_id)
         if turn is None:
             return False
@@ -75,7 +89,7 @@ class ChatService:
         self.engine.abort(turn.request_id)  # its stream ends as aborted; the reply is stored as stop_status
         return True
 
-    def stop_reply(self, reply: Reply, status: str = "stopped") -> bool:
+    def stop_reply(self, reply: Reply, status: MessageStatus = MessageStatus.STOPPED) -> bool:
         """Stop this reply if it is still its session's running reply (never a newer one); False otherwise."""
         if self._turns.get(reply.session_id) is not reply or (
             reply.stream is not None and reply.stream.finished
@@ -93,22 +107,12 @@ class ChatService:
             if pending:
                 await asyncio.wait(pending, timeout=5.0)
 
-    async def send(self, owner: str, session_id: str, content: Any, lease: Lease | None = None) -> Reply:
-        """Store a new user message and start its reply; `lease` (a client limit's slot) is released at its end."""
-        return await self._begin(owner, session_id, "send", content, lease)
-
-    async def regenerate(self, owner: str, session_id: str, lease: Lease | None = None) -> Reply:
-        """Replace the last reply with a new one."""
-        return await self._begin(owner, session_id, "regenerate", None, lease)
-
-    async def edit(self, owner: str, session_id: str, content: Any, lease: Lease | None = None) -> Reply:
-        """Replace the last user message (and its reply) with `content`, and answer it."""
-        return await self._begin(owner, session_id, "edit", content, lease)
-
-    # ---- setup ----------------------------------------------------------------------------------------------
-    async def _begin(
-        self, owner: str, session_id: str, mode: str, content: Any, lease: Lease | None
+    async def start(
+        self, mode: ReplyMode, owner: str, session_id: str, content: Any = None, lease: Lease | None = None
     ) -> Reply:
+        """Start a reply: SEND stores `content` as a new user message and answers it; REGENERATE replaces the last
+        reply; EDIT replaces the last user message (and its reply) with `content`. `lease` (a client limit's slot)
+        is released when the reply ends."""
         try:
             if session_id in self._turns:
                 raise APIError(
@@ -132,8 +136,9 @@ class ChatService:
             reply.task.add_done_callback(lambda _task: lease.release())
         return reply
 
-    async def _setup(self, owner: str, session_id: str, mode: str, content: Any) -> Reply:
-        if mode != "regenerate":
+    # ---- setup ----------------------------------------------------------------------------------------------
+    async def _setup(self, owner: str, session_id: str, mode: ReplyMode, content: Any) -> Reply:
+        if mode is not ReplyMode.REGENERATE:
             content = self._check_content(content)
         session = await self.store.get_session(owner, session_id)
         messages = await self.store.list_messages(owner, session_id)
@@ -141,11 +146,11 @@ class ChatService:
             raise not_found(f"session {session_id[:64]!r}")
         params, max_tokens = self._params(session)
         history = messages
-        if mode in ("regenerate", "edit"):
+        if mode is not ReplyMode.SEND:
             last_user = next((m for m in reversed(messages) if m.role == "user"), None)
             if last_user is None:
                 raise bad_request(f"nothing to {mode}: the session has no user message yet", "session")
-            if mode == "regenerate":
+            if mode is ReplyMode.REGENERATE:
                 content = last_user.content
             history = [m for m in messages if m.position < last_user.position]
         turns = turns_from_messages(history, self.fingerprint)
@@ -153,7 +158,7 @@ class ChatService:
         plan: PromptPlan = await self.engine.tokenize(
             lambda _tok: self.builder.build_prompt(system_prompt, turns, content, max_tokens)
         )
-        if mode in ("regenerate", "edit"):
+        if mode is not ReplyMode.SEND:
             await self.store.delete_messages_from(session_id, last_user.id)
         user = await self.store.add_message(session_id, "user", content, token_ids=plan.new_user_token_ids)
         turn = Reply(session_id, "chat-" + uuid.uuid4().hex)
@@ -164,8 +169,7 @@ class ChatService:
             )
         except Exception as exc:  # keep user/assistant alternation: record the failed reply, then report
             with contextlib.suppress(StoreUnavailable):
-                record = await self.writer.start_assistant(session_id, plan, 0)
-                await self.writer.finish(record.id, "", "failed", None, [], {}, from_exception(exc).message)
+                await self.writer.store_unstarted(session_id, plan, from_exception(exc).message)
             raise
         logger.info(
             "session %s turn %s: %d prompt tokens (%d turns left out, exact=%s), max_tokens %d",

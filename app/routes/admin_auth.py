@@ -9,8 +9,8 @@ from urllib.parse import parse_qs
 from itsdangerous import BadSignature, TimestampSigner
 from starlette.requests import HTTPConnection, Request
 
-from app.errors import APIError
-from app.security import require_admin
+from app.routes.security import require_admin
+from app.services.errors import APIError
 from app.settings import Settings
 
 ADMIN_COOKIE = "pagedchat_admin"

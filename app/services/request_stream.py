@@ -8,11 +8,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from app.merging_queue import MergingQueue
+from app.services.merging_queue import MergingQueue
 from engine.core.outputs import RequestOutput
 
 if TYPE_CHECKING:
-    from app.metrics import Metrics
+    from app.services.metrics import Metrics
 
 ABORTED = object()  # queued into a stream when the service aborts its request
 TIMED_OUT = object()  # queued by the stream's own timer

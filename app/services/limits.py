@@ -7,26 +7,10 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
-from starlette.requests import HTTPConnection
-
-from app.errors import APIError
-from app.security import bearer_token, key_fingerprint
+from app.services.errors import APIError
 
 WINDOW_S = 60.0
 MAX_TRACKED_CLIENTS = 100_000  # least recently seen clients are forgotten past this (memory stays bounded)
-
-
-def client_identity(conn: HTTPConnection, owner: str | None = None) -> str:
-    """Who a limit applies to: the session owner or API key when known, else the browser cookie, else the address."""
-    if owner:
-        return owner
-    token = bearer_token(conn)
-    if token is not None:
-        return "key:" + key_fingerprint(token)
-    browser_id = conn.scope.get("state", {}).get("browser_id")
-    if browser_id:
-        return "browser:" + browser_id
-    return "addr:" + (conn.client.host if conn.client else "unknown")
 
 
 class Lease:

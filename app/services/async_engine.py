@@ -11,14 +11,21 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from app.engine_commands import STOP, AbortRequest, AddRequest, CallOnEngine, answer, resolve, warm_up
-from app.request_stream import ABORTED, RequestFailed, RequestStream
+from app.services.engine_commands import (
+    STOP,
+    AbortRequest,
+    AddRequest,
+    CallOnEngine,
+    answer,
+    resolve,
+    warm_up,
+)
+from app.services.request_stream import ABORTED, RequestFailed, RequestStream
 from engine.core.outputs import RequestOutput
 from engine.core.sequence import SamplingParams
 
 if TYPE_CHECKING:
-    from app.faults import FaultPlan
-    from app.metrics import Metrics
+    from app.services.metrics import Metrics
     from engine.core.stats import EngineStats, PoolSnapshot
     from engine.llm_engine import LLMEngine
 
@@ -48,10 +55,8 @@ class AsyncEngine:
         max_queued_requests: int = 256,
         request_timeout_s: float = 600.0,
         metrics: Metrics | None = None,
-        faults: FaultPlan | None = None,
     ) -> None:
         self.metrics = metrics
-        self.faults = faults  # test-only fault injection (app/faults.py); None in production
         # immutable attributes (config, model_name, ...) are safe to read
         self.engine: LLMEngine | None = None
         # a private copy for the event-loop side; never shared with the engine thread
@@ -183,8 +188,6 @@ class AsyncEngine:
         assert self._loop is not None
         try:
             engine = self._factory()
-            if self.faults is not None:
-                self.faults.install(engine)
             self.tokenizer = copy.deepcopy(engine.tokenizer)
             warm_up(engine)
             self.engine = engine
@@ -267,21 +270,16 @@ class AsyncEngine:
         for output in outputs:
             request_id = output.request_id
             stream = self._streams.get(request_id)
+            if stream is None:  # its consumer has gone already
+                continue
             try:
-                if self.faults is not None:
-                    self.faults.fire("deliver", request_id)
-                if stream is not None:
-                    stream.push(output)
+                stream.push(output)
             except Exception as exc:  # a fault delivering one request's output fails that request only
                 logger.exception("delivering an output of request %s failed", request_id)
                 self._streams.pop(request_id, None)
                 if not output.finished:
                     self.abort(request_id)
-                if stream is not None:
-                    stream.fail(RequestFailed(f"output delivery failed: {type(exc).__name__}: {exc}"))
-            finally:
-                if output.finished and self.faults is not None:
-                    self.faults.forget(request_id)
+                stream.fail(RequestFailed(f"output delivery failed: {type(exc).__name__}: {exc}"))
 
     def _fail(self, request_ids: list[str], error: BaseException) -> None:
         for request_id in request_ids:

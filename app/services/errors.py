@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-
-from app.async_engine import EngineOverloaded, EngineUnavailable
-from app.request_stream import RequestFailed, RequestTimedOut
-
-logger = logging.getLogger(__name__)
+from app.db import StoreUnavailable
+from app.services.async_engine import EngineOverloaded, EngineUnavailable
+from app.services.request_stream import RequestFailed, RequestTimedOut
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -76,8 +70,6 @@ def not_found(what: str) -> APIError:
 
 def from_exception(exc: BaseException) -> APIError:
     """Map the service's own exceptions (engine bridge, store, bad input) to API errors."""
-    from app.db.records import StoreUnavailable
-
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, ValueError):
@@ -125,32 +117,3 @@ def _param_of(message: str) -> str | None:
     if head in _KNOWN_PARAMS:
         return head
     return None
-
-
-def error_response(error: APIError) -> JSONResponse:
-    """The JSON response of an API error."""
-    return JSONResponse(error.to_dict(), status_code=error.status, headers=error.headers)
-
-
-async def api_error_handler(request: Request, exc: Exception) -> Response:
-    """Starlette exception handler for APIError."""
-    assert isinstance(exc, APIError)
-    return error_response(exc)
-
-
-async def http_exception_handler(request: Request, exc: Exception) -> Response:
-    """Starlette's own 404/405 in the OpenAI shape."""
-    assert isinstance(exc, HTTPException)
-    message = {
-        404: f"no route for {request.method} {request.url.path}",
-        405: f"method {request.method} not allowed on {request.url.path}",
-    }.get(exc.status_code, exc.detail)
-    return error_response(APIError(exc.status_code, message, headers=dict(exc.headers or {})))
-
-
-async def unhandled_error_handler(request: Request, exc: Exception) -> Response:
-    """Last resort: log with the request id, answer 500 in the OpenAI shape (or 503 for known outages)."""
-    error = from_exception(exc)
-    if error.status >= 500 and error.code == "internal_error":
-        logger.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(error)

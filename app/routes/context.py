@@ -9,15 +9,16 @@ from typing import TYPE_CHECKING
 from itsdangerous import Signer
 from starlette.requests import HTTPConnection
 
-from app.async_engine import AsyncEngine
-from app.errors import APIError
-from app.limits import ClientLimiter, Lease, client_identity
-from app.metrics import Metrics
+from app.routes.security import client_identity
+from app.services.async_engine import AsyncEngine
+from app.services.errors import APIError
+from app.services.limits import ClientLimiter, Lease
+from app.services.metrics import Metrics
 from app.settings import Settings
 
 if TYPE_CHECKING:
-    from app.chat_service import ChatService
     from app.db.store import Store
+    from app.services.chat_service import ChatService
 
 
 @dataclass

@@ -1,0 +1,66 @@
+"""Messages and token usage as the API shows them: one shape for stored messages, `done` events and /v1 replies."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from app.db import MessageRecord
+
+
+class MessageView(Protocol):
+    """The fields a message shows: a stored MessageRecord has them, and so does a reply's FinalReply."""
+
+    @property
+    def id(self) -> int | None: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def content(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def finish_reason(self) -> str | None: ...
+    @property
+    def prompt_tokens(self) -> int | None: ...
+    @property
+    def completion_tokens(self) -> int | None: ...
+    @property
+    def cached_tokens(self) -> int | None: ...
+    @property
+    def truncated_turns(self) -> int | None: ...
+    @property
+    def timings(self) -> dict[str, float] | None: ...
+    @property
+    def error(self) -> str | None: ...
+
+
+def message_fields(m: MessageView) -> dict[str, Any]:
+    """A message as the API shows it, without `created_at` (token ids left out: they are the server's business)."""
+    return {
+        "id": m.id,
+        "role": m.role,
+        "content": m.content,
+        "status": m.status,
+        "finish_reason": m.finish_reason,
+        "prompt_tokens": m.prompt_tokens,
+        "completion_tokens": m.completion_tokens,
+        "cached_tokens": m.cached_tokens,
+        "truncated_turns": m.truncated_turns,
+        "timings": m.timings,
+        "error": m.error,
+    }
+
+
+def message_json(m: MessageRecord) -> dict[str, Any]:
+    """A stored message as the API shows it."""
+    return {**message_fields(m), "created_at": m.created_at.isoformat()}
+
+
+def usage_json(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """`usage` with `prompt_tokens_details.cached_tokens` (prompt tokens served from the prefix cache)."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
