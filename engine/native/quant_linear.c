@@ -151,37 +151,47 @@ static void quantize_act(const float *x, int64_t x_row, int rows, int cols, ActQ
     }
 }
 
+#ifdef QL_AVX2
+/* acc[r] += d * dx * dot(q, qx) and corr[r] += the Q4_1 min or Q4_0 offset term, for block b and rows r < nr. */
+static inline __attribute__((always_inline)) void q8_block(int qtype, const uint8_t *blk, ActQ8 a, int cols, int nb,
+                                                           int b, int nr, __m256 *acc, float *corr) {
+    const float d = fp16_at(blk);
+    __m256i w;
+    if (qtype == Q8_0) {
+        w = _mm256_loadu_si256((const __m256i *)(blk + 2));
+    } else {
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (qtype == Q4_1 ? 4 : 2)));
+        w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0f)); /* 0..31 */
+    }
+    const __m256i wabs = qtype == Q8_0 ? _mm256_sign_epi8(w, w) : w; /* maddubs wants unsigned x signed */
+    const float m = qtype == Q4_1 ? fp16_at(blk + 2) : qtype == Q4_0 ? -8.0f * d : 0.0f;
+    for (int r = 0; r < nr; r++) {
+        __m256i xq = _mm256_loadu_si256((const __m256i *)(a.qx + (int64_t)r * cols + b * QK));
+        if (qtype == Q8_0) xq = _mm256_sign_epi8(xq, w);
+        /* pairs of u8 * s8 <= 2 * 128 * 127 < 2^15: the 16-bit sums cannot saturate */
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xq), _mm256_set1_epi16(1));
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.dx[r * nb + b]), _mm256_cvtepi32_ps(p), acc[r]);
+        corr[r] += m * a.sx[r * nb + b];
+    }
+}
+#endif
+
 /* sums[r] = sum over blocks of d * dx * dot(q, qx) (+ the Q4_1 min or Q4_0 offset term), for r < nr. */
 static inline __attribute__((always_inline)) void dot_q8(int qtype, const uint8_t *wrow, int nb, int bb,
                                                          ActQ8 a, int cols, int nr, float *sums) {
     float corr[PASS_ROWS] = {0};
 #ifdef QL_AVX2
-    __m256 acc[PASS_ROWS][2];
-    for (int r = 0; r < nr; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1), mask = _mm256_set1_epi8(0x0f);
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = wrow + (int64_t)b * bb;
-        const float d = fp16_at(blk);
-        __m256i w;
-        if (qtype == Q8_0) {
-            w = _mm256_loadu_si256((const __m256i *)(blk + 2));
-        } else {
-            const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (qtype == Q4_1 ? 4 : 2)));
-            w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), mask); /* weights 0..15, 16..31 */
-        }
-        const __m256i wabs = qtype == Q8_0 ? _mm256_sign_epi8(w, w) : w; /* maddubs wants unsigned x signed */
-        const float m = qtype == Q4_1 ? fp16_at(blk + 2) : qtype == Q4_0 ? -8.0f * d : 0.0f;
-        for (int r = 0; r < nr; r++) {
-            __m256i xq = _mm256_loadu_si256((const __m256i *)(a.qx + (int64_t)r * cols + b * QK));
-            if (qtype == Q8_0) xq = _mm256_sign_epi8(xq, w);
-            /* pairs of u8 * s8 <= 2 * 128 * 127 < 2^15: the 16-bit sums cannot saturate */
-            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xq), ones);
-            const __m256 scale = _mm256_set1_ps(d * a.dx[r * nb + b]);
-            acc[r][b & 1] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(p), acc[r][b & 1]);
-            corr[r] += m * a.sx[r * nb + b];
-        }
+    /* even and odd blocks accumulate separately: two dependency chains instead of one */
+    __m256 even[PASS_ROWS], odd[PASS_ROWS];
+    float corr_odd[PASS_ROWS] = {0};
+    for (int r = 0; r < nr; r++) even[r] = odd[r] = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 1 < nb; b += 2) {
+        q8_block(qtype, wrow + (int64_t)b * bb, a, cols, nb, b, nr, even, corr);
+        q8_block(qtype, wrow + (int64_t)(b + 1) * bb, a, cols, nb, b + 1, nr, odd, corr_odd);
     }
-    for (int r = 0; r < nr; r++) sums[r] = hsum8(_mm256_add_ps(acc[r][0], acc[r][1])) + corr[r];
+    if (b < nb) q8_block(qtype, wrow + (int64_t)b * bb, a, cols, nb, b, nr, even, corr);
+    for (int r = 0; r < nr; r++) sums[r] = hsum8(_mm256_add_ps(even[r], odd[r])) + (corr[r] + corr_odd[r]);
 #else
     for (int r = 0; r < nr; r++) sums[r] = 0.0f;
     for (int b = 0; b < nb; b++) {
@@ -206,8 +216,10 @@ static inline __attribute__((always_inline)) void dot_q8(int qtype, const uint8_
 #endif
 }
 
-static void dot_rows(int qtype, int act_q8, const uint8_t *wrow, int nb, int bb, const float *x, int64_t x_row,
-                     ActQ8 a, int cols, int nr, float *sums) {
+/* dot_q8 or dot_f32 for nr rows, specialized on a constant qtype and nr so that accumulators stay in registers. */
+static inline __attribute__((always_inline)) void dot_rows_of(int qtype, int act_q8, const uint8_t *wrow, int nb,
+                                                              int bb, const float *x, int64_t x_row, ActQ8 a,
+                                                              int cols, int nr, float *sums) {
 #define DOT_CASE(N)                                                         \
     case N:                                                                 \
         if (act_q8)                                                         \
@@ -217,6 +229,15 @@ static void dot_rows(int qtype, int act_q8, const uint8_t *wrow, int nb, int bb,
         break;
     switch (nr) { DOT_CASE(1) DOT_CASE(2) DOT_CASE(3) DOT_CASE(4) }
 #undef DOT_CASE
+}
+
+static void dot_rows(int qtype, int act_q8, const uint8_t *wrow, int nb, int bb, const float *x, int64_t x_row,
+                     ActQ8 a, int cols, int nr, float *sums) {
+    switch (qtype) {
+    case Q4_0: dot_rows_of(Q4_0, act_q8, wrow, nb, bb, x, x_row, a, cols, nr, sums); break;
+    case Q4_1: dot_rows_of(Q4_1, act_q8, wrow, nb, bb, x, x_row, a, cols, nr, sums); break;
+    default: dot_rows_of(Q8_0, act_q8, wrow, nb, bb, x, x_row, a, cols, nr, sums); break;
+    }
 }
 
 /* y[r, o] = x[r] . W[o] (+ bias[o]) for every row r < rows and output o. 0 on success; -1: a bad type or width;
