@@ -210,3 +210,32 @@ def test_smollm2_gguf_matches_provisioned_fp32_folder(smollm2_gguf):
         torch.testing.assert_close(got, reference[name], rtol=2**-22, atol=0, msg=name)
     folder_args = ModelArgs.from_hf_config(load_hf_config(folder))
     assert ModelArgs.from_hf_config(hf_config) == folder_args
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_model_and_tokenizer_match_provisioned_folder(smollm2_gguf):
+    """Logits of the blocks-in-QuantLinear model equal the fp32 folder's (30 layers of fp32 reordering: 1e-3),
+    and the tokenizer built from the file's metadata encodes and applies the chat template as the folder's does."""
+    from engine.loading.gguf import load_gguf_tokenizer
+    from engine.loading.loader import load_model, load_tokenizer
+    from engine.loading.provision import provision_default_model
+
+    folder = provision_default_model()
+    reference, _ = load_model(folder, torch.float32, CPU)
+    model, hf_config = load_gguf_model(smollm2_gguf, torch.float32, CPU, quantization="gguf")
+    assert isinstance(model.lm_head, QuantLinear) and model.lm_head.qtype == QuantType.Q8_0
+    tokens = list(range(1000, 1024))
+    expected = teacher_forced_logits(reference, tokens, prefill_len=20)
+    torch.testing.assert_close(teacher_forced_logits(model, tokens, 20), expected, atol=1e-3, rtol=0)
+    tokenizer, folder_tokenizer = load_gguf_tokenizer(smollm2_gguf), load_tokenizer(folder)
+    assert (
+        tokenizer.chat_template
+        == folder_tokenizer.chat_template
+        == gguf_chat_template(open_gguf(smollm2_gguf))
+    )
+    messages = [{"role": "user", "content": "Héllo <|im_end|> wörld, 12345 tokens!"}]
+    for tok in (tokenizer, folder_tokenizer):
+        assert tok.eos_token_id == hf_config.eos_token_id
+    assert tokenizer.apply_chat_template(messages, tokenize=True) == folder_tokenizer.apply_chat_template(
+        messages, tokenize=True
+    )
