@@ -140,7 +140,10 @@ def test_quantized_model_matches_dequantized_model(tmp_path, linear_type):
     torch.testing.assert_close(teacher_forced_logits(exact, tokens, 20), ref, atol=1e-4, rtol=0)
     fast_logits = teacher_forced_logits(fast, tokens, 20)
     torch.testing.assert_close(fast_logits[:20], ref[:20], atol=1e-4, rtol=0)  # prefill takes the exact GEMM
-    assert 0 < (fast_logits[20:] - ref[20:]).abs().max() < 0.1 * ref[20:].abs().max()
+    decode_error = (fast_logits[20:] - ref[20:]).abs().max()
+    assert decode_error < 0.1 * ref[20:].abs().max()
+    if exact.lm_head.kernel is not None:  # the torch twin (no compiler) keeps activations in fp32
+        assert decode_error > 0, "act_q8 should round the decode activations"
 
 
 def test_mixed_formats_keep_that_linear_in_float(tmp_path):
