@@ -1,0 +1,298 @@
+/* Weight-only quantized linears for the CPU: y = x @ W^T (+ bias), W kept in GGUF's Q4_0 / Q4_1 / Q8_0 blocks.
+ *
+ * Built and loaded by engine/native/quant_linear.py. Each weight row is its GGUF blocks of 32 weights:
+ *   Q4_0: fp16 d, 16 bytes of nibbles          w = d * (q - 8)
+ *   Q4_1: fp16 d, fp16 m, 16 bytes of nibbles  w = d * q + m
+ *   Q8_0: fp16 d, 32 int8                      w = d * q
+ * where byte j of a block holds weight j in its low nibble and weight j + 16 in its high nibble.
+ *
+ * Decode multiplies 1..few activation rows by every weight once, so it is a stream over the weights; the kernels
+ * read each weight block once per call and use it for up to PASS_ROWS activation rows while it is in registers.
+ * Two dot products:
+ *   - exact (act_q8 = 0): dequantize the block to fp32 and FMA with the fp32 activations;
+ *   - q8 (act_q8 = 1): the activations are first quantized per 32-block to int8 (scale dx = amax / 127, kept in
+ *     fp32), then each block's dot is integer math (AVX2 maddubs/madd) scaled once, as llama.cpp does.
+ * AVX2 + FMA + F16C intrinsics when the compiler targets them, a scalar fallback otherwise; OpenMP over output rows.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define QL_AVX2 1
+#endif
+
+enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* ggml type ids */
+#define QK 32                          /* weights per block */
+#define PASS_ROWS 4                    /* activation rows sharing one decoded weight block */
+#define PARALLEL_MIN_WEIGHTS 65536
+
+static int block_bytes(int qtype) { return qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : qtype == Q8_0 ? 34 : 0; }
+static int threads_for(int64_t weights, int num_threads) {
+    return weights >= PARALLEL_MIN_WEIGHTS && num_threads > 1 ? num_threads : 1;
+}
+
+static inline float fp16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#ifdef QL_AVX2
+    return _cvtsh_ss(h);
+#else
+    const uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    float f;
+    if (exp == 0) {
+        f = (float)mant * 5.9604644775390625e-08f; /* subnormal (or zero): mant * 2^-24, exact */
+    } else {
+        const uint32_t bits = exp == 31 ? 0x7f800000u | (mant << 13) : ((exp + 112) << 23) | (mant << 13);
+        memcpy(&f, &bits, 4);
+    }
+    return (h & 0x8000) ? -f : f;
+#endif
+}
+
+/* The 32 weights of one block as fp32, computed as gguf.quants.dequantize does. */
+static inline void dequant_block(int qtype, const uint8_t *blk, float *out) {
+    const float d = fp16_at(blk);
+    if (qtype == Q8_0) {
+        for (int j = 0; j < QK; j++) out[j] = d * (float)((const int8_t *)(blk + 2))[j];
+        return;
+    }
+    const float m = qtype == Q4_1 ? fp16_at(blk + 2) : 0.0f;
+    const uint8_t *qs = blk + (qtype == Q4_1 ? 4 : 2);
+    const int offset = qtype == Q4_0 ? 8 : 0;
+    for (int j = 0; j < QK / 2; j++) {
+        out[j] = d * (float)((qs[j] & 15) - offset) + m;
+        out[j + QK / 2] = d * (float)((qs[j] >> 4) - offset) + m;
+    }
+}
+
+#ifdef QL_AVX2
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+static inline void dequant_block_avx2(int qtype, const uint8_t *blk, __m256 w[4]) {
+    const __m256 d = _mm256_set1_ps(fp16_at(blk));
+    if (qtype == Q8_0) {
+        for (int k = 0; k < 4; k++) {
+            const __m128i q = _mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * k));
+            w[k] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+        }
+        return;
+    }
+    const __m256 m = _mm256_set1_ps(qtype == Q4_1 ? fp16_at(blk + 2) : 0.0f);
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (qtype == Q4_1 ? 4 : 2)));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_and_si128(raw, mask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    const __m256i offset = _mm256_set1_epi32(qtype == Q4_0 ? 8 : 0);
+    for (int k = 0; k < 4; k++) {
+        const __m256 q = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(parts[k]), offset));
+        w[k] = _mm256_add_ps(_mm256_mul_ps(d, q), m);
+    }
+}
+#endif
+
+/* sums[r] = dot(x row r, dequantized weight row) for r < nr (nr <= PASS_ROWS, a constant after inlining). */
+static inline __attribute__((always_inline)) void dot_f32(int qtype, const uint8_t *wrow, int nb, int bb,
+                                                          const float *x, int64_t x_row, int nr, float *sums) {
+#ifdef QL_AVX2
+    __m256 acc[PASS_ROWS];
+    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256 w[4];
+        dequant_block_avx2(qtype, wrow + (int64_t)b * bb, w);
+        for (int r = 0; r < nr; r++) {
+            const float *xb = x + r * x_row + b * QK;
+            __m256 t = _mm256_mul_ps(w[0], _mm256_loadu_ps(xb));
+            t = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), t);
+            t = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), t);
+            t = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), t);
+            acc[r] = _mm256_add_ps(acc[r], t);
+        }
+    }
+    for (int r = 0; r < nr; r++) sums[r] = hsum8(acc[r]);
+#else
+    float w[QK];
+    for (int r = 0; r < nr; r++) sums[r] = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        dequant_block(qtype, wrow + (int64_t)b * bb, w);
+        for (int r = 0; r < nr; r++)
+            for (int j = 0; j < QK; j++) sums[r] += w[j] * x[r * x_row + b * QK + j];
+    }
+#endif
+}
+
+/* Activations quantized per 32-block: qx int8 [rows, cols], dx = amax / 127 and sx = dx * sum(qx) per block. */
+typedef struct {
+    int8_t *qx;
+    float *dx, *sx;
+} ActQ8;
+
+static void quantize_act(const float *x, int64_t x_row, int rows, int cols, ActQ8 a) {
+    const int nb = cols / QK;
+    for (int r = 0; r < rows; r++) {
+        for (int b = 0; b < nb; b++) {
+            const float *xb = x + r * x_row + b * QK;
+            int8_t *q = a.qx + (int64_t)r * cols + b * QK;
+            float amax = 0.0f;
+            for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+            const float dx = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int sum = 0;
+            for (int j = 0; j < QK; j++) {
+                q[j] = (int8_t)nearbyintf(xb[j] * inv); /* |xb * inv| <= 127 (+ rounding), never 128 */
+                sum += q[j];
+            }
+            a.dx[r * nb + b] = dx;
+            a.sx[r * nb + b] = dx * (float)sum;
+        }
+    }
+}
+
+#ifdef QL_AVX2
+/* acc[r] += d * dx * dot(q, qx) and corr[r] += the Q4_1 min or Q4_0 offset term, for block b and rows r < nr. */
+static inline __attribute__((always_inline)) void q8_block(int qtype, const uint8_t *blk, ActQ8 a, int cols, int nb,
+                                                           int b, int nr, __m256 *acc, float *corr) {
+    const float d = fp16_at(blk);
+    __m256i w;
+    if (qtype == Q8_0) {
+        w = _mm256_loadu_si256((const __m256i *)(blk + 2));
+    } else {
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (qtype == Q4_1 ? 4 : 2)));
+        w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0f)); /* 0..31 */
+    }
+    const __m256i wabs = qtype == Q8_0 ? _mm256_sign_epi8(w, w) : w; /* maddubs wants unsigned x signed */
+    const float m = qtype == Q4_1 ? fp16_at(blk + 2) : qtype == Q4_0 ? -8.0f * d : 0.0f;
+    for (int r = 0; r < nr; r++) {
+        __m256i xq = _mm256_loadu_si256((const __m256i *)(a.qx + (int64_t)r * cols + b * QK));
+        if (qtype == Q8_0) xq = _mm256_sign_epi8(xq, w);
+        /* pairs of u8 * s8 <= 2 * 128 * 127 < 2^15: the 16-bit sums cannot saturate */
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xq), _mm256_set1_epi16(1));
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.dx[r * nb + b]), _mm256_cvtepi32_ps(p), acc[r]);
+        corr[r] += m * a.sx[r * nb + b];
+    }
+}
+#endif
+
+/* sums[r] = sum over blocks of d * dx * dot(q, qx) (+ the Q4_1 min or Q4_0 offset term), for r < nr. */
+static inline __attribute__((always_inline)) void dot_q8(int qtype, const uint8_t *wrow, int nb, int bb,
+                                                         ActQ8 a, int cols, int nr, float *sums) {
+    float corr[PASS_ROWS] = {0};
+#ifdef QL_AVX2
+    /* even and odd blocks accumulate separately: two dependency chains instead of one */
+    __m256 even[PASS_ROWS], odd[PASS_ROWS];
+    float corr_odd[PASS_ROWS] = {0};
+    for (int r = 0; r < nr; r++) even[r] = odd[r] = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 1 < nb; b += 2) {
+        q8_block(qtype, wrow + (int64_t)b * bb, a, cols, nb, b, nr, even, corr);
+        q8_block(qtype, wrow + (int64_t)(b + 1) * bb, a, cols, nb, b + 1, nr, odd, corr_odd);
+    }
+    if (b < nb) q8_block(qtype, wrow + (int64_t)b * bb, a, cols, nb, b, nr, even, corr);
+    for (int r = 0; r < nr; r++) sums[r] = hsum8(_mm256_add_ps(even[r], odd[r])) + (corr[r] + corr_odd[r]);
+#else
+    for (int r = 0; r < nr; r++) sums[r] = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = wrow + (int64_t)b * bb;
+        const float d = fp16_at(blk);
+        const float m = qtype == Q4_1 ? fp16_at(blk + 2) : qtype == Q4_0 ? -8.0f * d : 0.0f;
+        const uint8_t *qs = blk + (qtype == Q4_1 ? 4 : 2);
+        for (int r = 0; r < nr; r++) {
+            const int8_t *xq = a.qx + (int64_t)r * cols + b * QK;
+            int dot = 0;
+            for (int j = 0; j < QK / 2; j++) {
+                if (qtype == Q8_0)
+                    dot += ((const int8_t *)qs)[j] * xq[j] + ((const int8_t *)qs)[j + 16] * xq[j + 16];
+                else
+                    dot += (qs[j] & 15) * xq[j] + (qs[j] >> 4) * xq[j + 16];
+            }
+            sums[r] += d * a.dx[r * nb + b] * (float)dot;
+            corr[r] += m * a.sx[r * nb + b];
+        }
+    }
+    for (int r = 0; r < nr; r++) sums[r] += corr[r];
+#endif
+}
+
+/* dot_q8 or dot_f32 for nr rows, specialized on a constant qtype and nr so that accumulators stay in registers. */
+static inline __attribute__((always_inline)) void dot_rows_of(int qtype, int act_q8, const uint8_t *wrow, int nb,
+                                                              int bb, const float *x, int64_t x_row, ActQ8 a,
+                                                              int cols, int nr, float *sums) {
+#define DOT_CASE(N)                                                         \
+    case N:                                                                 \
+        if (act_q8)                                                         \
+            dot_q8(qtype, wrow, nb, bb, a, cols, N, sums);                  \
+        else                                                                \
+            dot_f32(qtype, wrow, nb, bb, x, x_row, N, sums);                \
+        break;
+    switch (nr) { DOT_CASE(1) DOT_CASE(2) DOT_CASE(3) DOT_CASE(4) }
+#undef DOT_CASE
+}
+
+static void dot_rows(int qtype, int act_q8, const uint8_t *wrow, int nb, int bb, const float *x, int64_t x_row,
+                     ActQ8 a, int cols, int nr, float *sums) {
+    switch (qtype) {
+    case Q4_0: dot_rows_of(Q4_0, act_q8, wrow, nb, bb, x, x_row, a, cols, nr, sums); break;
+    case Q4_1: dot_rows_of(Q4_1, act_q8, wrow, nb, bb, x, x_row, a, cols, nr, sums); break;
+    default: dot_rows_of(Q8_0, act_q8, wrow, nb, bb, x, x_row, a, cols, nr, sums); break;
+    }
+}
+
+/* y[r, o] = x[r] . W[o] (+ bias[o]) for every row r < rows and output o. 0 on success; -1: a bad type or width;
+ * -2: out of memory. Meant for few rows (decode): each weight row is read once for all of them. */
+int quant_linear(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, int out_features, int in_features,
+                 const float *x, int64_t x_row, int rows, const float *bias, float *y, int64_t y_row,
+                 int num_threads) {
+    const int bb = block_bytes(qtype), nb = in_features / QK;
+    if (bb == 0 || in_features % QK != 0 || w_row_bytes < (int64_t)nb * bb) return -1;
+    ActQ8 a = {0};
+    if (act_q8) {
+        a.qx = malloc((size_t)rows * in_features + 1);
+        a.dx = malloc(sizeof(float) * ((size_t)rows * nb + 1));
+        a.sx = malloc(sizeof(float) * ((size_t)rows * nb + 1));
+        if (!a.qx || !a.dx || !a.sx) {
+            free(a.qx), free(a.dx), free(a.sx);
+            return -2;
+        }
+        quantize_act(x, x_row, rows, in_features, a);
+    }
+#pragma omp parallel for schedule(static) num_threads(threads_for((int64_t)out_features * in_features, num_threads))
+    for (int o = 0; o < out_features; o++) {
+        const uint8_t *wrow = w + (int64_t)o * w_row_bytes;
+        const float b = bias ? bias[o] : 0.0f;
+        for (int r0 = 0; r0 < rows; r0 += PASS_ROWS) {
+            const int nr = rows - r0 < PASS_ROWS ? rows - r0 : PASS_ROWS;
+            const ActQ8 ar = {a.qx ? a.qx + (int64_t)r0 * in_features : NULL, a.dx ? a.dx + r0 * nb : NULL,
+                              a.sx ? a.sx + r0 * nb : NULL};
+            float sums[PASS_ROWS];
+            dot_rows(qtype, act_q8, wrow, nb, bb, x + r0 * x_row, x_row, ar, in_features, nr, sums);
+            for (int r = 0; r < nr; r++) y[(r0 + r) * y_row + o] = sums[r] + b;
+        }
+    }
+    free(a.qx), free(a.dx), free(a.sx);
+    return 0;
+}
+
+/* out[o, :] = the dequantized weight row o, for rows [0, rows). 0 on success, -1 for a bad type or width. */
+int dequantize(int qtype, const uint8_t *w, int64_t w_row_bytes, int rows, int cols, float *out, int64_t out_row,
+               int num_threads) {
+    const int bb = block_bytes(qtype), nb = cols / QK;
+    if (bb == 0 || cols % QK != 0 || w_row_bytes < (int64_t)nb * bb) return -1;
+#pragma omp parallel for schedule(static) num_threads(threads_for((int64_t)rows * cols, num_threads))
+    for (int o = 0; o < rows; o++) {
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = w + (int64_t)o * w_row_bytes + (int64_t)b * bb;
+            float *dst = out + o * out_row + b * QK;
+#ifdef QL_AVX2
+            __m256 v[4];
+            dequant_block_avx2(qtype, blk, v);
+            for (int k = 0; k < 4; k++) _mm256_storeu_ps(dst + 8 * k, v[k]);
+#else
+            dequant_block(qtype, blk, dst);
+#endif
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,178 @@
+"""Weight-only quantized linears for the CPU (quant_linear.c via ctypes) and the `QuantLinear` module over them.
+
+Single-stream decode is a stream over every weight once per token: SmolLM2-135M is ~540 MB in fp32 but ~98 MB in
+GGUF's Q4_1/Q8_0 blocks, so a linear that reads the blocks directly is up to ~5x less memory traffic. Few rows
+(decode: up to GEMV_MAX_ROWS) go to the compiled kernel, which reads each block once for all rows; more rows
+(prefill) are compute-bound, so the blocks are dequantized tile by tile into fp32 and multiplied by torch's GEMM.
+Without a compiler (or with PAGEDCHAT_NATIVE=0) the pure-torch twin runs instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.native.build import load_library
+from engine.native.quant_format import QuantType, QuantWeight, dequantize_torch, quant_linear_torch
+
+__all__ = ["GEMV_MAX_ROWS", "NativeQuantLinear", "QuantLinear", "load_kernel"]
+
+SOURCE = Path(__file__).with_name("quant_linear.c")
+GEMV_MAX_ROWS = 16  # rows up to which the kernel beats dequantize + GEMM (scripts/bench_quant_linear.py)
+TILE_WEIGHTS = (
+    1 << 20
+)  # weights per dequantized fp32 tile on the GEMM path: 4 MB, cache-resident for the GEMM
+
+_lock = threading.Lock()
+_kernels: dict[int, NativeQuantLinear] = {}
+
+
+class NativeQuantLinear:
+    """The compiled `quant_linear` and `dequantize`; both take fp32 and write fp32."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+        self._linear = lib.quant_linear
+        self._linear.restype = i32
+        self._linear.argtypes = [i32, i32, ptr, i64, i32, i32, ptr, i64, i32, ptr, ptr, i64, i32]
+        self._dequantize = lib.dequantize
+        self._dequantize.restype = i32
+        self._dequantize.argtypes = [i32, ptr, i64, i32, i32, ptr, i64, i32]
+
+    def linear(
+        self,
+        x: torch.Tensor,  # [rows, in] fp32, unit stride over in
+        weight: QuantWeight,
+        bias: torch.Tensor | None,  # [out] fp32 or None
+        *,
+        act_q8: bool,
+    ) -> torch.Tensor:
+        """x @ W^T (+ bias) as [rows, out] fp32; act_q8 quantizes x per 32-block to int8 first (faster, inexact)."""
+        rows, in_features = x.shape
+        assert x.dtype == torch.float32 and x.device.type == "cpu" and x.stride(1) == 1, "fp32 CPU rows only"
+        assert in_features == weight.in_features, f"x has {in_features} features, weight {weight.in_features}"
+        if bias is not None:
+            assert (
+                bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (weight.out_features,)
+            )
+        y = torch.empty((rows, weight.out_features), dtype=torch.float32)
+        status = self._linear(
+            int(weight.qtype),
+            int(act_q8),
+            weight.blocks.data_ptr(),
+            weight.blocks.stride(0),
+            weight.out_features,
+            in_features,
+            x.data_ptr(),
+            x.stride(0),
+            rows,
+            None if bias is None else bias.data_ptr(),
+            y.data_ptr(),
+            y.stride(0),
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise RuntimeError(f"quant_linear rejected its inputs (status {status})")
+        return y
+
+    def dequantize(self, weight: QuantWeight, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Rows [start, stop) of the weight as fp32 [stop - start, in]."""
+        stop = weight.out_features if stop is None else stop
+        assert 0 <= start <= stop <= weight.out_features, f"rows [{start}, {stop}) of {weight.out_features}"
+        out = torch.empty((stop - start, weight.in_features), dtype=torch.float32)
+        blocks = weight.blocks[start:stop]
+        status = self._dequantize(
+            int(weight.qtype),
+            blocks.data_ptr(),
+            blocks.stride(0),
+            stop - start,
+            weight.in_features,
+            out.data_ptr(),
+            out.stride(0),
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise RuntimeError(f"dequantize rejected its inputs (status {status})")
+        return out
+
+    def gemm(self, x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
+        """x @ W^T (+ bias) for many rows: fp32 tiles of W dequantized in turn, each multiplied by torch's GEMM."""
+        out_features = weight.out_features
+        tile_rows = max(1, TILE_WEIGHTS // weight.in_features)
+        if tile_rows >= out_features:
+            return F.linear(x, self.dequantize(weight), bias)
+        y = torch.empty((x.shape[0], out_features), dtype=torch.float32)
+        for start in range(0, out_features, tile_rows):
+            stop = min(start + tile_rows, out_features)
+            torch.mm(x, self.dequantize(weight, start, stop).t(), out=y[:, start:stop])
+        if bias is not None:
+            y += bias
+        return y
+
+
+def load_kernel() -> NativeQuantLinear | None:
+    """The kernels for this machine, compiled on first use; None when disabled or they cannot be built."""
+    lib = load_library(SOURCE)
+    if lib is None:
+        return None
+    with _lock:
+        if id(lib) not in _kernels:
+            _kernels[id(lib)] = NativeQuantLinear(lib)
+        return _kernels[id(lib)]
+
+
+class QuantLinear(nn.Module):
+    """A linear layer whose weight stays in GGUF blocks: y = x @ W^T (+ bias), computed in fp32.
+
+    act_q8=True lets the decode path (few rows) quantize activations to int8 per 32-block, as llama.cpp does:
+    ~1.4x less CPU time on AVX2 (scripts/bench_quant_linear.py), with an error bounded by (block amax of x / 254)
+    @ |W|^T (see tests/engine/test_quant_linear.py).
+    act_q8=False is exact: fp32 activations times the dequantized weights, up to fp32 summation order.
+    """
+
+    def __init__(
+        self, weight: QuantWeight, bias: torch.Tensor | None = None, *, act_q8: bool = False
+    ) -> None:
+        super().__init__()
+        self.qtype, self.in_features, self.out_features = (
+            weight.qtype,
+            weight.in_features,
+            weight.out_features,
+        )
+        self.act_q8 = act_q8
+        self.register_buffer("blocks", weight.blocks)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.kernel = load_kernel()
+
+    @property
+    def weight_q(self) -> QuantWeight:
+        """The weight's blocks, as a QuantWeight."""
+        return QuantWeight(QuantType(self.qtype), self.blocks, self.in_features)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The weight as fp32 [out, in] (for checks and fallbacks)."""
+        return dequantize_torch(self.weight_q)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, qtype={QuantType(self.qtype).name}, "
+            f"bias={self.bias is not None}, act_q8={self.act_q8}"
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight_q
+        if self.kernel is None or x.device.type != "cpu":
+            return quant_linear_torch(x, weight, self.bias)
+        x2 = x.reshape(-1, self.in_features)  # [rows, in]
+        x2 = x2.float() if x2.stride(-1) == 1 else x2.float().contiguous()
+        bias = None if self.bias is None else self.bias.float()
+        if x2.shape[0] <= GEMV_MAX_ROWS:
+            y = self.kernel.linear(x2, weight, bias, act_q8=self.act_q8)
+        else:
+            y = self.kernel.gemm(x2, weight, bias)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)

@@ -1,0 +1,124 @@
+"""Tiny Llama GGUF files written with gguf.GGUFWriter, as llama.cpp's converter lays them out (q/k rows permuted)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+T = gguf.GGMLQuantizationType
+
+
+@dataclass(frozen=True)
+class TinyLlama:
+    """Hyperparameters of the tiny model: widths are whole 32-blocks but (mostly) not multiples of 64."""
+
+    vocab_size: int = 128
+    hidden_size: int = 96
+    intermediate_size: int = 160
+    num_layers: int = 2
+    num_heads: int = 3
+    num_kv_heads: int = 1
+    context_length: int = 256
+    rope_theta: float = 50000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = True
+    bos_token_id: int = 1
+    eos_token_id: int = 2
+    linear_type: T = T.Q4_1  # every projection
+    embed_type: T = T.Q8_0
+    head_type: T = T.Q8_0  # only when not tied
+    type_overrides: dict[str, T] = field(default_factory=dict)  # GGUF tensor name -> type
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+def llama_cpp_permute(w: np.ndarray, num_heads: int) -> np.ndarray:
+    """The row permutation convert_hf_to_gguf.py applies to q/k projections (LlamaModel.permute)."""
+    return w.reshape(num_heads, 2, w.shape[0] // num_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def hf_weights(cfg: TinyLlama, seed: int) -> dict[str, np.ndarray]:
+    """Random fp32 weights by GGUF name, in HF row order (before the q/k permutation)."""
+    gen = np.random.default_rng(seed)
+    h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+
+    def rand(*shape: int, scale: float = 0.2) -> np.ndarray:
+        return (gen.standard_normal(shape) * scale).astype(np.float32)
+
+    weights = {"token_embd.weight": rand(cfg.vocab_size, h, scale=1.0), "output_norm.weight": 1 + rand(h)}
+    if not cfg.tie_word_embeddings:
+        weights["output.weight"] = rand(cfg.vocab_size, h)
+    for n in range(cfg.num_layers):
+        weights |= {
+            f"blk.{n}.attn_norm.weight": 1 + rand(h),
+            f"blk.{n}.ffn_norm.weight": 1 + rand(h),
+            f"blk.{n}.attn_q.weight": rand(cfg.num_heads * d, h),
+            f"blk.{n}.attn_k.weight": rand(cfg.num_kv_heads * d, h),
+            f"blk.{n}.attn_v.weight": rand(cfg.num_kv_heads * d, h),
+            f"blk.{n}.attn_output.weight": rand(h, cfg.num_heads * d),
+            f"blk.{n}.ffn_gate.weight": rand(i, h),
+            f"blk.{n}.ffn_up.weight": rand(i, h),
+            f"blk.{n}.ffn_down.weight": rand(h, i),
+        }
+    return weights
+
+
+def tensor_type(cfg: TinyLlama, name: str) -> T:
+    if name in cfg.type_overrides:
+        return cfg.type_overrides[name]
+    if name.endswith("norm.weight"):
+        return T.F32
+    return {"token_embd.weight": cfg.embed_type, "output.weight": cfg.head_type}.get(name, cfg.linear_type)
+
+
+def encode(w: np.ndarray, kind: T) -> np.ndarray:
+    """The array GGUFWriter.add_tensor takes for `kind`: floats as is, block formats as their bytes."""
+    if kind == T.F32:
+        return w
+    if kind == T.F16:
+        return w.astype(np.float16)
+    return gguf.quants.quantize(w, kind)
+
+
+def expected_dequantized(w: np.ndarray, kind: T) -> torch.Tensor:
+    """What a reader must return for w stored as `kind`, by gguf's own dequantization (rows are independent)."""
+    if kind in (T.F32, T.F16):
+        return torch.from_numpy(encode(w, kind).astype(np.float32))
+    return torch.from_numpy(gguf.quants.dequantize(encode(w, kind), kind).copy())
+
+
+def write_tiny_gguf(path: Path, cfg: TinyLlama, seed: int = 0) -> dict[str, np.ndarray]:
+    """Write the tiny model to `path`; returns its fp32 weights by GGUF name, in HF row order."""
+    weights = hf_weights(cfg, seed)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(cfg.context_length)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_heads)
+    writer.add_head_count_kv(cfg.num_kv_heads)
+    writer.add_rope_freq_base(cfg.rope_theta)
+    writer.add_rope_dimension_count(cfg.head_dim)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_bos_token_id(cfg.bos_token_id)
+    writer.add_eos_token_id(cfg.eos_token_id)
+    writer.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    for name, w in weights.items():
+        if ".attn_q." in name:
+            w = llama_cpp_permute(w, cfg.num_heads)
+        elif ".attn_k." in name:
+            w = llama_cpp_permute(w, cfg.num_kv_heads)
+        kind = tensor_type(cfg, name)
+        writer.add_tensor(name, encode(w, kind), raw_dtype=None if kind in (T.F32, T.F16) else kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return weights

