@@ -10,6 +10,7 @@ from engine.core.config import EngineConfig
 from engine.core.outputs import ScheduledSequence, SchedulerOutput
 from engine.core.sequence import FinishReason, Sequence, SequenceStatus
 from engine.core.stats import EngineStats, PoolSnapshot
+from engine.core.utils import cdiv
 
 
 def num_seq_slots_needed(seq: Sequence) -> int:
@@ -57,7 +58,7 @@ class Scheduler:
             raise RuntimeError(f"seq {seq.seq_id} is not a fresh waiting sequence")
         max_len = min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
         # the final token is sampled but never stored, hence max_len - 1 slots
-        num_blocks_needed = -(-(max_len - 1) // self.config.block_size)
+        num_blocks_needed = cdiv(max_len - 1, self.config.block_size)
         if num_blocks_needed > self.block_manager.num_blocks:
             raise ValueError(
                 f"prompt + max_tokens ({max_len} tokens) needs {num_blocks_needed} KV blocks, "
