@@ -12,7 +12,14 @@ from pathlib import Path
 import torch
 
 from engine.core.config import EngineConfig
-from engine.core.outputs import CompletionOutput, Logprob, RequestOutput, ScheduledSequence, SchedulerOutput
+from engine.core.outputs import (
+    CompletionOutput,
+    Logprob,
+    RequestMetrics,
+    RequestOutput,
+    ScheduledSequence,
+    SchedulerOutput,
+)
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
 from engine.core.stats import EngineStats, PoolSnapshot
@@ -277,11 +284,10 @@ class LLMEngine:
                     stop_reason=seq.stop_reason,
                 )
             )
-        metrics = {"arrival_time": request.arrival_time}
-        if request.first_token_time is not None:
-            metrics["first_token_time"] = request.first_token_time
+        metrics = RequestMetrics(
+            request.arrival_time, request.first_token_time, time.monotonic() if finished else None
+        )
         if finished:
-            metrics["finished_time"] = time.monotonic()
             del self._requests[request_id]
             for seq in request.seqs:
                 self._seeded_generators.pop(seq.seq_id, None)

@@ -64,6 +64,15 @@ class CompletionOutput:
         return self.finish_reason is not None
 
 
+@dataclass(frozen=True)
+class RequestMetrics:
+    """When a request arrived, got its first token and finished (time.monotonic seconds; None until it happens)."""
+
+    arrival_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+
 @dataclass
 class RequestOutput:
     """A request's state after a step: emitted whenever one of its samples produced text or finished."""
@@ -74,9 +83,7 @@ class RequestOutput:
     num_cached_tokens: int
     finished: bool
     error: str | None = None  # set when the request failed (finish_reason ERROR)
-    metrics: dict[str, float] = field(
-        default_factory=dict
-    )  # arrival, first_token, finished times (monotonic)
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
     @property
     def num_prompt_tokens(self) -> int:
