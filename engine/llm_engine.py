@@ -214,7 +214,7 @@ class LLMEngine:
             return
         if len(row_of) != logits.shape[0]:
             logits = logits[torch.tensor(row_of)]
-        batch = SamplingBatch.from_sequences(rows, self._generator_for, self._generator)
+        batch = SamplingBatch.from_sequences(rows, self._seeded_generators, self._generator)
         sampled = self.sampler(logits, batch)
         token_of = {seq.seq_id: tok for seq, tok in zip(rows, sampled.token_ids)}
         newly = self.scheduler.update(out, token_of)
@@ -317,15 +317,6 @@ class LLMEngine:
             self.tokenizer, request.prompt_token_ids, request.params.stop
         )
         return seq
-
-    def _generator_for(self, seq: Sequence) -> torch.Generator | None:
-        if seq.params.seed is None:
-            return None
-        gen = self._seeded_generators.get(seq.seq_id)
-        if gen is None:
-            gen = torch.Generator().manual_seed(seq.params.seed + seq.sample_index)
-            self._seeded_generators[seq.seq_id] = gen
-        return gen
 
     # ---- introspection ---------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
