@@ -90,7 +90,7 @@ class FaultPlan:
         if not self.markers:
             return
         _wrap(engine, "add_request", self._marking(engine))
-        _wrap(engine, "_detokenize", self._detokenize)
+        _wrap(engine.output_processor, "_detokenize", self._detokenize)
         _wrap(engine.scheduler, "finish", self._finish)
         _wrap(engine.runner, "execute", self._execute)
         _wrap(engine, "has_unfinished_requests", self._alive_check)
@@ -110,9 +110,9 @@ class FaultPlan:
 
         return add_request
 
-    def _detokenize(self, original: Any, request: Any, seq: Any, touched: Any) -> None:
-        self.fire("detokenize", request.request_id)
-        original(request, seq, touched)
+    def _detokenize(self, original: Any, state: Any, sample: Any) -> None:
+        self.fire("detokenize", state.request_id)
+        original(state, sample)
 
     def _finish(self, original: Any, seq: Any, reason: Any, stop_reason: Any = None) -> None:
         if isinstance(stop_reason, str):  # a matched stop string, as opposed to EOS / max_tokens / abort

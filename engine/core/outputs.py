@@ -27,6 +27,11 @@ class SchedulerOutput:
     scheduled: list[ScheduledSequence] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # samples forked this step from a first sample that completes its prompt: they share its KV (the model does
+    # not run them) and draw their first token from its logits
+    forked: list[ScheduledSequence] = field(default_factory=list)
+    # sequences finished since the previous step, whose per-sequence state (e.g. a seeded generator) can go
+    finished_seq_ids: list[int] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -35,6 +40,19 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+    def sampling_rows(self) -> tuple[list[Sequence], list[int]]:
+        """The sequences that sample a token this step, and each one's row of the model's logits (which has a row
+        per sampling sequence of `scheduled`, in order): forked samples come last and use their first sample's.
+        Read it before Scheduler.update, which moves the progress that `samples` is computed from."""
+        seqs = [s.seq for s in self.scheduled if s.samples]
+        rows = list(range(len(seqs)))
+        if self.forked:
+            row_of_request = {seq.request_id: i for i, seq in enumerate(seqs) if seq.sample_index == 0}
+            for s in self.forked:
+                seqs.append(s.seq)
+                rows.append(row_of_request[s.seq.request_id])
+        return seqs, rows
 
 
 @dataclass

@@ -119,8 +119,8 @@ def test_a_fault_in_one_requests_detokenization_fails_only_that_request(model_di
     engine = LLMEngine(EngineConfig(model=model_dir, dtype="float32", kv_cache_bytes=256 * BLOCK_BYTES))
     engine.add_request("bad", prompts(3)[1], greedy(8))
     engine.add_request("good", prompts(3)[2], greedy(8))
-    detok = engine._requests["bad"].detokenizers
-    (bad_detok,) = detok.values()
+    (bad_sample,) = engine.output_processor.request_states["bad"].samples
+    bad_detok = bad_sample.detokenizer
 
     def explode(ids):
         raise UnicodeError("injected")
