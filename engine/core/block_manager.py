@@ -145,7 +145,7 @@ class BlockManager:
         assert num_full <= len(seq.block_table), f"seq {seq.seq_id}: computed tokens beyond its block table"
         for i in range(seq.num_hashed_blocks, num_full):
             block, block_hash = self.blocks[seq.block_table[i]], self._block_hash(seq, i)
-            if block.block_hash is not None:  # shared with a sibling forked mid-step, which hashed it first
+            if block.block_hash is not None:  # shared with a sibling forked this step, which hashed it first
                 assert block.block_hash == block_hash, f"block {block.block_id} holds two different contents"
                 continue
             block.block_hash = block_hash
