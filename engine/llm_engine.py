@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from engine.core.config import EngineConfig
-from engine.core.outputs import CompletionOutput, Logprob, RequestOutput, ScheduledSequence, SchedulerOutput
+from engine.core.outputs import RequestOutput, SchedulerOutput
 from engine.core.scheduler import Scheduler
-from engine.core.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
+from engine.core.sequence import SamplingParams, Sequence
 from engine.core.stats import EngineStats, PoolSnapshot
-from engine.detokenizer import IncrementalDetokenizer
 from engine.loading.loader import (
     eos_token_ids,
     load_generation_config,
@@ -25,6 +22,7 @@ from engine.loading.loader import (
     load_tokenizer,
     resolve_model_path,
 )
+from engine.output_processor import OutputProcessor
 from engine.worker.device import resolve_device, resolve_dtype
 from engine.worker.kv_cache import KVCacheSpec, num_blocks_for_budget
 from engine.worker.model_runner import ModelRunner
@@ -32,26 +30,6 @@ from engine.worker.profile import profile_peak_bytes
 from engine.worker.sampler import Sampler, SamplingBatch
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Request:
-    """Engine-side bookkeeping of one request and its n samples."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    arrival_time: float
-    seqs: list[Sequence] = field(default_factory=list)
-    detokenizers: dict[int, IncrementalDetokenizer] = field(default_factory=dict)
-    logprobs: dict[int, list[Logprob]] = field(default_factory=dict)
-    first_token_time: float | None = None
-    error: str | None = None
-    cache_salt: str | None = None
-
-    @property
-    def finished(self) -> bool:
-        return len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs)
 
 
 class LLMEngine:
@@ -95,14 +73,10 @@ class LLMEngine:
         self.runner = ModelRunner(self.config, model, spec, num_blocks)
         self.scheduler = Scheduler(self.config, num_blocks, self.eos_token_ids)
         self.sampler = Sampler()
-        self._generator = torch.Generator().manual_seed(self.config.seed)
-        self._seeded_generators: dict[int, torch.Generator] = {}
-        self._requests: dict[str, _Request] = {}
+        self.output_processor = OutputProcessor(self.tokenizer, self.scheduler)
+        self._generator = torch.Generator().manual_seed(self.config.seed)  # the draws of unseeded rows
+        self._seeded_generators: dict[int, torch.Generator] = {}  # seq_id -> its own generator
         self._seq_ids = itertools.count()
-        self._num_prompt_tokens_total = 0
-        self._num_generation_tokens_total = 0
-        self._num_steps = 0
-        self._aborted: list[_Request] = []  # aborted since the last step: their final output is still owed
         logger.info("engine ready: %s", self.config)
 
     # ---- requests -------------------------------------------------------------------------------------------
@@ -119,7 +93,7 @@ class LLMEngine:
 
         `cache_salt` (e.g. a tenant id) keeps its prefix-cache hits among requests with the same salt.
         """
-        if request_id in self._requests:
+        if request_id in self.output_processor:
             raise ValueError(f"request id {request_id!r} is already in use")
         if isinstance(prompt, str):
             token_ids = self.tokenizer.encode(prompt, add_special_tokens=False) if prompt else []
@@ -137,204 +111,73 @@ class LLMEngine:
                 f"({max_len})"
             )
         now = time.monotonic() if arrival_time is None else arrival_time
-        request = _Request(request_id, token_ids, params, now, cache_salt=cache_salt)
-        seq = self._new_sequence(request, list(token_ids), sample_index=0)
-        self._requests[request_id] = request
-        self.scheduler.add_sequence(seq)
+        # all n samples now; the scheduler forks samples 1.. from sample 0 in the step that completes the prompt
+        seqs = [
+            Sequence(
+                seq_id=next(self._seq_ids),
+                request_id=request_id,
+                token_ids=list(token_ids),
+                num_prompt_tokens=len(token_ids),
+                params=params,
+                arrival_time=now,
+                sample_index=k,
+                cache_salt=cache_salt,
+            )
+            for k in range(params.n)
+        ]
+        self.scheduler.add_sequence(seqs[0], forks=seqs[1:])
+        self.output_processor.add_request(seqs)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free its blocks; unknown or finished ids are ignored."""
-        request = self._requests.get(request_id)
-        if request is None:
-            return
-        self.scheduler.abort(request_id)
-        for seq in request.seqs:
-            if not seq.is_finished:
-                seq.status = SequenceStatus.FINISHED
-                seq.finish_reason = FinishReason.ABORT
-        self._aborted.append(request)
+        self.output_processor.abort(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._requests)
+        return len(self.output_processor) > 0
 
     def num_unfinished_requests(self) -> int:
-        return len(self._requests)
+        return len(self.output_processor)
 
     # ---- the step -------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule, run the model, sample, detokenize; outputs of the requests that moved."""
-        touched: dict[str, dict[int, tuple[str, int]]] = {}
-        for request in self._aborted:
-            touched.setdefault(request.request_id, {})
-        self._aborted.clear()
         out = self.scheduler.schedule()
+        for seq_id in out.finished_seq_ids:
+            self._seeded_generators.pop(seq_id, None)
         if not out.is_empty:
-            self._num_steps += 1
             try:
-                self._run(out, touched)
+                got_token = self._run(out)
+                self.output_processor.process_tokens(got_token)
             except Exception as exc:  # a batched fault fails the requests of this step, not the engine
                 logger.exception("engine step failed; failing %d requests", len(out.scheduled))
                 for item in out.scheduled:
-                    self._fail(
-                        item.seq.request_id, f"engine step failed: {type(exc).__name__}: {exc}", touched
+                    self.output_processor.fail(
+                        item.seq.request_id, f"engine step failed: {type(exc).__name__}: {exc}"
                     )
-        return [self._make_output(rid, deltas) for rid, deltas in touched.items() if rid in self._requests]
+        return self.output_processor.make_outputs()
 
-    def _run(self, out: SchedulerOutput, touched: dict[str, dict[int, tuple[str, int]]]) -> None:
-        self._num_prompt_tokens_total += sum(
-            it.num_new_tokens for it in out.scheduled if it.seq.num_computed_tokens < it.seq.num_prompt_tokens
-        )
+    def _run(self, out: SchedulerOutput) -> list[Sequence]:
+        """Run the model, sample the sequences that reached their last token, advance them; those sequences."""
         logits = self.runner.execute(out)
-        rows: list[Sequence] = [item.seq for item in out.scheduled if item.samples]
-        row_of: list[int] = list(range(len(rows)))
-        for i, parent in enumerate(list(rows)):
-            request = self._requests[parent.request_id]
-            if (
-                parent.sample_index == 0
-                and parent.num_output_tokens == 0
-                and len(request.seqs) < request.params.n
-            ):
-                for k in range(len(request.seqs), request.params.n):
-                    child = self._new_sequence(request, list(parent.token_ids), sample_index=k)
-                    child.num_computed_tokens = parent.num_computed_tokens
-                    self.scheduler.fork(parent, child)
-                    item = next(it for it in out.scheduled if it.seq is parent)
-                    out.scheduled.append(ScheduledSequence(child, item.num_new_tokens))
-                    rows.append(child)
-                    row_of.append(i)
-        if not rows:
-            self.scheduler.update(out, {})
-            return
-        if len(row_of) != logits.shape[0]:
-            logits = logits[torch.tensor(row_of)]
-        batch = SamplingBatch.from_sequences(rows, self._generator_for, self._generator)
-        sampled = self.sampler(logits, batch)
-        token_of = {seq.seq_id: tok for seq, tok in zip(rows, sampled.token_ids)}
-        newly = self.scheduler.update(out, token_of)
-        self._num_generation_tokens_total += len(newly)
-        now = time.monotonic()
-        for seq, lp in zip(rows, sampled.logprobs):
-            if lp is not None:
-                self._requests[seq.request_id].logprobs.setdefault(seq.seq_id, []).append(lp)
-        for seq in newly:
-            request = self._requests.get(seq.request_id)
-            if request is None or request.error is not None:
-                continue
-            if request.first_token_time is None:
-                request.first_token_time = now
-            try:
-                self._detokenize(request, seq, touched)
-            except Exception as exc:  # a fault attributable to one request fails only that request
-                logger.exception("request %s failed in detokenization", seq.request_id)
-                self._fail(seq.request_id, f"detokenization failed: {type(exc).__name__}: {exc}", touched)
-
-    def _detokenize(
-        self, request: _Request, seq: Sequence, touched: dict[str, dict[int, tuple[str, int]]]
-    ) -> None:
-        detok = request.detokenizers[seq.seq_id]
-        result = detok.step([seq.token_ids[-1]])
-        delta = result.text_delta
-        if result.stop_string is not None and not seq.is_finished:
-            self.scheduler.finish(seq, FinishReason.STOP, result.stop_string)
-        if seq.is_finished and result.stop_string is None:
-            delta += detok.finish()
-        prev, n = touched.setdefault(request.request_id, {}).get(seq.sample_index, ("", 0))
-        touched[request.request_id][seq.sample_index] = (prev + delta, n + 1)
-
-    def _fail(self, request_id: str, message: str, touched: dict[str, dict[int, tuple[str, int]]]) -> None:
-        request = self._requests.get(request_id)
-        if request is None or request.error is not None:
-            return
-        request.error = message
-        self.scheduler.abort(request_id)
-        for seq in request.seqs:
-            if not seq.is_finished:
-                seq.status = SequenceStatus.FINISHED
-            seq.finish_reason = FinishReason.ERROR
-        touched.setdefault(request_id, {})
-
-    def _make_output(self, request_id: str, deltas: dict[int, tuple[str, int]]) -> RequestOutput:
-        request = self._requests[request_id]
-        finished = (
-            request.error is not None
-            or request.finished
-            or any(s.finish_reason is FinishReason.ABORT for s in request.seqs)
-        )
-        outputs = []
-        for seq in request.seqs:
-            delta, num_new = deltas.get(seq.sample_index, ("", 0))
-            outputs.append(
-                CompletionOutput(
-                    index=seq.sample_index,
-                    text=request.detokenizers[seq.seq_id].text,
-                    token_ids=seq.output_token_ids,
-                    text_delta=delta,
-                    num_new_tokens=num_new,
-                    logprobs=request.logprobs.get(seq.seq_id)
-                    if request.params.logprobs is not None
-                    else None,
-                    finish_reason=seq.finish_reason,
-                    stop_reason=seq.stop_reason,
-                )
-            )
-        metrics = {"arrival_time": request.arrival_time}
-        if request.first_token_time is not None:
-            metrics["first_token_time"] = request.first_token_time
-        if finished:
-            metrics["finished_time"] = time.monotonic()
-            del self._requests[request_id]
-            for seq in request.seqs:
-                self._seeded_generators.pop(seq.seq_id, None)
-        return RequestOutput(
-            request_id=request_id,
-            prompt_token_ids=request.prompt_token_ids,
-            outputs=outputs,
-            num_cached_tokens=request.seqs[0].num_cached_tokens,
-            finished=finished,
-            error=request.error,
-            metrics=metrics,
-        )
-
-    def _new_sequence(self, request: _Request, token_ids: list[int], sample_index: int) -> Sequence:
-        seq = Sequence(
-            seq_id=next(self._seq_ids),
-            request_id=request.request_id,
-            token_ids=token_ids,
-            num_prompt_tokens=len(request.prompt_token_ids),
-            params=request.params,
-            arrival_time=request.arrival_time,
-            sample_index=sample_index,
-            cache_salt=request.cache_salt,
-        )
-        request.seqs.append(seq)
-        request.detokenizers[seq.seq_id] = IncrementalDetokenizer(
-            self.tokenizer, request.prompt_token_ids, request.params.stop
-        )
-        return seq
-
-    def _generator_for(self, seq: Sequence) -> torch.Generator | None:
-        if seq.params.seed is None:
-            return None
-        gen = self._seeded_generators.get(seq.seq_id)
-        if gen is None:
-            gen = torch.Generator().manual_seed(seq.params.seed + seq.sample_index)
-            self._seeded_generators[seq.seq_id] = gen
-        return gen
+        seqs, rows = out.sampling_rows()
+        token_ids: dict[int, int] = {}
+        if seqs:
+            if len(rows) != logits.shape[0]:  # samples forked this step draw from their first sample's row
+                logits = logits[torch.tensor(rows)]
+            batch = SamplingBatch.from_sequences(seqs, self._seeded_generators, self._generator)
+            sampled = self.sampler(logits, batch)
+            token_ids = {seq.seq_id: token_id for seq, token_id in zip(seqs, sampled.token_ids, strict=True)}
+            self.output_processor.add_logprobs(seqs, sampled.logprobs)
+        return self.scheduler.update(out, token_ids)
 
     # ---- introspection ---------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         """Counters for metrics and the admin page."""
-        return dataclasses.replace(
-            self.scheduler.stats(),
-            num_prompt_tokens_total=self._num_prompt_tokens_total,
-            num_generation_tokens_total=self._num_generation_tokens_total,
-            num_steps=self._num_steps,
-        )
+        return self.scheduler.stats()
 
     def snapshot(self) -> PoolSnapshot:
         """Every block's state and every live sequence's block table, consistent between steps."""
-        snap = self.scheduler.snapshot()
-        return dataclasses.replace(snap, stats=self.stats())
+        return self.scheduler.snapshot()
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of a chat rendered with the model's template."""

@@ -122,7 +122,7 @@ class FaultyEngine:
         self.engine = engine
         self.plan = plan
         if plan.markers:
-            _wrap(engine, "_detokenize", self._detokenize)
+            _wrap(engine.output_processor, "_detokenize", self._detokenize)
             _wrap(engine.scheduler, "finish", self._finish)
             _wrap(engine.runner, "execute", self._execute)
 
@@ -157,9 +157,9 @@ class FaultyEngine:
         return delivered
 
     # ---- the sites inside a step (each wrapper gets the original bound method first) --------------------------
-    def _detokenize(self, original: Any, request: Any, seq: Any, touched: Any) -> None:
-        self.plan.fire("detokenize", request.request_id)
-        original(request, seq, touched)
+    def _detokenize(self, original: Any, state: Any, sample: Any) -> None:
+        self.plan.fire("detokenize", state.request_id)
+        original(state, sample)
 
     def _finish(self, original: Any, seq: Any, reason: Any, stop_reason: Any = None) -> None:
         if isinstance(stop_reason, str):  # a matched stop string, as opposed to EOS / max_tokens / abort

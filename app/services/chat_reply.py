@@ -277,9 +277,8 @@ def _timings(last: RequestOutput | None) -> dict[str, float]:
     """Seconds to the first token and in total, and decode speed, from the engine's monotonic timestamps."""
     if last is None:
         return {}
-    m = last.metrics
-    arrival, first = m.get("arrival_time"), m.get("first_token_time")
-    end = m.get("finished_time", time.monotonic())
+    arrival, first = last.metrics.arrival_time, last.metrics.first_token_time
+    end = last.metrics.finished_time if last.metrics.finished_time is not None else time.monotonic()
     timings: dict[str, float] = {}
     if arrival is not None:
         timings["total_s"] = round(end - arrival, 4)

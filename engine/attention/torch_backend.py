@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.metadata import AttentionMetadata
+from engine.core.utils import cdiv
 from engine.native.attention import NativeDecode, load_kernel
 
 MAX_DECODE_GROUPS = 4
@@ -104,7 +105,7 @@ def _group_decodes(meta: AttentionMetadata, decodes: list[int], bs: int) -> tupl
         return ()
     starts = meta.query_start_loc.tolist()
     tables = meta.block_tables.to(torch.int64)
-    blocks = [-(-meta.seq_lens_cpu[i] // bs) for i in decodes]
+    blocks = [cdiv(meta.seq_lens_cpu[i], bs) for i in decodes]
     bounds = [0, len(decodes)]
     if max(blocks) - min(blocks) > 1:
         order = sorted(range(len(decodes)), key=blocks.__getitem__)
@@ -120,7 +121,7 @@ def _group_decodes(meta: AttentionMetadata, decodes: list[int], bs: int) -> tupl
 
 def _decode_group(meta, tables, starts, seqs: list[int], bs: int, in_order: bool) -> _DecodeGroup:
     index = torch.tensor(seqs, dtype=torch.int64, device=tables.device)
-    num_blocks = -(-max(meta.seq_lens_cpu[i] for i in seqs) // bs)
+    num_blocks = cdiv(max(meta.seq_lens_cpu[i] for i in seqs), bs)
     lens = torch.tensor([meta.seq_lens_cpu[i] for i in seqs], device=tables.device)
     valid = torch.arange(num_blocks * bs, device=tables.device)[None, :] < lens[:, None]
     rows = None if in_order else torch.tensor([starts[i] for i in seqs], device=tables.device)
@@ -161,7 +162,7 @@ class TorchAttentionBackend:
             seq_len = meta.seq_lens_cpu[i]
             block_ids = mask = None
             if seq_len != query_len:  # cached context precedes this step's tokens
-                block_ids = tables[i, : -(-seq_len // bs)].to(torch.int64)
+                block_ids = tables[i, : cdiv(seq_len, bs)].to(torch.int64)
                 rows = torch.arange(query_len, device=device)[:, None] + (seq_len - query_len)
                 mask = torch.arange(seq_len, device=device)[None, :] <= rows
             prefills.append(_Prefill(starts[i], starts[i] + query_len, seq_len, block_ids, mask))

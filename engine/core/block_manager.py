@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from engine.core.hash_chain import BlockHasher, num_cacheable_blocks
 from engine.core.sequence import Sequence
+from engine.core.utils import cdiv
 
 FREE, CACHED, IN_USE = 0, 1, 2  # block states in snapshots
 
@@ -91,7 +92,7 @@ class BlockManager:
         end = num_computed + num_new_tokens
         if end > len(seq):
             raise RuntimeError(f"seq {seq.seq_id}: slots up to {end} requested for {len(seq)} tokens")
-        num_table_blocks = -(-end // bs)
+        num_table_blocks = cdiv(end, bs)
         num_new_blocks = max(0, num_table_blocks - len(table))
         written = range(num_computed // bs, min(len(table), num_table_blocks)) if num_new_tokens else range(0)
         cow_indices = [i for i in written if self.blocks[table[i]].ref_count > 1]
@@ -144,7 +145,7 @@ class BlockManager:
         assert num_full <= len(seq.block_table), f"seq {seq.seq_id}: computed tokens beyond its block table"
         for i in range(seq.num_hashed_blocks, num_full):
             block, block_hash = self.blocks[seq.block_table[i]], self._block_hash(seq, i)
-            if block.block_hash is not None:  # shared with a sibling forked mid-step, which hashed it first
+            if block.block_hash is not None:  # shared with a sibling forked this step, which hashed it first
                 assert block.block_hash == block_hash, f"block {block.block_id} holds two different contents"
                 continue
             block.block_hash = block_hash

@@ -27,6 +27,11 @@ class SchedulerOutput:
     scheduled: list[ScheduledSequence] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # samples forked this step from a first sample that completes its prompt: they share its KV (the model does
+    # not run them) and draw their first token from its logits
+    forked: list[ScheduledSequence] = field(default_factory=list)
+    # sequences finished since the previous step, whose per-sequence state (e.g. a seeded generator) can go
+    finished_seq_ids: list[int] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -35,6 +40,19 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+    def sampling_rows(self) -> tuple[list[Sequence], list[int]]:
+        """The sequences that sample a token this step, and each one's row of the model's logits (which has a row
+        per sampling sequence of `scheduled`, in order): forked samples come last and use their first sample's.
+        Read it before Scheduler.update, which moves the progress that `samples` is computed from."""
+        seqs = [s.seq for s in self.scheduled if s.samples]
+        rows = list(range(len(seqs)))
+        if self.forked:
+            row_of_request = {seq.request_id: i for i, seq in enumerate(seqs) if seq.sample_index == 0}
+            for s in self.forked:
+                seqs.append(s.seq)
+                rows.append(row_of_request[s.seq.request_id])
+        return seqs, rows
 
 
 @dataclass
@@ -64,6 +82,15 @@ class CompletionOutput:
         return self.finish_reason is not None
 
 
+@dataclass(frozen=True)
+class RequestMetrics:
+    """When a request arrived, got its first token and finished (time.monotonic seconds; None until it happens)."""
+
+    arrival_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+
 @dataclass
 class RequestOutput:
     """A request's state after a step: emitted whenever one of its samples produced text or finished."""
@@ -74,9 +101,7 @@ class RequestOutput:
     num_cached_tokens: int
     finished: bool
     error: str | None = None  # set when the request failed (finish_reason ERROR)
-    metrics: dict[str, float] = field(
-        default_factory=dict
-    )  # arrival, first_token, finished times (monotonic)
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
     @property
     def num_prompt_tokens(self) -> int:

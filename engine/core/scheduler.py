@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 
@@ -10,6 +11,7 @@ from engine.core.config import EngineConfig
 from engine.core.outputs import ScheduledSequence, SchedulerOutput
 from engine.core.sequence import FinishReason, Sequence, SequenceStatus
 from engine.core.stats import EngineStats, PoolSnapshot
+from engine.core.utils import cdiv
 
 
 def num_seq_slots_needed(seq: Sequence) -> int:
@@ -18,7 +20,12 @@ def num_seq_slots_needed(seq: Sequence) -> int:
 
 
 class Scheduler:
-    """Decides each step which sequences run and how many tokens each computes; owns the block manager."""
+    """Decides each step which sequences run and how many tokens each computes; owns the block manager.
+
+    The only writer of a sequence's status and finish reason. A request of n > 1 samples comes as its first sample
+    plus n - 1 fresh sequences: the step that computes the prompt's last token forks them (they share every block,
+    copy-on-write), and each samples its own first token from the prompt's logits in that same step.
+    """
 
     def __init__(self, config: EngineConfig, num_blocks: int, eos_token_ids: frozenset[int]) -> None:
         if config.max_model_len is None or config.max_num_batched_tokens is None:
@@ -32,8 +39,13 @@ class Scheduler:
         )
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.request_to_seqs: dict[str, list[Sequence]] = {}  # unfinished sequences in the queues
+        self.unforked: dict[int, list[Sequence]] = {}  # first sample's seq_id -> the samples it forks later
         self.num_preemptions = 0
-        self.request_to_seqs: dict[str, list[Sequence]] = {}  # unfinished sequences only
+        self.num_steps = 0
+        self.num_prompt_tokens_total = 0  # prompt tokens computed, recomputation after a preemption included
+        self.num_generation_tokens_total = 0
+        self._finished_seq_ids: list[int] = []  # finished since the last schedule(), reported by the next
 
     @property
     def num_running(self) -> int:
@@ -48,16 +60,28 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def get_sequences(self, request_id: str) -> list[Sequence]:
-        """The request's unfinished sequences (empty for unknown or finished requests)."""
+        """The request's unfinished sequences in the queues (empty for unknown or finished requests)."""
         return list(self.request_to_seqs.get(request_id, ()))
 
-    def add_sequence(self, seq: Sequence) -> None:
-        """Queue a new sequence (FCFS). ValueError when even an empty pool could not hold it."""
-        if seq.status is not SequenceStatus.WAITING or seq.block_table:
-            raise RuntimeError(f"seq {seq.seq_id} is not a fresh waiting sequence")
+    def add_sequence(self, seq: Sequence, forks: list[Sequence] | None = None) -> None:
+        """Queue a request's first sample (FCFS) and the n - 1 `forks` it starts once its prompt is computed.
+
+        ValueError when even an empty pool could not hold it.
+        """
+        forks = forks or []
+        for s in (seq, *forks):
+            if s.status is not SequenceStatus.WAITING or s.block_table:
+                raise RuntimeError(f"seq {s.seq_id} is not a fresh waiting sequence")
+        if len(forks) != seq.params.n - 1 or any(
+            f.request_id != seq.request_id or f.token_ids != seq.token_ids for f in forks
+        ):
+            raise RuntimeError(
+                f"request {seq.request_id!r} with n={seq.params.n} needs {seq.params.n - 1} sequences to fork "
+                f"with its prompt, got {len(forks)}"
+            )
         max_len = min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
         # the final token is sampled but never stored, hence max_len - 1 slots
-        num_blocks_needed = -(-(max_len - 1) // self.config.block_size)
+        num_blocks_needed = cdiv(max_len - 1, self.config.block_size)
         if num_blocks_needed > self.block_manager.num_blocks:
             raise ValueError(
                 f"prompt + max_tokens ({max_len} tokens) needs {num_blocks_needed} KV blocks, "
@@ -65,16 +89,19 @@ class Scheduler:
             )
         self.waiting.append(seq)
         self.request_to_seqs.setdefault(seq.request_id, []).append(seq)
+        if forks:
+            self.unforked[seq.seq_id] = list(forks)
 
-    def abort(self, request_id: str) -> list[Sequence]:
-        """Finish every unfinished sequence of the request with ABORT and free its blocks."""
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> list[Sequence]:
+        """Finish every unfinished sequence of the request (ABORT, or ERROR for a failed one); free its blocks."""
         seqs = self.get_sequences(request_id)
         for seq in seqs:
-            self.finish(seq, FinishReason.ABORT)
+            self.finish(seq, reason)
         return seqs
 
     def finish(self, seq: Sequence, reason: FinishReason, stop_reason: str | int | None = None) -> None:
-        """Mark the sequence finished, free its blocks and drop it from the queues."""
+        """Mark the sequence finished, free its blocks and drop it from the queues, with any samples it had yet to
+        fork (those can no longer start)."""
         if seq.is_finished:
             return
         if seq.status is SequenceStatus.RUNNING:
@@ -82,16 +109,35 @@ class Scheduler:
         else:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason, seq.stop_reason = reason, stop_reason
         siblings = self.request_to_seqs[seq.request_id]
         siblings.remove(seq)
         if not siblings:
             del self.request_to_seqs[seq.request_id]
+        for s in (seq, *self.unforked.pop(seq.seq_id, ())):
+            s.status = SequenceStatus.FINISHED
+            s.finish_reason, s.stop_reason = reason, stop_reason
+            self._finished_seq_ids.append(s.seq_id)
 
     def schedule(self) -> SchedulerOutput:
-        """Pick this step's work: running sequences oldest first, then FCFS admissions if nothing was preempted."""
-        out = SchedulerOutput()
+        """Pick this step's work: running sequences oldest first, then FCFS admissions if nothing was preempted;
+        then fork the other samples of each request whose prompt completes in this step."""
+        out = SchedulerOutput(finished_seq_ids=self._finished_seq_ids)
+        self._finished_seq_ids = []
+        budget = self._schedule_running(out)
+        if not out.preempted:
+            self._admit_waiting(out, budget)
+        if self.unforked:
+            self._fork_samples(out)
+        if out.scheduled:
+            self.num_steps += 1
+            self.num_prompt_tokens_total += sum(
+                s.num_new_tokens for s in out.scheduled if s.seq.num_computed_tokens < s.seq.num_prompt_tokens
+            )
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput) -> int:
+        """Give each running sequence, oldest first, its next tokens, preempting the youngest when the pool is
+        full; returns the token budget left."""
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
@@ -111,9 +157,10 @@ class Scheduler:
             out.block_copies.extend(copies)
             budget -= num_new
             i += 1
-        if out.preempted:
-            return out
+        return budget
 
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """Admit waiting sequences in FCFS order while the budget, the slots and the pool allow."""
         max_num_seqs = self.config.max_num_seqs
         num_seq_slots = sum(num_seq_slots_needed(s) for s in self.running)  # samples not forked yet count too
         while self.waiting and budget > 0:
@@ -133,7 +180,24 @@ class Scheduler:
             out.block_copies.extend(copies)
             budget -= num_new
             num_seq_slots += needed
-        return out
+
+    def _fork_samples(self, out: SchedulerOutput) -> None:
+        """Start the other samples of each request whose prompt completes in this step: each shares every block,
+        joins the running queue after its first sample and is listed in out.forked to sample its first token."""
+        for item in out.scheduled:
+            forks = self.unforked.pop(item.seq.seq_id, None) if item.samples else None
+            if forks is None:
+                continue
+            parent = item.seq
+            pos = self.running.index(parent) + 1  # siblings run right after it, in sample order
+            for child in forks:
+                self.block_manager.fork(parent, child)
+                child.num_computed_tokens = parent.num_computed_tokens
+                child.status = SequenceStatus.RUNNING
+                self.running.insert(pos, child)
+                pos += 1
+                self.request_to_seqs[child.request_id].append(child)
+                out.forked.append(ScheduledSequence(child, item.num_new_tokens))
 
     def update(
         self, output: SchedulerOutput, sampled: dict[int, int], now: float | None = None
@@ -141,7 +205,7 @@ class Scheduler:
         """Advance progress, append sampled tokens, finish stopped sequences; returns those that got a token."""
         now = time.monotonic() if now is None else now
         got_token: list[Sequence] = []
-        for scheduled in output.scheduled:
+        for scheduled in itertools.chain(output.scheduled, output.forked):
             seq = scheduled.seq
             if seq.is_finished:
                 continue
@@ -157,6 +221,7 @@ class Scheduler:
                 seq.first_token_time = now
             self.check_stop(seq)
             got_token.append(seq)
+        self.num_generation_tokens_total += len(got_token)
         return got_token
 
     def check_stop(self, seq: Sequence) -> bool:
@@ -170,36 +235,8 @@ class Scheduler:
             self.finish(seq, FinishReason.LENGTH)
         return seq.is_finished
 
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        """Start a parallel sample sharing all of the parent's blocks, the partial tail included.
-
-        Either right after update() gave the parent its first token (the child then holds its own first token and
-        is checked for a stop at once), or between schedule() and update() with the child's token ids equal to
-        the parent's: the caller then adds ScheduledSequence(child, same num_new_tokens) to the output, and
-        update() gives the child its first token.
-        """
-        if child.status is not SequenceStatus.WAITING or child.block_table:
-            raise RuntimeError(f"fork target seq {child.seq_id} is not a fresh sequence")
-        self.request_to_seqs.setdefault(child.request_id, []).append(child)
-        if parent.is_finished:
-            # the parent's blocks are already freed (cached ones stay findable): recompute through admission
-            child.num_computed_tokens = 0
-            self.waiting.appendleft(child)
-        else:
-            child.num_computed_tokens = parent.num_computed_tokens
-            self.block_manager.fork(parent, child)
-            child.status = SequenceStatus.RUNNING
-            pos = self.running.index(parent) + 1
-            while pos < len(self.running) and self.running[pos].request_id == parent.request_id:
-                pos += 1  # keep siblings in sample order
-            self.running.insert(pos, child)
-        if child.num_output_tokens:
-            self.check_stop(child)
-
-    def stats(
-        self, num_prompt_tokens_total: int = 0, num_generation_tokens_total: int = 0, num_steps: int = 0
-    ) -> EngineStats:
-        """Pool and queue statistics; the engine passes its own token and step counters."""
+    def stats(self) -> EngineStats:
+        """Pool and queue gauges, and the step and token counters since start."""
         pool = self.block_manager.stats()
         return EngineStats(
             num_running=len(self.running),
@@ -214,14 +251,14 @@ class Scheduler:
             num_slots_allocated=sum(self.block_manager.num_slots_allocated(s) for s in self.running),
             prefix_query_tokens=pool.prefix_query_tokens,
             prefix_hit_tokens=pool.prefix_hit_tokens,
-            num_prompt_tokens_total=num_prompt_tokens_total,
-            num_generation_tokens_total=num_generation_tokens_total,
-            num_steps=num_steps,
+            num_prompt_tokens_total=self.num_prompt_tokens_total,
+            num_generation_tokens_total=self.num_generation_tokens_total,
+            num_steps=self.num_steps,
             block_size=self.config.block_size,
             max_model_len=self.max_model_len,
         )
 
-    def snapshot(self, **engine_counters: int) -> PoolSnapshot:
+    def snapshot(self) -> PoolSnapshot:
         """A consistent picture of the pool and the live sequences (call on the engine thread)."""
         states, ref_counts, hash_prefixes = self.block_manager.snapshot()
         sequences = [
@@ -235,7 +272,7 @@ class Scheduler:
             }
             for s in [*self.running, *self.waiting]
         ]
-        return PoolSnapshot(states, ref_counts, hash_prefixes, sequences, self.stats(**engine_counters))
+        return PoolSnapshot(states, ref_counts, hash_prefixes, sequences, self.stats())
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         # recompute later: its full blocks stay in the prefix cache, so resuming is usually cheap

@@ -8,6 +8,7 @@ from engine.core.config import EngineConfig
 from engine.core.outputs import ScheduledSequence as Item
 from engine.core.outputs import SchedulerOutput
 from engine.core.sequence import SamplingParams, Sequence
+from engine.core.utils import cdiv
 from engine.worker.kv_cache import KVCacheSpec
 from engine.worker.model_runner import ModelRunner
 
@@ -17,7 +18,7 @@ def profile_peak_bytes(config: EngineConfig, model: torch.nn.Module, spec: KVCac
     num_tokens = config.max_num_batched_tokens
     seq_len = min(num_tokens, config.max_model_len)
     lengths = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
-    blocks_per_seq = -(-seq_len // spec.block_size)
+    blocks_per_seq = cdiv(seq_len, spec.block_size)
     runner = ModelRunner(config, model, spec, blocks_per_seq * len(lengths))
     items = []
     for i, length in enumerate(lengths):

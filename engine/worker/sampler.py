@@ -16,7 +16,7 @@ top few hundred tokens already hold the top-p mass.
 
 from __future__ import annotations
 
-from collections.abc import Callable, MutableMapping
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 import torch
@@ -26,8 +26,6 @@ from engine.core.sequence import SamplingParams, Sequence
 
 # Candidate list sizes tried in turn for top-p rows without top-k; the last resort sorts the whole vocabulary.
 TOP_P_CANDIDATES = (256, 4096)
-
-GeneratorSource = Callable[[Sequence], "torch.Generator | None"] | MutableMapping[int, torch.Generator]
 
 
 @dataclass
@@ -46,26 +44,23 @@ class SamplingBatch:
     def from_sequences(
         cls,
         seqs: list[Sequence],
-        generators: GeneratorSource,
+        generators: MutableMapping[int, torch.Generator],
         default_generator: torch.Generator | None = None,
     ) -> SamplingBatch:
-        """Build the batch; `generators` maps a seeded sequence to its own generator (a callable, or a dict by
-        seq_id that gains a new generator for each seeded sequence not yet in it). Unseeded rows use
-        `default_generator`. Histories are copied only for rows that apply penalties."""
+        """Build the batch. A seeded sequence draws from its own generator, kept in `generators` by seq_id (added
+        here on its first step, by make_generator's rule); unseeded rows use `default_generator`. Histories are
+        copied only for rows that apply penalties."""
         gens: list[torch.Generator | None] = []
         prompts: list[list[int]] = []
         outputs: list[list[int]] = []
         for seq in seqs:
             p = seq.params
-            gen = None
+            gen = default_generator
             if p.seed is not None:
-                if isinstance(generators, MutableMapping):
-                    gen = generators.get(seq.seq_id)
-                    if gen is None:
-                        gen = generators[seq.seq_id] = make_generator(p.seed, seq.sample_index)
-                else:
-                    gen = generators(seq)
-            gens.append(default_generator if gen is None else gen)
+                gen = generators.get(seq.seq_id)
+                if gen is None:
+                    gen = generators[seq.seq_id] = make_generator(p.seed, seq.sample_index)
+            gens.append(gen)
             prompts.append(seq.token_ids[: seq.num_prompt_tokens] if p.repetition_penalty != 1.0 else [])
             outputs.append(seq.token_ids[seq.num_prompt_tokens :] if _has_penalty(p) else [])
         return cls([s.params for s in seqs], gens, prompts, outputs)

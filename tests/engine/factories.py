@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from engine.attention.metadata import AttentionMetadata
+from engine.core.utils import cdiv
 from engine.models.llama import LlamaForCausalLM, ModelArgs
 
 TINY = dict(
@@ -79,7 +80,7 @@ def make_block_tables(
     seq_lens: list[int], block_size: int, num_blocks: int, seed: int = 0
 ) -> list[list[int]]:
     """Distinct, shuffled (non-contiguous) block ids covering each sequence's seq_len tokens."""
-    needed = [-(-n // block_size) for n in seq_lens]
+    needed = [cdiv(n, block_size) for n in seq_lens]
     assert sum(needed) <= num_blocks, f"pool of {num_blocks} blocks cannot hold {sum(needed)}"
     ids = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
     tables, used = [], 0

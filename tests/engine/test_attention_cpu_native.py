@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine.attention.torch_backend import TorchAttentionBackend
+from engine.core.utils import cdiv
 from engine.native import attention as attention_cpu_native
 from engine.native.attention import load_kernel
 from kernels.reference import paged_attention_ref, store_kv_ref
@@ -51,8 +52,8 @@ def _reference(q, k_cache, v_cache, tables, rows, seq_lens, scale):
 )
 def test_decode_matches_reference(dtype, head_dim, num_heads, num_kv_heads, block_size):
     gen = torch.Generator().manual_seed(head_dim + num_heads)
-    num_blocks = sum(-(-n // block_size) for n in SEQ_LENS) + 3
-    width = -(-max(SEQ_LENS) // block_size)
+    num_blocks = sum(cdiv(n, block_size) for n in SEQ_LENS) + 3
+    width = cdiv(max(SEQ_LENS), block_size)
     tables = torch.tensor(
         [t + [0] * (width - len(t)) for t in make_block_tables(SEQ_LENS, block_size, num_blocks, seed=1)],
         dtype=torch.int32,

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from engine.core.sequence import FinishReason
-from tests.engine.test_scheduler import FakeModel, live_seqs, make_prompt, make_scheduler, make_seq, step
+from tests.engine.test_scheduler import FakeModel, add, live_seqs, make_prompt, make_scheduler, make_seq, step
 
 # shared prompt stems, so that random prompts hit (and evict) each other's cached blocks
 STEMS = [make_prompt(24, seed) for seed in range(3)]
@@ -22,12 +22,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         budget=st.sampled_from([8, 13, 32]),
         max_num_seqs=st.integers(1, 4),
         caching=st.booleans(),
-        fork_before=st.booleans(),
     )
-    def setup(
-        self, num_blocks: int, budget: int, max_num_seqs: int, caching: bool, fork_before: bool
-    ) -> None:
-        self.fork_before = fork_before  # which of the two fork orders the fake engine uses
+    def setup(self, num_blocks: int, budget: int, max_num_seqs: int, caching: bool) -> None:
         self.sched = make_scheduler(
             num_blocks,
             block_size=BLOCK_SIZE,
@@ -52,14 +48,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             max(1, suffix_len) if stem_len == 0 else suffix_len, seq_id
         )
         seq = make_seq(seq_id, prompt, max_tokens=max_tokens, n=n)
-        self.sched.add_sequence(seq)
+        add(self.sched, seq)
         self.request_ids.append(seq.request_id)
 
     @precondition(lambda self: self.sched.has_unfinished())
     @rule()
     def step(self) -> None:
         preemptions = self.sched.num_preemptions
-        out, _, _ = step(self.sched, self.model, self.fork_before)
+        out, _, _ = step(self.sched, self.model)
         assert self.sched.num_preemptions == preemptions + len(out.preempted)
         # forking may exceed max_num_seqs only for a request whose n alone exceeds it
         max_n = max((s.params.n for s in self.sched.running), default=1)
@@ -86,7 +82,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         for _ in range(500):
             if not self.sched.has_unfinished():
                 return
-            step(self.sched, self.model, self.fork_before)
+            step(self.sched, self.model)
         raise AssertionError("sequences still unfinished after 500 steps")
 
     @invariant()

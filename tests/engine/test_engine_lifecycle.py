@@ -71,6 +71,9 @@ def test_parallel_samples_are_seeded_and_share_the_prompt(model_dir):
     )
     assert single[0].outputs[0].token_ids == first.outputs[1].token_ids
     assert_pool_idle(llm.engine)
+    # a finished sequence's generator goes with the next step, when the scheduler reports it finished
+    assert len(llm.engine._seeded_generators) == 1 and llm.engine.step() == []
+    assert llm.engine._seeded_generators == {}
 
 
 def test_abort_frees_blocks_at_once(model_dir):
@@ -119,8 +122,8 @@ def test_a_fault_in_one_requests_detokenization_fails_only_that_request(model_di
     engine = LLMEngine(EngineConfig(model=model_dir, dtype="float32", kv_cache_bytes=256 * BLOCK_BYTES))
     engine.add_request("bad", prompts(3)[1], greedy(8))
     engine.add_request("good", prompts(3)[2], greedy(8))
-    detok = engine._requests["bad"].detokenizers
-    (bad_detok,) = detok.values()
+    (bad_sample,) = engine.output_processor.request_states["bad"].samples
+    bad_detok = bad_sample.detokenizer
 
     def explode(ids):
         raise UnicodeError("injected")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine.attention.torch_backend import TorchAttentionBackend
+from engine.core.utils import cdiv
 from engine.loading.loader import eos_token_ids, load_model, load_tokenizer, resolve_model_path
 from engine.loading.provision import (
     MARKER_FILE,
@@ -24,7 +25,7 @@ from tests.engine.factories import make_attention_metadata, make_hf_model, make_
 
 def _prefill_logits(model, tokens: list[int]) -> torch.Tensor:
     """Logits of one sequence prefilled in one step through a paged cache of 4-token blocks."""
-    num_blocks = -(-len(tokens) // 4)
+    num_blocks = cdiv(len(tokens), 4)
     tables = [list(range(num_blocks))[::-1]]
     meta = make_attention_metadata([len(tokens)], [len(tokens)], tables, 4)
     caches = make_kv_caches(model.args, num_blocks, 4, dtype=next(model.parameters()).dtype)

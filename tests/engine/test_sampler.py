@@ -224,8 +224,8 @@ def test_from_sequences_generators_and_histories() -> None:
     assert batch.output_token_ids == [[], [], [3], [3]]
     again = SamplingBatch.from_sequences(seqs, gens, default)
     assert again.generators[0] is gens[1]  # kept for the sequence's whole life
-    by_callable = SamplingBatch.from_sequences(seqs, lambda seq: gens.get(seq.seq_id), None)
-    assert by_callable.generators == [gens[1], gens[2], None, None]
+    no_default = SamplingBatch.from_sequences(seqs, gens)
+    assert no_default.generators == [gens[1], gens[2], None, None]
 
 
 def test_logits_batch_mismatch_raises() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.core.config import EngineConfig
-from engine.core.outputs import ScheduledSequence, SchedulerOutput
+from engine.core.outputs import SchedulerOutput
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
 
@@ -59,34 +59,18 @@ class FakeModel:
         return sampled
 
 
-def make_child(parent: Sequence, k: int, token_ids: list[int]) -> Sequence:
+def make_child(parent: Sequence, k: int) -> Sequence:
     seq_id = 10_000 + parent.seq_id * 100 + k  # apart from the tests' own ids
-    return Sequence(seq_id, parent.request_id, token_ids, parent.num_prompt_tokens, parent.params, 0.0, k)
+    return Sequence(
+        seq_id, parent.request_id, list(parent.token_ids), parent.num_prompt_tokens, parent.params, 0.0, k
+    )
 
 
-def fork_after_update(sched: Scheduler, got_token: list[Sequence]) -> list[Sequence]:
-    """For n > 1: fork the other samples once the first one got its first token, each with its own token."""
-    children = []
-    for parent in got_token:
-        if parent.sample_index == 0 and parent.num_output_tokens == 1:
-            for k in range(1, parent.params.n):
-                child = make_child(parent, k, [*parent.token_ids[:-1], parent.token_ids[-1] + 1000 * k])
-                sched.fork(parent, child)
-                children.append(child)
-    return children
-
-
-def fork_before_update(sched: Scheduler, out: SchedulerOutput, sampled: dict[int, int]) -> None:
-    """The other order: fork between schedule and update, so that update hands every sample its first token."""
-    for item in list(out.scheduled):
-        parent = item.seq
-        if item.samples and parent.sample_index == 0 and parent.num_output_tokens == 0:
-            for k in range(1, parent.params.n):
-                child = make_child(parent, k, list(parent.token_ids))
-                child.num_computed_tokens = parent.num_computed_tokens
-                sched.fork(parent, child)
-                out.scheduled.append(ScheduledSequence(child, item.num_new_tokens))
-                sampled[child.seq_id] = sampled[parent.seq_id] + 1000 * k
+def add(sched: Scheduler, seq: Sequence) -> list[Sequence]:
+    """Queue a request as the engine does: its first sample, and for n > 1 the samples it forks later."""
+    forks = [make_child(seq, k) for k in range(1, seq.params.n)]
+    sched.add_sequence(seq, forks)
+    return forks
 
 
 def live_seqs(sched: Scheduler) -> list[Sequence]:
@@ -94,7 +78,7 @@ def live_seqs(sched: Scheduler) -> list[Sequence]:
 
 
 def step(
-    sched: Scheduler, model: FakeModel, fork_before: bool = False
+    sched: Scheduler, model: FakeModel
 ) -> tuple[SchedulerOutput, list[tuple[int, int, bool]], list[Sequence]]:
     """One engine step; returns the output, its (seq_id, num_new_tokens, samples) and the sequences given a token."""
     running_before = list(sched.running)
@@ -107,22 +91,22 @@ def step(
     # samples is read before update moves num_computed_tokens
     scheduled = [(s.seq.seq_id, s.num_new_tokens, s.samples) for s in out.scheduled]
     sampled = model(out)
-    if fork_before:
-        fork_before_update(sched, out, sampled)
+    seqs, rows = out.sampling_rows()
+    assert list(sampled) == [seq.seq_id for seq in seqs[: len(sampled)]]
+    for seq, row in zip(seqs[len(sampled) :], rows[len(sampled) :], strict=True):
+        # a sample forked this step draws its own first token from its first sample's row
+        sampled[seq.seq_id] = sampled[seqs[row].seq_id] + 1000 * seq.sample_index
     got_token = sched.update(out, sampled)
-    children = [] if fork_before else fork_after_update(sched, got_token)
     sched.block_manager.check_invariants(live_seqs(sched))
-    return out, scheduled, got_token + children
+    return out, scheduled, got_token
 
 
-def run_to_completion(
-    sched: Scheduler, model: FakeModel | None = None, fork_before: bool = False
-) -> list[SchedulerOutput]:
+def run_to_completion(sched: Scheduler, model: FakeModel | None = None) -> list[SchedulerOutput]:
     model = model or FakeModel(sched.block_manager.num_blocks, sched.config.block_size)
     outputs = []
     while sched.has_unfinished():
         assert len(outputs) < 2000, "no progress"
-        outputs.append(step(sched, model, fork_before)[0])
+        outputs.append(step(sched, model)[0])
     assert sched.block_manager.stats().num_used_blocks == 0
     return outputs
 
@@ -248,16 +232,19 @@ def test_stop_conditions() -> None:
     out = sched.schedule()
     got = sched.update(out, {0: EOS, 1: EOS, 2: 77, 3: 50}, now=5.0)
     assert got == [eos, ignore, stop_tok, length]
+    assert out.finished_seq_ids == []
     assert (eos.finish_reason, eos.stop_reason, eos.first_token_time) == (FinishReason.STOP, None, 5.0)
     assert (stop_tok.finish_reason, stop_tok.stop_reason) == (FinishReason.STOP, 77)
     assert not ignore.is_finished and not length.is_finished
     assert sched.running == [ignore, length]
     out = sched.schedule()
+    assert out.finished_seq_ids == [0, 2]
     sched.update(out, {1: EOS, 3: 51}, now=6.0)
     assert ignore.finish_reason is FinishReason.LENGTH and ignore.output_token_ids == [EOS, EOS]
     assert length.finish_reason is FinishReason.LENGTH and len(length) == 16
     assert ignore.first_token_time == 5.0
     assert not sched.has_unfinished() and sched.block_manager.stats().num_used_blocks == 0
+    assert sched.schedule().finished_seq_ids == [1, 3]  # 0 and 2 were reported by the second schedule()
 
 
 def test_abort_frees_running_and_waiting_sequences() -> None:
@@ -276,13 +263,13 @@ def test_abort_frees_running_and_waiting_sequences() -> None:
     assert sched.get_sequences("r0") == []
 
 
-@pytest.mark.parametrize("fork_before", [False, True], ids=["fork_after_update", "fork_before_update"])
-def test_fork_shares_blocks_then_copies_the_partial_tail(fork_before: bool) -> None:
+def test_fork_shares_blocks_then_copies_the_partial_tail() -> None:
     sched = make_scheduler()
     parent = make_seq(0, make_prompt(17), n=3, max_tokens=3)
-    sched.add_sequence(parent)
+    add(sched, parent)
     model = FakeModel(64, 8)
-    _, _, got = step(sched, model, fork_before)
+    out, _, got = step(sched, model)
+    assert [(s.seq.seq_id, s.num_new_tokens) for s in out.forked] == [(10_001, 17), (10_002, 17)]
     assert [s.seq_id for s in got] == [0, 10_001, 10_002]
     assert [s.output_token_ids[0] - parent.output_token_ids[0] for s in got] == [0, 1000, 2000]
     assert sched.running == got and sched.get_sequences("r0") == got
@@ -290,20 +277,33 @@ def test_fork_shares_blocks_then_copies_the_partial_tail(fork_before: bool) -> N
     assert [b.ref_count for b in sched.block_manager.blocks[:4]] == [3, 3, 3, 0]
     assert [s.num_hashed_blocks for s in got] == [2, 2, 2]
     assert sched.stats().num_shared_blocks == 3
-    out, scheduled, _ = step(sched, model, fork_before)
-    assert scheduled == [(0, 1, True), (10_001, 1, True), (10_002, 1, True)]
+    out, scheduled, _ = step(sched, model)
+    assert scheduled == [(0, 1, True), (10_001, 1, True), (10_002, 1, True)] and out.forked == []
     assert out.block_copies == [(2, 3), (2, 4)]  # the last writer of block 2 owns it alone by then
     assert [s.block_table for s in got] == [[0, 1, 3], [0, 1, 4], [0, 1, 2]]
-    run_to_completion(sched, model, fork_before)
+    run_to_completion(sched, model)
     assert len({tuple(s.output_token_ids) for s in got}) == 3
     assert [s.num_output_tokens for s in got] == [3, 3, 3]
 
 
-def test_fork_before_update_does_not_stop_on_the_prompt_token() -> None:
+def test_forked_samples_draw_from_their_first_samples_logits_row() -> None:
+    sched = make_scheduler()
+    model = FakeModel(64, 8)
+    add(sched, make_seq(0, make_prompt(5), max_tokens=4))
+    step(sched, model)
+    add(sched, make_seq(1, make_prompt(9, 1), n=2))
+    add(sched, make_seq(2, make_prompt(70, 2)))  # only 54 of its tokens fit the budget: it does not sample
+    out = sched.schedule()
+    assert [(s.seq.seq_id, s.num_new_tokens) for s in out.scheduled] == [(0, 1), (1, 9), (2, 54)]
+    seqs, rows = out.sampling_rows()
+    assert ([s.seq_id for s in seqs], rows) == ([0, 1, 10_101], [0, 1, 1])
+
+
+def test_forked_samples_do_not_stop_on_the_prompt_token() -> None:
     sched = make_scheduler()
     parent = make_seq(0, [*make_prompt(9), 77], n=2, stop_token_ids=[77], max_tokens=2)
-    sched.add_sequence(parent)
-    _, _, got = step(sched, FakeModel(64, 8), fork_before=True)
+    add(sched, parent)
+    _, _, got = step(sched, FakeModel(64, 8))
     assert [(s.seq_id, s.num_output_tokens, s.is_finished) for s in got] == [
         (0, 1, False),
         (10_001, 1, False),
@@ -313,10 +313,10 @@ def test_fork_before_update_does_not_stop_on_the_prompt_token() -> None:
 def test_admission_counts_every_sample_of_a_request() -> None:
     sched = make_scheduler(max_num_seqs=3, max_num_batched_tokens=8)
     first = make_seq(0, make_prompt(10), n=2)
-    sched.add_sequence(first)
+    add(sched, first)
     model = FakeModel(64, 8)
     step(sched, model)  # first prompt chunk: not forked yet, but it will need 2 slots
-    sched.add_sequence(make_seq(1, make_prompt(5, 1), n=2))
+    add(sched, make_seq(1, make_prompt(5, 1), n=2))
     _, scheduled, got = step(sched, model)
     assert scheduled == [(0, 2, True)] and [s.seq_id for s in got] == [0, 10_001]
     assert sched.num_waiting == 1
@@ -326,34 +326,40 @@ def test_admission_counts_every_sample_of_a_request() -> None:
     assert [s.seq_id for s in sched.waiting] == [1, 2]
 
 
-def test_fork_after_the_parent_finished() -> None:
+def test_a_one_token_request_finishes_every_sample_in_its_first_step() -> None:
     sched = make_scheduler()
     one_token = make_seq(0, make_prompt(10), n=2, max_tokens=1)
-    sched.add_sequence(one_token)
+    add(sched, one_token)
     _, _, got = step(sched, FakeModel(64, 8))
     assert [s.finish_reason for s in got] == [FinishReason.LENGTH, FinishReason.LENGTH]
     assert not sched.has_unfinished()
+    assert sched.schedule().finished_seq_ids == [0, 10_001]
 
-    sched = make_scheduler(max_num_seqs=2)
-    parent, later = (
-        make_seq(0, make_prompt(10), n=2, max_tokens=5),
-        make_seq(1, make_prompt(4, 1), max_tokens=5),
-    )
-    sched.add_sequence(parent)
-    sched.add_sequence(later)
-    model = FakeModel(64, 8)
-    out = sched.schedule()
-    assert [s.seq for s in out.scheduled] == [parent]
-    model(out)
-    sched.update(out, {0: EOS})
-    assert parent.finish_reason is FinishReason.STOP
-    child = Sequence(2, "r0", [*parent.token_ids[:-1], 60], 10, parent.params, 0.0, sample_index=1)
-    sched.fork(parent, child)
-    assert child.status is SequenceStatus.WAITING and list(sched.waiting) == [child, later]
-    step(sched, model)
-    assert child.num_cached_tokens == 8  # the parent's full block is still cached
-    run_to_completion(sched, model)
-    assert child.finish_reason is FinishReason.LENGTH and child.num_output_tokens == 5
+
+def test_abort_before_the_fork_finishes_the_samples_not_started() -> None:
+    sched = make_scheduler(max_num_batched_tokens=8)
+    parent = make_seq(0, make_prompt(20), n=3, max_tokens=4)
+    forks = add(sched, parent)
+    out, _, got = step(sched, FakeModel(64, 8))  # the first prompt chunk: nothing samples, nothing forks
+    assert (got, out.forked, sched.get_sequences("r0")) == ([], [], [parent])
+    assert sched.abort("r0", FinishReason.ERROR) == [parent]
+    assert [(s.status, s.finish_reason, s.block_table) for s in [parent, *forks]] == [
+        (SequenceStatus.FINISHED, FinishReason.ERROR, [])
+    ] * 3
+    assert not sched.has_unfinished() and sched.block_manager.stats().num_used_blocks == 0
+    assert sched.schedule().finished_seq_ids == [0, 10_001, 10_002]
+
+
+def test_a_request_of_n_samples_must_bring_its_forks() -> None:
+    sched = make_scheduler()
+    parent = make_seq(0, make_prompt(10), n=3)
+    with pytest.raises(RuntimeError, match=r"n=3 needs 2 sequences to fork with its prompt, got 1"):
+        sched.add_sequence(parent, [make_child(parent, 1)])
+    other_prompt = make_child(parent, 2)
+    other_prompt.token_ids[-1] += 1
+    with pytest.raises(RuntimeError, match="got 2"):
+        sched.add_sequence(parent, [make_child(parent, 1), other_prompt])
+    assert not sched.has_unfinished()
 
 
 def test_sequence_larger_than_the_pool_is_rejected() -> None:
@@ -371,7 +377,7 @@ def test_stats_and_snapshot() -> None:
     sched.add_sequence(a)
     sched.add_sequence(b)
     step(sched, FakeModel(8, 8))
-    stats = sched.stats(num_prompt_tokens_total=10, num_generation_tokens_total=1, num_steps=1)
+    stats = sched.stats()
     assert (stats.num_running, stats.num_waiting, stats.num_preemptions) == (1, 1, 0)
     assert (stats.num_blocks, stats.num_free_blocks, stats.num_cached_blocks, stats.num_used_blocks) == (
         8,
@@ -383,7 +389,7 @@ def test_stats_and_snapshot() -> None:
     assert (stats.prefix_query_tokens, stats.prefix_hit_tokens) == (10, 0)
     assert (stats.num_prompt_tokens_total, stats.num_generation_tokens_total, stats.num_steps) == (10, 1, 1)
     assert (stats.block_size, stats.max_model_len) == (8, 512)
-    snap = sched.snapshot(num_steps=1)
+    snap = sched.snapshot()
     assert snap.block_states == [2, 2, 0, 0, 0, 0, 0, 0]
     assert snap.ref_counts == [1, 1, 0, 0, 0, 0, 0, 0]
     assert snap.block_hash_prefixes == {0: a.block_hashes[0].hex()[:8]}

@@ -1,0 +1,176 @@
+"""Per-request output bookkeeping: each sample's detokenizer and logprobs, a step's deltas, the RequestOutputs.
+
+The scheduler alone writes a sequence's status. What ends a request here (a stop string in the text, an abort, a
+fault attributable to one request) this module asks the scheduler to carry out, inside the per-request fault
+boundary, so that such a fault fails that request only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from engine.core.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import FinishReason, SamplingParams, Sequence
+from engine.detokenizer import IncrementalDetokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SampleState:
+    """One of a request's n samples: its sequence, its text so far and what this step added."""
+
+    seq: Sequence
+    detokenizer: IncrementalDetokenizer
+    logprobs: list[Logprob] | None = None  # None until the first one arrives
+    text_delta: str = ""  # text released since the last output
+    num_new_tokens: int = 0  # tokens added since the last output
+
+    @property
+    def started(self) -> bool:
+        """The first sample always; a forked one once it holds a token (only started samples are reported)."""
+        return self.seq.sample_index == 0 or self.seq.num_output_tokens > 0
+
+
+@dataclass
+class RequestState:
+    """A live request as outputs see it: its samples in index order, and the error that failed it, if any."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    samples: list[SampleState]
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(s.seq.is_finished for s in self.samples)
+
+
+class OutputProcessor:
+    """Turns the tokens of each step into text deltas and one RequestOutput per request that moved."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, scheduler: Scheduler) -> None:
+        self.tokenizer = tokenizer
+        self.scheduler = scheduler
+        self.request_states: dict[str, RequestState] = {}
+        self._moved: dict[str, RequestState] = {}  # requests with news for the next outputs, in order of news
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self.request_states
+
+    def __len__(self) -> int:
+        return len(self.request_states)
+
+    def add_request(self, seqs: list[Sequence]) -> None:
+        """Track a new request from its n sequences (sample order), a detokenizer for each."""
+        first = seqs[0]
+        prompt = first.token_ids[: first.num_prompt_tokens]
+        if first.request_id in self.request_states:
+            raise RuntimeError(f"request {first.request_id!r} is already tracked")
+        samples = [
+            SampleState(seq, IncrementalDetokenizer(self.tokenizer, prompt, seq.params.stop)) for seq in seqs
+        ]
+        self.request_states[first.request_id] = RequestState(first.request_id, prompt, first.params, samples)
+
+    def add_logprobs(self, seqs: list[Sequence], logprobs: list[Logprob | None]) -> None:
+        """Record each sequence's logprob of this step (None where its request did not ask for logprobs)."""
+        for seq, lp in zip(seqs, logprobs, strict=True):
+            if lp is not None:
+                sample = self.request_states[seq.request_id].samples[seq.sample_index]
+                if sample.logprobs is None:
+                    sample.logprobs = []
+                sample.logprobs.append(lp)
+
+    def process_tokens(self, seqs: list[Sequence]) -> None:
+        """Add the token each sequence just got to its text; a fault fails only that sequence's request."""
+        for seq in seqs:
+            state = self.request_states[seq.request_id]
+            if state.error is not None:
+                continue
+            try:
+                self._detokenize(state, state.samples[seq.sample_index])
+            except Exception as exc:  # a fault attributable to one request fails only that request
+                logger.exception("request %s failed in detokenization", seq.request_id)
+                self.fail(seq.request_id, f"detokenization failed: {type(exc).__name__}: {exc}")
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now and free its blocks; its final output comes next. Unknown ids are ignored."""
+        state = self.request_states.get(request_id)
+        if state is not None:
+            self.scheduler.abort(request_id)
+            self._moved[request_id] = state
+
+    def fail(self, request_id: str, message: str) -> None:
+        """End a request with an error (finish reason ERROR); only the first error of a request counts."""
+        state = self.request_states.get(request_id)
+        if state is None or state.error is not None:
+            return
+        state.error = message
+        self.scheduler.abort(request_id, FinishReason.ERROR)
+        self._moved[request_id] = state
+
+    def make_outputs(self) -> list[RequestOutput]:
+        """One output per request that moved since the last call; finished requests are forgotten after theirs."""
+        outputs = []
+        for state in self._moved.values():
+            output = self._make_output(state)
+            if output.finished:
+                del self.request_states[state.request_id]
+            outputs.append(output)
+        self._moved.clear()
+        return outputs
+
+    def _detokenize(self, state: RequestState, sample: SampleState) -> None:
+        """Add the sample's last token to its text; a completed stop string finishes the sequence."""
+        seq = sample.seq
+        step = sample.detokenizer.step([seq.token_ids[-1]])
+        delta = step.text_delta
+        if step.stop_string is not None:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, FinishReason.STOP, step.stop_string)
+        elif seq.is_finished:
+            delta += sample.detokenizer.finish()  # the held-back tail: no stop string can complete any more
+        sample.text_delta += delta
+        sample.num_new_tokens += 1
+        self._moved[state.request_id] = state
+
+    def _make_output(self, state: RequestState) -> RequestOutput:
+        finished = state.finished
+        assert state.error is None or finished, f"request {state.request_id} failed but still runs"
+        outputs = []
+        for sample in state.samples:
+            if not sample.started:
+                continue
+            seq = sample.seq
+            outputs.append(
+                CompletionOutput(
+                    index=seq.sample_index,
+                    text=sample.detokenizer.text,
+                    token_ids=seq.output_token_ids,
+                    text_delta=sample.text_delta,
+                    num_new_tokens=sample.num_new_tokens,
+                    logprobs=sample.logprobs if state.params.logprobs is not None else None,
+                    finish_reason=FinishReason.ERROR if state.error is not None else seq.finish_reason,
+                    stop_reason=seq.stop_reason,
+                )
+            )
+            sample.text_delta, sample.num_new_tokens = "", 0
+        first = state.samples[0].seq
+        metrics = RequestMetrics(
+            first.arrival_time, first.first_token_time, time.monotonic() if finished else None
+        )
+        return RequestOutput(
+            request_id=state.request_id,
+            prompt_token_ids=state.prompt_token_ids,
+            outputs=outputs,
+            num_cached_tokens=first.num_cached_tokens,
+            finished=finished,
+            error=state.error,
+            metrics=metrics,
+        )
