@@ -1,4 +1,4 @@
-"""Scheduler: batching limits, chunked prefill, preemption, prefix hits, stops, parallel samples, stats."""
+"""Scheduler: batching limits, chunked prefill, preemption, prefix hits, stops, stats."""
 
 from __future__ import annotations
 
@@ -7,108 +7,16 @@ import pytest
 from engine.core.config import EngineConfig
 from engine.core.outputs import SchedulerOutput
 from engine.core.scheduler import Scheduler
-from engine.core.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
-
-EOS = 2
-
-
-def make_scheduler(num_blocks: int = 64, **overrides: object) -> Scheduler:
-    kwargs = {"block_size": 8, "max_num_batched_tokens": 64, "max_model_len": 512, "max_num_seqs": 8}
-    kwargs.update(overrides)
-    return Scheduler(EngineConfig(**kwargs), num_blocks, frozenset({EOS}))  # type: ignore[arg-type]
-
-
-def make_seq(seq_id: int, prompt: list[int], **params: object) -> Sequence:
-    return Sequence(seq_id, f"r{seq_id}", list(prompt), len(prompt), SamplingParams(**params), 0.0)  # type: ignore[arg-type]
-
-
-def make_prompt(length: int, seed: int = 0) -> list[int]:
-    return [10 + (i * 7919 + seed * 104729) % 5000 for i in range(length)]
-
-
-def next_token(context: list[int]) -> int:
-    """A deterministic stand-in for a greedy model: depends on every previous token, never EOS."""
-    return 10 + sum(t * (i + 1) for i, t in enumerate(context)) % 997
-
-
-class FakeModel:
-    """Writes each computed token into a simulated KV pool and samples from the context read back from it.
-
-    Reading the context through the block table catches any block sharing, copy or prefix-hit error.
-    """
-
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        self.block_size = block_size
-        self.kv: list[list[int | None]] = [[None] * block_size for _ in range(num_blocks)]
-
-    def __call__(self, out: SchedulerOutput) -> dict[int, int]:
-        bs = self.block_size
-        for src, dst in out.block_copies:
-            self.kv[dst] = list(self.kv[src])
-        for s in out.scheduled:
-            seq = s.seq
-            for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + s.num_new_tokens):
-                self.kv[seq.block_table[pos // bs]][pos % bs] = seq.token_ids[pos]
-        sampled = {}
-        for s in out.scheduled:
-            if s.samples:
-                seq = s.seq
-                context = [self.kv[seq.block_table[pos // bs]][pos % bs] for pos in range(len(seq))]
-                assert context == seq.token_ids, f"seq {seq.seq_id} reads a corrupted context"
-                sampled[seq.seq_id] = next_token(context)  # type: ignore[arg-type]
-        return sampled
-
-
-def make_child(parent: Sequence, k: int) -> Sequence:
-    seq_id = 10_000 + parent.seq_id * 100 + k  # apart from the tests' own ids
-    return Sequence(
-        seq_id, parent.request_id, list(parent.token_ids), parent.num_prompt_tokens, parent.params, 0.0, k
-    )
-
-
-def add(sched: Scheduler, seq: Sequence) -> list[Sequence]:
-    """Queue a request as the engine does: its first sample, and for n > 1 the samples it forks later."""
-    forks = [make_child(seq, k) for k in range(1, seq.params.n)]
-    sched.add_sequence(seq, forks)
-    return forks
-
-
-def live_seqs(sched: Scheduler) -> list[Sequence]:
-    return [*sched.running, *sched.waiting]
-
-
-def step(
-    sched: Scheduler, model: FakeModel
-) -> tuple[SchedulerOutput, list[tuple[int, int, bool]], list[Sequence]]:
-    """One engine step; returns the output, its (seq_id, num_new_tokens, samples) and the sequences given a token."""
-    running_before = list(sched.running)
-    out = sched.schedule()
-    assert not out.is_empty, "nothing scheduled although sequences are unfinished"
-    assert out.num_batched_tokens <= sched.max_num_batched_tokens
-    if out.preempted:  # no admission in a step that preempts; the preempted go back first, oldest first
-        assert all(s.seq in running_before for s in out.scheduled)
-        assert list(sched.waiting)[: len(out.preempted)] == out.preempted[::-1]
-    # samples is read before update moves num_computed_tokens
-    scheduled = [(s.seq.seq_id, s.num_new_tokens, s.samples) for s in out.scheduled]
-    sampled = model(out)
-    seqs, rows = out.sampling_rows()
-    assert list(sampled) == [seq.seq_id for seq in seqs[: len(sampled)]]
-    for seq, row in zip(seqs[len(sampled) :], rows[len(sampled) :], strict=True):
-        # a sample forked this step draws its own first token from its first sample's row
-        sampled[seq.seq_id] = sampled[seqs[row].seq_id] + 1000 * seq.sample_index
-    got_token = sched.update(out, sampled)
-    sched.block_manager.check_invariants(live_seqs(sched))
-    return out, scheduled, got_token
-
-
-def run_to_completion(sched: Scheduler, model: FakeModel | None = None) -> list[SchedulerOutput]:
-    model = model or FakeModel(sched.block_manager.num_blocks, sched.config.block_size)
-    outputs = []
-    while sched.has_unfinished():
-        assert len(outputs) < 2000, "no progress"
-        outputs.append(step(sched, model)[0])
-    assert sched.block_manager.stats().num_used_blocks == 0
-    return outputs
+from engine.core.sequence import FinishReason, Sequence
+from tests.engine.scheduler_factories import (
+    EOS,
+    FakeModel,
+    make_prompt,
+    make_scheduler,
+    make_seq,
+    run_to_completion,
+    step,
+)
 
 
 def test_max_num_seqs_limits_running() -> None:
@@ -261,105 +169,6 @@ def test_abort_frees_running_and_waiting_sequences() -> None:
     assert running.block_table == [] and not sched.has_unfinished()
     assert sched.block_manager.stats().num_used_blocks == 0
     assert sched.get_sequences("r0") == []
-
-
-def test_fork_shares_blocks_then_copies_the_partial_tail() -> None:
-    sched = make_scheduler()
-    parent = make_seq(0, make_prompt(17), n=3, max_tokens=3)
-    add(sched, parent)
-    model = FakeModel(64, 8)
-    out, _, got = step(sched, model)
-    assert [(s.seq.seq_id, s.num_new_tokens) for s in out.forked] == [(10_001, 17), (10_002, 17)]
-    assert [s.seq_id for s in got] == [0, 10_001, 10_002]
-    assert [s.output_token_ids[0] - parent.output_token_ids[0] for s in got] == [0, 1000, 2000]
-    assert sched.running == got and sched.get_sequences("r0") == got
-    assert got[1].block_table == got[2].block_table == parent.block_table == [0, 1, 2]
-    assert [b.ref_count for b in sched.block_manager.blocks[:4]] == [3, 3, 3, 0]
-    assert [s.num_hashed_blocks for s in got] == [2, 2, 2]
-    assert sched.stats().num_shared_blocks == 3
-    out, scheduled, _ = step(sched, model)
-    assert scheduled == [(0, 1, True), (10_001, 1, True), (10_002, 1, True)] and out.forked == []
-    assert out.block_copies == [(2, 3), (2, 4)]  # the last writer of block 2 owns it alone by then
-    assert [s.block_table for s in got] == [[0, 1, 3], [0, 1, 4], [0, 1, 2]]
-    run_to_completion(sched, model)
-    assert len({tuple(s.output_token_ids) for s in got}) == 3
-    assert [s.num_output_tokens for s in got] == [3, 3, 3]
-
-
-def test_forked_samples_draw_from_their_first_samples_logits_row() -> None:
-    sched = make_scheduler()
-    model = FakeModel(64, 8)
-    add(sched, make_seq(0, make_prompt(5), max_tokens=4))
-    step(sched, model)
-    add(sched, make_seq(1, make_prompt(9, 1), n=2))
-    add(sched, make_seq(2, make_prompt(70, 2)))  # only 54 of its tokens fit the budget: it does not sample
-    out = sched.schedule()
-    assert [(s.seq.seq_id, s.num_new_tokens) for s in out.scheduled] == [(0, 1), (1, 9), (2, 54)]
-    seqs, rows = out.sampling_rows()
-    assert ([s.seq_id for s in seqs], rows) == ([0, 1, 10_101], [0, 1, 1])
-
-
-def test_forked_samples_do_not_stop_on_the_prompt_token() -> None:
-    sched = make_scheduler()
-    parent = make_seq(0, [*make_prompt(9), 77], n=2, stop_token_ids=[77], max_tokens=2)
-    add(sched, parent)
-    _, _, got = step(sched, FakeModel(64, 8))
-    assert [(s.seq_id, s.num_output_tokens, s.is_finished) for s in got] == [
-        (0, 1, False),
-        (10_001, 1, False),
-    ]
-
-
-def test_admission_counts_every_sample_of_a_request() -> None:
-    sched = make_scheduler(max_num_seqs=3, max_num_batched_tokens=8)
-    first = make_seq(0, make_prompt(10), n=2)
-    add(sched, first)
-    model = FakeModel(64, 8)
-    step(sched, model)  # first prompt chunk: not forked yet, but it will need 2 slots
-    add(sched, make_seq(1, make_prompt(5, 1), n=2))
-    _, scheduled, got = step(sched, model)
-    assert scheduled == [(0, 2, True)] and [s.seq_id for s in got] == [0, 10_001]
-    assert sched.num_waiting == 1
-    sched.add_sequence(make_seq(2, make_prompt(5, 2)))
-    # one slot is free, but FCFS: the n=2 request at the head blocks the one behind it
-    assert [s.seq.seq_id for s in sched.schedule().scheduled] == [0, 10_001]
-    assert [s.seq_id for s in sched.waiting] == [1, 2]
-
-
-def test_a_one_token_request_finishes_every_sample_in_its_first_step() -> None:
-    sched = make_scheduler()
-    one_token = make_seq(0, make_prompt(10), n=2, max_tokens=1)
-    add(sched, one_token)
-    _, _, got = step(sched, FakeModel(64, 8))
-    assert [s.finish_reason for s in got] == [FinishReason.LENGTH, FinishReason.LENGTH]
-    assert not sched.has_unfinished()
-    assert sched.schedule().finished_seq_ids == [0, 10_001]
-
-
-def test_abort_before_the_fork_finishes_the_samples_not_started() -> None:
-    sched = make_scheduler(max_num_batched_tokens=8)
-    parent = make_seq(0, make_prompt(20), n=3, max_tokens=4)
-    forks = add(sched, parent)
-    out, _, got = step(sched, FakeModel(64, 8))  # the first prompt chunk: nothing samples, nothing forks
-    assert (got, out.forked, sched.get_sequences("r0")) == ([], [], [parent])
-    assert sched.abort("r0", FinishReason.ERROR) == [parent]
-    assert [(s.status, s.finish_reason, s.block_table) for s in [parent, *forks]] == [
-        (SequenceStatus.FINISHED, FinishReason.ERROR, [])
-    ] * 3
-    assert not sched.has_unfinished() and sched.block_manager.stats().num_used_blocks == 0
-    assert sched.schedule().finished_seq_ids == [0, 10_001, 10_002]
-
-
-def test_a_request_of_n_samples_must_bring_its_forks() -> None:
-    sched = make_scheduler()
-    parent = make_seq(0, make_prompt(10), n=3)
-    with pytest.raises(RuntimeError, match=r"n=3 needs 2 sequences to fork with its prompt, got 1"):
-        sched.add_sequence(parent, [make_child(parent, 1)])
-    other_prompt = make_child(parent, 2)
-    other_prompt.token_ids[-1] += 1
-    with pytest.raises(RuntimeError, match="got 2"):
-        sched.add_sequence(parent, [make_child(parent, 1), other_prompt])
-    assert not sched.has_unfinished()
 
 
 def test_sequence_larger_than_the_pool_is_rejected() -> None:
