@@ -1,4 +1,4 @@
-"""Token-exact history: prompts extend the previous prompt and answer, truncation, fallback, fingerprints."""
+"""Token-exact history: prompts extend the previous prompt and answer, fallback, fingerprints."""
 
 from __future__ import annotations
 
@@ -11,94 +11,19 @@ from typing import Any
 import pytest
 
 from app.services.conversation import (
-    ConversationBuilder,
     Turn,
     template_end_of_turn_ids,
     tokenizer_fingerprint,
     turns_from_messages,
 )
-
-SMOLLM2_PATH = Path.home() / ".cache" / "pagedchat" / "models" / "smollm2-135m-instruct"
-CHATML = (
-    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+from tests.app.conversation_factories import (
+    REVINDEX_TEMPLATE,
+    SCRIPT,
+    answer_ids,
+    make_builder,
+    make_chatml_tokenizer,
+    run_script,
 )
-# Numbers every message from the end, so adding a turn re-renders all the earlier ones differently.
-REVINDEX_TEMPLATE = (
-    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + ' ' + loop.revindex|string + '\\n' + m['content'] }}"
-    "{{ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-CORPUS = [
-    "hello world, how are you today? I am fine, thank you. What is the capital of France? Paris is.",
-    "user assistant system Tell me a joke about cats. Why did the cat sit on the computer?",
-    "The quick brown fox jumps over the lazy dog. Count to five: one two three four five.",
-]
-SCRIPT = [  # (question, answer, how the answer ended)
-    ("What is the capital of France?", "Paris is the capital of France.", "eos"),
-    (
-        "Tell me a joke about cats.",
-        "Why did the cat sit on the computer? To keep an eye on the mouse",
-        "length",
-    ),
-    ("Count to five.", "one two three four five", "eos"),
-    ("Say hello world.", "hello world", "stop_button"),
-    ("How are you today?", "I am fine, thank you.", "eos"),
-]
-
-
-def make_chatml_tokenizer(template: str = CHATML) -> Any:
-    """A small byte-level BPE tokenizer with ChatML special tokens (no download needed)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=500,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS * 4, trainer)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>")
-    hf.chat_template = template
-    return hf
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> Any:
-    if not (SMOLLM2_PATH / "tokenizer.json").is_file():
-        pytest.skip(f"SmolLM2 not provisioned at {SMOLLM2_PATH} (scripts/setup_test_deps.sh)")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(SMOLLM2_PATH))
-
-
-@pytest.fixture(params=["smollm2", "chatml"])
-def tokenizer(request: pytest.FixtureRequest) -> Any:
-    if request.param == "smollm2":
-        return request.getfixturevalue("smollm2")
-    return make_chatml_tokenizer()
-
-
-def make_builder(tok: Any, max_model_len: int = 2048) -> ConversationBuilder:
-    return ConversationBuilder(tok, max_model_len, template_end_of_turn_ids(tok))
-
-
-def answer_ids(tok: Any, text: str, ended: str) -> list[int]:
-    """Ids as the engine reports them: an answer ended by EOS carries the EOS id."""
-    ids = tok.encode(text, add_special_tokens=False)
-    return ids + [tok.convert_tokens_to_ids("<|im_end|>")] if ended == "eos" else ids
-
-
-def run_script(builder: ConversationBuilder, system_prompt: str, max_tokens: int = 64) -> list[Turn]:
-    turns: list[Turn] = []
-    for question, answer, ended in SCRIPT[:2]:
-        plan = builder.build_prompt(system_prompt, turns, question, max_tokens)
-        ids = answer_ids(builder.tokenizer, answer, ended)
-        turns += [Turn("user", question, plan.new_user_token_ids), Turn("assistant", answer, ids)]
-    return turns
 
 
 def test_end_of_turn_ids_of_smollm2(smollm2: Any) -> None:
@@ -167,64 +92,6 @@ def test_generated_ids_are_kept_even_when_retokenizing_differs(tokenizer: Any) -
     assert plan.token_ids[: len(first.token_ids) + len(spelled)] == first.token_ids + spelled
     assert plan.token_ids != full
     assert tokenizer.decode(plan.token_ids) == tokenizer.decode(full)
-
-
-def test_truncation_drops_the_oldest_exchange_and_keeps_the_system_prompt(tokenizer: Any) -> None:
-    system_prompt = "You answer in one sentence."
-    turns = run_script(make_builder(tokenizer), system_prompt)
-    question, max_tokens = "Count to five.", 32
-    renderer = make_builder(tokenizer)
-    whole = len(renderer.render(system_prompt, turns, question))
-    without_first = len(renderer.render(system_prompt, turns[2:], question))
-    assert whole > without_first
-    builder = make_builder(
-        tokenizer, max_model_len=without_first + max_tokens
-    )  # fits only without exchange 1
-    plan = builder.build_prompt(system_prompt, turns, question, max_tokens)
-    assert (plan.truncated_turns, plan.exact_extension) == (1, True)
-    assert plan.token_ids == renderer.render(system_prompt, turns[2:], question)
-    assert tokenizer.decode(plan.token_ids).count(system_prompt) == 1
-    assert "capital of France" not in tokenizer.decode(plan.token_ids)
-    # one token less room drops the second exchange too; room for everything keeps everything
-    tighter = make_builder(tokenizer, max_model_len=without_first + max_tokens - 1)
-    assert tighter.build_prompt(system_prompt, turns, question, max_tokens).truncated_turns == 2
-    roomy = make_builder(tokenizer, max_model_len=whole + max_tokens)
-    plan = roomy.build_prompt(system_prompt, turns, question, max_tokens)
-    assert (plan.truncated_turns, len(plan.token_ids)) == (0, whole)
-
-
-@pytest.mark.parametrize("with_ids", [True, False])
-def test_truncation_matches_a_brute_force_search(tokenizer: Any, with_ids: bool) -> None:
-    renderer = make_builder(tokenizer)
-    turns: list[Turn] = []
-    for i in range(12):
-        question, answer = f"Question {i}: how are you?", "I am fine, thank you. " * (1 + i % 3)
-        plan = renderer.build_prompt("Be brief.", turns, question, max_tokens=8)
-        user_ids = plan.new_user_token_ids if with_ids else None
-        ids = answer_ids(tokenizer, answer, "eos") if with_ids else None
-        turns += [Turn("user", question, user_ids), Turn("assistant", answer, ids)]
-    for max_model_len in (150, 200, 333, 400):
-        budget = max_model_len - 8
-        expected = next(
-            k for k in range(13) if len(renderer.render("Be brief.", turns[2 * k :], "Hi")) <= budget
-        )
-        plan = make_builder(tokenizer, max_model_len).build_prompt("Be brief.", turns, "Hi", max_tokens=8)
-        assert (plan.truncated_turns, plan.exact_extension) == (expected, with_ids or expected == 12)
-        assert plan.token_ids == renderer.render("Be brief.", turns[2 * expected :], "Hi")
-
-
-def test_prompt_that_cannot_fit_raises_naming_the_numbers(tokenizer: Any) -> None:
-    builder = make_builder(tokenizer)
-    turns = run_script(builder, "")
-    alone = len(builder.render("", [], "Count to five."))
-    tight = make_builder(tokenizer, max_model_len=alone + 9)
-    with pytest.raises(ValueError) as info:
-        tight.build_prompt("", turns, "Count to five.", max_tokens=10)
-    assert str(info.value) == (
-        f"system prompt + new message ({alone} tokens) + max_tokens (10) exceeds max_model_len ({alone + 9})"
-    )
-    plan = tight.build_prompt("", turns, "Count to five.", max_tokens=9)
-    assert (plan.truncated_turns, len(plan.token_ids)) == (2, alone)
 
 
 def test_template_that_does_not_extend_falls_back_to_a_full_render() -> None:
@@ -364,27 +231,3 @@ def test_app_storage_and_history_import_neither_torch_nor_engine() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
-
-
-def test_truncation_steps_past_a_cut_where_only_the_plain_render_fits(tokenizer: Any) -> None:
-    builder = make_builder(tokenizer)
-    spelled = [i for ch in "hello world" for i in tokenizer.encode(ch, add_special_tokens=False)]
-    script = [
-        ("Hi", "Hello", None),
-        ("Say hello world.", "hello world", spelled),
-        ("Thanks", "You are welcome", None),
-    ]
-    turns: list[Turn] = []
-    for question, answer, ids in script:
-        plan = builder.build_prompt("", turns, question, max_tokens=8)
-        ids = ids or answer_ids(tokenizer, answer, "eos")
-        turns += [Turn("user", question, plan.new_user_token_ids), Turn("assistant", answer, ids)]
-    question = "Now please count from one to five, then tell me a joke about cats and the lazy dog. " * 2
-    exact_from_2nd = len(builder.build_prompt("", turns[2:], question, max_tokens=8).token_ids)
-    budget = len(builder.render("", turns[2:], question))  # the plain render from exchange 2 on fits exactly
-    stored = sum(len(t.token_ids or ()) for t in turns)
-    # the preconditions that send the search through the plain-render fit at cut 1 and on to cut 2
-    assert stored <= budget < len(builder.render("", turns, question)) and exact_from_2nd > budget
-    plan = make_builder(tokenizer, max_model_len=budget + 8).build_prompt("", turns, question, max_tokens=8)
-    assert (plan.truncated_turns, plan.exact_extension) == (2, True)
-    assert plan.token_ids == builder.render("", turns[4:], question)
