@@ -143,26 +143,14 @@ class Metrics:
         self.model_name = model_name
         self._engine = _EngineStatsCollector(model_name)
         self.registry.register(self._engine)
-        self.time_to_first_token = Histogram(
-            PREFIX + "time_to_first_token_seconds",
-            "Time from submission to the first token.",
-            ["model_name"],
-            buckets=TTFT_BUCKETS,
-            registry=self.registry,
+        self.time_to_first_token = self._latency(
+            "time_to_first_token_seconds", "Time from submission to the first token.", TTFT_BUCKETS
         )
-        self.inter_token_latency = Histogram(
-            PREFIX + "inter_token_latency_seconds",
-            "Time between consecutive tokens of a request.",
-            ["model_name"],
-            buckets=ITL_BUCKETS,
-            registry=self.registry,
+        self.inter_token_latency = self._latency(
+            "inter_token_latency_seconds", "Time between consecutive tokens of a request.", ITL_BUCKETS
         )
-        self.e2e_latency = Histogram(
-            PREFIX + "e2e_request_latency_seconds",
-            "Time from submission to the request's end.",
-            ["model_name"],
-            buckets=E2E_BUCKETS,
-            registry=self.registry,
+        self.e2e_latency = self._latency(
+            "e2e_request_latency_seconds", "Time from submission to the request's end.", E2E_BUCKETS
         )
         self.request_finished = Counter(
             PREFIX + "request_success",
@@ -176,6 +164,9 @@ class Metrics:
             ["status"],
             registry=self.registry,
         )
+
+    def _latency(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(PREFIX + name, doc, ["model_name"], buckets=buckets, registry=self.registry)
 
     def set_model_name(self, model_name: str) -> None:
         """Label values once the engine has loaded its model."""
