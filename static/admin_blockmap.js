@@ -1,5 +1,6 @@
 // The block map: one canvas cell per KV block, coloured by state; hover, click or arrow keys show a block's
 // details; a selected sequence's block table is outlined and the rest dimmed.
+import { hidpiContext } from "./canvas.js";
 const COLORS = { f: "#e6e8ee", c: "#a7dcc9", u: "#4f7cf7" };
 const SHARED = ["#f2b441", "#e09422", "#c47513", "#9c560c", "#743e08"]; // ref 2, 3, 4-5, 6-9, 10+
 const STATE_NAMES = { f: "free", c: "cached (evictable)", u: "in use" };
@@ -99,16 +100,9 @@ export class BlockMap {
     const layout = (this.layout = this.computeLayout(width, n));
     const { cell, gap, cols, rows } = layout;
     const height = rows * (cell + gap);
-    const dpr = window.devicePixelRatio || 1;
     canvas.style.width = width + "px";
     canvas.style.height = height + "px";
-    if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(height * dpr)) {
-      canvas.width = Math.round(width * dpr);
-      canvas.height = Math.round(height * dpr);
-    }
-    const ctx = canvas.getContext("2d");
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.clearRect(0, 0, width, height);
+    const ctx = hidpiContext(canvas, width, height);
     const states = pool.block_states;
     const refs = pool.ref_counts;
     const table = this.highlightSeq !== null ? new Set(this.seqById[this.highlightSeq].block_table) : null;

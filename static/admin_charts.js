@@ -1,4 +1,5 @@
 // Small hand-drawn line charts on canvas (no library): a few series over the last minutes, newest at the right.
+import { hidpiContext } from "./canvas.js";
 const PAD = { left: 8, right: 8, top: 26, bottom: 16 };
 const GRID = "#eef0f4";
 const AXIS_TEXT = "#8a90a0";
@@ -54,17 +55,10 @@ export class LineChart {
 
   draw() {
     const canvas = this.canvas;
-    const dpr = window.devicePixelRatio || 1;
     const width = canvas.clientWidth;
     const height = canvas.clientHeight;
     if (!width || !height) return;
-    if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(height * dpr)) {
-      canvas.width = Math.round(width * dpr);
-      canvas.height = Math.round(height * dpr);
-    }
-    const ctx = canvas.getContext("2d");
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.clearRect(0, 0, width, height);
+    const ctx = hidpiContext(canvas, width, height);
     const plotW = width - PAD.left - PAD.right;
     const plotH = height - PAD.top - PAD.bottom;
     let max = 0;
