@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.core.block_manager import BlockManager
+from engine.core.hash_chain import ChainKey
 from engine.core.sequence import SamplingParams, Sequence
 from tests.app.factories import make_client
 from tests.reliability.helpers import peer, session_events
@@ -16,7 +17,9 @@ SECRET = [
 
 
 def make_seq(seq_id: int, tokens: list[int], salt: str | None) -> Sequence:
-    return Sequence(seq_id, f"r{seq_id}", list(tokens), len(tokens), SamplingParams(), 0.0, cache_salt=salt)
+    return Sequence(
+        seq_id, f"r{seq_id}", list(tokens), len(tokens), SamplingParams(), 0.0, chain_key=ChainKey(salt)
+    )
 
 
 def test_block_manager_matches_prefixes_only_under_the_same_salt():
