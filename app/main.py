@@ -24,6 +24,7 @@ from app.services.chat_service import ChatService
 from app.services.conversation import ConversationBuilder, template_end_of_turn_ids, tokenizer_fingerprint
 from app.services.errors import APIError
 from app.services.metrics import Metrics
+from app.services.public_prefix import PublicPrefixes, published_prompts
 from app.settings import Settings, ensure_secret_key
 
 if TYPE_CHECKING:
@@ -88,6 +89,7 @@ def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | Non
 
 async def _startup(svc: Services) -> None:
     settings = svc.settings
+    published = published_prompts(settings)  # a missing shared prompt file stops the start here
     url = settings.resolved_database_url
     if url.startswith("sqlite:///") and not settings.database_url:
         Path(settings.resolved_cache_dir).mkdir(parents=True, exist_ok=True)
@@ -105,7 +107,8 @@ async def _startup(svc: Services) -> None:
     fingerprint = await svc.engine.tokenize(tokenizer_fingerprint)
     builder = ConversationBuilder(svc.engine.tokenizer, engine.config.max_model_len, end_of_turn)
     svc.store = store
-    svc.chat = ChatService(store, svc.engine, settings, builder, fingerprint)
+    svc.public_prefixes = PublicPrefixes(svc.engine.tokenizer, published)
+    svc.chat = ChatService(store, svc.engine, settings, builder, fingerprint, svc.public_prefixes)
     logger.info(
         "serving %s: %d KV blocks of %d tokens, max_model_len %d",
         engine.model_name,

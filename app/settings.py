@@ -64,8 +64,19 @@ class Settings:
         (), "WebSocket origins allowed besides the server's own", flag="--allowed-origin"
     )
     cookie_secure: bool = option(False, "mark the browser cookie Secure (serve behind HTTPS)")
-    prefix_cache_isolation: bool | None = option(
-        None, "salt block hashes per tenant; unset: on exactly when API keys are configured"
+    prefix_cache_isolation: bool = option(
+        True,
+        "salt cached blocks per caller (API key, browser, address) past the published prompt; "
+        "off: every caller shares every cached prefix (single-tenant deployments)",
+    )
+    default_system_prompt: str = option(
+        "", "system prompt of sessions that set none; published: all users share its cached blocks"
+    )
+    shared_prompt_files: tuple[str, ...] = option(
+        (),
+        "files each holding a published system prompt: a chat whose first system message is one shares its "
+        "cached blocks with all users",
+        flag="--shared-prompt-file",
     )
     max_body_bytes: int = option(1024 * 1024, "largest request body", group=_LIMITS)
     max_messages: int = option(512, "messages in one /v1/chat/completions request", group=_LIMITS)
@@ -114,11 +125,6 @@ class Settings:
     def model(self) -> str:
         """The engine's model (what the API reports before the engine has loaded)."""
         return self.engine.model
-
-    @property
-    def isolates_prefix_cache(self) -> bool:
-        """Whether block hashes are salted per tenant (explicit setting, else: API keys are configured)."""
-        return bool(self.api_keys) if self.prefix_cache_isolation is None else self.prefix_cache_isolation
 
     def engine_config(self) -> EngineConfig:
         """The EngineConfig these settings describe."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import httpx
@@ -53,6 +54,39 @@ class Conversation:
             text=r.text,
             error=r.error,
         )
+
+
+def bearer_tokens(api_keys: Sequence[str], num_users: int, api: str) -> tuple[str, list[str | None]]:
+    """The warm-up's token and each user's: one identity per user, so each user is its own cache tenant.
+
+    With API keys the first is the warm-up's and user u sends key u + 1 (modulo their number: give users + 1 keys
+    for one each). Without keys, session users are their own browser cookies (None) and /v1 users send a token of
+    their own, which on a server without keys tells callers from one address apart.
+    """
+    if api_keys:
+        return api_keys[0], [api_keys[(u + 1) % len(api_keys)] for u in range(num_users)]
+    return "bench-warm-up", [None if api == "session" else f"bench-user-{u}" for u in range(num_users)]
+
+
+@contextlib.asynccontextmanager
+async def user_clients(
+    url: str, tokens: list[str | None]
+) -> AsyncIterator[list[tuple[httpx.AsyncClient, Any]]]:
+    """Per user: a session-API client (its own cookie jar, its token if any) and an OpenAI client; closed after."""
+    opened: list[tuple[httpx.AsyncClient, Any]] = []
+    try:
+        for token in tokens:
+            headers = {
+                **sc.auth_headers(token),
+                "Origin": url,
+            }  # the browser's Origin, as the chat page sends
+            http = httpx.AsyncClient(base_url=url, headers=headers, timeout=loadgen.CLIENT_TIMEOUT_S)
+            opened.append((http, loadgen.make_client(url, token or "bench")))
+        yield opened
+    finally:
+        for http, oa in opened:
+            await http.aclose()
+            await oa.close()
 
 
 class Latch:

@@ -1,4 +1,10 @@
-"""`bench multiturn`: N users x K turns sharing a system prompt, via the session API and /v1, caching on and off."""
+"""`bench multiturn`: N users x K turns sharing a system prompt, via the session API and /v1, caching on and off.
+
+Every user is its own tenant (its own API key, else its own cookie or token), so the prefix cache shares between
+users only what the server publishes: the runs with the shared system prompt registered as a published prompt
+(`--shared-prompt-file`) reuse it across users; the "unpublished" runs send an unregistered variant of it, which each
+user's salted chain must compute once for itself.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import argparse
 import asyncio
 import dataclasses
 import functools
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,7 +29,7 @@ from bench.common import (
     targets_payload,
     write_results,
 )
-from bench.conversations import Conversation, Latch, run_user
+from bench.conversations import Conversation, Latch, bearer_tokens, run_user, user_clients
 from bench.workload import ChatRequest, system_prompt, user_turns
 
 TARGET_TTFT_RATIO = 1.5
@@ -36,6 +43,10 @@ ARRIVALS_MEANING = {
     "together": "every user starts its measured conversation in the same instant; turn 1 is a burst",
 }
 BENCH_API_KEY = "pagedchat-bench"
+UNPUBLISHED_PREAMBLE = (
+    "(Unpublished draft for {api}.) "  # starts the unregistered variants of the system prompt
+)
+SYSTEM_PROMPT_FILE = "shared-system-prompt.txt"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,39 +66,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url-no-caching", default=None, help="a running pagedchat server with prefix caching off"
     )
-    parser.add_argument("--api-key", default=None, help="API key for servers given by URL")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="API keys of servers given by URL, comma-separated: the first is the warm-up's, user u sends key u+1 "
+        "(modulo their number; users + 1 keys give every user its own)",
+    )
+    parser.add_argument(
+        "--write-system-prompt",
+        default=None,
+        metavar="PATH",
+        help="write the shared system prompt to PATH and exit: servers given by --url publish it with "
+        "--shared-prompt-file PATH",
+    )
     parser.add_argument("--keep-logs", default=None, help="keep server logs and databases in this folder")
 
 
 async def run_mode(
-    url: str, mode: str, api_key: str | None, system: str, args: argparse.Namespace, label: str
+    url: str,
+    mode: str,
+    api_keys: tuple[str, ...],
+    system: str,
+    args: argparse.Namespace,
+    label: str,
+    seed: int,
 ) -> dict[str, Any]:
-    """All users' conversations (one task each) through one API of one server; per-turn and overall numbers."""
-    # distinct conversations per API: only the system prompt is shared between the two runs on one server
-    seed = args.seed + (0 if mode == "session" else 1000)
-    scripts = [user_turns(u, args.turns, seed) for u in range(args.users)]
-    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
-    headers = sc.auth_headers(api_key)
-    async with httpx.AsyncClient(
-        base_url=url, headers=headers, timeout=loadgen.CLIENT_TIMEOUT_S, limits=limits
-    ) as http:
-        oa = loadgen.make_client(url, api_key or "bench")
+    """All users' conversations (one task each, one identity each) through one API of one server."""
+    # distinct conversations per run: only the system prompt is shared between runs on one server
+    scripts = [user_turns(u, args.turns, args.seed + seed) for u in range(args.users)]
+    warm_token, tokens = bearer_tokens(api_keys, args.users, mode)
+    async with httpx.AsyncClient(base_url=url, timeout=loadgen.CLIENT_TIMEOUT_S) as admin:
+        oa = loadgen.make_client(url, warm_token)
         model = (await oa.models.list()).data[0].id
         hello = [{"role": "system", "content": system}, {"role": "user", "content": "Hello!"}]
         warm = await loadgen.stream_chat(oa, model, ChatRequest(hello, 8, "warm"), 0.0)
+        await oa.close()
         if not warm.ok:
             raise RuntimeError(f"warm-up request to {url} failed: {warm.error}")
-        before = await sc.admin_stats(http)
-        with progress(args.users * args.turns, label, unit="turn") as bar:
-            tick = functools.partial(bar.update, 1)
-            start = functools.partial(Conversation.open, mode, http, oa, model, system, args.max_tokens)
-            measured = Latch(args.users)
-            staggered = args.arrivals == "staggered"
-            per_user = await asyncio.gather(
-                *(run_user(u, start, script, staggered, measured, tick) for u, script in enumerate(scripts))
-            )
-        after = await sc.admin_stats(http)
-        await oa.close()
+        before = await sc.admin_stats(admin)
+        async with user_clients(url, tokens) as clients:
+            with progress(args.users * args.turns, label, unit="turn") as bar:
+                tick = functools.partial(bar.update, 1)
+                starts = [
+                    functools.partial(Conversation.open, mode, http, oa, model, system, args.max_tokens)
+                    for http, oa in clients
+                ]
+                measured = Latch(args.users)
+                staggered = args.arrivals == "staggered"
+                per_user = await asyncio.gather(
+                    *(
+                        run_user(u, starts[u], script, staggered, measured, tick)
+                        for u, script in enumerate(scripts)
+                    )
+                )
+        after = await sc.admin_stats(admin)
     return summarise(list(per_user), args.turns, before, after)
 
 
@@ -135,31 +167,53 @@ def summarise(
     return summary
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Both APIs on a caching and a non-caching server (started here, one after the other, unless URLs are given)."""
+def shared_system_prompt(model: str, system_tokens: int) -> str:
+    """The benchmark's shared system prompt in `model`'s tokenizer: the text servers publish."""
     from engine.loading.loader import load_tokenizer, resolve_model_path
 
+    return system_prompt(load_tokenizer(resolve_model_path(model)), system_tokens)
+
+
+def _runs_on(
+    url: str, caching: str, api_keys: tuple[str, ...], system: str, args: argparse.Namespace
+) -> dict[str, dict[str, Any]]:
+    """Both APIs on one server; on a caching one also both with an unpublished variant of the system prompt."""
+    runs: dict[str, dict[str, Any]] = {}
+    for variant, suffix in enumerate(("", "-unpublished") if caching == "on" else ("",)):
+        for i, mode in enumerate(MODES):
+            # one variant per API: a user's session run must not warm its own /v1 run's unpublished prompt
+            text = UNPUBLISHED_PREAMBLE.format(api=mode) + system if suffix else system
+            name = f"{mode}/caching-{caching}{suffix}"
+            label = f"{mode}, caching {caching}{', unpublished' if suffix else ''}"
+            seed = 1000 * (len(MODES) * variant + i)
+            runs[name] = asyncio.run(run_mode(url, mode, api_keys, text, args, label, seed))
+    return runs
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Both APIs on a caching and a non-caching server (started here, one after the other, unless URLs are given)."""
     config = args.engine_config
-    system = system_prompt(load_tokenizer(resolve_model_path(config.model)), args.system_tokens)
+    system = shared_system_prompt(config.model, args.system_tokens)
+    if args.write_system_prompt:
+        Path(args.write_system_prompt).write_text(system, encoding="utf-8")
+        print(f"wrote the shared system prompt ({len(system)} characters) to {args.write_system_prompt}")
+        return {}
+    url_keys = tuple(k.strip() for k in (args.api_key or "").split(",") if k.strip())
+    # servers started here: one key per user and one for the warm-up, and the system prompt published
+    bench_keys = tuple(f"{BENCH_API_KEY}-{u}" for u in range(args.users + 1))
     runs: dict[str, dict[str, Any]] = {}
     with servers.log_folder(args.keep_logs) as logs:
+        prompt_file = logs / SYSTEM_PROMPT_FILE
+        prompt_file.write_text(system, encoding="utf-8")
+        env = {"PAGEDCHAT_API_KEYS": ",".join(bench_keys), "PAGEDCHAT_SHARED_PROMPT_FILES": str(prompt_file)}
         for caching, url in (("on", args.url), ("off", args.url_no_caching)):
             if url is not None:
-                for mode in MODES:
-                    runs[f"{mode}/caching-{caching}"] = asyncio.run(
-                        run_mode(url, mode, args.api_key, system, args, f"{mode}, caching {caching}")
-                    )
+                runs.update(_runs_on(url, caching, url_keys, system, args))
                 continue
             cfg = dataclasses.replace(config, enable_prefix_caching=caching == "on")
-            server = servers.start_pagedchat(
-                f"pagedchat-caching-{caching}", cfg, logs, {"PAGEDCHAT_API_KEYS": BENCH_API_KEY}
-            )
+            server = servers.start_pagedchat(f"pagedchat-caching-{caching}", cfg, logs, env)
             with servers.running([server]):
-                for mode in MODES:
-                    label = f"{mode}, caching {caching}"
-                    runs[f"{mode}/caching-{caching}"] = asyncio.run(
-                        run_mode(server.base_url, mode, BENCH_API_KEY, system, args, label)
-                    )
+                runs.update(_runs_on(server.base_url, caching, bench_keys, system, args))
     on = runs["session/caching-on"]
     targets = [
         Target(
@@ -186,7 +240,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "temperature": 0.0,
             "arrivals": args.arrivals,
             "arrivals_meaning": ARRIVALS_MEANING[args.arrivals],
-            "warmup": "one /v1 request with the shared system prompt before each API's run",
+            "warmup": "one /v1 request with the run's system prompt before each run, under its own identity",
+            "identities": "one per user (its own API key, else its own cookie or /v1 token): the prefix cache "
+            "shares only published prompts between users",
+            "unpublished": "the *-unpublished runs send an unregistered variant of the system prompt",
+        },
+        "published_prompt_cache_hit_pct": {
+            mode: {
+                "published": runs[f"{mode}/caching-on"]["cache_hit_pct"],
+                "unpublished": runs[f"{mode}/caching-on-unpublished"]["cache_hit_pct"],
+            }
+            for mode in MODES
         },
         "runs": runs,
         "targets": targets_payload(targets),

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from engine.core.config import EngineConfig
+from engine.core.hash_chain import ChainKey
 from engine.core.outputs import RequestOutput, SchedulerOutput
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import SamplingParams, Sequence
@@ -88,10 +89,12 @@ class LLMEngine:
         *,
         arrival_time: float | None = None,
         cache_salt: str | None = None,
+        public_prefix_len: int = 0,
     ) -> None:
         """Queue a request; bad input raises ValueError naming the problem and the limit.
 
-        `cache_salt` (e.g. a tenant id) keeps its prefix-cache hits among requests with the same salt.
+        `cache_salt` (e.g. a tenant id) keeps its prefix-cache hits among requests with the same salt, except for
+        the blocks wholly inside its first `public_prefix_len` tokens (a published prompt), which anyone shares.
         """
         if request_id in self.output_processor:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -110,6 +113,11 @@ class LLMEngine:
                 f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds max_model_len "
                 f"({max_len})"
             )
+        if not 0 <= public_prefix_len <= len(token_ids):
+            raise ValueError(
+                f"public_prefix_len {public_prefix_len} is outside [0, {len(token_ids)}] (the prompt)"
+            )
+        chain_key = ChainKey(cache_salt, public_prefix_len)
         now = time.monotonic() if arrival_time is None else arrival_time
         # all n samples now; the scheduler forks samples 1.. from sample 0 in the step that completes the prompt
         seqs = [
@@ -121,7 +129,7 @@ class LLMEngine:
                 params=params,
                 arrival_time=now,
                 sample_index=k,
-                cache_salt=cache_salt,
+                chain_key=chain_key,
             )
             for k in range(params.n)
         ]

@@ -19,6 +19,7 @@ from app.settings import Settings
 if TYPE_CHECKING:
     from app.db.store import Store
     from app.services.chat_service import ChatService
+    from app.services.public_prefix import PublicPrefixes
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Services:
     signer: Signer
     store: Store | None = None
     chat: ChatService | None = None
+    public_prefixes: PublicPrefixes | None = None  # the published prompts' token heads, set with the store
     limiter: ClientLimiter = field(init=False)
     draining_since: float | None = None  # set when a shutdown signal arrives: no new replies from then on
 

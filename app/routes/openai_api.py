@@ -15,12 +15,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from app.routes import openai_format as fmt
+from app.routes.cache_scope import cache_salt
 from app.routes.context import Services, services
 from app.routes.errors import error_response
-from app.routes.openai_input import check_model
+from app.routes.openai_input import check_model, requested_cache_salt
 from app.routes.openai_input import prompt_ids as prompt_input
 from app.routes.params import read_json_object
-from app.routes.security import client_identity, require_api_key
+from app.routes.security import require_api_key
 from app.routes.sse import event_stream
 from app.services.errors import bad_request, from_exception
 from app.services.limits import Lease
@@ -80,8 +81,7 @@ async def _handle(request: Request, kind: str) -> Response:
     try:
         owner = require_api_key(request, svc.settings)
         lease = svc.admit(request, owner)  # shutting down (503) or over a client limit (429)
-        salt = client_identity(request, owner) if svc.settings.isolates_prefix_cache else None
-        call = await _start(request, svc, kind, salt)
+        call = await _start(request, svc, kind, owner)
     except Exception as exc:  # noqa: BLE001 - every failure before streaming becomes an API error
         if lease is not None:
             lease.release()
@@ -103,9 +103,10 @@ async def _handle(request: Request, kind: str) -> Response:
     return JSONResponse(await _full_body(svc, call, result))
 
 
-async def _start(request: Request, svc: Services, kind: str, cache_salt: str | None) -> _Call:
+async def _start(request: Request, svc: Services, kind: str, owner: str | None) -> _Call:
     body = await read_json_object(request, svc.settings.max_body_bytes)
     model = check_model(body, svc)
+    requested_salt = requested_cache_salt(body)
     streaming = get_bool(body, "stream", False)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
@@ -128,7 +129,7 @@ async def _start(request: Request, svc: Services, kind: str, cache_salt: str | N
     else:
         logprobs = get_int(body, "logprobs", None)
         requested = get_int(body, "max_tokens", 16)
-    prompt_ids = await prompt_input(svc, kind, body)
+    prompt_ids, public_prefix_len = await prompt_input(svc, kind, body)
     engine = svc.engine.engine
     max_model_len = engine.config.max_model_len if engine is not None else 0
     max_tokens = resolve_max_tokens(
@@ -136,7 +137,14 @@ async def _start(request: Request, svc: Services, kind: str, cache_salt: str | N
     )
     params = sampling_params(body, max_tokens=max_tokens, logprobs=logprobs)
     response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
-    stream = await svc.engine.add_request(response_id, prompt_ids, params, cache_salt=cache_salt)
+    # a request's own salt covers its whole prompt (vLLM's meaning), published system prompt included
+    stream = await svc.engine.add_request(
+        response_id,
+        prompt_ids,
+        params,
+        cache_salt=cache_salt(request, svc.settings, owner, requested_salt),
+        public_prefix_len=0 if requested_salt is not None else public_prefix_len,
+    )
     logger.info(
         "%s %s: %d prompt tokens, max_tokens %d, n %d, stream %s",
         kind,

@@ -9,6 +9,7 @@ from app.routes.context import Services
 from app.services.errors import APIError, bad_request
 
 ROLES = ("system", "user", "assistant", "developer")
+MAX_CACHE_SALT_CHARS = 1024
 
 
 def check_model(body: dict[str, Any], svc: Services) -> str:
@@ -28,6 +29,20 @@ def check_model(body: dict[str, Any], svc: Services) -> str:
             code="model_not_found",
         )
     return served
+
+
+def requested_cache_salt(body: dict[str, Any]) -> str | None:
+    """vLLM's per-request `cache_salt`: None when absent; 400 unless a non-empty string within the limit."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise bad_request(f"cache_salt must be a non-empty string, got {json.dumps(salt)[:80]}", "cache_salt")
+    if len(salt) > MAX_CACHE_SALT_CHARS:
+        raise bad_request(
+            f"cache_salt is {len(salt)} characters, over the limit of {MAX_CACHE_SALT_CHARS}", "cache_salt"
+        )
+    return salt
 
 
 def parse_messages(body: dict[str, Any], max_messages: int, max_chars: int) -> list[dict[str, str]]:
@@ -77,12 +92,24 @@ def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-async def prompt_ids(svc: Services, kind: str, body: dict[str, Any]) -> list[int]:
-    """The prompt of a chat or completion request as token ids (tokenized off the event loop)."""
+async def prompt_ids(svc: Services, kind: str, body: dict[str, Any]) -> tuple[list[int], int]:
+    """The prompt of a chat or completion request as token ids (tokenized off the event loop), and how many of its
+    leading ids are public (the template's and a published system prompt's: app/services/public_prefix.py)."""
     settings = svc.settings
     if kind == "chat":
         messages = parse_messages(body, settings.max_messages, settings.max_message_chars)
-        return await svc.engine.tokenize(lambda tok: render_chat(tok, messages))
+        public = svc.public_prefixes
+
+        def render(tok: Any) -> tuple[list[int], int]:
+            ids = render_chat(tok, messages)
+            return ids, public.length(messages, ids) if public is not None else 0
+
+        return await svc.engine.tokenize(render)
+    return await _completion_ids(svc, body), 0
+
+
+async def _completion_ids(svc: Services, body: dict[str, Any]) -> list[int]:
+    settings = svc.settings
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one

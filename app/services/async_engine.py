@@ -117,11 +117,18 @@ class AsyncEngine:
 
     # ---- requests -------------------------------------------------------------------------------------------
     async def add_request(
-        self, request_id: str, prompt: list[int], params: SamplingParams, *, cache_salt: str | None = None
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        *,
+        cache_salt: str | None = None,
+        public_prefix_len: int = 0,
     ) -> RequestStream:
         """Queue a request; raises ValueError (bad input), EngineOverloaded or EngineUnavailable.
 
-        `cache_salt` (a tenant id) confines the request's prefix-cache hits to requests with the same salt.
+        `cache_salt` (a tenant id) confines the request's prefix-cache hits to requests with the same salt, past its
+        first `public_prefix_len` tokens (a published prompt, shared by everyone).
         """
         self._check_serving()
         assert self.engine is not None
@@ -137,7 +144,7 @@ class AsyncEngine:
         )
         self._streams[request_id] = stream
         future = asyncio.get_running_loop().create_future()
-        self._commands.put(AddRequest(request_id, prompt, params, future, cache_salt))
+        self._commands.put(AddRequest(request_id, prompt, params, future, cache_salt, public_prefix_len))
         try:
             await future
         except BaseException:
@@ -245,7 +252,11 @@ class AsyncEngine:
         if isinstance(command, AddRequest):
             try:
                 engine.add_request(
-                    command.request_id, command.prompt, command.params, cache_salt=command.cache_salt
+                    command.request_id,
+                    command.prompt,
+                    command.params,
+                    cache_salt=command.cache_salt,
+                    public_prefix_len=command.public_prefix_len,
                 )
             except Exception as exc:  # ValueError: bad input; the caller maps it to 400
                 answer(command.future, None, exc)

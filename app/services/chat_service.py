@@ -12,10 +12,11 @@ from typing import Any
 from app.db import MessageStatus, SessionRecord, Store, StoreUnavailable
 from app.services.async_engine import AsyncEngine
 from app.services.chat_reply import CUT_STATUSES, Reply, ReplyWriter
-from app.services.conversation import ConversationBuilder, PromptPlan, turns_from_messages
+from app.services.conversation import ConversationBuilder, PromptPlan, Turn, turns_from_messages
 from app.services.errors import APIError, bad_request, from_exception, not_found
 from app.services.limits import Lease
 from app.services.messages import message_json
+from app.services.public_prefix import PublicPrefixes
 from app.services.sampling import sampling_params
 from app.settings import Settings
 from engine.core.sequence import SamplingParams
@@ -56,8 +57,10 @@ class ChatService:
         settings: Settings,
         builder: ConversationBuilder,
         fingerprint: str,
+        public_prefixes: PublicPrefixes | None = None,
     ) -> None:
         self.store = store
+        self.public_prefixes = public_prefixes
         self.engine = engine
         self.settings = settings
         self.builder = builder
@@ -154,18 +157,21 @@ class ChatService:
                 content = last_user.content
             history = [m for m in messages if m.position < last_user.position]
         turns = turns_from_messages(history, self.fingerprint)
-        system_prompt = session.system_prompt
-        plan: PromptPlan = await self.engine.tokenize(
-            lambda _tok: self.builder.build_prompt(system_prompt, turns, content, max_tokens)
+        system_prompt = session.system_prompt or self.settings.default_system_prompt
+        plan, public_prefix_len = await self.engine.tokenize(
+            lambda _tok: self._plan(system_prompt, turns, content, max_tokens)
         )
         if mode is not ReplyMode.SEND:
             await self.store.delete_messages_from(session_id, last_user.id)
         user = await self.store.add_message(session_id, "user", content, token_ids=plan.new_user_token_ids)
         turn = Reply(session_id, "chat-" + uuid.uuid4().hex)
         try:
-            salt = owner if self.settings.isolates_prefix_cache else None
             turn.stream = await self.engine.add_request(
-                turn.request_id, plan.token_ids, params, cache_salt=salt
+                turn.request_id,
+                plan.token_ids,
+                params,
+                cache_salt=owner if self.settings.prefix_cache_isolation else None,
+                public_prefix_len=public_prefix_len,
             )
         except Exception as exc:  # keep user/assistant alternation: record the failed reply, then report
             with contextlib.suppress(StoreUnavailable):
@@ -194,6 +200,14 @@ class ChatService:
         self._turns[session_id] = turn
         turn.task = asyncio.create_task(self._drive(turn, plan), name=f"turn-{turn.request_id}")
         return turn
+
+    def _plan(
+        self, system_prompt: str, turns: list[Turn], content: str, max_tokens: int
+    ) -> tuple[PromptPlan, int]:
+        """The turn's prompt and its public prefix length (on the tokenizer thread)."""
+        plan = self.builder.build_prompt(system_prompt, turns, content, max_tokens)
+        public = self.public_prefixes
+        return plan, public.session_length(system_prompt, plan.token_ids) if public is not None else 0
 
     def _check_content(self, content: Any) -> str:
         if not isinstance(content, str) or not content.strip():

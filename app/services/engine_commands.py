@@ -25,6 +25,7 @@ class AddRequest:
     params: SamplingParams
     future: asyncio.Future
     cache_salt: str | None = None
+    public_prefix_len: int = 0  # leading prompt tokens outside the salt (engine.core.hash_chain.ChainKey)
 
 
 @dataclass

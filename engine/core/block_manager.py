@@ -209,7 +209,7 @@ class BlockManager:
 
     def _block_hash(self, seq: Sequence, index: int) -> bytes:
         # seq.block_hashes caches the chain over its token ids, which only ever grow, so it survives preemption
-        self.hasher.extend(seq.block_hashes, seq.token_ids, seq.cache_salt, index + 1)
+        self.hasher.extend(seq.block_hashes, seq.token_ids, seq.chain_key, index + 1)
         return seq.block_hashes[index]
 
     def _pop_free(self) -> int:

@@ -1,21 +1,26 @@
 """The prefix cache's block-hash chain: the one identity of a block's content, wherever blocks are looked up.
 
 A full block's hash covers the pool's salt, its parent block's hash and its own token ids, so equal hashes mean an
-equal prefix up to and including that block. A request's tenant salt becomes the chain's root, so two tenants'
-chains never meet. The block manager hashes with it today; a disk tier or a replica router computes the same chain
-for the same tokens by importing this module (no torch, no engine state).
+equal prefix up to and including that block. A request's `ChainKey` says where its tenant's own tokens begin: the
+blocks wholly inside its public prefix (a published system prompt, the template's own text) hash unsalted, so every
+tenant shares them; from the block holding the first non-public token on, the tenant's salt is mixed into the
+parent hash, so two tenants' chains part there and never meet again. A disk tier or a replica router computes the
+same chain for the same tokens and key by importing this module (no torch, no engine state).
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+from dataclasses import dataclass
 
-HASH_BYTES = 16  # a block hash; a salted root is 32 bytes, so a root never equals a block hash
+HASH_BYTES = (
+    16  # a block hash; a salted parent is 32 or 48 bytes, so salted and unsalted inputs never coincide
+)
 
 
 def chain_root(cache_salt: str | None) -> bytes:
-    """The parent hash of a chain's first block: empty, or a 32-byte digest of the tenant's salt."""
+    """What a salt adds to the parent hash where it enters the chain: nothing, or a 32-byte digest of the salt."""
     if cache_salt is None:
         return b""
     return hashlib.blake2b(
@@ -28,6 +33,24 @@ def num_cacheable_blocks(num_tokens: int, block_size: int) -> int:
     return max(num_tokens - 1, 0) // block_size
 
 
+@dataclass(frozen=True)
+class ChainKey:
+    """Whose chain a sequence's blocks belong to: `salt` (None: everyone's) from token `public_prefix_len` on."""
+
+    salt: str | None = None
+    public_prefix_len: int = 0  # leading tokens anyone may share: blocks wholly inside them hash unsalted
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.public_prefix_len, int) or self.public_prefix_len < 0:
+            raise ValueError(
+                f"public_prefix_len must be a non-negative integer, got {self.public_prefix_len!r}"
+            )
+
+    def salted_from_block(self, block_size: int) -> int:
+        """The first block whose hash takes the salt: the one holding token public_prefix_len."""
+        return self.public_prefix_len // block_size
+
+
 class BlockHasher:
     """Hashes full blocks for one pool: `pool_salt` (from the engine config) is mixed into every hash."""
 
@@ -36,27 +59,30 @@ class BlockHasher:
         self._salt_digest = hashlib.blake2b(pool_salt, digest_size=HASH_BYTES).digest()
 
     def hash_block(self, parent_hash: bytes, token_ids: list[int]) -> bytes:
-        """Chain hash of one full block: the pool salt, the parent's hash (the root for the first) and the tokens."""
+        """Chain hash of one full block: the pool salt, the parent's hash (b"" for the first) and the tokens."""
         h = hashlib.blake2b(self._salt_digest, digest_size=HASH_BYTES)
         h.update(parent_hash)
         h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
         return h.digest()
 
-    def extend(
-        self, hashes: list[bytes], token_ids: list[int], cache_salt: str | None, num_blocks: int
-    ) -> None:
-        """Append to `hashes` (a chain over token_ids so far) until it covers num_blocks full blocks."""
+    def extend(self, hashes: list[bytes], token_ids: list[int], key: ChainKey, num_blocks: int) -> None:
+        """Append to `hashes` (the chain over token_ids so far, under `key`) until it covers num_blocks full blocks."""
         bs = self.block_size
         assert num_blocks * bs <= len(token_ids), (
             f"block {num_blocks - 1} of {len(token_ids)} tokens is not full"
         )
+        salted_from = key.salted_from_block(bs)
         while len(hashes) < num_blocks:
             i = len(hashes)
-            parent = hashes[i - 1] if i else chain_root(cache_salt)
+            parent = hashes[i - 1] if i else b""
+            if (
+                i == salted_from
+            ):  # with salted_from == 0 the salt is the chain's root, as before public prefixes
+                parent += chain_root(key.salt)
             hashes.append(self.hash_block(parent, token_ids[i * bs : (i + 1) * bs]))
 
-    def chain(self, token_ids: list[int], cache_salt: str | None = None) -> list[bytes]:
-        """The hashes of every full block of token_ids, first block first."""
+    def chain(self, token_ids: list[int], key: ChainKey | None = None) -> list[bytes]:
+        """The hashes of every full block of token_ids under `key` (default: unsalted), first block first."""
         hashes: list[bytes] = []
-        self.extend(hashes, token_ids, cache_salt, len(token_ids) // self.block_size)
+        self.extend(hashes, token_ids, key or ChainKey(), len(token_ids) // self.block_size)
         return hashes

@@ -6,6 +6,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from engine.core.hash_chain import ChainKey
+
 MAX_N = 16
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_LEN = 256
@@ -133,7 +135,9 @@ class Sequence:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string or stop token that ended it
     first_token_time: float | None = None
-    cache_salt: str | None = None  # mixed into the first block hash: cache hits stay within one tenant
+    chain_key: ChainKey = field(
+        default_factory=ChainKey
+    )  # its tenant's salt and public prefix (hash_chain.py)
 
     def __len__(self) -> int:
         return len(self.token_ids)

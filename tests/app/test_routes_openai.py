@@ -180,6 +180,9 @@ def test_completions_accepts_token_ids(client):
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages", "messages[0].role must be one of"),
         ({"messages": [{"role": "user", "content": 3}]}, "messages", "messages[0].content must be a string"),
         ({"stream": "yes"}, "stream", "stream must be true or false"),
+        ({"cache_salt": ""}, "cache_salt", "cache_salt must be a non-empty string"),
+        ({"cache_salt": 7}, "cache_salt", "cache_salt must be a non-empty string, got 7"),
+        ({"cache_salt": "s" * 1025}, "cache_salt", "cache_salt is 1025 characters, over the limit of 1024"),
     ],
 )
 def test_invalid_parameters_are_400_naming_the_field(client, body, param, fragment):

@@ -13,19 +13,27 @@ import pytest
 
 from bench import servers
 from bench.cli import bench_main
+from bench.multiturn import shared_system_prompt
 from engine.core.config import EngineConfig
 from tests.engine.bench_helpers import shared_tiny_model
 
 API_KEY = "test-bench-key"
+USER_KEYS = f"{API_KEY}-1,{API_KEY}-2"  # bench multiturn: the first key is the warm-up's, then one per user
+SYSTEM_TOKENS = 48
 
 
 @pytest.fixture(scope="module")
 def tiny_servers(tmp_path_factory):
-    """The tiny model and two pagedchat servers on it (prefix caching on and off), started the bench's way."""
+    """The tiny model and two pagedchat servers on it (prefix caching on and off), started the bench's way: one API
+    key per multiturn user, and the multiturn system prompt published."""
     model = shared_tiny_model()
     logs = tmp_path_factory.mktemp("server-logs")
     config = EngineConfig(model=model, dtype="float32", kv_cache_bytes=4 * 2**20)
-    env = {"PAGEDCHAT_API_KEYS": API_KEY}
+    (logs / "system.txt").write_text(shared_system_prompt(model, SYSTEM_TOKENS))
+    env = {
+        "PAGEDCHAT_API_KEYS": f"{API_KEY},{USER_KEYS}",
+        "PAGEDCHAT_SHARED_PROMPT_FILES": str(logs / "system.txt"),
+    }
     started = [
         servers.start_pagedchat("caching-on", config, logs, env),
         servers.start_pagedchat(
@@ -83,21 +91,39 @@ def test_serving_bench_against_pagedchat_and_the_hf_baseline(tiny_servers, hf_ba
 def test_multiturn_bench_with_caching_on_and_off(tiny_servers, tmp_path, capsys):
     model, url_on, url_off = tiny_servers
     argv = shlex.split(
-        f"multiturn --model {model} --url {url_on} --url-no-caching {url_off} --api-key {API_KEY} "
-        f"--users 2 --turns 2 --system-tokens 48 --max-tokens 4 --results-dir {tmp_path}"
+        f"multiturn --model {model} --url {url_on} --url-no-caching {url_off} --api-key {API_KEY},{USER_KEYS} "
+        f"--users 2 --turns 2 --system-tokens {SYSTEM_TOKENS} --max-tokens 4 --results-dir {tmp_path}"
     )
     assert bench_main(argv) == 0
     doc = _only_result(tmp_path, "multiturn")
     runs = doc["runs"]
     assert doc["workload"]["arrivals"] == "staggered"  # the default
-    assert set(runs) == {"session/caching-on", "v1/caching-on", "session/caching-off", "v1/caching-off"}
+    assert set(runs) == {
+        "session/caching-on",
+        "v1/caching-on",
+        "session/caching-on-unpublished",
+        "v1/caching-on-unpublished",
+        "session/caching-off",
+        "v1/caching-off",
+    }
     for name, run in runs.items():
         assert run["num_turns_failed"] == 0, (name, run["errors"])
         assert [t["num_ok"] for t in run["turns"]] == [2, 2], name
         assert run["prompt_tokens"] > 2 * 48, name
     assert runs["session/caching-off"]["cached_tokens"] == 0 and runs["v1/caching-off"]["cached_tokens"] == 0
-    # the warm-up request put the shared system prompt in the cache, so even turn 1 hits it
+    # the warm-up request put the shared system prompt in the cache, so even turn 1 hits it: it is published, so
+    # every user shares it with the warm-up's identity
     assert runs["session/caching-on"]["turns"][0]["mean_cached_tokens"] >= 32
+    # unpublished, user 0's first turn computes its own copy (user 1 warmed its own in a lead-in turn)
+    for api in ("session", "v1"):
+        published, unpublished = runs[f"{api}/caching-on"], runs[f"{api}/caching-on-unpublished"]
+        assert unpublished["turns"][0]["mean_cached_tokens"] < published["turns"][0]["mean_cached_tokens"], (
+            api
+        )
+        assert doc["published_prompt_cache_hit_pct"][api] == {
+            "published": published["cache_hit_pct"],
+            "unpublished": unpublished["cache_hit_pct"],
+        }
     assert (
         runs["session/caching-on"]["turns"][1]["mean_cached_tokens"]
         > runs["session/caching-on"]["turns"][0]["mean_cached_tokens"]

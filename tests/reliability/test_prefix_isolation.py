@@ -1,22 +1,66 @@
-"""Prefix-cache isolation: block hashes salted per tenant, so a cache hit never tells one tenant what another sent."""
+"""Prefix-cache isolation: a cache hit never tells one caller what another sent; published prompts stay shared.
+
+The guess attack: caller A sends a secret system prompt, caller B sends the same text as a guess. Shared blocks
+would report B's guess as cached (and answer it faster); with isolation B sees 0 cached tokens, whoever B is: another
+browser cookie, another API key, another anonymous /v1 address. A still reuses every full block of its own prompts,
+and a system prompt the operator published is shared by everyone.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
 import pytest
 
+from bench.servers import stop_server
 from engine.core.block_manager import BlockManager
+from engine.core.hash_chain import ChainKey
 from engine.core.sequence import SamplingParams, Sequence
-from tests.app.factories import make_client
+from tests.app.factories import make_client, make_tiny_model_dir
+from tests.e2e.conftest import Server, server_env, start_server
 from tests.reliability.helpers import peer, session_events
 
+BLOCK = 16
 SECRET = [
     {"role": "system", "content": "You are the assistant of ACME's merger team. " * 3},
     {"role": "user", "content": "Draft the press release for the takeover of Globex, announced on Monday."},
 ]
+PUBLISHED = "You are the help desk of the city library. Answer questions about opening hours and loans. " * 2
+DEFAULT_SYSTEM = "You are a friendly assistant of the city library, answering in one short paragraph. " * 2
 
 
 def make_seq(seq_id: int, tokens: list[int], salt: str | None) -> Sequence:
-    return Sequence(seq_id, f"r{seq_id}", list(tokens), len(tokens), SamplingParams(), 0.0, cache_salt=salt)
+    return Sequence(
+        seq_id, f"r{seq_id}", list(tokens), len(tokens), SamplingParams(), 0.0, chain_key=ChainKey(salt)
+    )
+
+
+def full_blocks(num_tokens: int) -> int:
+    """Prompt tokens a full prefix hit serves (the last token is always computed)."""
+    return (num_tokens - 1) // BLOCK * BLOCK
+
+
+def secret(tag: str) -> list[dict[str, str]]:
+    """SECRET with its system prompt made unique to one test (the servers' caches outlive a test)."""
+    return [{"role": "system", "content": f"[{tag}] " + SECRET[0]["content"]}, SECRET[1]]
+
+
+def v1_cached(client: httpx.Client, messages: list[dict[str, str]], **extra: Any) -> tuple[int, int]:
+    """(cached tokens, prompt tokens) of one /v1/chat/completions call."""
+    response = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2, **extra})
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]
+    return usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"]
+
+
+def session_cached(client: httpx.Client, system: str, content: str = "hi") -> tuple[int, int]:
+    """(cached tokens, prompt tokens) of the first turn of a new session (what the chat UI prints)."""
+    created = client.post("/api/sessions", json={"system_prompt": system, "settings": {"max_tokens": 2}})
+    assert created.status_code == 201, created.text
+    events = session_events(client, created.json()["id"], content)
+    return events[-1]["usage"]["prompt_tokens_details"]["cached_tokens"], events[0]["prompt_tokens"]
 
 
 def test_block_manager_matches_prefixes_only_under_the_same_salt():
@@ -36,51 +80,149 @@ def test_block_manager_matches_prefixes_only_under_the_same_salt():
     assert all(len(bm._block_hash(a, i)) == 16 for i in range(3))  # blake2b digests, never Python's hash()
 
 
-def cached(client, headers: dict[str, str]) -> tuple[int, int]:
-    response = client.post(
-        "/v1/chat/completions", json={"messages": SECRET, "max_tokens": 2}, headers=headers
-    )
-    assert response.status_code == 200, response.text
-    usage = response.json()["usage"]
-    return usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"]
-
-
-@pytest.fixture(scope="module", params=[None, False], ids=["keys-isolate", "isolation-off"])
+# ---- in process: API keys, isolation on (the default) and off -----------------------------------------------
+@pytest.fixture(scope="module", params=[True, False], ids=["isolated-by-default", "isolation-off"])
 def keyed(request, tmp_path_factory):
-    with make_client(
-        tmp_path_factory.mktemp("isolation"),
-        api_keys=("sk-a", "sk-b"),
-        prefix_cache_isolation=request.param,
-    ) as c:
-        yield c, request.param is None
+    overrides = {} if request.param else {"prefix_cache_isolation": False}
+    with make_client(tmp_path_factory.mktemp("isolation"), api_keys=("sk-a", "sk-b"), **overrides) as c:
+        yield c, request.param
 
 
 def test_another_tenants_prompt_is_no_cache_hit(keyed):
     client, isolated = keyed
     a, b = {"authorization": "Bearer sk-a"}, {"authorization": "Bearer sk-b"}
-    assert cached(client, a)[0] == 0
-    hit, num_prompt = cached(client, a)
-    assert hit == (num_prompt - 1) // 16 * 16 > 0  # tenant a reuses every full block of its own prompt
-    assert cached(client, b)[0] == (0 if isolated else hit)
-    assert cached(client, a)[0] == hit  # and b's request did not disturb a's cache
+
+    def cached(headers: dict[str, str]) -> tuple[int, int]:
+        return v1_cached(peer(client, headers=headers), SECRET)
+
+    assert cached(a)[0] == 0
+    hit, num_prompt = cached(a)
+    assert hit == full_blocks(num_prompt) > 0  # tenant a reuses every full block of its own prompt
+    assert cached(b)[0] == (0 if isolated else hit)
+    assert cached(a)[0] == hit  # and b's request did not disturb a's cache
 
 
 def test_sessions_share_a_system_prompt_only_within_one_owner(keyed):
     client, isolated = keyed
     system = "You are a careful assistant who answers in one short sentence. " * 4
-
-    def first_turn_cached(owner) -> int:
-        sid = owner.post("/api/sessions", json={"system_prompt": system, "settings": {"max_tokens": 2}})
-        events = session_events(owner, sid.json()["id"], "hi")
-        assert events[0]["prompt_tokens"] == num_prompt
-        return events[-1]["usage"]["prompt_tokens_details"]["cached_tokens"]
-
     num_prompt = 64  # the template's rendering of the system prompt and "hi", in the SmolLM2 tokenizer
 
     a = peer(client, headers={"authorization": "Bearer sk-a"})
     b = peer(client, headers={"authorization": "Bearer sk-b"})
-    assert first_turn_cached(a) == 0
-    shared = first_turn_cached(a)
+    assert session_cached(a, system) == (0, num_prompt)
+    shared = session_cached(a, system)[0]
     # a second session of the same owner reuses the system prompt's blocks
-    assert shared == (num_prompt - 1) // 16 * 16
-    assert first_turn_cached(b) == (0 if isolated else shared)
+    assert shared == full_blocks(num_prompt)
+    assert session_cached(b, system)[0] == (0 if isolated else shared)
+
+
+# ---- a real server, the default settings: the guess attack across cookies and addresses ----------------------
+@pytest.fixture(scope="module")
+def open_server(tmp_path_factory) -> Iterator[Server]:
+    """`pagedchat serve` without API keys, one shared prompt file and a default system prompt."""
+    tmp_path = tmp_path_factory.mktemp("open-server")
+    (tmp_path / "library.txt").write_text(PUBLISHED + "\n")
+    env = server_env(
+        tmp_path,
+        str(make_tiny_model_dir()),
+        PAGEDCHAT_SHARED_PROMPT_FILES=str(tmp_path / "library.txt"),
+        PAGEDCHAT_DEFAULT_SYSTEM_PROMPT=DEFAULT_SYSTEM,
+    )
+    server = start_server(tmp_path, env)
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(make_tiny_model_dir()))
+
+
+def browser(server: Server) -> httpx.Client:
+    """A new browser: its own cookie jar (the first session it creates hands it its cookie)."""
+    return httpx.Client(base_url=server.base_url, headers={"origin": server.base_url}, timeout=30)
+
+
+def anonymous(server: Server, address: str, **headers: str) -> httpx.Client:
+    """An anonymous /v1 caller whose connections come from `address` (a 127.0.0.x loopback address)."""
+    transport = httpx.HTTPTransport(local_address=address)
+    return httpx.Client(base_url=server.base_url, transport=transport, headers=headers, timeout=30)
+
+
+def public_head_len(tokenizer: Any, system: str | None) -> int:
+    """Tokens of the ChatML head before the first user message's text: all the template's and the operator's."""
+    if system is None:  # SmolLM2's template writes its own default system message
+        system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    text = f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n"
+    return len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def test_guess_attack_across_browser_cookies(open_server):
+    victim, attacker = browser(open_server), browser(open_server)
+    system = secret("cookies")[0]["content"]
+    assert session_cached(victim, system)[0] == 0
+    hit, num_prompt = session_cached(victim, system)
+    assert hit == full_blocks(num_prompt) > 0  # the victim's own second chat reuses its blocks
+    assert session_cached(attacker, system)[0] == 0  # the exact guess: no hit
+    assert session_cached(attacker, "You are the assistant of Initech's audit team.")[0] == 0
+    assert session_cached(victim, system)[0] == hit  # the attacker disturbed nothing
+
+
+def test_guess_attack_across_anonymous_addresses(open_server):
+    victim, attacker = anonymous(open_server, "127.0.0.2"), anonymous(open_server, "127.0.0.3")
+    messages = secret("addresses")
+    assert v1_cached(victim, messages)[0] == 0
+    hit, num_prompt = v1_cached(victim, messages)
+    assert hit == full_blocks(num_prompt) > 0
+    assert v1_cached(attacker, messages)[0] == 0
+    # without API keys a bearer token proves nothing: it splits an address's cache, never joins another's
+    assert v1_cached(anonymous(open_server, "127.0.0.3", authorization="Bearer anything"), messages)[0] == 0
+    assert v1_cached(anonymous(open_server, "127.0.0.2", authorization="Bearer anything"), messages)[0] == 0
+    # a request's own cache_salt narrows the same way: a fresh chain, reused only with the same salt and caller
+    assert v1_cached(victim, messages, cache_salt="s1")[0] == 0
+    assert v1_cached(victim, messages, cache_salt="s1")[0] == hit
+    assert v1_cached(attacker, messages, cache_salt="s1")[0] == 0
+    assert v1_cached(victim, messages)[0] == hit
+
+
+def test_published_prompts_are_shared_across_callers(open_server, tokenizer):
+    one, two = browser(open_server), browser(open_server)
+    # a shared prompt file's text: every caller reuses the blocks wholly inside the public head
+    shared = public_head_len(tokenizer, PUBLISHED) // BLOCK * BLOCK
+    assert shared >= 32
+    session_cached(one, PUBLISHED, "When do you open on Sunday?")
+    assert session_cached(two, PUBLISHED, "Can I renew a loan online?")[0] == shared
+    asked = [{"role": "system", "content": PUBLISHED}, {"role": "user", "content": "Where is the map room?"}]
+    assert v1_cached(anonymous(open_server, "127.0.0.4"), asked)[0] == shared
+    # the server's default system prompt, in sessions that set none
+    default = public_head_len(tokenizer, DEFAULT_SYSTEM) // BLOCK * BLOCK
+    session_cached(one, "", "Hello there")
+    assert session_cached(two, "", "Good morning")[0] == default > 0
+    # the template's own default system message, in /v1 chats without a system message
+    template = public_head_len(tokenizer, None) // BLOCK * BLOCK
+    v1_cached(anonymous(open_server, "127.0.0.5"), [{"role": "user", "content": "Is the cafe open?"}])
+    plain = [{"role": "user", "content": "Do you lend e-books?"}]
+    assert v1_cached(anonymous(open_server, "127.0.0.6"), plain)[0] == template == 16
+
+
+# ---- a real server with API keys --------------------------------------------------------------------------------
+def test_guess_attack_across_api_keys(tmp_path, tokenizer):
+    env = server_env(tmp_path, str(make_tiny_model_dir()), PAGEDCHAT_API_KEYS="sk-a,sk-b")
+    server = start_server(tmp_path, env)
+    try:
+        a = httpx.Client(base_url=server.base_url, headers={"authorization": "Bearer sk-a"}, timeout=30)
+        b = httpx.Client(base_url=server.base_url, headers={"authorization": "Bearer sk-b"}, timeout=30)
+        assert v1_cached(a, SECRET)[0] == 0
+        hit, num_prompt = v1_cached(a, SECRET)
+        assert hit == full_blocks(num_prompt) > 0
+        assert v1_cached(b, SECRET)[0] == 0
+        # a key's sessions and its /v1 calls are one tenant: a session's first turn reuses the system prompt that
+        # the same key sent through /v1 (up to the user's text)
+        head = public_head_len(tokenizer, SECRET[0]["content"]) // BLOCK * BLOCK
+        assert session_cached(a, SECRET[0]["content"])[0] == head > 0
+        assert session_cached(b, SECRET[0]["content"])[0] == head
+        assert session_cached(browser(server), SECRET[0]["content"])[0] == 0  # a cookie is another tenant
+    finally:
+        stop_server(server)
