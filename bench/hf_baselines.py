@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from app.services.conversation import common_prefix_len
+
 
 @dataclass
 class GenerationRun:
@@ -169,16 +171,6 @@ def hf_continuous(
         elapsed = time.perf_counter() - start
     outputs = [trim_output(results[f"r{i}"].generated_tokens, eos_ids, m) for i, m in enumerate(max_tokens)]
     return GenerationRun("hf_continuous", outputs, elapsed)
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens two outputs share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def agreement(ours: list[list[int]], theirs: list[list[int]]) -> dict[str, float]:

@@ -170,7 +170,7 @@ class ConversationBuilder:
         has_history = bool(kept) or bool(system_prompt)
         base = self.render(system_prompt, kept) if has_history else []
         extends = full[: len(base)] == base
-        appended = full[len(base) :] if extends else full[_common_prefix_len(base, full) :]
+        appended = full[len(base) :] if extends else full[common_prefix_len(base, full) :]
         if not kept:  # nothing stored to extend: the render is the prompt
             return PromptPlan(full, appended, num_dropped, True)
         stored = self._stored_ids(system_prompt, kept) if extends else None
@@ -261,7 +261,8 @@ class ConversationBuilder:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
-def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading token ids two sequences share."""
     n = 0
     for x, y in zip(a, b, strict=False):
         if x != y:

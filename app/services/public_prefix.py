@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from app.services.conversation import common_prefix_len
 from app.settings import Settings
 
 _PROBE = "PAGEDCHAT_PUBLIC_PREFIX_PROBE"
@@ -63,7 +64,7 @@ class PublicPrefixes:
                 return 0  # what the tenant wrote starts a few template tokens in: never a whole block
         rest = messages[1:] if system is not None else messages
         head = self._head(system, rest[0]["role"] if rest else "user")
-        return _common_prefix_len(head, prompt_ids)
+        return common_prefix_len(head, prompt_ids)
 
     def session_length(self, system_prompt: str, prompt_ids: Sequence[int]) -> int:
         """Public tokens of a session turn's prompt (its system prompt, then user turns)."""
@@ -82,12 +83,3 @@ class PublicPrefixes:
             head = list(self.tokenizer.encode(text[:at], add_special_tokens=False)) if at > 0 else []
             self._heads[key] = head
         return head
-
-
-def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
