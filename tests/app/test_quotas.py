@@ -9,6 +9,7 @@ import json
 import pytest
 from starlette.testclient import TestClient
 
+from app.routes.admin_feed import admin_feed
 from app.routes.security import BROWSER_COOKIE
 from tests.app.factories import SAME_ORIGIN, make_client, sse_events
 
@@ -125,3 +126,10 @@ def test_the_database_guard_answers_507_with_its_value(tmp_path):
         assert (error["code"], error["type"]) == ("database_full", "insufficient_storage_error")
         assert "at its limit of 4096 bytes (max_database_bytes)" in error["message"]
         assert guarded.get("/api/sessions").json() == {"sessions": []}  # reads still work
+        state, _ = guarded.portal.call(admin_feed(guarded.app).sample)  # the admin page's advice says so
+        database = state["advice"]["items"][-1]
+        assert (database["level"], database["title"]) == ("warn", "Database full")
+        assert (
+            "of its guard of 4.0 KiB (max_database_bytes): new sessions and messages are refused"
+            in database["text"]
+        )
