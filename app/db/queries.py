@@ -9,8 +9,9 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import ChatSession, Message, MessageStatus, utcnow
-from app.db.quota import StorageQuota, check_room, text_bytes
+from app.db.quota import StorageQuota, check_room
 from app.db.records import MessageRecord, SessionRecord, message_record, session_record
+from app.db.usage import forget, nbytes, note, text_bytes, tracking
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ def create_session(
     row.created_at = row.updated_at = now
     s.add(row)
     s.flush()
+    note(s, owner, sessions=1, nbytes=text_bytes(title, system_prompt))
     return session_record(row)
 
 
@@ -77,6 +79,7 @@ def update_session(
         setattr(row, key, value)
     row.updated_at = utcnow()
     s.flush()
+    note(s, owner, nbytes=grown)
     return session_record(row)
 
 
@@ -86,6 +89,7 @@ def delete_session(s: Session, owner: str, session_id: str) -> bool:
     if row is None:
         return False
     s.delete(row)
+    forget(s, owner)
     return True
 
 
@@ -116,11 +120,21 @@ def add_message(
     parent.updated_at = now
     s.add(row)
     s.flush()
+    note(s, parent.owner, messages=1, nbytes=text_bytes(values.get("content")))
     return message_record(row)
 
 
 def flush_assistant(s: Session, message_id: int, content: str) -> None:
     """Save a streaming answer's partial text; no-op once it left 'streaming' or was deleted."""
+    if tracking(s):
+        query_old = (
+            select(nbytes(Message.content), ChatSession.owner)
+            .join(ChatSession, Message.session_id == ChatSession.id)
+            .where(Message.id == message_id, Message.status == MessageStatus.STREAMING.value)
+        )
+        found = s.execute(query_old).first()
+        if found is not None:
+            note(s, found.owner, nbytes=text_bytes(content) - found[0])
     query = (
         update(Message)
         .where(Message.id == message_id, Message.status == MessageStatus.STREAMING.value)
@@ -137,6 +151,8 @@ def finish_assistant(s: Session, message_id: int, values: dict[str, Any]) -> Non
         return
     if row.role != "assistant":
         raise RuntimeError(f"finish_assistant on message {message_id}, which is a {row.role} message")
+    if "content" in values:
+        note(s, row.session.owner, nbytes=text_bytes(values["content"]) - text_bytes(row.content))
     now = utcnow()
     for key, value in values.items():
         setattr(row, key, value)
@@ -151,7 +167,9 @@ def delete_messages_from(s: Session, session_id: str, message_id: int) -> int:
         return 0
     query = delete(Message).where(Message.session_id == session_id, Message.position >= first.position)
     deleted = s.execute(query).rowcount
-    s.get_one(ChatSession, session_id).updated_at = utcnow()
+    parent = s.get_one(ChatSession, session_id)
+    parent.updated_at = utcnow()
+    forget(s, parent.owner)
     return deleted
 
 

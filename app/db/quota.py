@@ -1,18 +1,18 @@
 """Storage quotas: what one owner may keep (sessions, messages, bytes of text) and how large the database may grow.
 
 Checked inside the transaction of the write they guard, so concurrent writes of one owner cannot slip past a limit
-together (the store runs one transaction at a time). A write that does not add sessions, messages or bytes is always
-allowed: an owner over a limit can still rename, shorten and delete.
+together (the store runs one transaction at a time); an owner's usage is a running figure (app/db/usage.py). A write
+that does not add sessions, messages or bytes is always allowed: an owner over a limit can still shorten and delete.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, LargeBinary, cast, func, select, text
-from sqlalchemy.orm import InstrumentedAttribute, Session
+from sqlalchemy import text
+from sqlalchemy.orm import Session
 
-from app.db.models import ChatSession, Message
+from app.db.usage import usage_of
 
 
 @dataclass(frozen=True)
@@ -30,15 +30,6 @@ class StorageQuota:
                 raise ValueError(f"{name} must be non-negative (0: no limit), got {getattr(self, name)}")
 
 
-@dataclass(frozen=True)
-class OwnerUsage:
-    """What one owner keeps: sessions, messages, and UTF-8 bytes of titles, system prompts and message text."""
-
-    num_sessions: int
-    num_messages: int
-    num_bytes: int
-
-
 class QuotaExceeded(Exception):
     """A write would take an owner or the database past a limit; `limit_name` is the setting, `limit` its value."""
 
@@ -47,32 +38,6 @@ class QuotaExceeded(Exception):
         self.limit_name = limit_name
         self.limit = limit
         self.database = database  # True: the whole database is full (507), not one owner (403)
-
-
-def text_bytes(*values: str | None) -> int:
-    """UTF-8 bytes of the given strings (None counts 0), as the quota counts them."""
-    return sum(len(v.encode("utf-8", "surrogatepass")) for v in values if v)
-
-
-def _nbytes(column: InstrumentedAttribute[str]) -> ColumnElement[int]:
-    """The column's UTF-8 length in bytes, as SQL."""
-    return func.coalesce(func.length(cast(column, LargeBinary)), 0)
-
-
-def owner_usage(s: Session, owner: str) -> OwnerUsage:
-    """Count the owner's sessions, messages and bytes from the database."""
-    sessions = select(
-        func.count(),
-        func.coalesce(func.sum(_nbytes(ChatSession.title) + _nbytes(ChatSession.system_prompt)), 0),
-    ).where(ChatSession.owner == owner)
-    messages = (
-        select(func.count(Message.id), func.coalesce(func.sum(_nbytes(Message.content)), 0))
-        .join(ChatSession, Message.session_id == ChatSession.id)
-        .where(ChatSession.owner == owner)
-    )
-    num_sessions, session_bytes = s.execute(sessions).one()
-    num_messages, message_bytes = s.execute(messages).one()
-    return OwnerUsage(int(num_sessions), int(num_messages), int(session_bytes) + int(message_bytes))
 
 
 def database_bytes(s: Session) -> int | None:
@@ -110,7 +75,7 @@ def check_room(
             )
     if not (quota.max_sessions or quota.max_messages or quota.max_bytes):
         return
-    usage = owner_usage(s, owner)
+    usage = usage_of(s, owner)
     checks = (
         ("max_sessions_per_owner", quota.max_sessions, usage.num_sessions, new_sessions, "sessions"),
         ("max_messages_per_owner", quota.max_messages, usage.num_messages, new_messages, "messages"),

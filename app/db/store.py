@@ -18,6 +18,7 @@ from app.db.database import DEFAULT_BUSY_TIMEOUT_MS, create_db_engine, upgrade_t
 from app.db.models import FINAL_ASSISTANT_STATUSES, ROLES, MessageStatus
 from app.db.quota import StorageQuota, database_bytes
 from app.db.records import MessageRecord, SessionRecord, StoreUnavailable
+from app.db.usage import UsageLedger
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -40,6 +41,8 @@ class Store:
     ) -> None:
         self.url = url
         self.quota = quota or StorageQuota()
+        owner_limits = (self.quota.max_sessions, self.quota.max_messages, self.quota.max_bytes)
+        self._usage = UsageLedger() if any(owner_limits) else None  # worker thread only
         self._busy_timeout_ms = busy_timeout_ms
         self._engine: Engine | None = None
         self._sessions: sessionmaker[Session] | None = None
@@ -229,7 +232,12 @@ class Store:
         if self._sessions is None:
             raise RuntimeError("Store is not running: await store.start() first (and not after close())")
         with self._sessions.begin() as s:
-            return fn(s, *args)
+            if self._usage is not None:
+                self._usage.begin(s)
+            result = fn(s, *args)
+        if self._usage is not None:  # committed: what the writes noted joins the running figures
+            self._usage.commit(s)
+        return result
 
     def _open(self) -> None:
         engine = create_db_engine(self.url, busy_timeout_ms=self._busy_timeout_ms)

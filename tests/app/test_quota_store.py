@@ -1,13 +1,18 @@
-"""Storage quotas in the store: per-owner sessions, messages and bytes, the database size guard, exact refusals."""
+"""Storage quotas in the store: per-owner sessions, messages and bytes, the database size guard, exact refusals,
+and the running per-owner figures checked against the database."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from sqlalchemy import delete
 
 from app.db import QuotaExceeded, StorageQuota, Store
+from app.db.models import ChatSession
+from app.db.usage import STALE_AFTER_S, UsageLedger, owner_usage, usage_of
 
 pytestmark = pytest.mark.anyio
 ALICE, BOB = "browser:alice", "browser:bob"
@@ -119,3 +124,78 @@ async def test_unlimited_by_default(make_store) -> None:
 def test_negative_limits_are_refused() -> None:
     with pytest.raises(ValueError, match="max_bytes must be non-negative"):
         StorageQuota(max_bytes=-1)
+
+
+async def test_the_running_figures_match_the_database_through_every_kind_of_write(make_store) -> None:
+    """Random writes of three owners, refusals (rolled back) included: after each, figure == count from the database."""
+    store = await make_store(max_sessions=4, max_messages=8, max_bytes=1000)
+    rng = random.Random(7)
+    owners = [ALICE, BOB, "key:carol"]
+    refused = compared = 0
+
+    async def some_session(owner: str) -> str | None:
+        sessions = await store.list_sessions(owner)
+        return rng.choice(sessions).id if sessions else None
+
+    for step in range(300):
+        owner = rng.choice(owners)
+        sid = await some_session(owner)
+        action = rng.choice(["create", "rename", "delete", "turn", "edit", "truncate"] if sid else ["create"])
+        text = "é" * rng.randint(0, 40) + "x" * rng.randint(0, 300)
+        try:
+            if action == "create":
+                await store.create_session(owner, title=text[:50], system_prompt=text)
+            elif action == "rename":
+                await store.update_session(
+                    owner, sid, title=text[:20], system_prompt=text[: rng.randint(0, 300)]
+                )
+            elif action == "delete":
+                await store.delete_session(owner, sid)
+            elif action == "turn":
+                await store.add_message(sid, "user", text)
+                reply = await store.start_assistant(
+                    sid, prompt_tokens=1, cached_tokens=0, truncated_turns=0, tokenizer_fingerprint="t"
+                )
+                await store.flush_assistant(reply.id, text[:10])
+                if rng.random() < 0.7:
+                    await finish(store, reply.id, text[: rng.randint(0, 200)])
+            else:
+                users = [m for m in await store.list_messages(owner, sid) if m.role == "user"]
+                if users and action == "edit":
+                    await store.replace_messages_from(sid, users[-1].id, text)
+                elif users:
+                    await store.delete_messages_from(sid, users[0].id)
+        except QuotaExceeded:
+            refused += 1
+        for who in owners:
+            compared += who in store._usage._known  # a running figure, not a fresh count
+            figure = await store._tx(usage_of, who)
+            assert figure == await store._tx(owner_usage, who), (step, action, who)
+    assert refused >= 20 and compared >= 600, (refused, compared)  # the walk reached the limits, on figures
+
+
+async def test_a_stale_figure_is_counted_again(make_store) -> None:
+    store = await make_store(max_sessions=2)
+    now = [0.0]
+    store._usage = UsageLedger(clock=lambda: now[0])
+    await store.create_session(ALICE)
+    await store.create_session(ALICE)
+    await store._tx(
+        lambda s: s.execute(delete(ChatSession))
+    )  # another process's write: unseen by the figures
+    with pytest.raises(QuotaExceeded):
+        await store.create_session(ALICE)
+    now[0] = STALE_AFTER_S + 1
+    await store.create_session(ALICE)  # counted again: room
+
+
+async def finish(store: Store, message_id: int, content: str) -> None:
+    await store.finish_assistant(
+        message_id,
+        content=content,
+        status="finished",
+        finish_reason="stop",
+        token_ids=[1],
+        completion_tokens=1,
+        timings={},
+    )
