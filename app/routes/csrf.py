@@ -34,10 +34,15 @@ def parse_origin(url: str) -> Origin | None:
     return parts.scheme, parts.hostname.lower(), port or _DEFAULT_PORTS[parts.scheme]
 
 
-def own_origin(conn: HTTPConnection) -> Origin | None:
-    """The origin the request was sent to: its scheme and its Host header."""
+def own_origin(conn: HTTPConnection, settings: Settings) -> Origin | None:
+    """The origin the request was sent to: its scheme (https with `cookie_secure`: the browser only talks HTTPS to
+    us, even when a TLS proxy hands us plain HTTP) and its Host header."""
     host = conn.headers.get("host")
-    scheme = {"ws": "http", "wss": "https"}.get(conn.url.scheme, conn.url.scheme)
+    scheme = (
+        "https"
+        if settings.cookie_secure
+        else {"ws": "http", "wss": "https"}.get(conn.url.scheme, conn.url.scheme)
+    )
     return parse_origin(f"{scheme}://{host}") if host else None
 
 
@@ -50,7 +55,7 @@ def _show(origin: Origin | None) -> str:
 
 def cross_origin_reason(conn: HTTPConnection, settings: Settings) -> str | None:
     """Why this request does not come from the server's own pages (or an allowed origin); None when it does."""
-    own = own_origin(conn)
+    own = own_origin(conn, settings)
     allowed = {own, *(parse_origin(o) for o in settings.allowed_origins)} - {None}
     origin = conn.headers.get("origin")
     if origin is not None and origin.strip() != "null":

@@ -173,6 +173,18 @@ def test_same_origin_rules(headers, allowed, ok):
     assert (reason is None) == ok, reason
 
 
+def test_with_a_secure_cookie_the_servers_origin_is_https_even_behind_a_tls_proxy():
+    secure = Settings(cookie_secure=True)
+    behind_proxy = {
+        "host": "chat.example",
+        "origin": "https://chat.example",
+    }  # the proxy speaks plain HTTP to us
+    assert cross_origin_reason(make_request(behind_proxy), secure) is None
+    assert cross_origin_reason(make_request(behind_proxy), Settings()) is not None
+    plain = {"host": "chat.example", "origin": "http://chat.example"}
+    assert cross_origin_reason(make_request(plain), secure) is not None
+
+
 def test_origins_are_compared_with_default_ports():
     assert parse_origin("https://Example.com") == ("https", "example.com", 443)
     assert parse_origin("http://example.com:8000/path") == ("http", "example.com", 8000)
