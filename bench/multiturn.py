@@ -67,7 +67,7 @@ async def run_mode(
     seed = args.seed + (0 if mode == "session" else 1000)
     scripts = [user_turns(u, args.turns, seed) for u in range(args.users)]
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
-    headers = sc.auth_headers(api_key)
+    headers = {**sc.auth_headers(api_key), "Origin": sc.origin_of(url)}  # cookie-authenticated writes need it
     async with httpx.AsyncClient(
         base_url=url, headers=headers, timeout=loadgen.CLIENT_TIMEOUT_S, limits=limits
     ) as http:
