@@ -93,7 +93,7 @@ class Settings:
     client_max_streams: int = option(
         0, "generation requests in flight per client; 0: no limit", group=_LIMITS
     )
-    # an owner: its API key, else its browser cookie; counted from the database before each write it asks for
+    # an owner: its API key, else its browser cookie; checked inside the transaction of each write it asks for
     max_sessions_per_owner: int = option(1000, "sessions one owner may keep; 0: no limit", group=_LIMITS)
     max_messages_per_owner: int = option(
         20_000, "messages one owner may keep, over all its sessions; 0: no limit", group=_LIMITS

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from itsdangerous import Signer
 from starlette.requests import HTTPConnection
 
-from app.routes.security import client_identity
+from app.routes.security import BROWSER_OWNER, client_identity
 from app.services.async_engine import AsyncEngine
 from app.services.errors import APIError
 from app.services.limits import ClientLimiter, IdentityLimiter, Lease
@@ -51,10 +51,10 @@ class Services:
         self.check_admitting()
         return self.limiter.admit(client_identity(conn, owner))
 
-    def admit_new_identity(self, conn: HTTPConnection) -> None:
-        """A request about to create state under a browser identity it was just given (it sent no valid cookie):
-        429 past `new_identities_per_minute` for its address; a request with a valid cookie passes."""
-        if conn.scope.get("state", {}).get("new_browser_id"):
+    def admit_new_identity(self, conn: HTTPConnection, owner: str) -> None:
+        """A request about to create state for `owner`: when that is a browser identity it was just given (it sent
+        no valid cookie), 429 past `new_identities_per_minute` for its address; a valid cookie or API key passes."""
+        if owner.startswith(BROWSER_OWNER) and conn.scope.get("state", {}).get("new_browser_id"):
             self.identities.admit(conn.client.host if conn.client else "unknown")
 
     def check_admitting(self) -> None:

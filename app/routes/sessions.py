@@ -112,7 +112,7 @@ async def list_sessions(request: Request, svc: Services, owner: str) -> Response
 @_api
 async def create_session(request: Request, svc: Services, owner: str) -> Response:
     """POST /api/sessions {title?, system_prompt?, settings?}."""
-    svc.admit_new_identity(request)
+    svc.admit_new_identity(request, owner)
     body = await read_json_object(request, svc.settings.max_body_bytes, allow_empty=True)
     session = await svc.store.create_session(owner, **_fields(body, svc))
     return JSONResponse(session_json(session, svc.chat), status_code=201)

@@ -118,6 +118,17 @@ def test_new_identities_are_rate_limited_per_address(client):
     assert browser(client).post("/api/sessions", json={}).status_code == 201
 
 
+def test_api_key_owners_are_not_new_identities(tmp_path):
+    with make_client(tmp_path, api_keys=("sk-quota",), new_identities_per_minute=1) as running:
+        for _ in range(3):
+            running.cookies.clear()  # no browser cookie: only the key says who this is
+            response = running.post("/api/sessions", json={}, headers={"authorization": "Bearer sk-quota"})
+            assert response.status_code == 201, response.text
+        for expected in (201, 429):
+            running.cookies.clear()
+            assert running.post("/api/sessions", json={}).status_code == expected
+
+
 def test_the_database_guard_answers_507_with_its_value(tmp_path):
     with make_client(tmp_path, max_database_bytes=4096) as guarded:
         response = guarded.post("/api/sessions", json={"title": "too much"})
