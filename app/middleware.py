@@ -80,9 +80,8 @@ class RequestContextMiddleware:
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         state["browser_id"] = browser_id
-        state["new_browser_id"] = (
-            set_cookie is not None
-        )  # minted here: limited per address where it creates state
+        # minted here: where such a request creates state, it is limited per address (new_identities_per_minute)
+        state["new_browser_id"] = set_cookie is not None
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
