@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 
-from app.db import Store
+from app.db import StorageQuota, Store
 from app.middleware import RequestContextMiddleware
 from app.routes import admin_feed, openai_api, ops, pages, sessions, ws
 from app.routes.context import Services
@@ -87,13 +87,23 @@ def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | Non
     return app
 
 
+def storage_quota(settings: Settings) -> StorageQuota:
+    """The store's quota from the settings."""
+    return StorageQuota(
+        max_sessions=settings.max_sessions_per_owner,
+        max_messages=settings.max_messages_per_owner,
+        max_bytes=settings.max_bytes_per_owner,
+        max_database_bytes=settings.max_database_bytes,
+    )
+
+
 async def _startup(svc: Services) -> None:
     settings = svc.settings
     published = published_prompts(settings)  # a missing shared prompt file stops the start here
     url = settings.resolved_database_url
     if url.startswith("sqlite:///") and not settings.database_url:
         Path(settings.resolved_cache_dir).mkdir(parents=True, exist_ok=True)
-    store = Store(url, busy_timeout_ms=settings.db_busy_timeout_ms)
+    store = Store(url, busy_timeout_ms=settings.db_busy_timeout_ms, quota=storage_quota(settings))
     results = await asyncio.gather(store.start(), svc.engine.start(), return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]
     if failures:

@@ -52,7 +52,8 @@ def _cookie_value(scope: Scope) -> str | None:
 
 
 class RequestContextMiddleware:
-    """Sets scope state `request_id` and `browser_id`; adds X-Request-Id, security headers and a new cookie."""
+    """Sets scope state `request_id`, `browser_id` and `new_browser_id`; adds X-Request-Id, security headers and a
+    new cookie."""
 
     def __init__(self, app: ASGIApp, *, signer: Signer, cookie_secure: bool = False) -> None:
         self.app = app
@@ -79,6 +80,8 @@ class RequestContextMiddleware:
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         state["browser_id"] = browser_id
+        # minted here: where such a request creates state, it is limited per address (new_identities_per_minute)
+        state["new_browser_id"] = set_cookie is not None
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":

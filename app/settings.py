@@ -31,6 +31,11 @@ _NON_NEGATIVE = (
     "client_max_streams",
     "db_busy_timeout_ms",
     "store_retry_s",
+    "max_sessions_per_owner",
+    "max_messages_per_owner",
+    "max_bytes_per_owner",
+    "max_database_bytes",
+    "new_identities_per_minute",
 )
 SECRET_KEY_FILE = "secret_key"
 _LIMITS = "limits"
@@ -61,7 +66,9 @@ class Settings:
     )
     log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))
     allowed_origins: tuple[str, ...] = option(
-        (), "WebSocket origins allowed besides the server's own", flag="--allowed-origin"
+        (),
+        "origins allowed besides the server's own, for WebSocket upgrades and browser-cookie writes",
+        flag="--allowed-origin",
     )
     cookie_secure: bool = option(False, "mark the browser cookie Secure (serve behind HTTPS)")
     prefix_cache_isolation: bool = option(
@@ -97,6 +104,22 @@ class Settings:
     client_max_streams: int = option(
         0, "generation requests in flight per client; 0: no limit", group=_LIMITS
     )
+    # an owner: its API key, else its browser cookie; checked inside the transaction of each write it asks for
+    max_sessions_per_owner: int = option(1000, "sessions one owner may keep; 0: no limit", group=_LIMITS)
+    max_messages_per_owner: int = option(
+        20_000, "messages one owner may keep, over all its sessions; 0: no limit", group=_LIMITS
+    )
+    max_bytes_per_owner: int = option(
+        50 * 1024 * 1024,
+        "UTF-8 bytes of titles, system prompts and messages one owner may keep; 0: no limit",
+        group=_LIMITS,
+    )
+    new_identities_per_minute: int = option(
+        30,
+        "new browser identities (requests without a valid cookie) that may create a session, per client address "
+        "per rolling minute; 0: no limit",
+        group=_LIMITS,
+    )
     slow_reader_timeout_s: float = option(
         60.0, "a client that takes no data for this long is cut off and its request aborted", group=_LIMITS
     )
@@ -107,6 +130,11 @@ class Settings:
     store_retry_s: float = option(
         10.0,
         "how long a finished reply keeps retrying its final write while the database is down",
+        group=_STORAGE,
+    )
+    max_database_bytes: int = option(
+        2 * 1024**3,
+        "pages in use by the SQLite database past which new sessions and messages are refused (507); 0: no limit",
         group=_STORAGE,
     )
     engine: EngineConfig = field(default_factory=EngineConfig)

@@ -76,10 +76,8 @@ async def user_clients(
     opened: list[tuple[httpx.AsyncClient, Any]] = []
     try:
         for token in tokens:
-            headers = {
-                **sc.auth_headers(token),
-                "Origin": url,
-            }  # the browser's Origin, as the chat page sends
+            # the Origin a browser on the server's pages sends: cookie-authenticated writes need it
+            headers = {**sc.auth_headers(token), "Origin": sc.origin_of(url)}
             http = httpx.AsyncClient(base_url=url, headers=headers, timeout=loadgen.CLIENT_TIMEOUT_S)
             opened.append((http, loadgen.make_client(url, token or "bench")))
         yield opened

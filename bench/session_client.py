@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -51,6 +52,12 @@ async def iter_sse(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
                 data.append(value)
     if data:
         yield event, "\n".join(data)
+
+
+def origin_of(url: str) -> str:
+    """scheme://host:port of a URL: the Origin a browser on that server's pages sends."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:

@@ -241,6 +241,7 @@ def _http(base_url: str, trace: list[str]) -> httpx.AsyncClient:
 
     return httpx.AsyncClient(
         base_url=base_url,
+        headers={"origin": base_url},  # as the chat page does: cookie-authenticated writes need their origin
         timeout=60,
         limits=httpx.Limits(max_keepalive_connections=0),
         event_hooks={"request": [note]},

@@ -38,6 +38,7 @@ def server_settings(faults: bool) -> dict[str, str]:
         "PAGEDCHAT_KV_CACHE_BYTES": str(64 * 16 * TINY_BLOCK_BYTES),
         "PAGEDCHAT_NUM_THREADS": "1",
         "PAGEDCHAT_MAX_QUEUED_REQUESTS": "512",
+        "PAGEDCHAT_NEW_IDENTITIES_PER_MINUTE": "0",  # every session job is a new browser, all from loopback
     }
     if faults:
         env[FAULTS_ENV] = "markers"

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from app.db.models import MessageStatus
+from app.db.quota import QuotaExceeded, StorageQuota
 from app.db.records import MessageRecord, SessionRecord, StoreUnavailable
 from app.db.store import Store
 
-__all__ = ["MessageRecord", "MessageStatus", "SessionRecord", "Store", "StoreUnavailable"]
+__all__ = [
+    "MessageRecord",
+    "MessageStatus",
+    "QuotaExceeded",
+    "SessionRecord",
+    "StorageQuota",
+    "Store",
+    "StoreUnavailable",
+]

@@ -16,7 +16,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db import queries
 from app.db.database import DEFAULT_BUSY_TIMEOUT_MS, create_db_engine, upgrade_to_head
 from app.db.models import FINAL_ASSISTANT_STATUSES, ROLES, MessageStatus
+from app.db.quota import StorageQuota, database_bytes
 from app.db.records import MessageRecord, SessionRecord, StoreUnavailable
+from app.db.usage import UsageLedger
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -30,11 +32,17 @@ class Store:
 
     Owner-scoped calls treat another owner's session as missing (None / False). Database failures raise
     StoreUnavailable; bad arguments raise ValueError; calls before `start()` or after `close()` raise RuntimeError.
-    Every write is committed before its call returns.
+    Every write is committed before its call returns. Writes a client asks for (a session, a rename, a user
+    message) are checked against `quota` and raise QuotaExceeded past it; replies are not (they must be stored).
     """
 
-    def __init__(self, url: str, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> None:
+    def __init__(
+        self, url: str, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS, quota: StorageQuota | None = None
+    ) -> None:
         self.url = url
+        self.quota = quota or StorageQuota()
+        owner_limits = (self.quota.max_sessions, self.quota.max_messages, self.quota.max_bytes)
+        self._usage = UsageLedger() if any(owner_limits) else None  # worker thread only
         self._busy_timeout_ms = busy_timeout_ms
         self._engine: Engine | None = None
         self._sessions: sessionmaker[Session] | None = None
@@ -66,6 +74,10 @@ class Store:
         """Raise StoreUnavailable when the database cannot be read."""
         await self._call(self._ping)
 
+    async def database_bytes(self) -> int | None:
+        """Bytes of the pages the database uses (SQLite; None elsewhere), as `max_database_bytes` counts them."""
+        return await self._tx(database_bytes)
+
     async def create_session(
         self,
         owner: str,
@@ -78,7 +90,9 @@ class Store:
         _check_owner(owner)
         _check_title(title)
         _check_settings(settings)
-        return await self._tx(queries.create_session, owner, title, system_prompt, dict(settings or {}))
+        return await self._tx(
+            queries.create_session, owner, title, system_prompt, dict(settings or {}), self.quota
+        )
 
     async def list_sessions(self, owner: str) -> list[SessionRecord]:
         """The owner's sessions, most recently updated first."""
@@ -107,7 +121,7 @@ class Store:
         if settings is not None:
             _check_settings(settings)
             changes["settings"] = dict(settings)
-        return await self._tx(queries.update_session, owner, session_id, changes)
+        return await self._tx(queries.update_session, owner, session_id, changes, self.quota)
 
     async def delete_session(self, owner: str, session_id: str) -> bool:
         """Delete the session and (by cascade) its messages; False when it is missing."""
@@ -126,16 +140,21 @@ class Store:
         token_ids: list[int] | None = None,
         status: MessageStatus = MessageStatus.COMPLETE,
     ) -> MessageRecord:
-        """Append a message (committed on return); LookupError when the session does not exist."""
-        if role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-        assistant = (MessageStatus.STREAMING.value, *FINAL_ASSISTANT_STATUSES)
-        allowed = assistant if role == "assistant" else (MessageStatus.COMPLETE.value,)
-        if status not in allowed:
-            raise ValueError(f"status of a {role} message must be one of {allowed}, got {str(status)!r}")
-        ids = None if token_ids is None else [int(t) for t in token_ids]
-        values = dict(role=role, content=content, token_ids=ids, status=MessageStatus(status).value)
-        return await self._tx(queries.add_message, session_id, values)
+        """Append a message (committed on return); LookupError when the session does not exist.
+
+        A user message must fit the quota together with its reply (QuotaExceeded otherwise).
+        """
+        values = _message_values(role, content, token_ids, status)
+        quota = self.quota if role == "user" else None
+        return await self._tx(queries.add_message, session_id, values, quota)
+
+    async def replace_messages_from(
+        self, session_id: str, message_id: int, content: str, *, token_ids: list[int] | None = None
+    ) -> MessageRecord:
+        """Edit / regenerate in one transaction: delete this message and every later one, append a user message
+        in their place (quota-checked as in `add_message`; a refusal leaves the session unchanged)."""
+        values = _message_values("user", content, token_ids, MessageStatus.COMPLETE)
+        return await self._tx(queries.replace_messages_from, session_id, message_id, values, self.quota)
 
     async def start_assistant(
         self,
@@ -213,7 +232,12 @@ class Store:
         if self._sessions is None:
             raise RuntimeError("Store is not running: await store.start() first (and not after close())")
         with self._sessions.begin() as s:
-            return fn(s, *args)
+            if self._usage is not None:
+                self._usage.begin(s)
+            result = fn(s, *args)
+        if self._usage is not None:  # committed: what the writes noted joins the running figures
+            self._usage.commit(s)
+        return result
 
     def _open(self) -> None:
         engine = create_db_engine(self.url, busy_timeout_ms=self._busy_timeout_ms)
@@ -242,6 +266,19 @@ class Store:
             return make_url(self.url).render_as_string(hide_password=True)
         except sa_exc.ArgumentError:
             return "<invalid url>"
+
+
+def _message_values(
+    role: str, content: str, token_ids: list[int] | None, status: MessageStatus
+) -> dict[str, Any]:
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    assistant = (MessageStatus.STREAMING.value, *FINAL_ASSISTANT_STATUSES)
+    allowed = assistant if role == "assistant" else (MessageStatus.COMPLETE.value,)
+    if status not in allowed:
+        raise ValueError(f"status of a {role} message must be one of {allowed}, got {str(status)!r}")
+    ids = None if token_ids is None else [int(t) for t in token_ids]
+    return dict(role=role, content=content, token_ids=ids, status=MessageStatus(status).value)
 
 
 def _check_owner(owner: str) -> None:

@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 ACTIVE_INTERVAL_S = 0.25
 IDLE_INTERVAL_S = 0.5
 HISTORY_S = 180.0  # chart history sent to a page when it connects
+DATABASE_SIZE_INTERVAL_S = 5.0  # the database's size is read this often (it changes slowly)
 
 
 def _take(engine: Any) -> tuple[Any, int]:
@@ -50,6 +51,8 @@ class AdminFeed:
         self.sample_lengths = sample_lengths
         self._subscribers: set[asyncio.Queue[str]] = set()
         self._task: asyncio.Task | None = None
+        self._database_bytes: int | None = None
+        self._database_read_at = -DATABASE_SIZE_INTERVAL_S
 
     def subscribe(self) -> asyncio.Queue[str]:
         """A queue of JSON states; starts the sampler if it is not running."""
@@ -91,6 +94,8 @@ class AdminFeed:
                 num_preemptions=self.recorder.preemptions_in_window(),
                 peak_running=self.recorder.peak_running(),
                 sequence_lengths=self.recorder.sequence_lengths(),
+                database_bytes=await self._database_size(now),
+                max_database_bytes=self.svc.settings.max_database_bytes,
             )
         )
         state = {
@@ -101,6 +106,17 @@ class AdminFeed:
         }
         active = bool(stats.num_running or stats.num_waiting or stats.num_used_blocks)
         return state, active
+
+    async def _database_size(self, now: float) -> int | None:
+        """The database's size, read at most every DATABASE_SIZE_INTERVAL_S; None when unknown or unreadable."""
+        store = self.svc.store
+        if store is not None and now - self._database_read_at >= DATABASE_SIZE_INTERVAL_S:
+            self._database_read_at = now
+            try:
+                self._database_bytes = await store.database_bytes()
+            except Exception:  # noqa: BLE001 - an outage shows elsewhere; the advice just leaves the size out
+                self._database_bytes = None
+        return self._database_bytes
 
     async def _run(self) -> None:
         while self._subscribers:

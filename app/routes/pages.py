@@ -14,8 +14,11 @@ from starlette.templating import Jinja2Templates
 
 from app.routes.admin_auth import admin_cookie_header, is_admin, read_login_token, token_matches
 from app.routes.context import Services, services
+from app.routes.csrf import cross_origin_reason
+from app.routes.errors import error_response
 from app.routes.security import is_loopback
 from app.services.advice import format_bytes
+from app.services.errors import APIError
 
 logger = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the supported install is the repo itself (editable)
@@ -90,6 +93,8 @@ async def admin_page(request: Request) -> Response:
 async def admin_login(request: Request) -> Response:
     """POST /admin/login (form field `token`): a correct token sets the admin cookie and redirects to /admin."""
     svc = services(request)
+    if (refused := _cross_origin(request, svc)) is not None:
+        return refused
     if not svc.settings.admin_token:
         return RedirectResponse("/admin", status_code=303)
     token = await read_login_token(request)
@@ -106,9 +111,25 @@ async def admin_login(request: Request) -> Response:
 
 async def admin_logout(request: Request) -> Response:
     """POST /admin/logout: forget the admin cookie."""
+    svc = services(request)
+    if (refused := _cross_origin(request, svc)) is not None:
+        return refused
     response = RedirectResponse("/admin", status_code=303, headers=NO_STORE)
-    response.headers.append("Set-Cookie", admin_cookie_header(services(request).settings, clear=True))
+    response.headers.append("Set-Cookie", admin_cookie_header(svc.settings, clear=True))
     return response
+
+
+def _cross_origin(request: Request, svc: Services) -> Response | None:
+    """403 for a sign-in or sign-out form posted from another origin (login CSRF, forced logout); else None."""
+    reason = cross_origin_reason(request, svc.settings)
+    if reason is None:
+        return None
+    logger.warning("admin %s refused: %s", request.url.path, reason)
+    message = (
+        f"cross-origin request refused: {request.url.path} must be posted from this server's own admin page, "
+        f"but {reason}"
+    )
+    return error_response(APIError(403, message, code="cross_origin_request"))
 
 
 routes = [

@@ -15,11 +15,13 @@ from app.services.errors import APIError
 from app.settings import Settings
 
 BROWSER_COOKIE = "pagedchat_browser"
+BROWSER_OWNER = "browser:"  # owner ids of browser identities start with this (API keys: "key:")
 COOKIE_MAX_AGE_S = 365 * 24 * 3600
 SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    # not no-referrer: under it browsers send `Origin: null` on same-origin form posts, which the CSRF check needs
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-cache",
     "Content-Security-Policy": (
         "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -104,7 +106,7 @@ def session_owner(conn: HTTPConnection, settings: Settings) -> str:
             f"no identity: send the {BROWSER_COOKIE} cookie (load a page first) or an API key",
             code="no_identity",
         )
-    return "browser:" + browser_id
+    return BROWSER_OWNER + browser_id
 
 
 def is_loopback(host: str | None) -> bool:

@@ -14,10 +14,11 @@ from starlette.routing import Route
 
 from app.db import MessageStatus, SessionRecord
 from app.routes.context import Services, services
+from app.routes.csrf import check_browser_write
 from app.routes.errors import error_response
 from app.routes.openai_format import sse_json
 from app.routes.params import read_json_object
-from app.routes.security import session_owner
+from app.routes.security import BROWSER_OWNER, session_owner
 from app.routes.sse import event_stream
 from app.services.chat_reply import Reply
 from app.services.chat_service import SESSION_SAMPLING_KEYS, ChatService, ReplyMode
@@ -30,7 +31,8 @@ Handler = Callable[[Request, Services, str], Awaitable[Response]]
 
 
 def _api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-    """Resolve the owner, run the handler, and turn any failure into an OpenAI-shaped error."""
+    """Resolve the owner, refuse cross-site writes, run the handler, and turn any failure into an OpenAI-shaped
+    error."""
 
     @functools.wraps(handler)
     async def endpoint(request: Request) -> Response:
@@ -38,7 +40,11 @@ def _api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         try:
             if svc.store is None or svc.chat is None:
                 raise APIError(503, "the service is still starting", headers={"Retry-After": "2"})
-            return await handler(request, svc, session_owner(request, svc.settings))
+            owner = session_owner(request, svc.settings)
+            # the cookie authenticates it, whichever page sent the request: refuse writes from other sites
+            if owner.startswith(BROWSER_OWNER):
+                check_browser_write(request, svc.settings)
+            return await handler(request, svc, owner)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an API error
             error = from_exception(exc)
             svc.metrics.observe_error(error.status)
@@ -106,6 +112,7 @@ async def list_sessions(request: Request, svc: Services, owner: str) -> Response
 @_api
 async def create_session(request: Request, svc: Services, owner: str) -> Response:
     """POST /api/sessions {title?, system_prompt?, settings?}."""
+    svc.admit_new_identity(request, owner)
     body = await read_json_object(request, svc.settings.max_body_bytes, allow_empty=True)
     session = await svc.store.create_session(owner, **_fields(body, svc))
     return JSONResponse(session_json(session, svc.chat), status_code=201)

@@ -1,4 +1,4 @@
-"""Plain-words advice on the KV pool from what the numbers show: preemption, sequence lengths, paging vs contiguous."""
+"""Plain-words advice from what the numbers show: preemption, sequence lengths, paging vs contiguous, database size."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 SUSTAINED_WINDOW_S = 60.0  # preemption counts as sustained only over at least this much observation
 SUSTAINED_PER_MIN = 2.0  # ... and at this rate or more
 MIN_LENGTHS_FOR_P99 = 100  # below this many sequences the p99 is the maximum: no tail to cut off
+DATABASE_NEAR_FULL = 0.8  # share of max_database_bytes from which the advice warns
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class AdviceInputs:
     sequence_lengths: list[int] = field(
         default_factory=list
     )  # prompt + output tokens of sequences that ended
+    database_bytes: int | None = None  # pages the database uses; None: unknown (no advice on it)
+    max_database_bytes: int = 0  # the guard past which new sessions and messages are refused; 0: none
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,8 @@ def advise(inp: AdviceInputs) -> Advice:
         )
     reserved = inp.num_running * inp.max_model_len
     items.append(_contiguous(inp, reserved, pool_tokens, p50))
+    if inp.database_bytes is not None:
+        items.append(_database(inp.database_bytes, inp.max_database_bytes))
     return Advice(
         items, p50, p99, max_len_fit, p99_fit, round(per_min, 2), suggested, reserved, inp.num_slots_allocated
     )
@@ -213,6 +218,32 @@ def _contiguous(inp: AdviceInputs, reserved: int, pool_tokens: int, p50: int | N
             else f", where the median sequence used {p50 / inp.max_model_len:.0%} of its reservation."
         )
     return AdviceItem("info", "Paging vs contiguous reservation", text)
+
+
+def _database(used: int, guard: int) -> AdviceItem:
+    if not guard:
+        return AdviceItem(
+            "info",
+            "Database size",
+            f"The database uses {format_bytes(used)}; no size guard (max_database_bytes 0).",
+        )
+    share = used / guard
+    figures = f"The database uses {format_bytes(used)}, {share:.0%} of its guard of {format_bytes(guard)} (max_database_bytes)"
+    if share >= 1:
+        return AdviceItem(
+            "warn",
+            "Database full",
+            f"{figures}: new sessions and messages are refused with 507. Raise max_database_bytes, or lower the "
+            "per-owner quotas and delete old sessions (their pages are reused).",
+        )
+    if share >= DATABASE_NEAR_FULL:
+        return AdviceItem(
+            "warn",
+            "Database nears its size guard",
+            f"{figures}; at the guard new sessions and messages are refused with 507. Raise max_database_bytes, "
+            "or lower the per-owner quotas and delete old sessions.",
+        )
+    return AdviceItem("ok", "Database size", f"{figures}.")
 
 
 def _duration(seconds: float) -> str:

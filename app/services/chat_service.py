@@ -161,9 +161,14 @@ class ChatService:
         plan, public_prefix_len = await self.engine.tokenize(
             lambda _tok: self._plan(system_prompt, turns, content, max_tokens)
         )
-        if mode is not ReplyMode.SEND:
-            await self.store.delete_messages_from(session_id, last_user.id)
-        user = await self.store.add_message(session_id, "user", content, token_ids=plan.new_user_token_ids)
+        if mode is ReplyMode.SEND:
+            user = await self.store.add_message(
+                session_id, "user", content, token_ids=plan.new_user_token_ids
+            )
+        else:  # one transaction: a refused write (quota) leaves the last turn in place
+            user = await self.store.replace_messages_from(
+                session_id, last_user.id, content, token_ids=plan.new_user_token_ids
+            )
         turn = Reply(session_id, "chat-" + uuid.uuid4().hex)
         try:
             turn.stream = await self.engine.add_request(

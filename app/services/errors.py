@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.db import StoreUnavailable
+from app.db import QuotaExceeded, StoreUnavailable
 from app.services.async_engine import EngineOverloaded, EngineUnavailable
 from app.services.request_stream import RequestFailed, RequestTimedOut
 
@@ -22,6 +22,7 @@ _TYPE_BY_STATUS = {
     500: "server_error",
     503: "service_unavailable_error",
     504: "timeout_error",
+    507: "insufficient_storage_error",
 }
 
 
@@ -78,6 +79,10 @@ def from_exception(exc: BaseException) -> APIError:
         return APIError(503, str(exc), code="overloaded", headers={"Retry-After": str(exc.retry_after)})
     if isinstance(exc, EngineUnavailable):
         return APIError(503, str(exc), code="engine_unavailable", headers={"Retry-After": "5"})
+    if isinstance(exc, QuotaExceeded):
+        if exc.database:
+            return APIError(507, str(exc), code="database_full")
+        return APIError(403, str(exc), code="quota_exceeded")
     if isinstance(exc, StoreUnavailable):
         return APIError(
             503,

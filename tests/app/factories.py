@@ -110,11 +110,15 @@ def make_engine_factory(settings: Settings):
 
 
 LOOPBACK_CLIENT = ("127.0.0.1", 50000)
+# The TestClient's requests go to http://testserver; a browser on the server's own page sends its origin with every
+# write, and cookie-authenticated writes without it are refused as cross-site (app/routes/csrf.py).
+SAME_ORIGIN = {"origin": "http://testserver"}
 
 
 @contextlib.contextmanager
 def make_client(tmp_path: Path, faults: FaultPlan | None = None, **overrides: Any) -> Iterator[TestClient]:
-    """A TestClient (from loopback) on a fresh app with the tiny model, running the app's lifespan.
+    """A TestClient (from loopback, sending the app's own Origin as the chat page does) on a fresh app with the
+    tiny model, running the app's lifespan.
 
     With `faults`, the app's engine injects them (tests/faults.py); `faults.injected` counts what fired.
     """
@@ -122,7 +126,8 @@ def make_client(tmp_path: Path, faults: FaultPlan | None = None, **overrides: An
 
     settings = make_settings(tmp_path, make_tiny_model_dir(), **overrides)
     factory = None if faults is None else faulty_engine_factory(make_engine_factory(settings), faults)
-    with TestClient(create_app(settings, engine_factory=factory), client=LOOPBACK_CLIENT) as client:
+    app = create_app(settings, engine_factory=factory)
+    with TestClient(app, client=LOOPBACK_CLIENT, headers=SAME_ORIGIN) as client:
         yield client
 
 

@@ -184,3 +184,54 @@ def test_advice_is_json_ready():
         "text": "256 blocks of 16 tokens hold 4096 tokens (2.0 MiB): 4 sequences of max_model_len (1024) at once, "
         "or 128 of the observed p99 length (30 tokens); up to 8 may run (max_num_seqs).",
     }
+
+
+@pytest.mark.parametrize(
+    ("used", "guard", "expected"),
+    [
+        (
+            512 * 1024**2,
+            2 * 1024**3,
+            (
+                "ok",
+                "Database size",
+                "The database uses 512 MiB, 25% of its guard of 2.0 GiB (max_database_bytes).",
+            ),
+        ),
+        (
+            1800 * 1024**2,
+            2 * 1024**3,
+            (
+                "warn",
+                "Database nears its size guard",
+                "The database uses 1.8 GiB, 88% of its guard of 2.0 GiB (max_database_bytes); at the guard new "
+                "sessions and messages are refused with 507. Raise max_database_bytes, or lower the per-owner "
+                "quotas and delete old sessions.",
+            ),
+        ),
+        (
+            8192,
+            4096,
+            (
+                "warn",
+                "Database full",
+                "The database uses 8.0 KiB, 200% of its guard of 4.0 KiB (max_database_bytes): new sessions and "
+                "messages are refused with 507. Raise max_database_bytes, or lower the per-owner quotas and delete "
+                "old sessions (their pages are reused).",
+            ),
+        ),
+        (
+            3 * 1024**2,
+            0,
+            ("info", "Database size", "The database uses 3.0 MiB; no size guard (max_database_bytes 0)."),
+        ),
+    ],
+)
+def test_the_database_size_against_its_guard(used, guard, expected):
+    advice = advise(make_inputs(database_bytes=used, max_database_bytes=guard))
+    item = advice.items[-1]
+    assert (item.level, item.title, item.text) == expected
+    assert titles(advise(make_inputs()))[-1] == (
+        "info",
+        "Paging vs contiguous reservation",
+    )  # size unknown: no item

@@ -8,7 +8,7 @@ import time
 import pytest
 from starlette.testclient import TestClient
 
-from tests.app.factories import make_client, sse_events, wait_pool_idle
+from tests.app.factories import SAME_ORIGIN, make_client, sse_events, wait_pool_idle
 
 BLOCK = 16
 GREEDY = {"temperature": 0, "max_tokens": 8}
@@ -66,7 +66,8 @@ def test_empty_body_creates_a_default_session(client):
 
 def test_another_browser_sees_nothing(client):
     sid = new_session(client)
-    stranger = TestClient(client.app)  # no lifespan of its own: the same running app, no cookie yet
+    # no lifespan of its own: the same running app, no cookie yet (writing from the app's own page)
+    stranger = TestClient(client.app, headers=SAME_ORIGIN)
     assert stranger.get("/api/sessions").json() == {"sessions": []}
     assert stranger.get(f"/api/sessions/{sid}").status_code == 404
     assert stranger.get(f"/api/sessions/{sid}/messages").status_code == 404

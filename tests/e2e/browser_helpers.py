@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -76,8 +77,12 @@ def wait_pool_idle(server: Server, page: Any, timeout_s: float = 10.0) -> dict[s
 
 
 def new_session(page: Any, **body: Any) -> str:
-    """Create a session through the page's own cookie (page.request shares the context's cookie jar)."""
-    response = page.request.post("/api/sessions", data=body)
+    """Create a session through the page's own cookie (page.request shares the context's cookie jar; unlike the
+    page's fetch() it sends no Origin by itself, and cookie-authenticated writes need the page's)."""
+    parts = urlsplit(page.url)
+    response = page.request.post(
+        "/api/sessions", data=body, headers={"Origin": f"{parts.scheme}://{parts.netloc}"}
+    )
     assert response.status == 201, response.text()
     return response.json()["id"]
 

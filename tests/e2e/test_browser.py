@@ -368,7 +368,7 @@ def test_admin_without_the_token_is_refused(open_page, ui_server):
     assert httpx.get(base + f"/admin?token={ADMIN_TOKEN}", timeout=10).status_code == 401  # never via the URL
     stream = httpx.get(base + "/api/admin/stream", timeout=10)
     assert stream.status_code == 401 and stream.json()["error"]["code"] == "admin_token_required"
-    wrong = httpx.post(base + "/admin/login", data={"token": "nope"}, timeout=10)
+    wrong = httpx.post(base + "/admin/login", data={"token": "nope"}, headers={"origin": base}, timeout=10)
     assert wrong.status_code == 403 and "That token is not valid." in wrong.text
     forged = httpx.get(base + "/admin", cookies={"pagedchat_admin": "forged.value.sig"}, timeout=10)
     assert forged.status_code == 401

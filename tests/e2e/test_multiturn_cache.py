@@ -50,7 +50,7 @@ def test_ten_turns_hit_the_prefix_cache_for_all_earlier_tokens(server_factory):
         PAGEDCHAT_KV_CACHE_BYTES=str(4096 * SMOLLM2_KV_BYTES_PER_TOKEN),
         PAGEDCHAT_NUM_THREADS="2",
     )
-    with httpx.Client(base_url=server.base_url, timeout=120) as http:
+    with httpx.Client(base_url=server.base_url, timeout=120, headers={"origin": server.base_url}) as http:
         sid = http.post("/api/sessions", json={"system_prompt": "You are a concise assistant."}).json()["id"]
         previous, reasons = None, []
         for content, turn_settings in TURNS:

@@ -22,7 +22,7 @@ def reply(http: httpx.Client, sid: str, content: str) -> list[dict]:
 def test_restart_keeps_everything_and_kill_9_loses_at_most_the_last_flush(server_factory):
     # phase 1: a conversation, then a graceful stop (SIGTERM)
     first = server_factory(PAGEDCHAT_MAX_MODEL_LEN="1024")
-    with httpx.Client(base_url=first.base_url, timeout=30) as http:
+    with httpx.Client(base_url=first.base_url, timeout=30, headers={"origin": first.base_url}) as http:
         sid = http.post(
             "/api/sessions",
             json={
@@ -41,7 +41,9 @@ def test_restart_keeps_everything_and_kill_9_loses_at_most_the_last_flush(server
     # phase 2: same directory, so the same database and the same persisted cookie secret
     second = server_factory(PAGEDCHAT_MAX_MODEL_LEN="1024")
     with (
-        httpx.Client(base_url=second.base_url, timeout=30, cookies=cookies) as http,
+        httpx.Client(
+            base_url=second.base_url, timeout=30, cookies=cookies, headers={"origin": second.base_url}
+        ) as http,
         httpx.Client(base_url=second.base_url, timeout=30, cookies=cookies) as watcher,
     ):
         assert http.get(f"/api/sessions/{sid}").json() == before
@@ -63,7 +65,9 @@ def test_restart_keeps_everything_and_kill_9_loses_at_most_the_last_flush(server
 
     # phase 3: every message is there; the killed reply is kept as interrupted; the chat goes on
     third = server_factory(PAGEDCHAT_MAX_MODEL_LEN="1024")
-    with httpx.Client(base_url=third.base_url, timeout=30, cookies=cookies) as http:
+    with httpx.Client(
+        base_url=third.base_url, timeout=30, cookies=cookies, headers={"origin": third.base_url}
+    ) as http:
         stored = http.get(f"/api/sessions/{sid}/messages").json()["messages"]
         assert stored[:6] == http.get(f"/api/sessions/{sid}").json()["messages"][:6]
         assert [(m["role"], m["status"]) for m in stored[6:]] == [

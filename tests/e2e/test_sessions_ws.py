@@ -14,7 +14,7 @@ from tests.app.factories import sse_events
 
 @pytest.fixture
 def http(server):
-    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+    with httpx.Client(base_url=server.base_url, timeout=30, headers={"origin": server.base_url}) as client:
         yield client
 
 

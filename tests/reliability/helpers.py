@@ -9,19 +9,20 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from tests.app.factories import LOOPBACK_CLIENT, service_is_idle, sse_events, wait_pool_idle
+from tests.app.factories import LOOPBACK_CLIENT, SAME_ORIGIN, service_is_idle, sse_events, wait_pool_idle
 from tests.faults import marker
 
 HELLO = [{"role": "user", "content": "Hello"}]
 
 
 def peer(running: TestClient, **kwargs: Any) -> TestClient:
-    """Another client of the same running app (its own cookies/headers), on the app's one event loop.
+    """Another client of the same running app (its own cookies/headers, the app's Origin), on the app's one loop.
 
     A TestClient that is not entered runs each request on a loop of its own; the service's streams and reply
     tasks belong to the lifespan's loop, so a peer borrows the running client's portal instead.
     """
-    other = TestClient(running.app, **{"client": LOOPBACK_CLIENT, **kwargs})
+    headers = {**SAME_ORIGIN, **kwargs.pop("headers", {})}
+    other = TestClient(running.app, **{"client": LOOPBACK_CLIENT, "headers": headers, **kwargs})
     other.portal = running.portal
     return other
 

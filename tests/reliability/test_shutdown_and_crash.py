@@ -120,7 +120,7 @@ def tiny_model() -> str:
 def test_sigterm_drains_then_kill_9_loses_nothing_typed(tmp_path, tiny_model):
     env = server_env(tmp_path, tiny_model, **SLOW)
     first = start_server(tmp_path, env)
-    http = httpx.Client(base_url=first.base_url, timeout=60)
+    http = httpx.Client(base_url=first.base_url, timeout=60, headers={"origin": first.base_url})
     short, long_ = new_session(http, 40), new_session(http, 400)
     sock_sid = new_session(http, 40)
     readers = {
@@ -167,7 +167,9 @@ def test_sigterm_drains_then_kill_9_loses_nothing_typed(tmp_path, tiny_model):
 
     # a restart on the same database finds it all, then is killed with SIGKILL mid-reply
     second = start_server(tmp_path, env)
-    http = httpx.Client(base_url=second.base_url, timeout=60, cookies=http.cookies)
+    http = httpx.Client(
+        base_url=second.base_url, timeout=60, cookies=http.cookies, headers={"origin": second.base_url}
+    )
     before = {sid: stored(second.db_path, sid) for sid in (short, long_, sock_sid)}
     assert [len(rows) for rows in before.values()] == [2, 2, 2]
     victims = {sid: session_sse(second, http, sid, f"again {i}") for i, sid in enumerate((short, long_))}
@@ -187,7 +189,9 @@ def test_sigterm_drains_then_kill_9_loses_nothing_typed(tmp_path, tiny_model):
 
     third = start_server(tmp_path, env)
     try:
-        http = httpx.Client(base_url=third.base_url, timeout=60, cookies=http.cookies)
+        http = httpx.Client(
+            base_url=third.base_url, timeout=60, cookies=http.cookies, headers={"origin": third.base_url}
+        )
         for sid, reader in victims.items():
             messages = http.get(f"/api/sessions/{sid}/messages").json()["messages"]
             assert [(m["role"], m["status"]) for m in messages[2:]] == [
