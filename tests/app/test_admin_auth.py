@@ -21,7 +21,7 @@ from app.routes.admin_auth import (
 from app.services.errors import APIError
 from app.settings import Settings
 
-SETTINGS = Settings(secret_key="unit-secret", admin_token="adm-token")
+SETTINGS = Settings(secret_key="unit-secret", admin_token="adm-token-0123456789")
 
 
 def make_request(
@@ -56,8 +56,8 @@ def cookie_of(header: str) -> str:
 
 
 def test_token_matches_only_the_configured_token():
-    assert token_matches("adm-token", SETTINGS)
-    assert not token_matches("adm-token ", SETTINGS)
+    assert token_matches("adm-token-0123456789", SETTINGS)
+    assert not token_matches("adm-token-0123456789 ", SETTINGS)
     assert not token_matches("", SETTINGS)
     assert not token_matches("", Settings(secret_key="unit-secret"))  # no token configured: nothing matches
 
@@ -66,7 +66,7 @@ def test_cookie_header_is_httponly_strict_and_never_holds_the_token():
     header = admin_cookie_header(SETTINGS)
     assert header.startswith(f"{ADMIN_COOKIE}=")
     assert header.endswith(f"; Path=/; Max-Age={ADMIN_COOKIE_MAX_AGE_S}; HttpOnly; SameSite=Strict")
-    assert "adm-token" not in header
+    assert "adm-token-0123456789" not in header
     secure = admin_cookie_header(dataclasses.replace(SETTINGS, cookie_secure=True))
     assert secure.endswith("; SameSite=Strict; Secure")
     assert admin_cookie_header(SETTINGS, clear=True) == (
@@ -79,7 +79,7 @@ def test_cookie_is_valid_until_forged_rotated_or_expired(monkeypatch):
     assert admin_cookie_valid(make_request(cookie=cookie), SETTINGS)
     assert not admin_cookie_valid(make_request(cookie=cookie[:-2] + "xx"), SETTINGS)
     assert not admin_cookie_valid(make_request(), SETTINGS)
-    rotated = dataclasses.replace(SETTINGS, admin_token="new-token")
+    rotated = dataclasses.replace(SETTINGS, admin_token="new-token-0123456789")
     assert not admin_cookie_valid(make_request(cookie=cookie), rotated)
     other_key = dataclasses.replace(SETTINGS, secret_key="other-secret")
     assert not admin_cookie_valid(make_request(cookie=cookie), other_key)
