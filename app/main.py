@@ -116,8 +116,9 @@ async def _startup(svc: Services) -> None:
 
 
 async def _shutdown(svc: Services) -> None:
+    await svc.drain()  # served by `pagedchat serve`, the server has drained already: this returns at once
     if svc.chat is not None:
-        await svc.chat.shutdown(svc.settings.shutdown_grace_s)
+        await svc.chat.shutdown(0.0)  # the replies it cut are stored before the store closes
     await svc.engine.stop()
     if svc.store is not None:
         await svc.store.close()

@@ -163,6 +163,19 @@ class AsyncEngine:
         if self._alive:
             self._commands.put(AbortRequest(request_id))
 
+    def end_streams(self, error: BaseException) -> int:
+        """Fail every stream still running with `error` and abort its request (a shutdown past its grace period);
+        returns how many. Streams already aborted end as aborted."""
+        ended = 0
+        for request_id, stream in list(self._streams.items()):
+            if stream.aborted or stream.finished:
+                continue
+            stream.fail(error)
+            if self._alive:
+                self._commands.put(AbortRequest(request_id))
+            ended += 1
+        return ended
+
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run `fn(engine)` on the engine thread between steps and return its result."""
         self._check_serving()
