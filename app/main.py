@@ -16,6 +16,7 @@ from starlette.middleware import Middleware
 from app.db import Store
 from app.middleware import RequestContextMiddleware
 from app.routes import admin_feed, openai_api, ops, pages, sessions, ws
+from app.routes.admin_auth import token_fingerprint
 from app.routes.context import Services
 from app.routes.errors import api_error_handler, http_exception_handler, unhandled_error_handler
 from app.routes.security import make_signer
@@ -98,6 +99,10 @@ async def _startup(svc: Services) -> None:
         await svc.engine.stop()
         await store.close()
         raise failures[0]
+    # sign-ins made with another admin token (or any, when none is set now) end here, for good
+    num_revoked = await store.revoke_admin_sessions_except(token_fingerprint(settings))
+    if num_revoked:
+        logger.warning("the admin token changed: revoked %d admin sign-ins", num_revoked)
     engine = svc.engine.engine
     assert engine is not None
     svc.metrics.set_model_name(engine.model_name)

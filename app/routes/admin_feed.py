@@ -136,7 +136,7 @@ async def admin_stream(request: Request) -> Response:
     """SSE: a `history` event of recent chart points, then a `state` event per sample."""
     svc = services(request)
     try:
-        check_admin(request, svc.settings)
+        await check_admin(request, svc)
     except Exception as exc:  # noqa: BLE001 - 401/403 in the API's error shape
         return error_response(from_exception(exc))
     feed = admin_feed(request.app)
