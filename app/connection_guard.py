@@ -42,7 +42,12 @@ class ConnectionGuard:
             connections.difference_update([t for t in connections if t.is_closing()])  # a safety net
             if len(connections) >= self.max_per_address:
                 self.num_refused += 1
-                _log_sometimes(self.num_refused, "refused a connection from %s: %d open, the limit", host)
+                _log_sometimes(
+                    self.num_refused,
+                    "refused a connection from %s: %d open, the limit",
+                    host,
+                    len(connections),
+                )
                 return False
         connections.add(transport)
         return True
@@ -58,13 +63,18 @@ class ConnectionGuard:
     def timed_out(self, host: str) -> None:
         """A connection of `host` did not send its request head in time."""
         self.num_timed_out += 1
-        _log_sometimes(self.num_timed_out, "closed a connection from %s: no request head in %g s", host)
+        _log_sometimes(
+            self.num_timed_out,
+            "closed a connection from %s: no request head in %g s",
+            host,
+            self.header_timeout_s,
+        )
 
 
-def _log_sometimes(count: int, message: str, host: str) -> None:
+def _log_sometimes(count: int, message: str, *args: object) -> None:
     # the 1st, 2nd, 4th, 8th ... time: an attack does not flood the log
     if count & (count - 1) == 0:
-        logger.warning(message + " (%d so far)", host, count, count)
+        logger.warning(message + " (%d so far)", *args, count)
 
 
 def guarded_protocol(base: type[asyncio.Protocol], guard: ConnectionGuard) -> type[asyncio.Protocol]:
