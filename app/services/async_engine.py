@@ -164,17 +164,13 @@ class AsyncEngine:
             self._commands.put(AbortRequest(request_id))
 
     def end_streams(self, error: BaseException) -> int:
-        """Fail every stream still running with `error` and abort its request (a shutdown past its grace period);
-        returns how many. Streams already aborted end as aborted."""
-        ended = 0
-        for request_id, stream in list(self._streams.items()):
-            if stream.aborted or stream.finished:
-                continue
+        """Fail every stream still running with `error` (shutdown) and abort its request; returns how many."""
+        running = [(rid, s) for rid, s in self._streams.items() if not (s.aborted or s.finished)]
+        for request_id, stream in running:
             stream.fail(error)
             if self._alive:
                 self._commands.put(AbortRequest(request_id))
-            ended += 1
-        return ended
+        return len(running)
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run `fn(engine)` on the engine thread between steps and return its result."""
