@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
@@ -111,3 +111,6 @@ async def _until_closing(
         closed.cancel()
         if step is not None:
             step.cancel()  # thrown into the source where it waits: its finally blocks run
+        elif isinstance(source, AsyncGenerator):
+            # suspended at its yield (a stalled reader was cut off): close it now, not when it is collected
+            asyncio.ensure_future(source.aclose())

@@ -21,7 +21,7 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.db import MessageStatus
-from app.routes.context import END_WAIT_S, SHUTDOWN_MESSAGE, Services, services
+from app.routes.context import END_WAIT_S, Services, services
 from app.routes.params import check_unicode
 from app.routes.security import origin_allowed, session_owner
 from app.services.chat_reply import Reply
@@ -121,7 +121,8 @@ async def _serve_until_shutdown(socket: _Socket, svc: Services, owner: str, sess
 
 
 async def _say_goodbye(socket: _Socket) -> None:
-    shutdown = APIError(503, SHUTDOWN_MESSAGE, code="server_shutdown", error_type="server_shutdown")
+    message = "the server is shutting down: this connection closes now; reconnect in a moment"
+    shutdown = APIError(503, message, code="server_shutdown", error_type="server_shutdown")
     await socket.send(error_frame(shutdown))
     await socket.websocket.close(code=CLOSE_GOING_AWAY, reason="server shutting down")
 
