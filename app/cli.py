@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from types import FrameType
 
 from app.settings import Settings, load_settings
 from engine.core.config import EngineConfig
@@ -39,31 +38,12 @@ def configure_logging(level: str) -> None:
 
 
 def run(settings: Settings) -> None:
-    """Serve until SIGINT/SIGTERM: admit nothing new from then on; running replies get `shutdown_grace_s`."""
-    import uvicorn
-
+    """Serve until SIGINT/SIGTERM: admit nothing new from then on; running replies get `shutdown_grace_s`, then
+    every stream ends with a final event saying why (app/server.py)."""
     from app.main import create_app
+    from app.server import build_server
 
-    app = create_app(settings)
-
-    class DrainingServer(uvicorn.Server):
-        """Tells the app as soon as a shutdown signal arrives, before uvicorn waits for open connections."""
-
-        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            logging.getLogger(__name__).warning("signal %d: draining (no new replies)", sig)
-            app.state.services.start_draining()
-            super().handle_exit(sig, frame)
-
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_config=None,
-        ws_max_size=settings.ws_max_frame_bytes,
-        timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5,
-        proxy_headers=False,
-    )
-    DrainingServer(config).run()
+    build_server(create_app(settings), settings).run()
 
 
 def serve_main(argv: list[str]) -> int:

@@ -16,6 +16,7 @@ from starlette.middleware import Middleware
 from app.db import StorageQuota, Store
 from app.middleware import RequestContextMiddleware
 from app.routes import admin_feed, openai_api, ops, pages, sessions, ws
+from app.routes.admin_auth import token_fingerprint
 from app.routes.context import Services
 from app.routes.errors import api_error_handler, http_exception_handler, unhandled_error_handler
 from app.routes.security import make_signer
@@ -110,6 +111,10 @@ async def _startup(svc: Services) -> None:
         await svc.engine.stop()
         await store.close()
         raise failures[0]
+    # sign-ins made with another admin token (or any, when none is set now) end here, for good
+    num_revoked = await store.revoke_admin_sessions_except(token_fingerprint(settings))
+    if num_revoked:
+        logger.warning("the admin token changed: revoked %d admin sign-ins", num_revoked)
     engine = svc.engine.engine
     assert engine is not None
     svc.metrics.set_model_name(engine.model_name)
@@ -129,8 +134,9 @@ async def _startup(svc: Services) -> None:
 
 
 async def _shutdown(svc: Services) -> None:
+    await svc.drain()  # served by `pagedchat serve`, the server has drained already: this returns at once
     if svc.chat is not None:
-        await svc.chat.shutdown(svc.settings.shutdown_grace_s)
+        await svc.chat.shutdown(0.0)  # the replies it cut are stored before the store closes
     await svc.engine.stop()
     if svc.store is not None:
         await svc.store.close()

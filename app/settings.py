@@ -24,6 +24,7 @@ _POSITIVE = (
     "request_timeout_s",
     "flush_interval_s",
     "slow_reader_timeout_s",
+    "header_timeout_s",
 )
 _NON_NEGATIVE = (
     "max_queued_requests",
@@ -36,7 +37,9 @@ _NON_NEGATIVE = (
     "max_bytes_per_owner",
     "max_database_bytes",
     "new_identities_per_minute",
+    "client_max_connections",
 )
+ADMIN_TOKEN_MIN_CHARS = 16
 SECRET_KEY_FILE = "secret_key"
 _LIMITS = "limits"
 _STORAGE = "storage"
@@ -56,7 +59,14 @@ class Settings:
         "required on /v1 when set, and they identify session owners; PAGEDCHAT_API_KEY works too",
         flag="--api-key",
     )
-    admin_token: str = option("", "guards /api/admin; unset: the admin surface answers loopback clients only")
+    admin_token: str = option(
+        "",
+        f"guards /admin, /api/admin and /metrics (at least {ADMIN_TOKEN_MIN_CHARS} characters); unset: they answer "
+        "loopback clients only",
+    )
+    metrics_public: bool = option(
+        False, "serve /metrics to anyone; unset: /metrics is part of the admin surface"
+    )
     secret_key: str = option(
         "",
         "signs the browser cookie; unset: one generated and kept in the cache dir; flags show in ps, prefer the variable",
@@ -94,7 +104,11 @@ class Settings:
         512, "reply length of session turns whose settings do not say", group=_LIMITS
     )
     ws_max_frame_bytes: int = option(256 * 1024, "largest WebSocket frame", group=_LIMITS)
-    shutdown_grace_s: float = option(10.0, "how long running replies may finish at shutdown", group=_LIMITS)
+    shutdown_grace_s: float = option(
+        10.0,
+        "how long running replies may finish at shutdown; then every stream ends with a final event saying why",
+        group=_LIMITS,
+    )
     # a client: its API key, else its browser cookie, else its address
     client_requests_per_minute: int = option(
         0,
@@ -123,6 +137,12 @@ class Settings:
     slow_reader_timeout_s: float = option(
         60.0, "a client that takes no data for this long is cut off and its request aborted", group=_LIMITS
     )
+    header_timeout_s: float = option(
+        10.0, "a connection that has not sent a whole request head within this long is closed", group=_LIMITS
+    )
+    client_max_connections: int = option(
+        256, "open connections per client address; more are refused (503); 0: no limit", group=_LIMITS
+    )
     flush_interval_s: float = option(0.5, "how often a streaming reply is saved", group=_STORAGE)
     db_busy_timeout_ms: int = option(
         5000, "how long one database call waits for a lock before it is unavailable (503)", group=_STORAGE
@@ -148,6 +168,11 @@ class Settings:
         for name in _NON_NEGATIVE:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")
+        if self.admin_token and len(self.admin_token) < ADMIN_TOKEN_MIN_CHARS:
+            raise ValueError(
+                f"admin_token must be at least {ADMIN_TOKEN_MIN_CHARS} characters, got {len(self.admin_token)} "
+                "(generate one with: python -c 'import secrets; print(secrets.token_urlsafe(24))')"
+            )
 
     @property
     def model(self) -> str:

@@ -1,4 +1,5 @@
-"""SQLAlchemy 2.0 declarative models: chat sessions and their messages (text and the token ids the model saw)."""
+"""SQLAlchemy 2.0 declarative models: chat sessions, their messages (text and the token ids the model saw), and
+admin sign-ins."""
 
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ class MessageStatus(str, Enum):
     COMPLETE = "complete"  # a user or system message
     STREAMING = "streaming"  # an assistant message being generated; it ends in one of the states below
     FINISHED = "finished"  # the model ended it (EOS, stop string, max_tokens)
-    STOPPED = "stopped"  # the user stopped it, or a server shutdown cut it
+    STOPPED = "stopped"  # the user stopped it
     FAILED = "failed"  # the engine or the service failed it; `error` says why
-    INTERRUPTED = "interrupted"  # its client went away, or the server died while it streamed
+    INTERRUPTED = "interrupted"  # its client went away, or the server shut down or died while it streamed
 
     def __str__(self) -> str:
         return self.value
@@ -126,3 +127,18 @@ class Message(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     session: Mapped[ChatSession] = relationship(back_populates="messages")
+
+
+class AdminSession(Base):
+    """A signed-in admin page. Its cookie holds a random secret whose SHA-256 is the id (the table alone signs no
+    one in); it ends when it expires, on sign-out, or when the server starts with another admin token."""
+
+    __tablename__ = "admin_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # a keyed digest of the admin token it was signed in with (app/routes/admin_auth.py), never the token
+    token_fingerprint: Mapped[str] = mapped_column(String(64))
+    client: Mapped[str] = mapped_column(String(64))  # the address that signed in
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

@@ -49,7 +49,8 @@ class MessageRecord:
     updated_at: datetime
 
 
-def _utc(value: datetime) -> datetime:
+def as_utc(value: datetime) -> datetime:
+    """A datetime read back from the database, made timezone-aware (UTC)."""
     # SQLite hands back naive datetimes; everything is written in UTC.
     return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
 
@@ -62,8 +63,8 @@ def session_record(row: ChatSession) -> SessionRecord:
         title=row.title,
         system_prompt=row.system_prompt,
         settings=dict(row.settings),
-        created_at=_utc(row.created_at),
-        updated_at=_utc(row.updated_at),
+        created_at=as_utc(row.created_at),
+        updated_at=as_utc(row.updated_at),
     )
 
 
@@ -85,6 +86,6 @@ def message_record(row: Message) -> MessageRecord:
         timings=None if row.timings is None else dict(row.timings),
         tokenizer_fingerprint=row.tokenizer_fingerprint,
         error=row.error,
-        created_at=_utc(row.created_at),
-        updated_at=_utc(row.updated_at),
+        created_at=as_utc(row.created_at),
+        updated_at=as_utc(row.updated_at),
     )

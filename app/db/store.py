@@ -1,23 +1,20 @@
-"""The async storage facade: every database call runs on one worker thread, so the event loop never blocks."""
+"""The async storage facade: database work runs off the event loop (app/db/threads.py), reads apart from writes."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, text
-from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import make_url
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
-from app.db import queries
-from app.db.database import DEFAULT_BUSY_TIMEOUT_MS, create_db_engine, upgrade_to_head
-from app.db.models import FINAL_ASSISTANT_STATUSES, ROLES, MessageStatus
+from app.db import admin_sessions, queries
+from app.db.database import DEFAULT_BUSY_TIMEOUT_MS
+from app.db.models import FINAL_ASSISTANT_STATUSES, ROLES, MessageStatus, utcnow
 from app.db.quota import StorageQuota, database_bytes
-from app.db.records import MessageRecord, SessionRecord, StoreUnavailable
+from app.db.records import MessageRecord, SessionRecord
+from app.db.threads import StoreThreads
 from app.db.usage import UsageLedger
 
 logger = logging.getLogger(__name__)
@@ -27,56 +24,28 @@ MAX_TITLE_CHARS = 200
 MAX_OWNER_CHARS = 128
 
 
-class Store:
-    """Sessions and messages in a SQL database (SQLite in WAL mode by default); records out, never ORM objects.
+class Store(StoreThreads):
+    """Sessions, messages and admin sign-ins in a SQL database (SQLite in WAL mode by default); records out, never
+    ORM objects.
 
     Owner-scoped calls treat another owner's session as missing (None / False). Database failures raise
     StoreUnavailable; bad arguments raise ValueError; calls before `start()` or after `close()` raise RuntimeError.
-    Every write is committed before its call returns. Writes a client asks for (a session, a rename, a user
+    Every write is committed before its call returns. `start()` migrates to head, then marks assistant rows left
+    'streaming' by a previous process as 'interrupted'. Writes a client asks for (a session, a rename, a user
     message) are checked against `quota` and raise QuotaExceeded past it; replies are not (they must be stored).
     """
 
     def __init__(
         self, url: str, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS, quota: StorageQuota | None = None
     ) -> None:
-        self.url = url
+        super().__init__(url, busy_timeout_ms=busy_timeout_ms)
         self.quota = quota or StorageQuota()
         owner_limits = (self.quota.max_sessions, self.quota.max_messages, self.quota.max_bytes)
-        self._usage = UsageLedger() if any(owner_limits) else None  # worker thread only
-        self._busy_timeout_ms = busy_timeout_ms
-        self._engine: Engine | None = None
-        self._sessions: sessionmaker[Session] | None = None
-        self._executor: ThreadPoolExecutor | None = None
-
-    async def start(self) -> None:
-        """Migrate to head, then mark assistant rows left 'streaming' by a previous process as 'interrupted'."""
-        if self._executor is not None:
-            raise RuntimeError("Store.start() called twice")
-        # One thread: SQLite has one writer anyway, and writes land in the order they were awaited.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagedchat-store")
-        try:
-            await self._call(self._open)
-        except BaseException:
-            await self.close()
-            raise
-
-    async def close(self) -> None:
-        """Dispose of the connection pool and stop the worker thread; safe to call twice."""
-        executor, self._executor = self._executor, None
-        if executor is None:
-            return
-        engine, self._engine, self._sessions = self._engine, None, None
-        if engine is not None:
-            await asyncio.get_running_loop().run_in_executor(executor, engine.dispose)
-        executor.shutdown(wait=True)
-
-    async def ping(self) -> None:
-        """Raise StoreUnavailable when the database cannot be read."""
-        await self._call(self._ping)
+        self._usage = UsageLedger() if any(owner_limits) else None  # writer thread only
 
     async def database_bytes(self) -> int | None:
         """Bytes of the pages the database uses (SQLite; None elsewhere), as `max_database_bytes` counts them."""
-        return await self._tx(database_bytes)
+        return await self._read(database_bytes)
 
     async def create_session(
         self,
@@ -96,11 +65,11 @@ class Store:
 
     async def list_sessions(self, owner: str) -> list[SessionRecord]:
         """The owner's sessions, most recently updated first."""
-        return await self._tx(queries.list_sessions, owner)
+        return await self._read(queries.list_sessions, owner)
 
     async def get_session(self, owner: str, session_id: str) -> SessionRecord | None:
         """The session, or None when it does not exist or belongs to someone else."""
-        return await self._tx(queries.get_session, owner, session_id)
+        return await self._read(queries.get_session, owner, session_id)
 
     async def update_session(
         self,
@@ -129,7 +98,7 @@ class Store:
 
     async def list_messages(self, owner: str, session_id: str) -> list[MessageRecord] | None:
         """The session's messages in order, or None when the session is missing."""
-        return await self._tx(queries.list_messages, owner, session_id)
+        return await self._read(queries.list_messages, owner, session_id)
 
     async def add_message(
         self,
@@ -211,61 +180,51 @@ class Store:
         """Delete this message and every later one of the session (regenerate / edit); returns how many."""
         return await self._tx(queries.delete_messages_from, session_id, message_id)
 
-    # -- plumbing: everything below runs on the worker thread, except the awaiting in `_call` -----------------
+    # -- admin sign-ins: the cookie holds a secret, the row its SHA-256 (`session_hash`) ------------------------
+
+    async def create_admin_session(
+        self, session_hash: str, token_fingerprint: str, client: str | None, lifetime_s: float
+    ) -> None:
+        """Record a sign-in, valid for `lifetime_s` unless revoked."""
+        expires_at = utcnow() + timedelta(seconds=lifetime_s)
+        await self._tx(
+            admin_sessions.create, session_hash, token_fingerprint, (client or "")[:64], expires_at
+        )
+
+    async def admin_session_valid(self, session_hash: str, token_fingerprint: str) -> bool:
+        """True for an unexpired, unrevoked sign-in made with the admin token of this fingerprint."""
+        return await self._read(admin_sessions.is_valid, session_hash, token_fingerprint)
+
+    async def revoke_admin_session(self, session_hash: str) -> bool:
+        """Sign out; False when there was no such live sign-in."""
+        return await self._tx(admin_sessions.revoke, session_hash)
+
+    async def revoke_admin_sessions_except(self, token_fingerprint: str | None) -> int:
+        """Revoke the sign-ins made with another admin token (every one when None); drop expired ones."""
+        return await self._tx(admin_sessions.revoke_all_except, token_fingerprint)
 
     async def _tx(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(session, *args)` in one transaction on the worker thread, committed before returning."""
-        return await self._call(self._in_transaction, fn, *args)
+        """A write on the writer thread; what it changes of an owner's usage joins the running figures once
+        committed."""
+        return await self._call(self._write_transaction, fn, *args)
 
-    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        if self._executor is None:
-            raise RuntimeError("Store is not running: await store.start() first (and not after close())")
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-        except sa_exc.IntegrityError:
-            raise  # a constraint the store checks first: a bug, not an outage
-        except (sa_exc.DBAPIError, sa_exc.TimeoutError) as exc:
-            cause = getattr(exc, "orig", None) or exc
-            raise StoreUnavailable(f"database unavailable ({self._safe_url()}): {cause}") from exc
-
-    def _in_transaction(self, fn: Callable[..., T], *args: Any) -> T:
+    def _write_transaction(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._usage is None:
+            return self._in_transaction(fn, *args)
         if self._sessions is None:
             raise RuntimeError("Store is not running: await store.start() first (and not after close())")
         with self._sessions.begin() as s:
-            if self._usage is not None:
-                self._usage.begin(s)
+            self._usage.begin(s)
             result = fn(s, *args)
-        if self._usage is not None:  # committed: what the writes noted joins the running figures
-            self._usage.commit(s)
+        self._usage.commit(s)  # committed: what the writes noted joins the running figures
         return result
 
-    def _open(self) -> None:
-        engine = create_db_engine(self.url, busy_timeout_ms=self._busy_timeout_ms)
-        try:
-            upgrade_to_head(engine)
-            sessions = sessionmaker(engine, expire_on_commit=False)
-            with sessions.begin() as s:
-                num_interrupted = queries.mark_streaming_interrupted(s)
-        except BaseException:
-            engine.dispose()
-            raise
+    def _prepare(self, s: Session) -> None:
+        num_interrupted = queries.mark_streaming_interrupted(s)
         if num_interrupted:
             logger.warning(
                 "marked %d answers left streaming by a previous run as interrupted", num_interrupted
             )
-        self._engine, self._sessions = engine, sessions
-
-    def _ping(self) -> None:
-        if self._engine is None:
-            raise RuntimeError("Store is not running: await store.start() first (and not after close())")
-        with self._engine.connect() as conn:
-            conn.execute(text("SELECT version_num FROM alembic_version")).all()
-
-    def _safe_url(self) -> str:
-        try:
-            return make_url(self.url).render_as_string(hide_password=True)
-        except sa_exc.ArgumentError:
-            return "<invalid url>"
 
 
 def _message_values(

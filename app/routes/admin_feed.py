@@ -14,16 +14,16 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from app.routes.admin_auth import check_admin
-from app.routes.context import Services, services
+from app.routes.context import SHUTDOWN_MESSAGE, Services, services
 from app.routes.errors import error_response
 from app.routes.ops import snapshot_to_json
+from app.routes.sse import event_stream
 from app.services.advice import AdviceInputs, advise
 from app.services.errors import from_exception
 from app.services.traffic import TrafficRecorder
@@ -152,7 +152,7 @@ async def admin_stream(request: Request) -> Response:
     """SSE: a `history` event of recent chart points, then a `state` event per sample."""
     svc = services(request)
     try:
-        check_admin(request, svc.settings)
+        await check_admin(request, svc)
     except Exception as exc:  # noqa: BLE001 - 401/403 in the API's error shape
         return error_response(from_exception(exc))
     feed = admin_feed(request.app)
@@ -168,7 +168,13 @@ async def admin_stream(request: Request) -> Response:
         finally:
             feed.unsubscribe(queue)
 
-    return EventSourceResponse(events(), ping=15, headers={"Cache-Control": "no-store"})
+    def farewell() -> list[dict[str, str]]:
+        return [
+            {"event": "shutdown", "data": json.dumps({"reason": "shutdown", "message": SHUTDOWN_MESSAGE})}
+        ]
+
+    # at shutdown the page watches the pool drain through the grace period, then gets a `shutdown` event
+    return event_stream(events(), svc, farewell, end_wait_s=0.0, headers={"Cache-Control": "no-store"})
 
 
 routes = [Route("/api/admin/stream", admin_stream, methods=["GET"])]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -13,13 +16,55 @@ from app.routes.security import BROWSER_OWNER, client_identity
 from app.services.async_engine import AsyncEngine
 from app.services.errors import APIError
 from app.services.limits import ClientLimiter, IdentityLimiter, Lease
+from app.services.login_throttle import LoginThrottle
 from app.services.metrics import Metrics
+from app.services.request_stream import ServerShuttingDown
 from app.settings import Settings
 
 if TYPE_CHECKING:
     from app.db.store import Store
     from app.services.chat_service import ChatService
     from app.services.public_prefix import PublicPrefixes
+
+logger = logging.getLogger(__name__)
+# after the grace period, how long a stream may take to send its final event (a cut reply is stored first)
+END_WAIT_S = 2.0
+SHUTDOWN_MESSAGE = "the server is shutting down: this stream was cut; retry on another instance or later"
+
+
+class Flag:
+    """A one-way flag that coroutines may wait for, whatever event loop they run on (an asyncio.Event belongs to
+    the first loop that waits on it; tests drive one app from several)."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = set()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        for loop, future in list(self._waiters):
+            with contextlib.suppress(RuntimeError):  # that loop has closed
+                loop.call_soon_threadsafe(_resolve, future)
+
+    async def wait(self) -> None:
+        """Return once the flag is set."""
+        if self._set:
+            return
+        loop = asyncio.get_running_loop()
+        waiter = (loop, loop.create_future())
+        self._waiters.add(waiter)
+        try:
+            await waiter[1]
+        finally:
+            self._waiters.discard(waiter)
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 @dataclass
@@ -35,13 +80,45 @@ class Services:
     public_prefixes: PublicPrefixes | None = None  # the published prompts' token heads, set with the store
     limiter: ClientLimiter = field(init=False)
     identities: IdentityLimiter = field(init=False)
+    login_throttle: LoginThrottle = field(default_factory=LoginThrottle)
     draining_since: float | None = None  # set when a shutdown signal arrives: no new replies from then on
+    # set when the grace period is over: every stream sends its final event and ends, every socket closes
+    closing: Flag = field(default_factory=Flag)
 
     def __post_init__(self) -> None:
         self.limiter = ClientLimiter(
             self.settings.client_requests_per_minute, self.settings.client_max_streams
         )
         self.identities = IdentityLimiter(self.settings.new_identities_per_minute)
+
+    async def drain(self) -> None:
+        """Shutdown: admit nothing new, let running requests finish within `shutdown_grace_s`, then end the
+        rest (`end_streams`). Returns at once when the streams were already ended."""
+        self.start_draining()
+        deadline = time.monotonic() + self.settings.shutdown_grace_s
+        while not self.closing.is_set() and time.monotonic() < deadline and self.num_running:
+            await asyncio.sleep(0.05)
+        self.end_streams()
+
+    @property
+    def num_running(self) -> int:
+        """Generation requests and session replies not finished yet."""
+        return self.engine.num_in_flight + (self.chat.num_streaming if self.chat is not None else 0)
+
+    def end_streams(self) -> None:
+        """The grace period is over: session replies are cut (stored `interrupted`, their `done` saying
+        `shutdown`), other requests fail with ServerShuttingDown, and `closing` tells every stream to finish."""
+        if self.closing.is_set():
+            return
+        num_replies = self.chat.cut_all() if self.chat is not None else 0
+        num_requests = self.engine.end_streams(ServerShuttingDown(SHUTDOWN_MESSAGE))
+        if num_replies or num_requests:
+            logger.warning(
+                "shutdown grace period over: cut %d session replies and %d other requests",
+                num_replies,
+                num_requests,
+            )
+        self.closing.set()
 
     def start_draining(self) -> None:
         """Stop admitting new replies (the server received SIGTERM/SIGINT); running ones may finish."""

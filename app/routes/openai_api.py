@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from app.routes import openai_format as fmt
 from app.routes.cache_scope import cache_salt
-from app.routes.context import Services, services
+from app.routes.context import SHUTDOWN_MESSAGE, Services, services
 from app.routes.errors import error_response
 from app.routes.openai_input import check_model, requested_cache_salt
 from app.routes.openai_input import prompt_ids as prompt_input
@@ -25,7 +25,13 @@ from app.routes.security import require_api_key
 from app.routes.sse import event_stream
 from app.services.errors import bad_request, from_exception
 from app.services.limits import Lease
-from app.services.request_stream import RequestFailed, RequestStream, RequestTimedOut, collect
+from app.services.request_stream import (
+    RequestFailed,
+    RequestStream,
+    RequestTimedOut,
+    ServerShuttingDown,
+    collect,
+)
 from app.services.sampling import get_bool, get_int, resolve_max_tokens, sampling_params
 from engine.core.outputs import Logprob, RequestOutput
 
@@ -89,7 +95,9 @@ async def _handle(request: Request, kind: str) -> Response:
         svc.metrics.observe_error(error.status)
         return error_response(error)
     if call.streaming:
-        return event_stream(_sse(svc, call, lease), svc.settings, on_close=lambda: _close(call, lease))
+        return event_stream(
+            _sse(svc, call, lease), svc, _shutdown_events, on_close=lambda: _close(call, lease)
+        )
     try:
         result = await collect(call.stream, request.receive)
     except (RequestFailed, RequestTimedOut) as exc:
@@ -200,6 +208,12 @@ async def _full_body(svc: Services, call: _Call, result: RequestOutput) -> dict[
     body["choices"] = choices
     body["usage"] = fmt.usage(result, call.num_prompt_tokens)
     return body
+
+
+def _shutdown_events() -> list[dict[str, str]]:
+    """How a stream cut by the shutdown ends: an error chunk of type `server_shutdown`, then `[DONE]`."""
+    error = from_exception(ServerShuttingDown(SHUTDOWN_MESSAGE))
+    return [{"data": json.dumps(error.to_dict())}, {"data": "[DONE]"}]
 
 
 def _close(call: _Call, lease: Lease) -> None:

@@ -1,4 +1,5 @@
-"""Operations endpoints: /health, /metrics (Prometheus) and /api/admin/state (the block pool, for the admin page)."""
+"""Operations endpoints: /health, /metrics (Prometheus; admin only unless `metrics_public`) and /api/admin/state
+(the block pool, for the admin page)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from app.routes.admin_auth import check_admin
 from app.routes.context import Services, services
 from app.routes.errors import error_response
-from app.routes.security import require_admin
 from app.services.errors import from_exception
 from engine.core.stats import PoolSnapshot
 
@@ -43,8 +44,14 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    """Prometheus text exposition; engine gauges are taken on the engine thread for this scrape."""
+    """Prometheus text exposition; engine gauges are taken on the engine thread for this scrape. Admin only (token
+    as X-Admin-Token or Bearer, the admin cookie, or loopback without a token) unless `metrics_public`."""
     svc = services(request)
+    if not svc.settings.metrics_public:
+        try:
+            await check_admin(request, svc)
+        except Exception as exc:  # noqa: BLE001 - 401/403/429 in the API's error shape
+            return error_response(from_exception(exc))
     if svc.engine.healthy:
         svc.metrics.set_engine_stats(await svc.engine.stats())
     return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -80,10 +87,10 @@ def snapshot_to_json(snap: PoolSnapshot) -> dict[str, Any]:
 
 
 async def admin_state(request: Request) -> Response:
-    """The block pool snapshot, taken between steps; admin token or loopback required."""
+    """The block pool snapshot, taken between steps; admin token (or cookie), or loopback without a token."""
     svc = services(request)
     try:
-        require_admin(request, svc.settings)
+        await check_admin(request, svc)
         snap = await svc.engine.snapshot()
     except Exception as exc:  # noqa: BLE001 - auth and engine failures become API errors
         return error_response(from_exception(exc))

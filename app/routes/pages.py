@@ -12,13 +12,21 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from app.routes.admin_auth import admin_cookie_header, is_admin, read_login_token, token_matches
+from app.routes.admin_auth import (
+    admin_cookie_header,
+    check_attempts,
+    is_admin,
+    read_login_token,
+    record_attempt,
+    sign_in,
+    sign_out,
+    token_matches,
+)
 from app.routes.context import Services, services
 from app.routes.csrf import cross_origin_reason
 from app.routes.errors import error_response
-from app.routes.security import is_loopback
 from app.services.advice import format_bytes
-from app.services.errors import APIError
+from app.services.errors import APIError, from_exception
 
 logger = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the supported install is the repo itself (editable)
@@ -40,8 +48,15 @@ templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
 templates.env.globals["static_url"] = static_url
 
 
-def _render(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> Response:
-    return templates.TemplateResponse(request, name, context, status_code=status_code, headers=NO_STORE)
+def _render(
+    request: Request,
+    name: str,
+    context: dict[str, Any],
+    status_code: int = 200,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    headers = {**NO_STORE, **(headers or {})}
+    return templates.TemplateResponse(request, name, context, status_code=status_code, headers=headers)
 
 
 async def chat_page(request: Request) -> Response:
@@ -79,7 +94,7 @@ def engine_settings_rows(svc: Services) -> list[tuple[str, str]]:
 async def admin_page(request: Request) -> Response:
     """GET /admin: the live pool page, or the sign-in form (401) when the admin cookie is missing."""
     svc = services(request)
-    if is_admin(request, svc.settings):
+    if await is_admin(request, svc):
         return _render(
             request,
             "admin.html",
@@ -91,30 +106,46 @@ async def admin_page(request: Request) -> Response:
 
 
 async def admin_login(request: Request) -> Response:
-    """POST /admin/login (form field `token`): a correct token sets the admin cookie and redirects to /admin."""
+    """POST /admin/login (form field `token`): a correct token records a sign-in, sets its cookie and redirects to
+    /admin; an address that sent too many wrong tokens must wait (429 with Retry-After) before trying again."""
     svc = services(request)
     if (refused := _cross_origin(request, svc)) is not None:
         return refused
     if not svc.settings.admin_token:
         return RedirectResponse("/admin", status_code=303)
-    token = await read_login_token(request)
-    if not token_matches(token, svc.settings):
-        client = request.client.host if request.client else "?"
-        logger.warning(
-            "admin sign-in refused from %s%s", client, " (loopback)" if is_loopback(client) else ""
-        )
-        return _render(request, "admin_login.html", {"error": "That token is not valid."}, status_code=403)
+    try:
+        check_attempts(request, svc)
+        token = await read_login_token(request)
+        ok = token_matches(token, svc.settings)
+        record_attempt(request, svc, ok=ok)
+        if not ok:
+            return _render(
+                request, "admin_login.html", {"error": "That token is not valid."}, status_code=403
+            )
+        cookie = await sign_in(request, svc)
+    except Exception as exc:  # noqa: BLE001 - throttled (429) or the sign-in could not be recorded (503)
+        error = from_exception(exc)
+        return _render(request, "admin_login.html", {"error": error.message}, error.status, error.headers)
     response = RedirectResponse("/admin", status_code=303, headers=NO_STORE)
-    response.headers.append("Set-Cookie", admin_cookie_header(svc.settings))
+    response.headers.append("Set-Cookie", cookie)
     return response
 
 
 async def admin_logout(request: Request) -> Response:
-    """POST /admin/logout: forget the admin cookie."""
+    """POST /admin/logout: revoke the sign-in (on the server: a copy of the cookie is worthless) and forget it."""
     svc = services(request)
     if (refused := _cross_origin(request, svc)) is not None:
         return refused
-    response = RedirectResponse("/admin", status_code=303, headers=NO_STORE)
+    try:
+        await sign_out(request, svc)
+    except Exception as exc:  # noqa: BLE001 - not revoked: say so rather than pretend
+        error = from_exception(exc)
+        logger.error("admin sign-out not recorded: %s", error.message)
+        response: Response = _render(
+            request, "admin_login.html", {"error": f"Sign-out failed: {error.message}"}, error.status
+        )
+    else:
+        response = RedirectResponse("/admin", status_code=303, headers=NO_STORE)
     response.headers.append("Set-Cookie", admin_cookie_header(svc.settings, clear=True))
     return response
 

@@ -20,7 +20,7 @@ from app.routes.openai_format import sse_json
 from app.routes.params import read_json_object
 from app.routes.security import BROWSER_OWNER, session_owner
 from app.routes.sse import event_stream
-from app.services.chat_reply import Reply
+from app.services.chat_reply import SHUTDOWN, Reply
 from app.services.chat_service import SESSION_SAMPLING_KEYS, ChatService, ReplyMode
 from app.services.errors import APIError, bad_request, from_exception, not_found
 from app.services.messages import message_json
@@ -206,12 +206,17 @@ def _sse(svc: Services, reply: Reply) -> Response:
             yield {"event": event["type"], "data": sse_json(event)}
 
     def on_close() -> None:
-        # However the response ends, abort the reply if it still runs. The client went away (even before the
-        # first event): stored as interrupted, as when a WebSocket drops; the shutdown cut it: stored as stopped.
-        cut = MessageStatus.INTERRUPTED if svc.draining_since is None else MessageStatus.STOPPED
-        svc.chat.stop_reply(reply, status=cut)
+        # However the response ends, abort the reply if it still runs: the client went away (even before the first
+        # event), stored as interrupted, as when a WebSocket drops (a shutdown has cut it already, as interrupted).
+        svc.chat.stop_reply(reply, status=MessageStatus.INTERRUPTED)
 
-    return event_stream(events(), svc.settings, on_close=on_close)
+    return event_stream(events(), svc, _shutdown_events, on_close=on_close)
+
+
+def _shutdown_events() -> list[dict[str, str]]:
+    """The last event of a reply stream whose reply did not end in time at shutdown (it is stored once it does)."""
+    done = {"type": "done", "reason": SHUTDOWN, "message": None, "usage": None, "timings": {}}
+    return [{"event": "done", "data": sse_json(done)}]
 
 
 routes = [

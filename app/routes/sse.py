@@ -1,18 +1,20 @@
-"""Server-sent event responses with the service's ping, shutdown grace and slow-reader timeout."""
+"""Server-sent event responses with the service's ping, slow-reader timeout, and a final event at shutdown."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
 from starlette.types import Receive, Scope, Send
 
-from app.settings import Settings
+from app.routes.context import END_WAIT_S, Flag, Services
 
 logger = logging.getLogger(__name__)
 PING_S = 15
+Event = dict[str, str]
 
 
 class _EventStream(EventSourceResponse):
@@ -43,16 +45,72 @@ def _only_send_timeouts(exc: BaseException) -> bool:
 
 
 def event_stream(
-    events: AsyncIterator[dict[str, str]], settings: Settings, on_close: Callable[[], None] | None = None
+    events: AsyncIterator[Event],
+    svc: Services,
+    farewell: Callable[[], list[Event]],
+    on_close: Callable[[], None] | None = None,
+    *,
+    end_wait_s: float = END_WAIT_S,
+    headers: dict[str, str] | None = None,
 ) -> EventSourceResponse:
-    """Stream `events` as SSE: pings keep proxies open, shutdown waits `shutdown_grace_s` for the stream to end,
-    a client that takes nothing for `slow_reader_timeout_s` is cut off, and `on_close` (idempotent: abort the
-    work unless it finished, release the client's slot) runs however the response ends."""
+    """Stream `events` as SSE: pings keep proxies open, a client that takes nothing for `slow_reader_timeout_s` is
+    cut off, and `on_close` (idempotent: abort the work unless it finished, release the client's slot) runs however
+    the response ends.
+
+    At shutdown, once the grace period is over (`svc.closing`), `events` get `end_wait_s` more to end by
+    themselves (a cut reply sends its own last event), then they are closed and `farewell()` events end the
+    stream: a client always learns why its stream ended.
+    """
+    settings = svc.settings
     response = _EventStream(
-        events,
+        _until_closing(events, svc.closing, end_wait_s, farewell),
         ping=PING_S,
-        shutdown_grace_period=settings.shutdown_grace_s,
+        headers=headers,
+        # sse-starlette's own cut at SIGTERM, a backstop only: the streams end before it
+        shutdown_grace_period=settings.shutdown_grace_s + end_wait_s + 1.0,
         send_timeout=settings.slow_reader_timeout_s,
     )
     response.on_close = on_close
     return response
+
+
+async def _until_closing(
+    events: AsyncIterator[Event], closing: Flag, end_wait_s: float, farewell: Callable[[], list[Event]]
+) -> AsyncIterator[Event]:
+    """`events` until they end; once `closing` is set, they get `end_wait_s` to end, then `farewell()` ends it."""
+    loop = asyncio.get_running_loop()
+    source = aiter(events)
+    closed = asyncio.ensure_future(closing.wait())
+    step: asyncio.Future | None = (
+        None  # the source's next event, awaited in a task so that closing can cut in
+    )
+    deadline: float | None = None
+    try:
+        while True:
+            if step is None:
+                step = asyncio.ensure_future(anext(source))
+            if deadline is None and closed.done():
+                deadline = loop.time() + end_wait_s
+            timeout = None if deadline is None else max(0.0, deadline - loop.time())
+            waiting = {step} if deadline is not None else {step, closed}
+            await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if step.done():
+                finished, step = step, None
+                try:
+                    event = finished.result()
+                except StopAsyncIteration:
+                    return
+                yield event
+            elif deadline is not None and loop.time() >= deadline:
+                break
+        if end_wait_s:
+            logger.warning("a stream had not ended %g s after the shutdown's grace period: cut", end_wait_s)
+        for event in farewell():
+            yield event
+    finally:
+        closed.cancel()
+        if step is not None:
+            step.cancel()  # thrown into the source where it waits: its finally blocks run
+        elif isinstance(source, AsyncGenerator):
+            # suspended at its yield (a stalled reader was cut off): close it now, not when it is collected
+            asyncio.ensure_future(source.aclose())

@@ -2,8 +2,11 @@
 
 Client → server: {"type": "message", "content": str} · {"type": "stop"} · {"type": "regenerate"} ·
 {"type": "edit", "content": str} · {"type": "ping"}.
-Server → client: start · assistant_start · delta {text} · done {message, usage, timings} · error {status, code,
-message, param} · stop_ack {stopped} · pong.
+Server → client: start · assistant_start · delta {text} · done {message, usage, timings, reason?} · error {status,
+code, message, param} · stop_ack {stopped} · pong.
+
+At shutdown, once the grace period is over, a running reply ends with its `done` (reason `shutdown`), then an error
+frame with code `server_shutdown` says why, and the socket closes with 1001 (going away).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.db import MessageStatus
-from app.routes.context import Services, services
+from app.routes.context import END_WAIT_S, Services, services
 from app.routes.params import check_unicode
 from app.routes.security import origin_allowed, session_owner
 from app.services.chat_reply import Reply
@@ -26,6 +29,7 @@ from app.services.chat_service import ChatService, ReplyMode
 from app.services.errors import APIError, bad_request, from_exception
 
 logger = logging.getLogger(__name__)
+CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_TOO_BIG = 1009
 CLOSE_TRY_AGAIN_LATER = 1013
@@ -56,6 +60,7 @@ class _Socket:
         self.websocket = websocket
         self.lock = asyncio.Lock()
         self.send_timeout_s = send_timeout_s
+        self.pump: asyncio.Task | None = None  # forwards the running reply's events
 
     async def send(self, frame: dict[str, Any]) -> None:
         async with self.lock:
@@ -93,7 +98,33 @@ async def chat_socket(websocket: WebSocket) -> None:
         )
         await websocket.close(code=CLOSE_SESSION_NOT_FOUND)
         return
-    await _serve(socket, svc, owner, session_id)
+    await _serve_until_shutdown(socket, svc, owner, session_id)
+
+
+async def _serve_until_shutdown(socket: _Socket, svc: Services, owner: str, session_id: str) -> None:
+    """Serve the socket; at the end of a shutdown's grace period, finish it: the reply's `done`, a frame saying
+    why, and a close with 1001."""
+    serving = asyncio.ensure_future(_serve(socket, svc, owner, session_id))
+    closing = asyncio.ensure_future(svc.closing.wait())
+    try:
+        await asyncio.wait({serving, closing}, return_when=asyncio.FIRST_COMPLETED)
+        if serving.done():
+            return serving.result()
+        if socket.pump is not None:  # the shutdown has cut the reply: its done comes once it is stored
+            await asyncio.wait({socket.pump}, timeout=END_WAIT_S)
+        serving.cancel()  # no more frames from the client
+        with contextlib.suppress(Exception):  # a client that takes nothing does not hold the shutdown up
+            await asyncio.wait_for(_say_goodbye(socket), END_WAIT_S)
+    finally:
+        closing.cancel()
+        serving.cancel()
+
+
+async def _say_goodbye(socket: _Socket) -> None:
+    message = "the server is shutting down: this connection closes now; reconnect in a moment"
+    shutdown = APIError(503, message, code="server_shutdown", error_type="server_shutdown")
+    await socket.send(error_frame(shutdown))
+    await socket.websocket.close(code=CLOSE_GOING_AWAY, reason="server shutting down")
 
 
 async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str) -> None:
@@ -124,7 +155,7 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str) ->
                     lease = svc.admit(socket.websocket, owner)
                     mode = REPLY_FRAMES[kind]
                     reply = await chat.start(mode, owner, session_id, frame.get("content"), lease)
-                    pump = asyncio.create_task(_forward(socket, chat, reply))
+                    pump = socket.pump = asyncio.create_task(_forward(socket, chat, reply))
                 else:
                     raise bad_request(
                         f"unknown frame type {kind[:40]!r}: expected message, stop, regenerate, edit or ping",
@@ -140,9 +171,9 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str) ->
     except WebSocketDisconnect:
         return
     finally:
-        # The tab went away mid-reply: abort it (stored as interrupted). Not while the server drains: the socket
-        # was closed by the shutdown, and the reply may still finish and be stored within the grace period.
-        if pump is not None and not pump.done() and svc.draining_since is None:
+        # The tab went away mid-reply: abort it (stored as interrupted). Not once the shutdown closes the socket:
+        # the shutdown has cut the reply already.
+        if pump is not None and not pump.done() and not svc.closing.is_set():
             chat.stop(session_id, status=MessageStatus.INTERRUPTED)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(pump, timeout=5.0)

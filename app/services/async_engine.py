@@ -170,6 +170,15 @@ class AsyncEngine:
         if self._alive:
             self._commands.put(AbortRequest(request_id))
 
+    def end_streams(self, error: BaseException) -> int:
+        """Fail every stream still running with `error` (shutdown) and abort its request; returns how many."""
+        running = [(rid, s) for rid, s in self._streams.items() if not (s.aborted or s.finished)]
+        for request_id, stream in running:
+            stream.fail(error)
+            if self._alive:
+                self._commands.put(AbortRequest(request_id))
+        return len(running)
+
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run `fn(engine)` on the engine thread between steps and return its result."""
         self._check_serving()

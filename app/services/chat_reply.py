@@ -16,15 +16,17 @@ from app.services.conversation import PromptPlan
 from app.services.errors import from_exception
 from app.services.merging_queue import MergingQueue
 from app.services.messages import message_fields, usage_json
-from app.services.request_stream import RequestFailed, RequestStream, RequestTimedOut
+from app.services.request_stream import RequestFailed, RequestStream, RequestTimedOut, ServerShuttingDown
 from engine.core.outputs import RequestOutput
 from engine.core.sequence import FinishReason
 
 logger = logging.getLogger(__name__)
 # every reply ends with one `done`; its message.status says how it ended (finished, stopped, failed, ...)
 TERMINAL_EVENTS = ("done",)
-# how a reply cut short is stored: stopped (the user's stop, a shutdown) or interrupted (its client went away)
+# how a reply cut short is stored: stopped (the user's stop) or interrupted (its client went away, or the server
+# shut down: the user did not ask for it, and the chat page shows a dropped reply as interrupted too)
 CUT_STATUSES = (MessageStatus.STOPPED, MessageStatus.INTERRUPTED)
+SHUTDOWN = "shutdown"  # the `reason` of a `done` event when the server's shutdown cut the reply
 
 
 @dataclass
@@ -41,8 +43,9 @@ class Reply:
     task: asyncio.Task | None = None
     stream: RequestStream | None = None
     stop_requested: bool = False
-    # how an aborted reply is stored: stopped (the user's stop) or interrupted (a dropped connection)
+    # how an aborted reply is stored: stopped (the user's stop) or interrupted (a dropped connection, a shutdown)
     stop_status: MessageStatus = MessageStatus.STOPPED
+    stop_reason: str | None = None  # SHUTDOWN when the server's shutdown cut it: its `done` event says so
 
     def emit(self, event: dict[str, Any]) -> None:
         self.events.put(event)
@@ -71,6 +74,7 @@ class FinalReply:
     timings: dict[str, float]
     error: str | None
     role: str = "assistant"
+    reason: str | None = None  # why it was cut, when the client did not ask (SHUTDOWN)
 
     @property
     def completion_tokens(self) -> int:
@@ -79,7 +83,10 @@ class FinalReply:
     def done_event(self) -> dict[str, Any]:
         """The reply's last event."""
         usage = usage_json(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
-        return {"type": "done", "message": message_fields(self), "usage": usage, "timings": self.timings}
+        event = {"type": "done", "message": message_fields(self), "usage": usage, "timings": self.timings}
+        if self.reason is not None:
+            event["reason"] = self.reason
+        return event
 
 
 @dataclass
@@ -144,6 +151,8 @@ class ReplyWriter:
                     await self._take(turn, draft, output)
             if stream.aborted:
                 status = turn.stop_status
+        except ServerShuttingDown:  # cut by the shutdown before its session's stop reached it
+            status, turn.stop_reason = MessageStatus.INTERRUPTED, SHUTDOWN
         except (RequestFailed, RequestTimedOut) as exc:
             status, error = MessageStatus.FAILED, from_exception(exc).message
         except asyncio.CancelledError:
@@ -152,7 +161,10 @@ class ReplyWriter:
             logger.exception("turn %s failed", turn.request_id)
             status, error = MessageStatus.FAILED, f"internal error: {type(exc).__name__}"
         finally:
-            await asyncio.shield(self._complete(turn, draft, draft.final(status, error)))
+            final = draft.final(status, error)
+            if status in CUT_STATUSES:
+                final = dataclasses.replace(final, reason=turn.stop_reason)
+            await asyncio.shield(self._complete(turn, draft, final))
 
     async def _take(self, turn: Reply, draft: _Draft, output: RequestOutput) -> None:
         """One output: its text goes out as a delta at once; the row catches up in the background."""

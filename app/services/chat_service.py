@@ -11,7 +11,7 @@ from typing import Any
 
 from app.db import MessageStatus, SessionRecord, Store, StoreUnavailable
 from app.services.async_engine import AsyncEngine
-from app.services.chat_reply import CUT_STATUSES, Reply, ReplyWriter
+from app.services.chat_reply import CUT_STATUSES, SHUTDOWN, Reply, ReplyWriter
 from app.services.conversation import ConversationBuilder, PromptPlan, Turn, turns_from_messages
 from app.services.errors import APIError, bad_request, from_exception, not_found
 from app.services.limits import Lease
@@ -67,6 +67,7 @@ class ChatService:
         self.fingerprint = fingerprint
         self.writer = ReplyWriter(store, fingerprint, settings.flush_interval_s, settings.store_retry_s)
         self._turns: dict[str, Reply | None] = {}  # None: reserved while the turn is being set up
+        self._cut_all = False  # set at shutdown: a reply that starts from then on is cut at once
 
     @property
     def num_streaming(self) -> int:
@@ -76,11 +77,14 @@ class ChatService:
     def is_streaming(self, session_id: str) -> bool:
         return session_id in self._turns
 
-    def stop(self, session_id: str, status: MessageStatus = MessageStatus.STOPPED) -> bool:
+    def stop(
+        self, session_id: str, status: MessageStatus = MessageStatus.STOPPED, reason: str | None = None
+    ) -> bool:
         """Abort the session's streaming reply, stored with `status`; False when idle.
 
-        `stopped`: the user asked (Stop button, POST …/stop, server shutdown); `interrupted`: the client went away
-        or stopped reading. The first reason given wins: a Stop followed by the tab closing stays `stopped`.
+        `stopped`: the user asked (Stop button, POST …/stop); `interrupted`: the client went away or stopped
+        reading, or the server shut down (`reason` SHUTDOWN). The first reason given wins: a Stop followed by the
+        tab closing stays `stopped`.
         """
         assert status in CUT_STATUSES, f"a stopped reply is stored as one of {CUT_STATUSES}, not {status!r}"
         turn = self._turns.get(session_id)
@@ -89,6 +93,7 @@ class ChatService:
         if not turn.stop_requested:
             turn.stop_requested = True
             turn.stop_status = status
+            turn.stop_reason = reason
         self.engine.abort(turn.request_id)  # its stream ends as aborted; the reply is stored as stop_status
         return True
 
@@ -100,15 +105,21 @@ class ChatService:
             return False
         return self.stop(reply.session_id, status)
 
-    async def shutdown(self, timeout_s: float) -> None:
-        """Let running replies finish up to `timeout_s`, then stop them; each is stored before returning."""
+    def cut_all(self) -> int:
+        """The shutdown's grace period is over: stop every running reply (`interrupted`, its `done` saying
+        `shutdown`), and any that starts later at once; returns how many were stopped."""
+        self._cut_all = True
+        return sum(self.stop(sid, MessageStatus.INTERRUPTED, SHUTDOWN) for sid in list(self._turns))
+
+    async def shutdown(self, timeout_s: float, store_wait_s: float = 5.0) -> None:
+        """Let running replies finish up to `timeout_s`, then cut them; waits up to `store_wait_s` more for them
+        to be stored."""
         tasks = [t.task for t in self._turns.values() if t is not None and t.task is not None]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=timeout_s)
-            for session_id in list(self._turns):
-                self.stop(session_id)
+            self.cut_all()
             if pending:
-                await asyncio.wait(pending, timeout=5.0)
+                await asyncio.wait(pending, timeout=store_wait_s)
 
     async def start(
         self, mode: ReplyMode, owner: str, session_id: str, content: Any = None, lease: Lease | None = None
@@ -204,6 +215,8 @@ class ChatService:
         )
         self._turns[session_id] = turn
         turn.task = asyncio.create_task(self._drive(turn, plan), name=f"turn-{turn.request_id}")
+        if self._cut_all:  # set up while the shutdown cut the others
+            self.stop(session_id, MessageStatus.INTERRUPTED, SHUTDOWN)
         return turn
 
     def _plan(

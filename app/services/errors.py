@@ -6,7 +6,7 @@ from typing import Any
 
 from app.db import QuotaExceeded, StoreUnavailable
 from app.services.async_engine import EngineOverloaded, EngineUnavailable
-from app.services.request_stream import RequestFailed, RequestTimedOut
+from app.services.request_stream import RequestFailed, RequestTimedOut, ServerShuttingDown
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -37,8 +37,10 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        error_type: str | None = None,
     ) -> None:
         super().__init__(message)
+        self.error_type = error_type  # the body's `type`; None: derived from the status
         self.status = status
         self.message = message
         self.param = param
@@ -50,7 +52,8 @@ class APIError(Exception):
         return {
             "error": {
                 "message": self.message,
-                "type": _TYPE_BY_STATUS.get(
+                "type": self.error_type
+                or _TYPE_BY_STATUS.get(
                     self.status, "server_error" if self.status >= 500 else "invalid_request_error"
                 ),
                 "param": self.param,
@@ -92,6 +95,10 @@ def from_exception(exc: BaseException) -> APIError:
         )
     if isinstance(exc, RequestTimedOut):
         return APIError(504, str(exc), code="timeout")
+    if isinstance(exc, ServerShuttingDown):
+        return APIError(
+            503, str(exc), code="server_shutdown", error_type="server_shutdown", headers={"Retry-After": "5"}
+        )
     if isinstance(exc, RequestFailed):
         return APIError(500, str(exc), code="request_failed")
     return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")

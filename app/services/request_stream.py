@@ -22,6 +22,10 @@ class RequestFailed(RuntimeError):
     """The engine failed this request (a fault in its step, its detokenization, or a dead engine thread)."""
 
 
+class ServerShuttingDown(RequestFailed):
+    """The server is shutting down and its grace period is over: the request was cut (HTTP 503)."""
+
+
 class RequestTimedOut(RuntimeError):
     """The request ran past the per-request timeout and was aborted."""
 

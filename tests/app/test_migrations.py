@@ -1,4 +1,5 @@
-"""Alembic migrations: empty database to head, models match the migrations, downgrade and upgrade again."""
+"""Alembic migrations: empty database to head, models match the migrations, downgrade and upgrade again, and 0001 to
+0002 (admin sign-ins) on a database that holds chats."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from sqlalchemy.exc import IntegrityError
 from app.db.database import alembic_config, create_db_engine, migrations_dir, upgrade_to_head
 from app.db.models import Base
 
+TABLES = ["admin_sessions", "alembic_version", "chat_sessions", "messages"]
+
 
 def make_db(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'm.db'}"
@@ -25,8 +28,8 @@ def test_migrations_folder_is_found_with_a_single_head() -> None:
     path = migrations_dir()
     assert path == Path(__file__).resolve().parents[2] / "migrations"
     script = ScriptDirectory.from_config(alembic_config("sqlite://"))
-    assert script.get_heads() == ["0001"]
-    assert [rev.revision for rev in script.walk_revisions()] == ["0001"]
+    assert script.get_heads() == ["0002"]
+    assert [rev.revision for rev in script.walk_revisions()] == ["0002", "0001"]
 
 
 def test_upgrade_from_empty_to_head_creates_the_schema(tmp_path: Path) -> None:
@@ -35,13 +38,13 @@ def test_upgrade_from_empty_to_head_creates_the_schema(tmp_path: Path) -> None:
     upgrade_to_head(engine)
     upgrade_to_head(engine)  # a second start is a no-op
     insp = inspect(engine)
-    assert sorted(insp.get_table_names()) == ["alembic_version", "chat_sessions", "messages"]
+    assert sorted(insp.get_table_names()) == TABLES
     assert [c["name"] for c in insp.get_columns("messages")] == [
         c.name for c in Base.metadata.tables["messages"].c
     ]
     assert insp.get_foreign_keys("messages")[0]["options"] == {"ondelete": "CASCADE"}
     with engine.connect() as conn:
-        assert MigrationContext.configure(conn).get_current_revision() == "0001"
+        assert MigrationContext.configure(conn).get_current_revision() == "0002"
     engine.dispose()
 
 
@@ -79,7 +82,7 @@ def test_downgrade_to_base_and_upgrade_again(tmp_path: Path) -> None:
     conn.close()
     command.upgrade(cfg, "head")
     engine = create_db_engine(make_db(tmp_path))
-    assert sorted(inspect(engine).get_table_names()) == ["alembic_version", "chat_sessions", "messages"]
+    assert sorted(inspect(engine).get_table_names()) == TABLES
     engine.dispose()
 
 
@@ -106,3 +109,43 @@ def test_migrated_constraints_reject_bad_rows(tmp_path: Path) -> None:
         with pytest.raises(IntegrityError), engine.begin() as conn:
             conn.exec_driver_sql(insert_message, row)
     engine.dispose()
+
+
+def test_0002_adds_admin_sessions_to_a_database_with_chats_and_goes_back(tmp_path: Path) -> None:
+    cfg = alembic_config(make_db(tmp_path))
+    command.upgrade(cfg, "0001")
+    now = "2026-01-01 00:00:00"
+    with sqlite3.connect(tmp_path / "m.db") as conn:
+        conn.execute("INSERT INTO chat_sessions VALUES ('s1', 'alice', 't', '', '{}', ?, ?)", (now, now))
+    command.upgrade(cfg, "head")
+    engine = create_db_engine(make_db(tmp_path))
+    insp = inspect(engine)
+    assert sorted(insp.get_table_names()) == TABLES
+    assert [(c["name"], c["nullable"]) for c in insp.get_columns("admin_sessions")] == [
+        ("id", False),
+        ("token_fingerprint", False),
+        ("client", False),
+        ("created_at", False),
+        ("expires_at", False),
+        ("revoked_at", True),
+    ]
+    assert insp.get_pk_constraint("admin_sessions") == {
+        "constrained_columns": ["id"],
+        "name": "pk_admin_sessions",
+    }
+    insert = "INSERT INTO admin_sessions (id, token_fingerprint, client, created_at, expires_at) VALUES (?, ?, ?, ?, ?)"
+    with engine.begin() as conn:
+        assert conn.exec_driver_sql("SELECT owner FROM chat_sessions").all() == [("alice",)]  # the chats stay
+        conn.exec_driver_sql(insert, ("h1", "f1", "127.0.0.1", now, now))
+    for row in [
+        ("h1", "f1", "127.0.0.1", now, now),
+        ("h2", None, "127.0.0.1", now, now),
+    ]:  # duplicate; no token
+        with pytest.raises(IntegrityError), engine.begin() as conn:
+            conn.exec_driver_sql(insert, row)
+    engine.dispose()
+    command.downgrade(cfg, "0001")
+    with sqlite3.connect(tmp_path / "m.db") as conn:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert tables == {"alembic_version", "chat_sessions", "messages"}
+        assert conn.execute("SELECT owner FROM chat_sessions").fetchall() == [("alice",)]

@@ -26,7 +26,7 @@ def locked(tmp_path_factory):
     with make_client(
         tmp_path_factory.mktemp("locked"),
         api_keys=("sk-alpha", "sk-beta"),
-        admin_token="adm-token",
+        admin_token="adm-token-0123456789",
         max_num_seqs=1,
         max_queued_requests=0,
     ) as c:
@@ -142,7 +142,9 @@ def test_admin_token_is_required_when_configured(locked):
     wrong = locked.get("/api/admin/state", headers={"x-admin-token": "nope"})
     assert (wrong.status_code, wrong.json()["error"]["message"]) == (403, "invalid admin token")
     remote = TestClient(locked.app, client=("203.0.113.9", 4000))
-    assert remote.get("/api/admin/state", headers={"x-admin-token": "adm-token"}).status_code == 200
+    assert (
+        remote.get("/api/admin/state", headers={"x-admin-token": "adm-token-0123456789"}).status_code == 200
+    )
 
 
 def test_queue_limit_gives_503_with_retry_after(locked):

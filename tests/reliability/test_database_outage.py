@@ -125,3 +125,24 @@ def test_outage_gives_503_and_the_streaming_reply_survives_whole(client, kind):
     assert stored[1]["content"] == text
     assert stored[1]["id"] == done["message"]["id"]
     wait_service_idle(client)
+
+
+def test_reads_never_wait_behind_a_write_waiting_for_the_lock(tmp_path):
+    with make_client(tmp_path, db_busy_timeout_ms=3000) as client:
+        sid = client.post("/api/sessions", json={"title": "before"}).json()["id"]
+        writes: list[int] = []
+        with busy(client.app.state.services.store.url.removeprefix("sqlite:///")):
+            writer = threading.Thread(target=lambda: writes.append(client.post("/api/sessions").status_code))
+            writer.start()
+            time.sleep(0.2)  # the write now waits for the lock, up to 3 s
+            began = time.monotonic()
+            health = client.get("/health")
+            listed = client.get("/api/sessions")
+            session = client.get(f"/api/sessions/{sid}")
+            took = time.monotonic() - began
+            writer.join()
+        assert took < 1.0, f"reads waited {took:.2f} s behind the write"
+        assert (health.status_code, health.json()["database"]) == (200, "ok")
+        assert [s["id"] for s in listed.json()["sessions"]] == [sid]
+        assert session.json()["title"] == "before"
+        assert writes == [503]  # the write itself timed out on the lock

@@ -1,0 +1,76 @@
+"""The uvicorn server of `pagedchat serve`: guarded connections, and a shutdown that drains before it closes.
+
+On SIGTERM/SIGINT: the listener closes at once and idle kept-alive connections with it; running replies get
+`shutdown_grace_s` to finish; then every stream ends with a final event saying why (services' `end_streams`) and
+every WebSocket closes with 1001; only then does uvicorn's own shutdown run (close what is left, lifespan shutdown).
+The process exits within the grace period plus a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from types import FrameType
+
+import uvicorn
+from starlette.applications import Starlette
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+from app.connection_guard import ConnectionGuard, guarded_protocol
+from app.routes.context import END_WAIT_S, Services
+from app.settings import Settings
+
+logger = logging.getLogger(__name__)
+CLOSE_WAIT_S = END_WAIT_S + 1.0  # after the grace period: streams send their last event, sockets their close
+POLL_S = 0.05
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's Server, draining the app's replies before uvicorn closes the connections."""
+
+    def __init__(self, config: uvicorn.Config, svc: Services) -> None:
+        super().__init__(config)
+        self.svc = svc
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.should_exit:
+            logger.warning("signal %d: draining (no new replies)", sig)
+        self.svc.start_draining()
+        super().handle_exit(sig, frame)  # a second SIGINT sets force_exit: the drain stops waiting
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()  # admit no new connection
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            if isinstance(connection, self.config.http_protocol_class):
+                connection.shutdown()  # idle: closed now; busy: closed after its response (no keep-alive)
+        drain = asyncio.ensure_future(self.svc.drain())
+        while not drain.done() and not self.force_exit:
+            await asyncio.wait({drain}, timeout=POLL_S * 2)
+        self.svc.end_streams()  # a forced exit skips the rest of the grace period
+        await drain
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while self.server_state.connections and time.monotonic() < deadline and not self.force_exit:
+            await asyncio.sleep(POLL_S)
+        await super().shutdown(sockets)
+
+
+def build_server(app: Starlette, settings: Settings) -> DrainingServer:
+    """The server for `app`: loopback or `settings.host`, guarded HTTP connections, draining shutdown."""
+    guard = ConnectionGuard(settings.client_max_connections, settings.header_timeout_s)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        http=guarded_protocol(AutoHTTPProtocol, guard),
+        ws_max_size=settings.ws_max_frame_bytes,
+        # what is left to close once the app has drained (see DrainingServer.shutdown)
+        timeout_graceful_shutdown=int(CLOSE_WAIT_S) + 2,
+        proxy_headers=False,
+    )
+    return DrainingServer(config, app.state.services)
