@@ -89,7 +89,7 @@ def test_slowloris_connections_are_closed_after_the_head_timeout(guarded):
 
 
 def test_one_address_cannot_hold_more_than_its_connections(guarded):
-    http = httpx.Client(base_url=guarded.base_url, timeout=10)
+    http = httpx.Client(base_url=guarded.base_url, timeout=10, headers={"Origin": guarded.base_url})
     http.get("/")
     sid = http.post("/api/sessions").json()["id"]
     cookie = {"Cookie": f"pagedchat_browser={http.cookies['pagedchat_browser']}"}
@@ -123,7 +123,12 @@ def test_one_address_cannot_hold_more_than_its_connections(guarded):
 
 
 def sign_in(server: Server, token: str) -> str:
-    response = httpx.post(server.base_url + "/admin/login", data={"token": token}, timeout=10)
+    response = httpx.post(
+        server.base_url + "/admin/login",
+        data={"token": token},
+        headers={"Origin": server.base_url},
+        timeout=10,
+    )
     assert response.status_code == 303, response.text
     return response.cookies["pagedchat_admin"]
 
@@ -138,7 +143,12 @@ def test_admin_sign_outs_and_token_changes_hold_across_restarts(tmp_path, tiny_m
     first = start_server(tmp_path, env)
     signed_out, kept = sign_in(first, token), sign_in(first, token)
     assert (admin_status(first, signed_out), admin_status(first, kept)) == (200, 200)
-    out = httpx.post(first.base_url + "/admin/logout", cookies={"pagedchat_admin": signed_out}, timeout=10)
+    out = httpx.post(
+        first.base_url + "/admin/logout",
+        cookies={"pagedchat_admin": signed_out},
+        headers={"Origin": first.base_url},
+        timeout=10,
+    )
     assert out.status_code == 303
     assert admin_status(first, signed_out) == 401
     stop_server(first)

@@ -58,7 +58,9 @@ class Stream(threading.Thread):
 
 def sse(method: str, url: str, body: dict[str, Any] | None = None, cookies: Any = None) -> Stream:
     def run(stream: Stream) -> None:
-        with httpx.stream(method, url, json=body, cookies=cookies, timeout=60) as response:
+        origin = "/".join(url.split("/")[:3])  # cookie-authenticated writes carry their page's origin
+        headers = {"Origin": origin}
+        with httpx.stream(method, url, json=body, cookies=cookies, headers=headers, timeout=60) as response:
             assert response.status_code == 200, response.read()
             stream.opened.set()
             event = None
@@ -94,7 +96,7 @@ def test_sigterm_ends_every_stream_with_its_final_event_within_the_grace_period(
         tmp_path, tiny_model, **{FAULTS_ENV: "step_delay_ms=25", "PAGEDCHAT_SHUTDOWN_GRACE_S": str(GRACE_S)}
     )
     server = start_server(tmp_path, env)
-    http = httpx.Client(base_url=server.base_url, timeout=30)
+    http = httpx.Client(base_url=server.base_url, timeout=30, headers={"Origin": server.base_url})
     http.get("/")  # the browser cookie
     sids = [http.post("/api/sessions", json={"settings": {"max_tokens": 400}}).json()["id"] for _ in range(4)]
     v1_body = {
