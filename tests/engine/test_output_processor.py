@@ -9,7 +9,7 @@ from engine.core.scheduler import Scheduler
 from engine.core.sequence import FinishReason, SamplingParams, Sequence
 from engine.output_processor import OutputProcessor
 from tests.engine.test_detokenizer import make_byte_bpe_tokenizer
-from tests.engine.test_scheduler import make_scheduler
+from tests.engine.scheduler_factories import make_scheduler
 
 TOKENIZER = make_byte_bpe_tokenizer()
 PROMPT = TOKENIZER.encode("Hello world!")
