@@ -7,7 +7,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from engine.core.sequence import FinishReason
-from tests.engine.scheduler_factories import FakeModel, add, live_seqs, make_prompt, make_scheduler, make_seq, step
+from tests.engine.scheduler_factories import (
+    FakeModel,
+    add,
+    live_seqs,
+    make_prompt,
+    make_scheduler,
+    make_seq,
+    step,
+)
 
 # shared prompt stems, so that random prompts hit (and evict) each other's cached blocks
 STEMS = [make_prompt(24, seed) for seed in range(3)]

@@ -8,8 +8,8 @@ from engine.core.outputs import Logprob, RequestOutput
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import FinishReason, SamplingParams, Sequence
 from engine.output_processor import OutputProcessor
-from tests.engine.test_detokenizer import make_byte_bpe_tokenizer
 from tests.engine.scheduler_factories import make_scheduler
+from tests.engine.test_detokenizer import make_byte_bpe_tokenizer
 
 TOKENIZER = make_byte_bpe_tokenizer()
 PROMPT = TOKENIZER.encode("Hello world!")
