@@ -2,6 +2,9 @@
 
 Every page is checked for console errors, so a Content-Security-Policy violation (inline script or style) fails
 the test that caused it. Screenshots land in test-artifacts/.
+
+Over 300 lines on purpose: the flows share module-scoped servers and a browser; split into files, each file would
+start its own (about 10 s each on this machine).
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Limits with clear errors: per-client rate and concurrency, request sizes, and slow readers held to bounded memory."""
+"""Limits with clear errors: per-client rate and concurrency, request sizes, and slow readers held to bounded memory.
+
+A little over 300 lines: one file per limit table of the README (Reliability > Limits), kept whole so the two match.
+"""
 
 from __future__ import annotations
 
