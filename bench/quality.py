@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Target, mean, new_figure, print_report, progress, targets_payload, write_results
-from engine.core.config import MAX_MODEL_LEN_CAP
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +44,8 @@ MODES: dict[str, dict[str, Any]] = {
     "gguf-int8act": {"quantization": "gguf", "int8_activations": True},
 }
 TARGET_GGUF_MEAN_ABS_DLOGPROB = 0.01  # the exact kernel differs from fp32 only in summation order
-DEFAULT_KV_CACHE_BYTES = 64 * 2**20
+DEFAULT_KV_CACHE_BYTES = 256 * 2**20  # SmolLM2 in fp32: ~5.7k tokens; 16 prompts + 64 tokens need ~2k
+DEFAULT_MAX_MODEL_LEN = 1024
 HEADERS = [
     "mode", "quant", "dtype", "prefix agree %", "overall agree %", "identical", "mean |Δlp|", "max |Δlp|", "PPL",
     "decode tok/s",
@@ -140,10 +140,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     base = args.engine_config
     if base.kv_cache_bytes is None:
         base = dataclasses.replace(base, kv_cache_bytes=DEFAULT_KV_CACHE_BYTES)
+    if base.max_model_len is None:  # a pool that holds one max-length sequence, not the model's 4096 tokens
+        base = dataclasses.replace(base, max_model_len=DEFAULT_MAX_MODEL_LEN)
     num_prompts = max(1, min(args.num_prompts, len(PROMPTS)))
     path = resolve_model_path(base.model)
     tokenizer = load_tokenizer(path)  # one tokenization, fed as ids to every mode
-    max_len = min(base.max_model_len or MAX_MODEL_LEN_CAP, int(load_hf_config(path).max_position_embeddings))
+    max_len = min(base.max_model_len, int(load_hf_config(path).max_position_embeddings))
     prompts = [
         list(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                            tokenize=True, return_dict=False))
