@@ -138,14 +138,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from engine.loading.loader import load_hf_config, load_tokenizer, resolve_model_path
 
     base = args.engine_config
+    path = resolve_model_path(base.model)
+    model_limit = int(load_hf_config(path).max_position_embeddings)
     if base.kv_cache_bytes is None:
         base = dataclasses.replace(base, kv_cache_bytes=DEFAULT_KV_CACHE_BYTES)
     if base.max_model_len is None:  # a pool that holds one max-length sequence, not the model's 4096 tokens
-        base = dataclasses.replace(base, max_model_len=DEFAULT_MAX_MODEL_LEN)
+        base = dataclasses.replace(base, max_model_len=min(DEFAULT_MAX_MODEL_LEN, model_limit))
     num_prompts = max(1, min(args.num_prompts, len(PROMPTS)))
-    path = resolve_model_path(base.model)
     tokenizer = load_tokenizer(path)  # one tokenization, fed as ids to every mode
-    max_len = min(base.max_model_len, int(load_hf_config(path).max_position_embeddings))
+    max_len = min(base.max_model_len, model_limit)
     prompts = [
         list(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                            tokenize=True, return_dict=False))
