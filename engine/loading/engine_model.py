@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from engine.core.config import EngineConfig
-from engine.loading.gguf import load_gguf_model
+from engine.loading.gguf import gguf_hf_config, load_gguf_model, open_gguf
 from engine.loading.loader import (
     eos_token_ids,
     load_generation_config,
@@ -94,7 +94,10 @@ def resolve_model_source(config: EngineConfig, device: torch.device) -> ModelSou
 def load_engine_model(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> EngineModel:
     """Resolve the model's source and `config` for this machine, then load the model, tokenizer and EOS ids."""
     source = resolve_model_source(config, device)
-    hf_config = load_hf_config(source.gguf if source.gguf is not None else source.folder)
+    reader = (
+        open_gguf(source.gguf) if source.gguf is not None else None
+    )  # parsed once, for config and weights
+    hf_config = gguf_hf_config(reader) if reader is not None else load_hf_config(source.folder)
     resolved = config.resolve(
         model_max_len=int(hf_config.max_position_embeddings),
         device=str(device.type),
@@ -109,6 +112,7 @@ def load_engine_model(config: EngineConfig, device: torch.device, dtype: torch.d
             quantization=resolved.quantization,
             max_model_len=resolved.max_model_len,
             act_q8=resolved.int8_activations,
+            reader=reader,
         )
     else:
         model, hf_config = load_model(source.folder, dtype, device, max_model_len=resolved.max_model_len)
