@@ -9,6 +9,8 @@ so the permutation moves blocks and never re-quantizes.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -235,5 +237,9 @@ def load_gguf_tokenizer(path: str | Path) -> Any:
     """The tokenizer (with its chat template) that transformers builds from the file's metadata."""
     from transformers import AutoTokenizer
 
-    path = Path(path).expanduser()
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    path = Path(path).expanduser().resolve()
+    # from_pretrained(folder, gguf_file=...) also reads the folder's tokenizer_config.json, which then overrides the
+    # file's chat template (the provisioned default-model folder keeps its GGUF beside such files): a folder of one
+    with tempfile.TemporaryDirectory(prefix="pagedchat-gguf-") as alone:
+        os.symlink(path, Path(alone) / path.name)
+        return AutoTokenizer.from_pretrained(alone, gguf_file=path.name)

@@ -195,3 +195,15 @@ def test_mixed_block_formats_still_load(tmp_path):
     llm = LLM(model=str(path), dtype="float32", kv_cache_bytes=KV_BYTES)
     assert not isinstance(llm.engine.runner.model.layers[0].self_attn.qkv_proj, QuantLinear)
     assert len(_greedy(llm)[0]) == 24
+
+
+def test_a_gguf_beside_another_tokenizer_keeps_its_own(tmp_path):
+    """The provisioned folder holds the GGUF next to tokenizer files: the file's tokenizer and template still win."""
+    from tests.engine.bench_helpers import make_tiny_model_folder
+
+    folder = make_tiny_model_folder(tmp_path / "folder")  # tokenizer_config.json + chat template of its own
+    (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast"}')
+    path = write_tiny_chat_gguf(folder / "tiny.gguf")
+    llm = LLM(model=str(path), dtype="float32", kv_cache_bytes=KV_BYTES)
+    assert llm.tokenizer.chat_template and "<|im_start|>" in llm.tokenizer.chat_template
+    assert len(_greedy(llm)) == len(PROMPTS)
