@@ -207,3 +207,25 @@ def test_a_gguf_beside_another_tokenizer_keeps_its_own(tmp_path):
     llm = LLM(model=str(path), dtype="float32", kv_cache_bytes=KV_BYTES)
     assert llm.tokenizer.chat_template and "<|im_start|>" in llm.tokenizer.chat_template
     assert len(_greedy(llm)) == len(PROMPTS)
+
+
+@pytest.mark.slow
+def test_default_model_on_the_cpu_serves_its_gguf_blocks():
+    """auto on the CPU: SmolLM2's own Q4_1/Q8_0 blocks, the folder's tokenizer and EOS, and the fp32 folder's greedy
+    tokens (bench quality: 16 of 16 prompts identical over 64 tokens; the logits differ by fp32 order only)."""
+    llm = LLM(device="cpu", dtype="float32", kv_cache_bytes=64 * 2**20, max_model_len=512)
+    engine = llm.engine
+    assert (engine.config.quantization, engine.model_name, engine.eos_token_ids) == (
+        "gguf", "smollm2-135m-instruct", frozenset({2}),
+    )  # fmt: skip
+    assert isinstance(engine.runner.model.lm_head, QuantLinear)
+    dense = LLM(
+        device="cpu", dtype="float32", kv_cache_bytes=64 * 2**20, max_model_len=512, quantization="none"
+    )
+    assert not any(isinstance(m, QuantLinear) for m in dense.engine.runner.model.modules())
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    chats = [
+        [{"role": "user", "content": p}] for p in ("What is the capital of France?", "Why is the sky blue?")
+    ]
+    got = [o.outputs[0].token_ids for o in llm.chat(chats, params)]
+    assert got == [o.outputs[0].token_ids for o in dense.chat(chats, params)]
