@@ -245,7 +245,7 @@ def _plot(runs: dict[str, ModeRun]):
         ax_delta.plot(range(length), per_position, label=name)
     ax_delta.set_xlabel("greedy position")
     ax_delta.set_ylabel(f"mean |Δ logprob| vs {REFERENCE}")
-    ax_delta.set_yscale("symlog", linthresh=1e-5)  # the exact mode can be 0 at some positions
+    ax_delta.set_yscale("symlog", linthresh=1e-7)  # the exact mode can be 0 at some positions
     ax_delta.legend(fontsize=8)
     names = list(runs)
     ax_ppl.bar(names, [perplexity(runs[n].text_logprobs) for n in names])
