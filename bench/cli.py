@@ -1,4 +1,4 @@
-"""`pagedchat bench {throughput,memory,serving,multiturn}`: argument parsing and dispatch."""
+"""`pagedchat bench {throughput,memory,serving,multiturn,quality}`: argument parsing and dispatch."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ BENCHMARKS = {
     "memory": "paged KV waste and concurrency vs contiguous max-length reservation",
     "serving": "OpenAI-API load test (Poisson rates or fixed concurrency): pagedchat vs an HF one-at-a-time server",
     "multiturn": "N users x K turns with a shared system prompt: session API and /v1, prefix caching on and off",
+    "quality": "quantization vs the fp32 model: greedy agreement, |Δ logprob| (teacher-forced), perplexity",
 }
 EXTRA = ("tqdm", "matplotlib", "openai")  # the `bench` extra of pyproject.toml
 

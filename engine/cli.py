@@ -107,9 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    if args.command == "generate":
-        return _generate(args)
-    return _chat(args)
+    try:
+        return _generate(args) if args.command == "generate" else _chat(args)
+    except (
+        ValueError
+    ) as exc:  # bad input (a missing model file, an impossible option): a line, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from pathlib import Path
 
 import torch
 
@@ -15,14 +14,7 @@ from engine.core.outputs import RequestOutput, SchedulerOutput
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import SamplingParams, Sequence
 from engine.core.stats import EngineStats, PoolSnapshot
-from engine.loading.loader import (
-    eos_token_ids,
-    load_generation_config,
-    load_hf_config,
-    load_model,
-    load_tokenizer,
-    resolve_model_path,
-)
+from engine.loading.engine_model import load_engine_model
 from engine.output_processor import OutputProcessor
 from engine.worker.device import resolve_device, resolve_dtype
 from engine.worker.kv_cache import KVCacheSpec, num_blocks_for_budget
@@ -41,17 +33,10 @@ class LLMEngine:
         dtype = resolve_dtype(config.dtype, device)
         if config.num_threads is not None and device.type == "cpu":
             torch.set_num_threads(config.num_threads)
-        path = resolve_model_path(config.model)
-        self.model_name = path.name if Path(config.model).exists() else config.model
-        hf_config = load_hf_config(path)
-        self.config = config.resolve(
-            model_max_len=int(hf_config.max_position_embeddings),
-            device=str(device.type),
-            dtype=str(dtype).removeprefix("torch."),
-        )
-        model, hf_config = load_model(path, dtype, device, max_model_len=self.config.max_model_len)
-        self.tokenizer = load_tokenizer(path)
-        self.eos_token_ids = eos_token_ids(hf_config, load_generation_config(path), self.tokenizer)
+        loaded = load_engine_model(config, device, dtype)
+        self.config, self.model_name = loaded.config, loaded.model_name
+        model, hf_config, self.tokenizer = loaded.model, loaded.hf_config, loaded.tokenizer
+        self.eos_token_ids = loaded.eos_token_ids
         self.vocab_size = int(hf_config.vocab_size)
         spec = KVCacheSpec(
             num_layers=model.args.num_layers,

@@ -9,7 +9,7 @@ USAGE = """usage: pagedchat {serve,generate,chat,bench} ...
   serve      run the chat service: browser UI, OpenAI-compatible API, admin page
   generate   generate replies to prompts with the engine
   chat       interactive terminal chat
-  bench      benchmarks: throughput, memory, serving, multiturn
+  bench      benchmarks: throughput, memory, serving, multiturn, quality
 
 Run `pagedchat COMMAND --help` for the options of each."""
 

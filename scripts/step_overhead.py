@@ -1,5 +1,6 @@
 """Per-step time at batch 1 split into the model (layers + logits) and everything else (scheduling, inputs, sampling,
-detokenization): `python scripts/step_overhead.py [--tokens N] [--repeats R]`. Prints one JSON line."""
+detokenization): `python scripts/step_overhead.py [--tokens N] [--repeats R] [--quantization none|gguf]`. Prints one
+JSON line."""
 
 from __future__ import annotations
 
@@ -19,8 +20,16 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--quantization", default="auto", choices=("auto", "gguf", "none"))
+    parser.add_argument("--int8-activations", action="store_true")
     args = parser.parse_args()
-    llm = LLM(model=args.model, dtype=args.dtype)
+    llm = LLM(
+        model=args.model,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        int8_activations=args.int8_activations,
+        kv_cache_bytes=256 * 2**20,
+    )
     engine = llm.engine
     model = engine.runner.model
     forward_s: list[float] = []  # per step: the layers' forward plus the logits matmul
@@ -57,6 +66,8 @@ def main() -> None:
         json.dumps(
             {
                 "threads": torch.get_num_threads(),
+                "quantization": engine.config.quantization,
+                "int8_activations": engine.config.int8_activations,
                 "decode_step_ms_p50": round(statistics.median(step_ms), 3),
                 "outside_forward_ms_p50": round(statistics.median(overhead_ms), 3),
             }

@@ -10,6 +10,7 @@ from engine.core.options import check_choices, option
 DEFAULT_MODEL = "smollm2-135m-instruct"
 CPU_DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
 MAX_MODEL_LEN_CAP = 4096
+QUANTIZATIONS = ("auto", "gguf", "none")
 
 
 @dataclass(frozen=True)
@@ -18,13 +19,26 @@ class EngineConfig:
 
     # One line per knob: the engine flags of every subcommand and the PAGEDCHAT_* variables of `pagedchat serve`
     # are derived from these fields (engine/core/options.py).
-    model: str = option(DEFAULT_MODEL, "a local HF folder or smollm2-135m-instruct")
+    model: str = option(
+        DEFAULT_MODEL, "a local HF folder, a Llama-family .gguf file, or smollm2-135m-instruct"
+    )
     dtype: str = option(
         "auto",
         "auto: bf16 where the CPU/GPU supports it, else fp32",
         choices=("auto", "float32", "bfloat16", "float16"),
     )
     device: str = option("auto", "auto: cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
+    quantization: str = option(
+        "auto",
+        "gguf: keep a GGUF model's Q4_0/Q4_1/Q8_0 blocks and multiply them in fp32 (CPU only); none: float weights "
+        f"in dtype; auto: gguf for a GGUF model ({DEFAULT_MODEL} comes from one) on the CPU, else none",
+        choices=QUANTIZATIONS,
+    )
+    int8_activations: bool = option(
+        False,
+        "quantization gguf only: round decode activations to int8 per 32 values, as llama.cpp does "
+        "(faster linears on AVX2, logits move slightly: see `pagedchat bench quality`)",
+    )
     attention_backend: str = option(
         "auto", "auto: triton on CUDA, torch elsewhere", choices=("auto", "torch", "triton")
     )
@@ -67,8 +81,11 @@ class EngineConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least block_size ({self.block_size})"
             )
 
-    def resolve(self, *, model_max_len: int, device: str, dtype: str) -> EngineConfig:
-        """A copy with `auto` and `None` replaced by concrete values for this model and machine."""
+    def resolve(self, *, model_max_len: int, device: str, dtype: str, model_is_gguf: bool) -> EngineConfig:
+        """A copy with `auto` and `None` replaced by concrete values for this model and machine.
+
+        `model_is_gguf`: the weights come from a GGUF file (a .gguf model, or the default model's own file).
+        """
         max_model_len = self.max_model_len
         if max_model_len is None:
             max_model_len = min(model_max_len, MAX_MODEL_LEN_CAP)
@@ -84,7 +101,28 @@ class EngineConfig:
             self,
             device=device,
             dtype=dtype,
+            quantization=self.resolve_quantization(device=device, model_is_gguf=model_is_gguf),
             attention_backend=backend,
             max_model_len=max_model_len,
             max_num_batched_tokens=batched,
         )
+
+    def resolve_quantization(self, *, device: str, model_is_gguf: bool) -> str:
+        """`auto` -> gguf for GGUF weights on the CPU, else none; an impossible explicit choice raises ValueError."""
+        quantization = self.quantization
+        if quantization == "auto":
+            quantization = "gguf" if model_is_gguf and device == "cpu" else "none"
+        elif quantization == "gguf" and device != "cpu":
+            raise ValueError(
+                f"quantization 'gguf' runs on the CPU only, not on {device}: use quantization 'none' or 'auto'"
+            )
+        elif quantization == "gguf" and not model_is_gguf:
+            raise ValueError(
+                f"quantization 'gguf' needs a GGUF model (a .gguf file or {DEFAULT_MODEL!r}), got {self.model!r}"
+            )
+        if self.int8_activations and quantization != "gguf":
+            raise ValueError(
+                f"int8_activations needs quantization 'gguf', but quantization resolves to {quantization!r} "
+                f"(model {self.model!r} on {device})"
+            )
+        return quantization

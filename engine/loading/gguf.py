@@ -9,6 +9,8 @@ so the permutation moves blocks and never re-quantizes.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -189,6 +191,7 @@ def load_gguf_model(
     quantization: str = "gguf",
     max_model_len: int | None = None,
     act_q8: bool = False,
+    reader: Any | None = None,
 ) -> tuple[LlamaForCausalLM, Any]:
     """The model of a GGUF file and its LlamaConfig; eval mode, no grad.
 
@@ -197,13 +200,14 @@ def load_gguf_model(
     logits by up to ~0.7 (one top-1 change in 32 positions) for ~1.4x less CPU time in the linears on an AVX2
     machine, hence off by default.
     "none" dequantizes every weight to dtype. Norms, the embedding and biases are always loaded in dtype.
+    `reader`: open_gguf(path) when the caller has it already (parsing the metadata takes seconds for a large vocab).
     """
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization {quantization!r} is not supported; supported: {QUANTIZATIONS}")
     if quantization == "gguf" and torch.device(device).type != "cpu":
         raise ValueError(f"quantization='gguf' runs on the CPU only, not {device}; use quantization='none'")
     start = time.monotonic()
-    reader = open_gguf(path)
+    reader = open_gguf(path) if reader is None else reader
     hf_config = gguf_hf_config(reader)
     args = ModelArgs.from_hf_config(hf_config, max_model_len=max_model_len)
     with torch.device("meta"):  # no random init: every weight is overwritten by the file's
@@ -233,5 +237,9 @@ def load_gguf_tokenizer(path: str | Path) -> Any:
     """The tokenizer (with its chat template) that transformers builds from the file's metadata."""
     from transformers import AutoTokenizer
 
-    path = Path(path).expanduser()
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    path = Path(path).expanduser().resolve()
+    # from_pretrained(folder, gguf_file=...) also reads the folder's tokenizer_config.json, which then overrides the
+    # file's chat template (the provisioned default-model folder keeps its GGUF beside such files): a folder of one
+    with tempfile.TemporaryDirectory(prefix="pagedchat-gguf-") as alone:
+        os.symlink(path, Path(alone) / path.name)
+        return AutoTokenizer.from_pretrained(alone, gguf_file=path.name)

@@ -1,4 +1,4 @@
-"""Finding a model folder, building the model from it, and reading its tokenizer and EOS ids."""
+"""Finding a model (folder or GGUF file), building the model from a folder, and reading its tokenizer and EOS ids."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from engine.loading.gguf import gguf_hf_config, is_gguf_file, load_gguf_tokenizer, open_gguf
 from engine.loading.provision import DEFAULT_MODEL_NAME, provision_default_model
 from engine.models.llama import LlamaForCausalLM, ModelArgs
 
@@ -16,8 +17,10 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_model_path(name_or_path: str) -> Path:
-    """A local HF folder (config.json + *.safetensors) as is, or the default model provisioned on first use."""
+    """A local HF folder (config.json + *.safetensors) or GGUF file as is, or the default model's folder."""
     path = Path(name_or_path).expanduser()
+    if path.suffix == ".gguf":
+        return check_gguf_path(path)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ValueError(f"model folder {path} has no config.json")
@@ -27,20 +30,31 @@ def resolve_model_path(name_or_path: str) -> Path:
     if name_or_path == DEFAULT_MODEL_NAME:
         return provision_default_model(name_or_path)
     raise ValueError(
-        f"model {name_or_path!r} is neither a local folder with config.json and *.safetensors "
-        f"nor the provisioned name {DEFAULT_MODEL_NAME!r}"
+        f"model {name_or_path!r} is neither a local folder with config.json and *.safetensors, "
+        f"nor a .gguf file, nor the provisioned name {DEFAULT_MODEL_NAME!r}"
     )
 
 
+def check_gguf_path(path: Path) -> Path:
+    """`path` when it is a readable GGUF file; ValueError naming what is wrong otherwise."""
+    if not path.exists():
+        raise ValueError(f"GGUF model file {path} does not exist")
+    if not is_gguf_file(path):
+        raise ValueError(f"{path} is not a GGUF file (no GGUF magic bytes at its start)")
+    return path
+
+
 def load_hf_config(path: Path) -> Any:
-    """The transformers config of a model folder."""
+    """The transformers config of a model folder, or the LlamaConfig of a GGUF file's metadata."""
     from transformers import AutoConfig
 
+    if Path(path).suffix == ".gguf":
+        return gguf_hf_config(open_gguf(path))
     return AutoConfig.from_pretrained(str(path))
 
 
 def load_generation_config(path: Path) -> Any | None:
-    """The folder's generation_config.json as a GenerationConfig, or None when it has none."""
+    """The folder's generation_config.json as a GenerationConfig, or None when it has none (or is a GGUF file)."""
     from transformers import GenerationConfig
 
     if not (Path(path) / "generation_config.json").is_file():
@@ -49,9 +63,11 @@ def load_generation_config(path: Path) -> Any | None:
 
 
 def load_tokenizer(path: Path) -> Any:
-    """The folder's tokenizer (fast when available)."""
+    """The folder's tokenizer (fast when available), or the one built from a GGUF file's metadata."""
     from transformers import AutoTokenizer
 
+    if Path(path).suffix == ".gguf":
+        return load_gguf_tokenizer(path)
     return AutoTokenizer.from_pretrained(str(path))
 
 

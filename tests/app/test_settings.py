@@ -106,6 +106,8 @@ def _non_default_config() -> EngineConfig:
         model="/models/tiny",
         dtype="float32",
         device="cpu",
+        quantization="gguf",
+        int8_activations=True,
         attention_backend="torch",
         block_size=32,
         memory_utilization=0.5,

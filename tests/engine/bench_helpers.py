@@ -20,13 +20,11 @@ _TRAINING_TEXT = [
 ]
 
 
-def make_tiny_model_folder(path: Path, *, seed: int = 0, max_position_embeddings: int = 4096) -> Path:
-    """Write a 2-layer random Llama with a trained byte-level BPE tokenizer into `path`; returns `path`."""
-    import torch
+def make_tiny_tokenizer():
+    """A byte-level BPE tokenizer (~400 tokens) trained on a few sentences, with a ChatML template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    path.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -42,6 +40,16 @@ def make_tiny_model_folder(path: Path, *, seed: int = 0, max_position_embeddings
         unk_token="<|endoftext|>",
     )
     tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+def make_tiny_model_folder(path: Path, *, seed: int = 0, max_position_embeddings: int = 4096) -> Path:
+    """Write a 2-layer random Llama with a trained byte-level BPE tokenizer into `path`; returns `path`."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = make_tiny_tokenizer()
     tokenizer.save_pretrained(str(path))
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     config = LlamaConfig(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -93,8 +95,27 @@ def expected_dequantized(w: np.ndarray, kind: T) -> torch.Tensor:
     return torch.from_numpy(gguf.quants.dequantize(encode(w, kind), kind).copy())
 
 
-def write_tiny_gguf(path: Path, cfg: TinyLlama, seed: int = 0) -> dict[str, np.ndarray]:
-    """Write the tiny model to `path`; returns its fp32 weights by GGUF name, in HF row order."""
+def add_tokenizer(writer: gguf.GGUFWriter, tokenizer: Any) -> None:
+    """A byte-level BPE tokenizer as llama.cpp stores it: tokens by id, their types, merges, special ids."""
+    vocab = tokenizer.get_vocab()
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    assert [vocab[t] for t in tokens] == list(range(len(tokens))), "token ids must be dense"
+    special = set(tokenizer.all_special_tokens)
+    merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(
+        [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens]
+    )
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    writer.add_chat_template(tokenizer.chat_template)
+
+
+def write_tiny_gguf(
+    path: Path, cfg: TinyLlama, seed: int = 0, tokenizer: Any | None = None
+) -> dict[str, np.ndarray]:
+    """Write the tiny model (with `tokenizer`'s vocabulary when given) to `path`; returns its fp32 weights by GGUF
+    name, in HF row order."""
     weights = hf_weights(cfg, seed)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_context_length(cfg.context_length)
@@ -109,7 +130,10 @@ def write_tiny_gguf(path: Path, cfg: TinyLlama, seed: int = 0) -> dict[str, np.n
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_bos_token_id(cfg.bos_token_id)
     writer.add_eos_token_id(cfg.eos_token_id)
-    writer.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    if tokenizer is None:
+        writer.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    else:
+        add_tokenizer(writer, tokenizer)
     for name, w in weights.items():
         if ".attn_q." in name:
             w = llama_cpp_permute(w, cfg.num_heads)
@@ -122,3 +146,18 @@ def write_tiny_gguf(path: Path, cfg: TinyLlama, seed: int = 0) -> dict[str, np.n
     writer.write_tensors_to_file()
     writer.close()
     return weights
+
+
+def write_tiny_chat_gguf(path: Path, seed: int = 0, **overrides: Any) -> Path:
+    """The tiny model with a trained byte-level BPE tokenizer and a ChatML template: loadable by LLM(model=path)."""
+    from tests.engine.bench_helpers import make_tiny_tokenizer
+
+    tokenizer = make_tiny_tokenizer()
+    cfg = TinyLlama(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **overrides,
+    )
+    write_tiny_gguf(path, cfg, seed, tokenizer=tokenizer)
+    return path

@@ -1,4 +1,4 @@
-"""Greedy SmolLM2 output equals HF transformers' generate, token for token, in fp32."""
+"""Greedy SmolLM2 output equals HF transformers' generate, token for token, in fp32 (quantization none)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def model_path():
 def hf_reference(model_path):
     """HF greedy continuations, one request at a time, and the model for near-tie checks."""
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    llm = LLM(model=str(model_path), dtype="float32", kv_cache_bytes=256 * 2**20)
+    llm = LLM(model=str(model_path), dtype="float32", quantization="none", kv_cache_bytes=256 * 2**20)
     prompts = [llm.engine.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
     eos = sorted(llm.engine.eos_token_ids)
     outputs = []
@@ -76,6 +76,7 @@ def test_greedy_equals_hf(hf_reference, model_path, batched, caching):
     llm = LLM(
         model=str(model_path),
         dtype="float32",
+        quantization="none",  # explicit: the fp32 weights HF runs, whatever auto would pick
         kv_cache_bytes=256 * 2**20,
         enable_prefix_caching=caching,
     )

