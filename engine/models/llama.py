@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.rope import RopeInputs, apply_rope, rope_cos_sin, rope_inv_freq
-from engine.native.fused_ops import CpuOps, load_cpu_ops
+from engine.native.fused_ops import SUPPORTED_DTYPES, CpuOps, load_cpu_ops
 from engine.native.onednn import Linear
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ class ModelArgs:
 class RMSNorm(nn.Module):
     """Root-mean-square norm; torch's fused kernel (in bf16 it rounds once where HF rounds twice)."""
 
-    ops: CpuOps | None = None  # fused bf16 CPU ops, set by LlamaForCausalLM.use_cpu_fast_paths
+    ops: CpuOps | None = None  # fused CPU ops, set by LlamaForCausalLM.use_cpu_fast_paths
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -225,12 +225,13 @@ class LlamaForCausalLM(nn.Module):
         return h
 
     def use_cpu_fast_paths(self) -> tuple[int, bool]:
-        """Prepack bf16 linear weights and attach the fused bf16 ops (call once the weights are final).
+        """Prepack bf16 linear weights and attach the fused CPU ops (call once the weights are final).
 
-        Returns (linears packed, fused ops attached); both stay unused for fp32 weights and activations.
+        Returns (linears packed, fused ops attached). fp32 linears are not packed (oneDNN's fp32 GEMM is torch's
+        own); the fused ops serve bf16 and fp32 activations alike.
         """
         num_packed = sum(m.pack() for m in self.modules() if isinstance(m, Linear))
-        ops = load_cpu_ops() if self.embed_tokens.weight.dtype == torch.bfloat16 else None
+        ops = load_cpu_ops() if self.embed_tokens.weight.dtype in SUPPORTED_DTYPES else None
         for module in self.modules():
             if isinstance(module, (RMSNorm, Attention, MLP)):
                 module.ops = ops

@@ -1,9 +1,10 @@
-/* Fused bf16 elementwise ops of the Llama family for the CPU: residual add + RMSNorm, SiLU(gate) * up, RoPE.
+/* Fused elementwise ops of the Llama family for the CPU: residual add + RMSNorm, SiLU(gate) * up, RoPE, in bf16
+ * and in fp32 (the `_f32` twins).
  *
- * Built and loaded by engine/native/fused_ops.py. Each op reads and writes its rows once and rounds to bf16 once
- * (torch's bf16 ops round after every step and make several passes). Math in fp32; 16-float vectors
- * (simd.h) with a scalar tail, so any width works. Rows are split over OpenMP threads only when there
- * are enough elements to pay for waking them.
+ * Built and loaded by engine/native/fused_ops.py. Each op reads and writes its rows once and, in bf16, rounds once
+ * (torch's bf16 ops round after every step and make several passes); at a decode batch one call also replaces
+ * several torch dispatches. Math in fp32; 16-float vectors (simd.h) with a scalar tail, so any width works. Rows
+ * are split over OpenMP threads only when there are enough elements to pay for waking them.
  */
 #include "simd.h"
 
@@ -80,6 +81,72 @@ void rope(bf16 *x, int64_t x_row, int64_t x_head, const int64_t *positions, cons
                 const float av = bf16_to_f32(a[i]), bv = bf16_to_f32(b[i]);
                 a[i] = round_bf16(av * bf16_to_f32(cos[i]) + bv * bf16_to_f32(sin[i]));
                 b[i] = round_bf16(bv * bf16_to_f32(cos[half + i]) + av * bf16_to_f32(sin[half + i]));
+            }
+        }
+    }
+}
+
+/* fp32 twins of the three ops above: the same math without the bf16 rounding. */
+void add_rms_norm_f32(float *residual, int64_t res_row, const float *delta, int64_t delta_row, const float *weight,
+                      float *out, int64_t out_row, int rows, int dim, float eps, int num_threads) {
+    const int vec_end = dim - dim % W;
+#pragma omp parallel for num_threads(threads_for((int64_t)rows * dim, num_threads))
+    for (int r = 0; r < rows; r++) {
+        float *x = residual + r * res_row;
+        const float *d = delta ? delta + r * delta_row : NULL;
+        float *o = out + r * out_row;
+        vf ss_v = {0};
+        float ss = 0.f;
+        for (int i = 0; i < vec_end; i += W) {
+            vf v = load_f32(x + i);
+            if (d) {
+                v += load_f32(d + i);
+                store_f32(x + i, v);
+            }
+            ss_v += v * v;
+        }
+        for (int i = vec_end; i < dim; i++) {
+            if (d) x[i] += d[i];
+            ss += x[i] * x[i];
+        }
+        const float inv = 1.0f / sqrtf((hsum(ss_v) + ss) / dim + eps);
+        for (int i = 0; i < vec_end; i += W) store_f32(o + i, load_f32(x + i) * inv * load_f32(weight + i));
+        for (int i = vec_end; i < dim; i++) o[i] = x[i] * inv * weight[i];
+    }
+}
+
+void silu_mul_f32(const float *gate_up, int64_t in_row, float *out, int64_t out_row, int rows, int width,
+                  int num_threads) {
+    const int vec_end = width - width % W;
+#pragma omp parallel for num_threads(threads_for((int64_t)rows * width, num_threads))
+    for (int r = 0; r < rows; r++) {
+        const float *g = gate_up + r * in_row, *u = g + width;
+        float *o = out + r * out_row;
+        for (int i = 0; i < vec_end; i += W) {
+            const vf x = load_f32(g + i);
+            store_f32(o + i, x / (1.0f + vexp(-x)) * load_f32(u + i));
+        }
+        for (int i = vec_end; i < width; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+void rope_f32(float *x, int64_t x_row, int64_t x_head, const int64_t *positions, const float *table, int64_t t_row,
+              int rows, int num_heads, int head_dim, int num_threads) {
+    const int half = head_dim / 2, vec_end = half - half % W;
+#pragma omp parallel for num_threads(threads_for((int64_t)rows * num_heads * head_dim, num_threads))
+    for (int r = 0; r < rows; r++) {
+        const float *cos = table + positions[r] * t_row, *sin = cos + head_dim;
+        for (int h = 0; h < num_heads; h++) {
+            float *a = x + r * x_row + h * x_head, *b = a + half;
+            for (int i = 0; i < vec_end; i += W) {
+                const vf av = load_f32(a + i), bv = load_f32(b + i);
+                store_f32(a + i, av * load_f32(cos + i) + bv * load_f32(sin + i));
+                store_f32(b + i, bv * load_f32(cos + half + i) + av * load_f32(sin + half + i));
+            }
+            for (int i = vec_end; i < half; i++) {
+                const float av = a[i], bv = b[i];
+                a[i] = av * cos[i] + bv * sin[i];
+                b[i] = bv * cos[half + i] + av * sin[half + i];
             }
         }
     }

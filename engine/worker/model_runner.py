@@ -29,7 +29,7 @@ class ModelRunner:
         self.backend = make_attention_backend(config.attention_backend)
         if self.device.type == "cpu" and hasattr(model, "use_cpu_fast_paths"):
             num_packed, fused = model.use_cpu_fast_paths()
-            logger.info("CPU fast paths: %d prepacked linear weights, fused bf16 ops %s", num_packed, fused)
+            logger.info("CPU fast paths: %d prepacked linear weights, fused ops %s", num_packed, fused)
         # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         shape = (spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
         self.kv_cache = zeros_on_huge_pages(shape, spec.dtype, self.device)

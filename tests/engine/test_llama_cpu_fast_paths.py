@@ -1,5 +1,5 @@
-"""CPU fast paths: prepacked bf16 linears give F.linear's results; the fused bf16 ops match torch's to one
-rounding; a bf16 model keeps its logits with them on, an fp32 model does not use them at all."""
+"""CPU fast paths: prepacked bf16 linears give F.linear's results; the fused ops match torch's to one rounding in
+bf16 and to fp32 rounding in fp32; a bf16 model keeps its logits with them on, an fp32 model its logits to ~1e-6."""
 
 from __future__ import annotations
 
@@ -121,8 +121,47 @@ def test_bf16_model_with_fast_paths_is_as_close_to_fp32_as_torch_bf16(kind, seed
     assert fast_error.max() < 0.15 and fast_error.mean() < 1.25 * plain_error.mean()
 
 
-def test_fp32_model_is_untouched():
+def test_fp32_model_with_the_fused_ops_keeps_its_logits():
     model = make_model_from_hf(make_hf_model("llama", seed=4))
     before = _logits(model)
-    assert model.use_cpu_fast_paths() == (0, False)
-    assert torch.equal(_logits(model), before)
+    assert model.use_cpu_fast_paths() == (0, OPS is not None)  # fp32 linears are never packed
+    torch.testing.assert_close(_logits(model), before, atol=2e-5, rtol=1e-5)
+
+
+FP32_ROUNDING = dict(atol=2e-6, rtol=1e-5)  # an fp32 op against torch's fp32 ops: summation order only
+
+
+@needs_ops
+@pytest.mark.parametrize("rows,dim", [(1, 576), (64, 100), (512, 576)])
+def test_fp32_twins_match_torch(rows, dim):
+    gen = torch.Generator().manual_seed(rows)
+    residual, delta = 3 * torch.randn(rows, dim, generator=gen), torch.randn(rows, dim, generator=gen)
+    weight = 1 + 0.2 * torch.randn(dim, generator=gen)
+    updated = residual.clone()
+    out = OPS.add_rms_norm_(updated, delta, weight, 1e-5)
+    assert torch.equal(updated, residual + delta)
+    torch.testing.assert_close(out, F.rms_norm(residual + delta, (dim,), weight, 1e-5), **FP32_ROUNDING)
+    torch.testing.assert_close(
+        OPS.add_rms_norm_(residual.clone(), None, weight, 1e-5), F.rms_norm(residual, (dim,), weight, 1e-5)
+    )
+    gate_up = 4 * torch.randn(rows, 2 * dim, generator=gen)
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(OPS.silu_mul(gate_up), F.silu(gate) * up, **FP32_ROUNDING)
+
+
+@needs_ops
+def test_fp32_rope_twin_matches_apply_rope():
+    from engine.models.llama import ModelArgs
+    from engine.models.rope import rope_cos_sin
+
+    args = ModelArgs(100, 64, 64, 1, 6, 2, 64, max_seq_len=512, rope_theta=10000.0)
+    table = rope_cos_sin(args)
+    qkv = torch.randn(9, 10 * 64, generator=torch.Generator().manual_seed(8))
+    positions = torch.randint(0, 512, (9,), generator=torch.Generator().manual_seed(9))
+    qk = qkv[:, : 8 * 64].view(9, 8, 64)
+    cos_sin = table[positions]
+    expected = apply_rope(qk, cos_sin[:, 0:1], cos_sin[:, 1:2])
+    before_v = qkv[:, 8 * 64 :].clone()
+    assert OPS.rope_(qk, positions, table) is qk
+    torch.testing.assert_close(qk, expected, **FP32_ROUNDING)
+    assert torch.equal(qkv[:, 8 * 64 :], before_v)
