@@ -240,6 +240,99 @@ static void dot_rows(int qtype, int act_q8, const uint8_t *wrow, int nb, int bb,
     }
 }
 
+#ifdef QL_AVX2
+/* Single-row decode (the common case of a chat): the block's scale and minimum are applied to the block's dot
+ * product rather than to each weight, so the inner loop is integer unpacking plus 4 FMAs (exact) or one
+ * maddubs/madd pair (q8). For a row x with per-block sums sx:
+ *   Q4_1: sum_b d_b * dot(q_b, x_b) + m_b * sx_b      Q4_0: sum_b d_b * (dot(q_b, x_b) - 8 sx_b)
+ *   Q8_0: sum_b d_b * dot(q_b, x_b)
+ * Exact mode equals the dequantize-then-multiply result up to fp32 rounding order. */
+static inline __attribute__((always_inline)) float row1_exact(int qtype, const uint8_t *wrow, int nb, int bb,
+                                                              const float *x, const float *sx) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float corr = 0.0f;
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = wrow + (int64_t)b * bb;
+        const float *xb = x + b * QK;
+        __m256 q[4];
+        if (qtype == Q8_0) {
+            for (int k = 0; k < 4; k++)
+                q[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * k))));
+        } else {
+            const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (qtype == Q4_1 ? 4 : 2)));
+            const __m128i lo = _mm_and_si128(raw, mask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+            q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+            q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+            q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+            q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+        }
+        __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb)), u = _mm256_mul_ps(q[1], _mm256_loadu_ps(xb + 8));
+        t = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xb + 16), t);
+        u = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), u);
+        const float d = fp16_at(blk);
+        if (b & 1)
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_add_ps(t, u), acc1);
+        else
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_add_ps(t, u), acc0);
+        if (qtype == Q4_1) corr += fp16_at(blk + 2) * sx[b];
+        if (qtype == Q4_0) corr -= 8.0f * d * sx[b];
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1)) + corr;
+}
+
+static inline __attribute__((always_inline)) float row1_q8(int qtype, const uint8_t *wrow, int nb, int bb, ActQ8 a) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float corr = 0.0f;
+    const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = wrow + (int64_t)b * bb;
+        __m256i xq = _mm256_loadu_si256((const __m256i *)(a.qx + b * QK)), w;
+        if (qtype == Q8_0) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 2));
+            xq = _mm256_sign_epi8(xq, raw);
+            w = _mm256_sign_epi8(raw, raw); /* maddubs wants unsigned x signed: |w| * (x * sign(w)) */
+        } else {
+            const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (qtype == Q4_1 ? 4 : 2)));
+            w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), mask);
+        }
+        /* |w| <= 128 and |x| <= 127: a pair of products sums to at most 2 * 128 * 127 < 2^15, no saturation */
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, xq), ones));
+        const float d = fp16_at(blk);
+        if (b & 1)
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d * a.dx[b]), p, acc1);
+        else
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d * a.dx[b]), p, acc0);
+        if (qtype == Q4_1) corr += fp16_at(blk + 2) * a.sx[b];
+        if (qtype == Q4_0) corr -= 8.0f * d * a.sx[b];
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1)) + corr;
+}
+
+/* y[o] = x . W[o] (+ bias[o]) for one activation row; sx: the per-block sums of x (exact) or a (q8). */
+static inline __attribute__((always_inline)) void linear_row1_of(int qtype, int act_q8, const uint8_t *w,
+                                                                 int64_t w_row_bytes, int out_features, int nb,
+                                                                 const float *x, const float *sx, ActQ8 a,
+                                                                 const float *bias, float *y, int threads) {
+    const int bb = block_bytes(qtype);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int o = 0; o < out_features; o++) {
+        const uint8_t *wrow = w + (int64_t)o * w_row_bytes;
+        const float dot = act_q8 ? row1_q8(qtype, wrow, nb, bb, a) : row1_exact(qtype, wrow, nb, bb, x, sx);
+        y[o] = dot + (bias ? bias[o] : 0.0f);
+    }
+}
+
+static void linear_row1(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, int out_features, int nb,
+                        const float *x, const float *sx, ActQ8 a, const float *bias, float *y, int threads) {
+    switch (qtype) {
+    case Q4_0: linear_row1_of(Q4_0, act_q8, w, w_row_bytes, out_features, nb, x, sx, a, bias, y, threads); break;
+    case Q4_1: linear_row1_of(Q4_1, act_q8, w, w_row_bytes, out_features, nb, x, sx, a, bias, y, threads); break;
+    default: linear_row1_of(Q8_0, act_q8, w, w_row_bytes, out_features, nb, x, sx, a, bias, y, threads); break;
+    }
+}
+#endif
+
 /* y[r, o] = x[r] . W[o] (+ bias[o]) for every row r < rows and output o. 0 on success; -1: a bad type or width;
  * -2: out of memory. Meant for few rows (decode): each weight row is read once for all of them. */
 int quant_linear(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, int out_features, int in_features,
@@ -258,6 +351,25 @@ int quant_linear(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, i
         }
         quantize_act(x, x_row, rows, in_features, a);
     }
+#ifdef QL_AVX2
+    if (rows == 1) {
+        float sx_stack[256], *sx = nb <= 256 ? sx_stack : malloc(sizeof(float) * (size_t)nb);
+        if (!sx) {
+            free(a.qx), free(a.dx), free(a.sx);
+            return -2;
+        }
+        for (int b = 0; !act_q8 && b < nb; b++) {
+            __m256 s = _mm256_loadu_ps(x + b * QK);
+            for (int k = 1; k < 4; k++) s = _mm256_add_ps(s, _mm256_loadu_ps(x + b * QK + 8 * k));
+            sx[b] = hsum8(s);
+        }
+        linear_row1(qtype, act_q8, w, w_row_bytes, out_features, nb, x, sx, a, bias, y,
+                    threads_for((int64_t)out_features * in_features, num_threads));
+        if (sx != sx_stack) free(sx);
+        free(a.qx), free(a.dx), free(a.sx);
+        return 0;
+    }
+#endif
 #pragma omp parallel for schedule(static) num_threads(threads_for((int64_t)out_features * in_features, num_threads))
     for (int o = 0; o < out_features; o++) {
         const uint8_t *wrow = w + (int64_t)o * w_row_bytes;

@@ -172,6 +172,21 @@ def test_quant_linear_module(monkeypatch, use_kernel, rows):
     torch.testing.assert_close(y_bf16.float(), x.bfloat16().float() @ ref.T + bias, rtol=2**-7, atol=1e-2)
 
 
+@needs_kernel
+@pytest.mark.parametrize("qtype", list(QuantType))
+@pytest.mark.parametrize("act_q8", [False, True])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_module_decode_path_equals_the_checked_kernel_call(qtype, act_q8, rows):
+    """2-D fp32 rows take QuantLinear's lean decode path; it gives `linear`'s result bit for bit, bias included."""
+    weight, _ = make_weight(qtype, 101, 160, seed=6)
+    bias = torch.randn(101)
+    layer = QuantLinear(weight, bias, act_q8=act_q8)
+    x = make_x(rows, 160, seed=7)
+    assert torch.equal(layer(x), KERNEL.linear(x, weight, bias, act_q8=act_q8))
+    strided = make_x(rows, 320, seed=8)[:, ::2]  # not unit stride: the general path copies it first
+    assert torch.equal(layer(strided), KERNEL.linear(strided.contiguous(), weight, bias, act_q8=act_q8))
+
+
 @pytest.mark.parametrize("qtype", list(QuantType))
 def test_select_rows_and_cat_move_whole_blocks(qtype):
     a, ref_a = make_weight(qtype, 12, 96, seed=6)
