@@ -80,7 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "none skips them (default 1,16,64)",
     )
     parser.add_argument(
-        "--num-requests", type=int, default=48, help="requests per load point (closed loop: at least 2 x concurrency)"
+        "--num-requests",
+        type=int,
+        default=48,
+        help="requests per load point (closed loop: at least 2 x concurrency)",
     )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--keep-logs", default=None, help="keep server logs and databases in this folder")
