@@ -14,7 +14,8 @@ from engine.cli import add_engine_args, config_from_args
 BENCHMARKS = {
     "throughput": "offline tokens/s: pagedchat vs HF transformers (sequential, static batch, continuous batching)",
     "memory": "paged KV waste and concurrency vs contiguous max-length reservation",
-    "serving": "OpenAI-API load test (Poisson rates or fixed concurrency): pagedchat vs an HF one-at-a-time server",
+    "serving": "OpenAI-API load test (Poisson rates, then closed-loop concurrency): pagedchat vs an HF one-at-a-time "
+    "server or any OpenAI-compatible one (--baseline-url, e.g. llama.cpp)",
     "multiturn": "N users x K turns with a shared system prompt: session API and /v1, prefix caching on and off",
     "quality": "quantization vs the fp32 model: greedy agreement, |Δ logprob| (teacher-forced), perplexity",
 }

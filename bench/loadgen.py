@@ -31,6 +31,7 @@ class RequestResult:
     num_cached_tokens: int = 0
     text: str = ""
     error: str = ""
+    server_timings: dict[str, Any] | None = None  # llama.cpp's own `timings` of the request (last chunk)
 
     @property
     def itl_s(self) -> list[float]:
@@ -56,15 +57,24 @@ def poisson_offsets(num: int, rate: float, seed: int) -> list[float]:
     return offsets
 
 
-def make_client(base_url: str, api_key: str = "bench"):
-    """An async OpenAI client for `base_url` (the server root; /v1 is appended), shared by all requests."""
+def make_client(base_url: str, api_key: str = "bench", *, keep_alive: bool = True):
+    """An async OpenAI client for `base_url` (the server root; /v1 is appended), shared by all requests.
+
+    `keep_alive=False`: every request opens its own TCP connection and asks the server to close it afterwards
+    (`Connection: close`), so no idle connection holds a server thread between requests (llama.cpp's small HTTP
+    thread pool starves otherwise) and every server sees the same connection pattern.
+    """
     import httpx
     from openai import AsyncOpenAI  # the `bench` extra: imported only when a benchmark runs
 
-    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024 if keep_alive else 0)
     http = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(CLIENT_TIMEOUT_S, connect=30.0))
     return AsyncOpenAI(
-        base_url=base_url.rstrip("/") + "/v1", api_key=api_key, http_client=http, max_retries=0
+        base_url=base_url.rstrip("/") + "/v1",
+        api_key=api_key,
+        http_client=http,
+        max_retries=0,
+        default_headers=None if keep_alive else {"Connection": "close"},
     )
 
 
@@ -102,6 +112,9 @@ async def stream_chat(
                 result.num_prompt_tokens = chunk.usage.prompt_tokens
                 details = getattr(chunk.usage, "prompt_tokens_details", None)
                 result.num_cached_tokens = int(getattr(details, "cached_tokens", 0) or 0)
+            timings = (chunk.model_extra or {}).get("timings")  # llama.cpp: an extra field, the last one wins
+            if isinstance(timings, dict):
+                result.server_timings = timings
         result.ok = True
     except Exception as exc:  # noqa: BLE001 - a failed request is a data point, not a crash of the benchmark
         result.error = f"{type(exc).__name__}: {exc}"
@@ -178,6 +191,13 @@ def summarise(results: list[RequestResult], duration_s: float) -> dict[str, Any]
         "itl_ms": [1000 * gap for r in ok for gap in r.itl_s],
         "e2e_ms": [1000 * r.e2e_s for r in ok],
     }
+    server_ms = [
+        float(r.server_timings["predicted_per_token_ms"])
+        for r in ok
+        if isinstance((r.server_timings or {}).get("predicted_per_token_ms"), (int, float))
+    ]
+    if server_ms:  # the server's own decode time per token (llama.cpp's timings), where it reports one
+        series["server_predicted_per_token_ms"] = server_ms
     for name, values in series.items():
         summary[name] = {"mean": mean(values), **percentiles(values)}
     errors = sorted({r.error for r in results if not r.ok})

@@ -1,5 +1,5 @@
 """The one server harness of benchmarks and tests: `pagedchat serve` and the HF baseline as subprocesses on free
-loopback ports, with their logs, a readiness wait and a graceful or hard stop."""
+loopback ports, with their logs, a readiness wait and a graceful or hard stop; the model a running server serves."""
 
 from __future__ import annotations
 
@@ -155,6 +155,18 @@ def stop_server(server: ServerProcess, sig: int = signal.SIGTERM, timeout_s: flo
     except subprocess.TimeoutExpired:
         process.kill()
         return process.wait(10)
+
+
+def served_model(base_url: str, api_key: str | None = None) -> dict:
+    """The first entry of the server's GET /v1/models: `id` is the model to name in requests (llama.cpp ignores
+    the request's, other servers may not), `owned_by` says whose server it is (llama.cpp's: "llamacpp")."""
+    headers = {"Authorization": f"Bearer {api_key or 'bench'}", "Connection": "close"}
+    response = httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=30.0)
+    response.raise_for_status()
+    models = response.json().get("data") or []
+    if not models:
+        raise RuntimeError(f"{base_url}/v1/models lists no model")
+    return models[0]
 
 
 @contextlib.contextmanager

@@ -1,175 +1,202 @@
-"""`bench serving`: OpenAI-API load sweep against pagedchat and an HF one-request-at-a-time server."""
+"""`bench serving`: one OpenAI-API load, Poisson rates then closed-loop concurrency, against pagedchat and a baseline:
+the HF one-request-at-a-time server started here, or any OpenAI-compatible server (llama.cpp's `llama-server`)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from bench import loadgen, servers
-from bench.common import new_figure, print_report, progress, write_results
+from bench.common import print_report, progress, write_results
+from bench.serving_report import HEADERS, RATIOS_MEANING, plot, ratios, table_rows
 from bench.workload import WORKLOAD_LABEL, chat_requests
 
+DEFAULT_RATES = [0.5, 1.0, 2.0, 4.0, 8.0]
+DEFAULT_CONCURRENCY = [1, 16, 64]
+CLOSED_LOOP_REQUESTS = "max(num_requests_per_point, 2 x concurrency)"
 
-def _floats(text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
-    return values
+
+@dataclass(frozen=True)
+class LoadPoint:
+    """Poisson arrivals at `value` req/s (kind "rate"), or `value` requests in flight, each one that ends replaced by
+    the next (kind "concurrency"); `num_requests` requests, the first ones of the shared workload."""
+
+    kind: str
+    value: float
+    num_requests: int
+
+
+def _positive_list(cast: Callable[[str], float]) -> Callable[[str], list]:
+    """An argparse type: comma-separated positive numbers, or `none` for an empty list (that kind skipped)."""
+
+    def parse(text: str) -> list:
+        if text.strip().lower() == "none":
+            return []
+        try:
+            values = [cast(v) for v in text.split(",") if v.strip()]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected numbers or none, got {text!r}") from exc
+        if not values or any(v <= 0 for v in values):
+            raise argparse.ArgumentTypeError(f"expected positive numbers or none, got {text!r}")
+        return values
+
+    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `bench serving`."""
     parser.add_argument("--url", default=None, help="a running pagedchat server (default: start one)")
+    parser.add_argument("--api-key", default=None, help="API key for a pagedchat server given by --url")
     parser.add_argument(
-        "--baseline-url", default=None, help="a running HF baseline server (default: start one)"
+        "--baseline-url",
+        default=None,
+        help="any running OpenAI-compatible server to put the same load on, e.g. llama.cpp's llama-server; its "
+        "model is the first of its /v1/models (default: start the HF one-request-at-a-time baseline)",
+    )
+    parser.add_argument(
+        "--baseline-name",
+        default=None,
+        help="the baseline's name in the report and JSON (default: hf_baseline for the one started here; for "
+        "--baseline-url, llama.cpp when its /v1/models says owned_by llamacpp, else baseline)",
     )
     parser.add_argument("--no-baseline", action="store_true", help="measure pagedchat only")
-    parser.add_argument("--api-key", default=None, help="API key for a pagedchat server given by --url")
-    load = parser.add_mutually_exclusive_group()
-    load.add_argument(
-        "--rates", type=_floats, default=None, help="Poisson request rates per second (default 0.5,1,2,4,8)"
+    parser.add_argument(
+        "--rates",
+        type=_positive_list(float),
+        default=DEFAULT_RATES,
+        help="Poisson request rates per second, run first; none skips them (default 0.5,1,2,4,8)",
     )
-    load.add_argument(
-        "--concurrency", type=_floats, default=None, help="fixed numbers of requests in flight, e.g. 1,8"
+    parser.add_argument(
+        "--concurrency",
+        type=_positive_list(int),
+        default=DEFAULT_CONCURRENCY,
+        help="closed-loop points after the rates: this many requests in flight, each that ends replaced by the "
+        "next; a point sends max(--num-requests, 2 x concurrency) requests, so the concurrency is really reached; "
+        "none skips them (default 1,16,64)",
     )
-    parser.add_argument("--num-requests", type=int, default=48, help="requests per load point")
+    parser.add_argument(
+        "--num-requests",
+        type=int,
+        default=48,
+        help="requests per load point (closed loop: at least 2 x concurrency)",
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--keep-logs", default=None, help="keep server logs and databases in this folder")
 
 
-def load_points(args: argparse.Namespace) -> list[tuple[str, float]]:
-    """("rate", r) or ("concurrency", c) for each point of the sweep (default: rates 0.5, 1, 2, 4, 8)."""
-    if args.concurrency:
-        return [("concurrency", c) for c in args.concurrency]
-    return [("rate", r) for r in (args.rates or [0.5, 1.0, 2.0, 4.0, 8.0])]
+def load_points(args: argparse.Namespace) -> list[LoadPoint]:
+    """The Poisson rates, then the closed-loop concurrencies (each with at least 2 x concurrency requests)."""
+    points = [LoadPoint("rate", r, args.num_requests) for r in args.rates]
+    return points + [LoadPoint("concurrency", c, max(args.num_requests, 2 * c)) for c in args.concurrency]
+
+
+def baseline_name(model_entry: dict[str, Any]) -> str:
+    """The default name of a baseline given by URL, from its /v1/models entry: llama.cpp's says owned_by llamacpp."""
+    return "llama.cpp" if model_entry.get("owned_by") == "llamacpp" else "baseline"
 
 
 async def sweep(
-    url: str, name: str, requests, points, seed: int, api_key: str | None = None
+    url: str, name: str, model: str, requests, points: list[LoadPoint], seed: int, api_key: str | None = None
 ) -> list[dict[str, Any]]:
-    """Every load point against one server; a warm-up request first."""
-    client = loadgen.make_client(url, api_key or "bench")
-    model = (await client.models.list()).data[0].id
-    warm = await loadgen.stream_chat(client, model, requests[0], 0.0)
-    if not warm.ok:
-        raise RuntimeError(f"{name} at {url} failed the warm-up request: {warm.error}")
-    out = []
-    for kind, value in points:
-        with progress(len(requests), f"{name} {kind}={value:g}") as bar:
+    """Every load point against one server, a warm-up request first; no connection is kept alive between requests,
+    so every server sees one TCP connection per request."""
+    client = loadgen.make_client(url, api_key or "bench", keep_alive=False)
+    try:
+        warm = await loadgen.stream_chat(client, model, requests[0], 0.0)
+        if not warm.ok:
+            raise RuntimeError(f"{name} at {url} failed the warm-up request: {warm.error}")
+        out = []
+        for point in points:
+            with progress(point.num_requests, f"{name} {point.kind}={point.value:g}") as bar:
 
-            async def send(i: int, start_s: float) -> loadgen.RequestResult:
-                return await loadgen.stream_chat(client, model, requests[i], start_s)
+                async def send(i: int, start_s: float) -> loadgen.RequestResult:
+                    return await loadgen.stream_chat(client, model, requests[i], start_s)
 
-            results, duration = await loadgen.run_load(
-                send,
-                len(requests),
-                rate=value if kind == "rate" else None,
-                concurrency=int(value) if kind == "concurrency" else None,
-                seed=seed,
-                on_done=lambda: bar.update(1),
-            )
-        out.append({"load": kind, "value": value, **loadgen.summarise(results, duration)})
-    await client.close()
-    return out
+                results, duration = await loadgen.run_load(
+                    send,
+                    point.num_requests,
+                    rate=point.value if point.kind == "rate" else None,
+                    concurrency=int(point.value) if point.kind == "concurrency" else None,
+                    seed=seed,
+                    on_done=lambda: bar.update(1),
+                )
+            out.append({"load": point.kind, "value": point.value, **loadgen.summarise(results, duration)})
+        return out
+    finally:
+        await client.close()
+
+
+def _measure(
+    name: str | None,
+    url: str | None,
+    start: Callable[[], servers.ServerProcess],
+    api_key: str | None,
+    requests,
+    points: list[LoadPoint],
+    seed: int,
+) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
+    """Sweep the server at `url`, or one `start()`ed here and stopped after; (name, where and what it served, points).
+    A name of None: derived from the server's /v1/models entry."""
+    with contextlib.ExitStack() as stack:
+        started = url is None
+        if started:
+            server = start()
+            stack.enter_context(servers.running([server]))
+            url = server.base_url
+        entry = servers.served_model(url, api_key)
+        name = name or baseline_name(entry)
+        pts = asyncio.run(sweep(url, name, entry["id"], requests, points, seed, api_key))
+    return name, {"url": url, "model": entry["id"], "started_here": started}, pts
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Sweep both servers (started here unless URLs are given), print, write JSON + PNG."""
-    requests = chat_requests(args.num_requests, seed=args.seed, max_tokens=args.max_tokens)
+    """Sweep pagedchat, then the baseline (each started here unless its URL is given); print, write JSON + PNG."""
     points = load_points(args)
+    if not points:
+        raise SystemExit("bench serving: --rates none and --concurrency none leave no load point")
+    if args.baseline_name == "pagedchat":
+        raise SystemExit("bench serving: --baseline-name must differ from pagedchat")
+    requests = chat_requests(max(p.num_requests for p in points), seed=args.seed, max_tokens=args.max_tokens)
     config = args.engine_config
     systems: dict[str, list[dict[str, Any]]] = {}
+    served: dict[str, dict[str, Any]] = {}
     with servers.log_folder(args.keep_logs) as logs:
-        targets = [("pagedchat", args.url)]
+        targets = [
+            ("pagedchat", args.url, args.api_key, partial(servers.start_pagedchat, "pagedchat", config, logs))
+        ]
         if not args.no_baseline:
-            targets.append(("hf_baseline", args.baseline_url))
-        for name, url in targets:
-            if url is not None:
-                key = args.api_key if name == "pagedchat" else None
-                systems[name] = asyncio.run(sweep(url, name, requests, points, args.seed, key))
-                continue
-            if name == "pagedchat":
-                server = servers.start_pagedchat(name, config, logs)
-            else:
-                server = servers.start_hf_baseline(name, config.model, config.dtype, logs)
-            with servers.running([server]):
-                systems[name] = asyncio.run(sweep(server.base_url, name, requests, points, args.seed))
-    payload = {
+            name = args.baseline_name or (None if args.baseline_url else "hf_baseline")
+            start = partial(servers.start_hf_baseline, "hf_baseline", config.model, config.dtype, logs)
+            targets.append((name, args.baseline_url, None, start))
+        for given_name, url, key, start in targets:
+            name, info, pts = _measure(given_name, url, start, key, requests, points, args.seed)
+            served[name], systems[name] = info, pts
+    payload: dict[str, Any] = {
         "model": config.model,
         "workload": {
             "label": WORKLOAD_LABEL,
-            "num_requests_per_point": len(requests),
-            "max_tokens": [r.max_tokens for r in requests],
+            "num_requests_per_point": args.num_requests,
+            "closed_loop_num_requests": CLOSED_LOOP_REQUESTS,
+            "max_tokens": [r.max_tokens for r in requests],  # a point sends the first num_requests of these
             "temperature": 0.0,
             "ignore_eos": False,
+            "keep_alive": False,  # one TCP connection per request, for every server
         },
+        "servers": served,
         "systems": systems,
         "targets": [],
     }
-    if "hf_baseline" in systems:
-        payload["ratios"] = {
-            f"{p['load']}={p['value']:g}": {
-                "output_tokens_per_s": p["output_tokens_per_s"] / b["output_tokens_per_s"],
-                "ttft_p50": b["ttft_ms"]["p50"] / p["ttft_ms"]["p50"],
-            }
-            for p, b in zip(systems["pagedchat"], systems["hf_baseline"], strict=True)
-        }
-    paths = write_results("serving", payload, _plot(systems), args.results_dir, args.command_line)
-    rows = [
-        [
-            name,
-            f"{p['load']}={p['value']:g}",
-            p["requests_per_s"],
-            p["output_tokens_per_s"],
-            p["ttft_ms"]["p50"],
-            p["ttft_ms"]["p99"],
-            p["tpot_ms"]["p50"],
-            p["itl_ms"]["p50"],
-            p["itl_ms"]["p99"],
-            p["e2e_ms"]["p50"],
-            p["e2e_ms"]["p99"],
-            p["num_failed"],
-        ]
-        for name, pts in systems.items()
-        for p in pts
-    ]
-    headers = [
-        "server",
-        "load",
-        "req/s",
-        "out tok/s",
-        "TTFT p50 ms",
-        "TTFT p99",
-        "TPOT p50 ms",
-        "ITL p50 ms",
-        "ITL p99",
-        "E2E p50 ms",
-        "E2E p99",
-        "failed",
-    ]
-    print_report(f"serving: {len(requests)} chat requests per load point", headers, rows, (), paths)
+    baseline = next((name for name in systems if name != "pagedchat"), None)
+    if baseline is not None:
+        payload["baseline"] = {"name": baseline, **served[baseline]}
+        payload["ratios_meaning"] = RATIOS_MEANING
+        payload["ratios"] = ratios(systems["pagedchat"], systems[baseline])
+    paths = write_results("serving", payload, plot(systems), args.results_dir, args.command_line)
+    title = f"serving: {args.num_requests} chat requests per load point (closed loop: {CLOSED_LOOP_REQUESTS})"
+    print_report(title, HEADERS, table_rows(systems), (), paths)
     return payload
-
-
-def _plot(systems: dict[str, list[dict[str, Any]]]):
-    fig, (ax_ttft, ax_tpot) = new_figure(ncols=2)
-    for name, pts in systems.items():
-        x = [p["output_tokens_per_s"] for p in pts]
-        line = ax_ttft.plot(x, [p["ttft_ms"]["p50"] for p in pts], "o-", label=f"{name} p50")[0]
-        ax_ttft.plot(
-            x, [p["ttft_ms"]["p99"] for p in pts], "x--", color=line.get_color(), label=f"{name} p99"
-        )
-        ax_tpot.plot(x, [p["tpot_ms"]["p50"] for p in pts], "o-", color=line.get_color(), label=f"{name} p50")
-        for p, xi in zip(pts, x, strict=True):
-            ax_ttft.annotate(f"{p['value']:g}", (xi, p["ttft_ms"]["p50"]), fontsize=7)
-    for ax, title in ((ax_ttft, "time to first token"), (ax_tpot, "time per output token")):
-        ax.set_xlabel("output tokens / s")
-        ax.set_ylabel("ms")
-        ax.set_yscale("log")
-        ax.set_title(f"{title} vs throughput (points: load)")
-        ax.legend(fontsize=8)
-    return fig

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench import common, loadgen, memory, multiturn, servers, workload
+from bench import common, loadgen, memory, multiturn, servers, serving, serving_report, workload
 from bench.cli import build_parser
 from bench.matmul import flops_per_token, linear_shapes
 from bench.session_client import TurnResult, iter_sse
@@ -144,6 +144,20 @@ def test_load_summary_counts_only_successful_requests():
     assert s["itl_ms"]["p50"] == 750.0 and s["errors"] == ["ConnectError: refused"]
 
 
+def test_load_summary_gives_the_servers_own_time_per_token_where_reported():
+    def result(timings: dict | None) -> loadgen.RequestResult:
+        return loadgen.RequestResult(
+            ok=True, start_s=0.0, e2e_s=1.0, ttft_s=0.1, chunk_times_s=[0.1], server_timings=timings
+        )
+
+    both = [result({"predicted_per_token_ms": 4.0}), result({"predicted_per_token_ms": 6.0}), result(None)]
+    s = loadgen.summarise(both, duration_s=1.0)
+    assert (
+        s["server_predicted_per_token_ms"]["mean"] == 5.0 and s["server_predicted_per_token_ms"]["p50"] == 5.0
+    )
+    assert "server_predicted_per_token_ms" not in loadgen.summarise([result(None)], duration_s=1.0)
+
+
 def test_poisson_offsets_are_seeded_and_increasing():
     offsets = loadgen.poisson_offsets(2000, rate=4.0, seed=7)
     assert offsets == loadgen.poisson_offsets(2000, rate=4.0, seed=7)
@@ -241,8 +255,49 @@ def test_bench_parser_checks_baselines_and_loads():
         "static",
         "sequential",
     ]
-    assert parser.parse_args(["serving", "--concurrency", "1,8"]).concurrency == [1.0, 8.0]
     with pytest.raises(SystemExit):
         parser.parse_args(["throughput", "--baselines", "static,vllm"])
-    with pytest.raises(SystemExit):
-        parser.parse_args(["serving", "--rates", "1,-2"])
+
+
+def test_serving_parser_takes_rates_and_concurrency_independently():
+    parser = build_parser()
+    default = parser.parse_args(["serving"])
+    assert (default.rates, default.concurrency) == ([0.5, 1.0, 2.0, 4.0, 8.0], [1, 16, 64])
+    assert (default.baseline_url, default.baseline_name) == (None, None)
+    given = parser.parse_args(["serving", "--rates", "2", "--concurrency", "1,8"])
+    assert (given.rates, given.concurrency) == ([2.0], [1, 8])
+    only_closed = parser.parse_args(["serving", "--rates", "none", "--concurrency", "4"])
+    assert (only_closed.rates, only_closed.concurrency) == ([], [4])
+    only_poisson = parser.parse_args(["serving", "--concurrency", "None"])
+    assert (only_poisson.rates, only_poisson.concurrency) == ([0.5, 1.0, 2.0, 4.0, 8.0], [])
+    for bad in (["--rates", "1,-2"], ["--concurrency", "1.5"], ["--concurrency", "0"], ["--rates", ""]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serving", *bad])
+
+
+def test_serving_load_points_put_rates_first_and_reach_the_concurrency():
+    args = build_parser().parse_args(["serving", "--rates", "0.5,2", "--num-requests", "48"])
+    assert serving.load_points(args) == [
+        serving.LoadPoint("rate", 0.5, 48),
+        serving.LoadPoint("rate", 2.0, 48),
+        serving.LoadPoint("concurrency", 1, 48),
+        serving.LoadPoint("concurrency", 16, 48),
+        serving.LoadPoint("concurrency", 64, 128),  # max(num_requests, 2 x concurrency)
+    ]
+    assert serving.baseline_name({"id": "m.gguf", "owned_by": "llamacpp"}) == "llama.cpp"
+    assert serving.baseline_name({"id": "m"}) == "baseline"
+
+
+def test_serving_ratios_cover_the_shared_points():
+    def point(load: str, value: float, tok_s: float, ttft: float) -> dict:
+        return {"load": load, "value": value, "output_tokens_per_s": tok_s, "ttft_ms": {"p50": ttft}}
+
+    ours = [point("rate", 2.0, 300.0, 60.0), point("concurrency", 16, 400.0, 100.0)]
+    theirs = [point("rate", 2.0, 100.0, 120.0), point("concurrency", 16, 0.0, 50.0)]
+    ratios = serving_report.ratios(ours, theirs)
+    assert ratios["rate=2"] == {"output_tokens_per_s": 3.0, "ttft_p50": 2.0}
+    assert (
+        math.isnan(ratios["concurrency=16"]["output_tokens_per_s"])
+        and ratios["concurrency=16"]["ttft_p50"] == 0.5
+    )
+    assert set(serving_report.ratios(ours, theirs[:1])) == {"rate=2"}

@@ -70,22 +70,29 @@ def test_serving_bench_against_pagedchat_and_the_hf_baseline(tiny_servers, hf_ba
     model, url, _ = tiny_servers
     argv = shlex.split(
         f"serving --model {model} --dtype float32 --url {url} --api-key {API_KEY} --baseline-url "
-        f"{hf_baseline_url} --rates 50 --num-requests 3 --max-tokens 5 --results-dir {tmp_path}"
+        f"{hf_baseline_url} --baseline-name hf_baseline --rates 50 --concurrency 2 --num-requests 3 "
+        f"--max-tokens 5 --results-dir {tmp_path}"
     )
     assert bench_main(argv) == 0
     doc = _only_result(tmp_path, "serving")
     assert set(doc["systems"]) == {"pagedchat", "hf_baseline"}
+    assert doc["baseline"] == {
+        "name": "hf_baseline",
+        "url": hf_baseline_url,
+        "model": "tiny",
+        "started_here": False,
+    }
     for name, points in doc["systems"].items():
-        (point,) = points
-        assert (point["load"], point["value"], point["num_requests"], point["num_failed"]) == (
-            "rate",
-            50.0,
-            3,
-            0,
-        )
-        assert 3 <= point["output_tokens"] <= sum(doc["workload"]["max_tokens"]), name
-        assert point["ttft_ms"]["p50"] > 0 and point["e2e_ms"]["p99"] >= point["ttft_ms"]["p99"], name
-    assert set(doc["ratios"]) == {"rate=50"}
+        # the closed-loop point sends max(3, 2 x 2) requests
+        assert [(p["load"], p["value"], p["num_requests"], p["num_failed"]) for p in points] == [
+            ("rate", 50.0, 3, 0),
+            ("concurrency", 2, 4, 0),
+        ], name
+        for point in points:
+            assert point["num_requests"] <= point["output_tokens"] <= sum(doc["workload"]["max_tokens"]), name
+            assert point["ttft_ms"]["p50"] > 0 and point["e2e_ms"]["p99"] >= point["ttft_ms"]["p99"], name
+            assert "server_predicted_per_token_ms" not in point, name
+    assert set(doc["ratios"]) == {"rate=50", "concurrency=2"}
 
 
 def test_multiturn_bench_with_caching_on_and_off(tiny_servers, tmp_path, capsys):
