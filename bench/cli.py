@@ -1,4 +1,4 @@
-"""`pagedchat bench {throughput,memory,serving,multiturn,quality}`: argument parsing and dispatch."""
+"""`pagedchat bench {throughput,memory,serving,multiturn,quality,step}`: argument parsing and dispatch."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ BENCHMARKS = {
     "server or any OpenAI-compatible one (--baseline-url, e.g. llama.cpp)",
     "multiturn": "N users x K turns with a shared system prompt: session API and /v1, prefix caching on and off",
     "quality": "quantization vs the fp32 model: greedy agreement, |Δ logprob| (teacher-forced), perplexity",
+    "step": "a decode step's time split into matmuls, attention and the rest, at a few batch sizes",
 }
 EXTRA = ("tqdm", "matplotlib", "openai")  # the `bench` extra of pyproject.toml
 

@@ -1,0 +1,155 @@
+"""`bench step`: where a decode step's time goes, at a few batch sizes: the linears (matmuls), attention, and the
+rest (norms, RoPE, activations, sampling, step metadata, detokenization, Python).
+
+Each linear module and the attention backend's forward are wrapped with a timer (~0.2 µs each, ~150 a step); a
+linear's share includes its own Python call. Sequences are all decoding (prefill finished) while steps are timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.common import new_figure, print_report, write_results
+
+PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle. Request {i}."
+PARTS = ("matmul_ms", "attention_ms", "rest_ms")
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from exc
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive whole numbers, got {text!r}")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `bench step`."""
+    parser.add_argument(
+        "--batch-sizes", type=_ints, default=[1, 64], help="decoding sequences (default 1,64)"
+    )
+    parser.add_argument("--steps", type=int, default=32, help="decode steps timed per batch size")
+
+
+class _Clock:
+    """Seconds spent inside wrapped callables since the last reset."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        return timed
+
+
+def instrument(engine: Any) -> tuple[_Clock, _Clock]:
+    """Wrap every linear module's forward and the attention backend's forward; returns (matmul, attention) clocks."""
+    from engine.native.onednn import Linear
+    from engine.native.quant_linear import QuantLinear
+
+    matmul, attention = _Clock(), _Clock()
+    runner = engine.runner
+    for module in runner.model.modules():
+        if isinstance(module, (Linear, QuantLinear)):
+            module.forward = matmul.wrap(module.forward)
+    runner.backend.forward = attention.wrap(runner.backend.forward)
+    return matmul, attention
+
+
+def measure(engine: Any, batch_size: int, steps: int, matmul: _Clock, attention: _Clock) -> dict[str, Any]:
+    """Median step time and its parts over `steps` decode steps of `batch_size` sequences."""
+    from engine import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
+    for i in range(batch_size):
+        prompt = engine.apply_chat_template([{"role": "user", "content": PROMPT.format(i=i)}])
+        engine.add_request(f"b{batch_size}-{i}", prompt, params)
+    for _ in range(10_000):  # prefill (chunked) until every sequence has produced a token
+        outputs = engine.step()
+        if len(outputs) == batch_size and all(o.outputs[0].token_ids for o in outputs):
+            break
+    rows = []
+    for _ in range(steps):
+        matmul.seconds = attention.seconds = 0.0
+        start = time.perf_counter()
+        outputs = engine.step()
+        total = time.perf_counter() - start
+        if len(outputs) != batch_size:  # a sequence finished or was preempted: not a full decode step
+            break
+        rows.append((total, matmul.seconds, attention.seconds))
+    while engine.has_unfinished_requests():
+        engine.step()
+    if not rows:
+        raise RuntimeError(f"no full decode step at batch size {batch_size}: is the KV pool big enough?")
+    step_ms = 1000 * statistics.median(r[0] for r in rows)
+    matmul_ms = 1000 * statistics.median(r[1] for r in rows)
+    attention_ms = 1000 * statistics.median(r[2] for r in rows)
+    return {
+        "batch_size": batch_size,
+        "steps_timed": len(rows),
+        "step_ms": step_ms,
+        "matmul_ms": matmul_ms,
+        "attention_ms": attention_ms,
+        "rest_ms": max(0.0, step_ms - matmul_ms - attention_ms),
+        "tokens_per_s": 1000 * batch_size / step_ms,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Time decode steps at each batch size; print, write JSON + PNG."""
+    from engine import LLM
+
+    llm = LLM(**dataclasses.asdict(args.engine_config))
+    engine = llm.engine
+    matmul, attention = instrument(engine)
+    points = [measure(engine, b, args.steps, matmul, attention) for b in args.batch_sizes]
+    resolved = engine.config
+    payload = {
+        "model": resolved.model,
+        "config": {
+            "quantization": resolved.quantization,
+            "int8_activations": resolved.int8_activations,
+            "dtype": resolved.dtype,
+            "device": resolved.device,
+            "attention_backend": resolved.attention_backend,
+        },
+        "workload": {"prompt": PROMPT, "steps": args.steps, "temperature": 0.0},
+        "points": points,
+        "targets": [],
+    }
+    paths = write_results("step", payload, _plot(points), args.results_dir, args.command_line)
+    headers = ["batch", "step ms", "matmul ms", "attention ms", "rest ms", "tok/s"]
+    rows = [
+        [p["batch_size"], p["step_ms"], p["matmul_ms"], p["attention_ms"], p["rest_ms"], p["tokens_per_s"]]
+        for p in points
+    ]
+    print_report(f"decode step ({resolved.quantization}, {resolved.dtype})", headers, rows, (), paths)
+    return payload
+
+
+def _plot(points: list[dict[str, Any]]):
+    fig, (ax,) = new_figure()
+    labels = [str(p["batch_size"]) for p in points]
+    bottom = [0.0] * len(points)
+    for part in PARTS:
+        values = [p[part] for p in points]
+        ax.bar(labels, values, bottom=bottom, label=part.removesuffix("_ms"))
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_xlabel("decoding sequences")
+    ax.set_ylabel("ms per step")
+    ax.set_title("decode step breakdown")
+    ax.legend(fontsize=8)
+    return fig
