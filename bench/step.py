@@ -2,7 +2,8 @@
 rest (norms, RoPE, activations, sampling, step metadata, detokenization, Python).
 
 Each linear module and the attention backend's forward are wrapped with a timer (~0.2 µs each, ~150 a step); a
-linear's share includes its own Python call. Sequences are all decoding (prefill finished) while steps are timed.
+linear's share includes its own Python call. When the fused decode step runs the layers in C, it times its own
+linears and attention (KV store included) the same way. Sequences are all decoding while steps are timed.
 """
 
 from __future__ import annotations
@@ -81,15 +82,17 @@ def measure(engine: Any, batch_size: int, steps: int, matmul: _Clock, attention:
         outputs = engine.step()
         if len(outputs) == batch_size and all(o.outputs[0].token_ids for o in outputs):
             break
+    fused = engine.runner.fused
+    inside = fused.seconds if fused is not None else [0.0, 0.0]  # the fused step's own clocks
     rows = []
     for _ in range(steps):
-        matmul.seconds = attention.seconds = 0.0
+        matmul.seconds = attention.seconds = inside[0] = inside[1] = 0.0
         start = time.perf_counter()
         outputs = engine.step()
         total = time.perf_counter() - start
         if len(outputs) != batch_size:  # a sequence finished or was preempted: not a full decode step
             break
-        rows.append((total, matmul.seconds, attention.seconds))
+        rows.append((total, matmul.seconds + inside[0], attention.seconds + inside[1]))
     while engine.has_unfinished_requests():
         engine.step()
     if not rows:
@@ -125,6 +128,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "dtype": resolved.dtype,
             "device": resolved.device,
             "attention_backend": resolved.attention_backend,
+            "fused_decode": engine.runner.fused is not None,
         },
         "workload": {"prompt": PROMPT, "steps": args.steps, "temperature": 0.0},
         "points": points,

@@ -39,6 +39,11 @@ class EngineConfig:
         "quantization gguf only: round decode activations to int8 per 32 values, as llama.cpp does "
         "(faster linears on AVX2, logits move slightly: see `pagedchat bench quality`)",
     )
+    fused_decode: bool = option(
+        True,
+        "quantization gguf on the CPU: run a decode step's layers (up to 16 sequences) in one C call instead of "
+        "~300 Python calls; the same kernels, bit for bit the same result (off: the module path, to compare)",
+    )
     attention_backend: str = option(
         "auto", "auto: triton on CUDA, torch elsewhere", choices=("auto", "torch", "triton")
     )

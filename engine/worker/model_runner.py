@@ -10,6 +10,7 @@ from engine.attention.backend import make_attention_backend
 from engine.attention.metadata import AttentionMetadata
 from engine.core.config import EngineConfig
 from engine.core.outputs import SchedulerOutput
+from engine.worker.fused_decode import FusedDecoder
 from engine.worker.kv_cache import KVCacheSpec, zeros_on_huge_pages
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,9 @@ class ModelRunner:
         shape = (spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
         self.kv_cache = zeros_on_huge_pages(shape, spec.dtype, self.device)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(spec.num_layers)]
+        self.fused: FusedDecoder | None = None
+        if config.fused_decode and self.device.type == "cpu" and config.attention_backend == "torch":
+            self.fused = FusedDecoder.build(model, self.kv_caches)
         logger.info(
             "KV cache: %d blocks x %d tokens (%.1f MiB, %d tokens)",
             num_blocks,
@@ -98,8 +102,11 @@ class ModelRunner:
         """Run the step; float32 logits [num_sampling_seqs, vocab] in the order of out.scheduled's sampling items."""
         self.copy_blocks(out.block_copies)
         ids, pos, meta, sample_rows = self.prepare(out)
-        self.backend.prepare(meta)
-        hidden = self.model(ids, pos, self.kv_caches, meta, self.backend)
+        if self.fused is not None and self.fused.applies(meta):
+            hidden = self.fused.forward(ids, pos, meta)
+        else:
+            self.backend.prepare(meta)
+            hidden = self.model(ids, pos, self.kv_caches, meta, self.backend)
         if not sample_rows:
             return torch.empty(0, 0)
         rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)

@@ -1,0 +1,113 @@
+/* A decode step's decoder layers in one call: the fp32 CPU path for a few sequences of one new token each.
+ *
+ * Built and loaded by engine/native/decode_step.py. At one token a step, a Llama layer is ~10 small operations; run
+ * from Python each costs a module call, argument checks and a ctypes crossing (~15-30 us), which for SmolLM2's 30
+ * layers is several milliseconds a token, as much as the matmuls. Here the layer loop runs in C and calls the very
+ * kernels the Python path calls (quant_linear.c, fused_ops.c, attention.c), through function pointers taken from
+ * those loaded libraries, with the same arguments in the same order: the result is bit for bit the Python path's.
+ * Nothing here computes; it only sequences the kernels over scratch buffers.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+
+typedef int (*linear_fn)(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, int out_features,
+                         int in_features, const float *x, int64_t x_row, int rows, const float *bias, float *y,
+                         int64_t y_row, int num_threads);
+typedef void (*norm_fn)(float *residual, int64_t res_row, const float *delta, int64_t delta_row,
+                        const float *weight, float *out, int64_t out_row, int rows, int dim, float eps,
+                        int num_threads);
+typedef void (*silu_fn)(const float *gate_up, int64_t in_row, float *out, int64_t out_row, int rows, int width,
+                        int num_threads);
+typedef void (*rope_fn)(float *x, int64_t x_row, int64_t x_head, const int64_t *positions, const float *table,
+                        int64_t t_row, int rows, int num_heads, int head_dim, int num_threads);
+typedef void (*store_fn)(int elem_size, const void *k, const void *v, int64_t kv_row, int64_t kv_head,
+                         void *k_cache, void *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head,
+                         const int64_t *slots, int num_tokens, int num_kv_heads, int head_dim, int block_size);
+typedef int (*attend_fn)(int is_bf16, const void *q, int64_t q_row, int64_t q_head, const void *k_cache,
+                         const void *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head, const int32_t *rows,
+                         const int32_t *seq_lens, const int32_t *tables, int64_t t_row, void *out, int64_t o_row,
+                         int64_t o_head, int num_seqs, int num_heads, int num_kv_heads, int head_dim,
+                         int block_size, float scale, int num_threads);
+
+/* One quantized linear: GGUF blocks, [out_features, row_bytes], and an optional fp32 bias. */
+typedef struct {
+    const uint8_t *blocks;
+    int64_t row_bytes;
+    int qtype, out_features, in_features;
+    const float *bias;
+} QLinear;
+
+typedef struct {
+    const float *input_norm, *post_norm; /* RMSNorm weights [hidden] */
+    QLinear qkv, o, gate_up, down;
+    void *k_cache, *v_cache; /* [num_blocks, block_size, num_kv_heads, head_dim] fp32 */
+} Layer;
+
+typedef struct {
+    linear_fn linear;
+    norm_fn norm;
+    silu_fn silu;
+    rope_fn rope;
+    store_fn store;
+    attend_fn attend;
+    int num_layers, hidden, intermediate, num_heads, num_kv_heads, head_dim, block_size, act_q8;
+    float eps, scale;
+    int64_t c_block, c_tok, c_head; /* cache strides in elements, the same for every layer */
+    const float *rope_table;        /* [max_pos, 2, head_dim] */
+    int64_t rope_row;
+    const float *final_norm;
+    const Layer *layers;
+} Model;
+
+static inline double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* residual [n, hidden] holds the token embeddings and is updated in place; out [n, hidden] gets the final-normed
+ * hidden states. seconds[0] and [1] accumulate the time spent in the linears and in attention (KV store included).
+ * Returns 0, -1 when a kernel rejects its inputs, -2 when scratch memory cannot be had. */
+int decode_layers(const Model *m, float *residual, float *out, int n, const int64_t *positions,
+                  const int64_t *slots, const int32_t *rows, const int32_t *seq_lens, const int32_t *tables,
+                  int64_t t_row, int num_threads, double *seconds) {
+    const int hd = m->head_dim, hq = m->num_heads, hkv = m->num_kv_heads, hidden = m->hidden;
+    const int qkv_width = (hq + 2 * hkv) * hd, inter = m->intermediate;
+    float *scratch = malloc(sizeof(float) * (size_t)n * (hidden + qkv_width + hq * hd + hidden + 3 * inter));
+    if (!scratch) return -2;
+    float *h = scratch, *qkv = h + (size_t)n * hidden, *attn = qkv + (size_t)n * qkv_width;
+    float *delta = attn + (size_t)n * hq * hd, *gate_up = delta + (size_t)n * hidden;
+    float *act = gate_up + (size_t)n * 2 * inter;
+    int status = 0;
+    double t0;
+#define LINEAR(L, x, y)                                                                                          \
+    t0 = now_s();                                                                                                \
+    status |= m->linear((L).qtype, m->act_q8, (L).blocks, (L).row_bytes, (L).out_features, (L).in_features, x, \
+                        (L).in_features, n, (L).bias, y, (L).out_features, num_threads);                        \
+    seconds[0] += now_s() - t0
+    m->norm(residual, hidden, NULL, 0, m->layers[0].input_norm, h, hidden, n, hidden, m->eps, num_threads);
+    for (int l = 0; l < m->num_layers && status == 0; l++) {
+        const Layer *layer = &m->layers[l];
+        LINEAR(layer->qkv, h, qkv);
+        m->rope(qkv, qkv_width, hd, positions, m->rope_table, m->rope_row, n, hq + hkv, hd, num_threads);
+        t0 = now_s();
+        m->store(4, qkv + hq * hd, qkv + (hq + hkv) * hd, qkv_width, hd, layer->k_cache, layer->v_cache, m->c_block,
+                 m->c_tok, m->c_head, slots, n, hkv, hd, m->block_size);
+        status |= m->attend(0, qkv, qkv_width, hd, layer->k_cache, layer->v_cache, m->c_block, m->c_tok, m->c_head,
+                            rows, seq_lens, tables, t_row, attn, hq * hd, hd, n, hq, hkv, hd, m->block_size,
+                            m->scale, num_threads);
+        seconds[1] += now_s() - t0;
+        LINEAR(layer->o, attn, delta);
+        m->norm(residual, hidden, delta, hidden, layer->post_norm, h, hidden, n, hidden, m->eps, num_threads);
+        LINEAR(layer->gate_up, h, gate_up);
+        m->silu(gate_up, 2 * inter, act, inter, n, inter, num_threads);
+        LINEAR(layer->down, act, delta);
+        const float *next = l + 1 < m->num_layers ? m->layers[l + 1].input_norm : m->final_norm;
+        m->norm(residual, hidden, delta, hidden, next, l + 1 < m->num_layers ? h : out, hidden, n, hidden, m->eps,
+                num_threads);
+    }
+#undef LINEAR
+    free(scratch);
+    return status == 0 ? 0 : -1;
+}

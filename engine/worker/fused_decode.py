@@ -1,0 +1,248 @@
+"""The decoder layers of a decode step in one C call (engine/native/decode_step.c), for GGUF-quantized fp32 models
+on the CPU.
+
+`FusedDecoder.build` checks once that a model fits (every layer linear a QuantLinear, fp32 weights and caches, the
+native kernels built) and gathers the pointers the C loop needs; `forward` then runs a decode-only step of up to
+GEMV_MAX_ROWS sequences with one crossing into C instead of ~300 Python calls. It calls the same kernels as the
+module path with the same arguments, so the two agree bit for bit (tests/engine/test_decode_step.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.models.llama import LlamaForCausalLM
+from engine.native import attention, fused_ops, quant_linear
+from engine.native.attention import load_kernel as load_attention
+from engine.native.build import load_library
+from engine.native.fused_ops import load_cpu_ops
+from engine.native.quant_linear import GEMV_MAX_ROWS, QuantLinear
+from engine.native.quant_linear import load_kernel as load_quant_linear
+
+if TYPE_CHECKING:
+    from engine.attention.metadata import AttentionMetadata
+
+logger = logging.getLogger(__name__)
+SOURCE = Path(attention.SOURCE).with_name("decode_step.c")
+_i32, _i64, _f32, _ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+
+
+class _QLinear(ctypes.Structure):
+    _fields_ = [
+        ("blocks", _ptr),
+        ("row_bytes", _i64),
+        ("qtype", _i32),
+        ("out_features", _i32),
+        ("in_features", _i32),
+        ("bias", _ptr),
+    ]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        ("input_norm", _ptr),
+        ("post_norm", _ptr),
+        ("qkv", _QLinear),
+        ("o", _QLinear),
+        ("gate_up", _QLinear),
+        ("down", _QLinear),
+        ("k_cache", _ptr),
+        ("v_cache", _ptr),
+    ]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [
+        *[(name, _ptr) for name in ("linear", "norm", "silu", "rope", "store", "attend")],
+        *[
+            (name, _i32)
+            for name in (
+                "num_layers",
+                "hidden",
+                "intermediate",
+                "num_heads",
+                "num_kv_heads",
+                "head_dim",
+                "block_size",
+                "act_q8",
+            )
+        ],  # fmt: skip
+        ("eps", _f32),
+        ("scale", _f32),
+        ("c_block", _i64),
+        ("c_tok", _i64),
+        ("c_head", _i64),
+        ("rope_table", _ptr),
+        ("rope_row", _i64),
+        ("final_norm", _ptr),
+        ("layers", ctypes.POINTER(_Layer)),
+    ]
+
+
+def _fn_address(source: Path, name: str) -> int:
+    """The address of function `name` in the loaded library built from `source` (already loaded: cached)."""
+    lib = load_library(source)
+    assert lib is not None, f"{source.name} is not built"
+    return ctypes.cast(getattr(lib, name), _ptr).value
+
+
+def _qlinear(module: QuantLinear) -> _QLinear:
+    bias = module.bias
+    return _QLinear(
+        module.blocks.data_ptr(),
+        module.blocks.shape[1],
+        module.qtype,
+        module.out_features,
+        module.in_features,
+        None if bias is None else bias.data_ptr(),
+    )
+
+
+class FusedDecoder:
+    """Runs every decoder layer of a decode-only step in C; see the module docstring."""
+
+    def __init__(
+        self, model: LlamaForCausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], lib: ctypes.CDLL
+    ) -> None:
+        args = model.args
+        k0 = kv_caches[0][0]
+        self.model = model
+        self._kv_caches = kv_caches  # kept alive: the struct holds their pointers
+        self.num_blocks, self.block_size = k0.shape[0], k0.shape[1]
+        layers = []
+        for layer, (k_cache, v_cache) in zip(model.layers, kv_caches, strict=True):
+            attn, mlp = layer.self_attn, layer.mlp
+            layers.append(
+                _Layer(
+                    layer.input_layernorm.weight.data_ptr(),
+                    layer.post_attention_layernorm.weight.data_ptr(),
+                    _qlinear(attn.qkv_proj),
+                    _qlinear(attn.o_proj),
+                    _qlinear(mlp.gate_up_proj),
+                    _qlinear(mlp.down_proj),
+                    k_cache.data_ptr(),
+                    v_cache.data_ptr(),
+                )
+            )
+        self._layers = (_Layer * len(layers))(*layers)
+        self._struct = _Model(
+            _fn_address(quant_linear.SOURCE, "quant_linear"),
+            _fn_address(fused_ops.SOURCE, "add_rms_norm_f32"),
+            _fn_address(fused_ops.SOURCE, "silu_mul_f32"),
+            _fn_address(fused_ops.SOURCE, "rope_f32"),
+            _fn_address(attention.SOURCE, "store_kv"),
+            _fn_address(attention.SOURCE, "paged_decode"),
+            args.num_layers,
+            args.hidden_size,
+            args.intermediate_size,
+            args.num_heads,
+            args.num_kv_heads,
+            args.head_dim,
+            self.block_size,
+            int(model.layers[0].self_attn.qkv_proj.act_q8),
+            model.layers[0].input_layernorm.eps,
+            model.layers[0].self_attn.scale,
+            k0.stride(0),
+            k0.stride(1),
+            k0.stride(2),
+            model.rope_cache.data_ptr(),
+            model.rope_cache.stride(0),
+            model.norm.weight.data_ptr(),
+            self._layers,
+        )
+        self._fn = lib.decode_layers
+        self._fn.restype = _i32
+        self._fn.argtypes = [_ptr, _ptr, _ptr, _i32, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i32, _ptr]
+        # seconds spent in the layers' linears and attention since the last reset (read by `bench step`)
+        self.seconds = (ctypes.c_double * 2)()
+        self._struct_ptr = ctypes.addressof(self._struct)
+
+    @classmethod
+    def build(
+        cls, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> FusedDecoder | None:
+        """A decoder for `model`, or None (with the reason logged) when the model or machine does not fit."""
+        reason = _unsupported(model, kv_caches)
+        lib = None if reason else load_library(SOURCE)
+        if reason is None and lib is None:
+            reason = "decode_step.c could not be built"
+        if reason is not None:
+            logger.info("fused decode step off: %s", reason)
+            return None
+        return cls(model, kv_caches, lib)  # type: ignore[arg-type]
+
+    def applies(self, meta: AttentionMetadata) -> bool:
+        """Whether a step with this metadata runs here: decode only, and few enough sequences for the GEMV path."""
+        return meta.max_query_len == 1 and meta.num_seqs <= GEMV_MAX_ROWS
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """Final-normed hidden states [n, hidden] of a decode-only step (see `applies`)."""
+        n = input_ids.shape[0]
+        slots, seq_lens = meta.slot_mapping, meta.seq_lens.contiguous()
+        tables = meta.block_tables.contiguous()
+        # the C side follows raw block ids and slots: check them against the pool once a step
+        if int(tables.max()) >= self.num_blocks or int(slots.max()) >= self.num_blocks * self.block_size:
+            raise RuntimeError(f"the step names blocks or slots past the pool of {self.num_blocks} blocks")
+        if meta.max_seq_len > tables.shape[1] * self.block_size:
+            raise RuntimeError(f"block tables of {tables.shape[1]} blocks for {meta.max_seq_len} tokens")
+        residual = self.model.embed_tokens(input_ids)  # [n, hidden] fp32, a new tensor
+        out = torch.empty_like(residual)
+        rows = torch.arange(n, dtype=torch.int32)
+        positions = positions.contiguous()
+        status = self._fn(
+            self._struct_ptr,
+            residual.data_ptr(),
+            out.data_ptr(),
+            n,
+            positions.data_ptr(),
+            slots.data_ptr(),
+            rows.data_ptr(),
+            seq_lens.data_ptr(),
+            tables.data_ptr(),
+            tables.stride(0),
+            torch.get_num_threads(),
+            self.seconds,
+        )
+        if status != 0:
+            raise RuntimeError(f"decode_layers failed (status {status})")
+        return out
+
+
+def _unsupported(model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> str | None:
+    """Why the fused step cannot run this model, or None."""
+    if not isinstance(model, LlamaForCausalLM):
+        return f"{type(model).__name__} is not a LlamaForCausalLM"
+    if model.embed_tokens.weight.dtype != torch.float32 or model.embed_tokens.weight.device.type != "cpu":
+        return "the model is not fp32 on the CPU"
+    if load_attention() is None or load_cpu_ops() is None or load_quant_linear() is None:
+        return "a native kernel (attention, fused ops, quantized linear) is not built"
+    for layer in model.layers:
+        linears = (
+            layer.self_attn.qkv_proj,
+            layer.self_attn.o_proj,
+            layer.mlp.gate_up_proj,
+            layer.mlp.down_proj,
+        )
+        if not all(isinstance(m, QuantLinear) for m in linears):
+            return "not every layer linear is quantized (quantization gguf)"
+        if any(m.bias is not None and m.bias.dtype != torch.float32 for m in linears):
+            return "a linear bias is not fp32"
+    k0 = kv_caches[0][0]
+    if any(
+        k.dtype != torch.float32 or k.stride() != k0.stride() or v.stride() != k0.stride()
+        for k, v in kv_caches
+    ):
+        return "the KV caches are not fp32 with one layout"
+    args = model.args
+    if args.head_dim % 16 or not 16 <= args.head_dim <= 256 or args.num_heads // args.num_kv_heads > 16:
+        return f"head_dim {args.head_dim} / GQA {args.num_heads // args.num_kv_heads} outside the attention kernel"
+    if k0.stride(-1) != 1:
+        return "the KV cache's head_dim is not unit stride"
+    return None

@@ -1,0 +1,67 @@
+"""The fused decode step (engine/worker/fused_decode.py + engine/native/decode_step.c): the same kernels as the
+module path in the same order, so tokens and logprobs are equal bit for bit; it runs only where it applies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.native.quant_linear import GEMV_MAX_ROWS
+from engine.worker import fused_decode
+from engine.worker.fused_decode import FusedDecoder
+from tests.engine.factories import make_attention_metadata
+from tests.engine.gguf_factories import write_tiny_chat_gguf
+
+KV_BYTES = 8 * 2**20
+PROMPTS = [f"prompt number {i}: tell me about {word}" for i, word in enumerate("abcdefghijklmnopqrstuvwx")]
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    return write_tiny_chat_gguf(tmp_path_factory.mktemp("fused") / "tiny.gguf", seed=11, num_layers=3)
+
+
+def _run(model: Path, fused: bool, prompts: list[str], act_q8: bool = False):
+    llm = LLM(
+        model=str(model),
+        quantization="gguf",
+        int8_activations=act_q8,
+        fused_decode=fused,
+        kv_cache_bytes=KV_BYTES,
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)
+    outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
+    return llm, [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
+
+
+@pytest.mark.parametrize("act_q8", [False, True])
+@pytest.mark.parametrize("num_prompts", [1, 5, GEMV_MAX_ROWS + 4])  # past 16 sequences: the module path runs
+def test_fused_step_equals_the_module_path_bit_for_bit(monkeypatch, tiny_gguf, act_q8, num_prompts):
+    calls = []
+    original = FusedDecoder.forward
+    monkeypatch.setattr(FusedDecoder, "forward", lambda self, *a: calls.append(1) or original(self, *a))
+    llm, fused = _run(tiny_gguf, True, PROMPTS[:num_prompts], act_q8)
+    assert llm.engine.runner.fused is not None and calls, "the fused step should have run"
+    _, modules = _run(tiny_gguf, False, PROMPTS[:num_prompts], act_q8)
+    assert fused == modules  # tokens and logprobs, exactly
+
+
+def test_fused_step_is_off_where_it_does_not_apply(tiny_gguf, caplog):
+    dense = LLM(model=str(tiny_gguf), quantization="none", dtype="float32", kv_cache_bytes=KV_BYTES)
+    assert dense.engine.runner.fused is None
+    assert fused_decode._unsupported(dense.engine.runner.model, dense.engine.runner.kv_caches) == (
+        "not every layer linear is quantized (quantization gguf)"
+    )
+    off = LLM(model=str(tiny_gguf), quantization="gguf", fused_decode=False, kv_cache_bytes=KV_BYTES)
+    assert off.engine.runner.fused is None
+
+
+def test_a_block_past_the_pool_is_refused_before_c_follows_it(tiny_gguf):
+    llm = LLM(model=str(tiny_gguf), quantization="gguf", kv_cache_bytes=KV_BYTES)
+    runner = llm.engine.runner
+    meta = make_attention_metadata([1], [3], [[runner.num_blocks]], runner.spec.block_size)
+    with pytest.raises(RuntimeError, match="past the pool"):
+        runner.fused.forward(torch.tensor([1]), torch.tensor([2]), meta)
