@@ -10,7 +10,7 @@ from engine.attention.backend import make_attention_backend
 from engine.attention.metadata import AttentionMetadata
 from engine.core.config import EngineConfig
 from engine.core.outputs import SchedulerOutput
-from engine.worker.fused_decode import FusedDecoder
+from engine.models.fused_decode import FusedDecoder
 from engine.worker.kv_cache import KVCacheSpec, zeros_on_huge_pages
 
 logger = logging.getLogger(__name__)

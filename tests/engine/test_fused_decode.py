@@ -1,4 +1,4 @@
-"""The fused decode step (engine/worker/fused_decode.py + engine/native/decode_step.c): the same kernels as the
+"""The fused decode step (engine/models/fused_decode.py + engine/native/decode_step.c): the same kernels as the
 module path in the same order, so tokens and logprobs are equal bit for bit; it runs only where it applies."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.models import fused_decode
+from engine.models.fused_decode import FusedDecoder
 from engine.native.quant_linear import GEMV_MAX_ROWS
-from engine.worker import fused_decode
-from engine.worker.fused_decode import FusedDecoder
 from tests.engine.factories import make_attention_metadata
 from tests.engine.gguf_factories import write_tiny_chat_gguf
 
