@@ -108,6 +108,7 @@ def _non_default_config() -> EngineConfig:
         device="cpu",
         quantization="gguf",
         int8_activations=True,
+        fused_decode=False,
         attention_backend="torch",
         block_size=32,
         memory_utilization=0.5,
