@@ -53,32 +53,14 @@ class NativeQuantLinear:
         act_q8: bool,
     ) -> torch.Tensor:
         """x @ W^T (+ bias) as [rows, out] fp32; act_q8 quantizes x per 32-block to int8 first (faster, inexact)."""
-        rows, in_features = x.shape
+        in_features = x.shape[1]
         assert x.dtype == torch.float32 and x.device.type == "cpu" and x.stride(1) == 1, "fp32 CPU rows only"
         assert in_features == weight.in_features, f"x has {in_features} features, weight {weight.in_features}"
         if bias is not None:
             assert (
                 bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (weight.out_features,)
             )
-        y = torch.empty((rows, weight.out_features), dtype=torch.float32)
-        status = self._linear(
-            int(weight.qtype),
-            int(act_q8),
-            weight.blocks.data_ptr(),
-            weight.blocks.stride(0),
-            weight.out_features,
-            in_features,
-            x.data_ptr(),
-            x.stride(0),
-            rows,
-            None if bias is None else bias.data_ptr(),
-            y.data_ptr(),
-            y.stride(0),
-            torch.get_num_threads(),
-        )
-        if status != 0:
-            raise RuntimeError(f"quant_linear rejected its inputs (status {status})")
-        return y
+        return self.linear_rows(x, weight.blocks, int(weight.qtype), in_features, bias, act_q8)
 
     def linear_rows(
         self,
@@ -89,8 +71,8 @@ class NativeQuantLinear:
         bias: torch.Tensor | None,  # [out] fp32 or None
         act_q8: bool,
     ) -> torch.Tensor:
-        """`linear` for QuantLinear's decode path, with the checks done once at construction: a decode step makes
-        ~120 of these calls, so each Python-side microsecond here is ~0.1 ms a token."""
+        """`linear` without its checks, for callers that made them once (QuantLinear's decode path): a decode step
+        makes ~120 of these calls, so each Python-side microsecond here is ~0.1 ms a token."""
         rows, out_features = x.shape[0], blocks.shape[0]
         y = torch.empty((rows, out_features), dtype=torch.float32)
         status = self._linear(
