@@ -27,6 +27,39 @@ class AttentionMetadata:
     query_lens_cpu: tuple[int, ...]
     seq_lens_cpu: tuple[int, ...]
 
+    @classmethod
+    def build(
+        cls,
+        query_lens: list[int],
+        seq_lens: list[int],
+        block_tables: list[list[int]],
+        block_size: int,
+        device: torch.device | str = "cpu",
+    ) -> AttentionMetadata:
+        """Metadata for sequences whose last query_lens[i] of seq_lens[i] tokens are new this step, each at the
+        slots its block table gives them."""
+        slots = [
+            table[pos // block_size] * block_size + pos % block_size
+            for query_len, seq_len, table in zip(query_lens, seq_lens, block_tables, strict=True)
+            for pos in range(seq_len - query_len, seq_len)
+        ]
+        starts = [0]
+        for n in query_lens:
+            starts.append(starts[-1] + n)
+        width = max(len(t) for t in block_tables)
+        return cls(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            block_tables=torch.tensor(
+                [t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32, device=device
+            ),
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+            query_lens_cpu=tuple(query_lens),
+            seq_lens_cpu=tuple(seq_lens),
+        )
+
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens_cpu)

@@ -58,11 +58,9 @@ class ModelRunner:
         self, out: SchedulerOutput
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """Flatten the step into input ids, positions and attention metadata; rows of the tokens that sample."""
-        block_size = self.spec.block_size
         input_ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
-        query_start = [0]
+        query_lens: list[int] = []
         seq_lens: list[int] = []
         tables: list[list[int]] = []
         sample_rows: list[int] = []
@@ -72,27 +70,13 @@ class ModelRunner:
             end = start + item.num_new_tokens
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
-            table = seq.block_table
-            slots.extend(table[p // block_size] * block_size + p % block_size for p in range(start, end))
-            query_start.append(query_start[-1] + item.num_new_tokens)
+            query_lens.append(item.num_new_tokens)
             seq_lens.append(end)
-            tables.append(table)
+            tables.append(seq.block_table)
             if item.samples:
-                sample_rows.append(query_start[-1] - 1)
-        max_blocks = max(len(t) for t in tables)
-        padded = [t + [0] * (max_blocks - len(t)) for t in tables]
+                sample_rows.append(len(input_ids) - 1)
         dev = self.device
-        query_lens = tuple(b - a for a, b in zip(query_start, query_start[1:]))
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
-            query_lens_cpu=query_lens,
-            seq_lens_cpu=tuple(seq_lens),
-        )
+        meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.spec.block_size, dev)
         ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         return ids, pos, meta, sample_rows

@@ -9,31 +9,6 @@ from engine.core.utils import cdiv
 from engine.worker.model_runner import ModelRunner
 
 
-def _metadata(
-    query_lens: list[int], seq_lens: list[int], tables: list[list[int]], block_size: int
-) -> AttentionMetadata:
-    """Metadata for sequences whose last query_lens[i] of seq_lens[i] tokens are new this step."""
-    slots = [
-        table[pos // block_size] * block_size + pos % block_size
-        for query_len, seq_len, table in zip(query_lens, seq_lens, tables, strict=True)
-        for pos in range(seq_len - query_len, seq_len)
-    ]
-    starts = [0]
-    for n in query_lens:
-        starts.append(starts[-1] + n)
-    width = max(len(t) for t in tables)
-    return AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
-        max_query_len=max(query_lens),
-        max_seq_len=max(seq_lens),
-        query_lens_cpu=tuple(query_lens),
-        seq_lens_cpu=tuple(seq_lens),
-    )
-
-
 @torch.inference_mode()
 def score_tokens(
     runner: ModelRunner, sequences: list[list[int]], num_context: list[int]
@@ -73,7 +48,7 @@ def score_tokens(
             break
         query_lens = [feed[i] for i in active]
         seq_lens = [done[i] + feed[i] for i in active]
-        meta = _metadata(query_lens, seq_lens, [tables[i] for i in active], block_size)
+        meta = AttentionMetadata.build(query_lens, seq_lens, [tables[i] for i in active], block_size)
         ids = torch.tensor([t for i in active for t in sequences[i][done[i] : done[i] + feed[i]]])
         positions = torch.tensor([p for i in active for p in range(done[i], done[i] + feed[i])])
         backend.prepare(meta)

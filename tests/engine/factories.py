@@ -94,25 +94,9 @@ def make_attention_metadata(
     query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int
 ) -> AttentionMetadata:
     """Metadata for sequences whose last query_lens[i] of seq_lens[i] tokens are new this step."""
-    slots: list[int] = []
-    for query_len, seq_len, table in zip(query_lens, seq_lens, block_tables, strict=True):
+    for seq_len, table in zip(seq_lens, block_tables, strict=True):
         assert len(table) * block_size >= seq_len, f"table {table} too short for {seq_len} tokens"
-        for pos in range(seq_len - query_len, seq_len):
-            slots.append(table[pos // block_size] * block_size + pos % block_size)
-    width = max(len(t) for t in block_tables)
-    starts = [0]
-    for n in query_lens:
-        starts.append(starts[-1] + n)
-    return AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32),
-        max_query_len=max(query_lens),
-        max_seq_len=max(seq_lens),
-        query_lens_cpu=tuple(query_lens),
-        seq_lens_cpu=tuple(seq_lens),
-    )
+    return AttentionMetadata.build(query_lens, seq_lens, block_tables, block_size)
 
 
 def make_kv_caches(
