@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -63,6 +64,23 @@ class AttentionMetadata:
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens_cpu)
+
+    @cached_property
+    def reach(self) -> tuple[int, int]:
+        """(largest block id, largest slot) the step names; (0, -1) when it names none. Computed once a step."""
+        max_block = int(self.block_tables.max()) if self.block_tables.numel() else 0
+        max_slot = int(self.slot_mapping.max()) if self.slot_mapping.numel() else -1
+        return max_block, max_slot
+
+    def check_pool(self, num_blocks: int, block_size: int) -> None:
+        """Raise RuntimeError when the step names a block or slot past a pool of `num_blocks` blocks: native code
+        follows them as raw offsets, unchecked."""
+        max_block, max_slot = self.reach
+        if max_block >= num_blocks or max_slot >= num_blocks * block_size:
+            raise RuntimeError(
+                f"attention metadata names block {max_block} / slot {max_slot}, past a pool of "
+                f"{num_blocks} blocks of {block_size}"
+            )
 
     @property
     def is_decode_only(self) -> bool:

@@ -71,9 +71,6 @@ class _StepPlan:
     decodes: list[int]  # the sequences with one query token
     prefills: tuple[_Prefill, ...]
     native: _NativeInputs | None  # None: no decodes, or no kernel
-    # the largest block id and slot the step names: raw-pointer code checks them once per layer
-    max_block_id: int = 0
-    max_slot: int = -1
     groups: tuple[_DecodeGroup, ...] | None = None  # the torch decode path, made at first use
 
     @property
@@ -176,11 +173,7 @@ class TorchAttentionBackend:
                 index = torch.tensor(decodes, dtype=torch.int64)
                 rows = torch.tensor([starts[i] for i in decodes], dtype=torch.int32)
                 native = _NativeInputs(rows, meta.seq_lens[index], tables[index].contiguous())
-        plan = _StepPlan(meta, bs, decodes, tuple(prefills), native)
-        if self.kernel is not None:
-            plan.max_block_id = int(tables.max()) if tables.numel() else 0
-            plan.max_slot = int(meta.slot_mapping.max()) if meta.slot_mapping.numel() else -1
-        return plan
+        return _StepPlan(meta, bs, decodes, tuple(prefills), native)
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """See AttentionBackend.forward."""
@@ -188,12 +181,8 @@ class TorchAttentionBackend:
         plan = self._plan
         if plan is None or plan.meta is not meta or plan.block_size != block_size:
             plan = self._plan = self._make_plan(meta, block_size)
-        num_blocks = k_cache.shape[0]
-        if plan.max_block_id >= num_blocks or plan.max_slot >= num_blocks * block_size:
-            raise RuntimeError(
-                f"attention metadata names block {plan.max_block_id} / slot {plan.max_slot}, past a pool of "
-                f"{num_blocks} blocks of {block_size}"
-            )
+        if self.kernel is not None:  # raw-pointer code follows the step's block ids and slots
+            meta.check_pool(k_cache.shape[0], block_size)
         if self.kernel is not None and self.kernel.can_store(k, v, k_cache, v_cache):
             self.kernel.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         else:

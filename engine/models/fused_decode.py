@@ -4,7 +4,7 @@ on the CPU.
 `FusedDecoder.build` checks once that a model fits (every layer linear a QuantLinear, fp32 weights and caches, the
 native kernels built) and gathers the pointers the C loop needs; `forward` then runs a decode-only step of up to
 GEMV_MAX_ROWS sequences with one crossing into C instead of ~300 Python calls. It calls the same kernels as the
-module path with the same arguments, so the two agree bit for bit (tests/engine/test_decode_step.py).
+module path with the same arguments, so the two agree bit for bit (tests/engine/test_fused_decode.py).
 """
 
 from __future__ import annotations
@@ -187,9 +187,7 @@ class FusedDecoder:
         n = input_ids.shape[0]
         slots, seq_lens = meta.slot_mapping, meta.seq_lens.contiguous()
         tables = meta.block_tables.contiguous()
-        # the C side follows raw block ids and slots: check them against the pool once a step
-        if int(tables.max()) >= self.num_blocks or int(slots.max()) >= self.num_blocks * self.block_size:
-            raise RuntimeError(f"the step names blocks or slots past the pool of {self.num_blocks} blocks")
+        meta.check_pool(self.num_blocks, self.block_size)  # the C side follows raw block ids and slots
         if meta.max_seq_len > tables.shape[1] * self.block_size:
             raise RuntimeError(f"block tables of {tables.shape[1]} blocks for {meta.max_seq_len} tokens")
         residual = self.model.embed_tokens(input_ids)  # [n, hidden] fp32, a new tensor

@@ -1,6 +1,6 @@
 /* A decode step's decoder layers in one call: the fp32 CPU path for a few sequences of one new token each.
  *
- * Built and loaded by engine/native/decode_step.py. At one token a step, a Llama layer is ~10 small operations; run
+ * Built and loaded by engine/models/fused_decode.py. At one token a step, a Llama layer is ~10 small operations; run
  * from Python each costs a module call, argument checks and a ctypes crossing (~15-30 us), which for SmolLM2's 30
  * layers is several milliseconds a token, as much as the matmuls. Here the layer loop runs in C and calls the very
  * kernels the Python path calls (quant_linear.c, fused_ops.c, attention.c), through function pointers taken from

@@ -63,5 +63,5 @@ def test_a_block_past_the_pool_is_refused_before_c_follows_it(tiny_gguf):
     llm = LLM(model=str(tiny_gguf), quantization="gguf", kv_cache_bytes=KV_BYTES)
     runner = llm.engine.runner
     meta = make_attention_metadata([1], [3], [[runner.num_blocks]], runner.spec.block_size)
-    with pytest.raises(RuntimeError, match="past the pool"):
+    with pytest.raises(RuntimeError, match="past a pool of"):
         runner.fused.forward(torch.tensor([1]), torch.tensor([2]), meta)
