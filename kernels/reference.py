@@ -8,6 +8,27 @@ from __future__ import annotations
 
 import torch
 
+INT8_KV_MAX = 127  # int8 KV values lie in [-127, 127]; the scale maps the row's largest |x| to 127
+
+
+def quantize_kv_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 quantization of each row of x [..., head_dim]: (int8 values [..., head_dim], fp16 scales [...]).
+
+    scale = fp16(max|x| / 127); q = clamp(floor(x / scale + 0.5), -127, 127), computed in fp32 with the scale already
+    rounded to fp16 (q = 0 where the scale is 0). Every int8 store (C, Triton) follows these exact fp32 operations, so
+    the kernels match this twin bit for bit. Dequantized, x ~ q * scale.
+    """
+    xf = x.float()
+    scale = (xf.abs().amax(-1) / INT8_KV_MAX).clamp(max=torch.finfo(torch.float16).max).to(torch.float16)
+    s = scale.float().unsqueeze(-1)
+    q = torch.where(s > 0, torch.floor(xf / torch.where(s > 0, s, 1.0) + 0.5), 0.0)
+    return q.clamp(-INT8_KV_MAX, INT8_KV_MAX).to(torch.int8), scale
+
+
+def dequantize_kv_ref(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp32 values of int8 rows q [..., head_dim] with their fp16 scales [...]."""
+    return q.float() * scale.float().unsqueeze(-1)
+
 
 def store_kv_ref(
     k: torch.Tensor,
