@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -44,6 +45,7 @@ class LLMEngine:
             head_dim=model.args.head_dim,
             block_size=self.config.block_size,
             dtype=dtype,
+            kv_cache_dtype=self.config.kv_cache_dtype,
         )
         peak = profile_peak_bytes(self.config, model, spec) if device.type == "cuda" else None
         num_blocks = num_blocks_for_budget(self.config, spec, peak)
@@ -55,6 +57,7 @@ class LLMEngine:
                 f"memory_utilization or lower max_model_len"
             )
         self.kv_block_bytes = spec.block_bytes
+        self.kv_cache_dtype = spec.dtype_name
         self.num_blocks = num_blocks
         self.runner = ModelRunner(self.config, model, spec, num_blocks)
         self.scheduler = Scheduler(self.config, num_blocks, self.eos_token_ids)
@@ -166,7 +169,9 @@ class LLMEngine:
     # ---- introspection ---------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         """Counters for metrics and the admin page."""
-        return self.scheduler.stats()
+        return dataclasses.replace(
+            self.scheduler.stats(), kv_cache_dtype=self.kv_cache_dtype, kv_block_bytes=self.kv_block_bytes
+        )
 
     def snapshot(self) -> PoolSnapshot:
         """Every block's state and every live sequence's block table, consistent between steps."""

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
 from engine.attention.metadata import AttentionMetadata
+
+
+class LayerKV(NamedTuple):
+    """One layer's view of the paged pool: K and V [num_blocks, block_size, Hkv, D] in the activation dtype, or int8
+    with fp16 scales [num_blocks, block_size, Hkv] (kernels/reference.py's quantize_kv_ref)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
 
 
 class AttentionBackend(Protocol):
@@ -25,8 +35,11 @@ class AttentionBackend(Protocol):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        k_scale: torch.Tensor | None = None,  # int8 caches: [num_blocks, block_size, Hkv] fp16
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
-        """Write k/v at meta.slot_mapping, then causal attention over cached + new context."""
+        """Write k/v at meta.slot_mapping (quantized into int8 caches), then causal attention over cached + new
+        context."""
         ...
 
 

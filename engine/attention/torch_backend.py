@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from engine.attention.metadata import AttentionMetadata
 from engine.core.utils import cdiv
 from engine.native.attention import NativeDecode, load_kernel
+from kernels.reference import dequantize_kv_ref, quantize_kv_ref
 
 MAX_DECODE_GROUPS = 4
 MIN_SPLIT_SAVING = 32  # padded blocks a length split must save (per layer) to pay for its extra kernel calls
@@ -28,7 +29,8 @@ class _Prefill:
     row_start: int
     row_end: int
     seq_len: int
-    block_ids: torch.Tensor | None  # [num_blocks] int64 to gather its context; None: all context is new
+    block_ids: torch.Tensor  # [num_blocks] int64 to gather its context
+    cached: bool  # context precedes this step's tokens; if not, a float pool's context is this step's k/v as is
     valid: torch.Tensor | None  # [query_len, seq_len] bool, True = attend; None: plain causal
     masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # additive, made at first use
 
@@ -126,11 +128,34 @@ def _decode_group(meta, tables, starts, seqs: list[int], bs: int, in_order: bool
     return _DecodeGroup(rows, block_ids, valid.view(len(seqs), 1, 1, -1))
 
 
+@dataclass(frozen=True)
+class _Gather:
+    """Reads whole blocks of one layer's pool in the query dtype, dequantizing an int8 pool."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    k_scale: torch.Tensor | None
+    v_scale: torch.Tensor | None
+    dtype: torch.dtype
+
+    def __call__(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of these blocks, [len(block_ids), block_size, Hkv, D] each."""
+        keys, values = self.k_cache.index_select(0, block_ids), self.v_cache.index_select(0, block_ids)
+        if self.k_scale is None:
+            return keys, values
+        return (
+            dequantize_kv_ref(keys, self.k_scale.index_select(0, block_ids)).to(self.dtype),
+            dequantize_kv_ref(values, self.v_scale.index_select(0, block_ids)).to(self.dtype),
+        )
+
+
 class TorchAttentionBackend:
     """CPU paged attention; the caches must hold finite values (allocate them with torch.zeros).
 
     Decode sequences go to the compiled kernel (engine.native.attention) when it is built and supports the dtype and
-    shapes: it reads K/V in place through the block tables. Otherwise they are attended together in torch: their
+    shapes: it reads K/V in place through the block tables. An int8 pool is read dequantized; its prefills read even
+    this step's K/V back from the pool, so a prompt attends to the same int8 values whether it is computed in one
+    step, in chunks, or token by token after a preemption. Otherwise they are attended together in torch: their
     blocks are gathered into [n, L, Hkv, D] (padded to the longest context, masked) and fed to SDPA with
     grouped-query heads; very uneven lengths are split into a few groups. Prefill sequences run one SDPA call each,
     reading cached context through their block tables.
@@ -157,12 +182,13 @@ class TorchAttentionBackend:
             if query_len == 1:
                 continue
             seq_len = meta.seq_lens_cpu[i]
-            block_ids = mask = None
+            block_ids = tables[i, : cdiv(seq_len, bs)].to(torch.int64)
+            mask = None
             if seq_len != query_len:  # cached context precedes this step's tokens
-                block_ids = tables[i, : cdiv(seq_len, bs)].to(torch.int64)
                 rows = torch.arange(query_len, device=device)[:, None] + (seq_len - query_len)
                 mask = torch.arange(seq_len, device=device)[None, :] <= rows
-            prefills.append(_Prefill(starts[i], starts[i] + query_len, seq_len, block_ids, mask))
+            cached = seq_len != query_len
+            prefills.append(_Prefill(starts[i], starts[i] + query_len, seq_len, block_ids, cached, mask))
         decodes = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
         native = None
         if decodes and self.kernel is not None and device.type == "cpu":
@@ -175,19 +201,32 @@ class TorchAttentionBackend:
                 native = _NativeInputs(rows, meta.seq_lens[index], tables[index].contiguous())
         return _StepPlan(meta, bs, decodes, tuple(prefills), native)
 
-    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def forward(
+        self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, k_scale=None, v_scale=None
+    ) -> torch.Tensor:
         """See AttentionBackend.forward."""
         block_size, num_kv_heads, head_dim = k_cache.shape[1:]
+        quantized = k_cache.dtype == torch.int8
+        if quantized != (k_scale is not None and v_scale is not None):
+            raise RuntimeError(
+                f"{k_cache.dtype} caches {'need' if quantized else 'take no'} k_scale and v_scale"
+            )
         plan = self._plan
         if plan is None or plan.meta is not meta or plan.block_size != block_size:
             plan = self._plan = self._make_plan(meta, block_size)
         if self.kernel is not None:  # raw-pointer code follows the step's block ids and slots
             meta.check_pool(k_cache.shape[0], block_size)
         if self.kernel is not None and self.kernel.can_store(k, v, k_cache, v_cache):
-            self.kernel.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            self.kernel.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        elif quantized:  # the twin: quantize, then scatter values and scales
+            for x, cache, scales in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+                values, row_scales = quantize_kv_ref(x)
+                cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, values)
+                scales.view(-1, num_kv_heads).index_copy_(0, meta.slot_mapping, row_scales)
         else:
             k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
             v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+        gather = _Gather(k_cache, v_cache, k_scale, v_scale, q.dtype)
         if plan.native is not None and self.kernel.supports(q, k_cache):
             n = plan.native
             if meta.max_seq_len > n.block_tables.shape[1] * block_size:
@@ -195,25 +234,24 @@ class TorchAttentionBackend:
                     f"block tables of {n.block_tables.shape[1]} blocks for {meta.max_seq_len} tokens"
                 )
             out = q.new_empty(q.shape)
-            self.kernel(q, k_cache, v_cache, n.rows, n.seq_lens, n.block_tables, out, scale)
+            self.kernel(q, k_cache, v_cache, n.rows, n.seq_lens, n.block_tables, out, scale, k_scale, v_scale)
         else:
             groups = plan.decode_groups
             if len(groups) == 1 and groups[0].rows is None:
-                return self._decode(q, k_cache, v_cache, groups[0], scale)
+                return self._decode(q, gather, groups[0], scale)
             out = q.new_empty(q.shape)
             for group in groups:
-                out[group.rows] = self._decode(q[group.rows], k_cache, v_cache, group, scale)
+                out[group.rows] = self._decode(q[group.rows], gather, group, scale)
         for p in plan.prefills:
-            out[p.row_start : p.row_end] = self._prefill(q, k, v, k_cache, v_cache, p, scale)
+            out[p.row_start : p.row_end] = self._prefill(q, k, v, gather, p, scale)
         return out
 
     @staticmethod
-    def _decode(q, k_cache, v_cache, group: _DecodeGroup, scale: float) -> torch.Tensor:
+    def _decode(q, gather: _Gather, group: _DecodeGroup, scale: float) -> torch.Tensor:
         num_seqs, num_heads, head_dim = q.shape  # [n, Hq, D]
-        keys = k_cache.index_select(0, group.block_ids).view(
-            num_seqs, -1, *k_cache.shape[2:]
-        )  # [n, L, Hkv, D]
-        values = v_cache.index_select(0, group.block_ids).view(num_seqs, -1, *v_cache.shape[2:])
+        keys, values = gather(group.block_ids)  # [n * blocks, block_size, Hkv, D]
+        keys = keys.view(num_seqs, -1, *keys.shape[2:])  # [n, L, Hkv, D]
+        values = values.view(num_seqs, -1, *values.shape[2:])
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2),  # [n, Hq, 1, D]
             keys.transpose(1, 2),  # [n, Hkv, L, D]
@@ -225,13 +263,13 @@ class TorchAttentionBackend:
         return out.view(num_seqs, num_heads, head_dim)
 
     @staticmethod
-    def _prefill(q, k, v, k_cache, v_cache, p: _Prefill, scale: float) -> torch.Tensor:
+    def _prefill(q, k, v, gather: _Gather, p: _Prefill, scale: float) -> torch.Tensor:
         query = q[p.row_start : p.row_end].transpose(0, 1).unsqueeze(0)  # [1, Hq, Lq, D]
-        if p.block_ids is None:
+        if not p.cached and gather.k_scale is None:  # all context is new: this step's K/V as computed
             keys, values = k[p.row_start : p.row_end], v[p.row_start : p.row_end]  # [L, Hkv, D]
         else:
-            keys = k_cache.index_select(0, p.block_ids).flatten(0, 1)[: p.seq_len]
-            values = v_cache.index_select(0, p.block_ids).flatten(0, 1)[: p.seq_len]
+            keys, values = gather(p.block_ids)
+            keys, values = keys.flatten(0, 1)[: p.seq_len], values.flatten(0, 1)[: p.seq_len]
         out = F.scaled_dot_product_attention(
             query,
             keys.transpose(0, 1).unsqueeze(0),  # [1, Hkv, L, D]

@@ -1,8 +1,8 @@
 """The decoder layers of a decode step in one C call (engine/native/decode_step.c), for GGUF-quantized fp32 models
 on the CPU.
 
-`FusedDecoder.build` checks once that a model fits (every layer linear a QuantLinear, fp32 weights and caches, the
-native kernels built) and gathers the pointers the C loop needs; `forward` then runs a decode-only step of up to
+`FusedDecoder.build` checks once that a model fits (every layer linear a QuantLinear, fp32 weights, fp32 or int8
+caches, the native kernels built) and gathers the pointers the C loop needs; `forward` then runs a decode-only step of up to
 GEMV_MAX_ROWS sequences with one crossing into C instead of ~300 Python calls. It calls the same kernels as the
 module path with the same arguments, so the two agree bit for bit (tests/engine/test_fused_decode.py).
 """
@@ -25,6 +25,7 @@ from engine.native.quant_linear import GEMV_MAX_ROWS, QuantLinear
 from engine.native.quant_linear import load_kernel as load_quant_linear
 
 if TYPE_CHECKING:
+    from engine.attention.backend import LayerKV
     from engine.attention.metadata import AttentionMetadata
 
 logger = logging.getLogger(__name__)
@@ -53,12 +54,14 @@ class _Layer(ctypes.Structure):
         ("down", _QLinear),
         ("k_cache", _ptr),
         ("v_cache", _ptr),
+        ("k_scale", _ptr),
+        ("v_scale", _ptr),
     ]
 
 
 class _Model(ctypes.Structure):
     _fields_ = [
-        *[(name, _ptr) for name in ("linear", "norm", "silu", "rope", "store", "attend")],
+        *[(name, _ptr) for name in ("linear", "norm", "silu", "rope", "store", "store_q8", "attend")],
         *[
             (name, _i32)
             for name in (
@@ -70,6 +73,7 @@ class _Model(ctypes.Structure):
                 "head_dim",
                 "block_size",
                 "act_q8",
+                "kv_int8",
             )
         ],  # fmt: skip
         ("eps", _f32),
@@ -77,6 +81,8 @@ class _Model(ctypes.Structure):
         ("c_block", _i64),
         ("c_tok", _i64),
         ("c_head", _i64),
+        ("s_block", _i64),
+        ("s_tok", _i64),
         ("rope_table", _ptr),
         ("rope_row", _i64),
         ("final_norm", _ptr),
@@ -106,16 +112,14 @@ def _qlinear(module: QuantLinear) -> _QLinear:
 class FusedDecoder:
     """Runs every decoder layer of a decode-only step in C; see the module docstring."""
 
-    def __init__(
-        self, model: LlamaForCausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], lib: ctypes.CDLL
-    ) -> None:
+    def __init__(self, model: LlamaForCausalLM, kv_caches: list[LayerKV], lib: ctypes.CDLL) -> None:
         args = model.args
-        k0 = kv_caches[0][0]
+        k0, s0 = kv_caches[0].k, kv_caches[0].k_scale
         self.model = model
         self._kv_caches = kv_caches  # kept alive: the struct holds their pointers
         self.num_blocks, self.block_size = k0.shape[0], k0.shape[1]
         layers = []
-        for layer, (k_cache, v_cache) in zip(model.layers, kv_caches, strict=True):
+        for layer, (k_cache, v_cache, k_scale, v_scale) in zip(model.layers, kv_caches, strict=True):
             attn, mlp = layer.self_attn, layer.mlp
             layers.append(
                 _Layer(
@@ -127,6 +131,8 @@ class FusedDecoder:
                     _qlinear(mlp.down_proj),
                     k_cache.data_ptr(),
                     v_cache.data_ptr(),
+                    None if k_scale is None else k_scale.data_ptr(),
+                    None if v_scale is None else v_scale.data_ptr(),
                 )
             )
         self._layers = (_Layer * len(layers))(*layers)
@@ -136,6 +142,7 @@ class FusedDecoder:
             _fn_address(fused_ops.SOURCE, "silu_mul_f32"),
             _fn_address(fused_ops.SOURCE, "rope_f32"),
             _fn_address(attention.SOURCE, "store_kv"),
+            _fn_address(attention.SOURCE, "store_kv_int8"),
             _fn_address(attention.SOURCE, "paged_decode"),
             args.num_layers,
             args.hidden_size,
@@ -145,11 +152,14 @@ class FusedDecoder:
             args.head_dim,
             self.block_size,
             int(model.layers[0].self_attn.qkv_proj.act_q8),
+            int(s0 is not None),
             model.layers[0].input_layernorm.eps,
             model.layers[0].self_attn.scale,
             k0.stride(0),
             k0.stride(1),
             k0.stride(2),
+            0 if s0 is None else s0.stride(0),
+            0 if s0 is None else s0.stride(1),
             model.rope_cache.data_ptr(),
             model.rope_cache.stride(0),
             model.norm.weight.data_ptr(),
@@ -163,9 +173,7 @@ class FusedDecoder:
         self._struct_ptr = ctypes.addressof(self._struct)
 
     @classmethod
-    def build(
-        cls, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
-    ) -> FusedDecoder | None:
+    def build(cls, model: torch.nn.Module, kv_caches: list[LayerKV]) -> FusedDecoder | None:
         """A decoder for `model`, or None (with the reason logged) when the model or machine does not fit."""
         reason = _unsupported(model, kv_caches)
         lib = None if reason else load_library(SOURCE)
@@ -213,7 +221,7 @@ class FusedDecoder:
         return out
 
 
-def _unsupported(model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> str | None:
+def _unsupported(model: torch.nn.Module, kv_caches: list[LayerKV]) -> str | None:
     """Why the fused step cannot run this model, or None."""
     if not isinstance(model, LlamaForCausalLM):
         return f"{type(model).__name__} is not a LlamaForCausalLM"
@@ -232,12 +240,18 @@ def _unsupported(model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, tor
             return "not every layer linear is quantized (quantization gguf)"
         if any(m.bias is not None and m.bias.dtype != torch.float32 for m in linears):
             return "a linear bias is not fp32"
-    k0 = kv_caches[0][0]
+    k0, s0 = kv_caches[0].k, kv_caches[0].k_scale
+    if k0.dtype not in (torch.float32, torch.int8) or (k0.dtype == torch.int8) != (s0 is not None):
+        return "the KV caches are neither fp32 nor int8 with scales"
     if any(
-        k.dtype != torch.float32 or k.stride() != k0.stride() or v.stride() != k0.stride()
-        for k, v in kv_caches
+        k.dtype != k0.dtype or k.stride() != k0.stride() or v.stride() != k0.stride()
+        for k, v, *_ in kv_caches
     ):
-        return "the KV caches are not fp32 with one layout"
+        return "the KV caches do not share one dtype and layout"
+    if s0 is not None and any(
+        s.stride() != s0.stride() or s.stride(-1) != 1 for *_, ks, vs in kv_caches for s in (ks, vs)
+    ):
+        return "the KV scales do not share one layout"
     args = model.args
     if args.head_dim % 16 or not 16 <= args.head_dim <= 256 or args.num_heads // args.num_kv_heads > 16:
         return f"head_dim {args.head_dim} / GQA {args.num_heads // args.num_kv_heads} outside the attention kernel"

@@ -15,7 +15,7 @@ from engine.native.fused_ops import SUPPORTED_DTYPES, CpuOps, load_cpu_ops
 from engine.native.onednn import Linear
 
 if TYPE_CHECKING:
-    from engine.attention.backend import AttentionBackend
+    from engine.attention.backend import AttentionBackend, LayerKV
     from engine.attention.metadata import AttentionMetadata
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -137,7 +137,7 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,  # [T, hidden]
         rope: RopeInputs,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: LayerKV | tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
@@ -146,7 +146,8 @@ class Attention(nn.Module):
         qk = rope.rotate(qkv[:, : (hq + hkv) * d].view(num_tokens, hq + hkv, d), self.ops)
         q, k = qk[:, :hq], qk[:, hq:]  # [T, Hq, D], [T, Hkv, D]
         v = qkv[:, (hq + hkv) * d :].view(num_tokens, hkv, d)
-        out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)  # [T, Hq, D]
+        # [T, Hq, D]; an int8 pool's layer also carries its scales
+        out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, *kv_cache[2:])
         return self.o_proj(out.reshape(num_tokens, hq * d))
 
 
@@ -211,7 +212,7 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,  # [T]
         positions: torch.Tensor,  # [T]
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[LayerKV] | list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:

@@ -5,10 +5,33 @@
  * of up to 16 tokens; the 16 scores of a chunk come out of one transpose-and-add reduction, not 16 horizontal sums.
  * Caches [num_blocks, block_size, num_kv_heads, head_dim] are addressed through element strides, so any layout
  * with a unit head_dim stride works.
+ *
+ * int8 caches (kernels/reference.py's quantize_kv_ref): one fp16 scale per token and KV head, in scale tensors
+ * [num_blocks, block_size, num_kv_heads]. The kernel converts int8 to fp32 and multiplies each chunk's 16 scores by
+ * the 16 K scales, and each probability by its token's V scale: two multiplies per token, not one per element.
  */
 #include "simd.h"
 
 #define MAX_C 16 /* head_dim <= 256 */
+
+typedef int8_t vi8 __attribute__((vector_size(16)));
+
+static inline vf load_i8(const int8_t *p) {
+    vi8 b;
+    memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(b, vf);
+}
+static inline float f16_to_f32(uint16_t x) {
+    _Float16 h;
+    memcpy(&h, &x, 2);
+    return (float)h;
+}
+static inline uint16_t f32_to_f16(float f) { /* round to nearest even, as torch's .to(float16) */
+    const _Float16 h = (_Float16)f;
+    uint16_t x;
+    memcpy(&x, &h, 2);
+    return x;
+}
 #define MAX_G 16 /* query heads per kv head */
 
 /* Lane t of the result is the sum of the lanes of r[t]: four rounds of pairwise shuffles and adds. */
@@ -29,6 +52,8 @@ static inline vf reduce16(const vf *r) {
 
 typedef struct {
     const void *q, *k, *v;
+    const uint16_t *k_scale, *v_scale;    /* int8 caches: fp16 scales [num_blocks, block_size, num_kv_heads] */
+    int64_t s_block, s_tok;               /* their strides (unit stride over heads) */
     void *out;
     int64_t q_row, q_head, o_row, o_head; /* element strides of q / out: [rows, heads, head_dim] */
     int64_t c_block, c_tok, c_head;       /* element strides of the caches */
@@ -42,7 +67,7 @@ typedef struct {
 
 /* One sequence, every head. NC (vectors per head) and NG (query heads per kv head) are compile-time constants in
  * the specialised copies, so the accumulators of a chunk stay in registers; 0 means "read them from the job". */
-#define DEFINE_SEQUENCE(NAME, T, LOAD, STORE, NC, NG)                                                         \
+#define DEFINE_SEQUENCE(NAME, T, LOAD, STORE, KT, KLOAD, Q8, NC, NG)                                                         \
     static void NAME(const job_t *j, int s) {                                                                  \
         const int nc = (NC) ? (NC) : j->head_dim / W, ng = (NG) ? (NG) : j->num_heads / j->num_kv_heads;     \
         const int bs = j->block_size, len = j->seq_lens[s], chunk = W < bs ? W : bs;                         \
@@ -64,21 +89,28 @@ typedef struct {
             if (t0 + chunk < len) { /* the next chunk's rows, while this one computes */                      \
                 const int t1 = t0 + chunk;                                                                     \
                 const int64_t next = (int64_t)table[t1 / bs] * j->c_block + (t1 % bs) * j->c_tok;            \
-                const char *pk = (const char *)((const T *)j->k + next);                                       \
-                const char *pv = (const char *)((const T *)j->v + next);                                       \
-                for (int64_t o = 0; o < (int64_t)chunk * j->c_tok * (int64_t)sizeof(T); o += 64) {           \
+                const char *pk = (const char *)((const KT *)j->k + next);                                      \
+                const char *pv = (const char *)((const KT *)j->v + next);                                      \
+                for (int64_t o = 0; o < (int64_t)chunk * j->c_tok * (int64_t)sizeof(KT); o += 64) {          \
                     __builtin_prefetch(pk + o);                                                                \
                     __builtin_prefetch(pv + o);                                                                \
                 }                                                                                              \
             }                                                                                                  \
             const vf lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};                            \
+            const int64_t sbase = Q8 ? (int64_t)table[t0 / bs] * j->s_block + (t0 % bs) * j->s_tok : 0;     \
             for (int h = 0; h < j->num_kv_heads; h++) {                                                        \
-                const T *kb = (const T *)j->k + base + h * j->c_head;                                          \
-                const T *vb = (const T *)j->v + base + h * j->c_head;                                          \
+                const KT *kb = (const KT *)j->k + base + h * j->c_head;                                        \
+                const KT *vb = (const KT *)j->v + base + h * j->c_head;                                        \
+                vf ks = {0}, vs = {0}; /* int8: the chunk's K and V scales */                                 \
+                if (Q8)                                                                                        \
+                    for (int t = 0; t < n; t++) {                                                              \
+                        ks[t] = f16_to_f32(j->k_scale[sbase + t * j->s_tok + h]);                              \
+                        vs[t] = f16_to_f32(j->v_scale[sbase + t * j->s_tok + h]);                              \
+                    }                                                                                          \
                 vf(*qh)[nc] = q + h * ng, (*ah)[nc] = acc + h * ng;                                            \
                 for (int t = 0; t < n; t++) { /* partial dot products, reduced 16 at a time below */          \
                     vf kt[MAX_C];                                                                              \
-                    for (int c = 0; c < nc; c++) kt[c] = LOAD(kb + t * j->c_tok + c * W);                      \
+                    for (int c = 0; c < nc; c++) kt[c] = KLOAD(kb + t * j->c_tok + c * W);                     \
                     for (int g = 0; g < ng; g++) {                                                             \
                         vf a = qh[g][0] * kt[0];                                                               \
                         for (int c = 1; c < nc; c++) a += qh[g][c] * kt[c];                                    \
@@ -88,13 +120,16 @@ typedef struct {
                 for (int g = 0; g < ng; g++) {                                                                 \
                     const int hh = h * ng + g;                                                                 \
                     for (int t = n; t < W; t++) part[g][t] = (vf){0};                                          \
-                    const vf scores = vsel(lane < (float)n, reduce16(part[g]), (vf){0} - INFINITY);           \
+                    vf raw = reduce16(part[g]);                                                                \
+                    if (Q8) raw *= ks;                                                                         \
+                    const vf scores = vsel(lane < (float)n, raw, (vf){0} - INFINITY);                          \
                     const float chunk_max = hmax(scores), mx = chunk_max > m[hh] ? chunk_max : m[hh];          \
                     const float corr = expf(m[hh] - mx);                                                       \
                     const vf pe = vsel(lane < (float)n, vexp(scores - mx), (vf){0});                           \
                     l[hh] = l[hh] * corr + hsum(pe);                                                           \
                     m[hh] = mx;                                                                                \
-                    memcpy(p[g], &pe, sizeof pe);                                                              \
+                    const vf pv = Q8 ? pe * vs : pe;                                                           \
+                    memcpy(p[g], &pv, sizeof pv);                                                              \
                     for (int c = 0; c < nc; c++) ah[g][c] *= corr;                                             \
                 }                                                                                              \
                 vf a[MAX_G][MAX_C];                                                                            \
@@ -102,7 +137,7 @@ typedef struct {
                     for (int c = 0; c < nc; c++) a[g][c] = ah[g][c];                                           \
                 for (int t = 0; t < n; t++) {                                                                  \
                     vf vt[MAX_C];                                                                              \
-                    for (int c = 0; c < nc; c++) vt[c] = LOAD(vb + t * j->c_tok + c * W);                      \
+                    for (int c = 0; c < nc; c++) vt[c] = KLOAD(vb + t * j->c_tok + c * W);                     \
                     for (int g = 0; g < ng; g++)                                                               \
                         for (int c = 0; c < nc; c++) a[g][c] += p[g][t] * vt[c];                               \
                 }                                                                                              \
@@ -117,27 +152,37 @@ typedef struct {
         }                                                                                                      \
     }
 
-DEFINE_SEQUENCE(bf16_any, bf16, load_bf16, store_bf16, 0, 0)
-DEFINE_SEQUENCE(bf16_d64_g3, bf16, load_bf16, store_bf16, 4, 3)   /* SmolLM2 */
-DEFINE_SEQUENCE(bf16_d64_g4, bf16, load_bf16, store_bf16, 4, 4)   /* Llama 3.2 1B */
-DEFINE_SEQUENCE(bf16_d128_g4, bf16, load_bf16, store_bf16, 8, 4)  /* Llama 3 8B, Mistral 7B */
-DEFINE_SEQUENCE(f32_any, float, load_f32, store_f32, 0, 0)
+DEFINE_SEQUENCE(bf16_any, bf16, load_bf16, store_bf16, bf16, load_bf16, 0, 0, 0)
+DEFINE_SEQUENCE(bf16_d64_g3, bf16, load_bf16, store_bf16, bf16, load_bf16, 0, 4, 3)  /* SmolLM2 */
+DEFINE_SEQUENCE(bf16_d64_g4, bf16, load_bf16, store_bf16, bf16, load_bf16, 0, 4, 4)  /* Llama 3.2 1B */
+DEFINE_SEQUENCE(bf16_d128_g4, bf16, load_bf16, store_bf16, bf16, load_bf16, 0, 8, 4) /* Llama 3 8B, Mistral 7B */
+DEFINE_SEQUENCE(f32_any, float, load_f32, store_f32, float, load_f32, 0, 0, 0)
+DEFINE_SEQUENCE(f32_d64_g3, float, load_f32, store_f32, float, load_f32, 0, 4, 3)
+DEFINE_SEQUENCE(i8bf16_any, bf16, load_bf16, store_bf16, int8_t, load_i8, 1, 0, 0) /* int8 caches, bf16 q/out */
+DEFINE_SEQUENCE(i8bf16_d64_g3, bf16, load_bf16, store_bf16, int8_t, load_i8, 1, 4, 3)
+DEFINE_SEQUENCE(i8f32_any, float, load_f32, store_f32, int8_t, load_i8, 1, 0, 0) /* int8 caches, fp32 q/out */
+DEFINE_SEQUENCE(i8f32_d64_g3, float, load_f32, store_f32, int8_t, load_i8, 1, 4, 3)
 
 typedef void (*sequence_fn)(const job_t *, int);
 
-static sequence_fn pick(int is_bf16, int nc, int ng) {
-    if (!is_bf16) return f32_any;
-    if (nc == 4 && ng == 3) return bf16_d64_g3;
+static sequence_fn pick(int is_bf16, int kv_int8, int nc, int ng) {
+    const int smollm = nc == 4 && ng == 3;
+    if (kv_int8) return is_bf16 ? (smollm ? i8bf16_d64_g3 : i8bf16_any) : (smollm ? i8f32_d64_g3 : i8f32_any);
+    if (!is_bf16) return smollm ? f32_d64_g3 : f32_any;
+    if (smollm) return bf16_d64_g3;
     if (nc == 4 && ng == 4) return bf16_d64_g4;
     if (nc == 8 && ng == 4) return bf16_d128_g4;
     return bf16_any;
 }
 
 /* Returns 0, or -1 when the shapes are outside what this kernel handles (the caller then uses torch).
+ * kv_int8: the caches are int8 with fp16 scales k_scale / v_scale (strides s_block, s_tok; unit over heads);
+ * otherwise they have q's dtype and the scale arguments are unused.
  * Threads come from OpenMP: loaded into a torch process, this library binds to torch's own libgomp (the same
  * soname), so its parallel region reuses torch's thread team instead of racing it for the cores. */
-int paged_decode(int is_bf16, const void *q, int64_t q_row, int64_t q_head, const void *k_cache,
-                 const void *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head, const int32_t *rows,
+int paged_decode(int is_bf16, int kv_int8, const void *q, int64_t q_row, int64_t q_head, const void *k_cache,
+                 const void *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head, const uint16_t *k_scale,
+                 const uint16_t *v_scale, int64_t s_block, int64_t s_tok, const int32_t *rows,
                  const int32_t *seq_lens, const int32_t *tables, int64_t t_row, void *out, int64_t o_row,
                  int64_t o_head, int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
                  float scale, int num_threads) {
@@ -146,10 +191,14 @@ int paged_decode(int is_bf16, const void *q, int64_t q_row, int64_t q_head, cons
         return -1;
     for (int s = 0; s < num_seqs; s++)
         if (seq_lens[s] < 1) return -1;
-    const sequence_fn fn = pick(is_bf16, head_dim / W, num_heads / num_kv_heads);
-    const job_t job = {q,      k_cache,  v_cache, out,       q_row,        q_head,   o_row,      o_head,
-                       c_block, c_tok,   c_head,  rows,      seq_lens,     tables,   t_row,      num_heads,
-                       num_kv_heads, head_dim, block_size, scale};
+    if (kv_int8 && (!k_scale || !v_scale)) return -1;
+    const sequence_fn fn = pick(is_bf16, kv_int8, head_dim / W, num_heads / num_kv_heads);
+    const job_t job = {.q = q, .k = k_cache, .v = v_cache, .k_scale = k_scale, .v_scale = v_scale,
+                       .s_block = s_block, .s_tok = s_tok, .out = out, .q_row = q_row, .q_head = q_head,
+                       .o_row = o_row, .o_head = o_head, .c_block = c_block, .c_tok = c_tok, .c_head = c_head,
+                       .rows = rows, .seq_lens = seq_lens, .tables = tables, .t_row = t_row,
+                       .num_heads = num_heads, .num_kv_heads = num_kv_heads, .head_dim = head_dim,
+                       .block_size = block_size, .scale = scale};
     if (num_threads > num_seqs) num_threads = num_seqs;
     if (num_threads <= 1) {
         for (int s = 0; s < num_seqs; s++) fn(&job, s);
@@ -179,6 +228,45 @@ void store_kv(int elem_size, const void *k, const void *v, int64_t kv_row, int64
             const int64_t src = t * kv_row + h * kv_head, at = dst + h * c_head;
             memcpy((char *)k_cache + at * elem_size, (const char *)k + src * elem_size, row_bytes);
             memcpy((char *)v_cache + at * elem_size, (const char *)v + src * elem_size, row_bytes);
+        }
+    }
+}
+
+/* One row of head_dim values quantized as kernels/reference.py's quantize_kv_ref, with the same fp32 operations. */
+static inline void quantize_row(const float *x, int head_dim, int8_t *q, uint16_t *scale) {
+    float amax = 0.f;
+    for (int d = 0; d < head_dim; d++) amax = fmaxf(amax, fabsf(x[d]));
+    float s = amax / 127.f;
+    if (s > 65504.f) s = 65504.f;
+    *scale = f32_to_f16(s);
+    s = f16_to_f32(*scale);
+    for (int d = 0; d < head_dim; d++) {
+        float r = s > 0.f ? floorf(x[d] / s + 0.5f) : 0.f;
+        r = r > 127.f ? 127.f : r < -127.f ? -127.f : r;
+        q[d] = (int8_t)r;
+    }
+}
+
+/* store_kv for int8 caches: each token's K and V rows (fp32, or bf16 when is_bf16) quantized into the caches at its
+ * slot, their scales into k_scale / v_scale; negative slots are padding and skipped. */
+void store_kv_int8(int is_bf16, const void *k, const void *v, int64_t kv_row, int64_t kv_head, int8_t *k_cache,
+                   int8_t *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head, uint16_t *k_scale,
+                   uint16_t *v_scale, int64_t s_block, int64_t s_tok, const int64_t *slots, int num_tokens,
+                   int num_kv_heads, int head_dim, int block_size) {
+    float row[head_dim];
+    for (int t = 0; t < num_tokens; t++) {
+        const int64_t slot = slots[t];
+        if (slot < 0) continue;
+        const int64_t blk = slot / block_size, off = slot % block_size;
+        for (int h = 0; h < num_kv_heads; h++) {
+            const int64_t src = t * kv_row + h * kv_head, at = blk * c_block + off * c_tok + h * c_head;
+            const int64_t sat = blk * s_block + off * s_tok + h;
+            for (int which = 0; which < 2; which++) {
+                const void *x = which ? v : k;
+                for (int d = 0; d < head_dim; d++)
+                    row[d] = is_bf16 ? bf16_to_f32(((const bf16 *)x)[src + d]) : ((const float *)x)[src + d];
+                quantize_row(row, head_dim, (which ? v_cache : k_cache) + at, (which ? v_scale : k_scale) + sat);
+            }
         }
     }
 }

@@ -24,8 +24,14 @@ typedef void (*rope_fn)(float *x, int64_t x_row, int64_t x_head, const int64_t *
 typedef void (*store_fn)(int elem_size, const void *k, const void *v, int64_t kv_row, int64_t kv_head,
                          void *k_cache, void *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head,
                          const int64_t *slots, int num_tokens, int num_kv_heads, int head_dim, int block_size);
-typedef int (*attend_fn)(int is_bf16, const void *q, int64_t q_row, int64_t q_head, const void *k_cache,
-                         const void *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head, const int32_t *rows,
+typedef void (*store_q8_fn)(int is_bf16, const void *k, const void *v, int64_t kv_row, int64_t kv_head,
+                            int8_t *k_cache, int8_t *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head,
+                            uint16_t *k_scale, uint16_t *v_scale, int64_t s_block, int64_t s_tok,
+                            const int64_t *slots, int num_tokens, int num_kv_heads, int head_dim, int block_size);
+typedef int (*attend_fn)(int is_bf16, int kv_int8, const void *q, int64_t q_row, int64_t q_head, const void *k_cache,
+                         const void *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head,
+                         const uint16_t *k_scale, const uint16_t *v_scale, int64_t s_block, int64_t s_tok,
+                         const int32_t *rows,
                          const int32_t *seq_lens, const int32_t *tables, int64_t t_row, void *out, int64_t o_row,
                          int64_t o_head, int num_seqs, int num_heads, int num_kv_heads, int head_dim,
                          int block_size, float scale, int num_threads);
@@ -41,7 +47,8 @@ typedef struct {
 typedef struct {
     const float *input_norm, *post_norm; /* RMSNorm weights [hidden] */
     QLinear qkv, o, gate_up, down;
-    void *k_cache, *v_cache; /* [num_blocks, block_size, num_kv_heads, head_dim] fp32 */
+    void *k_cache, *v_cache; /* [num_blocks, block_size, num_kv_heads, head_dim] fp32, or int8 */
+    uint16_t *k_scale, *v_scale; /* int8 caches: fp16 scales [num_blocks, block_size, num_kv_heads]; else NULL */
 } Layer;
 
 typedef struct {
@@ -50,10 +57,12 @@ typedef struct {
     silu_fn silu;
     rope_fn rope;
     store_fn store;
+    store_q8_fn store_q8;
     attend_fn attend;
-    int num_layers, hidden, intermediate, num_heads, num_kv_heads, head_dim, block_size, act_q8;
+    int num_layers, hidden, intermediate, num_heads, num_kv_heads, head_dim, block_size, act_q8, kv_int8;
     float eps, scale;
     int64_t c_block, c_tok, c_head; /* cache strides in elements, the same for every layer */
+    int64_t s_block, s_tok;         /* int8 caches: their scales' strides (unit over heads) */
     const float *rope_table;        /* [max_pos, 2, head_dim] */
     int64_t rope_row;
     const float *final_norm;
@@ -92,11 +101,16 @@ int decode_layers(const Model *m, float *residual, float *out, int n, const int6
         LINEAR(layer->qkv, h, qkv);
         m->rope(qkv, qkv_width, hd, positions, m->rope_table, m->rope_row, n, hq + hkv, hd, num_threads);
         t0 = now_s();
-        m->store(4, qkv + hq * hd, qkv + (hq + hkv) * hd, qkv_width, hd, layer->k_cache, layer->v_cache, m->c_block,
-                 m->c_tok, m->c_head, slots, n, hkv, hd, m->block_size);
-        status |= m->attend(0, qkv, qkv_width, hd, layer->k_cache, layer->v_cache, m->c_block, m->c_tok, m->c_head,
-                            rows, seq_lens, tables, t_row, attn, hq * hd, hd, n, hq, hkv, hd, m->block_size,
-                            m->scale, num_threads);
+        if (m->kv_int8)
+            m->store_q8(0, qkv + hq * hd, qkv + (hq + hkv) * hd, qkv_width, hd, layer->k_cache, layer->v_cache,
+                        m->c_block, m->c_tok, m->c_head, layer->k_scale, layer->v_scale, m->s_block, m->s_tok, slots,
+                        n, hkv, hd, m->block_size);
+        else
+            m->store(4, qkv + hq * hd, qkv + (hq + hkv) * hd, qkv_width, hd, layer->k_cache, layer->v_cache,
+                     m->c_block, m->c_tok, m->c_head, slots, n, hkv, hd, m->block_size);
+        status |= m->attend(0, m->kv_int8, qkv, qkv_width, hd, layer->k_cache, layer->v_cache, m->c_block, m->c_tok,
+                            m->c_head, layer->k_scale, layer->v_scale, m->s_block, m->s_tok, rows, seq_lens, tables,
+                            t_row, attn, hq * hd, hd, n, hq, hkv, hd, m->block_size, m->scale, num_threads);
         seconds[1] += now_s() - t0;
         LINEAR(layer->o, attn, delta);
         m->norm(residual, hidden, delta, hidden, layer->post_norm, h, hidden, n, hidden, m->eps, num_threads);

@@ -9,28 +9,74 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.attention.backend import LayerKV
 from engine.core.config import CPU_DEFAULT_KV_CACHE_BYTES, EngineConfig
+
+SCALE_DTYPE = torch.float16  # an int8 pool's scale per token and KV head
+SCALE_BYTES = 2
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class KVCacheSpec:
-    """Shape of the paged KV pool; one block holds block_size tokens of K and V for every layer."""
+    """Shape of the paged KV pool; one block holds block_size tokens of K and V for every layer.
+
+    `dtype` is the model's activation dtype. With kv_cache_dtype "int8" the pool holds int8 values and, beside them,
+    one fp16 scale per token and KV head (kernels/reference.py's quantize_kv_ref): head_dim + 2 bytes a row.
+    """
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     block_size: int
     dtype: torch.dtype
+    kv_cache_dtype: str = "auto"
+
+    @property
+    def quantized(self) -> bool:
+        return self.kv_cache_dtype == "int8"
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The element dtype of the pool's K/V values."""
+        return torch.int8 if self.quantized else self.dtype
+
+    @property
+    def dtype_name(self) -> str:
+        """What the pool stores, as the admin page and /metrics name it: int8, bfloat16, float32..."""
+        return str(self.cache_dtype).removeprefix("torch.")
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one token's K (or V) for one KV head: its values, and its scale when quantized."""
+        elem = torch.empty((), dtype=self.cache_dtype).element_size()
+        return self.head_dim * elem + (SCALE_BYTES if self.quantized else 0)
 
     @property
     def block_bytes(self) -> int:
-        elem = torch.tensor([], dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.row_bytes
+
+    def allocate(
+        self, num_blocks: int, device: torch.device, zeros=torch.zeros
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The pool's values [num_layers, 2, num_blocks, block_size, Hkv, D] and, when quantized, its fp16 scales
+        [num_layers, 2, num_blocks, block_size, Hkv] (else None), zero-filled by `zeros(shape, dtype, device)`."""
+        shape = (self.num_layers, 2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        values = zeros(shape, dtype=self.cache_dtype, device=device)
+        scales = zeros(shape[:-1], dtype=SCALE_DTYPE, device=device) if self.quantized else None
+        return values, scales
+
+    @staticmethod
+    def layers(values: torch.Tensor, scales: torch.Tensor | None) -> list[LayerKV]:
+        """Per-layer views of a pool made by `allocate`."""
+        return [
+            LayerKV(values[i, 0], values[i, 1], *((scales[i, 0], scales[i, 1]) if scales is not None else ()))
+            for i in range(values.shape[0])
+        ]
 
 
-def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def zeros_on_huge_pages(shape: tuple[int, ...], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """torch.zeros; on a Linux CPU, in anonymous memory advised to use transparent huge pages.
 
     Decode attention reads the pool at scattered block offsets in every layer; with 4 KiB pages that walk is

@@ -31,15 +31,15 @@ class ModelRunner:
         if self.device.type == "cpu" and hasattr(model, "use_cpu_fast_paths"):
             num_packed, fused = model.use_cpu_fast_paths()
             logger.info("CPU fast paths: %d prepacked linear weights, fused ops %s", num_packed, fused)
-        # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
-        shape = (spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
-        self.kv_cache = zeros_on_huge_pages(shape, spec.dtype, self.device)
-        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(spec.num_layers)]
+        # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]; an int8 pool's fp16 scales beside it
+        self.kv_cache, self.kv_scales = spec.allocate(num_blocks, self.device, zeros=zeros_on_huge_pages)
+        self.kv_caches = spec.layers(self.kv_cache, self.kv_scales)
         self.fused: FusedDecoder | None = None
         if config.fused_decode and self.device.type == "cpu" and config.attention_backend == "torch":
             self.fused = FusedDecoder.build(model, self.kv_caches)
         logger.info(
-            "KV cache: %d blocks x %d tokens (%.1f MiB, %d tokens)",
+            "KV cache: %s, %d blocks x %d tokens (%.1f MiB, %d tokens)",
+            spec.dtype_name,
             num_blocks,
             spec.block_size,
             num_blocks * spec.block_bytes / 2**20,
@@ -53,6 +53,8 @@ class ModelRunner:
         src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)
         dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=self.device)
         self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+        if self.kv_scales is not None:
+            self.kv_scales[:, :, dst] = self.kv_scales[:, :, src]
 
     def prepare(
         self, out: SchedulerOutput

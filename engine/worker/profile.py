@@ -36,7 +36,8 @@ def profile_peak_bytes(config: EngineConfig, model: torch.nn.Module, spec: KVCac
     torch.cuda.reset_peak_memory_stats()
     runner.execute(SchedulerOutput(scheduled=items))
     torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - runner.kv_cache.numel() * runner.kv_cache.element_size()
+    pool = [t for t in (runner.kv_cache, runner.kv_scales) if t is not None]
+    peak = torch.cuda.max_memory_allocated() - sum(t.numel() * t.element_size() for t in pool)
     del runner
     torch.cuda.empty_cache()
     return int(peak)

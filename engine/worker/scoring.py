@@ -34,11 +34,7 @@ def score_tokens(
         num_blocks = cdiv(len(seq), block_size)
         tables.append(list(range(next_block, next_block + num_blocks)))
         next_block += num_blocks
-    shape = (next_block, block_size, spec.num_kv_heads, spec.head_dim)
-    caches = [
-        (torch.zeros(shape, dtype=spec.dtype), torch.zeros(shape, dtype=spec.dtype))
-        for _ in range(spec.num_layers)
-    ]
+    caches = spec.layers(*spec.allocate(next_block, torch.device("cpu")))
     done = [0] * len(sequences)  # tokens of each sequence with KV in the cache
     scores: list[list[torch.Tensor]] = [[] for _ in sequences]
     while True:

@@ -24,28 +24,36 @@ def tiny_gguf(tmp_path_factory) -> Path:
     return write_tiny_chat_gguf(tmp_path_factory.mktemp("fused") / "tiny.gguf", seed=11, num_layers=3)
 
 
-def _run(model: Path, fused: bool, prompts: list[str], act_q8: bool = False):
+def _run(model: Path, fused: bool, prompts: list[str], act_q8: bool = False, kv_cache_dtype: str = "auto"):
     llm = LLM(
         model=str(model),
         quantization="gguf",
         int8_activations=act_q8,
         fused_decode=fused,
         kv_cache_bytes=KV_BYTES,
+        kv_cache_dtype=kv_cache_dtype,
     )
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)
     outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
     return llm, [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
 
 
-@pytest.mark.parametrize("act_q8", [False, True])
+@pytest.mark.parametrize(
+    ("act_q8", "kv_cache_dtype"),
+    [(False, "auto"), (True, "auto"), (False, "int8")],
+    ids=["fp32", "q8acts", "int8kv"],
+)
 @pytest.mark.parametrize("num_prompts", [1, 5, GEMV_MAX_ROWS + 4])  # past 16 sequences: the module path runs
-def test_fused_step_equals_the_module_path_bit_for_bit(monkeypatch, tiny_gguf, act_q8, num_prompts):
+def test_fused_step_equals_the_module_path_bit_for_bit(
+    monkeypatch, tiny_gguf, act_q8, kv_cache_dtype, num_prompts
+):
     calls = []
     original = FusedDecoder.forward
     monkeypatch.setattr(FusedDecoder, "forward", lambda self, *a: calls.append(1) or original(self, *a))
-    llm, fused = _run(tiny_gguf, True, PROMPTS[:num_prompts], act_q8)
+    llm, fused = _run(tiny_gguf, True, PROMPTS[:num_prompts], act_q8, kv_cache_dtype)
     assert llm.engine.runner.fused is not None and calls, "the fused step should have run"
-    _, modules = _run(tiny_gguf, False, PROMPTS[:num_prompts], act_q8)
+    assert llm.engine.runner.kv_cache.dtype == (torch.int8 if kv_cache_dtype == "int8" else torch.float32)
+    _, modules = _run(tiny_gguf, False, PROMPTS[:num_prompts], act_q8, kv_cache_dtype)
     assert fused == modules  # tokens and logprobs, exactly
 
 
