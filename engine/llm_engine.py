@@ -58,6 +58,10 @@ class LLMEngine:
             )
         self.kv_block_bytes = spec.block_bytes
         self.kv_cache_dtype = spec.dtype_name
+        # what a block would take in an int8 pool (None: it is one), for the advice on a pool that preempts
+        self.kv_int8_block_bytes = (
+            None if spec.quantized else dataclasses.replace(spec, kv_cache_dtype="int8").block_bytes
+        )
         self.num_blocks = num_blocks
         self.runner = ModelRunner(self.config, model, spec, num_blocks)
         self.scheduler = Scheduler(self.config, num_blocks, self.eos_token_ids)
@@ -169,13 +173,18 @@ class LLMEngine:
     # ---- introspection ---------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         """Counters for metrics and the admin page."""
-        return dataclasses.replace(
-            self.scheduler.stats(), kv_cache_dtype=self.kv_cache_dtype, kv_block_bytes=self.kv_block_bytes
-        )
+        return self._with_pool_facts(self.scheduler.stats())
 
     def snapshot(self) -> PoolSnapshot:
         """Every block's state and every live sequence's block table, consistent between steps."""
-        return self.scheduler.snapshot()
+        snap = self.scheduler.snapshot()
+        return dataclasses.replace(snap, stats=self._with_pool_facts(snap.stats))
+
+    def _with_pool_facts(self, stats: EngineStats) -> EngineStats:
+        """The scheduler's counters plus what only the engine knows: the pool's dtype and block bytes."""
+        return dataclasses.replace(
+            stats, kv_cache_dtype=self.kv_cache_dtype, kv_block_bytes=self.kv_block_bytes
+        )
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of a chat rendered with the model's template."""

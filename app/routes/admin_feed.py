@@ -85,6 +85,8 @@ class AdminFeed:
                 block_size=stats.block_size,
                 num_blocks=stats.num_blocks,
                 block_bytes=engine.engine.kv_block_bytes,
+                kv_cache_dtype=stats.kv_cache_dtype,
+                int8_block_bytes=engine.engine.kv_int8_block_bytes,
                 max_model_len=stats.max_model_len,
                 max_num_seqs=engine.engine.config.max_num_seqs,
                 num_running=stats.num_running,

@@ -66,6 +66,9 @@ async def chat_page(request: Request) -> Response:
     return _render(request, "chat.html", {"model_name": model})
 
 
+KV_DTYPE_LABELS = {"int8": "int8 (an fp16 scale per token and KV head)"}
+
+
 def engine_settings_rows(svc: Services) -> list[tuple[str, str]]:
     """The engine's settings as (label, value) rows for the admin page."""
     engine = svc.engine.engine
@@ -83,6 +86,7 @@ def engine_settings_rows(svc: Services) -> list[tuple[str, str]]:
             f"{engine.num_blocks} blocks · {engine.num_blocks * cfg.block_size} tokens · "
             f"{format_bytes(pool_bytes)}",
         ),
+        ("KV cache dtype", KV_DTYPE_LABELS.get(engine.kv_cache_dtype, engine.kv_cache_dtype)),
         ("Bytes per block", format_bytes(engine.kv_block_bytes)),
         ("Max model length", f"{cfg.max_model_len} tokens"),
         ("Max sequences", str(cfg.max_num_seqs)),

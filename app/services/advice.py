@@ -30,6 +30,10 @@ class AdviceInputs:
     sequence_lengths: list[int] = field(
         default_factory=list
     )  # prompt + output tokens of sequences that ended
+    kv_cache_dtype: str = ""  # what the pool stores: int8, bfloat16, float32
+    int8_block_bytes: int | None = (
+        None  # the block's bytes with an int8 pool; None: already int8 (or unknown)
+    )
     database_bytes: int | None = None  # pages the database uses; None: unknown (no advice on it)
     max_database_bytes: int = 0  # the guard past which new sessions and messages are refused; 0: none
 
@@ -132,8 +136,9 @@ def advise(inp: AdviceInputs) -> Advice:
 def _capacity(
     inp: AdviceInputs, pool_tokens: int, max_len_fit: int, p99: int | None, p99_fit: int | None
 ) -> AdviceItem:
+    dtype = f" of {inp.kv_cache_dtype} KV" if inp.kv_cache_dtype else ""
     text = (
-        f"{inp.num_blocks} blocks of {inp.block_size} tokens hold {pool_tokens} tokens "
+        f"{inp.num_blocks} blocks of {inp.block_size} tokens hold {pool_tokens} tokens{dtype} "
         f"({format_bytes(inp.num_blocks * inp.block_bytes)}): {max_len_fit} sequences of max_model_len "
         f"({inp.max_model_len}) at once"
     )
@@ -194,6 +199,13 @@ def _preemption(
         text += (
             f" The pool holds {p99_fit} sequences of the p99 length ({p99} tokens), at least max_num_seqs "
             f"({inp.max_num_seqs}): the sequences longer than the p99 are the ones crowding it out."
+        )
+    if inp.int8_block_bytes:
+        ratio = inp.block_bytes / inp.int8_block_bytes
+        text += (
+            f" An int8 KV cache (--kv-cache-dtype int8) holds {ratio:.2f}x the tokens in the same bytes "
+            f"({inp.num_blocks * inp.block_bytes // inp.int8_block_bytes} blocks instead of {inp.num_blocks}); "
+            "`pagedchat bench quality` shows what it costs in logits."
         )
     return AdviceItem("warn", "Sustained preemption", text)
 

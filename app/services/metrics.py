@@ -110,6 +110,20 @@ class _EngineStatsCollector(Collector):
         yield gauge("num_requests_running", "Sequences in the running batch.", stats.num_running)
         yield gauge("num_requests_waiting", "Sequences waiting to be scheduled.", stats.num_waiting)
         yield gauge("kv_cache_blocks_total", "Blocks in the KV pool.", stats.num_blocks)
+        yield gauge("kv_cache_capacity_tokens", "Tokens of KV the whole pool holds.", stats.capacity_tokens)
+        if stats.kv_cache_dtype:
+            info = GaugeMetricFamily(
+                PREFIX + "kv_cache_info",
+                "What the KV pool stores (always 1).",
+                labels=[*labels, "kv_cache_dtype"],
+            )
+            info.add_metric([*values, stats.kv_cache_dtype], 1)
+            yield info
+            yield gauge(
+                "kv_cache_bytes_per_token",
+                "Bytes of KV one token takes over every layer (scales included).",
+                stats.kv_block_bytes / stats.block_size,
+            )
         yield gauge("kv_cache_blocks_free", "Free blocks holding no cached prefix.", stats.num_free_blocks)
         yield gauge(
             "kv_cache_blocks_cached",

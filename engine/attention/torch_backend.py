@@ -30,7 +30,9 @@ class _Prefill:
     row_end: int
     seq_len: int
     block_ids: torch.Tensor  # [num_blocks] int64 to gather its context
-    cached: bool  # context precedes this step's tokens; if not, a float pool's context is this step's k/v as is
+    cached: (
+        bool  # context precedes this step's tokens; if not, a float pool's context is this step's k/v as is
+    )
     valid: torch.Tensor | None  # [query_len, seq_len] bool, True = attend; None: plain causal
     masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # additive, made at first use
 

@@ -115,6 +115,18 @@ def test_sustained_preemption_in_a_small_pool_says_lower_concurrency_or_grow_the
     assert advice.suggested_max_model_len is None  # fewer than 100 sequences: no tail to cut off
 
 
+def test_a_preempting_float_pool_is_told_what_int8_kv_would_hold():
+    inputs = dict(num_blocks=64, num_preemptions=6, peak_running=8, sequence_lengths=[200] * 50)
+    advice = advise(make_inputs(**inputs, kv_cache_dtype="bfloat16", int8_block_bytes=4224))  # 8192 / 4224
+    assert advice.items[2].text.endswith(
+        " An int8 KV cache (--kv-cache-dtype int8) holds 1.94x the tokens in the same bytes (124 blocks instead of "
+        "64); `pagedchat bench quality` shows what it costs in logits."
+    )
+    assert advice.items[0].text.startswith("64 blocks of 16 tokens hold 1024 tokens of bfloat16 KV (512 KiB)")
+    already = advise(make_inputs(**inputs, kv_cache_dtype="int8", int8_block_bytes=None))
+    assert "int8 KV cache" not in already.items[2].text and "tokens of int8 KV" in already.items[0].text
+
+
 def test_rare_long_requests_get_a_max_model_len_suggestion_from_the_p99():
     lengths = [100] * 95 + [200] * 4 + [1000]
     advice = advise(make_inputs(num_preemptions=10, peak_running=8, sequence_lengths=lengths))

@@ -8,7 +8,14 @@ import re
 import pytest
 from starlette.testclient import TestClient
 
-from tests.app.factories import make_client, make_tiny_model_dir, pool_state, sse_events, wait_pool_idle
+from tests.app.factories import (
+    TINY_BLOCK_BYTES,
+    make_client,
+    make_tiny_model_dir,
+    pool_state,
+    sse_events,
+    wait_pool_idle,
+)
 
 MODEL = make_tiny_model_dir().name
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -59,6 +66,9 @@ def test_metrics_have_vllm_style_names_and_count_requests(client):
     assert client.get("/metrics").headers["content-type"].startswith("text/plain")
     assert metric(text, "pagedchat:request_success_total", finished_reason="length") == done_before + 1
     assert metric(text, "pagedchat:kv_cache_blocks_total", model_name=MODEL) == 256
+    assert metric(text, "pagedchat:kv_cache_capacity_tokens") == 256 * 16
+    assert metric(text, "pagedchat:kv_cache_info", kv_cache_dtype="float32") == 1
+    assert metric(text, "pagedchat:kv_cache_bytes_per_token") == TINY_BLOCK_BYTES
     assert metric(text, "pagedchat:kv_cache_usage_perc") == 0.0
     assert metric(text, "pagedchat:num_requests_running") == 0
     assert metric(text, "pagedchat:num_requests_waiting") == 0
@@ -88,6 +98,10 @@ def test_admin_state_shows_a_running_request_and_then_an_idle_pool(client):
     assert {int(b) for b in busy["block_owners"]} == in_use
     assert all(busy["ref_counts"][str(b)] == 1 for b in in_use)
     assert busy["stats"]["num_used_blocks"] == len(in_use)
+    assert (busy["stats"]["kv_cache_dtype"], busy["stats"]["kv_block_bytes"]) == (
+        "float32",
+        16 * TINY_BLOCK_BYTES,
+    )
     idle = wait_pool_idle(client)
     assert idle["stats"]["num_used_blocks"] == 0 and idle["ref_counts"] == {}
 
