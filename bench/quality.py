@@ -1,5 +1,6 @@
 """`bench quality`: what quantization does to the model's outputs, against the float reference (quantization none,
-fp32): greedy agreement, |Δ logprob| of the reference's own tokens (teacher-forced), perplexity on a fixed text."""
+fp32): greedy agreement, |Δ logprob| of the reference's own tokens (teacher-forced), perplexity on a fixed text.
+Each int8-KV-cache mode is also compared with the same mode on a float KV cache (its twin)."""
 
 from __future__ import annotations
 
@@ -38,11 +39,19 @@ PROMPTS = [
 TEXT_FILE = Path(__file__).with_name("data") / "pride_and_prejudice_ch1.txt"  # public domain (Austen, 1813)
 REFERENCE = "none-fp32"
 # mode name -> EngineConfig overrides; the reference first, every other mode is compared with it
+_FLOAT_KV = {"kv_cache_dtype": "auto"}
+_INT8_KV = {"kv_cache_dtype": "int8"}
 MODES: dict[str, dict[str, Any]] = {
-    REFERENCE: {"quantization": "none", "dtype": "float32", "int8_activations": False},
-    "gguf": {"quantization": "gguf", "int8_activations": False},
-    "gguf-int8act": {"quantization": "gguf", "int8_activations": True},
+    REFERENCE: {"quantization": "none", "dtype": "float32", "int8_activations": False, **_FLOAT_KV},
+    "gguf": {"quantization": "gguf", "int8_activations": False, **_FLOAT_KV},
+    "gguf-int8act": {"quantization": "gguf", "int8_activations": True, **_FLOAT_KV},
+    "none-fp32-int8kv": {"quantization": "none", "dtype": "float32", "int8_activations": False, **_INT8_KV},
+    "gguf-int8kv": {"quantization": "gguf", "int8_activations": False, **_INT8_KV},
+    "none-bf16": {"quantization": "none", "dtype": "bfloat16", "int8_activations": False, **_FLOAT_KV},
+    "none-bf16-int8kv": {"quantization": "none", "dtype": "bfloat16", "int8_activations": False, **_INT8_KV},
 }
+# an int8-KV mode -> the same mode with a float KV cache: the int8 cache's own effect is measured against it
+KV_TWINS = {"none-fp32-int8kv": REFERENCE, "gguf-int8kv": "gguf", "none-bf16-int8kv": "none-bf16"}
 TARGET_GGUF_MEAN_ABS_DLOGPROB = 0.01  # the exact kernel differs from fp32 only in summation order
 DEFAULT_KV_CACHE_BYTES = 256 * 2**20  # SmolLM2 in fp32: ~5.7k tokens; 16 prompts + 64 tokens need ~2k
 DEFAULT_MAX_MODEL_LEN = 1024
@@ -56,6 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `bench quality`."""
     parser.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt")
     parser.add_argument("--num-prompts", type=int, default=len(PROMPTS), help=f"at most {len(PROMPTS)}")
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"comma-separated, of {', '.join(MODES)} ({REFERENCE} always runs; an int8-KV mode brings its "
+        "float-KV twin)",
+    )
 
 
 @dataclass
@@ -127,6 +142,7 @@ def _run_mode(
         "quantization": resolved.quantization,
         "dtype": resolved.dtype,
         "int8_activations": resolved.int8_activations,
+        "kv_cache_dtype": llm.engine.kv_cache_dtype,
     }
     del llm
     gc.collect()
@@ -153,10 +169,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for p in PROMPTS[:num_prompts]
     ]  # fmt: skip
     text_ids = list(tokenizer(TEXT_FILE.read_text(), add_special_tokens=False).input_ids)[:max_len]
+    selected = _selected_modes(args.modes)
     runs: dict[str, ModeRun] = {}
     skipped: dict[str, str] = {}
-    with progress(len(MODES), "quality modes", unit="mode") as bar:
-        for name, overrides in MODES.items():
+    with progress(len(selected), "quality modes", unit="mode") as bar:
+        for name in selected:
+            overrides = MODES[name]
             try:
                 ref = runs[REFERENCE].greedy if name != REFERENCE else None
                 config = dataclasses.replace(base, **overrides)
@@ -178,6 +196,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "load_s": got.load_s,
             "decode_tokens_per_s": got.decode_tokens_per_s,
         }
+    kv_int8 = {  # each int8-KV mode against its float-KV twin: the cache's own effect
+        name: {
+            "against": twin,
+            **agreement(runs[twin].greedy, runs[name].greedy),
+            **logprob_delta(runs[twin].ref_logprobs, runs[name].ref_logprobs),
+            "perplexity_delta": modes[name]["perplexity"] - modes[twin]["perplexity"],
+        }
+        for name, twin in KV_TWINS.items()
+        if name in runs and twin in runs
+    }
     targets = []
     if "gguf" in modes:
         targets.append(
@@ -198,6 +226,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "text_tokens": len(text_ids),
         },
         "modes": modes,
+        "kv_int8_vs_float_kv": kv_int8,
         "skipped": skipped,
         "greedy_tokens": {name: r.greedy for name, r in runs.items()},
         "targets": targets_payload(targets),
@@ -226,9 +255,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         targets,
         paths,
     )
+    for name, m in kv_int8.items():
+        print(
+            f"{name} vs {m['against']} (the int8 KV cache alone): {m['identical_outputs']}/{num_prompts} identical, "
+            f"prefix agreement {100 * m['prefix_agreement']:.1f}%, mean |Δlp| {m['mean_abs_dlogprob']:.4f}, "
+            f"max |Δlp| {m['max_abs_dlogprob']:.4f}, ΔPPL {m['perplexity_delta']:+.3f}"
+        )
     for name, reason in skipped.items():
         print(f"skipped {name}: {reason}")
     return payload
+
+
+def _selected_modes(spec: str) -> list[str]:
+    """The modes to run, in MODES order: the reference, those named, and the float-KV twin of each int8-KV one."""
+    names = {n.strip() for n in spec.split(",") if n.strip()}
+    unknown = names - MODES.keys()
+    if unknown:
+        raise SystemExit(f"unknown quality modes {sorted(unknown)}; choose from {', '.join(MODES)}")
+    names |= {REFERENCE} | {KV_TWINS[n] for n in names if n in KV_TWINS}
+    return [n for n in MODES if n in names]
 
 
 def _plot(runs: dict[str, ModeRun]):

@@ -45,4 +45,23 @@ def test_quality_bench_compares_every_mode_with_the_reference(tmp_path, capsys):
     assert exact["perplexity"] == pytest.approx(reference["perplexity"], rel=1e-3)
     if load_kernel() is not None:  # without the compiled kernel the torch twin keeps activations in fp32
         assert fast["mean_abs_dlogprob"] > exact["mean_abs_dlogprob"]
-    assert "gguf-int8act" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "gguf-int8act" in out and "gguf-int8kv vs gguf (the int8 KV cache alone)" in out
+    assert modes["gguf-int8kv"]["kv_cache_dtype"] == "int8" and exact["kv_cache_dtype"] == "float32"
+    assert modes["none-bf16"]["dtype"] == "bfloat16" and modes["none-bf16-int8kv"]["kv_cache_dtype"] == "int8"
+    pairs = doc["kv_int8_vs_float_kv"]
+    assert {name: p["against"] for name, p in pairs.items()} == {
+        "none-fp32-int8kv": REFERENCE,
+        "gguf-int8kv": "gguf",
+        "none-bf16-int8kv": "none-bf16",
+    }
+    assert 0 < pairs["none-fp32-int8kv"]["mean_abs_dlogprob"] < 0.5  # rounded KV: small, never zero
+
+
+def test_quality_modes_select_their_reference_and_twins():
+    from bench.quality import _selected_modes
+
+    assert _selected_modes("gguf-int8kv") == [REFERENCE, "gguf", "gguf-int8kv"]
+    assert _selected_modes("none-bf16, gguf") == [REFERENCE, "gguf", "none-bf16"]
+    with pytest.raises(SystemExit, match="unknown quality modes"):
+        _selected_modes("gguf,fp8")
