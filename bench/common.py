@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import math
@@ -220,3 +221,21 @@ def print_report(
         print(target.line())
     for path in paths:
         print(f"wrote {path}")
+
+
+def parse_kv_dtypes(text: str) -> list[str]:
+    """KV cache dtypes of a comma-separated list; unknown names are an argparse error."""
+    from engine.core.config import KV_CACHE_DTYPES
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in KV_CACHE_DTYPES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"KV cache dtypes {unknown or text!r}; choose from {list(KV_CACHE_DTYPES)}"
+        )
+    return names
+
+
+def kv_run_name(kv_cache_dtype: str) -> str:
+    """The system name of a pagedchat run: plain for the model's dtype, suffixed for int8."""
+    return "pagedchat" if kv_cache_dtype == "auto" else f"pagedchat-{kv_cache_dtype}kv"

@@ -9,8 +9,10 @@ from typing import Any
 
 from bench.common import (
     Target,
+    kv_run_name,
     mean,
     new_figure,
+    parse_kv_dtypes,
     print_report,
     progress,
     targets_payload,
@@ -30,6 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=8,
         help="KV budget, in max_model_len sequences: contiguous reservation admits exactly this many",
+    )
+    parser.add_argument(
+        "--kv-cache-dtypes",
+        type=parse_kv_dtypes,
+        default="auto,int8",
+        help="comma-separated KV cache dtypes, each run on the same mix at the same byte budget (overrides "
+        "--kv-cache-dtype); the first is the one the targets judge",
     )
 
 
@@ -80,10 +89,10 @@ def summarise(samples: list[StepSample], max_model_len: int, contiguous_capacity
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the traffic mix through the engine, sampling the pool after every step; print, write JSON + PNG."""
+    """Run the traffic mix through the engine once per KV dtype, sampling the pool after every step; print, write
+    JSON + PNG (the PNG shows the first dtype's run)."""
     import torch
 
-    from engine import LLMEngine, SamplingParams
     from engine.loading.loader import load_hf_config, load_tokenizer, resolve_model_path
     from engine.worker.device import resolve_device, resolve_dtype
 
@@ -93,18 +102,92 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     hf_config = load_hf_config(path)
     dtype = resolve_dtype(base.dtype, resolve_device(base.device))
     per_token = kv_bytes_per_token(hf_config, torch.tensor([], dtype=dtype).element_size())
-    config = dataclasses.replace(
-        base,
-        max_model_len=max_model_len,
-        kv_cache_bytes=args.budget_seqs * max_model_len * per_token,
-    )
-    engine = LLMEngine(config)
-    pool_tokens = engine.num_blocks * engine.config.block_size
-    contiguous_capacity = pool_tokens // max_model_len
+    budget = (
+        args.budget_seqs * max_model_len * per_token
+    )  # in the model's dtype: every KV dtype gets these bytes
     mix = length_mix(args.num_requests, args.seed, max_model_len)
     filler = filler_token_ids(
         load_tokenizer(path), max(p for p, _ in mix) + args.num_requests, seed=args.seed
     )
+    contiguous_capacity = args.budget_seqs
+    results = {}
+    for kv_cache_dtype in args.kv_cache_dtypes:
+        config = dataclasses.replace(
+            base, max_model_len=max_model_len, kv_cache_bytes=budget, kv_cache_dtype=kv_cache_dtype
+        )
+        results[kv_run_name(kv_cache_dtype)] = _run_mix(config, mix, filler, contiguous_capacity)
+    first = next(iter(results.values()))
+    summary, samples = first["summary"], first.pop("samples")
+    for result in list(results.values())[1:]:
+        result.pop("samples")
+    targets = [
+        Target("paged KV waste %", summary["paged_waste_pct"], TARGET_WASTE_PCT, "<="),
+        Target(
+            "concurrency vs contiguous reservation", summary["concurrency_ratio"], TARGET_CONCURRENCY_RATIO
+        ),
+    ]
+    payload = {
+        "model": base.model,
+        "dtype": str(dtype).removeprefix("torch."),
+        "workload": {"label": LENGTH_MIX_LABEL, "num_requests": len(mix), "lengths": mix},
+        "pool": first["pool"],
+        "summary": summary,
+        "by_kv_cache_dtype": {
+            name: {"pool": r["pool"], "summary": r["summary"]} for name, r in results.items()
+        },
+        "timeline": [dataclasses.asdict(s) for s in samples],
+        "targets": targets_payload(targets),
+    }
+    fig = _plot(samples, summary, max_model_len, contiguous_capacity)
+    paths = write_results("memory", payload, fig, args.results_dir, args.command_line)
+    rows = [
+        [
+            f"paged ({name}, {r['pool']['kv_cache_dtype']})",
+            r["pool"]["pool_tokens"],
+            r["summary"]["paged_waste_pct"],
+            r["summary"]["mean_running_saturated"],
+            r["summary"]["peak_running"],
+            r["summary"]["num_preemptions"],
+        ]
+        for name, r in results.items()
+    ]
+    rows.append(
+        [
+            f"contiguous max-length ({payload['dtype']})",
+            contiguous_capacity * max_model_len,
+            summary["contiguous_waste_pct"],
+            float(contiguous_capacity),
+            contiguous_capacity,
+            "",
+        ]
+    )
+    print_report(
+        f"memory: {len(mix)} requests, a KV budget of {budget / 2**20:.0f} MiB ({args.budget_seqs} x "
+        f"{max_model_len} tokens in {payload['dtype']}), max_model_len {max_model_len}",
+        [
+            "allocation",
+            "pool tokens",
+            "KV waste %",
+            "mean running (saturated)",
+            "peak running",
+            "preemptions",
+        ],
+        rows,
+        targets,
+        paths,
+    )
+    return payload
+
+
+def _run_mix(
+    config: Any, mix: list[tuple[int, int]], filler: list[int], contiguous_capacity: int
+) -> dict[str, Any]:
+    """One engine with `config` through the whole mix: its pool, the step samples and their summary."""
+    import gc
+
+    from engine import LLMEngine, SamplingParams
+
+    engine = LLMEngine(config)
     final_len = {}
     for i, (prompt_len, output_len) in enumerate(mix):
         prompt = filler[i : i + prompt_len]  # shifted windows: no two prompts share a first block
@@ -113,7 +196,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         final_len[f"mem-{i}"] = prompt_len + output_len
     samples: list[StepSample] = []
     per_seq_waste_max = 0
-    with progress(len(mix), "memory mix") as bar:
+    with progress(len(mix), f"memory mix, {engine.kv_cache_dtype} KV") as bar:
         while engine.has_unfinished_requests():
             outputs = engine.step()
             bar.update(sum(o.finished for o in outputs))
@@ -136,55 +219,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     future,
                 )
             )
-    summary = summarise(samples, max_model_len, contiguous_capacity)
+    summary = summarise(samples, config.max_model_len, contiguous_capacity)
     summary["max_waste_per_seq_tokens"] = per_seq_waste_max
     summary["num_preemptions"] = engine.stats().num_preemptions
-    targets = [
-        Target("paged KV waste %", summary["paged_waste_pct"], TARGET_WASTE_PCT, "<="),
-        Target(
-            "concurrency vs contiguous reservation", summary["concurrency_ratio"], TARGET_CONCURRENCY_RATIO
-        ),
-    ]
-    payload = {
-        "model": base.model,
-        "dtype": engine.config.dtype,
-        "workload": {"label": LENGTH_MIX_LABEL, "num_requests": len(mix), "lengths": mix},
-        "pool": {
-            "num_blocks": engine.num_blocks,
-            "block_size": engine.config.block_size,
-            "pool_tokens": pool_tokens,
-            "kv_cache_bytes": config.kv_cache_bytes,
-            "max_model_len": max_model_len,
-            "max_num_seqs": engine.config.max_num_seqs,
-        },
-        "summary": summary,
-        "timeline": [dataclasses.asdict(s) for s in samples],
-        "targets": targets_payload(targets),
+    pool = {
+        "kv_cache_dtype": engine.kv_cache_dtype,
+        "num_blocks": engine.num_blocks,
+        "block_size": engine.config.block_size,
+        "block_bytes": engine.kv_block_bytes,
+        "pool_tokens": engine.num_blocks * engine.config.block_size,
+        "kv_cache_bytes": config.kv_cache_bytes,
+        "max_model_len": config.max_model_len,
+        "max_num_seqs": engine.config.max_num_seqs,
     }
-    fig = _plot(samples, summary, max_model_len, contiguous_capacity)
-    paths = write_results("memory", payload, fig, args.results_dir, args.command_line)
-    rows = [
-        [
-            "paged (pagedchat)",
-            summary["paged_waste_pct"],
-            summary["mean_running_saturated"],
-            summary["peak_running"],
-        ],
-        [
-            "contiguous max-length",
-            summary["contiguous_waste_pct"],
-            float(contiguous_capacity),
-            contiguous_capacity,
-        ],
-    ]
-    print_report(
-        f"memory: {len(mix)} requests, KV pool of {pool_tokens} tokens, max_model_len {max_model_len}",
-        ["allocation", "KV waste %", "mean running (saturated)", "peak running"],
-        rows,
-        targets,
-        paths,
-    )
-    return payload
+    del engine
+    gc.collect()
+    return {"pool": pool, "samples": samples, "summary": summary}
 
 
 def _plot(samples: list[StepSample], summary: dict[str, float], max_model_len: int, capacity: int):

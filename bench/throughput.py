@@ -11,8 +11,10 @@ from typing import Any
 
 from bench.common import (
     Target,
+    kv_run_name,
     mean,
     new_figure,
+    parse_kv_dtypes,
     print_report,
     progress,
     targets_payload,
@@ -36,6 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=parse_baselines,
         default="static,continuous,sequential",
         help="comma-separated HF baselines to run: static, continuous, sequential, or none",
+    )
+    parser.add_argument(
+        "--kv-cache-dtypes",
+        type=parse_kv_dtypes,
+        default="auto",
+        help="comma-separated KV cache dtypes pagedchat runs with, one after the other (auto,int8: the int8 cache "
+        "beside the float one); overrides --kv-cache-dtype",
     )
     parser.add_argument("--matmul-rows", type=int, default=64, help="rows of the matmul ceiling measurement")
     parser.add_argument("--matmul-seconds", type=float, default=2.0)
@@ -65,35 +74,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     baselines = args.baselines
     path = resolve_model_path(args.model)
-    llm = LLM(**dataclasses.asdict(args.engine_config))
-    engine = llm.engine
-    dtype = getattr(torch, engine.config.dtype)
-    device = torch.device(engine.config.device)
     requests = chat_requests(args.num_requests, seed=args.seed, max_tokens=args.max_tokens)
-    prompts = [engine.apply_chat_template(r.messages) for r in requests]
     max_tokens = [r.max_tokens for r in requests]
-    eos_ids = engine.eos_token_ids
-    pad_id = engine.tokenizer.pad_token_id if engine.tokenizer.pad_token_id is not None else min(eos_ids)
-
     runs = []
-    # warm-up, not timed, on a prompt outside the workload so that no measured prompt is cached by it
-    warmup = engine.apply_chat_template([{"role": "user", "content": "Warm-up: say hi."}])
-    llm.generate([warmup], SamplingParams(temperature=0.0, max_tokens=4))
-    with progress(len(prompts), "pagedchat") as bar:
-        params = [SamplingParams(temperature=0.0, max_tokens=m) for m in max_tokens]
-        start = time.perf_counter()
-        outputs = _generate_with_progress(llm, prompts, params, bar)
-        elapsed = time.perf_counter() - start
-    runs.append(hf.GenerationRun("pagedchat", [list(o.outputs[0].token_ids) for o in outputs], elapsed))
-    engine_stats = engine.stats()
-    engine_config = {
-        **dataclasses.asdict(engine.config),
-        "num_blocks": engine.num_blocks,
-        "num_steps": engine_stats.num_steps,
-        "num_preemptions": engine_stats.num_preemptions,
-    }
-    del llm, engine, outputs  # free the KV pool before the baselines allocate theirs
-    gc.collect()
+    engine_configs = {}
+    for kv_cache_dtype in args.kv_cache_dtypes:
+        llm = LLM(**{**dataclasses.asdict(args.engine_config), "kv_cache_dtype": kv_cache_dtype})
+        engine = llm.engine
+        dtype = getattr(torch, engine.config.dtype)
+        device = torch.device(engine.config.device)
+        prompts = [engine.apply_chat_template(r.messages) for r in requests]
+        eos_ids = engine.eos_token_ids
+        pad_id = engine.tokenizer.pad_token_id if engine.tokenizer.pad_token_id is not None else min(eos_ids)
+        # warm-up, not timed, on a prompt outside the workload so that no measured prompt is cached by it
+        warmup = engine.apply_chat_template([{"role": "user", "content": "Warm-up: say hi."}])
+        llm.generate([warmup], SamplingParams(temperature=0.0, max_tokens=4))
+        name = kv_run_name(kv_cache_dtype)
+        with progress(len(prompts), name) as bar:
+            params = [SamplingParams(temperature=0.0, max_tokens=m) for m in max_tokens]
+            start = time.perf_counter()
+            outputs = _generate_with_progress(llm, prompts, params, bar)
+            elapsed = time.perf_counter() - start
+        runs.append(hf.GenerationRun(name, [list(o.outputs[0].token_ids) for o in outputs], elapsed))
+        engine_stats = engine.stats()
+        engine_configs[name] = {
+            **dataclasses.asdict(engine.config),
+            "num_blocks": engine.num_blocks,
+            "kv_cache_tokens": engine_stats.capacity_tokens,
+            "kv_cache_stores": engine_stats.kv_cache_dtype,
+            "num_steps": engine_stats.num_steps,
+            "num_preemptions": engine_stats.num_preemptions,
+        }
+        del llm, engine, outputs  # free the KV pool before the next run allocates its own
+        gc.collect()
 
     if baselines:
         model = hf.load_hf_model(path, dtype, device)
@@ -111,6 +124,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         bar.update(1)
     ours = runs[0]
+    num_ours = len(args.kv_cache_dtypes)
     systems = {
         r.name: {
             "tokens_per_s": r.tokens_per_s,
@@ -119,13 +133,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         for r in runs
     }
-    ratios = {f"pagedchat/{r.name}": ours.tokens_per_s / r.tokens_per_s for r in runs[1:]}
+    ratios = {f"{ours.name}/{r.name}": ours.tokens_per_s / r.tokens_per_s for r in runs[1:]}
     agreement = {r.name: hf.agreement(ours.token_ids, r.token_ids) for r in runs[1:]}
+    for other in runs[1:num_ours]:  # each other KV dtype against the first one's run, and the first baseline
+        ratios[f"{other.name}/{ours.name}"] = other.tokens_per_s / ours.tokens_per_s
     fraction = ours.tokens_per_s / matmul.ceiling_tokens_per_s
     targets = []
     if "hf_static" in systems:
         targets.append(
-            Target("pagedchat / HF static batching", ratios["pagedchat/hf_static"], TARGET_VS_STATIC)
+            Target("pagedchat / HF static batching", ratios[f"{ours.name}/hf_static"], TARGET_VS_STATIC)
         )
     payload = {
         "model": args.model,
@@ -140,7 +156,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "ignore_eos": False,
             "eos_token_ids": sorted(eos_ids),
         },
-        "engine_config": engine_config,
+        "engine_config": engine_configs[ours.name],
+        "engine_configs": engine_configs,
         "systems": systems,
         "ratios": ratios,
         "agreement_with_pagedchat": agreement,

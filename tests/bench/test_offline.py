@@ -63,6 +63,27 @@ def test_throughput_bench_runs_every_baseline(tiny_model, tmp_path, capsys):
     assert "hf_continuous" in out and "pagedchat / HF static batching" in out
 
 
+def test_throughput_bench_runs_int8_kv_beside_the_float_cache(tiny_model, tmp_path):
+    argv = shlex.split(
+        f"throughput --model {tiny_model} --dtype float32 --kv-cache-bytes {2 * 2**20} --max-model-len 2048 "
+        "--kv-cache-dtypes auto,int8 "
+        f"--baselines none --num-requests 3 --max-tokens 6 --matmul-seconds 0.05 --results-dir {tmp_path}"
+    )
+    assert bench_main(argv) == 0
+    doc = _only_result(tmp_path, "throughput")
+    assert set(doc["systems"]) == {"pagedchat", "pagedchat-int8kv"}
+    assert set(doc["ratios"]) == {"pagedchat/pagedchat-int8kv", "pagedchat-int8kv/pagedchat"}
+    configs = doc["engine_configs"]
+    assert (
+        configs["pagedchat"]["kv_cache_stores"] == "float32"
+        and configs["pagedchat-int8kv"]["kv_cache_stores"] == "int8"
+    )
+    # the same bytes: 64 bytes a row in fp32, 16 + 2 in int8
+    assert configs["pagedchat-int8kv"]["num_blocks"] == pytest.approx(
+        configs["pagedchat"]["num_blocks"] * 64 / 18, abs=1
+    )
+
+
 def test_memory_bench_reports_waste_and_concurrency(tiny_model, tmp_path):
     argv = shlex.split(
         f"memory --model {tiny_model} --dtype float32 --max-model-len 64 --budget-seqs 2 "
@@ -77,6 +98,12 @@ def test_memory_bench_reports_waste_and_concurrency(tiny_model, tmp_path):
     assert 0 <= summary["paged_waste_pct"] < summary["contiguous_waste_pct"]
     assert summary["peak_running"] >= 2 and len(doc["workload"]["lengths"]) == 6
     assert doc["timeline"] and doc["timeline"][-1]["num_running"] == 0
+    by_dtype = doc["by_kv_cache_dtype"]  # int8 by default beside the float pool, at the same bytes
+    assert list(by_dtype) == ["pagedchat", "pagedchat-int8kv"]
+    int8 = by_dtype["pagedchat-int8kv"]["pool"]
+    assert int8["kv_cache_dtype"] == "int8" and int8["kv_cache_bytes"] == pool["kv_cache_bytes"]
+    assert int8["num_blocks"] == pool["kv_cache_bytes"] // int8["block_bytes"] > pool["num_blocks"]
+    assert by_dtype["pagedchat-int8kv"]["summary"]["peak_running"] >= summary["peak_running"]
     assert [t["name"] for t in doc["targets"]] == [
         "paged KV waste %",
         "concurrency vs contiguous reservation",
