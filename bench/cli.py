@@ -1,4 +1,4 @@
-"""`pagedchat bench {throughput,memory,serving,multiturn,quality,step}`: argument parsing and dispatch."""
+"""`pagedchat bench {throughput,memory,serving,multiturn,quality,step,attention}`: argument parsing and dispatch."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ BENCHMARKS = {
     "multiturn": "N users x K turns with a shared system prompt: session API and /v1, prefix caching on and off",
     "quality": "quantization vs the fp32 model: greedy agreement, |Δ logprob| (teacher-forced), perplexity",
     "step": "a decode step's time split into matmuls, attention and the rest, at a few batch sizes",
+    "attention": "the CPU decode-attention kernel's KV bandwidth per KV dtype, against the machine's streaming read",
 }
 EXTRA = ("tqdm", "matplotlib", "openai")  # the `bench` extra of pyproject.toml
 
