@@ -153,12 +153,17 @@ def check_attention_inputs(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     num_seqs: int,
-) -> None:
-    """Raise RuntimeError unless q [tokens, heads, head_dim] and the per-sequence tensors fit the caches."""
-    check_kv_cache(k_cache, v_cache)
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> bool:
+    """Raise RuntimeError unless q [tokens, heads, head_dim] and the per-sequence tensors fit the caches.
+
+    q has the caches' dtype, or any float dtype over int8 caches. Returns whether the caches are int8.
+    """
+    quantized = check_kv_cache(k_cache, v_cache, k_scale, v_scale)
     device = k_cache.device
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    check_tensor("q", q, 3, (k_cache.dtype,), device)
+    check_tensor("q", q, 3, FLOAT_DTYPES if quantized else (k_cache.dtype,), device)
     if q.shape[2] != head_dim or q.shape[1] % num_kv_heads != 0 or q.stride(-1) != 1:
         raise RuntimeError(
             f"q must be [num_tokens, num_heads, {head_dim}] with num_heads a multiple of {num_kv_heads} and "
@@ -171,3 +176,4 @@ def check_attention_inputs(
             f"block_tables {tuple(block_tables.shape)} and seq_lens {tuple(seq_lens.shape)} must have "
             f"{num_seqs} rows (block_tables contiguous in its last dim)"
         )
+    return quantized
