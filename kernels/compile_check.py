@@ -119,6 +119,10 @@ def _scenarios(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
     kv = torch.zeros(num_seqs * 8, num_kv_heads, head_dim, dtype=dtype)
     slots = torch.arange(num_seqs * 8, dtype=torch.int64)
     query_start_loc = torch.arange(0, num_seqs * 8 + 1, 8, dtype=torch.int32)
+    # int8 caches with their fp16 scales, [2, num_blocks, block_size, num_kv_heads] like the cache pool
+    q8 = torch.zeros(2, num_blocks, block_size, num_kv_heads, head_dim, dtype=torch.int8)
+    scales = torch.zeros(2, num_blocks, block_size, num_kv_heads, dtype=torch.float16)
+    int8 = {"k_scale": scales[0], "v_scale": scales[1]}
     decode, prefill = paged_decode.paged_decode_attention, paged_prefill.paged_prefill_attention
     return [
         ("store_kv", store_kv, lambda: store_kv.store_kv(kv, kv, k_cache, v_cache, slots)),
@@ -126,6 +130,10 @@ def _scenarios(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
         ("decode split-K", paged_decode, lambda: decode(q[:num_seqs], k_cache, v_cache, block_tables, seq_lens, 0.1, num_splits=8)),
         ("prefill", paged_prefill, lambda: prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, 0.1, 512)),
         ("prefill, decodes", paged_prefill, lambda: prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, 0.1, 1)),
+        ("store_kv int8", store_kv, lambda: store_kv.store_kv(kv, kv, q8[0], q8[1], slots, **int8)),
+        ("decode int8", paged_decode, lambda: decode(q[:num_seqs], q8[0], q8[1], block_tables, seq_lens, 0.1, num_splits=1, **int8)),
+        ("decode split-K int8", paged_decode, lambda: decode(q[:num_seqs], q8[0], q8[1], block_tables, seq_lens, 0.1, num_splits=8, **int8)),
+        ("prefill int8", paged_prefill, lambda: prefill(q, q8[0], q8[1], block_tables, query_start_loc, seq_lens, 0.1, 512, **int8)),
     ]  # fmt: skip
 
 

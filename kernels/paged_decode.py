@@ -4,6 +4,8 @@ GQA-aware: program (seq, kv_head) loads the NUM_QUERIES_PER_KV query heads that 
 [BLOCK_G, head_dim] tile, so every K/V row is read from HBM once per step. Context tokens are walked in tiles of
 TILE_N; each token's cache row is found through the block table, so tiles may span several pages.
 
+int8 caches (QUANTIZED) come with an fp16 scale per (token, kv head); see kernels/tiles.py for how it is applied.
+
 Few sequences with long contexts leave most SMs idle, so the split-K (flash-decoding) variant also splits each
 context into NUM_SPLITS ranges handled by separate programs, which write unnormalised partial outputs with their
 running max and sum; `_decode_reduce_kernel` merges them. `choose_num_splits` picks the variant.
@@ -18,8 +20,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.runtime import TileConfig, check_attention_inputs, check_launchable, check_power_of_two
-from kernels.tiles import load_kv_tile, online_softmax_step
+from kernels.runtime import (
+    TileConfig,
+    check_attention_inputs,
+    check_launchable,
+    check_power_of_two,
+    scale_args,
+)
+from kernels.tiles import load_kv_tile, online_softmax_step, tile_scores
 
 SPLIT_MIN_SEQ_LEN = 1024  # shorter contexts never split: the reduce pass would cost more than it wins
 MIN_TOKENS_PER_SPLIT = 256
@@ -30,8 +38,10 @@ DEFAULT_TILE = TileConfig(tile_n=64, num_warps=4)
 @triton.jit
 def _paged_decode_kernel(
     q_ptr,  # [num_seqs, num_heads, head_dim]
-    k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim] float, or int8 when QUANTIZED
     v_cache_ptr,
+    k_scale_ptr,  # [num_blocks, block_size, num_kv_heads] fp16, read when QUANTIZED
+    v_scale_ptr,
     block_tables_ptr,  # [num_seqs, max_num_blocks] int32
     seq_lens_ptr,  # [num_seqs] int32
     out_ptr,  # [num_seqs, num_heads, head_dim], written when NUM_SPLITS == 1
@@ -46,6 +56,9 @@ def _paged_decode_kernel(
     stride_c_b,
     stride_c_s,
     stride_c_h,
+    stride_s_b,  # k_scale and v_scale share strides (checked by the launcher)
+    stride_s_s,
+    stride_s_h,
     stride_bt_s,
     NUM_QUERIES_PER_KV: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -54,6 +67,7 @@ def _paged_decode_kernel(
     BLOCK_D: tl.constexpr,
     TILE_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    QUANTIZED: tl.constexpr,  # int8 caches with per-row scales
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -81,14 +95,14 @@ def _paged_decode_kernel(
     for tile_start in range(start, end, TILE_N):
         pos = tile_start + tl.arange(0, TILE_N)
         pos_mask = pos < end
-        k, v = load_kv_tile(  # [TILE_N, BLOCK_D] each
-            k_cache_ptr, v_cache_ptr, block_table, pos, pos_mask, d, kv_head,
-            stride_c_b, stride_c_s, stride_c_h, BLOCK_SIZE, HEAD_DIM,
+        k, v, k_scale, v_scale = load_kv_tile(  # [TILE_N, BLOCK_D] each, scales [TILE_N]
+            k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_table, pos, pos_mask, d, kv_head,
+            stride_c_b, stride_c_s, stride_c_h, stride_s_b, stride_s_s, stride_s_h, BLOCK_SIZE, HEAD_DIM, QUANTIZED,
         )  # fmt: skip
 
-        qk = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_G, TILE_N]
+        qk = tile_scores(q, k, k_scale, scale_log2, QUANTIZED)  # [BLOCK_G, TILE_N]
         qk = tl.where(pos_mask[None, :], qk, float("-inf"))
-        m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc)
+        m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), v_scale, m_i, l_i, acc, QUANTIZED)
 
     if NUM_SPLITS == 1:
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # an empty context (a padding row) outputs zeros
@@ -167,15 +181,21 @@ def paged_decode_attention(
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     tile: TileConfig | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of q [num_seqs, num_heads, head_dim] (each sequence's last token) over its paged context.
+
+    int8 caches need k_scale and v_scale (fp16 [num_blocks, block_size, num_kv_heads]); q and out stay float.
 
     max_seq_len (default: the block table's width in tokens) only feeds the split heuristic; num_splits forces
     the plain kernel (1) or split-K with that many splits (> 1) instead of `choose_num_splits`; tile overrides
     DEFAULT_TILE's fields (benchmarks sweep it).
     """
     num_seqs, num_heads, head_dim = q.shape
-    check_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens, num_seqs)
+    quantized = check_attention_inputs(
+        q, k_cache, v_cache, block_tables, seq_lens, num_seqs, k_scale, v_scale
+    )
     _, block_size, num_kv_heads, _ = k_cache.shape
     if out is None:
         out = torch.empty_like(q)
@@ -206,11 +226,12 @@ def paged_decode_attention(
         )
         part_max = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
         part_sum = torch.empty_like(part_max)
+    k_scale_arg, v_scale_arg, *scale_strides = scale_args(k_cache, k_scale, v_scale)
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_max, part_sum,
+        q, k_cache, v_cache, k_scale_arg, v_scale_arg, block_tables, seq_lens, out, part_acc, part_max, part_sum,
         scale * math.log2(math.e),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *scale_strides, block_tables.stride(0),
         NUM_QUERIES_PER_KV=group,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
@@ -218,6 +239,7 @@ def paged_decode_attention(
         BLOCK_D=block_d,
         TILE_N=tile_n,
         NUM_SPLITS=num_splits,
+        QUANTIZED=quantized,
         **options,
     )  # fmt: skip
     if num_splits > 1:

@@ -15,7 +15,8 @@ from triton.runtime import interpreter
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
-CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+CACHE_DTYPES = (*FLOAT_DTYPES, torch.int8)  # int8 caches carry an fp16 scale per (token, kv head) beside them
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,17 @@ def check_tensor(
         raise RuntimeError(f"{name} must be on {device}, got {tensor.device}")
 
 
-def check_kv_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    """Raise RuntimeError unless K and V caches are matching [blocks, block_size, kv_heads, head_dim] tensors."""
+def check_kv_cache(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> bool:
+    """Raise RuntimeError unless K and V caches are matching [blocks, block_size, kv_heads, head_dim] tensors.
+
+    int8 caches need k_scale and v_scale, matching fp16 [blocks, block_size, kv_heads] tensors; float caches take
+    none. Returns whether the caches are int8 (the kernels' QUANTIZED flag).
+    """
     check_tensor("k_cache", k_cache, 4, CACHE_DTYPES, k_cache.device)
     if v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype or v_cache.device != k_cache.device:
         raise RuntimeError(
@@ -104,6 +114,36 @@ def check_kv_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
             f"k_cache and v_cache must share strides and be contiguous in head_dim, got {k_cache.stride()} "
             f"and {v_cache.stride()}"
         )
+    quantized = k_cache.dtype == torch.int8
+    if not quantized:
+        if k_scale is not None or v_scale is not None:
+            raise RuntimeError(f"k_scale and v_scale are only for int8 caches, got {k_cache.dtype} caches")
+        return False
+    if k_scale is None or v_scale is None:
+        raise RuntimeError(
+            "int8 caches need k_scale and v_scale (fp16 [num_blocks, block_size, num_kv_heads])"
+        )
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        check_tensor(name, scale, 3, (torch.float16,), k_cache.device)
+        if scale.shape != k_cache.shape[:3]:
+            raise RuntimeError(
+                f"{name} must be [num_blocks, block_size, num_kv_heads] = {tuple(k_cache.shape[:3])}, "
+                f"got {tuple(scale.shape)}"
+            )
+    if k_scale.stride() != v_scale.stride():
+        raise RuntimeError(
+            f"k_scale and v_scale must share strides, got {k_scale.stride()} and {v_scale.stride()}"
+        )
+    return True
+
+
+def scale_args(
+    k_cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, int, int, int]:
+    """The kernels' scale arguments: both scale tensors and their strides (the cache and zeros when float)."""
+    if k_scale is None or v_scale is None:
+        return k_cache, k_cache, 0, 0, 0  # unused: QUANTIZED is False, so the kernel never reads them
+    return k_scale, v_scale, k_scale.stride(0), k_scale.stride(1), k_scale.stride(2)
 
 
 def check_attention_inputs(
@@ -113,12 +153,17 @@ def check_attention_inputs(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     num_seqs: int,
-) -> None:
-    """Raise RuntimeError unless q [tokens, heads, head_dim] and the per-sequence tensors fit the caches."""
-    check_kv_cache(k_cache, v_cache)
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> bool:
+    """Raise RuntimeError unless q [tokens, heads, head_dim] and the per-sequence tensors fit the caches.
+
+    q has the caches' dtype, or any float dtype over int8 caches. Returns whether the caches are int8.
+    """
+    quantized = check_kv_cache(k_cache, v_cache, k_scale, v_scale)
     device = k_cache.device
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    check_tensor("q", q, 3, (k_cache.dtype,), device)
+    check_tensor("q", q, 3, FLOAT_DTYPES if quantized else (k_cache.dtype,), device)
     if q.shape[2] != head_dim or q.shape[1] % num_kv_heads != 0 or q.stride(-1) != 1:
         raise RuntimeError(
             f"q must be [num_tokens, num_heads, {head_dim}] with num_heads a multiple of {num_kv_heads} and "
@@ -131,3 +176,4 @@ def check_attention_inputs(
             f"block_tables {tuple(block_tables.shape)} and seq_lens {tuple(seq_lens.shape)} must have "
             f"{num_seqs} rows (block_tables contiguous in its last dim)"
         )
+    return quantized

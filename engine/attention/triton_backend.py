@@ -25,13 +25,20 @@ class TritonAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp16, with int8 caches
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Store k, v at meta.slot_mapping, then attend each sequence's queries to its context: [num_tokens, num_heads, head_dim]."""
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        """Store k, v at meta.slot_mapping, then attend each sequence's queries to its context: [num_tokens, num_heads, head_dim].
+
+        int8 caches are quantized on store and dequantized on read with k_scale/v_scale; q, k, v and the output
+        stay float.
+        """
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         if meta.is_decode_only:
             return paged_decode_attention(
-                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, max_seq_len=meta.max_seq_len
-            )
+                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, max_seq_len=meta.max_seq_len,
+                k_scale=k_scale, v_scale=v_scale,
+            )  # fmt: skip
         # a step may mix prompt chunks with decodes: the prefill kernel handles any query lengths
         return paged_prefill_attention(
             q,
@@ -42,4 +49,6 @@ class TritonAttentionBackend:
             meta.seq_lens,
             scale,
             meta.max_query_len,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )

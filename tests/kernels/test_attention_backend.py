@@ -26,22 +26,35 @@ def make_metadata(batch: PagedBatch) -> AttentionMetadata:
     )
 
 
+@pytest.mark.parametrize("kv_cache_dtype", [None, torch.int8], ids=["float", "int8"])
 @pytest.mark.parametrize(
     ("seq_lens", "query_lens"),
     [([1, 15, 17, 100], [1, 1, 1, 1]), ([1, 15, 17, 100, 40], [1, 15, 5, 1, 40])],
     ids=["decode", "mixed"],
 )
-def test_backend_stores_kv_and_attends(seq_lens: list[int], query_lens: list[int]) -> None:
-    batch = make_paged_batch(seq_lens, query_lens, group=3, block_size=16)
+def test_backend_stores_kv_and_attends(
+    seq_lens: list[int], query_lens: list[int], kv_cache_dtype: torch.dtype | None
+) -> None:
+    batch = make_paged_batch(seq_lens, query_lens, group=3, block_size=16, kv_cache_dtype=kv_cache_dtype)
     expected = batch.stored()
     meta = make_metadata(batch)
     backend = TritonAttentionBackend()
     backend.prepare(meta)
-    out = backend.forward(batch.q, batch.k, batch.v, batch.k_cache, batch.v_cache, meta, batch.scale)
-    assert torch.equal(batch.k_cache.nan_to_num(-7.0), expected.k_cache.nan_to_num(-7.0))
-    assert torch.equal(batch.v_cache.nan_to_num(-7.0), expected.v_cache.nan_to_num(-7.0))
+    out = backend.forward(
+        batch.q,
+        batch.k,
+        batch.v,
+        batch.k_cache,
+        batch.v_cache,
+        meta,
+        batch.scale,
+        batch.k_scale,
+        batch.v_scale,
+    )
+    for cache, expected_cache in zip(batch.caches(), expected.caches(), strict=True):
+        assert torch.equal(cache.nan_to_num(-7.0), expected_cache.nan_to_num(-7.0))
     reference = paged_attention_ref(
         batch.q, expected.k_cache, expected.v_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens,
-        batch.scale,
+        batch.scale, **expected.kv_scales,
     )  # fmt: skip
     torch.testing.assert_close(out, reference, atol=2e-5, rtol=2e-5)

@@ -25,7 +25,7 @@ def test_every_launch_compiles_for_sm90_without_spills() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     reports = json.loads(result.stdout)
     launches = [(r["scenario"].split(" H")[0], r["kernel"]) for r in reports]
-    # two model shapes (Llama-1B-like and SmolLM2-135M-like), each with the same six launches
+    # two model shapes (Llama-1B-like and SmolLM2-135M-like), each with the same eleven launches
     assert launches == 2 * [
         ("store_kv", "_store_kv_kernel"),
         ("decode", "_paged_decode_kernel"),
@@ -33,6 +33,11 @@ def test_every_launch_compiles_for_sm90_without_spills() -> None:
         ("decode split-K", "_decode_reduce_kernel"),
         ("prefill", "_paged_prefill_kernel"),
         ("prefill, decodes", "_paged_prefill_kernel"),
+        ("store_kv int8", "_store_kv_kernel"),
+        ("decode int8", "_paged_decode_kernel"),
+        ("decode split-K int8", "_paged_decode_kernel"),
+        ("decode split-K int8", "_decode_reduce_kernel"),
+        ("prefill int8", "_paged_prefill_kernel"),
     ]
     spilled = [r for r in reports if r["spill_bytes"] > 0]
     assert spilled == []

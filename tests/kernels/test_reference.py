@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from kernels.reference import (
+    dequantize_kv_ref,
     paged_attention_ref,
     paged_decode_attention_ref,
     paged_prefill_attention_ref,
@@ -21,6 +23,38 @@ def test_store_kv_ref_writes_slots_and_skips_negative_ones() -> None:
     store_kv_ref(k, -k, k_cache, v_cache, torch.tensor([5, -1, 0]))
     assert k_cache.flatten().tolist() == [3.0, 0.0, 0.0, 0.0, 0.0, 1.0]
     assert v_cache.flatten().tolist() == [-3.0, 0.0, 0.0, 0.0, 0.0, -1.0]
+
+
+def test_store_kv_ref_quantizes_rows_into_int8_caches() -> None:
+    k_cache = torch.zeros(2, 2, 1, 3, dtype=torch.int8)
+    v_cache = torch.zeros(2, 2, 1, 3, dtype=torch.int8)
+    k_scale = torch.zeros(2, 2, 1, dtype=torch.float16)
+    v_scale = torch.zeros(2, 2, 1, dtype=torch.float16)
+    k = 0.125 * torch.tensor([[[127.0, -63.5, 0.5]], [[0.0, 0.0, 0.0]]])  # scale 0.125, then a zero row
+    store_kv_ref(k, -k, k_cache, v_cache, torch.tensor([3, 0]), k_scale, v_scale)
+    assert k_cache.flatten().tolist() == [0, 0, 0, 0, 0, 0, 0, 0, 0, 127, -63, 1]
+    assert v_cache[1, 1, 0].tolist() == [-127, 64, 0]  # floor(x / scale + 0.5): -63.5 -> -63, 63.5 -> 64
+    assert k_scale.flatten().tolist() == [0.0, 0.0, 0.0, 0.125]
+    assert torch.equal(v_scale, k_scale)
+    with pytest.raises(RuntimeError, match="k_scale and v_scale go with int8 caches"):
+        store_kv_ref(k, k, k_cache, v_cache, torch.tensor([3, 0]))
+    with pytest.raises(RuntimeError, match="k_scale and v_scale go with int8 caches"):
+        store_kv_ref(k, k, k_cache.float(), v_cache.float(), torch.tensor([3, 0]), k_scale, v_scale)
+
+
+def test_paged_attention_ref_on_int8_caches_attends_over_the_dequantized_context() -> None:
+    batch = make_paged_batch([1, 17, 40], [1, 17, 9], group=3, kv_cache_dtype=torch.int8).stored()
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens)
+    out = paged_attention_ref(*args, batch.scale, **batch.kv_scales)
+    dequantized = (
+        dequantize_kv_ref(batch.k_cache, batch.k_scale),
+        dequantize_kv_ref(batch.v_cache, batch.v_scale),
+    )
+    args = (batch.q, *dequantized, batch.block_tables, batch.query_start_loc, batch.seq_lens)
+    assert not out.isnan().any()
+    assert torch.equal(out, paged_attention_ref(*args, batch.scale))
+    with pytest.raises(RuntimeError, match="k_scale and v_scale go with int8 caches"):
+        paged_attention_ref(*args, batch.scale, k_scale=batch.k_scale)
 
 
 def test_paged_attention_ref_on_hand_computed_values() -> None:
