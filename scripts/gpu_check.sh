@@ -2,7 +2,8 @@
 # One-command GPU check for one CUDA GPU (an H200 in about 4 minutes), run from anywhere:
 #   bash scripts/gpu_check.sh          # log also written to $OUT/gpu_check.log (and $OUT/kernel_bench.json) if OUT is set
 # 1. the kernel tests compiled natively (pytest -m cuda: fp32 with tf32 dots, and bf16)
-# 2. kernel microbenchmarks: decode GB/s vs HBM peak, prefill TFLOP/s, tile sweeps; prints the DECODE TARGET line
+# 2. kernel microbenchmarks: decode GB/s vs HBM peak, prefill TFLOP/s, tile sweeps; prints the DECODE TARGET line;
+#    then decode over an int8 KV cache (GB/s counting int8 values and their fp16 scales)
 # 3. engine throughput on a Llama-shaped ~1B model with random weights, and triton-vs-torch greedy agreement
 # Each part has its own time limit and runs even if an earlier one failed; the exit status is 1 if any failed.
 set -u -o pipefail
@@ -30,6 +31,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
 "$PYTHON" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 part "1 kernel tests (native CUDA)" 90 "$PYTHON" -m pytest -q -rs -m cuda tests/kernels -p no:cacheprovider
 part "2 kernel microbenchmarks" 80 "$PYTHON" scripts/kernel_bench.py --sweep ${OUT:+--json "$OUT/kernel_bench.json"}
+part "2b int8 KV decode microbenchmark" 40 "$PYTHON" scripts/kernel_bench.py --kv-cache-dtype int8 ${OUT:+--json "$OUT/kernel_bench_int8.json"}
 part "3 engine throughput" 70 "$PYTHON" scripts/gpu_check.py
 echo "=== gpu_check: $([ "$status" -eq 0 ] && echo ALL PASSED || echo SOME PART FAILED) in ${SECONDS}s"
 exit "$status"

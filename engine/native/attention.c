@@ -152,6 +152,9 @@ typedef struct {
         }                                                                                                      \
     }
 
+typedef void (*sequence_fn)(const job_t *, int);
+
+#ifdef __AVX512F__ /* 16-float vectors are one register each */
 DEFINE_SEQUENCE(bf16_any, bf16, load_bf16, store_bf16, bf16, load_bf16, 0, 0, 0)
 DEFINE_SEQUENCE(bf16_d64_g3, bf16, load_bf16, store_bf16, bf16, load_bf16, 0, 4, 3)  /* SmolLM2 */
 DEFINE_SEQUENCE(bf16_d64_g4, bf16, load_bf16, store_bf16, bf16, load_bf16, 0, 4, 4)  /* Llama 3.2 1B */
@@ -163,8 +166,6 @@ DEFINE_SEQUENCE(i8bf16_d64_g3, bf16, load_bf16, store_bf16, int8_t, load_i8, 1, 
 DEFINE_SEQUENCE(i8f32_any, float, load_f32, store_f32, int8_t, load_i8, 1, 0, 0) /* int8 caches, fp32 q/out */
 DEFINE_SEQUENCE(i8f32_d64_g3, float, load_f32, store_f32, int8_t, load_i8, 1, 4, 3)
 
-typedef void (*sequence_fn)(const job_t *, int);
-
 static sequence_fn pick(int is_bf16, int kv_int8, int nc, int ng) {
     const int smollm = nc == 4 && ng == 3;
     if (kv_int8) return is_bf16 ? (smollm ? i8bf16_d64_g3 : i8bf16_any) : (smollm ? i8f32_d64_g3 : i8f32_any);
@@ -174,6 +175,9 @@ static sequence_fn pick(int is_bf16, int kv_int8, int nc, int ng) {
     if (nc == 8 && ng == 4) return bf16_d128_g4;
     return bf16_any;
 }
+#else
+#include "attention8.h" /* AVX2: the same algorithm in 8-float vectors, laid out for sixteen registers */
+#endif
 
 /* Returns 0, or -1 when the shapes are outside what this kernel handles (the caller then uses torch).
  * kv_int8: the caches are int8 with fp16 scales k_scale / v_scale (strides s_block, s_tok; unit over heads);
@@ -192,7 +196,12 @@ int paged_decode(int is_bf16, int kv_int8, const void *q, int64_t q_row, int64_t
     for (int s = 0; s < num_seqs; s++)
         if (seq_lens[s] < 1) return -1;
     if (kv_int8 && (!k_scale || !v_scale)) return -1;
+#ifdef __AVX512F__
     const sequence_fn fn = pick(is_bf16, kv_int8, head_dim / W, num_heads / num_kv_heads);
+#else
+    if (block_size % W8) return -1; /* chunks of 8 tokens must not straddle blocks */
+    const sequence_fn fn = pick8(is_bf16, kv_int8, head_dim / W8, num_heads / num_kv_heads, block_size);
+#endif
     const job_t job = {.q = q, .k = k_cache, .v = v_cache, .k_scale = k_scale, .v_scale = v_scale,
                        .s_block = s_block, .s_tok = s_tok, .out = out, .q_row = q_row, .q_head = q_head,
                        .o_row = o_row, .o_head = o_head, .c_block = c_block, .c_tok = c_tok, .c_head = c_head,

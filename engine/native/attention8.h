@@ -1,0 +1,289 @@
+/* Paged decode attention in 8-float vectors: the kernel attention.c runs on CPUs without AVX-512 (AVX2: sixteen
+ * 256-bit registers). attention.c's 16-float kernel keeps a sequence's queries, accumulators and a chunk's partial
+ * sums in 16-lane vectors; compiled for AVX2 each is a pair of registers, and GCC spills most of them to the stack,
+ * so that kernel is bound by its own loads and stores rather than by memory (~1-2 GB/s). This one is laid out for 16
+ * registers:
+ *
+ * - a chunk is 8 tokens (block sizes are multiples of 8, so a chunk never leaves its block); all KV heads of the
+ *   chunk are handled before the next chunk, so the chunk's cache rows are read in address order;
+ * - scores: per token, NC loads of its key row and NG x NC FMAs into one 8-lane partial sum per query head; the 8
+ *   partial sums of a head are reduced by one transpose-and-add (reduce8), giving the chunk's 8 scores in one vector;
+ * - softmax: online, in fp32, on those score vectors (one vexp8 per query head and chunk);
+ * - values: column blocks of 8 values, for which the NG accumulators stay in registers while the chunk's 8 tokens
+ *   are added in, each weighted by its probability broadcast from a small table.
+ *
+ * int8 caches: the chunk's 8 key scales multiply its 8 scores, and each value scale is folded into its token's
+ * probability, so dequantization costs two multiplies per token and head, not one per element.
+ */
+#ifndef PAGEDCHAT_ATTENTION8_H
+#define PAGEDCHAT_ATTENTION8_H
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef int8_t v8b __attribute__((vector_size(8)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+
+#define W8 8
+#define MAX_C8 32 /* head_dim <= 256 */
+
+static inline v8 load8_f32(const float *p) {
+    v8 f;
+    memcpy(&f, p, sizeof f);
+    return f;
+}
+static inline void store8_f32(float *p, v8 x) { memcpy(p, &x, sizeof x); }
+static inline v8 load8_bf16(const bf16 *p) {
+    v8h h;
+    memcpy(&h, p, sizeof h);
+    const v8u u = __builtin_convertvector(h, v8u) << 16;
+    v8 f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline void store8_bf16(bf16 *p, v8 x) { /* round to nearest even, NaN kept: simd.h's store_bf16 */
+    v8u u;
+    memcpy(&u, &x, sizeof u);
+    const v8u nan = (v8u)((u & 0x7fffffffu) > 0x7f800000u);
+    const v8u rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const v8h h = __builtin_convertvector((nan & ((u >> 16) | 0x40)) | (~nan & rounded), v8h);
+    memcpy(p, &h, sizeof h);
+}
+static inline v8 load8_i8(const int8_t *p) {
+#ifdef __AVX2__ /* GCC lowers the generic conversion to eight scalar ones */
+    return (v8)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+#else
+    v8b b;
+    memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(b, v8);
+#endif
+}
+
+static inline v8 vsel8(v8i mask, v8 a, v8 b) { return (v8)(((v8i)a & mask) | ((v8i)b & ~mask)); }
+static inline float hmax8(v8 x) {
+    x = vsel8(x > SHUF(x, x, 4, 5, 6, 7, 0, 1, 2, 3), x, SHUF(x, x, 4, 5, 6, 7, 0, 1, 2, 3));
+    x = vsel8(x > SHUF(x, x, 2, 3, 0, 1, 6, 7, 4, 5), x, SHUF(x, x, 2, 3, 0, 1, 6, 7, 4, 5));
+    x = vsel8(x > SHUF(x, x, 1, 0, 3, 2, 5, 4, 7, 6), x, SHUF(x, x, 1, 0, 3, 2, 5, 4, 7, 6));
+    return x[0];
+}
+static inline float hsum8(v8 x) {
+    x += SHUF(x, x, 4, 5, 6, 7, 0, 1, 2, 3);
+    x += SHUF(x, x, 2, 3, 0, 1, 6, 7, 4, 5);
+    x += SHUF(x, x, 1, 0, 3, 2, 5, 4, 7, 6);
+    return x[0];
+}
+/* exp(x) as simd.h's vexp, in 8 lanes. */
+static inline v8 vexp8(v8 x) {
+    x = vsel8(x < -87.0f, (v8){0} - 87.0f, x);
+    x = vsel8(x > 88.0f, (v8){0} + 88.0f, x);
+    const v8 t = x * 1.44269504088896341f + 0.5f;
+    v8 n = __builtin_convertvector(__builtin_convertvector(t, v8i), v8);
+    n = vsel8(n > t, n - 1.0f, n);
+    const v8 f = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+    const v8 p =
+        1.0f +
+        f * (1.0f + f * (0.5f + f * (1.6666667e-1f + f * (4.1666668e-2f + f * (8.3333338e-3f + f * 1.3888889e-3f)))));
+    const v8i e = (__builtin_convertvector(n, v8i) + 127) << 23;
+    v8 s;
+    memcpy(&s, &e, sizeof s);
+    return p * s;
+}
+/* Lane t of the result is the sum of the lanes of r[t]: three rounds of pairwise shuffles and adds. */
+static inline v8 reduce8(const v8 *r) {
+    v8 a[4], b[2];
+    for (int i = 0; i < 4; i++) /* lanes 0-3: halves of r[2i]; 4-7: of r[2i+1] */
+        a[i] = SHUF(r[2 * i], r[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+               SHUF(r[2 * i], r[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (int i = 0; i < 2; i++) /* two lanes each of r[4i .. 4i+3] */
+        b[i] = SHUF(a[2 * i], a[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+               SHUF(a[2 * i], a[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+    return SHUF(b[0], b[1], 0, 2, 4, 6, 8, 10, 12, 14) + SHUF(b[0], b[1], 1, 3, 5, 7, 9, 11, 13, 15);
+}
+
+static inline v8 broadcast8(const float *p) {
+#ifdef __AVX2__
+    return (v8)_mm256_broadcast_ss(p); /* one load, no shuffle */
+#else
+    return (v8){0} + *p;
+#endif
+}
+
+/* acc[g * nc + c] += sum over t < n of pw[g * pw_row + t] * vrow[t * stride + 8c ..]: a column block of 8 values at a
+ * time, every query head's accumulator in a register. Inlined where n is a constant, so full chunks unroll. */
+static inline __attribute__((always_inline)) void accumulate_values8(v8 *acc, int nc, int ng, const float *vrow,
+                                                                     int64_t stride, const v8 *pw, int pw_row,
+                                                                     int n) {
+    for (int c = 0; c < nc; c++) {
+        v8 a[MAX_G];
+        for (int g = 0; g < ng; g++) a[g] = acc[g * nc + c];
+        for (int t = 0; t < n; t++) {
+            const v8 vt = load8_f32(vrow + t * stride + c * W8);
+            for (int g = 0; g < ng; g++) a[g] += pw[g * pw_row + t] * vt;
+        }
+        for (int g = 0; g < ng; g++) acc[g * nc + c] = a[g];
+    }
+}
+
+/* One sequence, every head, in 8-lane vectors. T: q/out element; KT: cache element; Q8: int8 caches with scales;
+ * NC: head_dim / 8 and NG: query heads per KV head, compile-time in the specialised copies (0: from the job);
+ * CH: tokens per chunk, 8 or 16 (a multiple of 8 that divides the block size). */
+#define DEFINE_SEQUENCE8(NAME, T, LOAD, STORE, KT, KLOAD, Q8, NC, NG, CH)                                       \
+    static void NAME(const job_t *j, int s) {                                                                   \
+        enum { NV = (CH) / W8 }; /* score vectors per chunk */                                                  \
+        const int nc = (NC) ? (NC) : j->head_dim / W8, ng = (NG) ? (NG) : j->num_heads / j->num_kv_heads;       \
+        const int hq = j->num_heads, hkv = j->num_kv_heads, bs = j->block_size, len = j->seq_lens[s];           \
+        v8 q[hq][nc], acc[hq][nc];                                                                              \
+        float m[hq], l[hq];                                                                                     \
+        for (int hh = 0; hh < hq; hh++) {                                                                       \
+            const T *qp = (const T *)j->q + j->rows[s] * j->q_row + hh * j->q_head;                             \
+            for (int c = 0; c < nc; c++) {                                                                      \
+                q[hh][c] = LOAD(qp + c * W8) * j->scale;                                                        \
+                acc[hh][c] = (v8){0};                                                                           \
+            }                                                                                                   \
+            m[hh] = -INFINITY;                                                                                  \
+            l[hh] = 0.f;                                                                                        \
+        }                                                                                                       \
+        const int32_t *table = j->tables + s * j->t_row;                                                        \
+        const v8 lane = {0, 1, 2, 3, 4, 5, 6, 7};                                                               \
+        for (int t0 = 0; t0 < len; t0 += (CH)) {                                                                \
+            const int n = len - t0 < (CH) ? len - t0 : (CH);                                                    \
+            const int64_t block = table[t0 / bs], off = t0 % bs;                                                \
+            const int64_t base = block * j->c_block + off * j->c_tok;                                           \
+            const int64_t sbase = Q8 ? block * j->s_block + off * j->s_tok : 0;                                 \
+            { /* touch every line of the chunk first: independent loads the core issues together, where the     \
+               * compute below would reach each line only after the previous one's arithmetic */                \
+                const char *pk = (const char *)((const KT *)j->k + base);                                       \
+                const char *pv = (const char *)((const KT *)j->v + base);                                       \
+                const int64_t bytes = (int64_t)n * j->c_tok * (int64_t)sizeof(KT);                              \
+                uint8_t sink = 0;                                                                               \
+                for (int64_t o = 0; o < bytes; o += 64) sink |= pk[o] | pv[o];                                  \
+                if (Q8) /* and the chunk's scales, which sit in tensors of their own */                         \
+                    for (int64_t o = 0; o < (int64_t)n * j->s_tok * 2; o += 64)                                 \
+                        sink |= ((const char *)(j->k_scale + sbase))[o] | ((const char *)(j->v_scale + sbase))[o]; \
+                __asm__ volatile("" : : "r"(sink));                                                             \
+                if (t0 + (CH) < len) {                                                                          \
+                    const int64_t nb = (int64_t)table[(t0 + (CH)) / bs] * j->c_block + ((t0 + (CH)) % bs) * j->c_tok; \
+                    const char *qk = (const char *)((const KT *)j->k + nb), *qv = (const char *)((const KT *)j->v + nb); \
+                    for (int64_t o = 0; o < (int64_t)(CH) * j->c_tok * (int64_t)sizeof(KT); o += 64) {          \
+                        __builtin_prefetch(qk + o);                                                             \
+                        __builtin_prefetch(qv + o);                                                             \
+                    }                                                                                           \
+                }                                                                                               \
+            }                                                                                                   \
+            for (int h = 0; h < hkv; h++) {                                                                     \
+                const KT *kb = (const KT *)j->k + base + h * j->c_head;                                         \
+                const KT *vb = (const KT *)j->v + base + h * j->c_head;                                         \
+                v8 part[MAX_G][CH]; /* per head and token: 8 partial sums of the dot product */                 \
+                /* each key row loaded (converted) once, in registers, against every query head */              \
+                for (int t = 0; t < (CH); t++) {                                                                \
+                    if (t >= n) {                                                                               \
+                        for (int g = 0; g < ng; g++) part[g][t] = (v8){0};                                      \
+                        continue;                                                                               \
+                    }                                                                                           \
+                    v8 kt[MAX_C8];                                                                              \
+                    for (int c = 0; c < nc; c++) kt[c] = KLOAD(kb + t * j->c_tok + c * W8);                     \
+                    for (int g = 0; g < ng; g++) {                                                              \
+                        const v8 *qg = q[h * ng + g];                                                           \
+                        v8 a0 = qg[0] * kt[0], a1 = (v8){0};                                                    \
+                        for (int c = 1; c < nc; c++) {                                                          \
+                            if (c & 1)                                                                          \
+                                a1 += qg[c] * kt[c];                                                            \
+                            else                                                                                \
+                                a0 += qg[c] * kt[c];                                                            \
+                        }                                                                                       \
+                        part[g][t] = a0 + a1;                                                                   \
+                    }                                                                                           \
+                }                                                                                               \
+                v8 ks[NV], vs[NV]; /* int8: the chunk's key and value scales */                                 \
+                if (Q8) {                                                                                       \
+                    float kt[CH], vt[CH];                                                                       \
+                    for (int t = n; t < (CH); t++) kt[t] = vt[t] = 0.f;                                         \
+                    for (int t = 0; t < n; t++) {                                                               \
+                        kt[t] = f16_to_f32(j->k_scale[sbase + t * j->s_tok + h]);                               \
+                        vt[t] = f16_to_f32(j->v_scale[sbase + t * j->s_tok + h]);                               \
+                    }                                                                                           \
+                    for (int v = 0; v < NV; v++) {                                                              \
+                        ks[v] = load8_f32(kt + v * W8);                                                         \
+                        vs[v] = load8_f32(vt + v * W8);                                                         \
+                    }                                                                                           \
+                }                                                                                               \
+                /* online softmax: the chunk's scores, their max per head, one vexp8 for every head's rescale */ \
+                v8 sc[MAX_G][NV];                                                                               \
+                float m_old[MAX_G + W8], m_new[MAX_G + W8], corr[MAX_G + W8];                                   \
+                for (int g = ng; g < (ng + W8 - 1) / W8 * W8; g++) m_old[g] = m_new[g] = 0.f; /* pad lanes */   \
+                for (int g = 0; g < ng; g++) {                                                                  \
+                    v8 mx = (v8){0} - INFINITY;                                                                 \
+                    for (int v = 0; v < NV; v++) {                                                              \
+                        v8 raw = reduce8(part[g] + v * W8);                                                     \
+                        if (Q8) raw *= ks[v];                                                                   \
+                        sc[g][v] = vsel8(lane + (float)(v * W8) < (float)n, raw, (v8){0} - INFINITY);           \
+                        mx = vsel8(sc[g][v] > mx, sc[g][v], mx);                                                \
+                    }                                                                                           \
+                    const float chunk_max = hmax8(mx), old = m[h * ng + g];                                     \
+                    m_old[g] = old;                                                                             \
+                    m_new[g] = chunk_max > old ? chunk_max : old;                                               \
+                }                                                                                               \
+                for (int g = 0; g < ng; g += W8)                                                                \
+                    store8_f32(corr + g, vexp8(load8_f32(m_old + g) - load8_f32(m_new + g)));                   \
+                v8 pw[MAX_G][CH]; /* probabilities (times the value scales), broadcast */                       \
+                for (int g = 0; g < ng; g++) {                                                                  \
+                    const int hh = h * ng + g;                                                                  \
+                    v8 sum = {0};                                                                               \
+                    float pf[CH];                                                                               \
+                    for (int v = 0; v < NV; v++) {                                                              \
+                        v8 pe = vsel8(lane + (float)(v * W8) < (float)n, vexp8(sc[g][v] - m_new[g]), (v8){0});  \
+                        sum += pe;                                                                              \
+                        if (Q8) pe *= vs[v];                                                                    \
+                        store8_f32(pf + v * W8, pe);                                                            \
+                    }                                                                                           \
+                    for (int t = 0; t < (CH); t++) pw[g][t] = broadcast8(pf + t);                               \
+                    l[hh] = l[hh] * corr[g] + hsum8(sum);                                                       \
+                    m[hh] = m_new[g];                                                                           \
+                    if (m_new[g] != m_old[g])                                                                   \
+                        for (int c = 0; c < nc; c++) acc[hh][c] *= corr[g];                                     \
+                }                                                                                               \
+                /* values: a column block of 8 at a time, every query head's accumulator in a register */       \
+                    for (int c = 0; c < nc; c++) {                                                              \
+                        v8 a[MAX_G];                                                                            \
+                        for (int g = 0; g < ng; g++) a[g] = acc[h * ng + g][c];                                 \
+                        for (int t = 0; t < n; t++) {                                                           \
+                            const v8 vt = KLOAD(vb + t * j->c_tok + c * W8);                                    \
+                            for (int g = 0; g < ng; g++) a[g] += pw[g][t] * vt;                                 \
+                        }                                                                                       \
+                        for (int g = 0; g < ng; g++) acc[h * ng + g][c] = a[g];                                 \
+                    }                                                                                           \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (int hh = 0; hh < hq; hh++) {                                                                       \
+            T *op = (T *)j->out + j->rows[s] * j->o_row + hh * j->o_head;                                       \
+            const float inv = 1.f / l[hh];                                                                      \
+            for (int c = 0; c < nc; c++) STORE(op + c * W8, acc[hh][c] * inv);                                  \
+        }                                                                                                       \
+    }
+
+/* SmolLM2's shape (head_dim 64, 3 query heads per KV head) specialised, chunks of 16 tokens where blocks allow */
+#define DEFINE_FAMILY8(PREFIX, T, LOAD, STORE, KT, KLOAD, Q8)                                                   \
+    DEFINE_SEQUENCE8(PREFIX##_any_8, T, LOAD, STORE, KT, KLOAD, Q8, 0, 0, 8)                                    \
+    DEFINE_SEQUENCE8(PREFIX##_any_16, T, LOAD, STORE, KT, KLOAD, Q8, 0, 0, 16)                                  \
+    DEFINE_SEQUENCE8(PREFIX##_d64_g3_8, T, LOAD, STORE, KT, KLOAD, Q8, 8, 3, 8)                                 \
+    DEFINE_SEQUENCE8(PREFIX##_d64_g3_16, T, LOAD, STORE, KT, KLOAD, Q8, 8, 3, 16)                               \
+    static sequence_fn PREFIX##_pick(int smollm, int ch16) {                                                    \
+        return smollm ? (ch16 ? PREFIX##_d64_g3_16 : PREFIX##_d64_g3_8) : (ch16 ? PREFIX##_any_16 : PREFIX##_any_8); \
+    }
+
+DEFINE_FAMILY8(f32, float, load8_f32, store8_f32, float, load8_f32, 0)
+DEFINE_FAMILY8(bf16, bf16, load8_bf16, store8_bf16, bf16, load8_bf16, 0)
+DEFINE_FAMILY8(i8f32, float, load8_f32, store8_f32, int8_t, load8_i8, 1)   /* int8 caches, fp32 q/out */
+DEFINE_FAMILY8(i8bf16, bf16, load8_bf16, store8_bf16, int8_t, load8_i8, 1) /* int8 caches, bf16 q/out */
+
+static sequence_fn pick8(int is_bf16, int kv_int8, int nc8, int ng, int block_size) {
+    const int smollm = nc8 == 8 && ng == 3, ch16 = block_size % 16 == 0;
+    if (kv_int8) return is_bf16 ? i8bf16_pick(smollm, ch16) : i8f32_pick(smollm, ch16);
+    return is_bf16 ? bf16_pick(smollm, ch16) : f32_pick(smollm, ch16);
+}
+
+#endif
