@@ -239,3 +239,14 @@ def parse_kv_dtypes(text: str) -> list[str]:
 def kv_run_name(kv_cache_dtype: str) -> str:
     """The system name of a pagedchat run: plain for the model's dtype, suffixed for int8."""
     return "pagedchat" if kv_cache_dtype == "auto" else f"pagedchat-{kv_cache_dtype}kv"
+
+
+def positive_ints(text: str) -> list[int]:
+    """Comma-separated positive whole numbers (an argparse type)."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from exc
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive whole numbers, got {text!r}")
+    return values

@@ -15,26 +15,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.common import new_figure, print_report, write_results
+from bench.common import new_figure, positive_ints, print_report, write_results
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle. Request {i}."
 PARTS = ("matmul_ms", "attention_ms", "rest_ms")
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from exc
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive whole numbers, got {text!r}")
-    return values
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `bench step`."""
     parser.add_argument(
-        "--batch-sizes", type=_ints, default=[1, 64], help="decoding sequences (default 1,64)"
+        "--batch-sizes", type=positive_ints, default=[1, 64], help="decoding sequences (default 1,64)"
     )
     parser.add_argument("--steps", type=int, default=32, help="decode steps timed per batch size")
 

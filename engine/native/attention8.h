@@ -112,22 +112,6 @@ static inline v8 broadcast8(const float *p) {
 #endif
 }
 
-/* acc[g * nc + c] += sum over t < n of pw[g * pw_row + t] * vrow[t * stride + 8c ..]: a column block of 8 values at a
- * time, every query head's accumulator in a register. Inlined where n is a constant, so full chunks unroll. */
-static inline __attribute__((always_inline)) void accumulate_values8(v8 *acc, int nc, int ng, const float *vrow,
-                                                                     int64_t stride, const v8 *pw, int pw_row,
-                                                                     int n) {
-    for (int c = 0; c < nc; c++) {
-        v8 a[MAX_G];
-        for (int g = 0; g < ng; g++) a[g] = acc[g * nc + c];
-        for (int t = 0; t < n; t++) {
-            const v8 vt = load8_f32(vrow + t * stride + c * W8);
-            for (int g = 0; g < ng; g++) a[g] += pw[g * pw_row + t] * vt;
-        }
-        for (int g = 0; g < ng; g++) acc[g * nc + c] = a[g];
-    }
-}
-
 /* One sequence, every head, in 8-lane vectors. T: q/out element; KT: cache element; Q8: int8 caches with scales;
  * NC: head_dim / 8 and NG: query heads per KV head, compile-time in the specialised copies (0: from the job);
  * CH: tokens per chunk, 8 or 16 (a multiple of 8 that divides the block size). */
@@ -174,9 +158,11 @@ static inline __attribute__((always_inline)) void accumulate_values8(v8 *acc, in
                     }                                                                                           \
                 }                                                                                               \
             }                                                                                                   \
+            v8 pw[hq][CH]; /* every head's probabilities (times the value scales), broadcast */                 \
+            /* scores and softmax for every KV head first, then the values: the softmax's long dependency       \
+             * chains of the heads overlap, where head by head each waited for its own */                       \
             for (int h = 0; h < hkv; h++) {                                                                     \
                 const KT *kb = (const KT *)j->k + base + h * j->c_head;                                         \
-                const KT *vb = (const KT *)j->v + base + h * j->c_head;                                         \
                 v8 part[MAX_G][CH]; /* per head and token: 8 partial sums of the dot product */                 \
                 /* each key row loaded (converted) once, in registers, against every query head */              \
                 for (int t = 0; t < (CH); t++) {                                                                \
@@ -229,7 +215,6 @@ static inline __attribute__((always_inline)) void accumulate_values8(v8 *acc, in
                 }                                                                                               \
                 for (int g = 0; g < ng; g += W8)                                                                \
                     store8_f32(corr + g, vexp8(load8_f32(m_old + g) - load8_f32(m_new + g)));                   \
-                v8 pw[MAX_G][CH]; /* probabilities (times the value scales), broadcast */                       \
                 for (int g = 0; g < ng; g++) {                                                                  \
                     const int hh = h * ng + g;                                                                  \
                     v8 sum = {0};                                                                               \
@@ -240,22 +225,25 @@ static inline __attribute__((always_inline)) void accumulate_values8(v8 *acc, in
                         if (Q8) pe *= vs[v];                                                                    \
                         store8_f32(pf + v * W8, pe);                                                            \
                     }                                                                                           \
-                    for (int t = 0; t < (CH); t++) pw[g][t] = broadcast8(pf + t);                               \
+                    for (int t = 0; t < (CH); t++) pw[hh][t] = broadcast8(pf + t);                              \
                     l[hh] = l[hh] * corr[g] + hsum8(sum);                                                       \
                     m[hh] = m_new[g];                                                                           \
                     if (m_new[g] != m_old[g])                                                                   \
                         for (int c = 0; c < nc; c++) acc[hh][c] *= corr[g];                                     \
                 }                                                                                               \
+            }                                                                                                   \
+            for (int h = 0; h < hkv; h++) {                                                                     \
+                const KT *vb = (const KT *)j->v + base + h * j->c_head;                                         \
                 /* values: a column block of 8 at a time, every query head's accumulator in a register */       \
-                    for (int c = 0; c < nc; c++) {                                                              \
-                        v8 a[MAX_G];                                                                            \
-                        for (int g = 0; g < ng; g++) a[g] = acc[h * ng + g][c];                                 \
-                        for (int t = 0; t < n; t++) {                                                           \
-                            const v8 vt = KLOAD(vb + t * j->c_tok + c * W8);                                    \
-                            for (int g = 0; g < ng; g++) a[g] += pw[g][t] * vt;                                 \
-                        }                                                                                       \
-                        for (int g = 0; g < ng; g++) acc[h * ng + g][c] = a[g];                                 \
+                for (int c = 0; c < nc; c++) {                                                                  \
+                    v8 a[MAX_G];                                                                                \
+                    for (int g = 0; g < ng; g++) a[g] = acc[h * ng + g][c];                                     \
+                    for (int t = 0; t < n; t++) {                                                               \
+                        const v8 vt = KLOAD(vb + t * j->c_tok + c * W8);                                        \
+                        for (int g = 0; g < ng; g++) a[g] += pw[h * ng + g][t] * vt;                            \
                     }                                                                                           \
+                    for (int g = 0; g < ng; g++) acc[h * ng + g][c] = a[g];                                     \
+                }                                                                                               \
             }                                                                                                   \
         }                                                                                                       \
         for (int hh = 0; hh < hq; hh++) {                                                                       \
