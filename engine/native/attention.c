@@ -199,7 +199,6 @@ int paged_decode(int is_bf16, int kv_int8, const void *q, int64_t q_row, int64_t
 #ifdef __AVX512F__
     const sequence_fn fn = pick(is_bf16, kv_int8, head_dim / W, num_heads / num_kv_heads);
 #else
-    if (block_size % W8) return -1; /* chunks of 8 tokens must not straddle blocks */
     const sequence_fn fn = pick8(is_bf16, kv_int8, head_dim / W8, num_heads / num_kv_heads, block_size);
 #endif
     const job_t job = {.q = q, .k = k_cache, .v = v_cache, .k_scale = k_scale, .v_scale = v_scale,

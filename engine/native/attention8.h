@@ -1,18 +1,21 @@
 /* Paged decode attention in 8-float vectors: the kernel attention.c runs on CPUs without AVX-512 (AVX2: sixteen
  * 256-bit registers). attention.c's 16-float kernel keeps a sequence's queries, accumulators and a chunk's partial
- * sums in 16-lane vectors; compiled for AVX2 each is a pair of registers, and GCC spills most of them to the stack,
- * so that kernel is bound by its own loads and stores rather than by memory (~1-2 GB/s). This one is laid out for 16
- * registers:
+ * sums in 16-lane vectors; compiled for AVX2 each is a pair of registers, GCC spills most of them to the stack and
+ * turns its int8 loads into scalar conversions, so that kernel is bound by its own loads and stores (measured on a
+ * 2-core Zen 3, 64 x 1,024 tokens: bf16 25 ms, int8 37 ms a call; this one: 7 and 5 ms). Per sequence:
  *
- * - a chunk is 8 tokens (block sizes are multiples of 8, so a chunk never leaves its block); all KV heads of the
- *   chunk are handled before the next chunk, so the chunk's cache rows are read in address order;
- * - scores: per token, NC loads of its key row and NG x NC FMAs into one 8-lane partial sum per query head; the 8
- *   partial sums of a head are reduced by one transpose-and-add (reduce8), giving the chunk's 8 scores in one vector;
- * - softmax: online, in fp32, on those score vectors (one vexp8 per query head and chunk);
- * - values: column blocks of 8 values, for which the NG accumulators stay in registers while the chunk's 8 tokens
- *   are added in, each weighted by its probability broadcast from a small table.
+ * - chunks of 16 tokens (8 where the block size is no multiple of 16; shorter where a block ends): a chunk never
+ *   leaves its block. Every cache line of the chunk (and its int8 scales) is touched first, as independent loads the
+ *   core overlaps, and the next chunk is prefetched: reading head by head, each line was waited for in turn;
+ * - scores, per KV head: each key row loaded (converted) once into registers and multiplied against the query heads
+ *   that share it, into one 8-lane partial sum per head and token; 8 partial sums reduce to 8 scores in one
+ *   transpose-and-add (reduce8);
+ * - online softmax in fp32 for every KV head before any values, so the heads' long dependency chains overlap; one
+ *   vexp8 gives the rescale factors of all query heads of a KV head;
+ * - values: a column block of 8 at a time, every query head's accumulator in a register, each token's weight a
+ *   broadcast probability.
  *
- * int8 caches: the chunk's 8 key scales multiply its 8 scores, and each value scale is folded into its token's
+ * int8 caches: the chunk's key scales multiply its scores and each value scale is folded into its token's
  * probability, so dequantization costs two multiplies per token and head, not one per element.
  */
 #ifndef PAGEDCHAT_ATTENTION8_H
@@ -133,8 +136,9 @@ static inline v8 broadcast8(const float *p) {
         }                                                                                                       \
         const int32_t *table = j->tables + s * j->t_row;                                                        \
         const v8 lane = {0, 1, 2, 3, 4, 5, 6, 7};                                                               \
-        for (int t0 = 0; t0 < len; t0 += (CH)) {                                                                \
-            const int n = len - t0 < (CH) ? len - t0 : (CH);                                                    \
+        for (int t0 = 0, n = 0; t0 < len; t0 += n) {                                                            \
+            n = len - t0 < (CH) ? len - t0 : (CH); /* a chunk never leaves its block (when bs is no multiple */ \
+            if (bs - t0 % bs < n) n = bs - t0 % bs; /* of CH, some chunks are shorter) */                       \
             const int64_t block = table[t0 / bs], off = t0 % bs;                                                \
             const int64_t base = block * j->c_block + off * j->c_tok;                                           \
             const int64_t sbase = Q8 ? block * j->s_block + off * j->s_tok : 0;                                 \
@@ -149,8 +153,8 @@ static inline v8 broadcast8(const float *p) {
                     for (int64_t o = 0; o < (int64_t)n * j->s_tok * 2; o += 64)                                 \
                         sink |= ((const char *)(j->k_scale + sbase))[o] | ((const char *)(j->v_scale + sbase))[o]; \
                 __asm__ volatile("" : : "r"(sink));                                                             \
-                if (t0 + (CH) < len) {                                                                          \
-                    const int64_t nb = (int64_t)table[(t0 + (CH)) / bs] * j->c_block + ((t0 + (CH)) % bs) * j->c_tok; \
+                if (t0 + n < len) {                                                                             \
+                    const int64_t nb = (int64_t)table[(t0 + n) / bs] * j->c_block + ((t0 + n) % bs) * j->c_tok; \
                     const char *qk = (const char *)((const KT *)j->k + nb), *qv = (const char *)((const KT *)j->v + nb); \
                     for (int64_t o = 0; o < (int64_t)(CH) * j->c_tok * (int64_t)sizeof(KT); o += 64) {          \
                         __builtin_prefetch(qk + o);                                                             \

@@ -110,6 +110,7 @@ def _non_default_config() -> EngineConfig:
         int8_activations=True,
         fused_decode=False,
         attention_backend="torch",
+        kv_cache_dtype="int8",
         block_size=32,
         memory_utilization=0.5,
         kv_cache_bytes=123_456,

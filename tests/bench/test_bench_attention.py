@@ -58,7 +58,9 @@ def test_tiny_run_reports_every_kind_with_exact_bytes(tmp_path):
         assert p["calls"] >= 5 and p["best_ms"] <= p["median_ms"]
         assert p["gb_per_s"] == pytest.approx(p["kv_bytes_per_call"] / (p["median_ms"] / 1000) / 1e9)
         assert p["gb_per_s"] > 0
-        assert p["resident_gb_per_s"] == pytest.approx(p["kv_bytes_per_call"] / (p["resident_ms"] / 1000) / 1e9)
+        assert p["resident_gb_per_s"] == pytest.approx(
+            p["kv_bytes_per_call"] / (p["resident_ms"] / 1000) / 1e9
+        )
         assert p["fraction_of_stream"] == pytest.approx(p["gb_per_s"] / stream["median_gb_per_s"])
         assert p["target_fraction"] == TARGETS[p["kv"]]
         expected = None if p["target_fraction"] is None else p["fraction_of_stream"] >= p["target_fraction"]

@@ -48,6 +48,8 @@ def _reference(q, k_cache, v_cache, tables, rows, seq_lens, scale):
         (torch.bfloat16, 64, 8, 2, 16),
         (torch.bfloat16, 128, 8, 2, 16),
         (torch.bfloat16, 80, 10, 5, 128),
+        (torch.float32, 64, 9, 3, 4),  # blocks shorter than a chunk
+        (torch.bfloat16, 32, 4, 2, 24),  # a block size that is no multiple of 16
     ],
 )
 def test_decode_matches_reference(dtype, head_dim, num_heads, num_kv_heads, block_size):

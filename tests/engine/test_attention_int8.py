@@ -78,6 +78,8 @@ def test_native_store_quantizes_bit_for_bit_like_the_twin(dtype):
         (torch.float32, 48, 7, 1, 32),
         (torch.bfloat16, 64, 9, 3, 16),
         (torch.bfloat16, 128, 8, 2, 8),
+        (torch.float32, 64, 9, 3, 4),  # blocks shorter than a chunk
+        (torch.float32, 32, 4, 2, 24),  # chunks of 8 that end at each block's end
     ],
 )
 def test_native_decode_over_int8_equals_attention_over_the_dequantized_pool(

@@ -137,7 +137,8 @@ def test_quantized_model_matches_dequantized_model(tmp_path, linear_type):
     tokens = torch.randint(0, 128, (24,), generator=torch.Generator().manual_seed(0)).tolist()
     ref = teacher_forced_logits(reference, tokens, prefill_len=20)  # prefill above GEMV_MAX_ROWS, then decode
     assert ref.std() > 1.0, "random weights should give well-spread logits"
-    torch.testing.assert_close(teacher_forced_logits(exact, tokens, 20), ref, atol=1e-4, rtol=0)
+    # fp32 summation order (GEMV kernel vs torch's GEMM) through two random layers: ~1e-5 of the logits
+    torch.testing.assert_close(teacher_forced_logits(exact, tokens, 20), ref, atol=1e-4, rtol=3e-5)
     fast_logits = teacher_forced_logits(fast, tokens, 20)
     torch.testing.assert_close(fast_logits[:20], ref[:20], atol=1e-4, rtol=0)  # prefill takes the exact GEMM
     decode_error = (fast_logits[20:] - ref[20:]).abs().max()
