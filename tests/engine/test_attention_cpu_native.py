@@ -20,7 +20,9 @@ pytestmark = pytest.mark.skipif(
 )
 SEQ_LENS = [1, 15, 16, 17, 100, 250]  # one token, block boundaries, several chunks of 16
 BF16_TOL = dict(atol=1e-2, rtol=2**-7)  # one bf16 rounding of outputs up to ~10 (both sides round once)
-FP32_TOL = dict(atol=1e-5, rtol=0)
+FP32_TOL = dict(
+    atol=1e-5, rtol=3e-5
+)  # tiny blocks: one online-softmax merge every 4 tokens, each adding rounding
 
 
 def _caches(num_blocks, block_size, num_kv_heads, head_dim, dtype, gen):
