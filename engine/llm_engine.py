@@ -64,7 +64,13 @@ class LLMEngine:
         )
         self.num_blocks = num_blocks
         self.runner = ModelRunner(self.config, model, spec, num_blocks)
-        self.scheduler = Scheduler(self.config, num_blocks, self.eos_token_ids)
+        self.scheduler = Scheduler(
+            self.config,
+            num_blocks,
+            self.eos_token_ids,
+            kv_cache_dtype=self.kv_cache_dtype,
+            kv_block_bytes=self.kv_block_bytes,
+        )
         self.sampler = Sampler()
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler)
         self._generator = torch.Generator().manual_seed(self.config.seed)  # the draws of unseeded rows
@@ -173,18 +179,11 @@ class LLMEngine:
     # ---- introspection ---------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         """Counters for metrics and the admin page."""
-        return self._with_pool_facts(self.scheduler.stats())
+        return self.scheduler.stats()
 
     def snapshot(self) -> PoolSnapshot:
         """Every block's state and every live sequence's block table, consistent between steps."""
-        snap = self.scheduler.snapshot()
-        return dataclasses.replace(snap, stats=self._with_pool_facts(snap.stats))
-
-    def _with_pool_facts(self, stats: EngineStats) -> EngineStats:
-        """The scheduler's counters plus what only the engine knows: the pool's dtype and block bytes."""
-        return dataclasses.replace(
-            stats, kv_cache_dtype=self.kv_cache_dtype, kv_block_bytes=self.kv_block_bytes
-        )
+        return self.scheduler.snapshot()
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of a chat rendered with the model's template."""

@@ -27,10 +27,20 @@ class Scheduler:
     copy-on-write), and each samples its own first token from the prompt's logits in that same step.
     """
 
-    def __init__(self, config: EngineConfig, num_blocks: int, eos_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        num_blocks: int,
+        eos_token_ids: frozenset[int],
+        *,
+        kv_cache_dtype: str = "",
+        kv_block_bytes: int = 0,
+    ) -> None:
+        """kv_cache_dtype / kv_block_bytes: what the runner's pool stores and a block's bytes, reported in stats."""
         if config.max_model_len is None or config.max_num_batched_tokens is None:
             raise RuntimeError("Scheduler needs a resolved EngineConfig (EngineConfig.resolve)")
         self.config = config
+        self.kv_cache_dtype, self.kv_block_bytes = kv_cache_dtype, kv_block_bytes
         self.max_model_len: int = config.max_model_len
         self.max_num_batched_tokens: int = config.max_num_batched_tokens
         self.eos_token_ids = eos_token_ids
@@ -256,6 +266,8 @@ class Scheduler:
             num_steps=self.num_steps,
             block_size=self.config.block_size,
             max_model_len=self.max_model_len,
+            kv_cache_dtype=self.kv_cache_dtype,
+            kv_block_bytes=self.kv_block_bytes,
         )
 
     def snapshot(self) -> PoolSnapshot:

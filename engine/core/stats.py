@@ -27,8 +27,8 @@ class EngineStats:
     num_steps: int
     block_size: int
     max_model_len: int
-    kv_cache_dtype: str = ""  # what the pool stores: int8, bfloat16, float32 (set by the engine)
-    kv_block_bytes: int = 0  # bytes of one block over every layer, scales included (set by the engine)
+    kv_cache_dtype: str = ""  # what the pool stores: int8, bfloat16, float32 ("" where no pool is known)
+    kv_block_bytes: int = 0  # bytes of one block over every layer, int8 scales included
 
     @property
     def capacity_tokens(self) -> int:
