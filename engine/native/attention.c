@@ -70,7 +70,7 @@ typedef struct {
 #define DEFINE_SEQUENCE(NAME, T, LOAD, STORE, KT, KLOAD, Q8, NC, NG)                                                         \
     static void NAME(const job_t *j, int s) {                                                                  \
         const int nc = (NC) ? (NC) : j->head_dim / W, ng = (NG) ? (NG) : j->num_heads / j->num_kv_heads;     \
-        const int bs = j->block_size, len = j->seq_lens[s], chunk = W < bs ? W : bs;                         \
+        const int bs = j->block_size, len = j->seq_lens[s];                                                     \
         vf q[j->num_heads][nc], acc[j->num_heads][nc], part[MAX_G][W];                                         \
         float m[j->num_heads], l[j->num_heads], p[MAX_G][W];                                                   \
         for (int hh = 0; hh < j->num_heads; hh++) {                                                            \
@@ -83,15 +83,16 @@ typedef struct {
             l[hh] = 0.f;                                                                                       \
         }                                                                                                      \
         const int32_t *table = j->tables + s * j->t_row;                                                       \
-        for (int t0 = 0; t0 < len; t0 += chunk) {                                                              \
-            const int n = len - t0 < chunk ? len - t0 : chunk;                                                 \
+        for (int t0 = 0, n = 0; t0 < len; t0 += n) {                                                            \
+            n = len - t0 < W ? len - t0 : W;                                                                    \
+            if (bs - t0 % bs < n) n = bs - t0 % bs; /* a chunk never leaves its block */                        \
             const int64_t base = (int64_t)table[t0 / bs] * j->c_block + (t0 % bs) * j->c_tok;                \
-            if (t0 + chunk < len) { /* the next chunk's rows, while this one computes */                      \
-                const int t1 = t0 + chunk;                                                                     \
+            if (t0 + n < len) { /* the next chunk's rows, while this one computes */                            \
+                const int t1 = t0 + n;                                                                          \
                 const int64_t next = (int64_t)table[t1 / bs] * j->c_block + (t1 % bs) * j->c_tok;            \
                 const char *pk = (const char *)((const KT *)j->k + next);                                      \
                 const char *pv = (const char *)((const KT *)j->v + next);                                      \
-                for (int64_t o = 0; o < (int64_t)chunk * j->c_tok * (int64_t)sizeof(KT); o += 64) {          \
+                for (int64_t o = 0; o < (int64_t)W * j->c_tok * (int64_t)sizeof(KT); o += 64) {                 \
                     __builtin_prefetch(pk + o);                                                                \
                     __builtin_prefetch(pv + o);                                                                \
                 }                                                                                              \

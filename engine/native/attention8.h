@@ -117,7 +117,7 @@ static inline v8 broadcast8(const float *p) {
 
 /* One sequence, every head, in 8-lane vectors. T: q/out element; KT: cache element; Q8: int8 caches with scales;
  * NC: head_dim / 8 and NG: query heads per KV head, compile-time in the specialised copies (0: from the job);
- * CH: tokens per chunk, 8 or 16 (a multiple of 8 that divides the block size). */
+ * CH: tokens per chunk, 8 or 16 (shorter where a block ends first). */
 #define DEFINE_SEQUENCE8(NAME, T, LOAD, STORE, KT, KLOAD, Q8, NC, NG, CH)                                       \
     static void NAME(const job_t *j, int s) {                                                                   \
         enum { NV = (CH) / W8 }; /* score vectors per chunk */                                                  \
