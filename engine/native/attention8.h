@@ -40,22 +40,7 @@ static inline v8 load8_f32(const float *p) {
     return f;
 }
 static inline void store8_f32(float *p, v8 x) { memcpy(p, &x, sizeof x); }
-static inline v8 load8_bf16(const bf16 *p) {
-    v8h h;
-    memcpy(&h, p, sizeof h);
-    const v8u u = __builtin_convertvector(h, v8u) << 16;
-    v8 f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-static inline void store8_bf16(bf16 *p, v8 x) { /* round to nearest even, NaN kept: simd.h's store_bf16 */
-    v8u u;
-    memcpy(&u, &x, sizeof u);
-    const v8u nan = (v8u)((u & 0x7fffffffu) > 0x7f800000u);
-    const v8u rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const v8h h = __builtin_convertvector((nan & ((u >> 16) | 0x40)) | (~nan & rounded), v8h);
-    memcpy(p, &h, sizeof h);
-}
+DEFINE_BF16_LOAD_STORE(load8_bf16, store8_bf16, v8, v8u, v8h)
 static inline v8 load8_i8(const int8_t *p) {
 #ifdef __AVX2__ /* GCC lowers the generic conversion to eight scalar ones */
     return (v8)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
@@ -79,22 +64,7 @@ static inline float hsum8(v8 x) {
     x += SHUF(x, x, 1, 0, 3, 2, 5, 4, 7, 6);
     return x[0];
 }
-/* exp(x) as simd.h's vexp, in 8 lanes. */
-static inline v8 vexp8(v8 x) {
-    x = vsel8(x < -87.0f, (v8){0} - 87.0f, x);
-    x = vsel8(x > 88.0f, (v8){0} + 88.0f, x);
-    const v8 t = x * 1.44269504088896341f + 0.5f;
-    v8 n = __builtin_convertvector(__builtin_convertvector(t, v8i), v8);
-    n = vsel8(n > t, n - 1.0f, n);
-    const v8 f = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-    const v8 p =
-        1.0f +
-        f * (1.0f + f * (0.5f + f * (1.6666667e-1f + f * (4.1666668e-2f + f * (8.3333338e-3f + f * 1.3888889e-3f)))));
-    const v8i e = (__builtin_convertvector(n, v8i) + 127) << 23;
-    v8 s;
-    memcpy(&s, &e, sizeof s);
-    return p * s;
-}
+DEFINE_VEXP(vexp8, v8, v8i, vsel8)
 /* Lane t of the result is the sum of the lanes of r[t]: three rounds of pairwise shuffles and adds. */
 static inline v8 reduce8(const v8 *r) {
     v8 a[4], b[2];

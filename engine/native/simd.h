@@ -31,22 +31,45 @@ static inline bf16 round_bf16(float f) { /* round to nearest even, as torch does
     u += 0x7fffu + ((u >> 16) & 1u);
     return (bf16)(u >> 16);
 }
-static inline vf load_bf16(const bf16 *p) {
-    vh h;
-    memcpy(&h, p, sizeof h);
-    vu u = __builtin_convertvector(h, vu) << 16;
-    vf f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-static inline void store_bf16(bf16 *p, vf x) { /* vector form of round_bf16 */
-    vu u;
-    memcpy(&u, &x, sizeof u);
-    const vu nan = (vu)((u & 0x7fffffffu) > 0x7f800000u);
-    const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const vh h = __builtin_convertvector((nan & ((u >> 16) | 0x40)) | (~nan & rounded), vh);
-    memcpy(p, &h, sizeof h);
-}
+/* bf16 <-> fp32 and exp at any vector width: defined once here, instantiated below for 16 lanes and in attention8.h
+ * for 8, so every kernel rounds and exponentiates alike. VF/VI/VU: float/int32/uint32 vectors, VH: uint16 of as many
+ * lanes, SEL: the width's lane select. */
+#define DEFINE_BF16_LOAD_STORE(LOAD, STORE, VF, VU, VH)                                                        \
+    static inline VF LOAD(const bf16 *p) {                                                                      \
+        VH h;                                                                                                   \
+        memcpy(&h, p, sizeof h);                                                                                \
+        const VU u = __builtin_convertvector(h, VU) << 16;                                                      \
+        VF f;                                                                                                   \
+        memcpy(&f, &u, sizeof f);                                                                               \
+        return f;                                                                                               \
+    }                                                                                                           \
+    static inline void STORE(bf16 *p, VF x) { /* vector form of round_bf16 */                                   \
+        VU u;                                                                                                   \
+        memcpy(&u, &x, sizeof u);                                                                               \
+        const VU nan = (VU)((u & 0x7fffffffu) > 0x7f800000u);                                                   \
+        const VU rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;                                              \
+        const VH h = __builtin_convertvector((nan & ((u >> 16) | 0x40)) | (~nan & rounded), VH);                \
+        memcpy(p, &h, sizeof h);                                                                                \
+    }
+
+/* exp(x), clamped to [-87, 88] (-inf gives ~0); relative error ~1e-7. */
+#define DEFINE_VEXP(NAME, VF, VI, SEL)                                                                          \
+    static inline VF NAME(VF x) {                                                                               \
+        x = SEL(x < -87.0f, (VF){0} - 87.0f, x);                                                                \
+        x = SEL(x > 88.0f, (VF){0} + 88.0f, x);                                                                 \
+        const VF t = x * 1.44269504088896341f + 0.5f;                                                           \
+        VF n = __builtin_convertvector(__builtin_convertvector(t, VI), VF); /* trunc, then floor */             \
+        n = SEL(n > t, n - 1.0f, n);                                                                            \
+        const VF f = x - n * 0.693145751953125f - n * 1.428606765330187e-06f; /* |f| <= ln2 / 2, two-part ln2 */ \
+        const VF p = 1.0f + f * (1.0f + f * (0.5f + f * (1.6666667e-1f + f * (4.1666668e-2f +                   \
+                                                                             f * (8.3333338e-3f + f * 1.3888889e-3f))))); \
+        const VI e = (__builtin_convertvector(n, VI) + 127) << 23;                                              \
+        VF s;                                                                                                   \
+        memcpy(&s, &e, sizeof s);                                                                               \
+        return p * s;                                                                                           \
+    }
+
+DEFINE_BF16_LOAD_STORE(load_bf16, store_bf16, vf, vu, vh)
 static inline vf load_f32(const float *p) {
     vf f;
     memcpy(&f, p, sizeof f);
@@ -71,21 +94,6 @@ static inline float hsum(vf x) {
     return x[0];
 }
 
-/* exp(x), clamped to [-87, 88] (-inf gives ~0); relative error ~1e-7. */
-static inline vf vexp(vf x) {
-    x = vsel(x < -87.0f, (vf){0} - 87.0f, x);
-    x = vsel(x > 88.0f, (vf){0} + 88.0f, x);
-    const vf t = x * 1.44269504088896341f + 0.5f;
-    vf n = __builtin_convertvector(__builtin_convertvector(t, vi), vf); /* trunc, then floor */
-    n = vsel(n > t, n - 1.0f, n);
-    const vf f = x - n * 0.693145751953125f - n * 1.428606765330187e-06f; /* |f| <= ln2 / 2, two-part ln2 */
-    const vf p =
-        1.0f +
-        f * (1.0f + f * (0.5f + f * (1.6666667e-1f + f * (4.1666668e-2f + f * (8.3333338e-3f + f * 1.3888889e-3f)))));
-    const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
-    vf s;
-    memcpy(&s, &e, sizeof s);
-    return p * s;
-}
+DEFINE_VEXP(vexp, vf, vi, vsel)
 
 #endif
