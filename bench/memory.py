@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,8 +184,6 @@ def _run_mix(
     config: Any, mix: list[tuple[int, int]], filler: list[int], contiguous_capacity: int
 ) -> dict[str, Any]:
     """One engine with `config` through the whole mix: its pool, the step samples and their summary."""
-    import gc
-
     from engine import LLMEngine, SamplingParams
 
     engine = LLMEngine(config)

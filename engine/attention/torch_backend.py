@@ -30,9 +30,8 @@ class _Prefill:
     row_end: int
     seq_len: int
     block_ids: torch.Tensor  # [num_blocks] int64 to gather its context
-    cached: (
-        bool  # context precedes this step's tokens; if not, a float pool's context is this step's k/v as is
-    )
+    # context precedes this step's tokens; if not, a float pool's context is this step's k/v as is
+    cached: bool
     valid: torch.Tensor | None  # [query_len, seq_len] bool, True = attend; None: plain causal
     masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # additive, made at first use
 
@@ -185,11 +184,10 @@ class TorchAttentionBackend:
                 continue
             seq_len = meta.seq_lens_cpu[i]
             block_ids = tables[i, : cdiv(seq_len, bs)].to(torch.int64)
-            mask = None
-            if seq_len != query_len:  # cached context precedes this step's tokens
+            cached, mask = seq_len != query_len, None
+            if cached:
                 rows = torch.arange(query_len, device=device)[:, None] + (seq_len - query_len)
                 mask = torch.arange(seq_len, device=device)[None, :] <= rows
-            cached = seq_len != query_len
             prefills.append(_Prefill(starts[i], starts[i] + query_len, seq_len, block_ids, cached, mask))
         decodes = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
         native = None

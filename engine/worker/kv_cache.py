@@ -13,7 +13,6 @@ from engine.attention.backend import LayerKV
 from engine.core.config import CPU_DEFAULT_KV_CACHE_BYTES, EngineConfig
 
 SCALE_DTYPE = torch.float16  # an int8 pool's scale per token and KV head
-SCALE_BYTES = 2
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +49,7 @@ class KVCacheSpec:
     @property
     def row_bytes(self) -> int:
         """Bytes of one token's K (or V) for one KV head: its values, and its scale when quantized."""
-        elem = torch.empty((), dtype=self.cache_dtype).element_size()
-        return self.head_dim * elem + (SCALE_BYTES if self.quantized else 0)
+        return self.head_dim * self.cache_dtype.itemsize + (SCALE_DTYPE.itemsize if self.quantized else 0)
 
     @property
     def block_bytes(self) -> int:
