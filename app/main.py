@@ -54,6 +54,7 @@ def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | Non
         max_queued_requests=settings.max_queued_requests,
         request_timeout_s=settings.request_timeout_s,
         metrics=metrics,
+        drain_s=settings.shutdown_grace_s,
     )
     svc = Services(settings=settings, engine=engine, metrics=metrics, signer=make_signer(settings.secret_key))
 

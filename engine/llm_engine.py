@@ -10,13 +10,14 @@ import time
 import torch
 
 from engine.core.config import EngineConfig
-from engine.core.hash_chain import ChainKey
+from engine.core.hash_chain import ChainKey, salt_tag
 from engine.core.outputs import RequestOutput, SchedulerOutput
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import SamplingParams, Sequence
 from engine.core.stats import EngineStats, PoolSnapshot
 from engine.loading.engine_model import load_engine_model
 from engine.output_processor import OutputProcessor
+from engine.tiers.setup import open_disk_tier
 from engine.worker.device import resolve_device, resolve_dtype
 from engine.worker.kv_cache import KVCacheSpec, num_blocks_for_budget
 from engine.worker.model_runner import ModelRunner
@@ -24,6 +25,8 @@ from engine.worker.profile import profile_peak_bytes
 from engine.worker.sampler import Sampler, SamplingBatch
 
 logger = logging.getLogger(__name__)
+
+LOAD_POLL_S = 0.002  # how long an idle step waits for a disk load, so new requests and aborts are not held up
 
 
 class LLMEngine:
@@ -64,12 +67,29 @@ class LLMEngine:
         )
         self.num_blocks = num_blocks
         self.runner = ModelRunner(self.config, model, spec, num_blocks)
+        kv_settings = {
+            "dtype": str(dtype),
+            "kv_cache_dtype": spec.dtype_name,
+            "quantization": self.config.quantization,
+            "int8_activations": self.config.int8_activations,
+            "device": device.type,
+            "layout": [spec.num_layers, 2, spec.block_size, spec.num_kv_heads, spec.head_dim],
+        }
+        source = loaded.source
+        self.tier = open_disk_tier(
+            self.config,
+            (source.gguf, source.folder),
+            kv_settings,
+            self.runner.kv_cache,
+            self.runner.kv_scales,
+        )
         self.scheduler = Scheduler(
             self.config,
             num_blocks,
             self.eos_token_ids,
             kv_cache_dtype=self.kv_cache_dtype,
             kv_block_bytes=self.kv_block_bytes,
+            tier=self.tier,
         )
         self.sampler = Sampler()
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler)
@@ -150,6 +170,8 @@ class LLMEngine:
         out = self.scheduler.schedule()
         for seq_id in out.finished_seq_ids:
             self._seeded_generators.pop(seq_id, None)
+        if out.is_empty and self.scheduler.loading and self.tier is not None:
+            self.tier.wait_for_load(LOAD_POLL_S)  # only loads are in flight: wait for one instead of spinning
         if not out.is_empty:
             try:
                 got_token = self._run(out)
@@ -175,6 +197,15 @@ class LLMEngine:
             token_ids = {seq.seq_id: token_id for seq, token_id in zip(seqs, sampled.token_ids, strict=True)}
             self.output_processor.add_logprobs(seqs, sampled.logprobs)
         return self.scheduler.update(out, token_ids)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write the disk tier's queued blocks (within `timeout` seconds) and release its directory."""
+        if self.tier is not None:
+            self.tier.close(timeout)
+
+    def purge_cache_salt(self, cache_salt: str) -> int:
+        """Delete a tenant's blocks from the disk tier (e.g. when its account goes); returns how many files went."""
+        return self.tier.purge(salt_tag(cache_salt)) if self.tier is not None else 0
 
     # ---- introspection ---------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:

@@ -43,8 +43,18 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
     "engine.models": ({"engine.core", "engine.native", "engine.attention", "engine.models"}, WEB),
     "engine.worker": ({"engine.core", "engine.attention", "engine.models", "engine.worker"}, WEB),
     "engine.loading": ({"engine.core", "engine.models", "engine.loading"}, WEB),
+    # lower KV tiers: files and threads behind the pool; torch only to stage and fill its blocks
+    "engine.tiers": ({"engine.core", "engine.tiers"}, WEB),
     ENGINE_TOP: (
-        {"engine.core", "engine.attention", "engine.models", "engine.worker", "engine.loading", ENGINE_TOP},
+        {
+            "engine.core",
+            "engine.attention",
+            "engine.models",
+            "engine.worker",
+            "engine.loading",
+            "engine.tiers",
+            ENGINE_TOP,
+        },
         WEB,
     ),
     "kernels": ({"kernels"}, WEB),

@@ -59,7 +59,9 @@ class AsyncEngine:
         max_queued_requests: int = 256,
         request_timeout_s: float = 600.0,
         metrics: Metrics | None = None,
+        drain_s: float = 10.0,
     ) -> None:
+        """`drain_s`: at stop, how long the engine may take to write its disk tier's queued blocks."""
         self.metrics = metrics
         # immutable attributes (config, model_name, ...) are safe to read
         self.engine: LLMEngine | None = None
@@ -70,6 +72,7 @@ class AsyncEngine:
         self._factory = engine_factory
         self._max_queued = max_queued_requests
         self._timeout_s = request_timeout_s
+        self._drain_s = drain_s
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}
         self._thread: threading.Thread | None = None
@@ -241,6 +244,7 @@ class AsyncEngine:
                 if command is STOP:
                     for request_id in list(live):
                         engine.abort_request(request_id)
+                    engine.close(self._drain_s)  # the disk tier writes what it has queued
                     return
                 self._run_command(engine, command, live)
             if not engine.has_unfinished_requests():

@@ -152,6 +152,37 @@ class BlockManager:
             self.hash_to_block_ids.setdefault(block_hash, {})[block.block_id] = None
         seq.num_hashed_blocks = max(seq.num_hashed_blocks, num_full)
 
+    # ---- loading from a lower tier: blocks held outside any block table until their sequence is admitted -------
+    def chain_hashes(self, seq: Sequence, start: int, end: int) -> list[bytes]:
+        """The hashes of the sequence's full blocks [start, end) (the chain is extended as needed)."""
+        if end > start:
+            self._block_hash(seq, end - 1)
+        return seq.block_hashes[start:end]
+
+    def reserve(self, num_blocks: int, pin: list[int]) -> list[int] | None:
+        """Pin the blocks `pin` (cached prefix hits) and take num_blocks empty blocks (ref 1) to load into, or
+        None, changing nothing, when the pool lacks the room."""
+        num_pinned_free = sum(1 for b in pin if self.blocks[b].ref_count == 0)
+        if num_blocks > len(self.free_queue) - num_pinned_free:
+            return None
+        for block_id in pin:
+            self._incref(block_id)
+        return [self._pop_free() for _ in range(num_blocks)]
+
+    def register(self, block_id: int, block_hash: bytes) -> None:
+        """A held block now holds the content `block_hash` names (it was loaded): it joins the prefix cache."""
+        block = self.blocks[block_id]
+        assert block.ref_count > 0 and block.block_hash is None, (
+            f"block {block_id} is not an empty held block"
+        )
+        block.block_hash = block_hash
+        self.hash_to_block_ids.setdefault(block_hash, {})[block_id] = None
+
+    def release(self, block_ids: list[int]) -> None:
+        """Drop the references `reserve` took (or pins): cached blocks stay cached, empty ones go first."""
+        for block_id in reversed(block_ids):
+            self._decref(block_id)
+
     def num_slots_allocated(self, seq: Sequence) -> int:
         """KV slots reserved for the sequence (its table length times block_size)."""
         return len(seq.block_table) * self.block_size
@@ -175,11 +206,13 @@ class BlockManager:
         hashes = {b.block_id: b.block_hash.hex()[:8] for b in self.blocks if b.block_hash is not None}
         return states, [b.ref_count for b in self.blocks], hashes
 
-    def check_invariants(self, live_seqs: Iterable[Sequence]) -> None:
-        """Assert the pool's bookkeeping against the live sequences (call between steps)."""
+    def check_invariants(self, live_seqs: Iterable[Sequence], held: Iterable[int] = ()) -> None:
+        """Assert the pool's bookkeeping against the live sequences and the blocks `held` outside their tables
+        (pins and loads in flight; call between steps)."""
         live_seqs = list(live_seqs)
         refs = Counter(b for seq in live_seqs for b in seq.block_table)
-        assert sum(b.ref_count for b in self.blocks) == sum(len(s.block_table) for s in live_seqs), "ref sum"
+        refs.update(held)
+        assert sum(b.ref_count for b in self.blocks) == refs.total(), "ref sum"
         for b in self.blocks:
             assert b.ref_count == refs[b.block_id], (
                 f"block {b.block_id}: ref {b.ref_count}, {refs[b.block_id]} users"

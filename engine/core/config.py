@@ -71,6 +71,14 @@ class EngineConfig:
     prefix_cache_salt: str = option(
         "", "mixed into every block hash: engines with different salts share no cached prefix"
     )
+    kv_disk_bytes: int | None = option(
+        None,
+        "byte cap of the disk tier that keeps full KV blocks across eviction and restarts; unset: 4 GiB or 10% of "
+        "the free disk, whichever is smaller; 0: no disk tier",
+    )
+    kv_disk_dir: str = option(
+        "", "the disk tier's directory (one engine process each); unset: <cache dir>/kv"
+    )
     seed: int = option(0, "random seed of sampling")
     num_threads: int | None = option(None, "CPU torch threads; unset: torch's default")
 
@@ -86,6 +94,8 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}")
+        if self.kv_disk_bytes is not None and self.kv_disk_bytes < 0:
+            raise ValueError(f"kv_disk_bytes must be 0 (off) or positive, got {self.kv_disk_bytes}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be at least 1, got {self.num_threads}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.block_size:

@@ -19,6 +19,19 @@ HASH_BYTES = (
 )
 
 
+SALT_TAG_BYTES = 8
+NO_SALT = bytes(SALT_TAG_BYTES)  # the salt tag of a block every tenant shares
+
+
+def salt_tag(salt: str | None) -> bytes:
+    """8 bytes naming a tenant's salt where blocks are stored (the disk tier's file names), never the salt itself."""
+    if salt is None:
+        return NO_SALT
+    return hashlib.blake2b(
+        salt.encode("utf-8", "surrogatepass"), digest_size=SALT_TAG_BYTES, person=b"salt-tag"
+    ).digest()
+
+
 def chain_root(cache_salt: str | None) -> bytes:
     """What a salt adds to the parent hash where it enters the chain: nothing, or a 32-byte digest of the salt."""
     if cache_salt is None:
@@ -86,3 +99,9 @@ class BlockHasher:
         hashes: list[bytes] = []
         self.extend(hashes, token_ids, key or ChainKey(), len(token_ids) // self.block_size)
         return hashes
+
+    def salt_tags(self, key: ChainKey, num_blocks: int) -> list[bytes]:
+        """Each of the first num_blocks blocks' salt tag under `key`: NO_SALT inside the public prefix."""
+        salted_from = key.salted_from_block(self.block_size)
+        tag = salt_tag(key.salt)
+        return [NO_SALT if i < salted_from else tag for i in range(num_blocks)]

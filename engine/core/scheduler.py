@@ -8,9 +8,11 @@ from collections import deque
 
 from engine.core.block_manager import BlockManager
 from engine.core.config import EngineConfig
+from engine.core.hash_chain import num_cacheable_blocks
 from engine.core.outputs import ScheduledSequence, SchedulerOutput
 from engine.core.sequence import FinishReason, Sequence, SequenceStatus
 from engine.core.stats import EngineStats, PoolSnapshot
+from engine.core.tier import KVTier, LoadJob
 from engine.core.utils import cdiv
 
 
@@ -35,8 +37,14 @@ class Scheduler:
         *,
         kv_cache_dtype: str = "",
         kv_block_bytes: int = 0,
+        tier: KVTier | None = None,
     ) -> None:
-        """kv_cache_dtype / kv_block_bytes: what the runner's pool stores and a block's bytes, reported in stats."""
+        """kv_cache_dtype / kv_block_bytes: what the runner's pool stores and a block's bytes, reported in stats.
+
+        `tier`: a lower KV tier (the disk). Cached blocks are offered to it when their sequence frees them; an
+        admission whose prefix continues past the RAM hits into the tier waits LOADING, off the queues, while the
+        tier reads those blocks into pool blocks it holds, then re-enters the waiting queue at its head.
+        """
         if config.max_model_len is None or config.max_num_batched_tokens is None:
             raise RuntimeError("Scheduler needs a resolved EngineConfig (EngineConfig.resolve)")
         self.config = config
@@ -47,8 +55,13 @@ class Scheduler:
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.enable_prefix_caching, config.prefix_cache_salt.encode()
         )
+        self.tier = tier if config.enable_prefix_caching else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.loading: dict[
+            int, LoadJob
+        ] = {}  # seq_id -> its load in flight (a finished seq's too, cancelled)
+        self.num_disk_hit_tokens = 0
         self.request_to_seqs: dict[str, list[Sequence]] = {}  # unfinished sequences in the queues
         self.unforked: dict[int, list[Sequence]] = {}  # first sample's seq_id -> the samples it forks later
         self.num_preemptions = 0
@@ -66,8 +79,8 @@ class Scheduler:
         return len(self.waiting)
 
     def has_unfinished(self) -> bool:
-        """True while any sequence waits or runs."""
-        return bool(self.waiting or self.running)
+        """True while any sequence waits, loads or runs."""
+        return bool(self.waiting or self.running or self.loading)
 
     def get_sequences(self, request_id: str) -> list[Sequence]:
         """The request's unfinished sequences in the queues (empty for unknown or finished requests)."""
@@ -116,9 +129,13 @@ class Scheduler:
             return
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+        elif seq.status is SequenceStatus.LOADING:
+            self.loading[
+                seq.seq_id
+            ].cancelled = True  # its blocks are released when the loader is done with them
         else:
             self.waiting.remove(seq)
-        self.block_manager.free(seq)
+        self._free(seq)
         siblings = self.request_to_seqs[seq.request_id]
         siblings.remove(seq)
         if not siblings:
@@ -131,6 +148,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick this step's work: running sequences oldest first, then FCFS admissions if nothing was preempted;
         then fork the other samples of each request whose prompt completes in this step."""
+        if self.loading:
+            self._finish_loads()
         out = SchedulerOutput(finished_seq_ids=self._finished_seq_ids)
         self._finished_seq_ids = []
         budget = self._schedule_running(out)
@@ -179,17 +198,81 @@ class Scheduler:
             if num_seq_slots + needed > max_num_seqs:
                 break
             cached_block_ids = self.block_manager.match_prefix(seq)
+            if self.tier is not None and not seq.pinned_block_ids and self._start_load(seq, cached_block_ids):
+                self.waiting.popleft()
+                continue
             num_new = min(len(seq) - len(cached_block_ids) * self.config.block_size, budget)
             copies = self.block_manager.allocate_slots(seq, num_new, cached_block_ids)
             if copies is None:
                 break  # head-of-line: later requests do not overtake this one
             self.waiting.popleft()
+            if seq.pinned_block_ids:  # now referenced by its block table
+                self.block_manager.release(seq.pinned_block_ids)
+                seq.pinned_block_ids = []
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append(ScheduledSequence(seq, num_new))
             out.block_copies.extend(copies)
             budget -= num_new
             num_seq_slots += needed
+
+    def _start_load(self, seq: Sequence, cached_block_ids: list[int]) -> bool:
+        """Send the sequence LOADING if the tier holds blocks right after its RAM hits and the pool has room."""
+        bm = self.block_manager
+        start, end = len(cached_block_ids), num_cacheable_blocks(len(seq), self.config.block_size)
+        if start >= end:
+            return False
+        assert self.tier is not None
+        hashes = bm.chain_hashes(seq, start, end)
+        num_held = self.tier.lookup(hashes)
+        if num_held == 0:
+            return False
+        block_ids = bm.reserve(num_held, cached_block_ids)
+        if block_ids is None:
+            return False
+        job = LoadJob(seq, hashes[:num_held], block_ids, list(cached_block_ids))
+        seq.status = SequenceStatus.LOADING
+        self.loading[seq.seq_id] = job
+        self.tier.load(job)
+        return True
+
+    def _finish_loads(self) -> None:
+        """Take the tier's finished loads: loaded blocks join the prefix cache; their sequences wait again, first."""
+        assert self.tier is not None
+        bm = self.block_manager
+        for job in self.tier.take_completed():
+            del self.loading[job.seq.seq_id]
+            loaded = job.block_ids[: job.num_loaded]
+            for block_id, block_hash in zip(loaded, job.block_hashes, strict=False):
+                bm.register(block_id, block_hash)
+            bm.release(job.block_ids[job.num_loaded :])  # never filled: back to the free queue's head
+            seq = job.seq
+            if job.cancelled or seq.is_finished:
+                bm.release(job.pinned_block_ids + loaded)
+                continue
+            seq.pinned_block_ids = job.pinned_block_ids + loaded
+            seq.num_disk_cached_tokens = len(loaded) * self.config.block_size
+            self.num_disk_hit_tokens += seq.num_disk_cached_tokens
+            seq.status = SequenceStatus.WAITING
+            self.waiting.appendleft(seq)
+
+    def held_block_ids(self) -> list[int]:
+        """Blocks referenced outside block tables: pins of waiting sequences and the blocks of loads in flight."""
+        held = [b for s in self.waiting for b in s.pinned_block_ids]
+        for job in self.loading.values():
+            held += job.pinned_block_ids + job.block_ids
+        return held
+
+    def _free(self, seq: Sequence) -> None:
+        """Offer the sequence's cached blocks to the tier, then drop its references (table and pins)."""
+        if self.tier is not None and seq.num_hashed_blocks:
+            tags = self.block_manager.hasher.salt_tags(seq.chain_key, seq.num_hashed_blocks)
+            for block_id, block_hash, tag in zip(seq.block_table, seq.block_hashes, tags, strict=False):
+                self.tier.offer(block_id, block_hash, tag)
+        self.block_manager.free(seq)
+        if seq.pinned_block_ids:
+            self.block_manager.release(seq.pinned_block_ids)
+            seq.pinned_block_ids = []
 
     def _fork_samples(self, out: SchedulerOutput) -> None:
         """Start the other samples of each request whose prompt completes in this step: each shares every block,
@@ -268,6 +351,9 @@ class Scheduler:
             max_model_len=self.max_model_len,
             kv_cache_dtype=self.kv_cache_dtype,
             kv_block_bytes=self.kv_block_bytes,
+            num_loading=sum(not job.cancelled for job in self.loading.values()),
+            disk_hit_tokens=self.num_disk_hit_tokens,
+            tier=self.tier.stats() if self.tier is not None else None,
         )
 
     def snapshot(self) -> PoolSnapshot:
@@ -282,14 +368,18 @@ class Scheduler:
                 "num_computed_tokens": s.num_computed_tokens,
                 "status": s.status.value,
             }
-            for s in [*self.running, *self.waiting]
+            for s in [
+                *self.running,
+                *self.waiting,
+                *(j.seq for j in self.loading.values() if not j.cancelled),
+            ]
         ]
         return PoolSnapshot(states, ref_counts, hash_prefixes, sequences, self.stats())
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         # recompute later: its full blocks stay in the prefix cache, so resuming is usually cheap
         self.running.remove(seq)
-        self.block_manager.free(seq)
+        self._free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1

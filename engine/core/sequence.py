@@ -98,6 +98,7 @@ def _check_finite(name: str, value: float) -> None:
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
+    LOADING = "loading"  # its prefix is being read from the disk tier into pinned pool blocks
     RUNNING = "running"
     FINISHED = "finished"
 
@@ -131,6 +132,9 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     num_hashed_blocks: int = 0  # leading blocks of block_table that are full and registered by hash
     block_hashes: list[bytes] = field(default_factory=list)  # hash chain of the leading full blocks
+    # blocks of its prefix loaded from the disk tier (and the RAM hits before them), held until it is admitted
+    pinned_block_ids: list[int] = field(default_factory=list)
+    num_disk_cached_tokens: int = 0  # of num_cached_tokens, those read from the disk tier
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string or stop token that ended it

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine.core.tier import TierStats
+
 
 @dataclass(frozen=True)
 class EngineStats:
@@ -29,6 +31,14 @@ class EngineStats:
     max_model_len: int
     kv_cache_dtype: str = ""  # what the pool stores: int8, bfloat16, float32 ("" where no pool is known)
     kv_block_bytes: int = 0  # bytes of one block over every layer, int8 scales included
+    num_loading: int = 0  # sequences waiting for their prefix to load from the disk tier
+    disk_hit_tokens: int = 0  # of prefix_hit_tokens, those loaded from the disk tier
+    tier: TierStats | None = None  # the disk tier, when there is one
+
+    @property
+    def ram_hit_tokens(self) -> int:
+        """Prompt tokens whose KV was still in the RAM pool at admission."""
+        return self.prefix_hit_tokens - self.disk_hit_tokens
 
     @property
     def capacity_tokens(self) -> int:

@@ -1,0 +1,1 @@
+"""Lower KV tiers below the RAM pool: the disk."""
