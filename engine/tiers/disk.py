@@ -277,9 +277,7 @@ class DiskTier:
             payload = read_block_file(str(path), name, self.payload_bytes)
             os.utime(path)  # the LRU order survives a restart
         except (OSError, CorruptBlock) as exc:
-            logger.warning(
-                "KV disk tier: dropping block %s (%s); its tokens are recomputed", name.filename, exc
-            )
+            logger.warning("KV disk tier: dropping a block (%s); its tokens are recomputed", exc)
             with self._lock:
                 self._counters["load_failures"] += 1
                 self._forget(name.filename)

@@ -95,7 +95,7 @@ def step(
         # a sample forked this step draws its own first token from its first sample's row
         sampled[seq.seq_id] = sampled[seqs[row].seq_id] + 1000 * seq.sample_index
     got_token = sched.update(out, sampled)
-    sched.block_manager.check_invariants(live_seqs(sched))
+    sched.block_manager.check_invariants(live_seqs(sched), sched.held_block_ids())
     return out, scheduled, got_token
 
 

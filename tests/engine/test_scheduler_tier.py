@@ -1,0 +1,281 @@
+"""The scheduler over a real disk tier: blocks offered at free, the chain continuing from RAM into disk while the
+sequence waits LOADING, tenants' chains kept apart, and random add/step/abort/corrupt/restart runs.
+
+The fake model keeps its "KV" in a torch pool tensor (each slot holds its token id, K and V), the very tensor the
+tier stages from and loads into, and reads every context back from it: a block served from disk that differs from
+what was written shows up as a corrupted context.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from engine.core.config import EngineConfig
+from engine.core.hash_chain import ChainKey
+from engine.core.outputs import SchedulerOutput
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import SequenceStatus
+from engine.tiers.disk import DiskTier
+from tests.engine.scheduler_factories import EOS, make_prompt, make_seq, next_token
+
+BLOCK_SIZE = 8
+FP = bytes(16)
+
+
+class PoolModel:
+    """FakeModel's contract over a pool tensor [1 layer, K/V, blocks, block_size, 1, 1] of token ids."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.kv = torch.full((1, 2, num_blocks, BLOCK_SIZE, 1, 1), -1.0)
+
+    def __call__(self, out: SchedulerOutput) -> dict[int, int]:
+        for src, dst in out.block_copies:
+            self.kv[:, :, dst] = self.kv[:, :, src]
+        for s in out.scheduled:
+            seq = s.seq
+            for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + s.num_new_tokens):
+                block, slot = seq.block_table[pos // BLOCK_SIZE], pos % BLOCK_SIZE
+                self.kv[0, 0, block, slot] = seq.token_ids[pos]
+                self.kv[0, 1, block, slot] = -seq.token_ids[pos]
+        sampled = {}
+        for s in out.scheduled:
+            if s.samples:
+                seq = s.seq
+                context = self.context(seq.block_table, len(seq))
+                assert context == seq.token_ids, f"seq {seq.seq_id} reads a corrupted context"
+                sampled[seq.seq_id] = next_token(context)
+        return sampled
+
+    def context(self, block_table: list[int], num_tokens: int) -> list[int]:
+        ids = [int(self.kv[0, 0, block_table[p // BLOCK_SIZE], p % BLOCK_SIZE]) for p in range(num_tokens)]
+        negs = [-int(self.kv[0, 1, block_table[p // BLOCK_SIZE], p % BLOCK_SIZE]) for p in range(num_tokens)]
+        assert ids == negs, "K and V of a slot disagree"
+        return ids
+
+
+def make_tiered(num_blocks: int, directory: Path, **overrides) -> tuple[Scheduler, PoolModel, DiskTier]:
+    model = PoolModel(num_blocks)
+    tier = DiskTier(directory, 1 << 30, FP, model.kv, None)
+    kwargs = dict(block_size=BLOCK_SIZE, max_num_batched_tokens=64, max_model_len=128, max_num_seqs=4)
+    kwargs.update(overrides)
+    sched = Scheduler(EngineConfig(**kwargs), num_blocks, frozenset({EOS}), tier=tier)
+    return sched, model, tier
+
+
+def run(sched: Scheduler, model: PoolModel) -> None:
+    """Step until nothing is left, waiting for loads when they are all that is left."""
+    for _ in range(3000):
+        if not sched.has_unfinished():
+            return
+        out = sched.schedule()
+        if out.is_empty:  # loads in flight, or a cancelled load just released its blocks
+            assert sched.loading or not sched.has_unfinished(), "nothing scheduled and nothing loading"
+            sched.tier.wait_for_load(0.05)
+            continue
+        sched.update(out, model(out))
+        sched.block_manager.check_invariants([*sched.running, *sched.waiting], sched.held_block_ids())
+    raise AssertionError("no progress")
+
+
+def settle(tier: DiskTier) -> None:
+    for _ in range(1000):
+        if tier.stats().write_queue_depth == 0:
+            return
+        tier.wait_for_load(0.005)
+    raise AssertionError("the writer did not drain")
+
+
+def generate(sched: Scheduler, model: PoolModel, seq_id: int, prompt: list[int], salt: str | None = None):
+    seq = make_seq(seq_id, prompt, max_tokens=3)
+    seq.chain_key = ChainKey(salt)
+    sched.add_sequence(seq)
+    run(sched, model)
+    settle(sched.tier)
+    return seq
+
+
+def evict_all(sched: Scheduler, model: PoolModel, seq_id: int) -> None:
+    """Fill the whole pool with an unrelated prompt so every cached block is evicted."""
+    generate(sched, model, seq_id, make_prompt(sched.block_manager.num_blocks * BLOCK_SIZE - 4, 999))
+    assert sched.block_manager.stats().num_cached_blocks <= sched.block_manager.num_blocks
+
+
+def test_the_chain_continues_from_ram_into_disk_and_the_sequence_waits_loading(tmp_path):
+    sched, model, tier = make_tiered(12, tmp_path)
+    prompt = make_prompt(41, 1)  # 5 full blocks before the last token
+    first = generate(sched, model, 0, prompt)
+    assert tier.stats().num_blocks == 5  # 43 tokens computed: 5 full blocks
+    evict_all(sched, model, 1)
+    assert sched.block_manager.match_prefix(make_seq(9, prompt)) == []
+    again = make_seq(2, prompt + first.output_token_ids + [77], max_tokens=2)
+    sched.add_sequence(again)
+    out = sched.schedule()
+    assert again.status is SequenceStatus.LOADING and out.is_empty
+    assert len(sched.held_block_ids()) == 5
+    run(sched, model)
+    assert again.num_cached_tokens == 40 and again.num_disk_cached_tokens == 40
+    assert sched.stats().disk_hit_tokens == 40
+    assert again.output_token_ids == [next_token(again.token_ids[: 45 + i]) for i in range(2)]
+    assert sched.block_manager.stats().num_used_blocks == 0
+
+
+def test_ram_hits_are_pinned_while_the_rest_loads(tmp_path):
+    sched, model, tier = make_tiered(16, tmp_path)
+    prompt = make_prompt(65, 2)
+    generate(sched, model, 0, prompt)
+    generate(sched, model, 1, prompt[:16] + make_prompt(5, 3))  # its first block is now the most recent
+    generate(sched, model, 2, make_prompt(112, 4))  # 15 of 16 blocks: only that one stays cached
+    bm = sched.block_manager
+    ram = bm.match_prefix(make_seq(9, prompt))
+    assert len(ram) == 1
+    again = make_seq(3, prompt, max_tokens=1)
+    sched.add_sequence(again)
+    sched.schedule()
+    assert again.status is SequenceStatus.LOADING
+    held = sched.held_block_ids()
+    assert len(held) == 8 and held[0] == ram[0] and all(bm.blocks[b].ref_count == 1 for b in held)
+    run(sched, model)
+    assert again.num_cached_tokens == 64 and again.num_disk_cached_tokens == 56
+
+
+def test_tenants_chains_never_cross_on_disk(tmp_path):
+    sched, model, tier = make_tiered(12, tmp_path)
+    prompt = make_prompt(41, 5)
+    generate(sched, model, 0, prompt, salt="alice")
+    evict_all(sched, model, 1)
+    bob = generate(sched, model, 2, prompt, salt="bob")
+    assert bob.num_cached_tokens == 0 and sched.stats().disk_hit_tokens == 0
+    evict_all(sched, model, 3)
+    alice = generate(sched, model, 4, prompt, salt="alice")
+    assert alice.num_cached_tokens == 40 and alice.num_disk_cached_tokens == 40
+
+
+def test_abort_while_loading_releases_every_block_once_the_loader_is_done(tmp_path):
+    sched, model, tier = make_tiered(12, tmp_path)
+    prompt = make_prompt(41, 6)
+    generate(sched, model, 0, prompt)
+    evict_all(sched, model, 1)
+    seq = make_seq(2, prompt, max_tokens=2)
+    sched.add_sequence(seq)
+    sched.schedule()
+    assert seq.status is SequenceStatus.LOADING
+    sched.abort(seq.request_id)
+    assert seq.is_finished and sched.has_unfinished()  # the load is still in flight
+    run(sched, model)
+    stats = sched.stats()
+    assert (stats.num_used_blocks, stats.num_loading) == (0, 0)
+    assert stats.num_cached_blocks + stats.num_free_blocks == 12
+
+
+class TierMachine(RuleBasedStateMachine):
+    """Random add / step / abort / drain with a disk tier, plus damaged files and restarts of the whole engine."""
+
+    @initialize(num_blocks=st.integers(8, 16), budget=st.sampled_from([8, 13, 32]))
+    def setup(self, num_blocks: int, budget: int) -> None:
+        import tempfile
+
+        self.dir = Path(tempfile.mkdtemp(prefix="tier-machine-"))
+        self.num_blocks, self.budget = num_blocks, budget
+        self.next_id = 0
+        self.stems = [make_prompt(40, seed) for seed in range(3)]
+        self._start()
+
+    def _start(self) -> None:
+        self.sched, self.model, self.tier = make_tiered(
+            self.num_blocks, self.dir, max_num_batched_tokens=self.budget, max_model_len=128
+        )
+
+    @rule(
+        stem=st.integers(0, 2),
+        stem_len=st.integers(1, 40),
+        suffix=st.integers(0, 6),
+        salt=st.sampled_from([None, "a"]),
+    )
+    def add(self, stem: int, stem_len: int, suffix: int, salt: str | None) -> None:
+        seq = make_seq(
+            self.next_id, self.stems[stem][:stem_len] + make_prompt(suffix, 100 + self.next_id), max_tokens=4
+        )
+        seq.chain_key = ChainKey(salt)
+        self.sched.add_sequence(seq)
+        self.next_id += 1
+
+    @precondition(lambda self: self.sched.has_unfinished())
+    @rule()
+    def step(self) -> None:
+        out = self.sched.schedule()
+        if out.is_empty:
+            assert self.sched.loading or not self.sched.has_unfinished()
+            self.tier.wait_for_load(0.05)
+            return
+        self.sched.update(out, self.model(out))
+
+    @precondition(lambda self: self.sched.request_to_seqs)
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        self.sched.abort(data.draw(st.sampled_from(sorted(self.sched.request_to_seqs))))
+
+    @rule()
+    def flood(self) -> None:
+        """Run an unrelated prompt that needs the whole pool, evicting every cached block to the tier."""
+        run(self.sched, self.model)
+        settle(self.tier)
+        prompt = make_prompt(min(self.num_blocks * BLOCK_SIZE - 8, 120), 500 + self.next_id)
+        self.sched.add_sequence(make_seq(self.next_id, prompt, max_tokens=2))
+        self.next_id += 1
+        run(self.sched, self.model)
+
+    @rule()
+    def drain(self) -> None:
+        run(self.sched, self.model)
+        settle(self.tier)
+
+    @rule(data=st.data(), how=st.sampled_from(["flip", "truncate", "delete"]))
+    def damage_a_file(self, data: st.DataObject, how: str) -> None:
+        settle(self.tier)  # the files on disk do not depend on the writer's timing
+        files = sorted(self.dir.glob("*.kvb"))
+        if not files:
+            return
+        path = data.draw(st.sampled_from(files))
+        raw = bytearray(path.read_bytes())
+        if how == "flip":
+            raw[-1 - min(data.draw(st.integers(0, 40)), len(raw) - 1)] ^= 0x10
+            path.write_bytes(bytes(raw))
+        elif how == "truncate":
+            path.write_bytes(bytes(raw[: len(raw) // 2]))
+        else:
+            path.unlink()
+
+    @rule(crash=st.booleans())
+    def restart(self, crash: bool) -> None:
+        """Stop everything and start a new engine on the same directory (a crash leaves a temporary behind)."""
+        run(self.sched, self.model)
+        self.tier.close()
+        if crash:
+            (self.dir / f"{os.urandom(4).hex()}.kvb.1.tmp").write_bytes(b"cut short")
+        self._start()
+        assert not list(self.dir.glob("*.tmp"))
+
+    @invariant()
+    def pool_is_consistent(self) -> None:
+        if hasattr(self, "sched"):
+            self.sched.block_manager.check_invariants(
+                [*self.sched.running, *self.sched.waiting], self.sched.held_block_ids()
+            )
+
+    def teardown(self) -> None:
+        if not hasattr(self, "sched"):
+            return
+        run(self.sched, self.model)
+        stats = self.sched.stats()
+        assert stats.num_used_blocks == 0 and stats.num_loading == 0
+        self.tier.close()
+
+
+TierMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+TestTierStates = TierMachine.TestCase
