@@ -180,8 +180,11 @@ class Settings:
         return self.engine.model
 
     def engine_config(self) -> EngineConfig:
-        """The EngineConfig these settings describe."""
-        return self.engine
+        """The EngineConfig these settings describe; the KV disk tier lives under the service's cache dir unless
+        its own directory is given."""
+        if self.engine.kv_disk_dir:
+            return self.engine
+        return dataclasses.replace(self.engine, kv_disk_dir=str(Path(self.resolved_cache_dir) / "kv"))
 
     @property
     def resolved_database_url(self) -> str:

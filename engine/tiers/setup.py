@@ -18,6 +18,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CAP_BYTES = 4 * 1024**3
 DEFAULT_FREE_SHARE = 0.10
+# staging copies of blocks waiting for the writer: bounds the memory a burst of finished turns takes and the lag
+# (at ~1 GB/s of writes, well under a second)
+WRITE_QUEUE_BYTES = 128 * 1024**2
+MIN_WRITE_QUEUE_BLOCKS = 16
 
 
 def tier_dir(config: EngineConfig) -> Path:
@@ -58,7 +62,8 @@ def open_disk_tier(
             )  # fmt: skip
             return None
         fingerprint = kv_fingerprint(weight_files(*weights), kv_settings)
-        return DiskTier(directory, capacity, fingerprint, values, scales)
+        max_queued = max(MIN_WRITE_QUEUE_BLOCKS, WRITE_QUEUE_BYTES // block_bytes)
+        return DiskTier(directory, capacity, fingerprint, values, scales, max_queued_blocks=max_queued)
     except OSError as exc:
         logger.warning("KV disk tier off (serving goes on without it): %s: %s", type(exc).__name__, exc)
         return None

@@ -91,6 +91,13 @@ def test_secret_key_is_generated_once_and_kept_private(tmp_path):
     assert given.secret_key == "mine"
 
 
+def test_the_kv_disk_tier_follows_the_service_cache_dir_unless_given_its_own(tmp_path):
+    settings = settings_from_env({"PAGEDCHAT_CACHE_DIR": str(tmp_path)})
+    assert settings.engine_config().kv_disk_dir == str(tmp_path / "kv")
+    own = settings_from_env({"PAGEDCHAT_CACHE_DIR": str(tmp_path), "PAGEDCHAT_KV_DISK_DIR": "/srv/kv"})
+    assert own.engine_config().kv_disk_dir == "/srv/kv"
+
+
 def test_default_database_is_sqlite_in_the_cache_dir(tmp_path):
     settings = settings_from_env({"PAGEDCHAT_CACHE_DIR": str(tmp_path)})
     assert settings.resolved_database_url == f"sqlite:///{tmp_path / 'pagedchat.db'}"
@@ -119,6 +126,8 @@ def _non_default_config() -> EngineConfig:
         max_num_batched_tokens=64,
         enable_prefix_caching=False,
         prefix_cache_salt="tenant-7",
+        kv_disk_bytes=2**30,
+        kv_disk_dir="/var/cache/kv",
         seed=11,
         num_threads=2,
     )
