@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import fields
 
 import pytest
 from starlette.testclient import TestClient
 
+from engine.core.tier import TierStats
 from tests.app.factories import (
     TINY_BLOCK_BYTES,
     make_client,
@@ -104,6 +106,12 @@ def test_admin_state_shows_a_running_request_and_then_an_idle_pool(client):
     )
     idle = wait_pool_idle(client)
     assert idle["stats"]["num_used_blocks"] == 0 and idle["ref_counts"] == {}
+    tier = idle["stats"]["tier"]  # the tests' engines keep a disk tier in a temp directory
+    assert set(tier) == {f.name for f in fields(TierStats)} and tier["enabled"] is True
+    assert (
+        idle["stats"]["ram_hit_tokens"]
+        == idle["stats"]["prefix_hit_tokens"] - idle["stats"]["disk_hit_tokens"]
+    )
 
 
 def test_admin_state_is_loopback_only_without_a_token(client):
