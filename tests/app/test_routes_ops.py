@@ -14,6 +14,7 @@ from tests.app.factories import (
     TINY_BLOCK_BYTES,
     make_client,
     make_tiny_model_dir,
+    metric,
     pool_state,
     sse_events,
     wait_pool_idle,
@@ -40,18 +41,6 @@ def locked(tmp_path_factory):
         max_queued_requests=0,
     ) as c:
         yield c
-
-
-def metric(text: str, name: str, default: float | None = None, **labels: str) -> float:
-    """The value of one sample in a Prometheus exposition (`default` when absent, else an assertion)."""
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0])) if "{" in line else {}
-            if all(found.get(k) == v for k, v in labels.items()):
-                return float(line.rsplit(" ", 1)[1])
-    if default is not None:
-        return default
-    raise AssertionError(f"{name} {labels} not in metrics")
 
 
 def test_health_is_ok_after_warm_up(client):

@@ -5,32 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.services.traffic import TrafficRecorder
-from engine.core.stats import EngineStats
-
-
-def make_stats(**overrides) -> EngineStats:
-    """An idle 64-block pool of 16-token blocks, max_model_len 512."""
-    values = dict(
-        num_running=0,
-        num_waiting=0,
-        num_preemptions=0,
-        num_blocks=64,
-        num_free_blocks=64,
-        num_cached_blocks=0,
-        num_used_blocks=0,
-        num_shared_blocks=0,
-        num_tokens_stored=0,
-        num_slots_allocated=0,
-        prefix_query_tokens=0,
-        prefix_hit_tokens=0,
-        num_prompt_tokens_total=0,
-        num_generation_tokens_total=0,
-        num_steps=0,
-        block_size=16,
-        max_model_len=512,
-    )
-    values.update(overrides)
-    return EngineStats(**values)
+from tests.app.stats_factories import make_stats
 
 
 def test_first_point_has_no_rates():
