@@ -31,7 +31,7 @@ function makeCharts() {
     sequences: [[c("num_running", "#4f7cf7", "running", true), c("num_waiting", "#e09422", "waiting"),
       c("num_preempted", "#d9485f", "preempted")]],
     preemptions: [[c("preemptions_per_min", "#d9485f", "per min", true)]],
-    hits: [[c("hit_pct", "#3aa886", "hit rate", true)],
+    hits: [[c("hit_pct", "#3aa886", "all hits", true), c("disk_hit_pct", "#7c5cf0", "from disk")],
       { yMax: 100, format: (v) => (v == null ? "–" : v.toFixed(0) + "%") }],
     speed: [[c("tokens_per_s", "#7c5cf0", "tok/s", true)]],
     waste: [[c("paged_waste_tokens", "#4f7cf7", "paged", true),
@@ -45,7 +45,8 @@ function makeCharts() {
 }
 
 function withDerived(point) {
-  return Object.assign({}, point, { hit_pct: point.prefix_hit_rate == null ? null : point.prefix_hit_rate * 100 });
+  const asPct = (rate) => (rate == null ? null : rate * 100);
+  return Object.assign({}, point, { hit_pct: asPct(point.prefix_hit_rate), disk_hit_pct: asPct(point.disk_hit_rate) });
 }
 
 function renderCounters(pool, point) {
