@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -26,6 +27,7 @@ from app.routes.ops import snapshot_to_json
 from app.routes.sse import event_stream
 from app.services.advice import AdviceInputs, advise
 from app.services.errors import from_exception
+from app.services.tier_advice import tier_advice
 from app.services.traffic import TrafficRecorder
 
 logger = logging.getLogger(__name__)
@@ -100,6 +102,9 @@ class AdminFeed:
                 max_database_bytes=self.svc.settings.max_database_bytes,
             )
         )
+        cfg = engine.engine.config
+        tier_items = tier_advice(stats.tier, configured=cfg.kv_disk_bytes != 0 and cfg.enable_prefix_caching)
+        advice = replace(advice, items=[*advice.items, *tier_items])
         state = {
             "time_s": round(now, 3),
             "pool": snapshot_to_json(snap),
