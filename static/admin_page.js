@@ -1,9 +1,10 @@
 // The admin page's entry module: listens to /api/admin/stream (SSE) and updates counters, the block map,
-// sequences, charts and advice from each sample.
+// sequences, charts, advice and the disk tier panel from each sample.
 import { BlockMap } from "./admin_blockmap.js";
 import { LineChart, compact } from "./admin_charts.js";
 import { renderSequences, select } from "./admin_sequences.js";
 import { state } from "./admin_state.js";
+import { renderTier } from "./admin_tier.js";
 
 const HISTORY_S = 180;
 const $ = (id) => document.getElementById(id);
@@ -58,7 +59,8 @@ function renderCounters(pool, point) {
   setText("stat-total", "of " + s.num_blocks + " blocks");
   setText("stat-shared", String(s.num_shared_blocks));
   setText("stat-running", String(s.num_running));
-  setText("stat-queue", s.num_waiting + " waiting, " + point.num_preempted + " preempted");
+  const loading = s.num_loading ? ", " + s.num_loading + " loading" : "";
+  setText("stat-queue", s.num_waiting + " waiting" + loading + ", " + point.num_preempted + " preempted");
   setText("stat-preempt-rate", point.preemptions_per_min.toFixed(1) + "/min");
   setText("stat-preempt-total", s.num_preemptions + " since start");
   setText("stat-hit-rate", pct(point.prefix_hit_rate));
@@ -101,6 +103,7 @@ function onState(s) {
   state.charts.blocks.setMax(s.pool.num_blocks); // the blocks chart spans the whole pool
   for (const chart of Object.values(state.charts)) chart.setData(state.points, state.nowS);
   renderAdvice(s.advice);
+  renderTier(s.tier, s.point);
   document.body.dataset.samples = String(Number(document.body.dataset.samples || 0) + 1);
 }
 

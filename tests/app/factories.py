@@ -83,7 +83,8 @@ def make_tiny_model_dir(seed: int = 0) -> Path:
 
 
 def make_settings(tmp_path: Path, model_dir: Path | str, **overrides: Any) -> Settings:
-    """Settings for a test server: tiny KV pool, fp32 on CPU, a temp SQLite database and cache dir."""
+    """Settings for a test server: tiny KV pool, fp32 on CPU, a temp SQLite database and cache dir (which holds the
+    disk tier)."""
     values: dict[str, Any] = dict(
         model=str(model_dir),
         database_url=f"sqlite:///{tmp_path / 'chat.db'}",

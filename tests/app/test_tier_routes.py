@@ -3,8 +3,11 @@ blocks left the RAM pool comes back as disk hits."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from app.routes.admin_feed import admin_feed
 from tests.app.factories import (
     TINY_BLOCK_BYTES,
     make_client,
@@ -19,9 +22,14 @@ NUM_POOL_BLOCKS = 24
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
+def tier_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("tier")
+
+
+@pytest.fixture(scope="module")
+def client(tier_root):
     with make_client(
-        tmp_path_factory.mktemp("tier"),
+        tier_root,
         kv_disk_bytes=TIER_BYTES,
         kv_cache_bytes=NUM_POOL_BLOCKS * 16 * TINY_BLOCK_BYTES,
         max_model_len=256,
@@ -65,3 +73,32 @@ def test_a_prompt_evicted_from_ram_comes_back_from_disk(client):
     assert metric(text, "pagedchat:kv_disk_loaded_blocks_total") == 6
     assert metric(text, "pagedchat:kv_disk_blocks") == tier["num_blocks"] > 0
     assert metric(text, "pagedchat:kv_disk_used_bytes") == tier["used_bytes"] > 0
+
+
+def test_the_admin_feed_has_a_tier_panel_and_advice(client, tier_root):
+    feed = admin_feed(client.app)
+    client.portal.call(feed.sample)  # the rates of the next point start here
+    complete(client, list(range(5000, 5040)))
+    wait_pool_idle(client, idle=tier_is_idle)
+    state, _ = client.portal.call(feed.sample)
+    json.dumps(state)  # what the SSE sends
+    panel = state["tier"]
+    tier = state["pool"]["stats"]["tier"]
+    assert (panel["status"], panel["directory"]) == ("on", str(tier_root / "cache" / "kv"))
+    assert {k: panel[k] for k in tier} == tier
+    loads = tier["num_loads"]
+    assert panel["mean_load_seconds"] == (tier["load_seconds_total"] / loads if loads else None)
+    assert panel["blocks_per_load"] == (tier["num_loaded_blocks"] / loads if loads else None)
+    [item] = [i for i in state["advice"]["items"] if i["title"].startswith("Disk tier")]
+    assert (item["level"], item["title"]) == ("ok", "Disk tier")
+    assert item["text"].startswith(f"The disk tier holds {tier['num_blocks']} blocks (")
+    point = state["point"]  # a new 40-token prompt since the last sample: looked up, no hit anywhere
+    assert (point["prefix_hit_rate"], point["ram_hit_rate"], point["disk_hit_rate"]) == (0.0, 0.0, 0.0)
+
+
+def test_the_settings_rows_show_the_cap_and_directory(client, tier_root):
+    page = client.get("/admin")
+    assert page.status_code == 200
+    assert '<th scope="row">KV disk tier</th><td>1.0 MiB cap</td>' in page.text
+    assert f'<th scope="row">KV disk directory</th><td>{tier_root / "cache" / "kv"}</td>' in page.text
+    assert 'id="tier-fields"' in page.text
