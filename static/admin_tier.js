@@ -54,10 +54,11 @@ export function renderTier(tier, point) {
   setText("tier-ram-hits", pct(point.ram_hit_rate));
   setText("tier-disk-hits", pct(point.disk_hit_rate));
   setText("tier-load", seconds(tier.mean_load_seconds));
-  const perLoad = tier.blocks_per_load == null ? "–" : tier.blocks_per_load.toFixed(1);
-  setText("tier-load-sub", "mean of " + tier.num_loads + " loads · " + perLoad + " blocks each");
+  const perLoad = tier.num_loads ? " · " + tier.blocks_per_load.toFixed(1) + " blocks each" : "";
+  setText("tier-load-sub", tier.num_loads ? "mean of " + tier.num_loads + " loads" + perLoad : "no load yet");
   setText("tier-queue", String(tier.write_queue_depth));
-  setText("tier-lag", "oldest " + seconds(tier.write_lag_seconds) + " · " + tier.num_writes + " written");
+  const lag = tier.write_queue_depth ? "oldest " + seconds(tier.write_lag_seconds) : "none queued";
+  setText("tier-lag", lag + " · " + tier.num_writes + " written");
   setText("tier-drops", tier.num_write_drops + " / " + tier.num_write_errors);
   setText("tier-failures", tier.num_load_failures + " unreadable blocks · " + tier.num_evictions + " evicted");
   setText("tier-evicted", String(tier.num_lookups_evicted));
