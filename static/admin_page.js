@@ -1,9 +1,10 @@
 // The admin page's entry module: listens to /api/admin/stream (SSE) and updates counters, the block map,
-// sequences, charts and advice from each sample.
+// sequences, charts, advice and the disk tier panel from each sample.
 import { BlockMap } from "./admin_blockmap.js";
 import { LineChart, compact } from "./admin_charts.js";
 import { renderSequences, select } from "./admin_sequences.js";
 import { state } from "./admin_state.js";
+import { renderTier } from "./admin_tier.js";
 
 const HISTORY_S = 180;
 const $ = (id) => document.getElementById(id);
@@ -31,7 +32,7 @@ function makeCharts() {
     sequences: [[c("num_running", "#4f7cf7", "running", true), c("num_waiting", "#e09422", "waiting"),
       c("num_preempted", "#d9485f", "preempted")]],
     preemptions: [[c("preemptions_per_min", "#d9485f", "per min", true)]],
-    hits: [[c("hit_pct", "#3aa886", "hit rate", true)],
+    hits: [[c("hit_pct", "#3aa886", "all hits", true), c("disk_hit_pct", "#7c5cf0", "from disk")],
       { yMax: 100, format: (v) => (v == null ? "–" : v.toFixed(0) + "%") }],
     speed: [[c("tokens_per_s", "#7c5cf0", "tok/s", true)]],
     waste: [[c("paged_waste_tokens", "#4f7cf7", "paged", true),
@@ -45,7 +46,8 @@ function makeCharts() {
 }
 
 function withDerived(point) {
-  return Object.assign({}, point, { hit_pct: point.prefix_hit_rate == null ? null : point.prefix_hit_rate * 100 });
+  const asPct = (rate) => (rate == null ? null : rate * 100);
+  return Object.assign({}, point, { hit_pct: asPct(point.prefix_hit_rate), disk_hit_pct: asPct(point.disk_hit_rate) });
 }
 
 function renderCounters(pool, point) {
@@ -57,7 +59,8 @@ function renderCounters(pool, point) {
   setText("stat-total", "of " + s.num_blocks + " blocks");
   setText("stat-shared", String(s.num_shared_blocks));
   setText("stat-running", String(s.num_running));
-  setText("stat-queue", s.num_waiting + " waiting, " + point.num_preempted + " preempted");
+  const loading = s.num_loading ? ", " + s.num_loading + " loading" : "";
+  setText("stat-queue", s.num_waiting + " waiting" + loading + ", " + point.num_preempted + " preempted");
   setText("stat-preempt-rate", point.preemptions_per_min.toFixed(1) + "/min");
   setText("stat-preempt-total", s.num_preemptions + " since start");
   setText("stat-hit-rate", pct(point.prefix_hit_rate));
@@ -100,6 +103,7 @@ function onState(s) {
   state.charts.blocks.setMax(s.pool.num_blocks); // the blocks chart spans the whole pool
   for (const chart of Object.values(state.charts)) chart.setData(state.points, state.nowS);
   renderAdvice(s.advice);
+  renderTier(s.tier, s.point);
   document.body.dataset.samples = String(Number(document.body.dataset.samples || 0) + 1);
 }
 

@@ -70,6 +70,7 @@ export function renderSequences(sequences) {
     setText(row.tds[1], seq.request_id.slice(0, 22));
     row.tds[1].title = seq.request_id;
     setText(row.tds[2], seq.status);
+    row.tds[2].dataset.status = seq.status; // "loading": its prefix is being read from the disk tier
     setText(row.tds[3], String(seq.num_tokens));
     setText(row.tds[4], String(seq.block_table.length));
     const expected = previous ? previous.nextSibling : body.firstChild;

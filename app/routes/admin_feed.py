@@ -1,4 +1,4 @@
-"""GET /api/admin/stream: the admin page's live feed (SSE) of the block pool, chart points and advice.
+"""GET /api/admin/stream: the admin page's live feed (SSE) of the block pool, chart points, advice and disk tier.
 
 One sampler per app, running only while an admin page listens: 4 samples a second while anything is in the pool or
 the queues, two a second when idle. Each sample is a snapshot taken on the engine thread between steps.
@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -26,6 +27,8 @@ from app.routes.ops import snapshot_to_json
 from app.routes.sse import event_stream
 from app.services.advice import AdviceInputs, advise
 from app.services.errors import from_exception
+from app.services.tier_advice import tier_advice
+from app.services.tier_view import configured_tier_dir, tier_configured, tier_panel
 from app.services.traffic import TrafficRecorder
 
 logger = logging.getLogger(__name__)
@@ -100,11 +103,18 @@ class AdminFeed:
                 max_database_bytes=self.svc.settings.max_database_bytes,
             )
         )
+        cfg, tier = engine.engine.config, engine.engine.tier
+        configured = tier_configured(cfg)
+        advice = replace(advice, items=[*advice.items, *tier_advice(stats.tier, configured=configured)])
+        directory = (
+            str(tier.directory) if tier is not None else configured_tier_dir(cfg) if configured else None
+        )
         state = {
             "time_s": round(now, 3),
             "pool": snapshot_to_json(snap),
             "point": point.to_json(),
             "advice": advice.to_json(),
+            "tier": tier_panel(stats.tier, configured=configured, directory=directory),
         }
         active = bool(stats.num_running or stats.num_waiting or stats.num_used_blocks)
         return state, active

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from starlette.requests import Request
@@ -13,7 +14,7 @@ from app.routes.admin_auth import check_admin
 from app.routes.context import Services, services
 from app.routes.errors import error_response
 from app.services.errors import from_exception
-from engine.core.stats import PoolSnapshot
+from engine.core.stats import EngineStats, PoolSnapshot
 
 _STATE_CHARS = "fcu"  # block_states 0 free / 1 cached-evictable / 2 in use, one character per block
 
@@ -68,6 +69,11 @@ def service_state(svc: Services) -> dict[str, Any]:
     }
 
 
+def stats_to_json(stats: EngineStats) -> dict[str, Any]:
+    """The stats as a JSON object: every field (the tier's as a nested object, or null) and `ram_hit_tokens`."""
+    return {**asdict(stats), "ram_hit_tokens": stats.ram_hit_tokens}
+
+
 def snapshot_to_json(snap: PoolSnapshot) -> dict[str, Any]:
     """A compact JSON picture of the pool: one character per block, ref counts and hashes only where set."""
     owners: dict[int, list[int]] = {}
@@ -82,7 +88,7 @@ def snapshot_to_json(snap: PoolSnapshot) -> dict[str, Any]:
         "block_hashes": {str(i): h for i, h in snap.block_hash_prefixes.items()},
         "block_owners": {str(i): ids for i, ids in owners.items()},
         "sequences": snap.sequences,
-        "stats": {k: getattr(snap.stats, k) for k in snap.stats.__dataclass_fields__},
+        "stats": stats_to_json(snap.stats),
     }
 
 

@@ -27,6 +27,7 @@ from app.routes.csrf import cross_origin_reason
 from app.routes.errors import error_response
 from app.services.advice import format_bytes
 from app.services.errors import APIError, from_exception
+from app.services.tier_view import configured_tier_dir, tier_configured
 
 logger = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the supported install is the repo itself (editable)
@@ -92,6 +93,23 @@ def engine_settings_rows(svc: Services) -> list[tuple[str, str]]:
         ("Max sequences", str(cfg.max_num_seqs)),
         ("Max batched tokens", str(cfg.max_num_batched_tokens)),
         ("Prefix caching", "on" if cfg.enable_prefix_caching else "off"),
+        *disk_tier_rows(engine),
+    ]
+
+
+def disk_tier_rows(engine: Any) -> list[tuple[str, str]]:
+    """The disk tier's rows: its resolved cap and directory, or why there is none."""
+    cfg, tier = engine.config, engine.tier
+    if tier is not None:
+        cap = f"{format_bytes(tier.capacity_bytes)} cap" + (" (auto)" if cfg.kv_disk_bytes is None else "")
+        state = "" if tier.enabled else " · turned off after an error (see the log)"
+        return [("KV disk tier", cap + state), ("KV disk directory", str(tier.directory))]
+    if not tier_configured(cfg):
+        why = "kv_disk_bytes 0" if cfg.kv_disk_bytes == 0 else "needs prefix caching"
+        return [("KV disk tier", f"off ({why})")]
+    return [
+        ("KV disk tier", "off: could not be opened (see the log)"),
+        ("KV disk directory", configured_tier_dir(cfg)),
     ]
 
 

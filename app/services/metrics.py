@@ -79,6 +79,35 @@ E2E_BUCKETS = (
     960.0,
     1920.0,
 )
+# (name, doc, TierStats field): the disk tier's gauges, then its counters since start
+TIER_GAUGES = (
+    ("kv_disk_capacity_bytes", "Byte cap of the KV disk tier.", "capacity_bytes"),
+    ("kv_disk_used_bytes", "Bytes of block files in the disk tier's directory.", "used_bytes"),
+    ("kv_disk_blocks", "Blocks of this model the disk tier holds.", "num_blocks"),
+    ("kv_disk_files", "Block files in the disk tier's directory, other models' included.", "num_files"),
+    ("kv_disk_write_queue_depth", "Blocks queued for writing to the disk tier.", "write_queue_depth"),
+    ("kv_disk_write_lag_seconds", "Age of the oldest block queued but not yet on disk.", "write_lag_seconds"),
+)
+TIER_COUNTERS = (
+    ("kv_disk_writes", "Blocks written to the disk tier.", "num_writes"),
+    ("kv_disk_write_drops", "Blocks not written because the write queue was full.", "num_write_drops"),
+    (
+        "kv_disk_write_errors",
+        "Block writes that failed (the tier then turns itself off).",
+        "num_write_errors",
+    ),
+    ("kv_disk_loads", "Prefix loads from the disk tier.", "num_loads"),
+    ("kv_disk_loaded_blocks", "Blocks read from the disk tier into the pool.", "num_loaded_blocks"),
+    ("kv_disk_load_failures", "Blocks gone, torn or corrupt at read time (recomputed).", "num_load_failures"),
+    ("kv_disk_load_seconds", "Seconds spent loading prefixes from the disk tier.", "load_seconds_total"),
+    ("kv_disk_evictions", "Block files evicted to keep the disk tier within its cap.", "num_evictions"),
+    ("kv_disk_lookups", "Admissions that looked in the disk tier past their RAM hits.", "num_lookups"),
+    (
+        "kv_disk_lookups_evicted",
+        "Disk tier lookups that stopped at a block the tier had held but evicted.",
+        "num_lookups_evicted",
+    ),
+)
 
 
 class _EngineStatsCollector(Collector):
@@ -109,6 +138,9 @@ class _EngineStatsCollector(Collector):
         yield gauge("kv_cache_usage_perc", "KV cache usage: fraction of blocks in use (1 = 100%).", usage)
         yield gauge("num_requests_running", "Sequences in the running batch.", stats.num_running)
         yield gauge("num_requests_waiting", "Sequences waiting to be scheduled.", stats.num_waiting)
+        yield gauge(
+            "num_requests_loading", "Sequences waiting for their prefix to load from disk.", stats.num_loading
+        )
         yield gauge("kv_cache_blocks_total", "Blocks in the KV pool.", stats.num_blocks)
         yield gauge("kv_cache_capacity_tokens", "Tokens of KV the whole pool holds.", stats.capacity_tokens)
         if stats.kv_cache_dtype:
@@ -139,6 +171,14 @@ class _EngineStatsCollector(Collector):
         yield counter(
             "prefix_cache_hits", "Prompt tokens served from the prefix cache.", stats.prefix_hit_tokens
         )
+        by_tier = CounterMetricFamily(
+            PREFIX + "prefix_cache_hits_by_tier",
+            "Prompt tokens served from the prefix cache, by where their KV was: ram (the pool) or disk.",
+            labels=[*labels, "tier"],
+        )
+        by_tier.add_metric([*values, "ram"], stats.ram_hit_tokens)
+        by_tier.add_metric([*values, "disk"], stats.disk_hit_tokens)
+        yield by_tier
         yield counter(
             "num_preemptions",
             "Sequences preempted (recomputed later) for lack of KV blocks.",
@@ -147,6 +187,18 @@ class _EngineStatsCollector(Collector):
         yield counter("prompt_tokens", "Prompt tokens computed (prefill).", stats.num_prompt_tokens_total)
         yield counter("generation_tokens", "Tokens generated.", stats.num_generation_tokens_total)
         yield counter("engine_steps", "Engine steps run.", stats.num_steps)
+        tier = stats.tier
+        # no tier: only that it is off; a tier turned off after an error keeps reporting its counters
+        yield gauge(
+            "kv_disk_enabled",
+            "Whether the KV disk tier is on (1) or off (0).",
+            int(bool(tier and tier.enabled)),
+        )
+        if tier is not None:
+            for name, doc, attr in TIER_GAUGES:
+                yield gauge(name, doc, getattr(tier, attr))
+            for name, doc, attr in TIER_COUNTERS:
+                yield counter(name, doc, getattr(tier, attr))
 
 
 class Metrics:

@@ -28,6 +28,8 @@ class TrafficPoint:
     num_preemptions_total: int
     preemptions_per_min: float
     prefix_hit_rate: float | None  # hit tokens / query tokens over RATE_WINDOW_S; None without queries
+    ram_hit_rate: float | None  # ... of them, the hits still in the RAM pool
+    disk_hit_rate: float | None  # ... and those loaded from the disk tier
     tokens_per_s: float  # generated tokens per second over SPEED_WINDOW_S
     num_tokens_stored: int
     paged_waste_tokens: int  # allocated slots not holding a token (the last block's tail)
@@ -39,8 +41,9 @@ class TrafficPoint:
         d["time_s"] = round(self.time_s, 3)
         d["preemptions_per_min"] = round(self.preemptions_per_min, 2)
         d["tokens_per_s"] = round(self.tokens_per_s, 1)
-        if self.prefix_hit_rate is not None:
-            d["prefix_hit_rate"] = round(self.prefix_hit_rate, 4)
+        for key in ("prefix_hit_rate", "ram_hit_rate", "disk_hit_rate"):
+            if d[key] is not None:
+                d[key] = round(d[key], 4)
         return d
 
 
@@ -138,6 +141,7 @@ class TrafficRecorder:
         preemptions = stats.num_preemptions - base.stats.num_preemptions
         queries = stats.prefix_query_tokens - base.stats.prefix_query_tokens
         hits = stats.prefix_hit_tokens - base.stats.prefix_hit_tokens
+        disk_hits = stats.disk_hit_tokens - base.stats.disk_hit_tokens
         fast = self._since(now, SPEED_WINDOW_S)
         fast_span = now - fast.time_s
         generated = stats.num_generation_tokens_total - fast.stats.num_generation_tokens_total
@@ -153,6 +157,8 @@ class TrafficRecorder:
             num_preemptions_total=stats.num_preemptions,
             preemptions_per_min=preemptions * 60.0 / span if span > 0 else 0.0,
             prefix_hit_rate=hits / queries if queries > 0 else None,
+            ram_hit_rate=(hits - disk_hits) / queries if queries > 0 else None,
+            disk_hit_rate=disk_hits / queries if queries > 0 else None,
             tokens_per_s=generated / fast_span if fast_span > 0 else 0.0,
             num_tokens_stored=stats.num_tokens_stored,
             paged_waste_tokens=stats.num_slots_allocated - stats.num_tokens_stored,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import tempfile
 import time
@@ -82,7 +83,8 @@ def make_tiny_model_dir(seed: int = 0) -> Path:
 
 
 def make_settings(tmp_path: Path, model_dir: Path | str, **overrides: Any) -> Settings:
-    """Settings for a test server: tiny KV pool, fp32 on CPU, a temp SQLite database and cache dir."""
+    """Settings for a test server: tiny KV pool, fp32 on CPU, a temp SQLite database and cache dir (which holds the
+    disk tier)."""
     values: dict[str, Any] = dict(
         model=str(model_dir),
         database_url=f"sqlite:///{tmp_path / 'chat.db'}",
@@ -170,6 +172,18 @@ def wait_pool_idle(
                 f"{idle.__name__} still false after {timeout_s} s: {state['stats']} {state.get('service')}"
             )
         time.sleep(0.02)
+
+
+def metric(text: str, name: str, default: float | None = None, **labels: str) -> float:
+    """The value of one sample in a Prometheus exposition (`default` when absent, else an assertion)."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0])) if "{" in line else {}
+            if all(found.get(k) == v for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+    if default is not None:
+        return default
+    raise AssertionError(f"{name} {labels} not in metrics")
 
 
 def sse_events(lines: Iterable[str]) -> list[dict[str, Any]]:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import fields
 
 import pytest
 from starlette.testclient import TestClient
 
+from engine.core.tier import TierStats
 from tests.app.factories import (
     TINY_BLOCK_BYTES,
     make_client,
     make_tiny_model_dir,
+    metric,
     pool_state,
     sse_events,
     wait_pool_idle,
@@ -38,18 +41,6 @@ def locked(tmp_path_factory):
         max_queued_requests=0,
     ) as c:
         yield c
-
-
-def metric(text: str, name: str, default: float | None = None, **labels: str) -> float:
-    """The value of one sample in a Prometheus exposition (`default` when absent, else an assertion)."""
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0])) if "{" in line else {}
-            if all(found.get(k) == v for k, v in labels.items()):
-                return float(line.rsplit(" ", 1)[1])
-    if default is not None:
-        return default
-    raise AssertionError(f"{name} {labels} not in metrics")
 
 
 def test_health_is_ok_after_warm_up(client):
@@ -104,6 +95,12 @@ def test_admin_state_shows_a_running_request_and_then_an_idle_pool(client):
     )
     idle = wait_pool_idle(client)
     assert idle["stats"]["num_used_blocks"] == 0 and idle["ref_counts"] == {}
+    tier = idle["stats"]["tier"]  # the tests' engines keep a disk tier in a temp directory
+    assert set(tier) == {f.name for f in fields(TierStats)} and tier["enabled"] is True
+    assert (
+        idle["stats"]["ram_hit_tokens"]
+        == idle["stats"]["prefix_hit_tokens"] - idle["stats"]["disk_hit_tokens"]
+    )
 
 
 def test_admin_state_is_loopback_only_without_a_token(client):

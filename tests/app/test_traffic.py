@@ -5,38 +5,14 @@ from __future__ import annotations
 import pytest
 
 from app.services.traffic import TrafficRecorder
-from engine.core.stats import EngineStats
-
-
-def make_stats(**overrides) -> EngineStats:
-    """An idle 64-block pool of 16-token blocks, max_model_len 512."""
-    values = dict(
-        num_running=0,
-        num_waiting=0,
-        num_preemptions=0,
-        num_blocks=64,
-        num_free_blocks=64,
-        num_cached_blocks=0,
-        num_used_blocks=0,
-        num_shared_blocks=0,
-        num_tokens_stored=0,
-        num_slots_allocated=0,
-        prefix_query_tokens=0,
-        prefix_hit_tokens=0,
-        num_prompt_tokens_total=0,
-        num_generation_tokens_total=0,
-        num_steps=0,
-        block_size=16,
-        max_model_len=512,
-    )
-    values.update(overrides)
-    return EngineStats(**values)
+from tests.app.stats_factories import make_stats
 
 
 def test_first_point_has_no_rates():
     point = TrafficRecorder().observe_stats(make_stats(num_used_blocks=3, num_free_blocks=61), now=100.0)
     assert (point.num_used_blocks, point.num_free_blocks, point.preemptions_per_min) == (3, 61, 0.0)
     assert (point.tokens_per_s, point.prefix_hit_rate) == (0.0, None)
+    assert (point.ram_hit_rate, point.disk_hit_rate) == (None, None)
 
 
 def test_rates_waste_and_json():
@@ -64,6 +40,22 @@ def test_rates_waste_and_json():
     assert (point.paged_waste_tokens, point.contiguous_waste_tokens) == (24, 2 * 512 - 40)
     assert point.to_json()["num_preempted"] == 1
     assert (rec.preemptions_in_window(), rec.peak_running(), rec.observed_span_s(30.0)) == (3, 2, 30.0)
+
+
+def test_hit_rate_splits_into_ram_and_disk_over_the_last_minute():
+    rec = TrafficRecorder()
+    rec.observe_stats(make_stats(prefix_query_tokens=1000, prefix_hit_tokens=500, disk_hit_tokens=100), 0.0)
+    rec.observe_stats(make_stats(prefix_query_tokens=1100, prefix_hit_tokens=550, disk_hit_tokens=100), 30.0)
+    point = rec.observe_stats(
+        make_stats(prefix_query_tokens=1400, prefix_hit_tokens=840, disk_hit_tokens=260), 70.0
+    )
+    # since the sample at 30 s (the one at 0 s is over a minute old): 300 queried, 290 hit, 160 of them from disk
+    assert (point.prefix_hit_rate, point.ram_hit_rate, point.disk_hit_rate) == (
+        290 / 300,
+        130 / 300,
+        160 / 300,
+    )
+    assert (point.to_json()["ram_hit_rate"], point.to_json()["disk_hit_rate"]) == (0.4333, 0.5333)
 
 
 def test_window_drops_old_samples_points_and_lengths():

@@ -455,6 +455,11 @@ def test_admin_block_map_follows_a_running_request(open_page, chromium, slow_ui_
     )  # the finished request's full blocks stay cached
     expect(page.locator("#advice .advice-item")).not_to_have_count(0)
     expect(page.locator(".settings-table")).to_contain_text("1024 tokens")
+    expect(page.locator(".settings-table")).to_contain_text("KV disk directory")
+    # the finished request's full blocks went to the disk tier (in the server's own cache dir)
+    expect(page.locator("#tier-status")).to_have_text("on")
+    expect(page.locator("#tier-blocks")).to_have_text(re.compile(r"^[1-9]\d*$"), timeout=REPLY_TIMEOUT_MS)
+    expect(page.locator("#tier-cap")).to_contain_text(" cap")
 
     page.set_viewport_size(NARROW)
     page.wait_for_timeout(300)
