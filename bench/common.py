@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -13,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from engine.core.config import EngineConfig
 
 RESULTS_DIR_ENV = "PAGEDCHAT_RESULTS_DIR"
 DEFAULT_RESULTS_DIR = "results"
@@ -250,3 +253,9 @@ def positive_ints(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive whole numbers, got {text!r}")
     return values
+
+
+def without_disk_tier(config: EngineConfig) -> EngineConfig:
+    """An in-process benchmark's engine: no KV disk tier unless --kv-disk-dir names one (a run would otherwise find
+    the blocks of its own earlier runs in ~/.cache/pagedchat/kv and report them as prefix hits)."""
+    return config if config.kv_disk_dir else dataclasses.replace(config, kv_disk_bytes=0)

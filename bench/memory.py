@@ -17,6 +17,7 @@ from bench.common import (
     print_report,
     progress,
     targets_payload,
+    without_disk_tier,
     write_results,
 )
 from bench.workload import LENGTH_MIX_LABEL, filler_token_ids, length_mix
@@ -186,7 +187,7 @@ def _run_mix(
     """One engine with `config` through the whole mix: its pool, the step samples and their summary."""
     from engine import LLMEngine, SamplingParams
 
-    engine = LLMEngine(config)
+    engine = LLMEngine(without_disk_tier(config))
     final_len = {}
     for i, (prompt_len, output_len) in enumerate(mix):
         prompt = filler[i : i + prompt_len]  # shifted windows: no two prompts share a first block

@@ -210,7 +210,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if url is not None:
                 runs.update(_runs_on(url, caching, url_keys, system, args))
                 continue
-            cfg = dataclasses.replace(config, enable_prefix_caching=caching == "on")
+            # the RAM prefix cache alone: the runs on one server share user identities, and a disk tier would
+            # bring one run's evicted blocks back in the next (the returning-users scenario measures the tier)
+            cfg = dataclasses.replace(config, enable_prefix_caching=caching == "on", kv_disk_bytes=0)
             server = servers.start_pagedchat(f"pagedchat-caching-{caching}", cfg, logs, env)
             with servers.running([server]):
                 runs.update(_runs_on(server.base_url, caching, bench_keys, system, args))

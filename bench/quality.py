@@ -14,7 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import Target, mean, new_figure, print_report, progress, targets_payload, write_results
+from bench.common import (
+    Target,
+    mean,
+    new_figure,
+    print_report,
+    progress,
+    targets_payload,
+    without_disk_tier,
+    write_results,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +136,7 @@ def _run_mode(
     from engine.worker.scoring import score_tokens
 
     start = time.perf_counter()
-    llm = LLM(**dataclasses.asdict(config))
+    llm = LLM(**dataclasses.asdict(without_disk_tier(config)))
     load_s = time.perf_counter() - start
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     start = time.perf_counter()

@@ -66,8 +66,11 @@ def engine_env(config: EngineConfig) -> dict[str, str]:
 def start_pagedchat(
     name: str, config: EngineConfig, log_dir: Path, extra_env: dict[str, str] | None = None
 ) -> ServerProcess:
-    """`pagedchat serve` with this engine config on a free loopback port, its own database in `log_dir`."""
+    """`pagedchat serve` with this engine config on a free loopback port, its own database in `log_dir`, and its own
+    KV disk tier `log_dir/<name>.kv` unless the config or `extra_env` names one (no blocks from other runs, no
+    directory lock shared with another server; started again under the same name, it keeps its tier)."""
     env = {**engine_env(config), **(extra_env or {}), "PAGEDCHAT_LOG_LEVEL": "warning"}
+    env.setdefault("PAGEDCHAT_KV_DISK_DIR", str(log_dir / f"{name}.kv"))
     return spawn_pagedchat(name, env, log_dir)
 
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.common import new_figure, positive_ints, print_report, write_results
+from bench.common import new_figure, positive_ints, print_report, without_disk_tier, write_results
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle. Request {i}."
 PARTS = ("matmul_ms", "attention_ms", "rest_ms")
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Time decode steps at each batch size; print, write JSON + PNG."""
     from engine import LLM
 
-    llm = LLM(**dataclasses.asdict(args.engine_config))
+    llm = LLM(**dataclasses.asdict(without_disk_tier(args.engine_config)))
     engine = llm.engine
     matmul, attention = instrument(engine)
     points = [measure(engine, b, args.steps, matmul, attention) for b in args.batch_sizes]

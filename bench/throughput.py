@@ -18,6 +18,7 @@ from bench.common import (
     print_report,
     progress,
     targets_payload,
+    without_disk_tier,
     write_results,
 )
 from bench.workload import WORKLOAD_LABEL, chat_requests
@@ -79,7 +80,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs = []
     engine_configs = {}
     for kv_cache_dtype in args.kv_cache_dtypes:
-        llm = LLM(**{**dataclasses.asdict(args.engine_config), "kv_cache_dtype": kv_cache_dtype})
+        config = dataclasses.replace(args.engine_config, kv_cache_dtype=kv_cache_dtype)
+        llm = LLM(**dataclasses.asdict(without_disk_tier(config)))
         engine = llm.engine
         dtype = getattr(torch, engine.config.dtype)
         device = torch.device(engine.config.device)

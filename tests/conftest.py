@@ -13,11 +13,20 @@ if "triton" not in sys.modules and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-@pytest.fixture(autouse=True)
-def _private_kv_disk_tier(tmp_path_factory, monkeypatch):
-    """Each test's engines keep their disk tier in a directory of that test's own, never in ~/.cache/pagedchat/kv:
-    blocks a previous test (or run) wrote must not turn one of this test's misses into a hit."""
+@pytest.fixture(autouse=True, scope="session")
+def _private_kv_disk_tiers(tmp_path_factory):
+    """Every engine the tests build without a tier directory of its own gets a fresh, empty one (never
+    ~/.cache/pagedchat/kv): blocks another test (or an earlier run) wrote must not turn a miss into a hit. Session
+    scoped, so engines built by module-scoped fixtures are covered too."""
+    import tempfile
+
     import engine.tiers.setup
 
-    directory = tmp_path_factory.mktemp("kv-tier")
-    monkeypatch.setattr(engine.tiers.setup, "tier_dir", lambda config: Path(config.kv_disk_dir or directory))
+    root = tmp_path_factory.mktemp("kv-tiers")
+
+    def fresh_dir(config) -> Path:
+        return Path(config.kv_disk_dir) if config.kv_disk_dir else Path(tempfile.mkdtemp(dir=root))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine.tiers.setup, "tier_dir", fresh_dir)
+        yield

@@ -28,7 +28,9 @@ def tiny_servers(tmp_path_factory):
     key per multiturn user, and the multiturn system prompt published."""
     model = shared_tiny_model()
     logs = tmp_path_factory.mktemp("server-logs")
-    config = EngineConfig(model=model, dtype="float32", kv_cache_bytes=4 * 2**20)
+    # the RAM prefix cache alone, as `bench multiturn` starts its own servers: the bench's runs share user
+    # identities, and a disk tier would bring one run's evicted blocks back in the next
+    config = EngineConfig(model=model, dtype="float32", kv_cache_bytes=4 * 2**20, kv_disk_bytes=0)
     (logs / "system.txt").write_text(shared_system_prompt(model, SYSTEM_TOKENS))
     env = {
         "PAGEDCHAT_API_KEYS": f"{API_KEY},{USER_KEYS}",
