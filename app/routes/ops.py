@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from starlette.requests import Request
@@ -82,7 +83,7 @@ def snapshot_to_json(snap: PoolSnapshot) -> dict[str, Any]:
         "block_hashes": {str(i): h for i, h in snap.block_hash_prefixes.items()},
         "block_owners": {str(i): ids for i, ids in owners.items()},
         "sequences": snap.sequences,
-        "stats": {k: getattr(snap.stats, k) for k in snap.stats.__dataclass_fields__},
+        "stats": dataclasses.asdict(snap.stats),  # recursive: the disk tier's TierStats becomes a dict too
     }
 
 
