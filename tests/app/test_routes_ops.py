@@ -93,6 +93,7 @@ def test_admin_state_shows_a_running_request_and_then_an_idle_pool(client):
         "float32",
         16 * TINY_BLOCK_BYTES,
     )
+    assert busy["stats"]["tier"]["enabled"] is True  # the disk tier is on by default, its stats nested
     idle = wait_pool_idle(client)
     assert idle["stats"]["num_used_blocks"] == 0 and idle["ref_counts"] == {}
     tier = idle["stats"]["tier"]  # the tests' engines keep a disk tier in a temp directory

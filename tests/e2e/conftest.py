@@ -42,6 +42,17 @@ class Server(ServerProcess):
                 raise AssertionError(f"pool not idle after {timeout_s} s: {state['stats']}")
             time.sleep(0.05)
 
+    def wait_tier_written(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        """Poll until the pool is idle (finished sequences have offered their blocks to the disk tier) and the
+        tier's write queue is empty; the tier's stats."""
+        self.wait_pool_idle(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while (tier := self.admin_state()["stats"]["tier"])["write_queue_depth"]:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"disk tier writes still queued after {timeout_s} s: {tier}")
+            time.sleep(0.02)
+        return tier
+
 
 def server_env(tmp_path: Path, model: str, **env: str) -> dict[str, str]:
     """Environment of a test server: tiny pool, CPU fp32, its own cache dir (its database: start_server's)."""
@@ -101,13 +112,24 @@ def server(tmp_path_factory, tiny_model) -> Iterator[Server]:
     assert "Application shutdown complete." in running.log(), running.log()[-4000:]
 
 
+@pytest.fixture(scope="session")
+def shared_cache_dir(tmp_path_factory) -> Path:
+    """A cache dir (PAGEDCHAT_CACHE_DIR) for servers to share: the native kernels are compiled once, not at every
+    server's first start (seconds each). A test that uses it for its disk tier's default place (<cache dir>/kv)
+    owns that place: the others give their servers a PAGEDCHAT_KV_DISK_DIR of their own."""
+    return tmp_path_factory.mktemp("cache")
+
+
 @pytest.fixture
 def server_factory(tmp_path, tiny_model) -> Iterator[Callable[..., Server]]:
-    """Start servers on this test's directory (same database across restarts); all are stopped afterwards."""
+    """Start servers on this test's directory (same database across restarts), or on a sub-directory `home` of it
+    (a server of its own: its database, cache dir and log); all are stopped afterwards."""
     started: list[Server] = []
 
-    def start(**env: str) -> Server:
-        running = start_server(tmp_path, server_env(tmp_path, env.pop("model", tiny_model), **env))
+    def start(home: str | None = None, **env: str) -> Server:
+        directory = tmp_path / home if home else tmp_path
+        directory.mkdir(exist_ok=True)
+        running = start_server(directory, server_env(directory, env.pop("model", tiny_model), **env))
         started.append(running)
         return running
 
