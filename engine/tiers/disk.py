@@ -74,15 +74,19 @@ class DiskTier:
             _nbytes(scales.shape[:2] + scales.shape[3:], scales.dtype) if scales is not None else 0
         )
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(directory, 0o700)
-        if not os.access(directory, os.W_OK | os.X_OK):
-            raise PermissionError(f"{directory} is not writable")
         self._lock_fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(self._lock_fd)
             raise BlockingIOError(f"another process uses the KV disk tier at {directory}") from None
+        try:  # ours now: only this user may read the blocks (a directory made by hand may have been 0755)
+            os.chmod(directory, 0o700)
+            if not os.access(directory, os.W_OK | os.X_OK):
+                raise PermissionError(f"{directory} is not writable")
+        except OSError:
+            os.close(self._lock_fd)
+            raise
         self.enabled = True
         self._lock = threading.Lock()  # guards the index and counters below
         self._lru: OrderedDict[str, int] = OrderedDict()  # filename -> bytes, least recently used first
