@@ -159,7 +159,9 @@ class LLMEngine:
         self.output_processor.abort(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return len(self.output_processor) > 0
+        """True while a request is live, or a disk load of an aborted one still holds pool blocks (the next steps
+        take it and free them)."""
+        return len(self.output_processor) > 0 or bool(self.scheduler.loading)
 
     def num_unfinished_requests(self) -> int:
         return len(self.output_processor)

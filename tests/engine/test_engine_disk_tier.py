@@ -121,3 +121,23 @@ def test_purging_a_tenant_deletes_its_blocks(model_dir, tmp_path):
     assert len(list((tmp_path / "kv").glob("*.kvb"))) == 2 * per_tenant
     assert engine.purge_cache_salt("alice") == per_tenant
     assert len(list((tmp_path / "kv").glob("*.kvb"))) == per_tenant
+
+
+def test_a_request_aborted_while_loading_leaves_an_idle_pool(model_dir, tmp_path):
+    llm = make_llm(model_dir, tmp_path / "kv")
+    prompt = conversation(0, 3)
+    llm.generate([prompt], GREEDY)
+    flood(llm, 3)
+    engine = llm.engine
+    engine.add_request("back", prompt + [9], GREEDY)
+    engine.step()
+    assert engine.stats().num_loading == 1
+    engine.abort_request("back")
+    steps = 0  # the load still holds its blocks: the engine steps until it is done
+    while engine.has_unfinished_requests():
+        engine.step()
+        steps += 1
+        assert steps < 10_000
+    stats = engine.stats()
+    assert (stats.num_used_blocks, stats.num_loading) == (0, 0)
+    assert stats.num_free_blocks + stats.num_cached_blocks == stats.num_blocks
