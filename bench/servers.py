@@ -103,6 +103,20 @@ def spawn_pagedchat(
     return server_type(name, f"http://127.0.0.1:{port}", process, log_path, env, db_path)
 
 
+def restart_pagedchat(
+    server: ServerProcess, timeout_s: float = READY_TIMEOUT_S, stop_timeout_s: float = 60.0
+) -> ServerProcess:
+    """Stop `server` gracefully (SIGTERM: it ends its replies and writes its disk tier's queue) and start `pagedchat
+    serve` again on the same port with the same variables, so the same database, cache and tier directories; ready.
+
+    For servers `start_pagedchat` started (the plain command, this process's PAGEDCHAT_* variables passed on).
+    """
+    stop_server(server, timeout_s=stop_timeout_s)
+    log_dir = server.log_path.parent
+    again = spawn_pagedchat(server.name, server.env, log_dir, db_path=server.db_path, port=server.port)
+    return wait_ready(again, timeout_s)
+
+
 def start_hf_baseline(name: str, model: str, dtype: str, log_dir: Path) -> ServerProcess:
     """The one-request-at-a-time HF server (bench/hf_server.py) on a free loopback port."""
     port = free_port()

@@ -164,3 +164,18 @@ def user_turns(user_index: int, num_turns: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed * 100_003 + user_index)
     first = rng.choice(SHORT_QUESTIONS).format(t=rng.choice(TOPICS))
     return [first] + [rng.choice(FOLLOW_UPS).format(t=rng.choice(TOPICS)) for _ in range(num_turns - 1)]
+
+
+def long_user_turns(
+    tokenizer: Any, user_index: int, num_turns: int, num_tokens: int, seed: int = 0
+) -> list[str]:
+    """The `num_turns` messages of one synthetic user who pastes about `num_tokens` tokens of notes each turn and
+    asks about them (seeded meeting notes, different per user and turn)."""
+    rng = random.Random(seed * 100_003 + user_index)
+    out = []
+    for k in range(num_turns):
+        ask = rng.choice(LONG_ASKS)
+        notes_tokens = max(1, num_tokens - len(tokenizer.encode(ask, add_special_tokens=False)) - 8)
+        notes = tokenizer.decode(filler_token_ids(tokenizer, notes_tokens, seed=rng.randrange(2**31)))
+        out.append(f"Notes, part {k + 1}:\n{notes.strip()}\n\n{ask}")
+    return out
