@@ -4,6 +4,8 @@ Every user is its own tenant (its own API key, else its own cookie or token), so
 users only what the server publishes: the runs with the shared system prompt registered as a published prompt
 (`--shared-prompt-file`) reuse it across users; the "unpublished" runs send an unregistered variant of it, which each
 user's salted chain must compute once for itself.
+
+`--scenario returning` runs bench/returning.py instead: users who come back after their KV blocks left the RAM pool.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from bench import loadgen, servers
+from bench import loadgen, returning, servers
 from bench import session_client as sc
 from bench.common import (
     Target,
@@ -47,12 +49,31 @@ UNPUBLISHED_PREAMBLE = (
     "(Unpublished draft for {api}.) "  # starts the unregistered variants of the system prompt
 )
 SYSTEM_PROMPT_FILE = "shared-system-prompt.txt"
+SCENARIOS = ("shared-prompt", "returning")
+DEFAULT_USERS, DEFAULT_TURNS = 32, 10
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `bench multiturn`."""
-    parser.add_argument("--users", type=int, default=32)
-    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument(
+        "--scenario",
+        choices=SCENARIOS,
+        default="shared-prompt",
+        help="shared-prompt: this module's runs; returning: users who come back after their KV blocks left the RAM "
+        "pool, with the disk tier, without it and all in RAM, and a restart (bench/returning.py)",
+    )
+    parser.add_argument(
+        "--users",
+        type=int,
+        default=None,
+        help=f"default {DEFAULT_USERS} ({returning.DEFAULT_USERS} returning)",
+    )
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=None,
+        help=f"default {DEFAULT_TURNS} ({returning.DEFAULT_TURNS} returning)",
+    )
     parser.add_argument("--system-tokens", type=int, default=400, help="length of the shared system prompt")
     parser.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every answer")
     parser.add_argument(
@@ -80,6 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--shared-prompt-file PATH",
     )
     parser.add_argument("--keep-logs", default=None, help="keep server logs and databases in this folder")
+    returning.add_arguments(parser)
 
 
 async def run_mode(
@@ -191,7 +213,17 @@ def _runs_on(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Both APIs on a caching and a non-caching server (started here, one after the other, unless URLs are given)."""
+    """Both APIs on a caching and a non-caching server (started here, one after the other, unless URLs are given);
+    or the returning scenario."""
+    is_returning = args.scenario == "returning"
+    args.users = args.users or (returning.DEFAULT_USERS if is_returning else DEFAULT_USERS)
+    args.turns = args.turns or (returning.DEFAULT_TURNS if is_returning else DEFAULT_TURNS)
+    if is_returning:
+        if args.url or args.url_no_caching or args.write_system_prompt:
+            raise SystemExit(
+                "bench multiturn --scenario returning starts (and restarts) its own servers: no --url"
+            )
+        return returning.run(args)
     config = args.engine_config
     system = shared_system_prompt(config.model, args.system_tokens)
     if args.write_system_prompt:
