@@ -138,8 +138,40 @@ def _popen(cmd: list[str], env: dict[str, str], log_path: Path, isolated: bool) 
         )
 
 
+def _listening_inodes(port: int) -> set[str] | None:
+    """Inodes of the TCP sockets listening on `port` (Linux: /proc/net/tcp and tcp6); None without /proc."""
+    inodes: set[str] = set()
+    tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
+    if not tables[0].exists():
+        return None
+    for table in tables:
+        with contextlib.suppress(OSError):
+            for line in table.read_text().splitlines()[1:]:
+                fields = line.split()  # sl, local address:port (hex), remote, state (0A: LISTEN), ..., inode
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    return inodes
+
+
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether process `pid` holds a socket listening on `port`; None where this machine cannot tell (no /proc)."""
+    inodes = _listening_inodes(port)
+    if inodes is None:
+        return None
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")  # socket:[inode]
+            if target.startswith("socket:[") and target[len("socket:[") : -1] in inodes:
+                return True
+    return False
+
+
 def wait_ready(server: ServerProcess, timeout_s: float = READY_TIMEOUT_S) -> ServerProcess:
-    """Poll GET /health until 200; else kill the server and raise RuntimeError with its log."""
+    """Poll GET /health until our process answers 200; else kill the server and raise RuntimeError with its log."""
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=5.0) as client:
         while time.monotonic() < deadline:
@@ -149,7 +181,10 @@ def wait_ready(server: ServerProcess, timeout_s: float = READY_TIMEOUT_S) -> Ser
                     f"{server.log()[-4000:]}"
                 )
             with contextlib.suppress(httpx.HTTPError):
-                if client.get(server.base_url + "/health").status_code == 200:
+                # uvicorn binds its port only after the app's startup (the model load), so until then another
+                # process's server may have taken the free port we chose and answer for us
+                ok = client.get(server.base_url + "/health").status_code == 200
+                if ok and listens_on(server.process.pid, server.port) is not False:
                     return server
             time.sleep(0.1)
     stop_server(server, signal.SIGKILL)
