@@ -31,7 +31,7 @@ from bench.workload import long_user_turns, system_prompt
 from engine.core.config import EngineConfig
 
 RUNS = ("in-ram", "no-tier", "tier")
-DEFAULT_USERS, DEFAULT_TURNS = 16, 6
+DEFAULT_USERS, DEFAULT_TURNS = 8, 6  # about 15 min on a 2-core CPU with the default model
 ISSUE_SETTING = "64 users x 10 turns (--users 64 --turns 10)"
 EXCHANGE_TEMPLATE_TOKENS = 12  # role markers around a user message and its answer
 MIN_USER_TOKENS = 16
