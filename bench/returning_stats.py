@@ -4,6 +4,7 @@ how much of each conversation's history was reused, and the server counters the 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,10 @@ import httpx
 from bench import session_client as sc
 from bench.common import mean, percentiles
 
-METRICS_PREFIX = "pagedchat:"
+QUERIES_METRIC = "pagedchat:prefix_cache_queries_total"
+HITS_METRIC = "pagedchat:prefix_cache_hits_total"
+DISK_HITS_METRIC = 'pagedchat:prefix_cache_hits_by_tier_total{tier="disk"}'
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 DISK_FROM_COUNTERS = "server counters"
 DISK_AFTER_RESTART = "restart: a new process holds nothing in RAM, so every hit came from the disk"
 
@@ -36,7 +40,7 @@ class HitCounters:
 
 def hit_counters(admin: dict[str, Any] | None, metrics: dict[str, float] | None) -> HitCounters | None:
     """The one place that maps the server's names to counters: the admin API's `stats` (EngineStats' fields), else
-    the Prometheus metrics, where any counter named like *disk*hit* is taken for the disk's hit tokens."""
+    the Prometheus metrics (app/services/metrics.py)."""
     if admin and "prefix_hit_tokens" in admin:
         disk = admin.get("disk_hit_tokens")
         return HitCounters(
@@ -44,27 +48,26 @@ def hit_counters(admin: dict[str, Any] | None, metrics: dict[str, float] | None)
             int(admin["prefix_hit_tokens"]),
             None if disk is None else int(disk),
         )
-    if not metrics or METRICS_PREFIX + "prefix_cache_hits_total" not in metrics:
+    if not metrics or HITS_METRIC not in metrics:
         return None
-    disk_names = [
-        n for n in metrics if "disk" in n and "hit" in n and not n.endswith(("_created", "_bucket", "_sum"))
-    ]
+    disk = metrics.get(DISK_HITS_METRIC)
     return HitCounters(
-        int(metrics.get(METRICS_PREFIX + "prefix_cache_queries_total", 0)),
-        int(metrics[METRICS_PREFIX + "prefix_cache_hits_total"]),
-        int(metrics[disk_names[0]]) if len(disk_names) == 1 else None,
+        int(metrics.get(QUERIES_METRIC, 0)), int(metrics[HITS_METRIC]), None if disk is None else int(disk)
     )
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Sample name -> value of a Prometheus text exposition (labels dropped: the last sample of a name wins)."""
+    """Samples of a Prometheus text exposition by name and labels, the `model_name` label left out:
+    `pagedchat:prefix_cache_hits_total`, `pagedchat:prefix_cache_hits_by_tier_total{tier="disk"}`."""
     values: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
-        name_part, _, value = line.rpartition(" ")
+        sample, _, value = line.rpartition(" ")
+        name, _, labels = sample.partition("{")
+        kept = ",".join(f'{k}="{v}"' for k, v in sorted(_LABEL.findall(labels)) if k != "model_name")
         try:
-            values[name_part.partition("{")[0]] = float(value)
+            values[f"{name}{{{kept}}}" if kept else name] = float(value)
         except ValueError:
             continue
     return values

@@ -7,6 +7,7 @@ import json
 import shlex
 
 from bench.cli import bench_main
+from bench.returning_stats import DISK_FROM_COUNTERS
 from tests.engine.bench_helpers import shared_tiny_model
 
 BYTES_PER_TOKEN = 512  # the tiny model in float32: 2 layers x K and V x 2 KV heads x 16 dims x 4 bytes
@@ -53,6 +54,8 @@ def test_the_tier_run_reuses_histories_from_disk_after_its_restart(tmp_path, cap
     assert restart["cold_tier_files"]["num_files"] > 0
     assert restart["disk_tokens"] > 0 and restart["disk_tokens"] == restart["cached_tokens"]
     assert restart["share_pct"]["ram"] == 0.0 and restart["share_pct"]["disk"] > 0
+    assert [t["disk_split_source"] for t in turns] == [DISK_FROM_COUNTERS] * 3  # the admin API's counters
+    assert run["tier_stats"]["num_loaded_blocks"] * 16 >= restart["disk_tokens"]
     assert restart["history_reused_min_pct"] > 50
     assert run["returning_history_reused_pct"] > 50
     # without an in-RAM or no-tier run, only the tier's own targets

@@ -24,6 +24,8 @@ METRICS = """\
 # TYPE pagedchat:prefix_cache_queries_total counter
 pagedchat:prefix_cache_queries_total{model_name="m"} 1000.0
 pagedchat:prefix_cache_hits_total{model_name="m"} 600.0
+pagedchat:prefix_cache_hits_by_tier_total{model_name="m",tier="ram"} 472.0
+pagedchat:prefix_cache_hits_by_tier_total{model_name="m",tier="disk"} 128.0
 pagedchat:kv_cache_info{kv_cache_dtype="bfloat16",model_name="m"} 1.0
 pagedchat:kv_cache_bytes_per_token{model_name="m"} 23040.0
 """
@@ -40,11 +42,13 @@ def make_result(prompt: int, cached: int, completion: int = 10, ttft_s: float = 
     )
 
 
-def test_parse_metrics_keeps_sample_names_and_values():
+def test_parse_metrics_keys_samples_by_name_and_labels_but_the_model_name():
     assert parse_metrics(METRICS) == {
         "pagedchat:prefix_cache_queries_total": 1000.0,
         "pagedchat:prefix_cache_hits_total": 600.0,
-        "pagedchat:kv_cache_info": 1.0,
+        'pagedchat:prefix_cache_hits_by_tier_total{tier="ram"}': 472.0,
+        'pagedchat:prefix_cache_hits_by_tier_total{tier="disk"}': 128.0,
+        'pagedchat:kv_cache_info{kv_cache_dtype="bfloat16"}': 1.0,
         "pagedchat:kv_cache_bytes_per_token": 23040.0,
     }
 
@@ -58,17 +62,11 @@ def test_hit_counters_from_the_admin_stats():
     )
 
 
-def test_hit_counters_from_the_metrics_take_one_disk_hit_counter():
+def test_hit_counters_from_the_metrics():
     metrics = parse_metrics(METRICS)
-    assert hit_counters(None, metrics) == HitCounters(1000, 600, None)
-    with_disk = {
-        **metrics,
-        "pagedchat:kv_disk_hit_tokens_total": 128.0,
-        "pagedchat:kv_disk_hit_tokens_created": 1e9,
-    }
-    assert hit_counters(None, with_disk) == HitCounters(1000, 600, 128)
-    ambiguous = {**with_disk, "pagedchat:kv_disk_hit_blocks_total": 8.0}
-    assert hit_counters(None, ambiguous) == HitCounters(1000, 600, None)
+    assert hit_counters(None, metrics) == HitCounters(1000, 600, 128)
+    without_tiers = {k: v for k, v in metrics.items() if "by_tier" not in k}
+    assert hit_counters(None, without_tiers) == HitCounters(1000, 600, None)
     assert hit_counters(None, {"pagedchat:kv_cache_bytes_per_token": 512.0}) is None
     assert hit_counters(None, None) is None
 
