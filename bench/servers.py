@@ -70,7 +70,8 @@ def start_pagedchat(
     KV disk tier `log_dir/<name>.kv` unless the config or `extra_env` names one (no blocks from other runs, no
     directory lock shared with another server; started again under the same name, it keeps its tier)."""
     env = {**engine_env(config), **(extra_env or {}), "PAGEDCHAT_LOG_LEVEL": "warning"}
-    env.setdefault("PAGEDCHAT_KV_DISK_DIR", str(log_dir / f"{name}.kv"))
+    if not env.get("PAGEDCHAT_KV_DISK_DIR"):  # an unset kv_disk_dir reaches the environment as ""
+        env["PAGEDCHAT_KV_DISK_DIR"] = str(log_dir / f"{name}.kv")
     return spawn_pagedchat(name, env, log_dir)
 
 
