@@ -36,9 +36,7 @@ ISSUE_SETTING = "64 users x 10 turns (--users 64 --turns 10)"
 EXCHANGE_TEMPLATE_TOKENS = 12  # role markers around a user message and its answer
 MIN_USER_TOKENS = 16
 BENCH_API_KEY = "pagedchat-returning"
-TIER_BYTES = (
-    4 * 1024**3
-)  # the tier run's cap unless --kv-disk-bytes: the server's own default, stated explicitly
+TIER_BYTES = 4 * 1024**3  # the tier run's least cap (the server's own default) unless --kv-disk-bytes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scenario returning",
         f"defaults {DEFAULT_USERS} users x {DEFAULT_TURNS} turns; the issue's full setting is {ISSUE_SETTING}. "
         "Servers, databases and the tier's fresh directory go to --keep-logs (default: a temporary folder): choose "
-        "it on the disk to measure (--kv-disk-dir is not used; --kv-disk-bytes caps the tier, default 4 GiB).",
+        "it on the disk to measure (--kv-disk-dir is not used). --kv-disk-bytes caps the tier (default: what every "
+        "history takes, at least 4 GiB).",
     )
     group.add_argument(
         "--history-tokens",
@@ -189,7 +188,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 cfg, pool_tokens = dataclasses.replace(base, kv_cache_bytes=config.kv_cache_bytes), None
             spec = RunSpec(name, plan.concurrency)
             if name == "tier":
-                tiered = {"kv_disk_bytes": config.kv_disk_bytes or TIER_BYTES, "kv_disk_dir": str(tier_dir)}
+                # room for every history (the in-RAM pool's size), so the tier need not evict what users return to
+                cap = config.kv_disk_bytes or max(TIER_BYTES, plan.in_ram_pool_tokens * bytes_per_token)
+                tiered = {"kv_disk_bytes": cap, "kv_disk_dir": str(tier_dir)}
                 cfg = dataclasses.replace(cfg, **tiered)
                 spec = RunSpec(name, plan.concurrency, tier_dir, plan.restart_after)
             started = [servers.start_pagedchat(f"returning-{name}", cfg, logs, env)]
