@@ -4,12 +4,12 @@ how much of each conversation's history was reused, and the server counters the 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import session_client as sc
 from bench.common import mean, percentiles
@@ -17,7 +17,6 @@ from bench.common import mean, percentiles
 QUERIES_METRIC = "pagedchat:prefix_cache_queries_total"
 HITS_METRIC = "pagedchat:prefix_cache_hits_total"
 DISK_HITS_METRIC = 'pagedchat:prefix_cache_hits_by_tier_total{tier="disk"}'
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 DISK_FROM_COUNTERS = "server counters"
 DISK_AFTER_RESTART = "restart: a new process holds nothing in RAM, so every hit came from the disk"
 
@@ -57,19 +56,13 @@ def hit_counters(admin: dict[str, Any] | None, metrics: dict[str, float] | None)
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Samples of a Prometheus text exposition by name and labels, the `model_name` label left out:
-    `pagedchat:prefix_cache_hits_total`, `pagedchat:prefix_cache_hits_by_tier_total{tier="disk"}`."""
+    """Samples of a Prometheus text exposition (prometheus_client's parser) by name and labels, the `model_name`
+    label left out: `pagedchat:prefix_cache_hits_total`, `pagedchat:prefix_cache_hits_by_tier_total{tier="disk"}`."""
     values: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        sample, _, value = line.rpartition(" ")
-        name, _, labels = sample.partition("{")
-        kept = ",".join(f'{k}="{v}"' for k, v in sorted(_LABEL.findall(labels)) if k != "model_name")
-        try:
-            values[f"{name}{{{kept}}}" if kept else name] = float(value)
-        except ValueError:
-            continue
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            kept = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()) if k != "model_name")
+            values[f"{sample.name}{{{kept}}}" if kept else sample.name] = float(sample.value)
     return values
 
 
