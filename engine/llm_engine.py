@@ -206,7 +206,8 @@ class LLMEngine:
             self.tier.close(timeout)
 
     def purge_cache_salt(self, cache_salt: str) -> int:
-        """Delete a tenant's blocks from the disk tier (e.g. when its account goes); returns how many files went."""
+        """Delete a tenant's blocks from the disk tier (e.g. when its account goes): every salt whose first line is
+        `cache_salt`'s (see hash_chain.salt_tag); returns how many files went."""
         return self.tier.purge(salt_tag(cache_salt)) if self.tier is not None else 0
 
     # ---- introspection ---------------------------------------------------------------------------------------

@@ -24,11 +24,17 @@ NO_SALT = bytes(SALT_TAG_BYTES)  # the salt tag of a block every tenant shares
 
 
 def salt_tag(salt: str | None) -> bytes:
-    """8 bytes naming a tenant's salt where blocks are stored (the disk tier's file names), never the salt itself."""
+    """8 bytes naming a salt's tenant where blocks are stored (the disk tier's file names), never the salt itself.
+
+    A salt's first line names its tenant (the service writes its caller identity there, and narrows it on further
+    lines: a bearer token, a request's own cache_salt), so every salt of one tenant has one tag and purging the tenant
+    reaches all its blocks.
+    """
     if salt is None:
         return NO_SALT
+    tenant = salt.split("\n", 1)[0]
     return hashlib.blake2b(
-        salt.encode("utf-8", "surrogatepass"), digest_size=SALT_TAG_BYTES, person=b"salt-tag"
+        tenant.encode("utf-8", "surrogatepass"), digest_size=SALT_TAG_BYTES, person=b"salt-tag"
     ).digest()
 
 

@@ -112,14 +112,18 @@ def test_other_settings_never_read_the_blocks(model_dir, tmp_path):
 def test_purging_a_tenant_deletes_its_blocks(model_dir, tmp_path):
     llm = make_llm(model_dir, tmp_path / "kv")
     engine = llm.engine
-    for salt in ("alice", "bob"):
+    for salt in (
+        "alice",
+        "bob",
+        "alice\nrequest:drafts",
+    ):  # the last: alice's own cache_salt splits hers further
         engine.add_request(salt, conversation(0, 1), GREEDY, cache_salt=salt)
     while engine.has_unfinished_requests():
         engine.step()
     engine.close()
     per_tenant = (140 + 12 - 1) // 16  # full blocks of each tenant's computed tokens
-    assert len(list((tmp_path / "kv").glob("*.kvb"))) == 2 * per_tenant
-    assert engine.purge_cache_salt("alice") == per_tenant
+    assert len(list((tmp_path / "kv").glob("*.kvb"))) == 3 * per_tenant
+    assert engine.purge_cache_salt("alice") == 2 * per_tenant
     assert len(list((tmp_path / "kv").glob("*.kvb"))) == per_tenant
 
 
