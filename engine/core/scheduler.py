@@ -192,6 +192,7 @@ class Scheduler:
         """Admit waiting sequences in FCFS order while the budget, the slots and the pool allow."""
         max_num_seqs = self.config.max_num_seqs
         num_seq_slots = sum(num_seq_slots_needed(s) for s in self.running)  # samples not forked yet count too
+        num_seq_slots += sum(num_seq_slots_needed(j.seq) for j in self.loading.values() if not j.cancelled)
         while self.waiting and budget > 0:
             seq = self.waiting[0]
             needed = min(num_seq_slots_needed(seq), max_num_seqs)
@@ -200,9 +201,14 @@ class Scheduler:
             cached_block_ids = self.block_manager.match_prefix(seq)
             if self.tier is not None and not seq.pinned_block_ids and self._start_load(seq, cached_block_ids):
                 self.waiting.popleft()
+                num_seq_slots += needed  # it runs once loaded: loads never exceed max_num_seqs
                 continue
             num_new = min(len(seq) - len(cached_block_ids) * self.config.block_size, budget)
             copies = self.block_manager.allocate_slots(seq, num_new, cached_block_ids)
+            if copies is None and self._unpin_others(seq):  # loaded blocks others hold may be what it lacks
+                cached_block_ids = self.block_manager.match_prefix(seq)
+                num_new = min(len(seq) - len(cached_block_ids) * self.config.block_size, budget)
+                copies = self.block_manager.allocate_slots(seq, num_new, cached_block_ids)
             if copies is None:
                 break  # head-of-line: later requests do not overtake this one
             self.waiting.popleft()
@@ -255,6 +261,18 @@ class Scheduler:
             self.num_disk_hit_tokens += seq.num_disk_cached_tokens
             seq.status = SequenceStatus.WAITING
             self.waiting.appendleft(seq)
+
+    def _unpin_others(self, head: Sequence) -> bool:
+        """Release the pins of every waiting sequence but `head` (their blocks stay cached in RAM and on disk, to be
+        matched or loaded again); True if any were held. Without this, pins behind a head that cannot be admitted
+        could keep it from ever being admitted."""
+        released = False
+        for seq in self.waiting:
+            if seq is not head and seq.pinned_block_ids:
+                self.block_manager.release(seq.pinned_block_ids)
+                seq.pinned_block_ids = []
+                released = True
+        return released
 
     def held_block_ids(self) -> list[int]:
         """Blocks referenced outside block tables: pins of waiting sequences and the blocks of loads in flight."""

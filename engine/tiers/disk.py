@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,8 +143,9 @@ class DiskTier:
             with self._lock:
                 self._counters["write_drops"] += 1
             return
-        values = self._values[:, :, block_id].clone()
-        scales = self._scales[:, :, block_id].clone() if self._scales is not None else None
+        # a CPU copy whatever the pool's device: the writer turns it into bytes
+        values = self._values[:, :, block_id].to("cpu", copy=True)
+        scales = self._scales[:, :, block_id].to("cpu", copy=True) if self._scales is not None else None
         now = time.monotonic()
         with self._lock:
             self._pending[block_hash] = now
@@ -224,10 +225,16 @@ class DiskTier:
     # ---- the writer thread --------------------------------------------------------------------------------
     def _write_loop(self) -> None:
         while (item := self._writes.get()) is not _STOP:
-            if self.enabled:
-                self._write(item)
-            with self._lock:
-                self._pending.pop(item.name.block_hash, None)
+            try:
+                if self.enabled:
+                    self._write(item)
+            except Exception as exc:  # noqa: BLE001 - the writer must not die silently with blocks queued
+                self._disable(f"writing a block failed: {type(exc).__name__}: {exc}")
+                with self._lock:
+                    self._counters["write_errors"] += 1
+            finally:
+                with self._lock:
+                    self._pending.pop(item.name.block_hash, None)
 
     def _write(self, item: _Staged) -> None:
         payload = _payload(item.values, item.scales)
@@ -262,8 +269,12 @@ class DiskTier:
     def _load_loop(self) -> None:
         while (job := self._loads.get()) is not _STOP:
             started = time.perf_counter()
-            if not job.cancelled:
-                job.num_loaded = self._load_blocks(job.block_hashes, job.block_ids)
+            try:
+                if not job.cancelled:
+                    job.num_loaded = self._load_blocks(job.block_hashes, job.block_ids)
+            except Exception:  # noqa: BLE001 - the job must complete, or its blocks stay held for ever
+                logger.exception("KV disk tier: a load failed; its tokens are recomputed")
+                job.num_loaded = 0
             job.seconds = time.perf_counter() - started
             with self._lock:
                 self._counters["loads"] += 1
@@ -280,14 +291,18 @@ class DiskTier:
         ]
         num_loaded = 0
         for future in futures:
-            if not future.result():
+            try:
+                ok = future.result()
+            except Exception:  # noqa: BLE001 - a reader's fault ends the load there, never the loader
+                logger.exception("KV disk tier: a block read failed; its tokens are recomputed")
+                ok = False
+            if not ok:
                 break
             num_loaded += 1
         for future in futures[num_loaded:]:  # past a failure nothing counts: stop what has not started
             future.cancel()
-        for future in futures[num_loaded:]:
-            if not future.cancelled():
-                future.result()  # it writes into a block the scheduler will hand out again: let it finish
+        # a reader still running writes into a block the scheduler will hand out again: let every one finish
+        wait([f for f in futures[num_loaded:] if not f.cancelled()])
         return num_loaded
 
     def _load_block(self, block_hash: bytes, block_id: int) -> bool:
@@ -349,7 +364,10 @@ class DiskTier:
 
     def _forget(self, filename: str, *, evicted: bool = False) -> None:
         """Drop a file from the index (caller holds the lock and unlinks it afterwards)."""
-        self.used_bytes -= self._lru.pop(filename)
+        size = self._lru.pop(filename, None)
+        if size is None:  # already forgotten (evicted or purged meanwhile)
+            return
+        self.used_bytes -= size
         name = BlockName.parse(filename)
         if name is not None and name.fingerprint == self.fingerprint:
             self._held.pop(name.block_hash, None)

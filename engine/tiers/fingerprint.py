@@ -37,14 +37,18 @@ def file_digest(path: Path) -> str:
 
 
 def weight_files(gguf: Path | None, folder: Path | None) -> list[Path]:
-    """The files the weights are read from: the GGUF file, else the folder's safetensors/bin shards."""
+    """The files the KV depends on: the GGUF file (metadata included), else the folder's config.json and its
+    safetensors/bin shards."""
     if gguf is not None:
         return [gguf]
     assert folder is not None, "a model source has a folder or a GGUF file"
     files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
     if not files:
         raise RuntimeError(f"no weight files in {folder}")
-    return files
+    config = (
+        folder / "config.json"
+    )  # rope theta and scaling, norm eps: they shape the stored K as much as weights
+    return [config, *files] if config.is_file() else files
 
 
 def kv_fingerprint(files: list[Path], settings: dict[str, Any]) -> bytes:

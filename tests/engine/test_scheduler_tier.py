@@ -279,3 +279,41 @@ class TierMachine(RuleBasedStateMachine):
 
 TierMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
 TestTierStates = TierMachine.TestCase
+
+
+def test_pins_of_a_loaded_sequence_never_keep_the_head_of_the_queue_out(tmp_path):
+    """A loaded sequence waits with its blocks pinned; a preempted sequence ahead of it that needs those blocks gets
+    them (the pins are released, the blocks stay cached) instead of both waiting for ever."""
+    sched, model, tier = make_tiered(20, tmp_path)
+    returning = make_prompt(97, 1)  # 12 full blocks before the last token
+    generate(sched, model, 0, returning)
+    evict_all(sched, model, 1)
+    sched.add_sequence(make_seq(2, returning, max_tokens=3))
+    sched.add_sequence(make_seq(3, make_prompt(70, 5), max_tokens=3))
+    for _ in range(200):
+        if not sched.has_unfinished():
+            break
+        out = sched.schedule()
+        if out.is_empty:  # a step that only preempts admits nothing; the next must make progress
+            assert sched.loading or out.preempted, (
+                "nothing scheduled, nothing loading, sequences waiting: stalled"
+            )
+            tier.wait_for_load(0.05)
+            continue
+        sched.update(out, model(out))
+        tier.wait_for_load(0.02)  # a model step's time: the load completes meanwhile
+    assert not sched.has_unfinished()
+    assert sched.block_manager.stats().num_used_blocks == 0
+
+
+def test_loads_count_against_max_num_seqs(tmp_path):
+    sched, model, tier = make_tiered(40, tmp_path, max_num_seqs=1)
+    prompts = [make_prompt(41, 10 + u) for u in range(3)]
+    for u, prompt in enumerate(prompts):
+        generate(sched, model, u, prompt)
+    evict_all(sched, model, 9)
+    for u, prompt in enumerate(prompts):
+        sched.add_sequence(make_seq(20 + u, prompt, max_tokens=1))
+    sched.schedule()
+    assert len(sched.loading) == 1
+    run(sched, model)
