@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import logging
 import time
+import weakref
 
 import torch
 
@@ -83,6 +84,8 @@ class LLMEngine:
             self.runner.kv_cache,
             self.runner.kv_scales,
         )
+        if self.tier is not None:  # its threads hold it (and the pool): close it when the engine goes
+            weakref.finalize(self, self.tier.close, 0.0)
         self.scheduler = Scheduler(
             self.config,
             num_blocks,

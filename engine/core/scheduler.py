@@ -215,6 +215,8 @@ class Scheduler:
             if seq.pinned_block_ids:  # now referenced by its block table
                 self.block_manager.release(seq.pinned_block_ids)
                 seq.pinned_block_ids = []
+                # with prefix_hit_tokens, which admission counts: ram hits (their difference) never go down
+                self.num_disk_hit_tokens += seq.num_disk_cached_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append(ScheduledSequence(seq, num_new))
@@ -257,8 +259,7 @@ class Scheduler:
                 bm.release(job.pinned_block_ids + loaded)
                 continue
             seq.pinned_block_ids = job.pinned_block_ids + loaded
-            seq.num_disk_cached_tokens = len(loaded) * self.config.block_size
-            self.num_disk_hit_tokens += seq.num_disk_cached_tokens
+            seq.num_disk_cached_tokens = len(loaded) * self.config.block_size  # counted when it is admitted
             seq.status = SequenceStatus.WAITING
             self.waiting.appendleft(seq)
 
@@ -271,6 +272,7 @@ class Scheduler:
             if seq is not head and seq.pinned_block_ids:
                 self.block_manager.release(seq.pinned_block_ids)
                 seq.pinned_block_ids = []
+                seq.num_disk_cached_tokens = 0  # its blocks are RAM hits now, if still cached
                 released = True
         return released
 
