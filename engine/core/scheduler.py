@@ -58,9 +58,8 @@ class Scheduler:
         self.tier = tier if config.enable_prefix_caching else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.loading: dict[
-            int, LoadJob
-        ] = {}  # seq_id -> its load in flight (a finished seq's too, cancelled)
+        # seq_id -> its load in flight (a finished seq's too, cancelled)
+        self.loading: dict[int, LoadJob] = {}
         self.num_disk_hit_tokens = 0
         self.request_to_seqs: dict[str, list[Sequence]] = {}  # unfinished sequences in the queues
         self.unforked: dict[int, list[Sequence]] = {}  # first sample's seq_id -> the samples it forks later
@@ -130,9 +129,8 @@ class Scheduler:
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.LOADING:
-            self.loading[
-                seq.seq_id
-            ].cancelled = True  # its blocks are released when the loader is done with them
+            # its blocks are released when the loader is done with them
+            self.loading[seq.seq_id].cancelled = True
         else:
             self.waiting.remove(seq)
         self._free(seq)
@@ -213,10 +211,9 @@ class Scheduler:
                 break  # head-of-line: later requests do not overtake this one
             self.waiting.popleft()
             if seq.pinned_block_ids:  # now referenced by its block table
-                self.block_manager.release(seq.pinned_block_ids)
-                seq.pinned_block_ids = []
                 # with prefix_hit_tokens, which admission counts: ram hits (their difference) never go down
                 self.num_disk_hit_tokens += seq.num_disk_cached_tokens
+                self._unpin(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append(ScheduledSequence(seq, num_new))
@@ -270,8 +267,7 @@ class Scheduler:
         released = False
         for seq in self.waiting:
             if seq is not head and seq.pinned_block_ids:
-                self.block_manager.release(seq.pinned_block_ids)
-                seq.pinned_block_ids = []
+                self._unpin(seq)
                 seq.num_disk_cached_tokens = 0  # its blocks are RAM hits now, if still cached
                 released = True
         return released
@@ -290,9 +286,12 @@ class Scheduler:
             for block_id, block_hash, tag in zip(seq.block_table, seq.block_hashes, tags, strict=False):
                 self.tier.offer(block_id, block_hash, tag)
         self.block_manager.free(seq)
-        if seq.pinned_block_ids:
-            self.block_manager.release(seq.pinned_block_ids)
-            seq.pinned_block_ids = []
+        self._unpin(seq)
+
+    def _unpin(self, seq: Sequence) -> None:
+        """Drop the references a waiting sequence holds on its loaded prefix (pins)."""
+        self.block_manager.release(seq.pinned_block_ids)
+        seq.pinned_block_ids = []
 
     def _fork_samples(self, out: SchedulerOutput) -> None:
         """Start the other samples of each request whose prompt completes in this step: each shares every block,
