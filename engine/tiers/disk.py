@@ -336,20 +336,19 @@ class DiskTier:
     # ---- the index ----------------------------------------------------------------------------------------
     def _rebuild_index(self) -> None:
         """Index the directory's block files, oldest first by mtime; drop crash leftovers; evict to the cap."""
-        found: list[tuple[int, str, int]] = []
+        found: list[tuple[int, str, int, BlockName]] = []
         with os.scandir(self.directory) as entries:
             for entry in entries:
                 if entry.name.endswith(TMP_SUFFIX):  # a write cut short; nobody else writes here (the lock)
                     _unlink(Path(entry.path))
                     continue
-                if BlockName.parse(entry.name) is None or not entry.is_file(follow_symlinks=False):
+                name = BlockName.parse(entry.name)
+                if name is None or not entry.is_file(follow_symlinks=False):
                     continue
                 st = entry.stat(follow_symlinks=False)
-                found.append((st.st_mtime_ns, entry.name, st.st_size))
-        found.sort()
-        for _, filename, size in found:
-            name = BlockName.parse(filename)
-            assert name is not None
+                found.append((st.st_mtime_ns, entry.name, st.st_size, name))
+        found.sort(key=lambda f: (f[0], f[1]))
+        for _, filename, size, name in found:
             self._lru[filename] = size
             self.used_bytes += size
             if name.fingerprint == self.fingerprint:
