@@ -18,8 +18,8 @@ class LoadJob:
     """Read `block_hashes` (consecutive links of seq's chain) from the tier into pool blocks `block_ids`.
 
     `pinned_block_ids` are the RAM prefix hits before them, held so they stay cached until admission. The loader
-    sets `num_loaded` (leading blocks read and verified) and `seconds`; a finished sequence's job is `cancelled`
-    but still completes, since the loader may be writing into its blocks.
+    sets `num_loaded` (leading blocks read and verified), `seconds` and, last, `done`; a finished sequence's job is
+    `cancelled` but still completes, since the loader may be writing into its blocks.
     """
 
     seq: Sequence
@@ -29,6 +29,7 @@ class LoadJob:
     cancelled: bool = False
     num_loaded: int = 0
     seconds: float = 0.0
+    done: bool = False
 
 
 @dataclass(frozen=True)

@@ -280,6 +280,7 @@ class DiskTier:
                 self._counters["loads"] += 1
                 self._counters["loaded_blocks"] += job.num_loaded
                 self._load_seconds += job.seconds
+                job.done = True
                 self._completed.append(job)
                 self._load_done.set()
 

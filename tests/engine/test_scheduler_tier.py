@@ -9,6 +9,7 @@ what was written shows up as a corrupted context.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -69,26 +70,37 @@ def make_tiered(num_blocks: int, directory: Path, **overrides) -> tuple[Schedule
 
 
 def run(sched: Scheduler, model: PoolModel) -> None:
-    """Step until nothing is left, waiting for loads when they are all that is left."""
+    """Step until nothing is left, letting each step's loads and writes finish before the next (so a run is the same
+    run every time: hypothesis replays it)."""
     for _ in range(3000):
         if not sched.has_unfinished():
             return
-        out = sched.schedule()
-        if out.is_empty:  # loads in flight, or a cancelled load just released its blocks
-            assert sched.loading or not sched.has_unfinished(), "nothing scheduled and nothing loading"
-            sched.tier.wait_for_load(0.05)
-            continue
-        sched.update(out, model(out))
-        sched.block_manager.check_invariants([*sched.running, *sched.waiting], sched.held_block_ids())
+        step(sched, model)
     raise AssertionError("no progress")
 
 
-def settle(tier: DiskTier) -> None:
-    for _ in range(1000):
-        if tier.stats().write_queue_depth == 0:
+def step(sched: Scheduler, model: PoolModel) -> None:
+    """One step, then wait for the tier's threads. An empty step waits for loads or only preempted (the next one
+    admits); anything else is a stall."""
+    out = sched.schedule()
+    if out.is_empty:
+        assert sched.loading or out.preempted or not sched.has_unfinished(), (
+            "nothing scheduled, nothing loading, nothing preempted: stalled"
+        )
+    else:
+        sched.update(out, model(out))
+        sched.block_manager.check_invariants([*sched.running, *sched.waiting], sched.held_block_ids())
+    settle(sched)
+
+
+def settle(sched: Scheduler) -> None:
+    """Wait until the tier has written every queued block and finished every load in flight."""
+    tier = sched.tier
+    for _ in range(2000):
+        if tier.stats().write_queue_depth == 0 and all(job.done for job in sched.loading.values()):
             return
-        tier.wait_for_load(0.005)
-    raise AssertionError("the writer did not drain")
+        time.sleep(0.002)
+    raise AssertionError("the tier's threads did not finish in 4 s")
 
 
 def generate(sched: Scheduler, model: PoolModel, seq_id: int, prompt: list[int], salt: str | None = None):
@@ -96,7 +108,7 @@ def generate(sched: Scheduler, model: PoolModel, seq_id: int, prompt: list[int],
     seq.chain_key = ChainKey(salt)
     sched.add_sequence(seq)
     run(sched, model)
-    settle(sched.tier)
+    settle(sched)
     return seq
 
 
@@ -208,12 +220,7 @@ class TierMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.sched.has_unfinished())
     @rule()
     def step(self) -> None:
-        out = self.sched.schedule()
-        if out.is_empty:
-            assert self.sched.loading or not self.sched.has_unfinished()
-            self.tier.wait_for_load(0.05)
-            return
-        self.sched.update(out, self.model(out))
+        step(self.sched, self.model)
 
     @precondition(lambda self: self.sched.request_to_seqs)
     @rule(data=st.data())
@@ -224,7 +231,7 @@ class TierMachine(RuleBasedStateMachine):
     def flood(self) -> None:
         """Run an unrelated prompt that needs the whole pool, evicting every cached block to the tier."""
         run(self.sched, self.model)
-        settle(self.tier)
+        settle(self.sched)
         prompt = make_prompt(min(self.num_blocks * BLOCK_SIZE - 8, 120), 500 + self.next_id)
         self.sched.add_sequence(make_seq(self.next_id, prompt, max_tokens=2))
         self.next_id += 1
@@ -233,11 +240,11 @@ class TierMachine(RuleBasedStateMachine):
     @rule()
     def drain(self) -> None:
         run(self.sched, self.model)
-        settle(self.tier)
+        settle(self.sched)
 
     @rule(data=st.data(), how=st.sampled_from(["flip", "truncate", "delete"]))
     def damage_a_file(self, data: st.DataObject, how: str) -> None:
-        settle(self.tier)  # the files on disk do not depend on the writer's timing
+        settle(self.sched)  # the files on disk do not depend on the writer's timing
         files = sorted(self.dir.glob("*.kvb"))
         if not files:
             return
