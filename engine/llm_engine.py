@@ -160,7 +160,12 @@ class LLMEngine:
             for k in range(params.n)
         ]
         self.guided.add(seqs)  # ValueError before anything is queued when the grammar does not build
-        self.scheduler.add_sequence(seqs[0], forks=seqs[1:])
+        try:
+            self.scheduler.add_sequence(seqs[0], forks=seqs[1:])
+        except BaseException:
+            for seq in seqs:
+                self.guided.release(seq.seq_id)
+            raise
         self.output_processor.add_request(seqs)
 
     def abort_request(self, request_id: str) -> None:
