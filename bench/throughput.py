@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.common import (
@@ -22,6 +24,7 @@ from bench.common import (
     write_results,
 )
 from bench.workload import WORKLOAD_LABEL, chat_requests
+from engine.core.structured import StructuredOutput
 
 logger = logging.getLogger(__name__)
 TARGET_VS_STATIC = 2.0
@@ -47,6 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated KV cache dtypes pagedchat runs with, one after the other (auto,int8: the int8 cache "
         "beside the float one); overrides --kv-cache-dtype",
     )
+    parser.add_argument(
+        "--json-schema",
+        type=read_json_schema,
+        default=None,
+        metavar="FILE",
+        help="also run the same requests with their output constrained to this JSON schema (response_format "
+        "json_schema) and report tokens/s with and without it",
+    )
     parser.add_argument("--matmul-rows", type=int, default=64, help="rows of the matmul ceiling measurement")
     parser.add_argument("--matmul-seconds", type=float, default=2.0)
     parser.add_argument("--hf-page-size", type=int, default=32, help="page size of HF continuous batching")
@@ -64,6 +75,16 @@ def parse_baselines(text: str) -> list[str]:
     return names
 
 
+def read_json_schema(path: str) -> StructuredOutput:
+    """The JSON schema in file `path` as a constraint; an argparse error says what is wrong with it."""
+    try:
+        return StructuredOutput.json_schema(json.loads(Path(path).read_text()))
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:  # not JSON, not an object, or not a schema the grammar engine compiles
+        raise argparse.ArgumentTypeError(f"{path}: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark, print the table and targets, write JSON + PNG; returns the JSON payload."""
     import torch
@@ -78,6 +99,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     requests = chat_requests(args.num_requests, seed=args.seed, max_tokens=args.max_tokens)
     max_tokens = [r.max_tokens for r in requests]
     runs = []
+    structured: dict[str, Any] | None = None
     engine_configs = {}
     for kv_cache_dtype in args.kv_cache_dtypes:
         config = dataclasses.replace(args.engine_config, kv_cache_dtype=kv_cache_dtype)
@@ -98,6 +120,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             outputs = _generate_with_progress(llm, prompts, params, bar)
             elapsed = time.perf_counter() - start
         runs.append(hf.GenerationRun(name, [list(o.outputs[0].token_ids) for o in outputs], elapsed))
+        if args.json_schema is not None and structured is None:  # once, beside the first KV dtype's run
+            structured = _structured_run(llm, prompts, max_tokens, args.json_schema, runs[-1])
         engine_stats = engine.stats()
         engine_configs[name] = {
             **dataclasses.asdict(engine.config),
@@ -165,6 +189,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "agreement_with_pagedchat": agreement,
         "matmul": {**matmul.as_dict(), "engine_fraction": fraction},
         "targets": targets_payload(targets),
+        "structured_output": structured,
     }
     fig = _plot(runs, matmul.ceiling_tokens_per_s, args)
     paths = write_results("throughput", payload, fig, args.results_dir, args.command_line)
@@ -172,6 +197,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         [r.name, r.num_output_tokens, r.elapsed_s, r.tokens_per_s, ours.tokens_per_s / r.tokens_per_s]
         for r in runs
     ]
+    if structured is not None:
+        rows.append(
+            [
+                structured["name"],
+                structured["num_output_tokens"],
+                structured["elapsed_s"],
+                structured["tokens_per_s"],
+                ours.tokens_per_s / structured["tokens_per_s"],
+            ]
+        )
     rows.append(["matmul ceiling", "", "", matmul.ceiling_tokens_per_s, fraction])
     print_report(
         f"throughput: {len(prompts)} chat requests, {payload['dtype']} on {device}",
@@ -184,7 +219,50 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"matmul at {matmul.rows} rows: {matmul.flops_per_s / 1e9:.0f} GFLOP/s -> pagedchat reaches "
         f"{100 * fraction:.1f}% of the ceiling"
     )
+    if structured is not None:
+        print(
+            f"structured output: {structured['tokens_per_s']:.1f} tokens/s with the JSON schema vs "
+            f"{structured['unconstrained_tokens_per_s']:.1f} without ({structured['cost_pct']:+.1f}% time per "
+            f"token); {structured['num_stopped']} of {len(prompts)} stopped (all parse: "
+            f"{structured['num_parsed']} parsed), the rest hit max_tokens"
+        )
     return payload
+
+
+def _structured_run(llm, prompts, max_tokens, constraint: StructuredOutput, free) -> dict[str, Any]:
+    """The same requests, greedy, constrained to the JSON schema: tokens/s against the unconstrained run `free`."""
+    from engine import SamplingParams
+    from engine.core.sequence import FinishReason
+
+    llm.engine.check_structured(constraint)  # the grammar tokenizer is built once per engine: not timed
+    name = f"{free.name} + json schema"
+    with progress(len(prompts), name) as bar:
+        params = [SamplingParams(temperature=0.0, max_tokens=m, structured=constraint) for m in max_tokens]
+        start = time.perf_counter()
+        outputs = _generate_with_progress(llm, prompts, params, bar)
+        elapsed = time.perf_counter() - start
+    samples = [o.outputs[0] for o in outputs]
+    stopped = [s for s in samples if s.finish_reason is FinishReason.STOP]
+    num_parsed = 0
+    for s in stopped:
+        try:
+            json.loads(s.text)
+            num_parsed += 1
+        except ValueError:
+            logger.error("a constrained output that stopped does not parse: %r", s.text[:200])
+    num_tokens = sum(len(s.token_ids) for s in samples)
+    tokens_per_s = num_tokens / elapsed
+    return {
+        "name": name,
+        "schema": json.loads(constraint.spec),
+        "num_output_tokens": num_tokens,
+        "elapsed_s": elapsed,
+        "tokens_per_s": tokens_per_s,
+        "unconstrained_tokens_per_s": free.tokens_per_s,
+        "cost_pct": 100.0 * (free.tokens_per_s / tokens_per_s - 1.0),
+        "num_stopped": len(stopped),
+        "num_parsed": num_parsed,
+    }
 
 
 def _generate_with_progress(llm, prompts, params, bar) -> list:

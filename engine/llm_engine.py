@@ -14,12 +14,15 @@ from engine.core.config import EngineConfig
 from engine.core.hash_chain import ChainKey, salt_tag
 from engine.core.outputs import RequestOutput, SchedulerOutput
 from engine.core.scheduler import Scheduler
-from engine.core.sequence import SamplingParams, Sequence
+from engine.core.sequence import FinishReason, SamplingParams, Sequence
 from engine.core.stats import EngineStats, PoolSnapshot
+from engine.core.structured import StructuredOutput
 from engine.loading.engine_model import load_engine_model
 from engine.output_processor import OutputProcessor
 from engine.tiers.setup import open_disk_tier
 from engine.worker.device import resolve_device, resolve_dtype
+from engine.worker.grammar import GrammarCompiler
+from engine.worker.guided import GuidedDecoder
 from engine.worker.kv_cache import KVCacheSpec, num_blocks_for_budget
 from engine.worker.model_runner import ModelRunner
 from engine.worker.profile import profile_peak_bytes
@@ -95,6 +98,8 @@ class LLMEngine:
             tier=self.tier,
         )
         self.sampler = Sampler()
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.guided = GuidedDecoder(self.grammars)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler)
         self._generator = torch.Generator().manual_seed(self.config.seed)  # the draws of unseeded rows
         self._seeded_generators: dict[int, torch.Generator] = {}  # seq_id -> its own generator
@@ -154,7 +159,13 @@ class LLMEngine:
             )
             for k in range(params.n)
         ]
-        self.scheduler.add_sequence(seqs[0], forks=seqs[1:])
+        self.guided.add(seqs)  # ValueError before anything is queued when the grammar does not build
+        try:
+            self.scheduler.add_sequence(seqs[0], forks=seqs[1:])
+        except BaseException:
+            for seq in seqs:
+                self.guided.release(seq.seq_id)
+            raise
         self.output_processor.add_request(seqs)
 
     def abort_request(self, request_id: str) -> None:
@@ -175,6 +186,7 @@ class LLMEngine:
         out = self.scheduler.schedule()
         for seq_id in out.finished_seq_ids:
             self._seeded_generators.pop(seq_id, None)
+            self.guided.release(seq_id)
         if out.is_empty and self.scheduler.loading and self.tier is not None:
             self.tier.wait_for_load(LOAD_POLL_S)  # only loads are in flight: wait for one instead of spinning
         if not out.is_empty:
@@ -191,20 +203,42 @@ class LLMEngine:
 
     def _run(self, out: SchedulerOutput) -> list[Sequence]:
         """Run the model, sample the sequences that reached their last token, advance them; those sequences."""
-        logits = self.runner.execute(out)
         seqs, rows = out.sampling_rows()
+        masks = self.guided.start(seqs)  # constrained rows' grammar masks, computed while the model runs
+        try:
+            logits = self.runner.execute(out)
+        finally:
+            if masks is not None:
+                masks.wait()  # never leave the mask thread holding matchers past this step
         token_ids: dict[int, int] = {}
+        ended: list[Sequence] = []
         if seqs:
             if len(rows) != logits.shape[0]:  # samples forked this step draw from their first sample's row
                 logits = logits[torch.tensor(rows)]
+            errors = self.guided.apply(logits, masks) if masks is not None else {}
             batch = SamplingBatch.from_sequences(seqs, self._seeded_generators, self._generator)
             sampled = self.sampler(logits, batch)
+            if masks is not None:
+                ended, refused = self.guided.accept(seqs, sampled.token_ids)
+                errors.update(refused)
+            for seq in seqs:  # failed before update: the scheduler then appends nothing to them
+                if seq.seq_id in errors:
+                    self.output_processor.fail(seq.request_id, errors[seq.seq_id])
             token_ids = {seq.seq_id: token_id for seq, token_id in zip(seqs, sampled.token_ids, strict=True)}
             self.output_processor.add_logprobs(seqs, sampled.logprobs)
-        return self.scheduler.update(out, token_ids)
+        got_token = self.scheduler.update(out, token_ids)
+        for seq in ended:  # the grammar is complete and cannot go on: stop now instead of sampling EOS next
+            self.scheduler.finish(seq, FinishReason.STOP)
+        return got_token
+
+    def check_structured(self, structured: StructuredOutput) -> None:
+        """Build (and cache) the constraint's matcher with this engine's tokenizer; ValueError when it fails.
+        Thread-safe: the service calls it off the engine thread, so a new grammar's build never stalls a step."""
+        self.grammars.matcher(structured)
 
     def close(self, timeout: float = 10.0) -> None:
         """Write the disk tier's queued blocks (within `timeout` seconds) and release its directory."""
+        self.guided.close()
         if self.tier is not None:
             self.tier.close(timeout)
 

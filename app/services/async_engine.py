@@ -139,6 +139,10 @@ class AsyncEngine:
         """
         self._check_serving()
         assert self.engine is not None
+        if params.structured is not None:
+            # the grammar's matcher is built here, off the engine thread (cached for the engine's add_request):
+            # a schema that fails with this tokenizer is a ValueError (400) before anything is queued
+            await asyncio.to_thread(self.engine.check_structured, params.structured)
         limit = self.engine.config.max_num_seqs + self._max_queued
         if len(self._streams) >= limit:
             raise EngineOverloaded(

@@ -33,6 +33,7 @@ SESSION_SAMPLING_KEYS = (
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",
+    "response_format",
 )
 
 

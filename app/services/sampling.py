@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from app.services.errors import bad_request
+from app.services.response_format import structured_output
 from engine.core.sequence import SamplingParams
 
 _SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
@@ -84,6 +85,7 @@ def sampling_params(
         and all(isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids)
     ):
         raise bad_request("stop_token_ids must be a list of integers", "stop_token_ids")
+    structured = structured_output(body)
     try:
         return SamplingParams(
             temperature=get_number(body, "temperature", d.get("temperature", 1.0)),
@@ -100,6 +102,7 @@ def sampling_params(
             n=get_int(body, "n", 1),
             seed=get_int(body, "seed", d.get("seed")),
             logprobs=logprobs,
+            structured=structured,
         )
     except ValueError as exc:
         message = str(exc)

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from engine.core.hash_chain import ChainKey
+from engine.core.structured import StructuredOutput
 
 MAX_N = 16
 MAX_STOP_STRINGS = 16
@@ -33,6 +34,7 @@ class SamplingParams:
     n: int = 1
     seed: int | None = None
     logprobs: int | None = None  # number of top logprobs to return per token (0: only the sampled token's)
+    structured: StructuredOutput | None = None  # the output must match this grammar (engine/worker/guided.py)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -85,6 +87,18 @@ class SamplingParams:
             not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS
         ):
             raise ValueError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
+        if self.structured is not None:
+            self._check_structured()
+
+    def _check_structured(self) -> None:
+        """A stop other than the grammar's own end would cut a constrained output that must parse."""
+        if not isinstance(self.structured, StructuredOutput):
+            raise ValueError(f"structured must be a StructuredOutput, got {type(self.structured).__name__}")
+        for name in ("stop", "stop_token_ids"):
+            if getattr(self, name):
+                raise ValueError(f"{name} cannot be combined with structured output: it would cut the output")
+        if self.ignore_eos:
+            raise ValueError("ignore_eos cannot be combined with structured output: EOS ends it")
 
     @property
     def greedy(self) -> bool:

@@ -84,6 +84,33 @@ def test_throughput_bench_runs_int8_kv_beside_the_float_cache(tiny_model, tmp_pa
     )
 
 
+def test_throughput_bench_reports_the_cost_of_a_json_schema(tiny_model, tmp_path, capsys):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(json.dumps(schema))
+    argv = shlex.split(
+        f"throughput --model {tiny_model} --dtype float32 --kv-cache-bytes {4 * 2**20} --baselines none "
+        f"--num-requests 3 --max-tokens 24 --matmul-seconds 0.05 --json-schema {schema_file} "
+        f"--results-dir {tmp_path}"
+    )
+    assert bench_main(argv) == 0
+    doc = _only_result(tmp_path, "throughput")
+    structured = doc["structured_output"]
+    assert structured["schema"] == schema
+    assert structured["tokens_per_s"] > 0 and structured["num_output_tokens"] >= 3
+    assert structured["unconstrained_tokens_per_s"] == doc["systems"]["pagedchat"]["tokens_per_s"]
+    assert structured["num_parsed"] == structured["num_stopped"]
+    assert "with the JSON schema vs" in capsys.readouterr().out
+
+
+def test_throughput_bench_refuses_a_bad_schema_file(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"type": "foo"}')
+    with pytest.raises(SystemExit):
+        bench_main(["throughput", "--json-schema", str(bad)])
+    assert "invalid JSON schema: Invalid type: foo" in capsys.readouterr().err
+
+
 def test_memory_bench_reports_waste_and_concurrency(tiny_model, tmp_path):
     argv = shlex.split(
         f"memory --model {tiny_model} --dtype float32 --max-model-len 64 --budget-seqs 2 "

@@ -1,0 +1,66 @@
+"""llguidance matchers for structured output: the engine tokenizer's token table, and compiled grammars by text.
+
+Building llguidance's view of a tokenizer (every token's bytes, a token trie) takes about a second for a 49k
+vocabulary, so it happens once, on first use, under a lock: whichever thread asks first (the API's check, or the
+engine thread for a direct engine user) builds it. A grammar's first matcher is kept (LRU) and later requests
+with the same grammar get a copy, so repeated schemas compile once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+import llguidance
+import llguidance.hf
+
+from engine.core.structured import StructuredOutput
+
+logger = logging.getLogger(__name__)
+
+MAX_CACHED_GRAMMARS = 64
+
+
+class GrammarCompiler:
+    """Turns a StructuredOutput into a fresh llguidance matcher for one sequence. Thread-safe."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: frozenset[int]) -> None:
+        self._hf_tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = sorted(eos_token_ids)
+        self._lock = threading.Lock()
+        self._ll_tokenizer: llguidance.LLTokenizer | None = None
+        self._matchers: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # grammar -> pristine matcher
+
+    @property
+    def ll_tokenizer(self) -> llguidance.LLTokenizer:
+        """llguidance's tokenizer (built on first use): EOS is the engine's EOS ids, the vocabulary the logits'."""
+        with self._lock:
+            if self._ll_tokenizer is None:
+                start = time.perf_counter()
+                self._ll_tokenizer = llguidance.hf.from_tokenizer(
+                    self._hf_tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_token_ids
+                )
+                logger.info("grammar tokenizer built in %.2f s", time.perf_counter() - start)
+            return self._ll_tokenizer
+
+    def matcher(self, structured: StructuredOutput) -> llguidance.LLMatcher:
+        """A matcher at the grammar's start; ValueError when the grammar does not build with this tokenizer."""
+        tokenizer = self.ll_tokenizer
+        grammar = structured.grammar
+        with self._lock:
+            pristine = self._matchers.get(grammar)
+            if pristine is not None:
+                self._matchers.move_to_end(grammar)
+                return pristine.deep_copy()
+        pristine = llguidance.LLMatcher(tokenizer, grammar, log_level=0)  # drops the GIL while it builds
+        if pristine.is_error():
+            raise ValueError(f"structured output: {pristine.get_error().splitlines()[0]}")
+        with self._lock:
+            self._matchers[grammar] = pristine
+            while len(self._matchers) > MAX_CACHED_GRAMMARS:
+                self._matchers.popitem(last=False)
+        return pristine.deep_copy()

@@ -1,0 +1,184 @@
+"""Structured output in the engine: the constraint compiler, the bitmask, and constrained sampling on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.core.sequence import FinishReason
+from engine.core.structured import MAX_JSON_WHITESPACE, StructuredOutput
+from engine.worker.grammar import GrammarCompiler
+from engine.worker.guided import unpack_bitmask
+from tests.engine.bench_helpers import make_tiny_model_folder, make_tiny_tokenizer
+
+BLOCK_BYTES = 2 * 2 * 2 * 16 * 16 * 4
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "color": {"enum": ["red", "green", "blue"]},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["color", "ok"],
+    "additionalProperties": False,
+}
+PROMPTS = ["hello there", "the cat sat on the mat", "what is"]
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory) -> LLM:
+    folder = make_tiny_model_folder(tmp_path_factory.mktemp("tiny"))
+    return LLM(model=str(folder), dtype="float32", kv_cache_bytes=512 * BLOCK_BYTES, kv_disk_bytes=0)
+
+
+def constrained(temperature: float, seed: int | None = None, **kw) -> SamplingParams:
+    kw.setdefault("structured", StructuredOutput.json_schema(SCHEMA))
+    kw.setdefault("max_tokens", 200)
+    return SamplingParams(temperature=temperature, seed=seed, **kw)
+
+
+def assert_valid(text: str, schema: dict) -> None:
+    value = json.loads(text)
+    jsonschema.validate(value, schema)
+    assert not re.search(rf"\s{{{MAX_JSON_WHITESPACE + 1},}}", text), f"whitespace run in {text!r}"
+
+
+def test_unpack_bitmask_reads_bit_t_of_word_t_div_32() -> None:
+    bitmask = torch.tensor([[0b101, 0], [0, -(2**31)]], dtype=torch.int32)  # -(2**31): only bit 31
+    allowed = unpack_bitmask(bitmask, 64)
+    assert allowed[0].nonzero().flatten().tolist() == [0, 2]
+    assert allowed[1].nonzero().flatten().tolist() == [63]
+    assert unpack_bitmask(bitmask, 40).shape == (2, 40)
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec", "message"),
+    [
+        ("json_schema", '{"type": "foo"}', "invalid JSON schema: Invalid type: foo"),
+        ("json_schema", '{"type": "string", "format": "weird"}', "Unknown format: weird"),
+        ("json_schema", "[1, 2]", "a JSON schema must be an object, got list"),
+        ("json_schema", "{bad", "the JSON schema is not valid JSON"),
+        ("regex", "a(b", "invalid regex"),
+        ("grammar", "start: foo", 'unknown name: "foo"'),
+        ("yaml", "x", "structured output kind must be one of json_object, json_schema, regex, grammar"),
+        ("regex", "", "a regex constraint needs a non-empty spec"),
+    ],
+)
+def test_a_bad_constraint_is_a_value_error_naming_the_problem(kind: str, spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        StructuredOutput(kind, spec)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("stop", ("}",)), ("stop_token_ids", (5,)), ("ignore_eos", True)]
+)
+def test_stops_that_would_cut_a_constrained_output_are_refused(field: str, value) -> None:
+    with pytest.raises(ValueError, match=f"{field} cannot be combined with structured output"):
+        SamplingParams(structured=StructuredOutput("json_object"), **{field: value})
+
+
+def test_eos_is_allowed_only_where_the_grammar_accepts() -> None:
+    tokenizer = make_tiny_tokenizer()
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    compiler = GrammarCompiler(tokenizer, len(tokenizer), frozenset({eos}))
+    matcher = compiler.matcher(StructuredOutput.json_schema(SCHEMA))
+    text = '{"color":"red","ok":true}'
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    for i, token_id in enumerate(ids):
+        allowed = unpack_bitmask(
+            torch.frombuffer(bytearray(matcher.compute_bitmask()), dtype=torch.int32)[None], len(tokenizer)
+        )[0]
+        assert bool(allowed[token_id]), f"token {i} of a valid instance is masked"
+        assert not bool(allowed[eos]), f"EOS allowed after {tokenizer.decode(ids[:i])!r}"
+        assert matcher.consume_token(token_id)
+    assert matcher.is_stopped()  # `}` closes the object: nothing may follow, so the engine stops at once
+    # a second matcher for the same grammar comes from the cache, at the start again
+    again = compiler.matcher(StructuredOutput.json_schema(SCHEMA))
+    assert not again.is_stopped() and again.consume_token(ids[0])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_random_model_under_a_schema_stops_with_valid_json(llm: LLM, temperature: float) -> None:
+    params = [constrained(temperature, seed=s) for s in range(len(PROMPTS))]
+    outputs = llm.generate(PROMPTS, params)
+    for out in outputs:
+        sample = out.outputs[0]
+        assert sample.finish_reason is FinishReason.STOP, sample.text
+        assert_valid(sample.text, SCHEMA)
+    assert len(llm.engine.guided) == 0 or llm.engine.step() == [] and len(llm.engine.guided) == 0
+
+
+def test_parallel_samples_each_follow_the_grammar(llm: LLM) -> None:
+    out = llm.generate(["hello"], constrained(1.0, seed=3, n=3))[0]
+    assert [s.index for s in out.outputs] == [0, 1, 2]
+    for sample in out.outputs:
+        assert sample.finish_reason is FinishReason.STOP
+        assert_valid(sample.text, SCHEMA)
+
+
+def test_regex_and_lark_grammar(llm: LLM) -> None:
+    kinds = [
+        StructuredOutput("regex", r"[0-9]{3}-[a-z]{2}"),
+        StructuredOutput("grammar", 'start: "yes" | "no" | "maybe " NUM\nNUM: /[0-9]/'),
+    ]
+    outs = llm.generate(["hello"] * 2, [constrained(1.0, seed=5, structured=k) for k in kinds])
+    texts = [o.outputs[0].text for o in outs]
+    assert all(o.outputs[0].finish_reason is FinishReason.STOP for o in outs), texts
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", texts[0]), texts[0]
+    assert re.fullmatch(r"yes|no|maybe [0-9]", texts[1]), texts[1]
+
+
+def test_json_object_output_that_stops_is_an_object(llm: LLM) -> None:
+    # a random model writes keys of random length: some samples run out of tokens (length), the rest must parse
+    params = [
+        constrained(1.0, seed=s, structured=StructuredOutput("json_object"), max_tokens=40) for s in range(6)
+    ]
+    outs = [o.outputs[0] for o in llm.generate(["hello there"] * 6, params)]
+    stopped = [o for o in outs if o.finish_reason is FinishReason.STOP]
+    assert stopped, [o.text for o in outs]
+    for o in stopped:
+        assert isinstance(json.loads(o.text), dict)
+    for o in outs:
+        assert o.finish_reason in (FinishReason.STOP, FinishReason.LENGTH) and o.text.startswith("{")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_an_unconstrained_sequence_is_unchanged_beside_constrained_ones(llm: LLM, temperature: float) -> None:
+    free = SamplingParams(temperature=temperature, max_tokens=30, seed=11, ignore_eos=True)
+    alone = llm.generate(["the cat sat"], free)[0].outputs[0].token_ids
+    outs = llm.generate(
+        ["hello there", "the cat sat", "what is"], [constrained(temperature, seed=1), free, constrained(0.0)]
+    )
+    assert outs[1].outputs[0].token_ids == alone
+    assert_valid(outs[0].outputs[0].text, SCHEMA)
+
+
+def test_a_grammar_fault_fails_only_its_own_request(llm: LLM) -> None:
+    engine = llm.engine
+    engine.add_request("guided", "hello", constrained(0.0))
+    engine.add_request("free", "hello", SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    engine.step()  # prefill and the first token of both
+    (seq,) = engine.scheduler.get_sequences("guided")
+    bad = engine.tokenizer.encode("zzz", add_special_tokens=False)[0]
+    assert not engine.guided.matchers[seq.seq_id].consume_token(bad)  # puts the matcher in its error state
+    finals = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+    assert finals["guided"].outputs[0].finish_reason is FinishReason.ERROR
+    assert "structured output failed" in finals["guided"].error
+    assert finals["free"].outputs[0].finish_reason is FinishReason.LENGTH
+    assert len(finals["free"].outputs[0].token_ids) == 8
+    engine.step()
+    assert len(engine.guided) == 0
+
+
+def test_a_length_cut_is_reported_as_length(llm: LLM) -> None:
+    out = llm.generate(["hello"], constrained(1.0, seed=0, max_tokens=3))[0].outputs[0]
+    assert out.finish_reason is FinishReason.LENGTH
+    assert len(out.token_ids) == 3 and out.text.startswith("{")
