@@ -32,7 +32,7 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run every prompt to completion in one continuous batch; outputs in prompt order."""
         prompts = list(prompts)
-        if params is None:  # the model's generation config, else the built-in values, as the server and CLI use
+        if params is None:  # the model's generation config, else built-in values, as the server and CLI use
             params = SamplingParams(**self.engine.sampling_defaults.over(BUILTIN).given())
         per_prompt = params if isinstance(params, list) else [params] * len(prompts)
         if len(per_prompt) != len(prompts):

@@ -73,23 +73,18 @@ async def chat_page(request: Request) -> Response:
 
 
 SOURCE_LABELS = {
-    "server": "the server's flags",
-    "model": "the model's generation config",
+    "server": "from the server's flags",
+    "model": "from the model's generation config",
     "built-in": "built-in",
 }
 
 
 def sampling_source_text(sources: dict[str, str]) -> str:
-    """Where the default of each sampling field comes from, in words: "top p, temperature from ...; ..."."""
+    """Where the default of each sampling field comes from, in words: "temperature, top p from ...; ..."."""
     by_source: dict[str, list[str]] = {}
     for name, source in sources.items():
         by_source.setdefault(source, []).append(name.replace("_", " "))
-    return "; ".join(
-        f"{', '.join(names)} from {SOURCE_LABELS[source]}"
-        if source != "built-in"
-        else f"{', '.join(names)} built-in"
-        for source, names in by_source.items()
-    )
+    return "; ".join(f"{', '.join(names)} {SOURCE_LABELS[source]}" for source, names in by_source.items())
 
 
 KV_DTYPE_LABELS = {"int8": "int8 (an fp16 scale per token and KV head)"}
