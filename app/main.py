@@ -27,6 +27,7 @@ from app.services.errors import APIError
 from app.services.metrics import Metrics
 from app.services.public_prefix import PublicPrefixes, published_prompts
 from app.settings import Settings, ensure_secret_key
+from engine.core.sampling_defaults import default_sources, effective_defaults
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
@@ -119,18 +120,23 @@ async def _startup(svc: Services) -> None:
     engine = svc.engine.engine
     assert engine is not None
     svc.metrics.set_model_name(engine.model_name)
+    svc.sampling_defaults = effective_defaults(settings.sampling_defaults, engine.sampling_defaults)
+    svc.sampling_sources = default_sources(settings.sampling_defaults, engine.sampling_defaults)
     end_of_turn = await svc.engine.tokenize(template_end_of_turn_ids)
     fingerprint = await svc.engine.tokenize(tokenizer_fingerprint)
     builder = ConversationBuilder(svc.engine.tokenizer, engine.config.max_model_len, end_of_turn)
     svc.store = store
     svc.public_prefixes = PublicPrefixes(svc.engine.tokenizer, published)
-    svc.chat = ChatService(store, svc.engine, settings, builder, fingerprint, svc.public_prefixes)
+    svc.chat = ChatService(
+        store, svc.engine, settings, builder, fingerprint, svc.public_prefixes, svc.sampling_defaults
+    )
     logger.info(
-        "serving %s: %d KV blocks of %d tokens, max_model_len %d",
+        "serving %s: %d KV blocks of %d tokens, max_model_len %d, sampling defaults %s",
         engine.model_name,
         engine.num_blocks,
         engine.config.block_size,
         engine.config.max_model_len,
+        svc.sampling_defaults.given(),
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from engine.core.config import EngineConfig
 from engine.core.options import option, options, parse_env, parse_value
 from engine.core.paths import cache_dir
+from engine.core.sampling_defaults import SamplingDefaults
 
 API_KEY_ALIAS = "PAGEDCHAT_API_KEY"  # one key: the singular spelling operators reach for
 _POSITIVE = (
@@ -42,6 +43,7 @@ _NON_NEGATIVE = (
 ADMIN_TOKEN_MIN_CHARS = 16
 SECRET_KEY_FILE = "secret_key"
 _LIMITS = "limits"
+_SAMPLING = "sampling defaults"
 _STORAGE = "storage"
 
 
@@ -157,6 +159,19 @@ class Settings:
         "pages in use by the SQLite database past which new sessions and messages are refused (507); 0: no limit",
         group=_STORAGE,
     )
+    # what a request that leaves these out samples with; unset: the model's generation_config.json, else built-in
+    default_temperature: float | None = option(
+        None, "temperature of requests that set none; unset: the model's, else 1.0", group=_SAMPLING
+    )
+    default_top_p: float | None = option(
+        None, "top_p of requests that set none; unset: the model's, else 1.0", group=_SAMPLING
+    )
+    default_top_k: int | None = option(
+        None, "top_k of requests that set none (0: off); unset: the model's, else 0", group=_SAMPLING
+    )
+    default_repetition_penalty: float | None = option(
+        None, "repetition_penalty of requests that set none; unset: the model's, else 1.0", group=_SAMPLING
+    )
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
@@ -168,11 +183,25 @@ class Settings:
         for name in _NON_NEGATIVE:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")
+        try:
+            self.sampling_defaults  # noqa: B018 - validates the default_* flags
+        except ValueError as exc:
+            raise ValueError(f"default_{exc}") from None
         if self.admin_token and len(self.admin_token) < ADMIN_TOKEN_MIN_CHARS:
             raise ValueError(
                 f"admin_token must be at least {ADMIN_TOKEN_MIN_CHARS} characters, got {len(self.admin_token)} "
                 "(generate one with: python -c 'import secrets; print(secrets.token_urlsafe(24))')"
             )
+
+    @property
+    def sampling_defaults(self) -> SamplingDefaults:
+        """The server's own sampling defaults (the default_* flags); ValueError naming a bad one."""
+        return SamplingDefaults(
+            temperature=self.default_temperature,
+            top_p=self.default_top_p,
+            top_k=self.default_top_k,
+            repetition_penalty=self.default_repetition_penalty,
+        )
 
     @property
     def model(self) -> str:

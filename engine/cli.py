@@ -9,6 +9,8 @@ import time
 
 from engine.core.config import EngineConfig
 from engine.core.options import add_options, given_options
+from engine.core.sampling_defaults import BUILTIN, SamplingDefaults
+from engine.core.sequence import SamplingParams
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -23,15 +25,30 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 def _sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
+    unset = "unset: the model's generation_config.json, else {} (as `pagedchat serve` and the chat page)"
+    parser.add_argument("--temperature", type=float, help=unset.format(BUILTIN.temperature))
+    parser.add_argument("--top-p", type=float, help=unset.format(BUILTIN.top_p))
+    parser.add_argument("--top-k", type=int, help=unset.format(BUILTIN.top_k))
+    parser.add_argument("--repetition-penalty", type=float, help=unset.format(BUILTIN.repetition_penalty))
+
+
+def sampling_params_from_args(args: argparse.Namespace, model_defaults: SamplingDefaults) -> SamplingParams:
+    """The flags given, else the model's generation config, else the built-in defaults; ValueError on a bad flag."""
+    given = SamplingDefaults(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        repetition_penalty=args.repetition_penalty,
+    )
+    chosen = given.over(model_defaults.over(BUILTIN))
+    return SamplingParams(max_tokens=args.max_tokens, **chosen.given())
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from engine import LLM, SamplingParams
+    from engine import LLM
 
     llm = LLM(**vars(config_from_args(args)))
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
+    params = sampling_params_from_args(args, llm.engine.sampling_defaults)
     prompts = args.prompt
     started = time.perf_counter()
     if args.raw:
@@ -47,10 +64,10 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _chat(args: argparse.Namespace) -> int:
-    from engine import LLMEngine, SamplingParams
+    from engine import LLMEngine
 
     engine = LLMEngine(config_from_args(args))
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
+    params = sampling_params_from_args(args, engine.sampling_defaults)
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     print("pagedchat — type a message, /reset to start over, Ctrl-D to quit.", file=sys.stderr)
     turn = 0

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from engine.core.config import EngineConfig
 from engine.core.outputs import RequestOutput
+from engine.core.sampling_defaults import BUILTIN
 from engine.core.sequence import SamplingParams
 from engine.llm_engine import LLMEngine
 
@@ -31,8 +32,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run every prompt to completion in one continuous batch; outputs in prompt order."""
         prompts = list(prompts)
-        if params is None:
-            params = SamplingParams()
+        if params is None:  # the model's generation config, else built-in values, as the server and CLI use
+            params = SamplingParams(**self.engine.sampling_defaults.over(BUILTIN).given())
         per_prompt = params if isinstance(params, list) else [params] * len(prompts)
         if len(per_prompt) != len(prompts):
             raise ValueError(f"got {len(per_prompt)} sampling params for {len(prompts)} prompts")

@@ -45,6 +45,8 @@ class LLMEngine:
         self.config, self.model_name = loaded.config, loaded.model_name
         model, hf_config, self.tokenizer = loaded.model, loaded.hf_config, loaded.tokenizer
         self.eos_token_ids = loaded.eos_token_ids
+        # what the model's generation config sets (a request's own fields and the server's flags win)
+        self.sampling_defaults = loaded.sampling_defaults
         self.vocab_size = int(hf_config.vocab_size)
         spec = KVCacheSpec(
             num_layers=model.args.num_layers,

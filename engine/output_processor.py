@@ -162,8 +162,13 @@ class OutputProcessor:
             )
             sample.text_delta, sample.num_new_tokens = "", 0
         first = state.samples[0].seq
+        last_token_times = [s.seq.last_token_time for s in state.samples if s.seq.last_token_time is not None]
         metrics = RequestMetrics(
-            first.arrival_time, first.first_token_time, time.monotonic() if finished else None
+            arrival_time=first.arrival_time,
+            first_token_time=first.first_token_time,
+            finished_time=time.monotonic() if finished else None,
+            first_scheduled_time=first.first_scheduled_time,
+            last_token_time=max(last_token_times, default=None),
         )
         return RequestOutput(
             request_id=state.request_id,

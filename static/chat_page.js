@@ -100,7 +100,7 @@ async function saveSettings(event) {
       ui.settingsError.textContent = name + " must be a number.";
       return;
     }
-    settings[name] = name === "max_tokens" ? Math.round(value) : value;
+    settings[name] = name === "max_tokens" || name === "top_k" ? Math.round(value) : value;
   }
   const systemPrompt = form.elements.system_prompt.value; // read before openSession() refills the form
   try {

@@ -1,7 +1,7 @@
 // The chat page's state and its elements, shared by the chat_*.js modules that import them. The browser tests
 // read it too: `(await import("/static/chat_state.js")).state`.
 export const DEFAULT_TITLE = "New chat";
-export const SETTING_FIELDS = ["temperature", "top_p", "max_tokens"];
+export const SETTING_FIELDS = ["temperature", "top_p", "top_k", "repetition_penalty", "max_tokens"];
 
 export const state = {
   sessions: [],

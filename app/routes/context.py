@@ -20,6 +20,7 @@ from app.services.login_throttle import LoginThrottle
 from app.services.metrics import Metrics
 from app.services.request_stream import ServerShuttingDown
 from app.settings import Settings
+from engine.core.sampling_defaults import BUILTIN, SamplingDefaults
 
 if TYPE_CHECKING:
     from app.db.store import Store
@@ -78,6 +79,9 @@ class Services:
     store: Store | None = None
     chat: ChatService | None = None
     public_prefixes: PublicPrefixes | None = None  # the published prompts' token heads, set with the store
+    # what a request gets for the sampling fields it leaves out: server flags > model > built-in, set at startup
+    sampling_defaults: SamplingDefaults = BUILTIN
+    sampling_sources: dict[str, str] = field(default_factory=dict)  # field -> server, model or built-in
     limiter: ClientLimiter = field(init=False)
     identities: IdentityLimiter = field(init=False)
     login_throttle: LoginThrottle = field(default_factory=LoginThrottle)

@@ -66,6 +66,9 @@ async def list_models(request: Request) -> Response:
                 "created": 0,
                 "owned_by": "pagedchat",
                 "max_model_len": engine.config.max_model_len,
+                # what a request that leaves these out samples with (server flags > generation config > built-in)
+                "sampling_defaults": svc.sampling_defaults.given(),
+                "sampling_defaults_source": svc.sampling_sources,
             }
         )
     return JSONResponse({"object": "list", "data": data})
@@ -143,7 +146,9 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
     max_tokens = resolve_max_tokens(
         requested, len(prompt_ids), max_model_len, prompt_param="messages" if kind == "chat" else "prompt"
     )
-    params = sampling_params(body, max_tokens=max_tokens, logprobs=logprobs)
+    params = sampling_params(
+        body, max_tokens=max_tokens, logprobs=logprobs, defaults=svc.sampling_defaults.given()
+    )
     response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
     # a request's own salt covers its whole prompt (vLLM's meaning), published system prompt included
     stream = await svc.engine.add_request(

@@ -64,7 +64,27 @@ async def chat_page(request: Request) -> Response:
     """GET /: the chat UI (the middleware hands out the browser cookie that owns its sessions)."""
     svc = services(request)
     model = svc.engine.engine.model_name if svc.engine.engine is not None else svc.settings.model
-    return _render(request, "chat.html", {"model_name": model})
+    context = {
+        "model_name": model,
+        "sampling_defaults": svc.sampling_defaults,
+        "sampling_source": sampling_source_text(svc.sampling_sources),
+    }
+    return _render(request, "chat.html", context)
+
+
+SOURCE_LABELS = {
+    "server": "from the server's flags",
+    "model": "from the model's generation config",
+    "built-in": "built-in",
+}
+
+
+def sampling_source_text(sources: dict[str, str]) -> str:
+    """Where the default of each sampling field comes from, in words: "temperature, top p from ...; ..."."""
+    by_source: dict[str, list[str]] = {}
+    for name, source in sources.items():
+        by_source.setdefault(source, []).append(name.replace("_", " "))
+    return "; ".join(f"{', '.join(names)} {SOURCE_LABELS[source]}" for source, names in by_source.items())
 
 
 KV_DTYPE_LABELS = {"int8": "int8 (an fp16 scale per token and KV head)"}

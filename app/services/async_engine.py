@@ -302,12 +302,16 @@ class AsyncEngine:
         for output in outputs:
             request_id = output.request_id
             stream = self._streams.get(request_id)
-            if stream is None:  # its consumer has gone already
-                continue
             try:
+                if output.finished and self.metrics is not None:
+                    self.metrics.observe_request(output)  # aborted ones too, whose consumer may have gone
+                if stream is None:  # its consumer has gone already
+                    continue
                 stream.push(output)
             except Exception as exc:  # a fault delivering one request's output fails that request only
                 logger.exception("delivering an output of request %s failed", request_id)
+                if stream is None:
+                    continue
                 self._streams.pop(request_id, None)
                 if not output.finished:
                     self.abort(request_id)

@@ -19,6 +19,7 @@ from app.services.messages import message_json
 from app.services.public_prefix import PublicPrefixes
 from app.services.sampling import sampling_params
 from app.settings import Settings
+from engine.core.sampling_defaults import BUILTIN, SamplingDefaults
 from engine.core.sequence import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,9 @@ class ChatService:
         builder: ConversationBuilder,
         fingerprint: str,
         public_prefixes: PublicPrefixes | None = None,
+        sampling_defaults: SamplingDefaults = BUILTIN,
     ) -> None:
+        self.sampling_defaults = sampling_defaults  # for the settings a session leaves unset
         self.store = store
         self.public_prefixes = public_prefixes
         self.engine = engine
@@ -247,7 +250,10 @@ class ChatService:
             )
         assert self.engine.engine is not None
         max_tokens = min(max_tokens, self.engine.engine.config.max_model_len // 2)
-        return sampling_params(settings, max_tokens=max_tokens, logprobs=None), max_tokens
+        params = sampling_params(
+            settings, max_tokens=max_tokens, logprobs=None, defaults=self.sampling_defaults.given()
+        )
+        return params, max_tokens
 
     async def _drive(self, reply: Reply, plan: PromptPlan) -> None:
         try:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from engine.core.outputs import RequestOutput
 from engine.core.stats import EngineStats
 
 PREFIX = "pagedchat:"
@@ -79,6 +80,11 @@ E2E_BUCKETS = (
     960.0,
     1920.0,
 )
+# request phases: vLLM's request time buckets
+REQUEST_TIME_BUCKETS = (*E2E_BUCKETS, 7680.0)
+TPOT_BUCKETS = (*ITL_BUCKETS, 160.0, 640.0)
+# request lengths in tokens: 1, 2, 5, 10, 20, 50, ... (vLLM's 1-2-5 series, here up to a million tokens)
+TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5))
 # (name, doc, TierStats field): the disk tier's gauges, then its counters since start
 TIER_GAUGES = (
     ("kv_disk_capacity_bytes", "Byte cap of the KV disk tier.", "capacity_bytes"),
@@ -184,7 +190,16 @@ class _EngineStatsCollector(Collector):
             "Sequences preempted (recomputed later) for lack of KV blocks.",
             stats.num_preemptions,
         )
-        yield counter("prompt_tokens", "Prompt tokens computed (prefill).", stats.num_prompt_tokens_total)
+        yield counter(
+            "prompt_tokens",
+            "Prompt tokens of requests that got their first token, cached or not (vLLM's meaning).",
+            stats.num_prompt_tokens_total,
+        )
+        yield counter(
+            "prompt_tokens_computed",
+            "Prompt tokens run through the model: cache hits excluded, recomputation after a preemption included.",
+            stats.num_computed_prompt_tokens_total,
+        )
         yield counter("generation_tokens", "Tokens generated.", stats.num_generation_tokens_total)
         yield counter("engine_steps", "Engine steps run.", stats.num_steps)
         tier = stats.tier
@@ -209,15 +224,50 @@ class Metrics:
         self.model_name = model_name
         self._engine = _EngineStatsCollector(model_name)
         self.registry.register(self._engine)
-        self.time_to_first_token = self._latency(
+        self.time_to_first_token = self._histogram(
             "time_to_first_token_seconds", "Time from submission to the first token.", TTFT_BUCKETS
         )
-        self.inter_token_latency = self._latency(
+        self.inter_token_latency = self._histogram(
             "inter_token_latency_seconds", "Time between consecutive tokens of a request.", ITL_BUCKETS
         )
-        self.e2e_latency = self._latency(
+        self.e2e_latency = self._histogram(
             "e2e_request_latency_seconds", "Time from submission to the request's end.", E2E_BUCKETS
         )
+        self.queue_time = self._histogram(
+            "request_queue_time_seconds",
+            "Time a request waited in the engine before its first step (a disk-tier load included).",
+            REQUEST_TIME_BUCKETS,
+        )
+        self.prefill_time = self._histogram(
+            "request_prefill_time_seconds",
+            "Time from a request's first step to its first token.",
+            REQUEST_TIME_BUCKETS,
+        )
+        self.decode_time = self._histogram(
+            "request_decode_time_seconds",
+            "Time from a request's first token to its last.",
+            REQUEST_TIME_BUCKETS,
+        )
+        self.inference_time = self._histogram(
+            "request_inference_time_seconds",
+            "Time from a request's first step to its last token (prefill + decode).",
+            REQUEST_TIME_BUCKETS,
+        )
+        self.time_per_output_token = self._histogram(
+            "request_time_per_output_token_seconds",
+            "A request's decode time over its tokens after the first.",
+            TPOT_BUCKETS,
+        )
+        self.prompt_length = self._histogram(
+            "request_prompt_tokens", "Prompt tokens of each finished request (cached or not).", TOKEN_BUCKETS
+        )
+        self.generation_length = self._histogram(
+            "request_generation_tokens",
+            "Tokens each finished request generated, over all its samples.",
+            TOKEN_BUCKETS,
+        )
+        # resident memory, CPU seconds, open fds, start time: process_* as in vLLM's (default) registry
+        ProcessCollector(registry=self.registry)
         self.request_finished = Counter(
             PREFIX + "request_success",
             "Requests ended, by finish reason (stop, length, abort, error).",
@@ -231,7 +281,7 @@ class Metrics:
             registry=self.registry,
         )
 
-    def _latency(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
         return Histogram(PREFIX + name, doc, ["model_name"], buckets=buckets, registry=self.registry)
 
     def set_model_name(self, model_name: str) -> None:
@@ -253,6 +303,26 @@ class Metrics:
         """Record a request's end and its end-to-end latency."""
         self.request_finished.labels(self.model_name, reason).inc()
         self.e2e_latency.labels(self.model_name).observe(seconds)
+
+    def observe_request(self, output: RequestOutput) -> None:
+        """Record a finished request's phases (from the engine's own timestamps) and lengths; a phase it never
+        reached (e.g. aborted while waiting) is left out."""
+        model = self.model_name
+        times = output.metrics
+        for histogram, seconds in (
+            (self.queue_time, times.queue_time),
+            (self.prefill_time, times.prefill_time),
+            (self.decode_time, times.decode_time),
+            (self.inference_time, times.inference_time),
+        ):
+            if seconds is not None:
+                histogram.labels(model).observe(seconds)
+        num_generated = sum(len(o.token_ids) for o in output.outputs)
+        longest = max((len(o.token_ids) for o in output.outputs), default=0)
+        if times.decode_time is not None and longest > 1:
+            self.time_per_output_token.labels(model).observe(times.decode_time / (longest - 1))
+        self.prompt_length.labels(model).observe(output.num_prompt_tokens)
+        self.generation_length.labels(model).observe(num_generated)
 
     def observe_error(self, status: int) -> None:
         """Count an error response."""

@@ -84,11 +84,39 @@ class CompletionOutput:
 
 @dataclass(frozen=True)
 class RequestMetrics:
-    """When a request arrived, got its first token and finished (time.monotonic seconds; None until it happens)."""
+    """When a request arrived (queued in the engine), was first scheduled, got its first and its last token, and
+    finished (time.monotonic seconds; None until it happens). Of its n samples: the first sample's scheduling and
+    first token, the last token of any."""
 
     arrival_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
+    first_scheduled_time: float | None = None
+    last_token_time: float | None = None
+
+    @property
+    def queue_time(self) -> float | None:
+        """Waiting before the first step that ran it (a disk-tier load included)."""
+        return _span(self.arrival_time, self.first_scheduled_time)
+
+    @property
+    def prefill_time(self) -> float | None:
+        """From the first step that ran it to its first token."""
+        return _span(self.first_scheduled_time, self.first_token_time)
+
+    @property
+    def decode_time(self) -> float | None:
+        """From its first token to its last."""
+        return _span(self.first_token_time, self.last_token_time)
+
+    @property
+    def inference_time(self) -> float | None:
+        """From the first step that ran it to its last token (prefill + decode)."""
+        return _span(self.first_scheduled_time, self.last_token_time)
+
+
+def _span(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else end - start
 
 
 @dataclass

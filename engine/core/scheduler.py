@@ -65,7 +65,11 @@ class Scheduler:
         self.unforked: dict[int, list[Sequence]] = {}  # first sample's seq_id -> the samples it forks later
         self.num_preemptions = 0
         self.num_steps = 0
-        self.num_prompt_tokens_total = 0  # prompt tokens computed, recomputation after a preemption included
+        # prompt tokens of requests that got their first token, cached or not, once per request (vLLM's meaning)
+        self.num_prompt_tokens_total = 0
+        self.num_computed_prompt_tokens_total = (
+            0  # prompt tokens run through the model, recomputation included
+        )
         self.num_generation_tokens_total = 0
         self._finished_seq_ids: list[int] = []  # finished since the last schedule(), reported by the next
 
@@ -157,7 +161,7 @@ class Scheduler:
             self._fork_samples(out)
         if out.scheduled:
             self.num_steps += 1
-            self.num_prompt_tokens_total += sum(
+            self.num_computed_prompt_tokens_total += sum(
                 s.num_new_tokens for s in out.scheduled if s.seq.num_computed_tokens < s.seq.num_prompt_tokens
             )
         return out
@@ -215,6 +219,8 @@ class Scheduler:
                 self.num_disk_hit_tokens += seq.num_disk_cached_tokens
                 self._unpin(seq)
             seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             self.running.append(seq)
             out.scheduled.append(ScheduledSequence(seq, num_new))
             out.block_copies.extend(copies)
@@ -331,6 +337,9 @@ class Scheduler:
             seq.token_ids.append(sampled[seq.seq_id])
             if seq.first_token_time is None:
                 seq.first_token_time = now
+                if seq.sample_index == 0:
+                    self.num_prompt_tokens_total += seq.num_prompt_tokens
+            seq.last_token_time = now
             self.check_stop(seq)
             got_token.append(seq)
         self.num_generation_tokens_total += len(got_token)
@@ -364,6 +373,7 @@ class Scheduler:
             prefix_query_tokens=pool.prefix_query_tokens,
             prefix_hit_tokens=pool.prefix_hit_tokens,
             num_prompt_tokens_total=self.num_prompt_tokens_total,
+            num_computed_prompt_tokens_total=self.num_computed_prompt_tokens_total,
             num_generation_tokens_total=self.num_generation_tokens_total,
             num_steps=self.num_steps,
             block_size=self.config.block_size,

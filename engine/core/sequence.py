@@ -152,7 +152,10 @@ class Sequence:
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string or stop token that ended it
+    # time.monotonic() of its first admission to the running batch (kept across preemptions), first and last token
+    first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    last_token_time: float | None = None
     chain_key: ChainKey = field(
         default_factory=ChainKey
     )  # its tenant's salt and public prefix (hash_chain.py)

@@ -24,7 +24,7 @@ class EngineStats:
     num_slots_allocated: int  # sum of len(block_table) * block_size over running sequences
     prefix_query_tokens: int
     prefix_hit_tokens: int
-    num_prompt_tokens_total: int
+    num_prompt_tokens_total: int  # of requests that got their first token, cached or not, once per request
     num_generation_tokens_total: int
     num_steps: int
     block_size: int
@@ -34,6 +34,7 @@ class EngineStats:
     num_loading: int = 0  # sequences waiting for their prefix to load from the disk tier
     disk_hit_tokens: int = 0  # of prefix_hit_tokens, those loaded from the disk tier
     tier: TierStats | None = None  # the disk tier, when there is one
+    num_computed_prompt_tokens_total: int = 0  # prompt tokens run through the model, recomputation included
 
     @property
     def ram_hit_tokens(self) -> int:

@@ -1,5 +1,5 @@
 """Everything LLMEngine needs from a model name: the source (folder or GGUF file), the resolved config, the model,
-its tokenizer and EOS ids."""
+its tokenizer, EOS ids and sampling defaults."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from engine.core.config import EngineConfig
+from engine.core.sampling_defaults import SamplingDefaults, from_generation_config
 from engine.loading.gguf import gguf_hf_config, load_gguf_model, open_gguf
 from engine.loading.loader import (
     eos_token_ids,
@@ -57,6 +58,7 @@ class EngineModel:
     eos_token_ids: frozenset[int]
     model_name: str
     source: ModelSource
+    sampling_defaults: SamplingDefaults  # what the model's generation_config.json sets (empty without one)
 
 
 def resolve_model_source(config: EngineConfig, device: torch.device) -> ModelSource:
@@ -117,5 +119,8 @@ def load_engine_model(config: EngineConfig, device: torch.device, dtype: torch.d
     else:
         model, hf_config = load_model(source.folder, dtype, device, max_model_len=resolved.max_model_len)
     tokenizer = load_tokenizer(source.meta_path)
-    eos = eos_token_ids(hf_config, load_generation_config(source.meta_path), tokenizer)
-    return EngineModel(resolved, model, hf_config, tokenizer, eos, source.name, source)
+    generation_config = load_generation_config(source.meta_path)
+    eos = eos_token_ids(hf_config, generation_config, tokenizer)
+    sampling = from_generation_config(generation_config)
+    logger.info("sampling defaults of %s: %s", source.name, sampling.given() or "none (built-in)")
+    return EngineModel(resolved, model, hf_config, tokenizer, eos, source.name, source, sampling)

