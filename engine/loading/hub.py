@@ -121,8 +121,12 @@ def resolve_hub_model(repo_id: str, *, revision: str = "", gguf_file: str = "") 
     if local_only:
         logger.warning("%s: using the cached copy of %s", offline_reason, where)
     else:
-        logger.info(
-            "fetching %s from %s into %s: %s", where, constants.ENDPOINT, constants.HF_HUB_CACHE, wanted
+        logger.info(  # files already in the cache are not downloaded again
+            "model %s from %s, cache %s: %s",
+            where,
+            constants.ENDPOINT,
+            constants.HF_HUB_CACHE,
+            ", ".join(wanted),
         )
     try:
         folder = snapshot_download(
