@@ -7,6 +7,7 @@ import logging
 import sys
 
 from app.settings import Settings, load_settings
+from engine.cli import fetch_model
 from engine.core.config import EngineConfig
 from engine.core.options import add_options, given_options
 
@@ -35,6 +36,8 @@ def configure_logging(level: str) -> None:
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
         handler.addFilter(RequestIdFilter())
     root.setLevel(level.upper())
+    if root.level > logging.DEBUG:  # a hub download logs every request at INFO
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 
 def run(settings: Settings) -> None:
@@ -55,6 +58,11 @@ def serve_main(argv: list[str]) -> int:
         print(f"pagedchat serve: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
+    try:  # a hub id is fetched here, before the server starts: a bad id is one line, not a failed lifespan
+        fetch_model(settings.engine)
+    except ValueError as exc:
+        print(f"pagedchat serve: {exc}", file=sys.stderr)
+        return 2
     run(settings)
     return 0
 

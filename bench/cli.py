@@ -9,7 +9,7 @@ import logging
 import shlex
 import sys
 
-from engine.cli import add_engine_args, config_from_args
+from engine.cli import add_engine_args, config_from_args, fetch_model
 
 BENCHMARKS = {
     "throughput": "offline tokens/s: pagedchat vs HF transformers (sequential, static batch, continuous batching)",
@@ -61,12 +61,22 @@ def bench_main(argv: list[str]) -> int:
     # the CLI owns logging: engine progress (provisioning, loading) shows as INFO
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in ("httpx", "openai", "httpcore"):  # one line per HTTP request would drown the progress bars
+    for name in (
+        "httpx",
+        "httpx2",
+        "openai",
+        "httpcore",
+    ):  # one line per HTTP request would drown the progress bars
         logging.getLogger(name).setLevel(logging.WARNING)
     try:
         args.engine_config = config_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
+    try:  # a hub id is fetched before any benchmark starts: a bad id is one line
+        fetch_model(args.engine_config)
+    except ValueError as exc:
+        print(f"pagedchat bench: {exc}", file=sys.stderr)
+        return 2
     args.command_line = "pagedchat bench " + shlex.join(argv)
     payload = _module(args.benchmark).run(args)
     failed = [t["name"] for t in payload.get("targets", []) if not t["passed"]]

@@ -95,12 +95,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     JSON + PNG (the PNG shows the first dtype's run)."""
     import torch
 
-    from engine.loading.loader import load_hf_config, load_tokenizer, resolve_model_path
+    from engine.loading.loader import load_hf_config, load_tokenizer, resolve_config_model
     from engine.worker.device import resolve_device, resolve_dtype
 
     base = args.engine_config
     max_model_len = base.max_model_len or 4096
-    path = resolve_model_path(base.model)
+    path = resolve_config_model(base)
     hf_config = load_hf_config(path)
     dtype = resolve_dtype(base.dtype, resolve_device(base.device))
     per_token = kv_bytes_per_token(hf_config, torch.tensor([], dtype=dtype).element_size())

@@ -189,11 +189,12 @@ def summarise(
     return summary
 
 
-def shared_system_prompt(model: str, system_tokens: int) -> str:
+def shared_system_prompt(model: str, system_tokens: int, *, revision: str = "", gguf_file: str = "") -> str:
     """The benchmark's shared system prompt in `model`'s tokenizer: the text servers publish."""
     from engine.loading.loader import load_tokenizer, resolve_model_path
 
-    return system_prompt(load_tokenizer(resolve_model_path(model)), system_tokens)
+    path = resolve_model_path(model, revision=revision, gguf_file=gguf_file)
+    return system_prompt(load_tokenizer(path), system_tokens)
 
 
 def _runs_on(
@@ -225,7 +226,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         return returning.run(args)
     config = args.engine_config
-    system = shared_system_prompt(config.model, args.system_tokens)
+    system = shared_system_prompt(
+        config.model, args.system_tokens, revision=config.model_revision, gguf_file=config.gguf_file
+    )
     if args.write_system_prompt:
         Path(args.write_system_prompt).write_text(system, encoding="utf-8")
         print(f"wrote the shared system prompt ({len(system)} characters) to {args.write_system_prompt}")

@@ -160,10 +160,10 @@ def _run_mode(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run every mode on the fixed prompts and text; print the table, write JSON + PNG."""
-    from engine.loading.loader import load_hf_config, load_tokenizer, resolve_model_path
+    from engine.loading.loader import load_hf_config, load_tokenizer, resolve_config_model
 
     base = args.engine_config
-    path = resolve_model_path(base.model)
+    path = resolve_config_model(base)
     model_limit = int(load_hf_config(path).max_position_embeddings)
     if base.kv_cache_bytes is None:
         base = dataclasses.replace(base, kv_cache_bytes=DEFAULT_KV_CACHE_BYTES)

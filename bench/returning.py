@@ -157,10 +157,10 @@ def _fit_pool(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The runs (servers started here, one after the other), the per-turn table and the targets."""
-    from engine.loading.loader import load_tokenizer, resolve_model_path
+    from engine.loading.loader import load_tokenizer, resolve_config_model
 
     config = args.engine_config
-    tokenizer = load_tokenizer(resolve_model_path(config.model))
+    tokenizer = load_tokenizer(resolve_config_model(config))
     system = system_prompt(tokenizer, args.system_tokens)
     try:
         plan = make_plan(args, len(tokenizer.encode(system, add_special_tokens=False)), config)

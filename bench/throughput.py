@@ -92,10 +92,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from bench import hf_baselines as hf
     from bench.matmul import linear_shapes, measure_matmul
     from engine import LLM, SamplingParams
-    from engine.loading.loader import load_hf_config, resolve_model_path
+    from engine.loading.loader import load_hf_config, resolve_config_model
 
     baselines = args.baselines
-    path = resolve_model_path(args.model)
+    path = resolve_config_model(args.engine_config)
     requests = chat_requests(args.num_requests, seed=args.seed, max_tokens=args.max_tokens)
     max_tokens = [r.max_tokens for r in requests]
     runs = []

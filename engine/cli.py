@@ -23,6 +23,14 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(**given_options(args, EngineConfig))
 
 
+def fetch_model(config: EngineConfig) -> None:
+    """Download the model now when it is a hub id, before anything else starts: the download's progress bar shows
+    first, and a bad id, revision or network ends in one line (ValueError); local models are left to the engine."""
+    from engine.loading.hub import fetch_if_hub_id
+
+    fetch_if_hub_id(config.model, revision=config.model_revision, gguf_file=config.gguf_file)
+
+
 def _sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     unset = "unset: the model's generation_config.json, else {} (as `pagedchat serve` and the chat page)"
@@ -123,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `pagedchat generate|chat` (pagedchat.cli dispatches here)."""
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # a hub download logs every request at INFO
     args = build_parser().parse_args(argv)
     try:
         return _generate(args) if args.command == "generate" else _chat(args)

@@ -21,7 +21,16 @@ class EngineConfig:
     # One line per knob: the engine flags of every subcommand and the PAGEDCHAT_* variables of `pagedchat serve`
     # are derived from these fields (engine/core/options.py).
     model: str = option(
-        DEFAULT_MODEL, "a local HF folder, a Llama-family .gguf file, or smollm2-135m-instruct"
+        DEFAULT_MODEL,
+        "a local HF folder, a Llama-family .gguf file, a hub id (org/name, fetched into the Hugging Face cache), "
+        "or smollm2-135m-instruct",
+    )
+    model_revision: str = option(
+        "", "hub ids only: the branch, tag or commit to load; unset: main", flag="--revision"
+    )
+    gguf_file: str = option(
+        "",
+        "hub ids only: the .gguf file to load from the repo; unset: the repo's safetensors, else its only .gguf file",
     )
     dtype: str = option(
         "auto",

@@ -69,8 +69,11 @@ def resolve_model_source(config: EngineConfig, device: torch.device) -> ModelSou
     explicit gguf raises ValueError.
     """
     local = Path(config.model).expanduser().exists()
-    if local or config.model != DEFAULT_MODEL_NAME:  # a local path wins over the default model's name
-        path = resolve_model_path(config.model)
+    hub_options = bool(config.model_revision or config.gguf_file)  # the default model's name rejects them
+    if (
+        local or config.model != DEFAULT_MODEL_NAME or hub_options
+    ):  # a local path wins over the default model's name
+        path = resolve_model_path(config.model, revision=config.model_revision, gguf_file=config.gguf_file)
         name = path.name if local else config.model
         if path.suffix == ".gguf":
             return ModelSource(name, None, path)

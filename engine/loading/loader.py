@@ -1,4 +1,4 @@
-"""Finding a model (folder or GGUF file), building the model from a folder, and reading its tokenizer and EOS ids."""
+"""Finding a model (folder, GGUF file or hub id), building the model from a folder, and reading its tokenizer and EOS ids."""
 
 from __future__ import annotations
 
@@ -9,16 +9,22 @@ from typing import Any
 
 import torch
 
+from engine.core.config import EngineConfig
 from engine.loading.gguf import gguf_hf_config, is_gguf_file, load_gguf_tokenizer, open_gguf
+from engine.loading.hub import check_local_options, is_repo_id, resolve_hub_model
 from engine.loading.provision import DEFAULT_MODEL_NAME, provision_default_model
 from engine.models.llama import LlamaForCausalLM, ModelArgs
 
 logger = logging.getLogger(__name__)
 
 
-def resolve_model_path(name_or_path: str) -> Path:
-    """A local HF folder (config.json + *.safetensors) or GGUF file as is, or the default model's folder."""
+def resolve_model_path(name_or_path: str, *, revision: str = "", gguf_file: str = "") -> Path:
+    """A local HF folder (config.json + *.safetensors) or GGUF file as is, the default model's folder, or a hub id's
+    snapshot folder or GGUF file (huggingface_hub's cache; `revision` and `gguf_file` apply to hub ids only)."""
     path = Path(name_or_path).expanduser()
+    local = path.suffix == ".gguf" or path.is_dir() or name_or_path == DEFAULT_MODEL_NAME
+    if local:
+        check_local_options(name_or_path, revision=revision, gguf_file=gguf_file)
     if path.suffix == ".gguf":
         return check_gguf_path(path)
     if path.is_dir():
@@ -29,10 +35,17 @@ def resolve_model_path(name_or_path: str) -> Path:
         return path
     if name_or_path == DEFAULT_MODEL_NAME:
         return provision_default_model(name_or_path)
+    if is_repo_id(name_or_path):
+        return resolve_hub_model(name_or_path, revision=revision, gguf_file=gguf_file)
     raise ValueError(
-        f"model {name_or_path!r} is neither a local folder with config.json and *.safetensors, "
-        f"nor a .gguf file, nor the provisioned name {DEFAULT_MODEL_NAME!r}"
+        f"model {name_or_path!r} is neither a local folder with config.json and *.safetensors, nor a .gguf file, "
+        f"nor a hub id (org/name), nor the provisioned name {DEFAULT_MODEL_NAME!r}"
     )
+
+
+def resolve_config_model(config: EngineConfig) -> Path:
+    """`resolve_model_path` of the config's model, with its revision and GGUF file."""
+    return resolve_model_path(config.model, revision=config.model_revision, gguf_file=config.gguf_file)
 
 
 def check_gguf_path(path: Path) -> Path:

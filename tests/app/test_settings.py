@@ -111,6 +111,8 @@ def _non_default_config() -> EngineConfig:
     """A config in which every field differs from its default."""
     return EngineConfig(
         model="/models/tiny",
+        model_revision="v1.0",
+        gguf_file="model-Q8_0.gguf",
         dtype="float32",
         device="cpu",
         quantization="gguf",
