@@ -136,10 +136,6 @@ def iter_gguf_tensors(
         yield name, value
 
 
-def _format_kind(kind: str) -> str:
-    return "float" if kind in FLOAT_TYPES else "dequantized" if kind in DEQUANTIZED_TYPES else "blocks"
-
-
 def log_tensor_formats(reader: Any, in_blocks: set[str], dtype: torch.dtype) -> dict[str, tuple[int, int]]:
     """One INFO line per tensor format: how many tensors stay in blocks and how many became `dtype`.
 
@@ -151,13 +147,12 @@ def log_tensor_formats(reader: Any, in_blocks: set[str], dtype: torch.dtype) -> 
         kind = tensor.tensor_type.name
         counts.setdefault(kind, [0, 0])[hf_tensor_name(tensor.name) not in in_blocks] += 1
     for kind, (num_blocks, num_float) in sorted(counts.items()):
-        why = {
-            "dequantized": "dequantized: no exact block layout in our kernels",
-            "float": "float in the file",
-        }
-        why = why.get(
-            _format_kind(kind), "the embedding, quantization none, or a fused linear of mixed formats"
-        )
+        if kind in DEQUANTIZED_TYPES:
+            why = "dequantized: no exact block layout in our kernels"
+        elif kind in FLOAT_TYPES:
+            why = "float in the file"
+        else:
+            why = "the embedding, quantization none, or a fused linear of mixed formats"
         logger.info(
             "GGUF %s: %d tensors kept in blocks, %d loaded as %s%s",
             kind, num_blocks, num_float, dtype, f" ({why})" if num_float else "",
@@ -180,7 +175,7 @@ def load_gguf_model(
     act_q8: bool = False,
     reader: Any | None = None,
 ) -> tuple[LlamaForCausalLM, Any]:
-    """The model of a GGUF file and its LlamaConfig; eval mode, no grad.
+    """The model of a GGUF file and its config (LlamaConfig or Qwen2Config); eval mode, no grad.
 
     quantization="gguf" keeps Q4_0/Q4_1/Q8_0 linears (and a tied head) in QuantLinear, CPU only; act_q8=True then
     quantizes decode activations to int8 per 32-block as llama.cpp does (see QuantLinear): on SmolLM2 it moved
