@@ -3,7 +3,8 @@
 On SIGTERM/SIGINT: the listener closes at once and idle kept-alive connections with it; running replies get
 `shutdown_grace_s` to finish; then every stream ends with a final event saying why (services' `end_streams`) and
 every WebSocket closes with 1001; only then does uvicorn's own shutdown run (close what is left, lifespan shutdown).
-The process exits within the grace period plus a few seconds.
+The process exits within the grace period plus a few seconds. A start that fails on bad input (a ValueError: a
+model that cannot be loaded, a limit it exceeds) is logged as one line, without Starlette's traceback.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 import time
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -59,11 +62,30 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+def one_line_startup_errors(app: Starlette) -> Any:
+    """`app` as an ASGI callable whose failed start, when a ValueError failed it, reports the error's message only
+    (Starlette reports every failed start with the traceback of its lifespan, which uvicorn logs)."""
+
+    async def asgi(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            return await app(scope, receive, send)
+
+        async def send_message(message: Any) -> None:
+            error = sys.exc_info()[1]  # Starlette sends startup.failed from inside its except block
+            if message["type"] == "lifespan.startup.failed" and isinstance(error, ValueError):
+                message = {**message, "message": f"cannot start: {error}"}
+            await send(message)
+
+        return await app(scope, receive, send_message)
+
+    return asgi
+
+
 def build_server(app: Starlette, settings: Settings) -> DrainingServer:
     """The server for `app`: loopback or `settings.host`, guarded HTTP connections, draining shutdown."""
     guard = ConnectionGuard(settings.client_max_connections, settings.header_timeout_s)
     config = uvicorn.Config(
-        app,
+        one_line_startup_errors(app),
         host=settings.host,
         port=settings.port,
         log_config=None,

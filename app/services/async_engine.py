@@ -219,7 +219,10 @@ class AsyncEngine:
             warm_up(engine)
             self.engine = engine
         except BaseException as exc:  # noqa: BLE001 - reported to start() and the log
-            logger.exception("engine failed to start")
+            if isinstance(exc, ValueError):  # bad input (model, limits): its message says it all
+                logger.error("engine failed to start: %s", exc)
+            else:
+                logger.exception("engine failed to start")
             self._alive = False
             self.dead_reason = f"startup failed: {type(exc).__name__}: {exc}"
             self._loop.call_soon_threadsafe(resolve, started, None, exc)

@@ -1,9 +1,12 @@
-"""Llama-family GGUF files read directly: the config from the metadata, tensors by HF name, quantized blocks kept.
+"""Llama-family GGUF files read directly: tensors by HF name, quantized blocks kept where our kernels run them.
 
-Q4_0/Q4_1/Q8_0 tensors stay in their blocks (`QuantWeight`); F32/F16/BF16 tensors become torch tensors; any other
-format is dequantized with gguf.quants. llama.cpp's converter permutes the rows of q/k projections so that RoPE
-rotates adjacent pairs; the HF layout rotates halves, so those rows are moved back. Each row is whole blocks,
-so the permutation moves blocks and never re-quantizes.
+Q4_0/Q4_1/Q8_0 tensors stay in their blocks (`QuantWeight`); F32/F16/BF16 tensors become torch tensors; the other
+supported formats (Q5_0/Q5_1 and the K-quants Q2_K..Q6_K) are dequantized once with gguf.quants, to the model's
+dtype. No K-quant maps exactly onto a kernel layout: a Q4_K sub-block's scale is fp16 d times a 6-bit integer (up
+to 17 significant bits), which Q4_1's fp16 scale cannot hold, and Q6_K's per-16 scales times 6-bit weights do not
+fit Q8_0's int8. llama.cpp's converter permutes the rows of llama's q/k projections so that RoPE rotates adjacent
+pairs; the HF layout rotates halves, so those rows are moved back. Each row is whole blocks, so the permutation
+moves blocks and never re-quantizes. The metadata -> config mapping is in gguf_config.py.
 """
 
 from __future__ import annotations
@@ -19,13 +22,24 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.loading.gguf_config import (
+    PERMUTED_QK_ARCHITECTURES,
+    gguf_architecture,
+    gguf_field,
+    gguf_hf_config,
+)
 from engine.models.llama import LlamaForCausalLM, ModelArgs
 from engine.models.quantized import QuantType, QuantWeight, dequantize_torch, quantize_linears
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama",)
 QUANTIZATIONS = ("gguf", "none")  # keep the GGUF blocks in QuantLinear, or dequantize every weight to dtype
+FLOAT_TYPES = ("F32", "F16", "BF16")
+BLOCK_TYPES = tuple(q.name for q in QuantType)  # kept in blocks with quantization "gguf"
+DEQUANTIZED_TYPES = ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # no exact kernel layout
+SUPPORTED_TENSOR_TYPES = FLOAT_TYPES + BLOCK_TYPES + DEQUANTIZED_TYPES
+SKIPPED_TENSORS = ("rope_freqs.weight",)  # read into the config (gguf_config.py), not a model weight
+
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -38,7 +52,6 @@ LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_MISSING = object()
 
 
 def is_gguf_file(path: str | Path) -> bool:
@@ -55,78 +68,6 @@ def open_gguf(path: str | Path) -> Any:
     from gguf import GGUFReader
 
     return GGUFReader(Path(path).expanduser())
-
-
-def gguf_field(reader: Any, key: str, default: Any = _MISSING) -> Any:
-    """A metadata value (scalar, string or list); `default` when absent, else ValueError."""
-    field = reader.get_field(key)
-    if field is None:
-        if default is _MISSING:
-            raise ValueError(f"GGUF file has no metadata key {key!r}")
-        return default
-    return field.contents()
-
-
-def _one_value(value: Any, key: str) -> Any:
-    """A per-layer list that must hold one value for all layers, or a scalar."""
-    if isinstance(value, list):
-        if len(set(value)) != 1:
-            raise ValueError(f"{key} differs between layers ({value}); not supported")
-        return value[0]
-    return value
-
-
-def gguf_hf_config(reader: Any) -> Any:
-    """A transformers LlamaConfig with the file's hyperparameters and special token ids."""
-    from transformers import LlamaConfig
-
-    arch = gguf_field(reader, "general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {SUPPORTED_ARCHITECTURES}")
-    names = {t.name for t in reader.tensors}
-    if "rope_freqs.weight" in names:
-        raise ValueError(
-            "GGUF file has rope_freqs (Llama 3.1 style RoPE scaling), which is not supported yet"
-        )
-    hidden = int(gguf_field(reader, f"{arch}.embedding_length"))
-    num_heads = int(_one_value(gguf_field(reader, f"{arch}.attention.head_count"), "head_count"))
-    num_kv_heads = gguf_field(reader, f"{arch}.attention.head_count_kv", num_heads)
-    head_dim = int(gguf_field(reader, f"{arch}.attention.key_length", hidden // num_heads))
-    rope_dim = int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim))
-    if rope_dim != head_dim:
-        raise ValueError(f"partial RoPE (rope dims {rope_dim} of head_dim {head_dim}) is not supported")
-    rope = {
-        "rope_type": "default",
-        "rope_theta": float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-    }
-    scaling = gguf_field(reader, f"{arch}.rope.scaling.type", "none")
-    if scaling == "linear":
-        rope |= {"rope_type": "linear", "factor": float(gguf_field(reader, f"{arch}.rope.scaling.factor"))}
-    elif scaling != "none":
-        raise ValueError(f"GGUF RoPE scaling {scaling!r} is not supported; supported: none, linear")
-    embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
-    token_id = {
-        f"{kind}_token_id": gguf_field(reader, f"tokenizer.ggml.{key}_token_id", None)
-        for kind, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"), ("unk", "unknown"))
-    }
-    return LlamaConfig(
-        vocab_size=int(gguf_field(reader, f"{arch}.vocab_size", int(embed.shape[1]))),
-        hidden_size=hidden,
-        intermediate_size=int(
-            _one_value(gguf_field(reader, f"{arch}.feed_forward_length"), "feed_forward_length")
-        ),
-        num_hidden_layers=int(gguf_field(reader, f"{arch}.block_count")),
-        num_attention_heads=num_heads,
-        num_key_value_heads=int(_one_value(num_kv_heads, "head_count_kv")),
-        head_dim=head_dim,
-        max_position_embeddings=int(gguf_field(reader, f"{arch}.context_length")),
-        rms_norm_eps=float(gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
-        rope_parameters=rope,
-        attention_bias="blk.0.attn_q.bias" in names,
-        mlp_bias="blk.0.ffn_up.bias" in names,
-        tie_word_embeddings="output.weight" not in names,
-        **{k: None if v is None else int(v) for k, v in token_id.items()},
-    )
 
 
 def hf_tensor_name(gguf_name: str) -> str:
@@ -148,8 +89,18 @@ def unpermute_index(num_rows: int, num_heads: int) -> torch.Tensor:
     return torch.arange(num_rows).view(num_heads, half_dim, 2).transpose(1, 2).reshape(-1)
 
 
-def read_tensor(tensor: Any) -> torch.Tensor | QuantWeight:
-    """One GGUF tensor: blocks kept for Q4_0/Q4_1/Q8_0, a torch tensor (float dtype kept) otherwise."""
+def check_tensor_types(reader: Any) -> None:
+    """ValueError naming the first tensor whose format is not supported, and the supported ones."""
+    for tensor in reader.tensors:
+        if tensor.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
+            raise ValueError(
+                f"GGUF tensor {tensor.name!r} has type {tensor.tensor_type.name}, which is not supported; "
+                f"supported: {', '.join(SUPPORTED_TENSOR_TYPES)}"
+            )
+
+
+def read_tensor(tensor: Any, dtype: torch.dtype | None = None) -> torch.Tensor | QuantWeight:
+    """One GGUF tensor: blocks kept for Q4_0/Q4_1/Q8_0, else a torch tensor (in `dtype` when given)."""
     from gguf import GGMLQuantizationType, quants
 
     kind = tensor.tensor_type
@@ -158,24 +109,55 @@ def read_tensor(tensor: Any) -> torch.Tensor | QuantWeight:
         blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8)).reshape(shape[0], -1)
         return QuantWeight(QuantType(int(kind)), blocks, shape[-1])
     if kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-        return torch.from_numpy(np.array(tensor.data)).reshape(shape)
-    if kind == GGMLQuantizationType.BF16:
-        return torch.from_numpy(np.array(tensor.data).view(np.int16)).view(torch.bfloat16).reshape(shape)
-    return torch.from_numpy(quants.dequantize(tensor.data, kind)).reshape(shape)
+        value = torch.from_numpy(np.array(tensor.data)).reshape(shape)
+    elif kind == GGMLQuantizationType.BF16:
+        value = torch.from_numpy(np.array(tensor.data).view(np.int16)).view(torch.bfloat16).reshape(shape)
+    else:
+        value = torch.from_numpy(quants.dequantize(tensor.data, kind)).reshape(shape)
+    return value if dtype is None else value.to(dtype)
 
 
-def iter_gguf_tensors(reader: Any, hf_config: Any) -> Iterator[tuple[str, torch.Tensor | QuantWeight]]:
-    """Every tensor by HF name, q/k projection rows back in HF order."""
+def iter_gguf_tensors(
+    reader: Any, hf_config: Any, dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, torch.Tensor | QuantWeight]]:
+    """Every model tensor by HF name (floats in `dtype` when given), llama's q/k rows back in HF order."""
     heads = {"q_proj": hf_config.num_attention_heads, "k_proj": hf_config.num_key_value_heads}
+    permuted = gguf_architecture(reader) in PERMUTED_QK_ARCHITECTURES
     for tensor in reader.tensors:
+        if tensor.name in SKIPPED_TENSORS:
+            continue
         name = hf_tensor_name(tensor.name)
-        value = read_tensor(tensor)
+        value = read_tensor(tensor, dtype)
         proj = name.split(".")[-2]
-        if ".self_attn." in name and proj in heads:
+        if permuted and ".self_attn." in name and proj in heads:  # weights and biases alike
             rows = value.out_features if isinstance(value, QuantWeight) else value.shape[0]
             index = unpermute_index(rows, heads[proj])
             value = value.select_rows(index) if isinstance(value, QuantWeight) else value[index].contiguous()
         yield name, value
+
+
+def log_tensor_formats(reader: Any, in_blocks: set[str], dtype: torch.dtype) -> dict[str, tuple[int, int]]:
+    """One INFO line per tensor format: how many tensors stay in blocks and how many became `dtype`.
+
+    Returns {format: (in blocks, in dtype)}."""
+    counts: dict[str, list[int]] = {}
+    for tensor in reader.tensors:
+        if tensor.name in SKIPPED_TENSORS:
+            continue
+        kind = tensor.tensor_type.name
+        counts.setdefault(kind, [0, 0])[hf_tensor_name(tensor.name) not in in_blocks] += 1
+    for kind, (num_blocks, num_float) in sorted(counts.items()):
+        if kind in DEQUANTIZED_TYPES:
+            why = "dequantized: no exact block layout in our kernels"
+        elif kind in FLOAT_TYPES:
+            why = "float in the file"
+        else:
+            why = "the embedding, quantization none, or a fused linear of mixed formats"
+        logger.info(
+            "GGUF %s: %d tensors kept in blocks, %d loaded as %s%s",
+            kind, num_blocks, num_float, dtype, f" ({why})" if num_float else "",
+        )  # fmt: skip
+    return {kind: (n[0], n[1]) for kind, n in counts.items()}
 
 
 def as_float(value: torch.Tensor | QuantWeight) -> torch.Tensor:
@@ -193,7 +175,7 @@ def load_gguf_model(
     act_q8: bool = False,
     reader: Any | None = None,
 ) -> tuple[LlamaForCausalLM, Any]:
-    """The model of a GGUF file and its LlamaConfig; eval mode, no grad.
+    """The model of a GGUF file and its config (LlamaConfig or Qwen2Config); eval mode, no grad.
 
     quantization="gguf" keeps Q4_0/Q4_1/Q8_0 linears (and a tied head) in QuantLinear, CPU only; act_q8=True then
     quantizes decode activations to int8 per 32-block as llama.cpp does (see QuantLinear): on SmolLM2 it moved
@@ -209,18 +191,20 @@ def load_gguf_model(
     start = time.monotonic()
     reader = open_gguf(path) if reader is None else reader
     hf_config = gguf_hf_config(reader)
+    check_tensor_types(reader)
     args = ModelArgs.from_hf_config(hf_config, max_model_len=max_model_len)
     with torch.device("meta"):  # no random init: every weight is overwritten by the file's
         model = LlamaForCausalLM(args).to(dtype)
     model = model.to_empty(device=device)
     model.rebuild_after_to_empty()
-    tensors = dict(iter_gguf_tensors(reader, hf_config))
+    tensors = dict(iter_gguf_tensors(reader, hf_config, dtype))
     in_blocks: set[str] = set()
     if quantization == "gguf":
         quant = {name: t for name, t in tensors.items() if isinstance(t, QuantWeight)}
         in_blocks = quantize_linears(model, quant, act_q8=act_q8)
     model.load_weights((name, as_float(t)) for name, t in tensors.items() if name not in in_blocks)
     model.eval().requires_grad_(False)
+    log_tensor_formats(reader, in_blocks, dtype)
     logger.info(
         "loaded %s (%s, %s, quantization=%s: %d weights in blocks) in %.1f s",
         path, dtype, device, quantization, len(in_blocks), time.monotonic() - start,

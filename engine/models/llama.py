@@ -47,6 +47,9 @@ class ModelArgs:
     rope_theta: float = 10000.0
     rope_scaling: tuple[tuple[str, Any], ...] = ()  # sorted items of the HF rope parameters minus theta/type
     rope_type: str = "default"
+    rope_freq_factors: tuple[
+        float, ...
+    ] = ()  # llama.cpp's rope_freqs: a divisor per frequency (GGUF Llama 3)
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
@@ -77,6 +80,12 @@ class ModelArgs:
             raise ValueError(f"rope_type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
         theta = rope.pop("rope_theta", None) or getattr(hf_config, "rope_theta", None) or 10000.0
         num_heads = hf_config.num_attention_heads
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
+        freq_factors = tuple(float(f) for f in getattr(hf_config, "rope_freq_factors", None) or ())
+        if freq_factors and len(freq_factors) != head_dim // 2:
+            raise ValueError(
+                f"rope_freq_factors has {len(freq_factors)} values; head_dim {head_dim} needs {head_dim // 2}"
+            )
         attention_bias = bool(getattr(hf_config, "attention_bias", False))
         return cls(
             vocab_size=hf_config.vocab_size,
@@ -85,12 +94,13 @@ class ModelArgs:
             num_layers=hf_config.num_hidden_layers,
             num_heads=num_heads,
             num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
-            head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads,
+            head_dim=head_dim,
             max_seq_len=max_seq_len,
             rms_norm_eps=hf_config.rms_norm_eps,
             rope_theta=float(theta),
             rope_scaling=tuple(sorted(rope.items())),
             rope_type=rope_type,
+            rope_freq_factors=freq_factors,
             qkv_bias=model_type == "qwen2" or attention_bias,
             o_bias=attention_bias,
             mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),

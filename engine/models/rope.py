@@ -15,9 +15,14 @@ if TYPE_CHECKING:
 
 
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
-    """Inverse frequencies [head_dim // 2] in fp32, with linear or Llama 3 scaling applied."""
+    """Inverse frequencies [head_dim // 2] in fp32, with linear or Llama 3 scaling applied.
+
+    A GGUF Llama 3 carries its scaling as per-frequency divisors (`rope_freq_factors`, llama.cpp's rope_freqs),
+    computed by llama.cpp's converter from the HF llama3 parameters, so the table equals the HF one's."""
     dim = args.head_dim
     inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    if args.rope_freq_factors:
+        inv_freq = inv_freq / torch.tensor(args.rope_freq_factors, dtype=torch.float32)
     scaling = dict(args.rope_scaling)
     if args.rope_type == "linear":
         return inv_freq / scaling["factor"]

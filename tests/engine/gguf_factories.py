@@ -11,7 +11,11 @@ import gguf
 import numpy as np
 import torch
 
+from engine.attention.torch_backend import TorchAttentionBackend
+from tests.engine.factories import make_attention_metadata, make_block_tables, make_kv_caches
+
 T = gguf.GGMLQuantizationType
+BLOCK_SIZE, NUM_BLOCKS = 4, 32
 
 
 @dataclass(frozen=True)
@@ -161,3 +165,18 @@ def write_tiny_chat_gguf(path: Path, seed: int = 0, **overrides: Any) -> Path:
     )
     write_tiny_gguf(path, cfg, seed, tokenizer=tokenizer)
     return path
+
+
+def teacher_forced_logits(model, tokens: list[int], prefill_len: int) -> torch.Tensor:
+    """Logits of every token: one prefill of prefill_len tokens, then one decode step per remaining token."""
+    caches = make_kv_caches(model.args, NUM_BLOCKS, BLOCK_SIZE, dtype=model.embed_tokens.weight.dtype)
+    table = make_block_tables([len(tokens)], BLOCK_SIZE, NUM_BLOCKS, seed=1)
+    backend, rows, done = TorchAttentionBackend(BLOCK_SIZE), [], 0
+    for n in [prefill_len] + [1] * (len(tokens) - prefill_len):
+        meta = make_attention_metadata([n], [done + n], table, BLOCK_SIZE)
+        backend.prepare(meta)
+        ids, positions = torch.tensor(tokens[done : done + n]), torch.arange(done, done + n)
+        with torch.no_grad():
+            rows.append(model.compute_logits(model(ids, positions, caches, meta, backend)))
+        done += n
+    return torch.cat(rows)

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from engine.attention.torch_backend import TorchAttentionBackend
 from engine.loading.gguf import (
     gguf_chat_template,
     gguf_hf_config,
@@ -23,38 +22,22 @@ from engine.loading.gguf import (
 )
 from engine.models.llama import Linear, ModelArgs
 from engine.models.quantized import QuantLinear, QuantType, QuantWeight, dequantize_torch
-from tests.engine.factories import make_attention_metadata, make_block_tables, make_kv_caches
 from tests.engine.gguf_factories import (
     T,
     TinyLlama,
     expected_dequantized,
     llama_cpp_permute,
+    teacher_forced_logits,
     tensor_type,
     write_tiny_gguf,
 )
 
-BLOCK_SIZE, NUM_BLOCKS = 4, 32
 CPU = torch.device("cpu")
 
 
 def make_gguf(tmp_path: Path, cfg: TinyLlama, seed: int = 0) -> tuple[Path, dict[str, np.ndarray]]:
     path = tmp_path / "tiny.gguf"
     return path, write_tiny_gguf(path, cfg, seed)
-
-
-def teacher_forced_logits(model, tokens: list[int], prefill_len: int) -> torch.Tensor:
-    """Logits of every token: one prefill of prefill_len tokens, then one decode step per remaining token."""
-    caches = make_kv_caches(model.args, NUM_BLOCKS, BLOCK_SIZE, dtype=model.embed_tokens.weight.dtype)
-    table = make_block_tables([len(tokens)], BLOCK_SIZE, NUM_BLOCKS, seed=1)
-    backend, rows, done = TorchAttentionBackend(BLOCK_SIZE), [], 0
-    for n in [prefill_len] + [1] * (len(tokens) - prefill_len):
-        meta = make_attention_metadata([n], [done + n], table, BLOCK_SIZE)
-        backend.prepare(meta)
-        ids, positions = torch.tensor(tokens[done : done + n]), torch.arange(done, done + n)
-        with torch.no_grad():
-            rows.append(model.compute_logits(model(ids, positions, caches, meta, backend)))
-        done += n
-    return torch.cat(rows)
 
 
 def test_config_from_metadata(tmp_path):
