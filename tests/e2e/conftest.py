@@ -5,7 +5,9 @@ The process itself is bench's harness (bench/servers.py); here: the test setting
 
 from __future__ import annotations
 
+import os
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -55,7 +57,9 @@ class Server(ServerProcess):
 
 
 def server_env(tmp_path: Path, model: str, **env: str) -> dict[str, str]:
-    """Environment of a test server: tiny pool, CPU fp32, its own cache dir (its database: start_server's)."""
+    """Environment of a test server: tiny pool, CPU fp32, its own cache dir (its database: start_server's) whose
+    compiled kernels are shared with every test server (see share_kernels)."""
+    share_kernels(tmp_path / "cache")
     values = {
         "PAGEDCHAT_MODEL": model,
         "PAGEDCHAT_CACHE_DIR": str(tmp_path / "cache"),
@@ -72,6 +76,18 @@ def server_env(tmp_path: Path, model: str, **env: str) -> dict[str, str]:
     }
     values.update(env)
     return values
+
+
+def share_kernels(cache_dir: Path) -> None:
+    """Point a server cache dir's kernels/ at one folder for the whole run: the native kernels are compiled once
+    (~13 s on 2 cores), not at every server's first start. Safe to share: a library's name is a digest of its
+    source and flags, and builders publish it with an atomic rename."""
+    shared = Path(tempfile.gettempdir()) / f"pagedchat-test-kernels-{os.getuid()}"
+    shared.mkdir(exist_ok=True)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    link = cache_dir / "kernels"
+    if not link.exists():
+        link.symlink_to(shared, target_is_directory=True)
 
 
 def start_server(tmp_path: Path, env: dict[str, str], *, port: int | None = None) -> Server:
