@@ -237,7 +237,7 @@ def _unsupported(model: torch.nn.Module, kv_caches: list[LayerKV]) -> str | None
             layer.mlp.down_proj,
         )
         if not all(isinstance(m, QuantLinear) for m in linears):
-            return "not every layer linear is quantized (quantization gguf)"
+            return "its layer linears are not GGUF blocks (it needs --quantization gguf)"
         if any(m.bias is not None and m.bias.dtype != torch.float32 for m in linears):
             return "a linear bias is not fp32"
     k0, s0 = kv_caches[0].k, kv_caches[0].k_scale

@@ -61,7 +61,7 @@ def test_fused_step_is_off_where_it_does_not_apply(tiny_gguf, caplog):
     dense = LLM(model=str(tiny_gguf), quantization="none", dtype="float32", kv_cache_bytes=KV_BYTES)
     assert dense.engine.runner.fused is None
     assert fused_decode._unsupported(dense.engine.runner.model, dense.engine.runner.kv_caches) == (
-        "not every layer linear is quantized (quantization gguf)"
+        "its layer linears are not GGUF blocks (it needs --quantization gguf)"
     )
     off = LLM(model=str(tiny_gguf), quantization="gguf", fused_decode=False, kv_cache_bytes=KV_BYTES)
     assert off.engine.runner.fused is None
