@@ -25,6 +25,7 @@ from app.routes.security import require_api_key
 from app.routes.sse import event_stream
 from app.services.errors import bad_request, from_exception
 from app.services.limits import Lease
+from app.services.request_fields import check_fields
 from app.services.request_stream import (
     RequestFailed,
     RequestStream,
@@ -33,6 +34,8 @@ from app.services.request_stream import (
     collect,
 )
 from app.services.sampling import get_bool, get_int, resolve_max_tokens, sampling_params
+from app.services.tool_calls import CLOSE, ToolCallParser
+from app.services.tools import ToolPlan, tool_plan
 from engine.core.outputs import Logprob, RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -50,6 +53,11 @@ class _Call:
     include_usage: bool
     logprobs: bool
     num_prompt_tokens: int
+    tools: ToolPlan | None = None  # a chat whose output is parsed for tool calls
+
+    def parser(self) -> ToolCallParser | None:
+        """A fresh tool-call parser for one sample, None when the output is plain content."""
+        return ToolCallParser(self.tools.names) if self.tools is not None and self.tools.names else None
 
 
 async def list_models(request: Request) -> Response:
@@ -116,6 +124,7 @@ async def _handle(request: Request, kind: str) -> Response:
 
 async def _start(request: Request, svc: Services, kind: str, owner: str | None) -> _Call:
     body = await read_json_object(request, svc.settings.max_body_bytes)
+    user = check_fields(body, kind)
     model = check_model(body, svc)
     requested_salt = requested_cache_salt(body)
     streaming = get_bool(body, "stream", False)
@@ -128,7 +137,9 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
             f"stream_options.include_usage must be true or false, got {json.dumps(include_usage)[:80]}",
             "stream_options",
         )
+    plan = None
     if kind == "chat":
+        plan = tool_plan(body)
         want = get_bool(body, "logprobs", False)
         top = get_int(body, "top_logprobs", None)
         if top is not None and not want:
@@ -140,14 +151,20 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
     else:
         logprobs = get_int(body, "logprobs", None)
         requested = get_int(body, "max_tokens", 16)
-    prompt_ids, public_prefix_len = await prompt_input(svc, kind, body)
+    prompt_ids, public_prefix_len = await prompt_input(svc, kind, body, plan.render if plan else None)
     engine = svc.engine.engine
     max_model_len = engine.config.max_model_len if engine is not None else 0
     max_tokens = resolve_max_tokens(
         requested, len(prompt_ids), max_model_len, prompt_param="messages" if kind == "chat" else "prompt"
     )
     params = sampling_params(
-        body, max_tokens=max_tokens, logprobs=logprobs, defaults=svc.sampling_defaults.given()
+        body,
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        defaults=svc.sampling_defaults.given(),
+        forced=plan.forced if plan else None,
+        # at most one call, where no grammar forces it: the output ends at the first call's closing marker
+        extra_stop=(CLOSE,) if plan and plan.single and plan.names and plan.forced is None else (),
     )
     response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
     # a request's own salt covers its whole prompt (vLLM's meaning), published system prompt included
@@ -159,13 +176,15 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
         public_prefix_len=0 if requested_salt is not None else public_prefix_len,
     )
     logger.info(
-        "%s %s: %d prompt tokens, max_tokens %d, n %d, stream %s",
+        "%s %s: %d prompt tokens, max_tokens %d, n %d, stream %s, tools %d, user %r",
         kind,
         response_id,
         len(prompt_ids),
         max_tokens,
         params.n,
         streaming,
+        len(plan.names) if plan else 0,
+        user,
     )
     return _Call(
         kind,
@@ -176,6 +195,7 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
         bool(include_usage),
         logprobs is not None,
         len(prompt_ids),
+        plan,
     )
 
 
@@ -205,7 +225,13 @@ async def _full_body(svc: Services, call: _Call, result: RequestOutput) -> dict[
             "logprobs": logprobs,
             "finish_reason": fmt.finish_reason(out),
         }
-        if call.kind == "chat":
+        parser = call.parser()
+        if parser is not None:
+            items = parser.feed(out.text).items + parser.finish().items
+            choice["message"] = fmt.tool_message(items)
+            if parser.num_calls and choice["finish_reason"] == "stop":
+                choice["finish_reason"] = "tool_calls"
+        elif call.kind == "chat":
             choice["message"] = {"role": "assistant", "content": out.text}
         else:
             choice["text"] = out.text
@@ -240,6 +266,7 @@ async def _sse_events(svc: Services, call: _Call) -> AsyncIterator[dict[str, str
     created = int(time.time())
     cursor = fmt.LogprobCursor()
     text_len: dict[int, int] = {}
+    parsers: dict[int, ToolCallParser | None] = {}
     last: RequestOutput | None = None
 
     def chunk(choices: list[dict[str, Any]]) -> dict[str, str]:
@@ -254,10 +281,27 @@ async def _sse_events(svc: Services, call: _Call) -> AsyncIterator[dict[str, str
             first = True
             async for output in stream:
                 last = output
-                choices = []
+                rows: list[list[dict[str, Any]]] = []  # per sample, its choices in successive chunks
                 for out in output.outputs:
                     if not (out.text_delta or out.finished or first):  # the role goes out in the first chunk
                         continue
+                    parser = parsers.setdefault(out.index, call.parser())
+                    deltas: list[dict[str, Any]]
+                    if parser is not None:
+                        before = parser.num_calls
+                        items = parser.feed(out.text_delta).items
+                        if out.finished:
+                            items += parser.finish().items
+                        deltas = fmt.tool_deltas(items, before)
+                        if not (deltas or out.finished or first):
+                            continue  # all held back: inside a call, or a tail that may start one
+                        deltas = deltas or [{"content": ""}]
+                    elif call.kind == "chat":
+                        deltas = [{"content": out.text_delta}]
+                    else:
+                        deltas = [{}]
+                    if first and call.kind == "chat":
+                        deltas[0] = {"role": "assistant", **deltas[0]}
                     logprobs = None
                     if call.logprobs:
                         entries = cursor.new_entries(out)
@@ -268,22 +312,21 @@ async def _sse_events(svc: Services, call: _Call) -> AsyncIterator[dict[str, str
                             else fmt.completion_logprobs(entries, text_of, text_len.get(out.index, 0))
                         )
                     text_len[out.index] = len(out.text)
-                    choice: dict[str, Any] = {
-                        "index": out.index,
-                        "logprobs": logprobs,
-                        "finish_reason": fmt.finish_reason(out),
-                    }
-                    if call.kind == "chat":
-                        delta: dict[str, Any] = {"content": out.text_delta}
-                        if first:
-                            delta["role"] = "assistant"
-                        choice["delta"] = delta
-                    else:
-                        choice["text"] = out.text_delta
-                    choices.append(choice)
+                    reason = fmt.finish_reason(out)
+                    if reason == "stop" and parser is not None and parser.num_calls:
+                        reason = "tool_calls"
+                    row = [{"index": out.index, "logprobs": None, "finish_reason": None} for _ in deltas]
+                    row[0]["logprobs"] = logprobs
+                    row[-1]["finish_reason"] = reason  # a sample's finish reason rides on its last delta
+                    for choice, delta in zip(row, deltas, strict=True):
+                        if call.kind == "chat":
+                            choice["delta"] = delta
+                        else:
+                            choice["text"] = out.text_delta
+                    rows.append(row)
                 first = False
-                if choices:
-                    yield chunk(choices)
+                for k in range(max((len(r) for r in rows), default=0)):
+                    yield chunk([r[k] for r in rows if len(r) > k])
         except Exception as exc:  # noqa: BLE001 - the client gets an error event, never a cut stream
             error = from_exception(exc)
             if error.code == "internal_error":

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from app.services.messages import usage_json
+from app.services.tool_calls import ToolCall
 from engine.core.outputs import CompletionOutput, Logprob, RequestOutput
 from engine.core.sequence import FinishReason
 
@@ -89,3 +90,37 @@ class LogprobCursor:
         start = self.sent.get(output.index, 0)
         self.sent[output.index] = len(entries)
         return entries[start:]
+
+
+def tool_message(items: list[str | ToolCall]) -> dict[str, Any]:
+    """A chat `message` from a parsed output: its content (None when it is all calls) and its `tool_calls`."""
+    content = "".join(i for i in items if isinstance(i, str))
+    calls = [i for i in items if isinstance(i, ToolCall)]
+    message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+    if calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls
+        ]
+    return message
+
+
+def tool_deltas(items: list[str | ToolCall], num_calls_before: int) -> list[dict[str, Any]]:
+    """The streamed deltas of parsed output: content as it comes; each call as two deltas, its index, id and
+    function name first, then its arguments. `num_calls_before` is the sample's count of calls already sent."""
+    deltas: list[dict[str, Any]] = []
+    index = num_calls_before
+    for item in items:
+        if isinstance(item, str):
+            deltas.append({"content": item})
+            continue
+        head = {
+            "index": index,
+            "id": item.id,
+            "type": "function",
+            "function": {"name": item.name, "arguments": ""},
+        }
+        deltas.append({"tool_calls": [head]})
+        deltas.append({"tool_calls": [{"index": index, "function": {"arguments": item.arguments}}]})
+        index += 1
+    return deltas

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from typing import Any
 
 from app.routes.context import Services
 from app.services.errors import APIError, bad_request
+from app.services.tools import NO_TEMPLATE_SUPPORT
 
-ROLES = ("system", "user", "assistant", "developer")
+ROLES = ("system", "user", "assistant", "developer", "tool")
 MAX_CACHE_SALT_CHARS = 1024
 
 
@@ -45,8 +47,10 @@ def requested_cache_salt(body: dict[str, Any]) -> str | None:
     return salt
 
 
-def parse_messages(body: dict[str, Any], max_messages: int, max_chars: int) -> list[dict[str, str]]:
-    """`messages` as [{role, content}] with text content; 400 naming the bad message otherwise."""
+def parse_messages(body: dict[str, Any], max_messages: int, max_chars: int) -> list[dict[str, Any]]:
+    """`messages` as [{role, content}] with text content, in the shape HF chat templates take: an assistant's
+    `tool_calls` with their arguments as objects, a tool result's `tool_call_id`; 400 naming the bad message
+    otherwise."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty list of {role, content} objects", "messages")
@@ -71,6 +75,7 @@ def parse_messages(body: dict[str, Any], max_messages: int, max_chars: int) -> l
             if any(not isinstance(p, str) for p in parts):
                 raise bad_request(f"messages[{i}].content parts must be text parts", "messages")
             content = "".join(parts)
+        calls = m.get("tool_calls") if role == "assistant" else None
         if content is None and role == "assistant":
             content = ""
         if not isinstance(content, str):
@@ -82,27 +87,81 @@ def parse_messages(body: dict[str, Any], max_messages: int, max_chars: int) -> l
                 f"messages[{i}].content is {len(content)} characters, over the limit of {max_chars}",
                 "messages",
             )
-        out.append({"role": "system" if role == "developer" else role, "content": content})
+        message: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": content}
+        if calls is not None:
+            message["tool_calls"] = _tool_calls(calls, i)
+        if role == "tool":
+            call_id = m.get("tool_call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise bad_request(
+                    f"messages[{i}].tool_call_id must be the id of the call it answers", "messages"
+                )
+            message["tool_call_id"] = call_id
+        out.append(message)
     return out
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """The chat template's rendering with the generation prompt, as token ids."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def _tool_calls(calls: Any, i: int) -> list[dict[str, Any]]:
+    """An assistant message's OpenAI `tool_calls`, with each call's arguments as the object templates expect."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise bad_request(f"{where} must be a list of calls", "messages")
+    out = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name:
+            raise bad_request(
+                f'{where}[{j}] must be {{"type": "function", "function": {{"name", "arguments"}}}}',
+                "messages",
+            )
+        arguments = function.get("arguments", "{}")
+        try:
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError:
+            raise bad_request(f"{where}[{j}].function.arguments is not valid JSON", "messages") from None
+        if not isinstance(arguments, dict):
+            raise bad_request(f"{where}[{j}].function.arguments must be a JSON object", "messages")
+        entry: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": arguments}}
+        if isinstance(call.get("id"), str):
+            entry["id"] = call["id"]
+        out.append(entry)
+    return out
+
+
+def uses_tools(messages: list[dict[str, Any]]) -> bool:
+    """Whether a conversation holds tool calls or tool results."""
+    return any(m["role"] == "tool" or "tool_calls" in m for m in messages)
+
+
+def render_chat(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
+    """The chat template's rendering (with `tools`, if any) and the generation prompt, as token ids."""
+    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-async def prompt_ids(svc: Services, kind: str, body: dict[str, Any]) -> tuple[list[int], int]:
+async def prompt_ids(
+    svc: Services, kind: str, body: dict[str, Any], tools: list[dict[str, Any]] | None = None
+) -> tuple[list[int], int]:
     """The prompt of a chat or completion request as token ids (tokenized off the event loop), and how many of its
-    leading ids are public (the template's and a published system prompt's: app/services/public_prefix.py)."""
+    leading ids are public (the template's and a published system prompt's: app/services/public_prefix.py). A chat
+    with `tools`, tool calls or tool results needs a template that renders tools: 400 otherwise."""
     settings = svc.settings
     if kind == "chat":
         messages = parse_messages(body, settings.max_messages, settings.max_message_chars)
         public = svc.public_prefixes
+        needs_tools = tools is not None or body.get("tools") is not None or uses_tools(messages)
 
         def render(tok: Any) -> tuple[list[int], int]:
-            ids = render_chat(tok, messages)
-            return ids, public.length(messages, ids) if public is not None else 0
+            if needs_tools and not template_has_tools(getattr(tok, "chat_template", None)):
+                raise bad_request(
+                    NO_TEMPLATE_SUPPORT, "tools" if body.get("tools") is not None else "messages"
+                )
+            ids = render_chat(tok, messages, tools)
+            # tools are rendered into the system turn: the published prefix no longer leads the prompt
+            return ids, public.length(messages, ids) if public is not None and tools is None else 0
 
         return await svc.engine.tokenize(render)
     return await _completion_ids(svc, body), 0
@@ -133,3 +192,19 @@ async def _completion_ids(svc: Services, body: dict[str, Any]) -> list[int]:
             "prompt: batches of several prompts are not supported; send one prompt per request", "prompt"
         )
     raise bad_request("prompt must be a non-empty string or a list of token ids", "prompt")
+
+
+def template_has_tools(template: str | None) -> bool:
+    """Whether a chat template references `tools` (it renders them when given)."""
+    if not template:
+        return False
+    return _references_tools(template)
+
+
+@lru_cache(maxsize=8)
+def _references_tools(template: str) -> bool:
+    from jinja2 import meta
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
+    return "tools" in meta.find_undeclared_variables(env.parse(template))

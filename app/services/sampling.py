@@ -10,6 +10,7 @@ from typing import Any
 from app.services.errors import bad_request
 from app.services.response_format import structured_output
 from engine.core.sequence import SamplingParams
+from engine.core.structured import StructuredOutput
 
 _SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 
@@ -76,8 +77,12 @@ def sampling_params(
     max_tokens: int,
     logprobs: int | None,
     defaults: dict[str, Any] | None = None,
+    forced: StructuredOutput | None = None,
+    extra_stop: tuple[str, ...] = (),
 ) -> SamplingParams:
-    """SamplingParams from the OpenAI sampling fields; any invalid value is a 400 naming its field."""
+    """SamplingParams from the OpenAI sampling fields; any invalid value is a 400 naming its field. `forced` is a
+    forced tool call's grammar (then no other constraint may be given), `extra_stop` stop strings of the server's
+    own (a single tool call ends at its closing marker)."""
     d = defaults or {}
     stop_token_ids = body.get("stop_token_ids")
     if stop_token_ids is not None and not (
@@ -86,6 +91,14 @@ def sampling_params(
     ):
         raise bad_request("stop_token_ids must be a list of integers", "stop_token_ids")
     structured = structured_output(body)
+    if forced is not None:
+        if structured is not None:
+            raise bad_request(
+                "tool_choice forces a tool call, which cannot be combined with another output constraint "
+                "(response_format, guided_*)",
+                "tool_choice",
+            )
+        structured = forced
     try:
         return SamplingParams(
             temperature=get_number(body, "temperature", d.get("temperature", 1.0)),
@@ -96,7 +109,7 @@ def sampling_params(
             presence_penalty=get_number(body, "presence_penalty", d.get("presence_penalty", 0.0)),
             frequency_penalty=get_number(body, "frequency_penalty", d.get("frequency_penalty", 0.0)),
             max_tokens=max_tokens,
-            stop=get_stop(body) if "stop" in body else tuple(d.get("stop", ())),
+            stop=(get_stop(body) if "stop" in body else tuple(d.get("stop", ()))) + extra_stop,
             stop_token_ids=tuple(stop_token_ids or ()),
             ignore_eos=get_bool(body, "ignore_eos", False),
             n=get_int(body, "n", 1),

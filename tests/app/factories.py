@@ -226,3 +226,67 @@ def chat_prompt_ids(messages: list[dict[str, str]]) -> list[int]:
     tokenizer = AutoTokenizer.from_pretrained(str(make_tiny_model_dir()))
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+# A Qwen2.5-style chat template (written for the tests): tools go into the system turn, calls are
+# <tool_call> JSON blocks, tool results come back in a user turn as <tool_response> blocks.
+TOOLS_TEMPLATE = """{%- if tools %}<|im_start|>system
+{{ messages[0].content if messages[0].role == 'system' else 'You are a helpful assistant.' }}
+
+# Tools
+
+You may call one or more functions. Their signatures are in <tools></tools>:
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools>
+
+For each call, return a JSON object with the function name and arguments in <tool_call></tool_call> tags:
+<tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call><|im_end|>
+{% elif messages[0].role != 'system' %}<|im_start|>system
+You are a helpful assistant.<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'system' %}{% if not tools %}<|im_start|>system
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% elif message.role == 'assistant' %}<|im_start|>assistant
+{{ message.content or '' }}
+{%- for call in message.tool_calls or [] %}
+<tool_call>
+{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def make_tiny_tools_model_dir() -> Path:
+    """The tiny random model with a chat template that renders tools (Qwen2.5's format)."""
+    from filelock import FileLock
+
+    source = make_tiny_model_dir()
+    target = source.parent / "tiny-llama-tools-template"
+    with FileLock(str(target) + ".lock"):
+        if (target / "chat_template.jinja").is_file() and (
+            target / "chat_template.jinja"
+        ).read_text() == TOOLS_TEMPLATE:
+            return target
+        shutil.rmtree(target, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(dir=source.parent))
+        for item in source.iterdir():
+            shutil.copy(item, staging / item.name)
+        (staging / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
+        staging.rename(target)
+    return target
