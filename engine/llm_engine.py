@@ -172,7 +172,12 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free its blocks; unknown or finished ids are ignored."""
+        seqs = self.scheduler.get_sequences(request_id)
+        seqs += [fork for seq in seqs for fork in self.scheduler.unforked.get(seq.seq_id, ())]
         self.output_processor.abort(request_id)
+        for seq in seqs:  # now, not at the next step: an idle engine takes none
+            self.guided.release(seq.seq_id)
+            self._seeded_generators.pop(seq.seq_id, None)
 
     def has_unfinished_requests(self) -> bool:
         """True while a request is live, or a disk load of an aborted one still holds pool blocks (the next steps
@@ -230,6 +235,8 @@ class LLMEngine:
             self.output_processor.add_logprobs(seqs, sampled.logprobs)
         got_token = self.scheduler.update(out, token_ids)
         for seq in ended:  # the grammar is complete and cannot go on: stop now instead of sampling EOS next
+            if seq.finish_reason is FinishReason.LENGTH:  # its last allowed token completed it: not cut
+                seq.finish_reason = FinishReason.STOP
             self.scheduler.finish(seq, FinishReason.STOP)
         return got_token
 

@@ -57,7 +57,9 @@ class _Call:
 
     def parser(self) -> ToolCallParser | None:
         """A fresh tool-call parser for one sample, None when the output is plain content."""
-        return ToolCallParser(self.tools.names) if self.tools is not None and self.tools.names else None
+        if self.tools is None or not self.tools.names:
+            return None
+        return ToolCallParser(self.tools.names, self.tools.strict)
 
 
 async def list_models(request: Request) -> Response:

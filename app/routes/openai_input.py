@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from typing import Any
 
 from app.routes.context import Services
 from app.services.errors import APIError, bad_request
-from app.services.tools import NO_TEMPLATE_SUPPORT
+from app.services.tool_calls import OPEN
+from app.services.tools import NO_TEMPLATE_SUPPORT, UNPARSED_FORMAT
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
 MAX_CACHE_SALT_CHARS = 1024
@@ -137,8 +139,16 @@ def uses_tools(messages: list[dict[str, Any]]) -> bool:
 def render_chat(
     tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
 ) -> list[int]:
-    """The chat template's rendering (with `tools`, if any) and the generation prompt, as token ids."""
-    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    """The chat template's rendering (with `tools`, if any) and the generation prompt, as token ids; 400 when the
+    template refuses the conversation (its `raise_exception`, e.g. a tool-call id it does not accept)."""
+    from jinja2 import TemplateError
+
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False
+        )
+    except TemplateError as exc:
+        raise bad_request(f"the model's chat template refused the conversation: {exc}", "messages") from None
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
@@ -155,10 +165,9 @@ async def prompt_ids(
         needs_tools = tools is not None or body.get("tools") is not None or uses_tools(messages)
 
         def render(tok: Any) -> tuple[list[int], int]:
-            if needs_tools and not template_has_tools(getattr(tok, "chat_template", None)):
-                raise bad_request(
-                    NO_TEMPLATE_SUPPORT, "tools" if body.get("tools") is not None else "messages"
-                )
+            refusal = tools_refusal(getattr(tok, "chat_template", None)) if needs_tools else None
+            if refusal is not None:
+                raise bad_request(refusal, "tools" if body.get("tools") is not None else "messages")
             ids = render_chat(tok, messages, tools)
             # tools are rendered into the system turn: the published prefix no longer leads the prompt
             return ids, public.length(messages, ids) if public is not None and tools is None else 0
@@ -194,17 +203,27 @@ async def _completion_ids(svc: Services, body: dict[str, Any]) -> list[int]:
     raise bad_request("prompt must be a non-empty string or a list of token ids", "prompt")
 
 
-def template_has_tools(template: str | None) -> bool:
-    """Whether a chat template references `tools` (it renders them when given)."""
-    if not template:
-        return False
-    return _references_tools(template)
+def tools_refusal(template: str | dict[str, str] | None) -> str | None:
+    """Why tools cannot be offered with this chat template, or None: it must render `tools` and write calls in the
+    format the tool-call parser reads. A dict of named templates (Hermes, Cohere) uses its `tool_use` one."""
+    if isinstance(template, dict):
+        template = template.get("tool_use") or template.get("default")
+    if not template or not _references_tools(template):
+        return NO_TEMPLATE_SUPPORT
+    if OPEN not in template:
+        return UNPARSED_FORMAT
+    return None
 
 
 @lru_cache(maxsize=8)
 def _references_tools(template: str) -> bool:
-    from jinja2 import meta
+    """Whether the template reads a `tools` variable (by its text where it uses a tag only transformers knows, such
+    as `{% generation %}`)."""
+    from jinja2 import TemplateError, meta
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
-    return "tools" in meta.find_undeclared_variables(env.parse(template))
+    try:
+        return "tools" in meta.find_undeclared_variables(env.parse(template))
+    except TemplateError:
+        return re.search(r"\btools\b", template) is not None

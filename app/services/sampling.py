@@ -9,7 +9,7 @@ from typing import Any
 
 from app.services.errors import bad_request
 from app.services.response_format import structured_output
-from engine.core.sequence import SamplingParams
+from engine.core.sequence import MAX_STOP_STRINGS, SamplingParams
 from engine.core.structured import StructuredOutput
 
 _SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
@@ -99,6 +99,19 @@ def sampling_params(
                 "tool_choice",
             )
         structured = forced
+    stop = get_stop(body) if "stop" in body else tuple(d.get("stop", ()))
+    if extra_stop and structured is not None:
+        raise bad_request(
+            "parallel_tool_calls: false ends the reply at its first tool call's closing marker (a stop string of the "
+            "server's), which cannot be combined with an output constraint (response_format, guided_*)",
+            "parallel_tool_calls",
+        )
+    if extra_stop and len(stop) <= MAX_STOP_STRINGS < len(stop) + len(extra_stop):
+        raise bad_request(
+            f"stop may hold at most {MAX_STOP_STRINGS - len(extra_stop)} strings with parallel_tool_calls: false "
+            f"(the server adds {len(extra_stop)} of its own), got {len(stop)}",
+            "stop",
+        )
     try:
         return SamplingParams(
             temperature=get_number(body, "temperature", d.get("temperature", 1.0)),
@@ -109,7 +122,7 @@ def sampling_params(
             presence_penalty=get_number(body, "presence_penalty", d.get("presence_penalty", 0.0)),
             frequency_penalty=get_number(body, "frequency_penalty", d.get("frequency_penalty", 0.0)),
             max_tokens=max_tokens,
-            stop=(get_stop(body) if "stop" in body else tuple(d.get("stop", ()))) + extra_stop,
+            stop=stop + extra_stop,
             stop_token_ids=tuple(stop_token_ids or ()),
             ignore_eos=get_bool(body, "ignore_eos", False),
             n=get_int(body, "n", 1),

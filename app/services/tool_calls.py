@@ -14,6 +14,9 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -57,10 +60,12 @@ def _partial_marker(text: str) -> int:
 
 
 class ToolCallParser:
-    """Feed it the text deltas of one sample; `finish()` at the end. `names` are the callable tools."""
+    """Feed it the text deltas of one sample; `finish()` at the end. `names` are the callable tools; `strict` the
+    parameters schemas of the strict ones, whose calls count only when their arguments validate."""
 
-    def __init__(self, names: frozenset[str]) -> None:
+    def __init__(self, names: frozenset[str], strict: dict[str, dict[str, Any]] | None = None) -> None:
         self.names = names
+        self.strict = strict or {}
         self.num_calls = 0
         self._buf = ""  # text not released yet
         self._inside = False  # after an OPEN not closed yet
@@ -129,12 +134,17 @@ class ToolCallParser:
             return None
         if not isinstance(value, dict):
             return None
-        name, arguments = value.get("name"), value.get("arguments", {})
+        # `parameters` is Llama 3's key for the arguments; a call without either takes none
+        name, arguments = value.get("name"), value.get("arguments", value.get("parameters", {}))
         if isinstance(arguments, str):  # some models write the arguments as a JSON string
             try:
                 arguments = json.loads(arguments)
             except ValueError:
                 return None
         if name not in self.names or not isinstance(arguments, dict):
+            return None
+        if name in self.strict and not jsonschema.validators.validator_for(self.strict[name])(
+            self.strict[name]
+        ).is_valid(arguments):
             return None
         return ToolCall(new_call_id(), name, json.dumps(arguments, ensure_ascii=False))

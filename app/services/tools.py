@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import jsonschema
 
 from app.services.errors import bad_request
 from app.services.tool_calls import CLOSE, OPEN
@@ -25,18 +27,24 @@ NO_TEMPLATE_SUPPORT = (
     "the model's chat template has no tool support (it does not render `tools`), so this server cannot offer "
     "tools to this model"
 )
+UNPARSED_FORMAT = (
+    "the model's chat template renders tools, but its tool calls are not written as <tool_call>...</tool_call> "
+    "(Hermes / Qwen2.5 style), the only format this server parses; tools are not offered to this model"
+)
 
 
 @dataclass(frozen=True)
 class ToolPlan:
     """What a request's tools make of it: `render` goes to the chat template (None: no tools rendered), `names` are
     the callable tools (empty: no output parsing), `forced` constrains the output to calls, `single` allows at
-    most one call."""
+    most one call, `strict` holds the parameters schema of each `strict: true` tool (a call to one whose arguments
+    do not validate is not a call)."""
 
     render: list[dict[str, Any]] | None
     names: frozenset[str]
     forced: StructuredOutput | None
     single: bool
+    strict: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def tool_plan(body: dict[str, Any]) -> ToolPlan | None:
@@ -78,7 +86,8 @@ def tool_plan(body: dict[str, Any]) -> ToolPlan | None:
         return ToolPlan(None, frozenset(), None, False)
     single = parallel is False
     forced = None if choice == "auto" else _forced(chosen, single)
-    return ToolPlan(tools, frozenset(f["name"] for f in chosen), forced, single)
+    strict = {f["name"]: f["parameters"] for f in chosen if f["strict"]}
+    return ToolPlan(tools, frozenset(f["name"] for f in chosen), forced, single, strict)
 
 
 def _functions(tools: Any) -> list[dict[str, Any]]:
@@ -116,7 +125,13 @@ def _functions(tools: Any) -> list[dict[str, Any]]:
         strict = function.get("strict")
         if strict is not None and not isinstance(strict, bool):
             raise bad_request(f"{where}.function.strict must be true or false", "tools")
-        functions.append({"name": name, "parameters": parameters, "where": where})
+        try:
+            jsonschema.validators.validator_for(parameters).check_schema(parameters)
+        except jsonschema.SchemaError as exc:
+            raise bad_request(
+                f"{where}.function.parameters is not a valid JSON schema: {exc.message}", "tools"
+            ) from None
+        functions.append({"name": name, "parameters": parameters, "where": where, "strict": strict is True})
     return functions
 
 

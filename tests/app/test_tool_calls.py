@@ -51,6 +51,9 @@ CASES = [
     ('<tool_call>\n{"name": "add", "argu', ('<tool_call>\n{"name": "add", "argu', [])),
     # an output stopped at </tool_call> (excluded as a stop string): the open call parses, so it is a call
     ('<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n', ("", [("add", {"a": 1})])),
+    # Llama 3's key for the arguments is read as them; a call without either takes none
+    ('<tool_call>{"name": "add", "parameters": {"a": 2}}</tool_call>', ("", [("add", {"a": 2})])),
+    ('<tool_call>{"name": "get_weather"}</tool_call>', ("", [("get_weather", {})])),
     ("a <tool_ b", ("a <tool_ b", [])),
     ("ends with <tool_c", ("ends with <tool_c", [])),
     ("  \n", ("  \n", [])),
@@ -67,3 +70,15 @@ def test_content_after_a_call_keeps_its_order():
     parser = ToolCallParser(NAMES)
     items = parser.feed(ONE + " and more").items + parser.finish().items
     assert isinstance(items[0], ToolCall) and items[1:] == [" and more"]
+
+
+def test_a_strict_tools_call_counts_only_when_its_arguments_validate():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    good = '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+    bad = '<tool_call>{"name": "add", "arguments": {"a": "one"}}</tool_call>'
+    for text, is_call in [(good, True), (bad, False)]:
+        parser = ToolCallParser(NAMES, {"add": schema})
+        items = parser.feed(text).items + parser.finish().items
+        assert [isinstance(i, ToolCall) for i in items] == [is_call], items
+        if not is_call:
+            assert "".join(items) == bad  # kept whole as content, nothing lost

@@ -10,7 +10,9 @@ import jsonschema
 import openai
 import pytest
 
-from tests.app.factories import make_client, make_tiny_model_dir, make_tiny_tools_model_dir
+from app.routes.openai_input import render_chat, tools_refusal
+from app.services.errors import APIError
+from tests.app.factories import TOOLS_TEMPLATE, make_client, make_tiny_model_dir, make_tiny_tools_model_dir
 
 MODEL = make_tiny_tools_model_dir().name
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -165,6 +167,17 @@ def test_tool_choice_none_does_not_render_the_tools(client):
             {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]},
             "tools[0].function.parameters must be a JSON schema object",
         ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "object", "required": 3}},
+                    }
+                ]
+            },
+            "tools[0].function.parameters is not a valid JSON schema",
+        ),
         ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice must be one of"),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "'nope'"),
         ({"tool_choice": "required"}, "tool_choice needs tools"),
@@ -194,3 +207,60 @@ def test_tools_on_a_template_without_tool_support_are_400(tmp_path):
         assert response.status_code == 400, response.text
         assert "chat template has no tool support" in response.json()["error"]["message"]
         assert response.json()["error"]["param"] == "tools"
+
+
+LLAMA31_LIKE = (  # renders tools, but writes calls as bare JSON: a format the parser does not read
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}"
+    '{"name": ..., "parameters": ...}'
+)
+
+
+@pytest.mark.parametrize(
+    ("template", "refusal"),
+    [
+        (None, "has no tool support"),
+        ("{% for m in messages %}{{ m['content'] }}{% endfor %}", "has no tool support"),
+        (LLAMA31_LIKE, "not written as <tool_call>"),
+        ({"default": "{{ messages }}", "tool_use": TOOLS_TEMPLATE}, None),  # Hermes' named templates
+        ({"default": "{{ messages }}"}, "has no tool support"),
+        ("{% generation %}{{ tools }}<tool_call>{% endgeneration %}", None),  # a tag only transformers knows
+        (TOOLS_TEMPLATE, None),
+    ],
+)
+def test_tools_are_offered_only_where_the_template_writes_calls_the_parser_reads(template, refusal):
+    got = tools_refusal(template)
+    assert got is None if refusal is None else refusal in got
+
+
+def test_a_template_that_refuses_the_conversation_is_a_400_naming_messages(tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(make_tiny_tools_model_dir())
+    tok.chat_template = "{{ raise_exception('tool call ids must be 9 characters') }}"
+    with pytest.raises(APIError) as refused:
+        render_chat(tok, ASK, TOOLS)
+    assert refused.value.status == 400 and refused.value.param == "messages"
+    assert "refused the conversation: tool call ids must be 9 characters" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "fragment"),
+    [
+        (
+            {"response_format": {"type": "json_object"}},
+            "parallel_tool_calls",
+            "cannot be combined with an output",
+        ),
+        (
+            {"stop": [f"s{i}" for i in range(16)]},
+            "stop",
+            "at most 15 strings with parallel_tool_calls: false",
+        ),
+    ],
+)
+def test_a_single_auto_call_names_what_its_own_stop_string_conflicts_with(app_client, extra, param, fragment):
+    body = {"messages": ASK, "max_tokens": 2, "tools": TOOLS, "parallel_tool_calls": False, **extra}
+    response = app_client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and fragment in error["message"]

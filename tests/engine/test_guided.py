@@ -182,3 +182,18 @@ def test_a_length_cut_is_reported_as_length(llm: LLM) -> None:
     out = llm.generate(["hello"], constrained(1.0, seed=0, max_tokens=3))[0].outputs[0]
     assert out.finish_reason is FinishReason.LENGTH
     assert len(out.token_ids) == 3 and out.text.startswith("{")
+
+
+def test_a_grammar_completed_by_the_last_allowed_token_is_a_stop(llm: LLM) -> None:
+    one_digit = StructuredOutput("regex", r"[0-9]")  # a digit is one token of SmolLM2's tokenizer
+    out = llm.generate(["hello"], constrained(0.0, structured=one_digit, max_tokens=1))[0].outputs[0]
+    assert re.fullmatch(r"[0-9]", out.text) and out.finish_reason is FinishReason.STOP
+
+
+def test_an_abort_releases_the_matchers_at_once_even_when_the_engine_goes_idle(llm: LLM) -> None:
+    engine = llm.engine
+    engine.add_request("gone", "hello", constrained(0.7, seed=3, n=3))
+    engine.step()
+    assert len(engine.guided) == 3
+    engine.abort_request("gone")
+    assert len(engine.guided) == 0 and not engine._seeded_generators
