@@ -61,7 +61,7 @@ def choose_files(repo_id: str, files: list[str], gguf_file: str = "") -> tuple[l
             raise ValueError(f"model repo {repo_id!r} has {found}; its GGUF files: {_listing(ggufs)}")
         return matches, matches[0]
     top = [f for f in files if "/" not in f]
-    weights = _safetensors_weights(top)
+    weights = safetensors_weights(top)
     if weights and "config.json" in top:
         meta = [f for f in top if any(fnmatch.fnmatchcase(f, p) for p in META_PATTERNS)]
         index = [f for f in top if f.endswith(".safetensors.index.json")]
@@ -79,7 +79,7 @@ def choose_files(repo_id: str, files: list[str], gguf_file: str = "") -> tuple[l
     )
 
 
-def _safetensors_weights(top: list[str]) -> list[str]:
+def safetensors_weights(top: list[str]) -> list[str]:
     """The top-level safetensors shards transformers would load: `model*.safetensors` when the repo has them
     (Mistral repos also carry a `consolidated.safetensors` copy), else every `*.safetensors`."""
     shards = [f for f in top if f.endswith(".safetensors")]

@@ -11,7 +11,7 @@ import torch
 
 from engine.core.config import EngineConfig
 from engine.loading.gguf import gguf_hf_config, is_gguf_file, load_gguf_tokenizer, open_gguf
-from engine.loading.hub import check_local_options, is_repo_id, resolve_hub_model
+from engine.loading.hub import check_local_options, is_repo_id, resolve_hub_model, safetensors_weights
 from engine.loading.provision import DEFAULT_MODEL_NAME, provision_default_model
 from engine.models.llama import LlamaForCausalLM, ModelArgs
 
@@ -85,10 +85,18 @@ def load_tokenizer(path: Path) -> Any:
 
 
 def iter_safetensors(path: Path):
-    """Yield (name, tensor) from every *.safetensors file of the folder, in name order."""
+    """Yield (name, tensor) from the folder's weight files, in name order: those its index names, else the ones
+    transformers would load (a hub snapshot may also hold e.g. Mistral's `consolidated.safetensors` copy)."""
+    import json
+
     from safetensors import safe_open
 
-    for file in sorted(Path(path).glob("*.safetensors")):
+    index = Path(path) / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        names = sorted(safetensors_weights([f.name for f in Path(path).glob("*.safetensors")]))
+    for file in (Path(path) / name for name in names):
         with safe_open(str(file), framework="pt") as handle:
             for name in handle.keys():  # noqa: SIM118 - safe_open handles are not iterable
                 yield name, handle.get_tensor(name)

@@ -54,6 +54,23 @@ def test_saved_folder_round_trips(tmp_path, kind, tied):
     torch.testing.assert_close(_prefill_logits(model, tokens), expected, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_only_the_weight_files_transformers_would_load_are_read(tmp_path, sharded):
+    """A hub snapshot may hold other safetensors beside the model's (Mistral's consolidated.safetensors copy, in
+    another naming): the index's files, else model*.safetensors, are the weights."""
+    from safetensors.torch import save_file
+
+    hf_model = make_hf_model("llama", seed=4)
+    hf_model.save_pretrained(tmp_path, max_shard_size="20KB" if sharded else "5GB")
+    assert (tmp_path / "model.safetensors.index.json").is_file() is sharded
+    save_file({"layers.0.attention.wq.weight": torch.zeros(2, 2)}, str(tmp_path / "consolidated.safetensors"))
+    model, _ = load_model(tmp_path, torch.float32, torch.device("cpu"))
+    tokens = [5, 17, 99, 3]
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([tokens])).logits[0]
+    torch.testing.assert_close(_prefill_logits(model, tokens), expected, atol=1e-4, rtol=0)
+
+
 def test_load_model_casts_to_bf16(tmp_path):
     make_hf_model("llama", seed=0).save_pretrained(tmp_path)
     model, _ = load_model(tmp_path, torch.bfloat16, torch.device("cpu"), max_model_len=32)
