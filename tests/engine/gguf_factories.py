@@ -115,6 +115,32 @@ def add_tokenizer(writer: gguf.GGUFWriter, tokenizer: Any) -> None:
     writer.add_chat_template(tokenizer.chat_template)
 
 
+def add_hparams(
+    writer: gguf.GGUFWriter,
+    *,
+    context: int,
+    hidden: int,
+    layers: int,
+    ffn: int,
+    heads: tuple[int, int, int],
+    rope_theta: float,
+    eps: float,
+    vocab: int,
+) -> None:
+    """A Llama-family file's hyperparameters; `heads` is (query heads, KV heads, head dim)."""
+    num_heads, num_kv_heads, head_dim = heads
+    writer.add_context_length(context)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(num_heads)
+    writer.add_head_count_kv(num_kv_heads)
+    writer.add_rope_freq_base(rope_theta)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_layer_norm_rms_eps(eps)
+    writer.add_vocab_size(vocab)
+
+
 def write_tiny_gguf(
     path: Path, cfg: TinyLlama, seed: int = 0, tokenizer: Any | None = None
 ) -> dict[str, np.ndarray]:
@@ -122,16 +148,17 @@ def write_tiny_gguf(
     name, in HF row order."""
     weights = hf_weights(cfg, seed)
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(cfg.context_length)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_block_count(cfg.num_layers)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_heads)
-    writer.add_head_count_kv(cfg.num_kv_heads)
-    writer.add_rope_freq_base(cfg.rope_theta)
-    writer.add_rope_dimension_count(cfg.head_dim)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_vocab_size(cfg.vocab_size)
+    add_hparams(
+        writer,
+        context=cfg.context_length,
+        hidden=cfg.hidden_size,
+        layers=cfg.num_layers,
+        ffn=cfg.intermediate_size,
+        heads=(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+        rope_theta=cfg.rope_theta,
+        eps=cfg.rms_norm_eps,
+        vocab=cfg.vocab_size,
+    )
     writer.add_bos_token_id(cfg.bos_token_id)
     writer.add_eos_token_id(cfg.eos_token_id)
     if tokenizer is None:

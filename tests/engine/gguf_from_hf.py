@@ -18,7 +18,7 @@ import torch
 
 from tests.engine.bench_helpers import make_tiny_tokenizer
 from tests.engine.factories import make_hf_model
-from tests.engine.gguf_factories import T, add_tokenizer, encode, llama_cpp_permute
+from tests.engine.gguf_factories import T, add_hparams, add_tokenizer, encode, llama_cpp_permute
 
 K_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)
 RANDOM_TYPES = (*K_TYPES, T.IQ4_NL)  # written as random blocks (IQ4_NL: a format the loader refuses)
@@ -115,16 +115,17 @@ def write_hf_model_gguf(
     arch = "qwen2" if config.model_type == "qwen2" else "llama"
     rope = config.rope_parameters
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(rope["rope_theta"])
-    writer.add_rope_dimension_count(config.head_dim)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_vocab_size(config.vocab_size)
+    add_hparams(
+        writer,
+        context=config.max_position_embeddings,
+        hidden=config.hidden_size,
+        layers=config.num_hidden_layers,
+        ffn=config.intermediate_size,
+        heads=(config.num_attention_heads, config.num_key_value_heads, config.head_dim),
+        rope_theta=rope["rope_theta"],
+        eps=config.rms_norm_eps,
+        vocab=config.vocab_size,
+    )
     if tokenizer is None:
         writer.add_eos_token_id(2 if config.eos_token_id is None else config.eos_token_id)
         writer.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
