@@ -3,7 +3,8 @@
 Building llguidance's view of a tokenizer (every token's bytes, a token trie) takes about a second for a 49k
 vocabulary, so it happens once, on first use, under a lock: whichever thread asks first (the API's check, or the
 engine thread for a direct engine user) builds it. A grammar's first matcher is kept (LRU) and later requests
-with the same grammar get a copy, so repeated schemas compile once.
+with the same grammar get a copy, so repeated schemas compile once. A grammar is compiled with its first mask,
+which must fit MAX_FIRST_MASK_S.
 """
 
 from __future__ import annotations
@@ -22,13 +23,24 @@ from engine.core.structured import StructuredOutput
 logger = logging.getLogger(__name__)
 
 MAX_CACHED_GRAMMARS = 64
+# A grammar's first mask builds most of its lexer (shared by every copy of the matcher): it is computed when the
+# grammar is compiled, off the engine thread when the API checks a request, and a grammar whose first mask takes
+# longer than this (e.g. the regex a{1000000}: ~0.5 s) is refused, so one request cannot stall every step's batch.
+MAX_FIRST_MASK_S = 0.25
 
 
 class GrammarCompiler:
     """Turns a StructuredOutput into a fresh llguidance matcher for one sequence. Thread-safe."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        eos_token_ids: frozenset[int],
+        max_first_mask_s: float = MAX_FIRST_MASK_S,
+    ) -> None:
         self._hf_tokenizer = tokenizer
+        self.max_first_mask_s = max_first_mask_s
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
         self._lock = threading.Lock()
@@ -59,6 +71,16 @@ class GrammarCompiler:
         pristine = llguidance.LLMatcher(tokenizer, grammar, log_level=0)  # drops the GIL while it builds
         if pristine.is_error():
             raise ValueError(f"structured output: {pristine.get_error().splitlines()[0]}")
+        start = time.perf_counter()
+        pristine.compute_bitmask()  # drops the GIL; the lexer states it builds are shared by the copies
+        seconds = time.perf_counter() - start
+        if pristine.is_error():
+            raise ValueError(f"structured output: {pristine.get_error().splitlines()[0]}")
+        if seconds > self.max_first_mask_s:
+            raise ValueError(
+                f"structured output: the grammar is too costly: its first token mask took {seconds:.2f} s, over "
+                f"the limit of {self.max_first_mask_s} s (e.g. a very large repetition count)"
+            )
         with self._lock:
             self._matchers[grammar] = pristine
             while len(self._matchers) > MAX_CACHED_GRAMMARS:

@@ -197,3 +197,17 @@ def test_an_abort_releases_the_matchers_at_once_even_when_the_engine_goes_idle(l
     assert len(engine.guided) == 3
     engine.abort_request("gone")
     assert len(engine.guided) == 0 and not engine._seeded_generators
+    (out,) = engine.step()  # the abort's final output
+    assert out.finished and not engine.has_unfinished_requests()
+
+
+def test_a_grammar_whose_first_mask_is_too_costly_is_refused_before_it_runs(llm: LLM, monkeypatch) -> None:
+    # a limit 5x below what this grammar's first mask takes here (~0.5 s) and far above a plain grammar's (~2 ms)
+    monkeypatch.setattr(llm.engine.grammars, "max_first_mask_s", 0.1)
+    llm.engine.check_structured(StructuredOutput("regex", "[0-9]{3}-x"))
+    costly = StructuredOutput("regex", "a{1000000}")
+    with pytest.raises(ValueError, match=r"too costly: its first token mask took .* over the limit of 0.1 s"):
+        llm.engine.check_structured(costly)
+    with pytest.raises(ValueError, match="too costly"):  # never cached: refused again, not handed out
+        llm.engine.add_request("costly", "hello", constrained(0.0, structured=costly))
+    assert llm.engine.scheduler.get_sequences("costly") == []
