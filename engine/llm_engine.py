@@ -38,10 +38,13 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         device = resolve_device(config.device)
-        dtype = resolve_dtype(config.dtype, device)
         if config.num_threads is not None and device.type == "cpu":
             torch.set_num_threads(config.num_threads)
-        loaded = load_engine_model(config, device, dtype)
+        # auto: fp32 beside GGUF blocks (their kernels take fp32), else bf16 where the hardware computes it fast
+        loaded = load_engine_model(
+            config, device, lambda gguf_blocks: resolve_dtype(config.dtype, device, gguf_blocks=gguf_blocks)
+        )
+        dtype = loaded.dtype
         self.config, self.model_name = loaded.config, loaded.model_name
         model, hf_config, self.tokenizer = loaded.model, loaded.hf_config, loaded.tokenizer
         self.eos_token_ids = loaded.eos_token_ids

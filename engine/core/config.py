@@ -34,7 +34,7 @@ class EngineConfig:
     )
     dtype: str = option(
         "auto",
-        "auto: bf16 where the CPU/GPU supports it, else fp32",
+        "auto: bf16 where the CPU/GPU supports it, else fp32 (fp32 beside quantization gguf, whose kernels take fp32)",
         choices=("auto", "float32", "bfloat16", "float16"),
     )
     device: str = option("auto", "auto: cuda when available, else cpu", choices=("auto", "cpu", "cuda"))

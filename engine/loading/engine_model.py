@@ -4,6 +4,7 @@ its tokenizer, EOS ids and sampling defaults."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import torch
 
 from engine.core.config import EngineConfig
 from engine.core.sampling_defaults import SamplingDefaults, from_generation_config
-from engine.loading.gguf import gguf_hf_config, load_gguf_model, open_gguf
+from engine.loading.gguf import gguf_hf_config, layer_linears_in_blocks, load_gguf_model, open_gguf
 from engine.loading.loader import (
     eos_token_ids,
     load_generation_config,
@@ -52,6 +53,7 @@ class EngineModel:
     """What LLMEngine.__init__ takes from loading: the resolved config and the loaded pieces."""
 
     config: EngineConfig  # resolved: device, dtype, quantization, max_model_len concrete
+    dtype: torch.dtype
     model: LlamaForCausalLM
     hf_config: Any
     tokenizer: Any
@@ -96,13 +98,20 @@ def resolve_model_source(config: EngineConfig, device: torch.device) -> ModelSou
     return ModelSource(DEFAULT_MODEL_NAME, folder, gguf)
 
 
-def load_engine_model(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> EngineModel:
-    """Resolve the model's source and `config` for this machine, then load the model, tokenizer and EOS ids."""
+def load_engine_model(
+    config: EngineConfig, device: torch.device, dtype_for: Callable[[bool], torch.dtype]
+) -> EngineModel:
+    """Resolve the model's source and `config` for this machine, then load the model, tokenizer and EOS ids.
+
+    `dtype_for(gguf_blocks)`: the model's dtype, told whether every layer linear keeps its GGUF blocks.
+    """
     source = resolve_model_source(config, device)
     reader = (
         open_gguf(source.gguf) if source.gguf is not None else None
     )  # parsed once, for config and weights
     hf_config = gguf_hf_config(reader) if reader is not None else load_hf_config(source.folder)
+    quantization = config.resolve_quantization(device=device.type, model_is_gguf=reader is not None)
+    dtype = dtype_for(quantization == "gguf" and layer_linears_in_blocks(reader))
     resolved = config.resolve(
         model_max_len=int(hf_config.max_position_embeddings),
         device=str(device.type),
@@ -126,4 +135,4 @@ def load_engine_model(config: EngineConfig, device: torch.device, dtype: torch.d
     eos = eos_token_ids(hf_config, generation_config, tokenizer)
     sampling = from_generation_config(generation_config)
     logger.info("sampling defaults of %s: %s", source.name, sampling.given() or "none (built-in)")
-    return EngineModel(resolved, model, hf_config, tokenizer, eos, source.name, source, sampling)
+    return EngineModel(resolved, dtype, model, hf_config, tokenizer, eos, source.name, source, sampling)

@@ -52,6 +52,7 @@ LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+LINEAR_PARTS = frozenset(("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"))
 
 
 def is_gguf_file(path: str | Path) -> bool:
@@ -87,6 +88,14 @@ def unpermute_index(num_rows: int, num_heads: int) -> torch.Tensor:
         f"{num_rows} rows do not split into {num_heads} heads of pairs"
     )
     return torch.arange(num_rows).view(num_heads, half_dim, 2).transpose(1, 2).reshape(-1)
+
+
+def layer_linears_in_blocks(reader: Any) -> bool:
+    """True when every layer linear of the file is a format kept in blocks (so all of them run on our kernels)."""
+    linears = [
+        t for t in reader.tensors if t.name.split(".")[-2:-1] and t.name.split(".")[-2] in LINEAR_PARTS
+    ]
+    return bool(linears) and all(t.tensor_type.name in BLOCK_TYPES for t in linears)
 
 
 def check_tensor_types(reader: Any) -> None:

@@ -42,14 +42,21 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto` -> bf16 on a bf16-capable GPU or CPU, else fp32; named dtypes map directly."""
+def resolve_dtype(name: str, device: torch.device, *, gguf_blocks: bool = False) -> torch.dtype:
+    """`auto` -> bf16 on a bf16-capable GPU or CPU, else fp32; named dtypes map directly.
+
+    `gguf_blocks`: the linears keep a GGUF file's blocks (quantization gguf). Their kernels multiply in fp32, so
+    `auto` is fp32 then: bf16 activations would add conversions around every kernel, round the logits, and turn
+    the fused decode step off (it takes fp32), while the weights' bytes stay the blocks' either way.
+    """
     if name in _NAMED_DTYPES:
         return _NAMED_DTYPES[name]
     if name != "auto":
         raise ValueError(f"dtype must be 'auto' or one of {sorted(_NAMED_DTYPES)}, got {name!r}")
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    if gguf_blocks:
+        return torch.float32
     return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
 
 

@@ -16,6 +16,7 @@ from engine.loading.gguf import (
     hf_tensor_name,
     is_gguf_file,
     iter_gguf_tensors,
+    layer_linears_in_blocks,
     load_gguf_model,
     open_gguf,
     unpermute_index,
@@ -29,6 +30,7 @@ from tests.engine.gguf_factories import (
     llama_cpp_permute,
     teacher_forced_logits,
     tensor_type,
+    write_tiny_chat_gguf,
     write_tiny_gguf,
 )
 
@@ -147,6 +149,23 @@ def test_mixed_formats_keep_that_linear_in_float(tmp_path):
         atol=1e-4,
         rtol=0,
     )
+
+
+def test_auto_dtype_is_fp32_where_every_layer_linear_keeps_its_blocks(tmp_path, monkeypatch):
+    """On a CPU with fast bf16, `auto` is still fp32 for a file whose layer linears all run on the block kernels
+    (they multiply in fp32 and the fused decode step takes fp32); a linear in float makes it bf16 again."""
+    from engine import LLM
+    from engine.worker import device
+
+    monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: True)
+    blocks = write_tiny_chat_gguf(tmp_path / "blocks.gguf", linear_type=T.Q4_1)
+    mixed = write_tiny_chat_gguf(tmp_path / "mixed.gguf", type_overrides={"blk.1.ffn_up.weight": T.F16})
+    assert layer_linears_in_blocks(open_gguf(blocks)) and not layer_linears_in_blocks(open_gguf(mixed))
+    kv = {"kv_cache_bytes": 2**20}
+    assert LLM(model=str(blocks), **kv).engine.runner.kv_cache.dtype == torch.float32
+    assert LLM(model=str(blocks), quantization="none", **kv).engine.runner.kv_cache.dtype == torch.bfloat16
+    assert LLM(model=str(mixed), **kv).engine.runner.kv_cache.dtype == torch.bfloat16
+    assert LLM(model=str(blocks), dtype="bfloat16", **kv).engine.runner.kv_cache.dtype == torch.bfloat16
 
 
 def test_bf16_model_from_gguf(tmp_path):

@@ -105,6 +105,9 @@ def test_dtype_and_device_resolution(monkeypatch):
     assert resolve_dtype("float32", cpu) is torch.float32 and resolve_dtype("bfloat16", cpu) is torch.bfloat16
     monkeypatch.setattr(dtype_mod, "cpu_has_fast_bf16", lambda: True)
     assert resolve_dtype("auto", cpu) is torch.bfloat16
+    # GGUF blocks multiply in fp32 (and the fused decode step takes fp32), so auto is fp32 beside them
+    assert resolve_dtype("auto", cpu, gguf_blocks=True) is torch.float32
+    assert resolve_dtype("bfloat16", cpu, gguf_blocks=True) is torch.bfloat16
     monkeypatch.setattr(dtype_mod, "cpu_has_fast_bf16", lambda: False)
     assert resolve_dtype("auto", cpu) is torch.float32
     with pytest.raises(ValueError, match="got 'int8'"):
