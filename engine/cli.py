@@ -12,6 +12,8 @@ from engine.core.options import add_options, given_options
 from engine.core.sampling_defaults import BUILTIN, SamplingDefaults
 from engine.core.sequence import SamplingParams
 
+HISTORY_FILE = "chat_history"  # under the cache dir: the chat's input lines, for up-arrow in the next chat
+
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """A flag for every EngineConfig field (defaults from the fields), for each subcommand that builds an engine."""
@@ -38,6 +40,19 @@ def _sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, help=unset.format(BUILTIN.top_p))
     parser.add_argument("--top-k", type=int, help=unset.format(BUILTIN.top_k))
     parser.add_argument("--repetition-penalty", type=float, help=unset.format(BUILTIN.repetition_penalty))
+    parser.add_argument(
+        "--ignore-eos", action="store_true", help="go on past the end-of-sequence token, up to --max-tokens"
+    )
+
+
+def _verbosity_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="logs (on stderr) at INFO; -vv at DEBUG (default: warnings and errors only)",
+    )
 
 
 def sampling_params_from_args(args: argparse.Namespace, model_defaults: SamplingDefaults) -> SamplingParams:
@@ -49,7 +64,7 @@ def sampling_params_from_args(args: argparse.Namespace, model_defaults: Sampling
         repetition_penalty=args.repetition_penalty,
     )
     chosen = given.over(model_defaults.over(BUILTIN))
-    return SamplingParams(max_tokens=args.max_tokens, **chosen.given())
+    return SamplingParams(max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, **chosen.given())
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -73,42 +88,15 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _chat(args: argparse.Namespace) -> int:
     from engine import LLMEngine
+    from engine.cli_chat import run_chat
+    from engine.core.paths import cache_dir
 
     engine = LLMEngine(config_from_args(args))
-    params = sampling_params_from_args(args, engine.sampling_defaults)
-    messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
-    print("pagedchat — type a message, /reset to start over, Ctrl-D to quit.", file=sys.stderr)
-    turn = 0
-    while True:
-        try:
-            text = input("you> ").strip()
-        except EOFError:
-            print(file=sys.stderr)
-            return 0
-        if not text:
-            continue
-        if text == "/reset":
-            messages = messages[:1] if args.system else []
-            continue
-        messages.append({"role": "user", "content": text})
-        prompt = engine.apply_chat_template(messages)
-        try:
-            engine.add_request(f"chat-{turn}", prompt, params)
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            messages.pop()
-            continue
-        turn += 1
-        print("assistant> ", end="", flush=True)
-        reply, cached = "", 0
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                delta = out.outputs[0].text_delta
-                reply += delta
-                cached = out.num_cached_tokens
-                print(delta, end="", flush=True)
-        print(f"\n[{len(prompt)} prompt tokens, {cached} from the prefix cache]", file=sys.stderr)
-        messages.append({"role": "assistant", "content": reply})
+    try:
+        params = sampling_params_from_args(args, engine.sampling_defaults)
+        return run_chat(engine, params, system=args.system, history_path=cache_dir() / HISTORY_FILE)
+    finally:
+        engine.close()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,27 +107,45 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", nargs="+")
     gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     _sampling_args(gen)
+    _verbosity_arg(gen)
     add_engine_args(gen)
-    chat = sub.add_parser("chat", help="interactive terminal chat that keeps the conversation")
+    chat = sub.add_parser(
+        "chat",
+        help="interactive terminal chat that keeps the conversation",
+        description="Interactive terminal chat. Ctrl-C stops a reply (what came so far stays in the conversation); "
+        "/help lists the commands (/reset, /system, /save, /stats, /exit); Ctrl-D quits.",
+    )
     chat.add_argument("--system", default="", help="system prompt")
     _sampling_args(chat)
+    _verbosity_arg(chat)
     add_engine_args(chat)
     return parser
+
+
+def configure_logging(verbosity: int) -> None:
+    """Logs to stderr, at WARNING unless -v (INFO) or -vv (DEBUG): stdout is the conversation's alone."""
+    level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if level > logging.DEBUG:  # a hub download logs every request at INFO: -vv shows them
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `pagedchat generate|chat` (pagedchat.cli dispatches here)."""
     argv = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx2").setLevel(logging.WARNING)  # a hub download logs every request at INFO
     args = build_parser().parse_args(argv)
+    configure_logging(args.verbose)
     try:
         return _generate(args) if args.command == "generate" else _chat(args)
-    except (
-        ValueError
-    ) as exc:  # bad input (a missing model file, an impossible option): a line, not a traceback
+    except ValueError as exc:
+        # bad input (a missing model file, an impossible option): a line, not a traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C while the model loads, or a second one in a step that does not end
+        print("\ninterrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
