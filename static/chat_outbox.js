@@ -7,7 +7,7 @@ import { state, ui } from "./chat_state.js";
 import * as view from "./chat_view.js";
 import { ClientFrame } from "./protocol.js";
 
-export const WAITING_NOTE = "Not sent yet: the server cannot be reached. It goes out once the connection is back.";
+const WAITING_NOTE = "Not sent yet: the server cannot be reached. It goes out once the connection is back.";
 export const DRAINING_NOTE = "Not sent yet: the server is shutting down. It goes out once the connection is back.";
 const UNCERTAIN_NOTE = "The connection dropped as this was sent: it is checked, and sent if need be, once it is back.";
 

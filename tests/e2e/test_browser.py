@@ -322,6 +322,7 @@ def test_a_restart_mid_reply_and_a_message_sent_while_the_server_is_down(
         expect(page.locator("#input")).to_have_value("")
         expect(page.locator("#error-banner")).to_be_hidden()
         wait_failed_reconnects(page, 3)
+        screenshot(page, "chat-message-waiting.png")
         expect(pending).to_have_count(1)
         expect(pending.locator("[data-action=edit]")).to_be_hidden()
         expect(page.locator("#input")).to_have_value("")
