@@ -3,14 +3,21 @@
 import { DEFAULT_TITLE, SETTING_FIELDS, state, ui } from "./chat_state.js";
 import * as view from "./chat_view.js";
 
-export function showError(message) {
+/** Show an error; `cause` "connection" marks one that a reconnect makes moot (it is cleared then). */
+export function showError(message, cause) {
   ui.errorText.textContent = message;
+  ui.errorBanner.dataset.cause = cause || "";
   ui.errorBanner.hidden = false;
 }
 
 export function clearError() {
   ui.errorBanner.hidden = true;
   ui.errorText.textContent = "";
+}
+
+/** The connection is back: an error that only said it was not there goes. */
+export function clearConnectionError() {
+  if (ui.errorBanner.dataset.cause === "connection") clearError();
 }
 
 export function setConnStatus(text) {

@@ -65,7 +65,7 @@ export async function renameSession(id, title) {
     if (state.current && state.current.id === id) Object.assign(state.current, { title: updated.title });
     renderHeader();
   } catch (e) {
-    showError(e.message);
+    showError(e.message, e.status === 0 ? "connection" : "");
   }
   renderSidebar();
 }

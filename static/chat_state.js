@@ -12,8 +12,10 @@ export const state = {
   streaming: false,
   // a frame was sent and the server has not yet accepted it with `start`
   awaitingStart: false,
-  // what to give back to the composer if the server refuses the message
-  pendingText: null,
+  // the message the server has not accepted yet: {frame, text, node, sent, uncertain, afterId} (chat_outbox.js)
+  outbox: null,
+  // the user pressed Stop on the running reply
+  stopRequested: false,
   assistantNode: null,
   assistantText: "",
   renderQueued: false,

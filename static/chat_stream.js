@@ -2,12 +2,20 @@
 // page, and what to show after the socket drops and comes back.
 import { ChatSocket } from "./chat_api.js";
 import {
-  autoGrow, queueRender, refreshActions, scrollToBottom, setConnStatus, setStreaming, showError, updateEmptyState,
+  DRAINING_NOTE, flushOutbox, giveBackOutbox, outboxAccepted, outboxDeferred, outboxDropped, settleOutbox,
+} from "./chat_outbox.js";
+import {
+  clearConnectionError, queueRender, refreshActions, scrollToBottom, setConnStatus, setStreaming, showError,
+  updateEmptyState,
 } from "./chat_render.js";
 import { state, ui } from "./chat_state.js";
-import { refreshSessions, reloadConversation, showBlankChat } from "./chat_sync.js";
+import { CONNECTION_LOST, refreshSessions, reloadConversation, showBlankChat } from "./chat_sync.js";
 import * as view from "./chat_view.js";
 import { ReplyStatus, ServerFrame } from "./protocol.js";
+
+// error codes of the server going away (app/routes/context.py, app/routes/ws.py): the reconnect answers them
+const SHUTTING_DOWN = "shutting_down";
+const SERVER_SHUTDOWN = "server_shutdown";
 
 /** Open the socket of session `id`; it reconnects on its own until closeSocket(). */
 export function connectSocket(id) {
@@ -15,20 +23,31 @@ export function connectSocket(id) {
   state.socket.connect();
 }
 
-function onOpen(isReconnect) {
+/** Open, or open again: after a reconnect the conversation is read again from the server (the page shows what was
+ * stored, whatever it guessed meanwhile), then a message still waiting goes out (once). */
+async function onOpen(isReconnect) {
+  const socket = state.socket;
   setConnStatus(null);
-  if (isReconnect) reloadConversation();
+  clearConnectionError();
+  if (!isReconnect) {
+    flushOutbox();
+    return;
+  }
+  const session = await reloadConversation();
+  if (state.socket === socket) settleOutbox(session);
 }
 
 function onDrop() {
-  setConnStatus("Connection lost — reconnecting…");
-  if (state.awaitingStart && state.pendingText !== null) ui.input.value = state.pendingText;
+  setConnStatus(CONNECTION_LOST);
   if (state.assistantNode) {
-    view.finishAssistant(state.assistantNode, { content: state.assistantText, status: ReplyStatus.INTERRUPTED });
+    // the server stores a reply whose socket dropped as interrupted, unless the user's Stop reached it first
+    const status = state.stopRequested ? ReplyStatus.STOPPED : ReplyStatus.INTERRUPTED;
+    view.finishAssistant(state.assistantNode, { content: state.assistantText, status });
   }
   state.assistantNode = null;
   state.awaitingStart = false;
-  if (state.streaming) setStreaming(false);
+  outboxDropped(); // a message not accepted yet waits for the reconnect: the composer stays busy with it
+  if (state.streaming && !state.outbox) setStreaming(false);
 }
 
 function onGone(message) {
@@ -41,8 +60,7 @@ function onFrame(frame) {
   switch (frame.type) {
     case ServerFrame.START: {
       state.awaitingStart = false;
-      state.pendingText = null;
-      ui.messages.querySelectorAll(".msg.is-pending").forEach((n) => n.remove());
+      outboxAccepted();
       ui.messages.appendChild(view.userMessage(frame.user_message));
       updateEmptyState();
       scrollToBottom(true);
@@ -90,17 +108,17 @@ function onDone(message) {
   refreshSessions().catch(() => {});
 }
 
-/** An error frame, or a frame that could not be sent: a refused message goes back into the composer. */
-export function onErrorFrame(frame) {
-  showError(frame.message || "The server reported an error.");
+/** An error frame: a refused message goes back into the composer, one refused because the server is shutting down
+ * waits for the reconnect; the server's goodbye is shown until the connection is back. */
+function onErrorFrame(frame) {
+  if (state.awaitingStart && state.outbox && frame.code === SHUTTING_DOWN) {
+    outboxDeferred(DRAINING_NOTE);
+    return;
+  }
+  showError(frame.message || "The server reported an error.", frame.code === SERVER_SHUTDOWN ? "connection" : "");
   if (!state.awaitingStart) return;
   state.awaitingStart = false;
-  ui.messages.querySelectorAll(".msg.is-pending").forEach((n) => n.remove());
-  if (state.pendingText !== null) {
-    ui.input.value = state.pendingText;
-    autoGrow();
-  }
-  state.pendingText = null;
+  giveBackOutbox();
   setStreaming(false);
   reloadConversation();
 }

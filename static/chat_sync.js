@@ -1,6 +1,7 @@
 // Keeping the page in step with the server's copy: the session list, the blank chat, and re-reading the open
 // conversation after a reconnect or while another connection's reply is still running.
 import { api } from "./chat_api.js";
+import { giveBackOutbox, redrawOutbox } from "./chat_outbox.js";
 import { state } from "./chat_state.js";
 import {
   fillSettings, renderConversation, renderHeader, renderSidebar, setConnStatus, setStreaming, showError,
@@ -8,6 +9,7 @@ import {
 
 const SERVER_REPLY_POLL_MS = 500;
 const SERVER_REPLY_MAX_POLLS = 60;
+export const CONNECTION_LOST = "Connection lost — reconnecting…";
 
 export async function refreshSessions() {
   const data = await api("GET", "/api/sessions");
@@ -15,11 +17,15 @@ export async function refreshSessions() {
   renderSidebar();
 }
 
+/** Leave the open session's socket: a message still waiting goes back to the composer, and a chat without a
+ * socket has no connection to report. */
 export function closeSocket() {
   if (state.socket) state.socket.close();
   state.socket = null;
   state.assistantNode = null;
   state.awaitingStart = false;
+  giveBackOutbox();
+  setConnStatus(null);
   if (state.streaming) setStreaming(false);
 }
 
@@ -33,10 +39,13 @@ export function showBlankChat() {
   fillSettings();
 }
 
-/** Another connection's reply is still running here: show the stored text until it has ended. */
+/** Another connection's reply is still running here: show the stored text until it has ended; the session as last
+ * read (null when none was). */
 export async function waitForServerReply(id) {
+  const here = () => state.current !== null && state.current.id === id;
+  let last = null;
   setConnStatus("A reply is still being written…");
-  for (let i = 0; i < SERVER_REPLY_MAX_POLLS && state.current && state.current.id === id; i++) {
+  for (let i = 0; i < SERVER_REPLY_MAX_POLLS && here() && !ownReplyOnItsWay(); i++) {
     await new Promise((r) => setTimeout(r, SERVER_REPLY_POLL_MS));
     let data;
     try {
@@ -44,23 +53,43 @@ export async function waitForServerReply(id) {
     } catch (e) {
       break;
     }
-    if (!state.current || state.current.id !== id || state.streaming) return;
+    if (!here() || ownReplyOnItsWay()) break;
+    last = data;
     renderConversation(data.messages);
+    redrawOutbox();
     if (!data.streaming) break;
   }
-  setConnStatus(state.socket && state.socket.isOpen ? null : "Connecting…");
+  // the status line is the open socket's: left to it once this chat is no longer on the page
+  if (here()) setConnStatus(socketStatus());
+  return last;
 }
 
-/** After a reconnect: show the conversation as the server stored it (a cut reply gets a Regenerate button). */
+/** The status line of the open session's socket: nothing while it is open. */
+function socketStatus() {
+  const socket = state.socket;
+  if (!socket || socket.isOpen) return null;
+  return socket.attempt > 0 ? CONNECTION_LOST : "Connecting…";
+}
+
+/** After a reconnect: show the conversation as the server stored it (a cut reply gets a Regenerate button), with a
+ * message that still waits to go out after it; a reply still running there is followed to its end. Resolves to the
+ * session as last read (null when it was not drawn). */
 export async function reloadConversation() {
-  if (!state.current) return;
+  if (!state.current) return null;
   const id = state.current.id;
   try {
     const data = await api("GET", "/api/sessions/" + encodeURIComponent(id));
-    if (!state.current || state.current.id !== id || state.streaming) return;
+    if (!state.current || state.current.id !== id || ownReplyOnItsWay()) return null;
     renderConversation(data.messages);
-    if (data.streaming) waitForServerReply(id);
+    redrawOutbox();
+    return data.streaming ? (await waitForServerReply(id)) || data : data;
   } catch (e) {
-    showError(e.message);
+    showError(e.message, e.status === 0 ? "connection" : "");
+    return null;
   }
+}
+
+/** A reply of ours is streaming or its frame is with the server (a message waiting in the outbox is not). */
+function ownReplyOnItsWay() {
+  return state.streaming && !(state.outbox && !state.outbox.sent);
 }

@@ -1,61 +1,64 @@
 // Starting and ending replies: send a message, Stop, Regenerate the last reply, edit-and-resend the last message.
 import { api } from "./chat_api.js";
+import { cancelOutbox, queueMessage } from "./chat_outbox.js";
 import {
-  autoGrow, clearError, messageNodes, refreshActions, scrollToBottom, setStreaming, showError, updateEmptyState,
+  clearError, messageNodes, refreshActions, scrollToBottom, setStreaming, showError, updateEmptyState,
 } from "./chat_render.js";
 import { ensureSession } from "./chat_sessions.js";
 import { state, ui } from "./chat_state.js";
-import { onErrorFrame } from "./chat_stream.js";
 import * as view from "./chat_view.js";
 import { ClientFrame } from "./protocol.js";
 
-const OPEN_TIMEOUT_MS = 5000;
+const NOT_CONNECTED = "Not connected to the server: nothing was changed. Try again once the connection is back.";
 
-/** Send a reply frame (MESSAGE, REGENERATE or EDIT); `giveBack` returns to the composer if it is refused. */
-export async function beginTurn(frame, giveBack) {
-  clearError();
-  setStreaming(true);
-  state.awaitingStart = true;
-  state.pendingText = giveBack;
-  if (frame.type === ClientFrame.MESSAGE) {
-    const pending = view.userMessage({ content: frame.content });
-    pending.classList.add("is-pending");
-    ui.messages.appendChild(pending);
-    ui.input.value = "";
-    autoGrow();
-  } else {
-    // REGENERATE and EDIT replace the last turn: drop it from the page until the server sends the new one
-    const nodes = messageNodes();
-    const lastUser = nodes.map((n) => n.dataset.role).lastIndexOf("user");
-    nodes.slice(Math.max(lastUser, 0)).forEach((n) => n.remove());
-  }
-  updateEmptyState();
-  scrollToBottom(true);
-  const socket = state.socket;
-  const open = socket ? await socket.waitOpen(OPEN_TIMEOUT_MS) : false;
-  if (!open || !socket.send(frame)) {
-    onErrorFrame({ message: "Not connected to the server: nothing was sent. Try again in a moment." });
-  }
-}
-
+/** Send what the composer holds: it goes out now, or waits on the page until the server can be reached. */
 export async function submitMessage() {
   const text = ui.input.value;
   if (!text.trim() || state.streaming) return;
   try {
     await ensureSession(text);
   } catch (e) {
-    showError(e.message);
+    showError(e.message, e.status === 0 ? "connection" : ""); // no chat to wait in: the text stays in the composer
     return;
   }
-  await beginTurn({ type: ClientFrame.MESSAGE, content: text }, text);
+  clearError();
+  state.stopRequested = false;
+  queueMessage(text);
+}
+
+/** REGENERATE or EDIT: replace the last turn. Only over an open socket: while the server cannot be reached the page
+ * stays as it is and says so (false). */
+function replaceLastTurn(frame) {
+  if (!state.socket || !state.socket.isOpen) {
+    showError(NOT_CONNECTED, "connection");
+    return false;
+  }
+  clearError();
+  state.stopRequested = false;
+  setStreaming(true);
+  state.awaitingStart = true;
+  // drop the last turn from the page until the server sends the new one
+  const nodes = messageNodes();
+  const lastUser = nodes.map((n) => n.dataset.role).lastIndexOf("user");
+  nodes.slice(Math.max(lastUser, 0)).forEach((n) => n.remove());
+  updateEmptyState();
+  scrollToBottom(true);
+  state.socket.send(frame);
+  return true;
 }
 
 export function regenerateReply() {
-  return beginTurn({ type: ClientFrame.REGENERATE }, null);
+  return replaceLastTurn({ type: ClientFrame.REGENERATE });
 }
 
+/** Stop the running reply; a message still waiting to go out is cancelled instead (its text back in the composer). */
 export function stopReply() {
   if (!state.streaming) return;
+  if (state.outbox && !state.outbox.sent) {
+    cancelOutbox();
+    return;
+  }
+  state.stopRequested = true;
   ui.stop.disabled = true;
   ui.stop.textContent = "Stopping…";
   if (!state.socket || !state.socket.send({ type: ClientFrame.STOP })) {
@@ -99,7 +102,7 @@ export function startEdit(node) {
   form.addEventListener("submit", (e) => {
     e.preventDefault();
     if (!area.value.trim() || state.streaming) return;
-    beginTurn({ type: ClientFrame.EDIT, content: area.value }, null);
+    replaceLastTurn({ type: ClientFrame.EDIT, content: area.value }); // refused while disconnected: the form stays
   });
   area.focus();
 }

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import re
 import signal
+import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 JAVASCRIPT_TYPES = ("text/javascript", "application/javascript")
+EXPECTED_NETWORK_ERRORS = ("Failed to load resource", "WebSocket connection to")
 WIDE = {"width": 1280, "height": 800}
 NARROW = {"width": 390, "height": 844}
 STATS_LINE = re.compile(
@@ -111,7 +114,8 @@ def open_page(chromium, ui_server) -> Iterator[Callable[..., Any]]:
         page.set_viewport_size(viewport)
 
         def on_console(message: Any) -> None:
-            expected = http_errors_ok and "Failed to load resource" in message.text
+            # a page whose test stops the server logs its failed fetches and socket connections
+            expected = http_errors_ok and any(text in message.text for text in EXPECTED_NETWORK_ERRORS)
             if message.type == "error" and not expected:
                 problems.append(f"{page.url}: console error: {message.text}")
 
@@ -220,8 +224,12 @@ def test_reconnect_after_a_drop_then_regenerate_and_edit(open_page, ui_server):
     # the network drops mid-reply
     page.evaluate("async () => (await import('/static/chat_state.js')).state.socket.ws.close()")
     expect(page.locator(".msg")).to_have_count(2)
-    expect(last_reply(page)).to_have_attribute("data-status", re.compile("stopped|interrupted"))
+    expect(last_reply(page)).to_have_attribute("data-status", "interrupted")
     expect(page.locator("#conn-status")).to_be_hidden()  # reconnected on its own
+    # the page shows the reply as the server stored it (the reload after reconnecting re-reads it)
+    stored = page.request.get(f"/api/sessions/{session_id}").json()["messages"][-1]
+    assert stored["status"] == "interrupted"
+    expect(last_reply(page)).to_have_attribute("data-text", stored["content"])
     regenerate = last_reply(page).locator("[data-action=regenerate]")
     expect(regenerate).to_be_visible()
     regenerate.click()
@@ -237,6 +245,139 @@ def test_reconnect_after_a_drop_then_regenerate_and_edit(open_page, ui_server):
     stored = page.request.get(f"/api/sessions/{session_id}").json()["messages"]
     assert [(m["role"], m["status"]) for m in stored] == [("user", "complete"), ("assistant", "finished")]
     assert stored[0]["content"] == "Tell me less"
+
+    # the socket drops just after a message went out, before the server's `start`: once reconnected the page finds
+    # it stored (the server stopped its reply when the socket closed) and does not send it again
+    page.fill("#input", "Once only")
+    page.evaluate(
+        """async () => {
+            const ws = (await import('/static/chat_state.js')).state.socket.ws;
+            const send = ws.send.bind(ws);
+            ws.send = (data) => { send(data); ws.close(); };
+            document.getElementById('composer').requestSubmit();
+        }"""
+    )
+    expect(page.locator(".msg-user .msg-body")).to_have_text(["Tell me less", "Once only"])
+    expect(last_reply(page)).to_have_attribute("data-status", "interrupted")
+    expect(page.locator("#conn-status")).to_be_hidden()
+    expect(page.locator(".msg-user.is-pending")).to_have_count(0)
+    expect(page.locator("#input")).to_have_value("")
+    expect(page.locator("#input")).to_be_enabled()
+    stored = page.request.get(f"/api/sessions/{session_id}").json()["messages"]
+    assert [(m["role"], m["content"] if m["role"] == "user" else m["status"]) for m in stored] == [
+        ("user", "Tell me less"),
+        ("assistant", "finished"),
+        ("user", "Once only"),
+        ("assistant", "interrupted"),
+    ]
+
+
+def test_a_restart_mid_reply_and_a_message_sent_while_the_server_is_down(
+    chromium, open_page, tmp_path, tiny_model
+):
+    """SIGTERM while a reply streams, a message sent while the server is down, the server back on the same port and
+    database: each failure state is one clear state, and what the page shows is what was stored."""
+    settings = dict(
+        PAGEDCHAT_MAX_MODEL_LEN="1024", PAGEDCHAT_DEFAULT_MAX_TOKENS="200", PAGEDCHAT_SHUTDOWN_GRACE_S="1"
+    )
+    # 150 tokens at >= 15 ms a step (>= 2.25 s) outlast the 1 s grace period: the shutdown cuts the reply
+    slow = start_server(
+        tmp_path, server_env(tmp_path, tiny_model, **settings, **{FAULTS_ENV: "step_delay_ms=15"})
+    )
+    servers = [slow]
+    context = chromium.new_context(viewport=WIDE, base_url=slow.base_url)
+    try:
+        page = open_page("/", context=context, http_errors_ok=True)
+        sid = new_session(page, title="Restart", settings={"max_tokens": 150})
+        page.goto(f"/#s={sid}")
+        page.reload()
+        page.wait_for_selector("body[data-ready=true]")
+        other = open_page(f"/#s={sid}", context=context, http_errors_ok=True)  # a second tab on the same chat
+        send(page, "Write a long story")
+        wait_streaming(page)
+        stop_server(slow)
+
+        # the cut reply shows the status and the text it is stored with, and keeps its Regenerate
+        reply = last_reply(page)
+        expect(reply).to_have_attribute("data-status", "interrupted")
+        expect(reply.locator(".msg-badge")).to_have_text("interrupted")
+        with sqlite3.connect(slow.db_path) as db:
+            rows = db.execute("SELECT role, status, content FROM messages ORDER BY id").fetchall()
+        assert [row[:2] for row in rows] == [("user", "complete"), ("assistant", "interrupted")]
+        assert reply.get_attribute("data-text") == rows[1][2] != ""
+        expect(page.locator("#conn-status")).to_have_text("Connection lost — reconnecting…")
+        expect(reply.locator("[data-action=regenerate]")).to_be_visible()
+
+        # Regenerate while the server is down leaves the reply in place and says why
+        reply.locator("[data-action=regenerate]").click()
+        expect(page.locator("#error-text")).to_contain_text("Not connected to the server")
+        expect(page.locator(".msg")).to_have_count(2)
+        expect(reply.locator("[data-action=regenerate]")).to_be_visible()
+
+        # a message sent meanwhile waits as one pending bubble (the composer is emptied), across failed reconnects
+        send(page, "Are you back?")
+        pending = page.locator(".msg-user.is-pending")
+        expect(pending).to_have_count(1)
+        expect(pending.locator(".msg-note")).to_contain_text("Not sent yet")
+        expect(page.locator("#input")).to_have_value("")
+        expect(page.locator("#error-banner")).to_be_hidden()
+        wait_failed_reconnects(page, 3)
+        screenshot(page, "chat-message-waiting.png")
+        expect(pending).to_have_count(1)
+        expect(pending.locator("[data-action=edit]")).to_be_hidden()
+        expect(page.locator("#input")).to_have_value("")
+        # Cancel: the text goes back to the composer, the interrupted reply gets its Regenerate back
+        pending.locator("[data-action=cancel-send]").click()
+        expect(pending).to_have_count(0)
+        expect(page.locator("#input")).to_have_value("Are you back?")
+        expect(reply.locator("[data-action=regenerate]")).to_be_visible()
+        page.press("#input", "Enter")
+        expect(pending).to_have_count(1)
+
+        # a blank chat has no connection to lose: no stale status line there
+        expect(other.locator("#conn-status")).to_have_text("Connection lost — reconnecting…")
+        other.click("#new-chat")
+        expect(other.locator(".msg")).to_have_count(0)
+        expect(other.locator("#conn-status")).to_be_hidden()
+
+        # back on the same port and database (at full speed): the waiting message goes out once, the status line goes
+        servers.append(start_server(tmp_path, server_env(tmp_path, tiny_model, **settings), port=slow.port))
+        expect(page.locator("#conn-status")).to_be_hidden(timeout=10_000)
+        expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+        expect(page.locator(".msg-user .msg-body")).to_have_text(["Write a long story", "Are you back?"])
+        expect(pending).to_have_count(0)
+        expect(page.locator(".msg-assistant").first).to_have_attribute("data-status", "interrupted")
+        expect(page.locator("#error-banner")).to_be_hidden()
+        stored = page.request.get(f"/api/sessions/{sid}").json()["messages"]
+        assert [(m["role"], m["status"]) for m in stored] == [
+            ("user", "complete"),
+            ("assistant", "interrupted"),
+            ("user", "complete"),
+            ("assistant", "finished"),
+        ]
+        assert stored[1]["content"] == rows[1][2]
+        expect(other.locator("#conn-status")).to_be_hidden()
+        other.click(f".session[data-id='{sid}'] .session-open")
+        expect(other.locator(".msg")).to_have_count(4)
+
+        page.reload()
+        page.wait_for_selector("body[data-ready=true]")
+        expect(page.locator(".msg-badge")).to_have_text(["interrupted", ""])
+        expect(page.locator("[data-action=regenerate]:visible")).to_have_count(1)
+        expect(last_reply(page).locator("[data-action=regenerate]")).to_be_visible()
+    finally:
+        context.close()
+        for running in servers:
+            stop_server(running, signal.SIGKILL, timeout_s=10)
+
+
+def wait_failed_reconnects(page: Any, count: int, timeout_s: float = 10.0) -> None:
+    """Wait until the page's socket has failed to reconnect `count` times in a row."""
+    deadline = time.monotonic() + timeout_s
+    script = "async () => (await import('/static/chat_state.js')).state.socket.attempt"
+    while page.evaluate(script) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} failed reconnects after {timeout_s} s"
+        page.wait_for_timeout(100)
 
 
 def test_sidebar_rename_delete_keyboard_and_visible_errors(open_page):
