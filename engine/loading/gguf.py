@@ -92,10 +92,13 @@ def unpermute_index(num_rows: int, num_heads: int) -> torch.Tensor:
 
 def layer_linears_in_blocks(reader: Any) -> bool:
     """True when every layer linear of the file is a format kept in blocks (so all of them run on our kernels)."""
-    linears = [
-        t for t in reader.tensors if t.name.split(".")[-2:-1] and t.name.split(".")[-2] in LINEAR_PARTS
-    ]
-    return bool(linears) and all(t.tensor_type.name in BLOCK_TYPES for t in linears)
+    weights = [t for t in reader.tensors if _is_layer_linear_weight(t.name)]
+    return bool(weights) and all(t.tensor_type.name in BLOCK_TYPES for t in weights)
+
+
+def _is_layer_linear_weight(gguf_name: str) -> bool:
+    parts = gguf_name.split(".")  # blk.<layer>.<part>.weight; a bias (Qwen2's q/k/v) is .bias and stays float
+    return len(parts) == 4 and parts[0] == "blk" and parts[2] in LINEAR_PARTS and parts[3] == "weight"
 
 
 def check_tensor_types(reader: Any) -> None:

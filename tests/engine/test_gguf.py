@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -161,6 +162,13 @@ def test_auto_dtype_is_fp32_where_every_layer_linear_keeps_its_blocks(tmp_path, 
     blocks = write_tiny_chat_gguf(tmp_path / "blocks.gguf", linear_type=T.Q4_1)
     mixed = write_tiny_chat_gguf(tmp_path / "mixed.gguf", type_overrides={"blk.1.ffn_up.weight": T.F16})
     assert layer_linears_in_blocks(open_gguf(blocks)) and not layer_linears_in_blocks(open_gguf(mixed))
+    tensor = lambda name, kind: SimpleNamespace(name=name, tensor_type=kind)  # noqa: E731
+    qwen2 = [
+        tensor("blk.0.attn_q.weight", T.Q4_0),
+        tensor("blk.0.attn_q.bias", T.F32),
+        tensor("output_norm.weight", T.F32),
+    ]
+    assert layer_linears_in_blocks(SimpleNamespace(tensors=qwen2))  # float biases beside block weights
     kv = {"kv_cache_bytes": 2**20}
     assert LLM(model=str(blocks), **kv).engine.runner.kv_cache.dtype == torch.float32
     assert LLM(model=str(blocks), quantization="none", **kv).engine.runner.kv_cache.dtype == torch.bfloat16
