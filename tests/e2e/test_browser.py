@@ -484,7 +484,25 @@ def test_markdown_code_copy_and_math_in_a_reply(open_page, ui_server):
             return [...document.fonts].filter((f) => f.family.startsWith("KaTeX") && f.status === "loaded").length; }"""
     )
     assert fonts >= 2
+    page.evaluate("() => document.activeElement.blur()")
+    page.mouse.move(0, 0)
     screenshot(page, "chat-markdown.png")
+
+    # code colours are variables: GitHub's light theme, GitHub Dark under a dark scheme or <html data-theme=dark>
+    def code_colours() -> list[str]:
+        return page.evaluate(
+            """() => [document.querySelector(".msg-body pre"), document.querySelector(".hljs-keyword")]
+                .map((node) => getComputedStyle(node)[node.tagName === "PRE" ? "backgroundColor" : "color"])"""
+        )
+
+    assert code_colours() == ["rgb(246, 248, 250)", "rgb(215, 58, 73)"]
+    page.emulate_media(color_scheme="dark")
+    assert code_colours() == ["rgb(13, 17, 23)", "rgb(255, 123, 114)"]
+    page.evaluate("() => { document.documentElement.dataset.theme = 'light'; }")
+    assert code_colours() == ["rgb(246, 248, 250)", "rgb(215, 58, 73)"]
+    page.emulate_media(color_scheme="light")
+    page.evaluate("() => { document.documentElement.dataset.theme = 'dark'; }")
+    assert code_colours() == ["rgb(13, 17, 23)", "rgb(255, 123, 114)"]
 
 
 STREAM_DOC = """Intro paragraph
