@@ -3,13 +3,16 @@
 // nodes itself and sets their inline styles through CSSOM, which the page's CSP (style-src 'self') allows.
 const COPIED_MS = 1500;
 const KATEX_OPTIONS = {
-  throwOnError: true, // a parse error is shown as the TeX source, marked (KaTeX's own error span has a style attribute)
+  throwOnError: true, // a parse error shows the TeX source, marked (KaTeX's error span has a style attribute)
   strict: "ignore",
   trust: false, // no \href, \url, \htmlClass ...
   maxSize: 20,
   maxExpand: 500,
   output: "htmlAndMathml", // MathML for screen readers
 };
+// the two commands whose MathML KaTeX writes with a style attribute, which the CSP refuses: near equivalents
+// (copied for each formula: KaTeX adds a formula's \gdef definitions to the object it is given)
+const MACROS = { "\\pmb": "\\boldsymbol{#1}", "\\fcolorbox": "\\@secondoftwo{#1}{\\colorbox{#2}{#3}}" };
 
 let katex = null;
 let katexLoading = null;
@@ -40,7 +43,8 @@ export function mathReady() {
 function typeset(node) {
   const tex = node.textContent;
   try {
-    katex.render(tex, node, { ...KATEX_OPTIONS, displayMode: node.dataset.display === "true" });
+    const displayMode = node.dataset.display === "true";
+    katex.render(tex, node, { ...KATEX_OPTIONS, macros: { ...MACROS }, displayMode });
   } catch (error) {
     if (!(error instanceof katex.ParseError)) throw error;
     node.textContent = tex;
