@@ -3,6 +3,8 @@
 import { DEFAULT_TITLE, SETTING_FIELDS, state, ui } from "./chat_state.js";
 import * as view from "./chat_view.js";
 
+const STREAM_RENDER_MS = 50;
+
 /** Show an error; `cause` "connection" marks one that a reconnect makes moot (it is cleared then). */
 export function showError(message, cause) {
   ui.errorText.textContent = message;
@@ -94,17 +96,20 @@ export function renderHeader() {
   document.title = (state.current ? state.current.title + " · " : "") + "pagedchat";
 }
 
-/** Show the streamed text at the next frame: many deltas, one Markdown render. */
+/** Show the streamed text at a next frame, at most every STREAM_RENDER_MS: many deltas, one render of the
+ *  reply's open block. */
 export function queueRender() {
   if (state.renderQueued) return;
   state.renderQueued = true;
-  requestAnimationFrame(() => {
+  const wait = Math.max(0, state.lastRenderAt + STREAM_RENDER_MS - performance.now());
+  setTimeout(() => requestAnimationFrame(() => {
     state.renderQueued = false;
+    state.lastRenderAt = performance.now();
     if (!state.assistantNode) return;
     const stick = nearBottom();
-    view.setAssistantText(state.assistantNode, state.assistantText);
+    view.streamAssistantText(state.assistantNode, state.assistantText);
     scrollToBottom(stick);
-  });
+  }), wait);
 }
 
 /** The settings panel shows the open session's system prompt and sampling settings. */

@@ -19,6 +19,8 @@ export const state = {
   assistantNode: null,
   assistantText: "",
   renderQueued: false,
+  // when the streamed text was last drawn (performance.now()): draws are throttled
+  lastRenderAt: 0,
 };
 
 /** The page's elements by role, filled in once by bindElements(). */

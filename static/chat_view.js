@@ -1,6 +1,6 @@
 // DOM builders of the chat page: message bubbles, the quiet stats line, sidebar entries. Text goes in through
 // textContent (user text) or the safe Markdown renderer (model output), never through innerHTML.
-import { renderInto } from "./markdown.js";
+import { isStreamed, renderInto, streamInto } from "./markdown_stream.js";
 import { FinishReason, ReplyStatus } from "./protocol.js";
 
 // the badge of a reply that did not finish (a finished one has none)
@@ -116,9 +116,16 @@ export function assistantMessage(message) {
   return node;
 }
 
+/** Render the whole of a reply's text (its final text, or a stored one). */
 export function setAssistantText(node, text) {
   node.dataset.text = text;
   renderInto(node.querySelector(".msg-body"), text);
+}
+
+/** Show the text of a reply so far while it streams: only its last, still open block is rendered again. */
+export function streamAssistantText(node, text) {
+  node.dataset.text = text;
+  streamInto(node.querySelector(".msg-body"), text);
 }
 
 /** Mark a bubble as streaming (typing indicator, aria-busy) until finishAssistant(). */
@@ -133,6 +140,11 @@ export function startStreaming(node) {
 export function finishAssistant(node, message) {
   node.classList.remove("is-streaming");
   node.setAttribute("aria-busy", "false");
+  // a streamed reply ends rendered whole (the last deltas may not be drawn yet: renders are throttled)
+  const body = node.querySelector(".msg-body");
+  if (message.content != null && (message.content !== node.dataset.text || isStreamed(body))) {
+    setAssistantText(node, message.content);
+  }
   const status = message.status || ReplyStatus.FINISHED;
   node.dataset.status = status;
   if (message.id != null) node.dataset.id = message.id;

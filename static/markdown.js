@@ -1,18 +1,29 @@
-// Over 300 lines on purpose: one renderer kept whole until the chat-UI issue replaces it with maintained libraries.
-// Safe Markdown for model output: builds DOM nodes with createElement/textContent only, never innerHTML.
-// Supports fenced code, headings, lists (nested), block quotes, rules, paragraphs, `code`, **strong**, *em*,
-// ~~strike~~, [links](https://...), <autolinks> and bare http(s) URLs. Raw HTML is shown as text. A link whose
-// URL is not absolute http(s) or mailto (javascript:, data:, vbscript:, relative ...) is not a link: its source
-// text is shown as written.
-const MAX_DEPTH = 8;
+// Markdown of model replies, from maintained libraries vendored in static/vendor/ (versions and sha256s in its
+// MANIFEST.json): markdown-it parses with raw HTML off (GFM tables and ~~strike~~ built in, task lists and $math$ by
+// plugins), highlight.js colours fenced code, DOMPurify sanitizes the HTML before it becomes nodes, and
+// markdown_blocks.js adds copy buttons and KaTeX. Raw HTML in a reply is shown as text. A link whose URL is not
+// absolute http(s) or mailto (javascript:, data:, vbscript:, relative ...) is not a link: its source text stays.
+import DOMPurify from "./vendor/dompurify/purify.es.mjs";
+import hljs from "./vendor/highlight.js/highlight.min.js";
+import dollarmath from "./vendor/markdown-it-dollarmath/index.esm.min.js";
+import markdownit from "./vendor/markdown-it/markdown-it.esm.min.mjs";
+import { tasklist } from "./vendor/mdit-plugin-tasklist/index.js";
+import { enhance } from "./markdown_blocks.js";
+
 const SAFE_PROTOCOLS = new Set(["http:", "https:", "mailto:"]);
-const FENCE = /^ {0,3}(`{3,}|~{3,})\s*([^\s`]*)/;
-const HEADING = /^ {0,3}(#{1,6})\s+(.*?)(?:\s+#+)?\s*$/;
-const RULE = /^ {0,3}([-*_])(?:\s*\1){2,}\s*$/;
-const QUOTE = /^ {0,3}>\s?(.*)$/;
-const ITEM = /^( *)([-*+]|\d{1,9}[.)])(?:\s+(.*)|$)/;
-const BARE_URL = /^https?:\/\/[^\s<>"'`]+/;
-const ESCAPABLE = /[!-/:-@[-`{-~]/;
+const LINK_REL = "noopener noreferrer nofollow";
+const LANG = /^[\w+#.-]{1,24}$/;
+// what markdown-it and its plugins emit, and nothing else (no id: DOM clobbering; no style: the CSP forbids it)
+const PURIFY = {
+  ALLOWED_TAGS: ["a", "blockquote", "br", "code", "del", "div", "em", "h3", "h4", "h5", "h6", "hr", "input", "li",
+    "ol", "p", "pre", "span", "strong", "table", "tbody", "td", "th", "thead", "tr", "ul"],
+  ALLOWED_ATTR: ["checked", "class", "data-display", "data-lang", "disabled", "href", "rel", "start", "target",
+    "type"],
+  ALLOW_DATA_ATTR: false,
+  ALLOWED_URI_REGEXP: /^(?:https?|mailto):/i, // checks every attribute not named below: here, href alone
+  ADD_URI_SAFE_ATTR: ["checked", "data-display", "data-lang", "disabled", "rel", "start", "target", "type"],
+  RETURN_DOM_FRAGMENT: true,
+};
 
 /** The normalised href of an absolute http(s)/mailto URL, else null (the URL parser strips the tab and
  *  newline tricks, e.g. "java\tscript:", before the protocol is checked). */
@@ -29,297 +40,81 @@ export function safeHref(raw) {
   return SAFE_PROTOCOLS.has(url.protocol) ? url.href : null;
 }
 
-function el(tag, text) {
-  const node = document.createElement(tag);
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
-
-function link(href, parent) {
-  const a = el("a");
-  a.href = href;
-  a.target = "_blank";
-  a.rel = "noopener noreferrer nofollow";
-  parent.appendChild(a);
-  return a;
-}
-
-function indentOf(line) {
-  const m = /^[ \t]*/.exec(line)[0];
-  return m.replace(/\t/g, "    ").length;
-}
-
-function dedent(line, n) {
-  let k = 0;
-  while (k < n && k < line.length && (line[k] === " " || line[k] === "\t")) k++;
-  return line.slice(k);
-}
-
-function startsBlock(line) {
-  return FENCE.test(line) || QUOTE.test(line) || HEADING.test(line) || RULE.test(line) || ITEM.test(line);
-}
-
-// ---- blocks ---------------------------------------------------------------------------------------------
-function renderBlocks(lines, parent, depth) {
-  let i = 0;
-  while (i < lines.length) {
-    const line = lines[i];
-    let m;
-    if (!line.trim()) {
-      i++;
-    } else if ((m = FENCE.exec(line))) {
-      i = renderFence(lines, i, m, parent);
-    } else if (depth < MAX_DEPTH && QUOTE.test(line)) {
-      const body = [];
-      while (i < lines.length && (m = QUOTE.exec(lines[i]))) {
-        body.push(m[1]);
-        i++;
-      }
-      const quote = el("blockquote");
-      renderBlocks(body, quote, depth + 1);
-      parent.appendChild(quote);
-    } else if ((m = HEADING.exec(line))) {
-      const heading = el("h" + Math.min(6, m[1].length + 2)); // h3..h6: a reply sits under the page's headings
-      renderInline(m[2], heading, depth);
-      parent.appendChild(heading);
-      i++;
-    } else if (RULE.test(line)) {
-      parent.appendChild(el("hr"));
-      i++;
-    } else if (depth < MAX_DEPTH && ITEM.test(line)) {
-      i = renderList(lines, i, parent, depth);
-    } else {
-      const para = [line.trim()];
-      i++;
-      while (i < lines.length && lines[i].trim() && !startsBlock(lines[i])) {
-        para.push(lines[i].trim());
-        i++;
-      }
-      const p = el("p");
-      renderInline(para.join("\n"), p, depth);
-      parent.appendChild(p);
+const md = markdownit({ html: false, linkify: true, breaks: true, typographer: false });
+md.linkify.set({ fuzzyLink: false, fuzzyEmail: false }); // bare URLs need their scheme: "file.py" is no link
+md.validateLink = (url) => safeHref(url) !== null;
+md.use(tasklist, { label: false, disabled: true });
+const texSpan = (tex, { displayMode }) =>
+  `<span class="md-tex" data-display="${displayMode}">${md.utils.escapeHtml(tex)}</span>`;
+md.use(dollarmath, {
+  allow_space: false, // "$5 and $10" is money, not math
+  allow_digits: false,
+  allow_labels: false,
+  renderer: texSpan,
+});
+// $$...$$ inside a paragraph: a span (the plugin's div would split the paragraph), shown as a display block
+md.renderer.rules.math_inline_double = (tokens, idx) =>
+  `<span class="math display">${texSpan(tokens[idx].content.trim(), { displayMode: true })}</span>`;
+md.core.ruler.push("reply_tags", (state) => {
+  for (const token of state.tokens) {
+    // a reply sits under the page's headings: # is h3, ## h4 ...
+    if (token.type === "heading_open" || token.type === "heading_close") {
+      token.tag = "h" + Math.min(6, Number(token.tag.slice(1)) + 2);
+    }
+    // column alignment as a class: the CSP allows no style attribute
+    const align = /text-align:(\w+)/.exec(token.attrGet("style") || "");
+    if (align) token.attrs = [["class", "align-" + align[1]]];
+    for (const child of token.children || []) {
+      if (child.type === "s_open" || child.type === "s_close") child.tag = "del"; // GFM's element for ~~
     }
   }
+});
+
+md.renderer.rules.link_open = (tokens, idx, options, env, self) => {
+  tokens[idx].attrSet("target", "_blank");
+  tokens[idx].attrSet("rel", LINK_REL);
+  return self.renderToken(tokens, idx, options);
+};
+// an image is a link to it, labelled with its alt text: replies load nothing from elsewhere
+md.renderer.rules.image = (tokens, idx, options, env, self) => {
+  const token = tokens[idx];
+  const href = md.utils.escapeHtml(token.attrGet("src"));
+  const label = self.renderInlineAsText(token.children || [], options, env) || token.attrGet("src");
+  return `<a href="${href}" class="md-image-link" target="_blank" rel="${LINK_REL}">` +
+    `${md.utils.escapeHtml(label)}</a>`;
+};
+md.renderer.rules.table_open = () => '<div class="md-table"><table>\n';
+md.renderer.rules.table_close = () => "</table></div>\n";
+md.renderer.rules.fence = (tokens, idx) => {
+  const token = tokens[idx];
+  const lang = token.info.trim().split(/\s+/)[0];
+  const code = token.content.replace(/\n$/, "");
+  if (!LANG.test(lang)) return `<pre><code>${md.utils.escapeHtml(code)}</code></pre>\n`;
+  const known = hljs.getLanguage(lang) !== undefined;
+  const body = known ? hljs.highlight(code, { language: lang, ignoreIllegals: true }).value
+    : md.utils.escapeHtml(code);
+  const name = md.utils.escapeHtml(lang);
+  return `<pre data-lang="${name}"><code class="${known ? "hljs " : ""}language-${name}">${body}</code></pre>\n`;
+};
+
+/** markdown-it's tokens of `source`; `env` carries link reference definitions from one call to the next. */
+export function parse(source, env) {
+  return md.parse(source, env);
 }
 
-function renderFence(lines, i, m, parent) {
-  const marker = m[1];
-  const lang = m[2];
-  const body = [];
-  i++;
-  while (i < lines.length) {
-    const t = lines[i].trim();
-    if (t.startsWith(marker) && t.split(marker[0]).join("") === "") break; // a closing fence
-    body.push(lines[i]);
-    i++;
+/** Safe nodes for `tokens` (of parse()): rendered to HTML, sanitized, with copy buttons and math added. The
+ *  whitespace between top-level blocks is dropped: each child of the fragment is one block. */
+export function renderTokens(tokens, env) {
+  const fragment = DOMPurify.sanitize(md.renderer.render(tokens, md.options, env), PURIFY);
+  for (const node of Array.from(fragment.childNodes)) {
+    if (node.nodeType === Node.TEXT_NODE && !node.textContent.trim()) node.remove();
   }
-  const pre = el("pre");
-  const code = el("code", body.join("\n")); // an unclosed fence (still streaming) runs to the end
-  if (lang && /^[\w+#.-]{1,24}$/.test(lang)) {
-    code.className = "language-" + lang;
-    pre.dataset.lang = lang;
-  }
-  pre.appendChild(code);
-  parent.appendChild(pre);
-  return i + 1;
-}
-
-function isOrdered(marker) {
-  return /\d/.test(marker);
-}
-
-function renderList(lines, i, parent, depth) {
-  const first = ITEM.exec(lines[i]);
-  const baseIndent = first[1].length;
-  const ordered = isOrdered(first[2]);
-  const list = el(ordered ? "ol" : "ul");
-  if (ordered && parseInt(first[2], 10) !== 1) list.start = parseInt(first[2], 10);
-  while (i < lines.length) {
-    const m = ITEM.exec(lines[i]);
-    if (!m || m[1].length !== baseIndent || isOrdered(m[2]) !== ordered) break;
-    const contentIndent = m[1].length + m[2].length + 1;
-    const body = [m[3] || ""];
-    i++;
-    while (i < lines.length) {
-      const line = lines[i];
-      if (!line.trim()) {
-        let j = i + 1;
-        while (j < lines.length && !lines[j].trim()) j++;
-        if (j < lines.length && indentOf(lines[j]) > baseIndent) {
-          body.push("");
-          i++;
-          continue;
-        }
-        break;
-      }
-      const indent = indentOf(line);
-      if (indent > baseIndent) {
-        body.push(dedent(line, contentIndent));
-      } else if (startsBlock(line)) {
-        break;
-      } else {
-        body.push(line.trim()); // a lazy continuation of the item's paragraph
-      }
-      i++;
-    }
-    const item = el("li");
-    renderBlocks(body, item, depth + 1);
-    list.appendChild(item);
-    // a blank line between items of the same list keeps the list going
-    let j = i;
-    while (j < lines.length && !lines[j].trim()) j++;
-    const next = j < lines.length ? ITEM.exec(lines[j]) : null;
-    if (j > i && next && next[1].length === baseIndent && isOrdered(next[2]) === ordered) i = j;
-  }
-  parent.appendChild(list);
-  return i;
-}
-
-// ---- inlines --------------------------------------------------------------------------------------------
-function renderInline(text, parent, depth) {
-  let buf = "";
-  const flush = () => {
-    if (buf) parent.appendChild(document.createTextNode(buf));
-    buf = "";
-  };
-  let i = 0;
-  while (i < text.length) {
-    const c = text[i];
-    const prev = i > 0 ? text[i - 1] : " ";
-    if (c === "\\" && i + 1 < text.length && ESCAPABLE.test(text[i + 1])) {
-      buf += text[i + 1];
-      i += 2;
-      continue;
-    }
-    if (c === "\n") {
-      flush();
-      parent.appendChild(el("br"));
-      i++;
-      continue;
-    }
-    if (c === "`") {
-      let n = 1;
-      while (text[i + n] === "`") n++;
-      const end = text.indexOf("`".repeat(n), i + n);
-      if (end > i) {
-        flush();
-        parent.appendChild(el("code", text.slice(i + n, end).replace(/^ (.*) $/s, "$1")));
-        i = end + n;
-      } else {
-        buf += "`".repeat(n);
-        i += n;
-      }
-      continue;
-    }
-    const span = depth < MAX_DEPTH ? matchSpan(text, i, prev) : null;
-    if (span) {
-      flush();
-      i = span(parent, depth);
-      continue;
-    }
-    buf += c;
-    i++;
-  }
-  flush();
-}
-
-/** A renderer for the span starting at i (returns the index after it), or null when none starts there. */
-function matchSpan(text, i, prev) {
-  const c = text[i];
-  const rest = text.slice(i);
-  if (c === "[" || (c === "!" && text[i + 1] === "[")) return matchLink(text, i);
-  if (c === "<") {
-    const m = /^<(https?:\/\/[^\s<>]+|mailto:[^\s<>]+)>/.exec(rest);
-    const href = m && safeHref(m[1]);
-    if (!href) return null;
-    return (parent) => {
-      link(href, parent).textContent = m[1];
-      return i + m[0].length;
-    };
-  }
-  if ((c === "h" || c === "H") && !/[\w/]/.test(prev)) {
-    const m = BARE_URL.exec(rest);
-    if (!m) return null;
-    const url = m[0].replace(/[.,;:!?'")\]]+$/, "");
-    const href = safeHref(url);
-    if (!href) return null;
-    return (parent) => {
-      link(href, parent).textContent = url;
-      return i + url.length;
-    };
-  }
-  for (const [delim, tag] of [["**", "strong"], ["__", "strong"], ["~~", "del"], ["*", "em"], ["_", "em"]]) {
-    if (!rest.startsWith(delim)) continue;
-    if (delim[0] === "_" && /\w/.test(prev)) return null; // snake_case words are not emphasis
-    const inner = i + delim.length;
-    if (inner >= text.length || /\s/.test(text[inner])) continue;
-    let end = text.indexOf(delim, inner + 1);
-    while (end > 0 && (/\s/.test(text[end - 1]) || (delim === "*" && text[end + 1] === "*"))) {
-      end = text.indexOf(delim, end + (delim === "*" && text[end + 1] === "*" ? 2 : 1));
-    }
-    if (end < 0 || (delim[0] === "_" && /\w/.test(text[end + delim.length] || ""))) continue;
-    return (parent, depth) => {
-      const node = el(tag);
-      renderInline(text.slice(inner, end), node, depth + 1);
-      parent.appendChild(node);
-      return end + delim.length;
-    };
-  }
-  return null;
-}
-
-function matchLink(text, i) {
-  const image = text[i] === "!";
-  const open = image ? i + 1 : i;
-  let level = 0;
-  let close = -1;
-  for (let k = open; k < text.length && k < open + 1000; k++) {
-    if (text[k] === "\\") k++;
-    else if (text[k] === "[") level++;
-    else if (text[k] === "]" && --level === 0) {
-      close = k;
-      break;
-    }
-  }
-  if (close < 0 || text[close + 1] !== "(") return null;
-  level = 0;
-  let end = -1;
-  for (let k = close + 1; k < text.length && k < close + 2100; k++) {
-    if (text[k] === "(") level++;
-    else if (text[k] === ")" && --level === 0) {
-      end = k;
-      break;
-    }
-  }
-  if (end < 0) return null;
-  const label = text.slice(open + 1, close);
-  const target = text.slice(close + 2, end).trim().split(/\s+/)[0] || "";
-  const href = safeHref(target.replace(/^<(.*)>$/, "$1"));
-  return (parent, depth) => {
-    if (!href) {
-      parent.appendChild(document.createTextNode(text.slice(i, end + 1))); // not a link: shown as written
-    } else {
-      const a = link(href, parent);
-      if (image) {
-        a.className = "md-image-link";
-        a.textContent = label || href;
-      } else {
-        renderInline(label, a, depth + 1);
-      }
-    }
-    return end + 1;
-  };
+  enhance(fragment);
+  return fragment;
 }
 
 /** Render Markdown `source` to a DocumentFragment of safe nodes. */
 export function render(source) {
-  const fragment = document.createDocumentFragment();
-  const text = String(source == null ? "" : source).replace(/\r\n?/g, "\n");
-  renderBlocks(text.split("\n"), fragment, 0);
-  return fragment;
-}
-
-/** Replace `container`'s children with the rendering of `source`. */
-export function renderInto(container, source) {
-  container.replaceChildren(render(source));
+  const env = {};
+  return renderTokens(parse(String(source == null ? "" : source), env), env);
 }

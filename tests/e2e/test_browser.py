@@ -9,6 +9,7 @@ start its own (about 10 s each on this machine).
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import sqlite3
@@ -434,8 +435,10 @@ def test_scripts_are_modules_served_as_javascript(open_page, ui_server):
     page = open_page("/")
     assert page_scripts(page) == [["module", "/static/chat_page.js"]]  # one entry; it imports the rest
     assert page.evaluate("() => 'pagedchat' in window") is False  # modules share state by import only
-    names = sorted(path.name for path in (REPO_ROOT / "static").glob("*.js"))
-    assert "protocol.js" in names and "admin_page.js" in names
+    static = REPO_ROOT / "static"
+    scripts = [path for path in static.rglob("*") if path.is_file() and path.suffix in (".js", ".mjs")]
+    names = sorted(path.relative_to(static).as_posix() for path in scripts)
+    assert "protocol.js" in names and "admin_page.js" in names and "vendor/katex/katex.mjs" in names
     for name in names:
         response = httpx.get(f"{ui_server.base_url}/static/{name}", timeout=10)
         assert response.status_code == 200, name
@@ -444,7 +447,21 @@ def test_scripts_are_modules_served_as_javascript(open_page, ui_server):
         assert response.headers["cache-control"] == "no-cache", name
 
 
+LINK = 'target="_blank" rel="noopener noreferrer nofollow"'
+
+
+def code_block(lang: str, code_html: str) -> str:
+    """A fenced code block as rendered: a bar with the language and a Copy button, then the code."""
+    pre = f'<pre data-lang="{lang}">' if lang else "<pre>"
+    return (
+        f'<div class="code-block"><div class="code-bar"><span class="code-lang">{lang}</span>'
+        '<button type="button" class="code-copy" aria-label="Copy code">Copy</button></div>'
+        f"{pre}{code_html}</pre></div>"
+    )
+
+
 MARKDOWN_CASES = [
+    # raw HTML stays text; only absolute http(s)/mailto URLs become links, anything else keeps its source text
     ("<script>alert(1)</script>", "<p>&lt;script&gt;alert(1)&lt;/script&gt;</p>"),
     ('<img src=x onerror="alert(1)">', '<p>&lt;img src=x onerror="alert(1)"&gt;</p>'),
     ("[click](javascript:alert(1))", "<p>[click](javascript:alert(1))</p>"),
@@ -452,14 +469,16 @@ MARKDOWN_CASES = [
     ("[x](data:text/html;base64,PHNjcmlwdD4=)", "<p>[x](data:text/html;base64,PHNjcmlwdD4=)</p>"),
     ("![i](javascript:alert(1))", "<p>![i](javascript:alert(1))</p>"),
     ("[x](/relative)", "<p>[x](/relative)</p>"),
-    (
-        "[ok](https://example.com/a?b=1)",
-        '<p><a href="https://example.com/a?b=1" target="_blank" rel="noopener noreferrer nofollow">ok</a></p>',
-    ),
+    ("[y](vbscript:x) www.example.com", "<p>[y](vbscript:x) www.example.com</p>"),
+    ("[ok](https://example.com/a?b=1)", f'<p><a href="https://example.com/a?b=1" {LINK}>ok</a></p>'),
     (
         "see https://example.org/x.",
-        '<p>see <a href="https://example.org/x" target="_blank" rel="noopener noreferrer nofollow">'
-        "https://example.org/x</a>.</p>",
+        f'<p>see <a href="https://example.org/x" {LINK}>https://example.org/x</a>.</p>',
+    ),
+    ("<https://a.b/c>", f'<p><a href="https://a.b/c" {LINK}>https://a.b/c</a></p>'),
+    (
+        "![alt](https://e.com/i.png)",
+        f'<p><a href="https://e.com/i.png" class="md-image-link" {LINK}>alt</a></p>',
     ),
     (
         "**bold** and *em* and `a<b>`",
@@ -468,17 +487,49 @@ MARKDOWN_CASES = [
     ("snake_case_name and ~~old~~", "<p>snake_case_name and <del>old</del></p>"),
     (
         "```js\nconst a = '<b>';\n```",
-        '<pre data-lang="js"><code class="language-js">const a = \'&lt;b&gt;\';</code></pre>',
+        code_block(
+            "js",
+            '<code class="hljs language-js"><span class="hljs-keyword">const</span> a = '
+            "<span class=\"hljs-string\">'&lt;b&gt;'</span>;</code>",
+        ),
     ),
-    ("```\nunclosed <i>", "<pre><code>unclosed &lt;i&gt;</code></pre>"),
-    ("# Title\n\ntext", "<h3>Title</h3><p>text</p>"),
+    ("```\nunclosed <i>", code_block("", "<code>unclosed &lt;i&gt;</code>")),
     (
-        "- one\n- two\n  - nested",
-        "<ul><li><p>one</p></li><li><p>two</p><ul><li><p>nested</p></li></ul></li></ul>",
+        "```no-such-lang\n<b>x</b>\n```",
+        code_block("no-such-lang", '<code class="language-no-such-lang">&lt;b&gt;x&lt;/b&gt;</code>'),
     ),
-    ("3. three\n4. four", '<ol start="3"><li><p>three</p></li><li><p>four</p></li></ol>'),
-    ("> quoted\n> more", "<blockquote><p>quoted<br>more</p></blockquote>"),
-    ("a\nb\n\n---\n\nc", "<p>a<br>b</p><hr><p>c</p>"),
+    ("# Title\n\ntext", "<h3>Title</h3><p>text</p>"),
+    ("- one\n- two\n  - nested", "<ul>\n<li>one</li>\n<li>two\n<ul>\n<li>nested</li>\n</ul>\n</li>\n</ul>"),
+    (
+        "1. a\n   - b\n     1. c",
+        "<ol>\n<li>a\n<ul>\n<li>b\n<ol>\n<li>c</li>\n</ol>\n</li>\n</ul>\n</li>\n</ol>",
+    ),
+    ("3. three\n4. four", '<ol start="3">\n<li>three</li>\n<li>four</li>\n</ol>'),
+    ("> quoted\n> more", "<blockquote>\n<p>quoted<br>\nmore</p>\n</blockquote>"),
+    ("a\nb\n\n---\n\nc", "<p>a<br>\nb</p><hr><p>c</p>"),
+    (  # GFM table: alignment as classes (the CSP allows no style attribute), cells are Markdown too
+        "| a | b |\n|:--|--:|\n| <b>1</b> | [x](javascript:alert(1)) |",
+        '<div class="md-table"><table>\n<thead>\n<tr>\n<th class="align-left">a</th>\n'
+        '<th class="align-right">b</th>\n</tr>\n</thead>\n<tbody>\n<tr>\n'
+        '<td class="align-left">&lt;b&gt;1&lt;/b&gt;</td>\n<td class="align-right">[x](javascript:alert(1))</td>\n'
+        "</tr>\n</tbody>\n</table></div>",
+    ),
+    (  # GFM task list: disabled checkboxes (no ids: they would repeat across replies)
+        "- [ ] todo\n- [x] done",
+        '<ul class="task-list-container">\n<li class="task-list-item"><input type="checkbox" '
+        'class="task-list-item-checkbox" disabled="disabled"> todo</li>\n<li class="task-list-item"><input '
+        'type="checkbox" class="task-list-item-checkbox" checked="checked" disabled="disabled"> done</li>\n</ul>',
+    ),
+    (  # math is TeX for KaTeX (typeset once the node is in the page); "$5 and $10" is money
+        "$x^2$ costs $5 and $10",
+        '<p><span class="math inline"><span class="md-tex" data-display="false">x^2</span></span>'
+        " costs $5 and $10</p>",
+    ),
+    (
+        "$<img src=x onerror=alert(1)>$",
+        '<p><span class="math inline"><span class="md-tex" data-display="false">'
+        "&lt;img src=x onerror=alert(1)&gt;</span></span></p>",
+    ),
 ]
 
 
@@ -506,6 +557,242 @@ def test_markdown_renderer_builds_safe_nodes(open_page):
         }"""
     )
     assert safe == [None, None, None, None, None, "https://ok.example/", "mailto:a@b.c"]
+
+
+SHOWCASE = r"""Paged attention in **one table**, a task list, code and math:
+
+| Engine | KV layout | Waste |
+|:--|:--|--:|
+| contiguous | one slab per request | up to 60% |
+| paged | 16-token blocks | < 4% |
+
+- [x] parse with markdown-it
+- [ ] nested lists
+  - blocks
+    - tokens
+
+```python
+def block_of(position, block_size=16):
+    # which KV block holds this token
+    return position // block_size
+```
+
+Inline $e^{i\pi} + 1 = 0$, a broken $\frac{1$ and a display:
+
+$$\sum_{i=1}^{n} i = \frac{n(n+1)}{2}$$
+"""
+
+
+def test_markdown_code_copy_and_math_in_a_reply(open_page, ui_server):
+    page = open_page("/")
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=ui_server.base_url)
+    page.evaluate(
+        """async (text) => {
+            const view = await import("/static/chat_view.js");
+            document.getElementById("messages").appendChild(view.assistantMessage({ content: text }));
+            document.getElementById("empty-state").hidden = true;
+        }""",
+        SHOWCASE,
+    )
+    reply = last_reply(page).locator(".msg-body")
+    expect(reply.locator("table th")).to_have_text(["Engine", "KV layout", "Waste"])
+    expect(reply.locator("table td.align-right")).to_have_text(["up to 60%", "< 4%"])
+    checkboxes = reply.locator("input[type=checkbox]")
+    expect(checkboxes).to_have_count(2)
+    assert [checkboxes.nth(i).is_checked() for i in range(2)] == [True, False]
+    assert all(checkboxes.nth(i).is_disabled() for i in range(2))
+    expect(reply.locator(".task-list-item ul ul li")).to_have_text(["tokens"])
+    code = reply.locator("pre code.language-python")
+    expect(code.locator(".hljs-keyword").first).to_have_text("def")
+    expect(code.locator(".hljs-comment")).to_have_text("# which KV block holds this token")
+
+    copy = reply.locator(".code-copy")
+    copy.click()
+    expect(copy).to_have_text("Copied")
+    expect(copy).to_have_class(re.compile("is-copied"))
+    clipboard = page.evaluate("() => navigator.clipboard.readText()")
+    assert clipboard == code.inner_text() and clipboard.startswith("def block_of(position, block_size=16):\n")
+    expect(copy).to_have_text("Copy", timeout=3000)  # back to its resting state
+
+    # KaTeX typesets both formulas (its fonts load under the CSP); a parse error shows the TeX source, marked
+    expect(reply.locator(".katex")).to_have_count(2)
+    expect(reply.locator(".katex-display")).to_have_count(1)
+    annotations = reply.locator(".katex-mathml annotation").all_text_contents()
+    assert annotations == [r"e^{i\pi} + 1 = 0", r"\sum_{i=1}^{n} i = \frac{n(n+1)}{2}"]
+    expect(reply.locator(".md-tex-error")).to_have_text(r"\frac{1")
+    # KaTeX writes the MathML of these two with a style attribute, which the CSP refuses (a console error): they are
+    # typeset as near equivalents instead
+    page.evaluate(
+        """async (text) => {
+            const view = await import("/static/chat_view.js");
+            document.getElementById("messages").appendChild(view.assistantMessage({ content: text }));
+        }""",
+        r"$\pmb{x}$ and $\fcolorbox{red}{yellow}{y}$",
+    )
+    expect(last_reply(page).locator(".katex")).to_have_count(2)
+    fonts = page.evaluate(
+        """async () => { await document.fonts.ready;
+            return [...document.fonts].filter((f) => f.family.startsWith("KaTeX") && f.status === "loaded").length; }"""
+    )
+    assert fonts >= 2
+    page.evaluate("() => document.activeElement.blur()")
+    page.mouse.move(0, 0)
+    screenshot(page, "chat-markdown.png")
+
+    # code colours are variables: GitHub's light theme, GitHub Dark under a dark scheme or <html data-theme=dark>
+    def code_colours() -> list[str]:
+        return page.evaluate(
+            """() => [document.querySelector(".msg-body pre"), document.querySelector(".hljs-keyword")]
+                .map((node) => getComputedStyle(node)[node.tagName === "PRE" ? "backgroundColor" : "color"])"""
+        )
+
+    assert code_colours() == ["rgb(246, 248, 250)", "rgb(215, 58, 73)"]
+    page.emulate_media(color_scheme="dark")
+    assert code_colours() == ["rgb(13, 17, 23)", "rgb(255, 123, 114)"]
+    page.evaluate("() => { document.documentElement.dataset.theme = 'light'; }")
+    assert code_colours() == ["rgb(246, 248, 250)", "rgb(215, 58, 73)"]
+    page.emulate_media(color_scheme="light")
+    page.evaluate("() => { document.documentElement.dataset.theme = 'dark'; }")
+    assert code_colours() == ["rgb(13, 17, 23)", "rgb(255, 123, 114)"]
+
+
+STREAM_DOC = """Intro paragraph
+on two lines.
+
+## Steps
+1. first
+2. second
+
+```py
+x = 1
+
+y = 2
+```
+| a | b |
+|---|---|
+| 1 | 2 |
+
+> quote
+lazy line
+
+Setext
+---
+- [ ] task
+text
+#tag
+#
+last words"""
+
+
+def test_streamed_markdown_renders_only_its_open_block(open_page):
+    page = open_page("/")
+    result = page.evaluate(
+        """async (doc) => {
+            const { streamInto, renderInto } = await import("/static/markdown_stream.js");
+            const { render } = await import("/static/markdown.js");
+            const box = document.createElement("div");
+            const differ = [];
+            let intro = null;
+            let introNodes = 0;
+            for (let n = 1; n <= doc.length; n++) {
+                const prefix = doc.slice(0, n);
+                streamInto(box, prefix);
+                const whole = document.createElement("div");
+                whole.appendChild(render(prefix));
+                if (box.innerHTML !== whole.innerHTML) differ.push(prefix);
+                if (box.firstChild !== intro) { intro = box.firstChild; introNodes++; }
+            }
+            const streamed = Array.from(box.childNodes);
+            renderInto(box, doc);
+            const kept = Array.from(box.childNodes).filter((node, i) => node === streamed[i]).length;
+            return { differ, introNodes, kept, blocks: box.childNodes.length,
+                     tags: Array.from(box.children, (node) => node.tagName + "." + node.className) };
+        }""",
+        STREAM_DOC,
+    )
+    assert result["differ"] == []  # at every length, the streamed rendering is the whole text's
+    assert result["tags"] == [
+        "P.",
+        "H4.",
+        "OL.",
+        "DIV.code-block",
+        "DIV.md-table",
+        "BLOCKQUOTE.",
+        "H4.",
+        "UL.task-list-container",
+        "H3.",
+        "P.",
+    ]  # fmt: skip (a lone "#" is an empty heading; "#tag" is not, though its first character alone was one)
+    # the intro's node was made anew at each length while it was the open block, the last time at its blank line,
+    # when it was complete; it was kept from then on, through every later update and the final whole render
+    assert result["introNodes"] == STREAM_DOC.index("\n\n") + 2
+    assert result["kept"] == result["blocks"] == 10
+
+
+def test_a_streamed_reply_keeps_its_finished_blocks(chromium, open_page, ui_server):
+    """One real reply over the page's socket: the server's own frames, held by a relay until the reply is done, then
+    played to the page with STREAM_DOC's lines as its deltas, 80 ms apart: a reply with known blocks, at a pace
+    that lets the page draw between deltas whatever the machine's speed."""
+    context = chromium.new_context(viewport=WIDE, base_url=ui_server.base_url)
+    held: list[tuple[Any, dict[str, Any]]] = []
+
+    def relay(ws: Any) -> None:
+        server = ws.connect_to_server()
+        server.on_message(lambda message: held.append((ws, json.loads(message))))
+
+    context.route_web_socket(re.compile(r"/ws/sessions/"), relay)
+    try:
+        page = open_page("/", context=context)
+        page.evaluate(
+            """() => {
+                window.streamRenders = []; // per render of the streaming reply: the nodes it put in
+                new MutationObserver((records) => {
+                    const added = records.filter((r) => r.target.classList.contains("msg-body"))
+                        .flatMap((r) => Array.from(r.addedNodes));
+                    if (added.length) window.streamRenders.push(added);
+                }).observe(document.getElementById("messages"), { childList: true, subtree: true });
+            }"""
+        )
+        send(page, "Show me some Markdown")
+        for _ in range(REPLY_TIMEOUT_MS // 50):
+            if any(frame["type"] == "done" for _, frame in held):
+                break
+            page.wait_for_timeout(50)
+        played = False
+        for ws, frame in list(held):
+            if frame["type"] == "delta":
+                if not played:  # the model's text gives way to the script's, a line per delta
+                    for line in STREAM_DOC.splitlines(keepends=True):
+                        ws.send(json.dumps({"type": "delta", "text": line}))
+                        page.wait_for_timeout(80)
+                    played = True
+                continue
+            if frame["type"] == "done":
+                frame["message"]["content"] = STREAM_DOC
+            ws.send(json.dumps(frame))
+        expect(last_reply(page)).to_have_attribute("data-status", "finished")
+        result = page.evaluate(
+            """async (doc) => {
+                const { render } = await import("/static/markdown.js");
+                const body = Array.from(document.querySelectorAll(".msg-assistant .msg-body")).pop();
+                const intro = body.firstElementChild;
+                const renders = window.streamRenders;
+                const whole = document.createElement("div");
+                whole.appendChild(render(doc));
+                return { introText: intro.textContent, renders: renders.length,
+                         introRender: renders.findIndex((added) => added.includes(intro)),
+                         introAdds: renders.flat().filter((node) => node === intro).length,
+                         final: body.innerHTML === whole.innerHTML };
+            }""",
+            STREAM_DOC,
+        )
+    finally:
+        context.close()
+    assert result["introText"] == "Intro paragraph\non two lines."
+    assert result["final"]  # reconciled with the whole text's rendering at the end
+    # the intro's node went in once, when it was complete, and stayed while later renders drew the rest
+    assert result["introAdds"] == 1
+    assert result["renders"] - result["introRender"] - 1 >= len(STREAM_DOC.splitlines()) // 2, result
 
 
 # ---- admin -----------------------------------------------------------------------------------------------------
