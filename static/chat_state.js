@@ -17,6 +17,9 @@ export const state = {
   assistantNode: null,
   assistantText: "",
   renderQueued: false,
+  // the caller's presets (GET /api/presets) and the one new chats follow
+  presets: [],
+  defaultPresetId: null,
 };
 
 /** The page's elements by role, filled in once by bindElements(). */
