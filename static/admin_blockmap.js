@@ -1,16 +1,21 @@
 // The block map: one canvas cell per KV block, coloured by state; hover, click or arrow keys show a block's
 // details; a selected sequence's block table is outlined and the rest dimmed.
 import { hidpiContext } from "./canvas.js";
-const COLORS = { f: "#e6e8ee", c: "#a7dcc9", u: "#4f7cf7" };
-const SHARED = ["#f2b441", "#e09422", "#c47513", "#9c560c", "#743e08"]; // ref 2, 3, 4-5, 6-9, 10+
+import { cssColors, onThemeChange } from "./theme_colors.js";
+// the theme's colours (static/base.css): a cell's state, shared cells by ref count (2, 3, 4-5, 6-9, 10+), outlines
+const COLOR_VARS = {
+  f: "--map-free", c: "--map-cached", u: "--map-used", outline: "--map-outline", hover: "--map-hover",
+  shared1: "--map-shared-1", shared2: "--map-shared-2", shared3: "--map-shared-3", shared4: "--map-shared-4",
+  shared5: "--map-shared-5",
+};
 const STATE_NAMES = { f: "free", c: "cached (evictable)", u: "in use" };
 const MAX_HEIGHT = 300;
 
-function sharedColor(refs) {
-  if (refs >= 10) return SHARED[4];
-  if (refs >= 6) return SHARED[3];
-  if (refs >= 4) return SHARED[2];
-  return SHARED[refs - 2];
+function sharedColor(colors, refs) {
+  if (refs >= 10) return colors.shared5;
+  if (refs >= 6) return colors.shared4;
+  if (refs >= 4) return colors.shared3;
+  return refs >= 3 ? colors.shared2 : colors.shared1;
 }
 
 export class BlockMap {
@@ -28,6 +33,7 @@ export class BlockMap {
     canvas.addEventListener("click", (e) => this.pin(this.cellAt(e)));
     canvas.addEventListener("keydown", (e) => this.onKey(e));
     if (window.ResizeObserver) new ResizeObserver(() => this.draw()).observe(canvas.parentElement);
+    onThemeChange(() => this.draw());
   }
 
   update(pool) {
@@ -103,6 +109,7 @@ export class BlockMap {
     canvas.style.width = width + "px";
     canvas.style.height = height + "px";
     const ctx = hidpiContext(canvas, width, height);
+    const colors = cssColors(COLOR_VARS);
     const states = pool.block_states;
     const refs = pool.ref_counts;
     const table = this.highlightSeq !== null ? new Set(this.seqById[this.highlightSeq].block_table) : null;
@@ -112,16 +119,16 @@ export class BlockMap {
       const r = refs[i] || 0;
       if (state === "u") inUse++;
       ctx.globalAlpha = table && !table.has(i) ? 0.28 : 1;
-      ctx.fillStyle = state === "u" && r > 1 ? sharedColor(r) : COLORS[state] || COLORS.f;
+      ctx.fillStyle = state === "u" && r > 1 ? sharedColor(colors, r) : colors[state] || colors.f;
       ctx.fillRect((i % cols) * (cell + gap), Math.floor(i / cols) * (cell + gap), cell, cell);
     }
     ctx.globalAlpha = 1;
     if (table) {
-      ctx.strokeStyle = "#111827";
+      ctx.strokeStyle = colors.outline;
       ctx.lineWidth = cell >= 8 ? 1.5 : 1;
       for (const i of table) this.outline(ctx, i, layout);
     }
-    for (const [index, color] of [[this.pinned, "#111827"], [this.hover, "#ef4444"]]) {
+    for (const [index, color] of [[this.pinned, colors.outline], [this.hover, colors.hover]]) {
       if (index === null || index >= n) continue;
       ctx.strokeStyle = color;
       ctx.lineWidth = 2;

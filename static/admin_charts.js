@@ -1,8 +1,8 @@
 // Small hand-drawn line charts on canvas (no library): a few series over the last minutes, newest at the right.
 import { hidpiContext } from "./canvas.js";
+import { cssColors, onThemeChange } from "./theme_colors.js";
 const PAD = { left: 8, right: 8, top: 26, bottom: 16 };
-const GRID = "#eef0f4";
-const AXIS_TEXT = "#8a90a0";
+const COLOR_VARS = { grid: "--chart-grid", text: "--chart-text", legend: "--chart-legend" };
 const MIN_SPAN_S = 30;
 
 function niceMax(value) {
@@ -25,7 +25,7 @@ export function compact(value) {
 }
 
 export class LineChart {
-  /** series: [{key, label, color, fill}], options: {maxSpanS, yMax, format} */
+  /** series: [{key, label, color (a CSS custom property: "--chart-blue"), fill}], options: {maxSpanS, yMax, format} */
   constructor(canvas, series, options) {
     this.canvas = canvas;
     this.series = series;
@@ -36,6 +36,7 @@ export class LineChart {
     this.points = [];
     this.nowS = 0;
     if (window.ResizeObserver) new ResizeObserver(() => this.draw()).observe(canvas);
+    onThemeChange(() => this.draw());
   }
 
   /** A fixed top of the y axis (null: fit the data). */
@@ -59,6 +60,7 @@ export class LineChart {
     const height = canvas.clientHeight;
     if (!width || !height) return;
     const ctx = hidpiContext(canvas, width, height);
+    const colors = cssColors(Object.assign({}, COLOR_VARS, ...this.series.map((s) => ({ [s.key]: s.color }))));
     const plotW = width - PAD.left - PAD.right;
     const plotH = height - PAD.top - PAD.bottom;
     let max = 0;
@@ -74,13 +76,13 @@ export class LineChart {
     ctx.lineWidth = 1;
     for (let i = 0; i <= 2; i++) {
       const gy = Math.round(PAD.top + (plotH * i) / 2) + 0.5;
-      ctx.strokeStyle = GRID;
+      ctx.strokeStyle = colors.grid;
       ctx.beginPath();
       ctx.moveTo(PAD.left, gy);
       ctx.lineTo(PAD.left + plotW, gy);
       ctx.stroke();
     }
-    ctx.fillStyle = AXIS_TEXT;
+    ctx.fillStyle = colors.text;
     ctx.textAlign = "right";
     ctx.fillText(this.format(max), PAD.left + plotW, PAD.top - 1);
     ctx.textAlign = "left";
@@ -92,7 +94,7 @@ export class LineChart {
     // series, each a polyline broken where a value is missing
     const visible = this.points.filter((p) => this.nowS - p.time_s <= this.spanS);
     for (const s of this.series) {
-      ctx.strokeStyle = s.color;
+      ctx.strokeStyle = colors[s.key];
       ctx.lineWidth = 1.75;
       ctx.lineJoin = "round";
       ctx.beginPath();
@@ -113,25 +115,25 @@ export class LineChart {
         ctx.lineTo(x(visible[0].time_s), PAD.top + plotH);
         ctx.closePath();
         ctx.globalAlpha = 0.12;
-        ctx.fillStyle = s.color;
+        ctx.fillStyle = colors[s.key];
         ctx.fill();
         ctx.globalAlpha = 1;
       }
     }
-    this.drawLegend(ctx, visible[visible.length - 1]);
+    this.drawLegend(ctx, visible[visible.length - 1], colors);
   }
 
-  drawLegend(ctx, last) {
+  drawLegend(ctx, last, colors) {
     ctx.font = "11px system-ui, sans-serif";
     ctx.textAlign = "left";
     ctx.textBaseline = "middle";
     let lx = PAD.left;
     for (const s of this.series) {
       const value = last ? this.format(last[s.key]) : "–";
-      ctx.fillStyle = s.color;
+      ctx.fillStyle = colors[s.key];
       ctx.fillRect(lx, 6, 8, 8);
       lx += 12;
-      ctx.fillStyle = "#3b4151";
+      ctx.fillStyle = colors.legend;
       const text = s.label + " " + value;
       ctx.fillText(text, lx, 10);
       lx += ctx.measureText(text).width + 12;

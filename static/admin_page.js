@@ -27,16 +27,16 @@ function setFeedStatus(kind, text) {
 function makeCharts() {
   const c = (key, color, label, fill) => ({ key, color, label, fill });
   const specs = {
-    blocks: [[c("num_used_blocks", "#4f7cf7", "in use", true), c("num_cached_blocks", "#3aa886", "cached"),
-      c("num_free_blocks", "#a3a8b5", "free")]],
-    sequences: [[c("num_running", "#4f7cf7", "running", true), c("num_waiting", "#e09422", "waiting"),
-      c("num_preempted", "#d9485f", "preempted")]],
-    preemptions: [[c("preemptions_per_min", "#d9485f", "per min", true)]],
-    hits: [[c("hit_pct", "#3aa886", "all hits", true), c("disk_hit_pct", "#7c5cf0", "from disk")],
+    blocks: [[c("num_used_blocks", "--chart-blue", "in use", true), c("num_cached_blocks", "--chart-green", "cached"),
+      c("num_free_blocks", "--chart-grey", "free")]],
+    sequences: [[c("num_running", "--chart-blue", "running", true), c("num_waiting", "--chart-orange", "waiting"),
+      c("num_preempted", "--chart-red", "preempted")]],
+    preemptions: [[c("preemptions_per_min", "--chart-red", "per min", true)]],
+    hits: [[c("hit_pct", "--chart-green", "all hits", true), c("disk_hit_pct", "--chart-purple", "from disk")],
       { yMax: 100, format: (v) => (v == null ? "–" : v.toFixed(0) + "%") }],
-    speed: [[c("tokens_per_s", "#7c5cf0", "tok/s", true)]],
-    waste: [[c("paged_waste_tokens", "#4f7cf7", "paged", true),
-      c("contiguous_waste_tokens", "#d9485f", "contiguous")]],
+    speed: [[c("tokens_per_s", "--chart-purple", "tok/s", true)]],
+    waste: [[c("paged_waste_tokens", "--chart-blue", "paged", true),
+      c("contiguous_waste_tokens", "--chart-red", "contiguous")]],
   };
   for (const canvas of document.querySelectorAll("canvas[data-chart]")) {
     const [series, options] = specs[canvas.dataset.chart];

@@ -5,9 +5,11 @@ const RECONNECT_DELAYS_MS = [250, 500, 1000, 2000, 4000];
 const PING_INTERVAL_MS = 25000;
 
 export class ApiError extends Error {
-  constructor(status, message) {
+  /** `param`: the request field the server names as the culprit ("settings.temperature"), if any. */
+  constructor(status, message, param) {
     super(message);
     this.status = status;
+    this.param = param || null;
   }
 }
 
@@ -32,8 +34,8 @@ export async function api(method, path, body) {
     data = null;
   }
   if (!response.ok) {
-    const message = data && data.error && data.error.message ? data.error.message : "HTTP " + response.status;
-    throw new ApiError(response.status, message);
+    const error = (data && data.error) || {};
+    throw new ApiError(response.status, error.message || "HTTP " + response.status, error.param);
   }
   return data;
 }

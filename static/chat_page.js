@@ -1,8 +1,8 @@
 // The chat page's entry module: keyboard and click handlers, the sidebar's rename/delete, the settings panel.
-import { api } from "./chat_api.js";
 import { autoGrow, clearError, fillSettings, showError } from "./chat_render.js";
-import { createSession, deleteSession, openSession, renameSession } from "./chat_sessions.js";
-import { DEFAULT_TITLE, SETTING_FIELDS, bindElements, state, ui } from "./chat_state.js";
+import { bindSettings, loadPresets } from "./chat_settings.js";
+import { deleteSession, openSession, renameSession } from "./chat_sessions.js";
+import { bindElements, state, ui } from "./chat_state.js";
 import { refreshSessions, showBlankChat } from "./chat_sync.js";
 import { regenerateReply, startEdit, stopReply, submitMessage } from "./chat_turns.js";
 import * as view from "./chat_view.js";
@@ -85,38 +85,6 @@ function setSettingsOpen(open) {
   }
 }
 
-async function saveSettings(event) {
-  event.preventDefault();
-  const form = ui.settingsForm;
-  ui.settingsError.textContent = "";
-  ui.settingsStatus.textContent = "";
-  const settings = Object.assign({}, (state.current && state.current.settings) || {});
-  for (const name of SETTING_FIELDS) {
-    const raw = form.elements[name].value.trim();
-    delete settings[name];
-    if (raw === "") continue;
-    const value = Number(raw);
-    if (!Number.isFinite(value)) {
-      ui.settingsError.textContent = name + " must be a number.";
-      return;
-    }
-    settings[name] = name === "max_tokens" || name === "top_k" ? Math.round(value) : value;
-  }
-  const systemPrompt = form.elements.system_prompt.value; // read before openSession() refills the form
-  try {
-    if (!state.current) await createSession(DEFAULT_TITLE);
-    const updated = await api("PATCH", "/api/sessions/" + encodeURIComponent(state.current.id), {
-      system_prompt: systemPrompt,
-      settings,
-    });
-    Object.assign(state.current, updated);
-    fillSettings();
-    ui.settingsStatus.textContent = "Saved.";
-  } catch (e) {
-    ui.settingsError.textContent = e.message;
-  }
-}
-
 // ---- start -------------------------------------------------------------------------------------------------
 function bindEvents() {
   ui.composer.addEventListener("submit", (e) => {
@@ -149,7 +117,7 @@ function bindEvents() {
   ui.errorClose.addEventListener("click", clearError);
   ui.toggleSettings.addEventListener("click", () => setSettingsOpen(ui.settingsPanel.hidden));
   ui.settingsClose.addEventListener("click", () => setSettingsOpen(false));
-  ui.settingsForm.addEventListener("submit", saveSettings);
+  bindSettings();
   window.addEventListener("hashchange", () => {
     const id = new URLSearchParams(location.hash.slice(1)).get("s");
     if (id && (!state.current || state.current.id !== id)) openSession(id);
@@ -160,7 +128,7 @@ async function start() {
   bindElements();
   bindEvents();
   try {
-    await refreshSessions();
+    await Promise.all([refreshSessions(), loadPresets()]);
   } catch (e) {
     showError(e.message);
   }

@@ -1,6 +1,6 @@
 // What the chat page shows, drawn from its state: the message list, the sidebar, the header, the composer's busy
 // state, the error banner, the connection line and the settings form.
-import { DEFAULT_TITLE, SETTING_FIELDS, state, ui } from "./chat_state.js";
+import { DEFAULT_TITLE, state, ui } from "./chat_state.js";
 import * as view from "./chat_view.js";
 
 const STREAM_RENDER_MS = 50;
@@ -112,13 +112,5 @@ export function queueRender() {
   }), wait);
 }
 
-/** The settings panel shows the open session's system prompt and sampling settings. */
-export function fillSettings() {
-  const form = ui.settingsForm;
-  const session = state.current;
-  const settings = (session && session.settings) || {};
-  form.elements.system_prompt.value = session ? session.system_prompt || "" : "";
-  for (const name of SETTING_FIELDS) form.elements[name].value = settings[name] != null ? settings[name] : "";
-  ui.settingsError.textContent = "";
-  ui.settingsStatus.textContent = "";
-}
+// the settings panel's filling lives with the rest of the panel
+export { fillSettings } from "./chat_settings.js";

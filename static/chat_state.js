@@ -21,6 +21,9 @@ export const state = {
   renderQueued: false,
   // when the streamed text was last drawn (performance.now()): draws are throttled
   lastRenderAt: 0,
+  // the caller's presets (GET /api/presets) and the one new chats follow
+  presets: [],
+  defaultPresetId: null,
 };
 
 /** The page's elements by role, filled in once by bindElements(). */

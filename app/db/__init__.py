@@ -1,15 +1,19 @@
-"""Storage of chat sessions and messages: SQLAlchemy models, Alembic migrations, and the async `Store`."""
+"""Storage of chat sessions, messages and presets: SQLAlchemy models, Alembic migrations, and the async `Store`."""
 
 from __future__ import annotations
 
 from app.db.models import MessageStatus
+from app.db.presets import PresetRef
 from app.db.quota import QuotaExceeded, StorageQuota
-from app.db.records import MessageRecord, SessionRecord, StoreUnavailable
+from app.db.records import MessageRecord, PresetNameTaken, PresetRecord, SessionRecord, StoreUnavailable
 from app.db.store import Store
 
 __all__ = [
     "MessageRecord",
     "MessageStatus",
+    "PresetNameTaken",
+    "PresetRecord",
+    "PresetRef",
     "QuotaExceeded",
     "SessionRecord",
     "StorageQuota",

@@ -1,5 +1,5 @@
-"""SQLAlchemy 2.0 declarative models: chat sessions, their messages (text and the token ids the model saw), and
-admin sign-ins."""
+"""SQLAlchemy 2.0 declarative models: chat sessions, their messages (text and the token ids the model saw), the
+presets that chats start from, and admin sign-ins."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     CheckConstraint,
     DateTime,
     ForeignKey,
@@ -19,6 +20,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -88,6 +90,10 @@ class ChatSession(Base):
     settings: Mapped[dict[str, Any]] = mapped_column(JSON)  # temperature, top_p, max_tokens, ...
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # the owner's preset whose values fill in what the chat leaves unset. No foreign key on purpose: SQLite can add
+    # and drop a plain column in place, while a constraint means copying the table, and dropping the old copy
+    # would cascade-delete every message; deleting a preset clears it here in the same transaction instead.
+    preset_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     messages: Mapped[list[Message]] = relationship(
         back_populates="session",
@@ -127,6 +133,33 @@ class Message(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     session: Mapped[ChatSession] = relationship(back_populates="messages")
+
+
+class Preset(Base):
+    """A named system prompt and sampling settings of one owner; at most one per owner is its default, which new
+    chats start from."""
+
+    __tablename__ = "presets"
+    __table_args__ = (
+        UniqueConstraint("owner", "name"),
+        # the database holds "one default per owner" itself (a partial unique index; SQLite and PostgreSQL)
+        Index(
+            "ix_presets_owner_default",
+            "owner",
+            unique=True,
+            sqlite_where=text("is_default"),
+            postgresql_where=text("is_default"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True, default=new_session_id)
+    owner: Mapped[str] = mapped_column(String(128))
+    name: Mapped[str] = mapped_column(String(100))
+    system_prompt: Mapped[str] = mapped_column(Text)
+    settings: Mapped[dict[str, Any]] = mapped_column(JSON)  # the same keys as a chat's settings
+    is_default: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class AdminSession(Base):

@@ -9,6 +9,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import ChatSession, Message, MessageStatus, utcnow
+from app.db.presets import PresetRef, session_preset_id
 from app.db.quota import StorageQuota, check_room
 from app.db.records import MessageRecord, SessionRecord, message_record, session_record
 from app.db.usage import forget, nbytes, note, text_bytes, tracking
@@ -32,12 +33,22 @@ def mark_streaming_interrupted(s: Session) -> int:
 
 
 def create_session(
-    s: Session, owner: str, title: str, system_prompt: str, settings: dict[str, Any], quota: StorageQuota
+    s: Session,
+    owner: str,
+    title: str,
+    system_prompt: str,
+    settings: dict[str, Any],
+    quota: StorageQuota,
+    preset_id: str | None | PresetRef = None,
 ) -> SessionRecord:
-    """Insert a session (QuotaExceeded when the owner or the database has no room for it)."""
+    """Insert a session (QuotaExceeded when the owner or the database has no room for it), following `preset_id`
+    (OWNER_DEFAULT: the owner's default preset, if any)."""
+    preset_id = session_preset_id(s, owner, preset_id)
     check_room(s, quota, owner, new_sessions=1, new_bytes=text_bytes(title, system_prompt))
     now = utcnow()
-    row = ChatSession(owner=owner, title=title, system_prompt=system_prompt, settings=settings)
+    row = ChatSession(
+        owner=owner, title=title, system_prompt=system_prompt, settings=settings, preset_id=preset_id
+    )
     row.created_at = row.updated_at = now
     s.add(row)
     s.flush()
@@ -65,10 +76,12 @@ def update_session(
     s: Session, owner: str, session_id: str, changes: dict[str, Any], quota: StorageQuota
 ) -> SessionRecord | None:
     """Apply `changes` (column -> value) to the owner's session; None when it is missing; QuotaExceeded when
-    longer text would not fit."""
+    longer text would not fit; ValueError when `preset_id` is not one of the owner's presets."""
     row = _owned(s, owner, session_id)
     if row is None:
         return None
+    if "preset_id" in changes:
+        changes = {**changes, "preset_id": session_preset_id(s, owner, changes["preset_id"])}
     grown = sum(
         text_bytes(changes[key]) - text_bytes(getattr(row, key))
         for key in ("title", "system_prompt")

@@ -1,4 +1,4 @@
-"""Plain frozen records the store hands out (never ORM objects), and the store's one error type."""
+"""Plain frozen records the store hands out (never ORM objects), and the store's error types."""
 
 from __future__ import annotations
 
@@ -6,11 +6,17 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from app.db.models import ChatSession, Message, MessageStatus
+from app.db.models import ChatSession, Message, MessageStatus, Preset
+
+MAX_OWNER_CHARS = 128
 
 
 class StoreUnavailable(Exception):
     """The database cannot be reached or written (locked past busy_timeout, unreachable, disk I/O)."""
+
+
+class PresetNameTaken(Exception):
+    """The owner already has a preset of that name (names are unique per owner)."""
 
 
 @dataclass(frozen=True)
@@ -22,6 +28,21 @@ class SessionRecord:
     title: str
     system_prompt: str
     settings: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    preset_id: str | None = None  # the preset filling in what `settings` and `system_prompt` leave unset
+
+
+@dataclass(frozen=True)
+class PresetRecord:
+    """A preset as stored: a named system prompt and sampling settings of one owner."""
+
+    id: str
+    owner: str
+    name: str
+    system_prompt: str
+    settings: dict[str, Any]
+    is_default: bool
     created_at: datetime
     updated_at: datetime
 
@@ -65,6 +86,21 @@ def session_record(row: ChatSession) -> SessionRecord:
         settings=dict(row.settings),
         created_at=as_utc(row.created_at),
         updated_at=as_utc(row.updated_at),
+        preset_id=row.preset_id,
+    )
+
+
+def preset_record(row: Preset) -> PresetRecord:
+    """Copy an ORM preset into a record."""
+    return PresetRecord(
+        id=row.id,
+        owner=row.owner,
+        name=row.name,
+        system_prompt=row.system_prompt,
+        settings=dict(row.settings),
+        is_default=bool(row.is_default),
+        created_at=as_utc(row.created_at),
+        updated_at=as_utc(row.updated_at),
     )
 
 
@@ -89,3 +125,15 @@ def message_record(row: Message) -> MessageRecord:
         created_at=as_utc(row.created_at),
         updated_at=as_utc(row.updated_at),
     )
+
+
+def check_owner(owner: str) -> None:
+    """ValueError unless `owner` fits the owner columns."""
+    if not isinstance(owner, str) or not 0 < len(owner) <= MAX_OWNER_CHARS:
+        raise ValueError(f"owner must be a string of 1 to {MAX_OWNER_CHARS} characters, got {owner!r:.40}")
+
+
+def check_settings(settings: dict[str, Any] | None) -> None:
+    """ValueError unless `settings` is a dict (or None)."""
+    if settings is not None and not isinstance(settings, dict):
+        raise ValueError(f"settings must be a dict, got {type(settings).__name__}")

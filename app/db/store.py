@@ -12,8 +12,10 @@ from sqlalchemy.orm import Session
 from app.db import admin_sessions, queries
 from app.db.database import DEFAULT_BUSY_TIMEOUT_MS
 from app.db.models import FINAL_ASSISTANT_STATUSES, ROLES, MessageStatus, utcnow
+from app.db.preset_store import PresetMethods
+from app.db.presets import PresetRef
 from app.db.quota import StorageQuota, database_bytes
-from app.db.records import MessageRecord, SessionRecord
+from app.db.records import MessageRecord, SessionRecord, check_owner, check_settings
 from app.db.threads import StoreThreads
 from app.db.usage import UsageLedger
 
@@ -21,11 +23,10 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_TITLE_CHARS = 200
-MAX_OWNER_CHARS = 128
 
 
-class Store(StoreThreads):
-    """Sessions, messages and admin sign-ins in a SQL database (SQLite in WAL mode by default); records out, never
+class Store(PresetMethods, StoreThreads):
+    """Sessions, messages, presets (PresetMethods) and admin sign-ins in a SQL database (SQLite in WAL mode by default); records out, never
     ORM objects.
 
     Owner-scoped calls treat another owner's session as missing (None / False). Database failures raise
@@ -54,13 +55,15 @@ class Store(StoreThreads):
         title: str = "New chat",
         system_prompt: str = "",
         settings: dict[str, Any] | None = None,
+        preset_id: str | None | PresetRef = None,
     ) -> SessionRecord:
-        """Create an empty session for `owner`."""
-        _check_owner(owner)
+        """Create an empty session for `owner`, following `preset_id` (one of the owner's presets; OWNER_DEFAULT:
+        its default preset, if any; ValueError for another owner's)."""
+        check_owner(owner)
         _check_title(title)
-        _check_settings(settings)
+        check_settings(settings)
         return await self._tx(
-            queries.create_session, owner, title, system_prompt, dict(settings or {}), self.quota
+            queries.create_session, owner, title, system_prompt, dict(settings or {}), self.quota, preset_id
         )
 
     async def list_sessions(self, owner: str) -> list[SessionRecord]:
@@ -79,16 +82,20 @@ class Store(StoreThreads):
         title: str | None = None,
         system_prompt: str | None = None,
         settings: dict[str, Any] | None = None,
+        preset_id: str | None | PresetRef = PresetRef.KEEP,
     ) -> SessionRecord | None:
-        """Change the fields given (settings are replaced whole); None when the session is missing."""
+        """Change the fields given (settings are replaced whole; preset_id None: no preset); None when the session
+        is missing."""
         changes: dict[str, Any] = {}
+        if preset_id is not PresetRef.KEEP:
+            changes["preset_id"] = preset_id
         if title is not None:
             _check_title(title)
             changes["title"] = title
         if system_prompt is not None:
             changes["system_prompt"] = system_prompt
         if settings is not None:
-            _check_settings(settings)
+            check_settings(settings)
             changes["settings"] = dict(settings)
         return await self._tx(queries.update_session, owner, session_id, changes, self.quota)
 
@@ -240,16 +247,6 @@ def _message_values(
     return dict(role=role, content=content, token_ids=ids, status=MessageStatus(status).value)
 
 
-def _check_owner(owner: str) -> None:
-    if not isinstance(owner, str) or not 0 < len(owner) <= MAX_OWNER_CHARS:
-        raise ValueError(f"owner must be a string of 1 to {MAX_OWNER_CHARS} characters, got {owner!r:.40}")
-
-
 def _check_title(title: str) -> None:
     if not isinstance(title, str) or len(title) > MAX_TITLE_CHARS:
         raise ValueError(f"title must be a string of at most {MAX_TITLE_CHARS} characters, got {title!r:.40}")
-
-
-def _check_settings(settings: dict[str, Any] | None) -> None:
-    if settings is not None and not isinstance(settings, dict):
-        raise ValueError(f"settings must be a dict, got {type(settings).__name__}")

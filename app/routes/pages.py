@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from app.routes.context import Services, services
 from app.routes.csrf import cross_origin_reason
 from app.routes.errors import error_response
 from app.services.advice import format_bytes
+from app.services.chat_settings import CHAT_TEMPERATURE_RANGE, chat_max_tokens
 from app.services.errors import APIError, from_exception
 from app.services.tier_view import configured_tier_dir, tier_configured
 
@@ -68,8 +70,52 @@ async def chat_page(request: Request) -> Response:
         "model_name": model,
         "sampling_defaults": svc.sampling_defaults,
         "sampling_source": sampling_source_text(svc.sampling_sources),
+        "default_system_prompt": svc.settings.default_system_prompt,
+        "setting_rows": setting_rows(svc),
     }
     return _render(request, "chat.html", context)
+
+
+@dataclass(frozen=True)
+class SettingField:
+    """A number field of the chat settings form: its bounds, and the server's default with where that comes from."""
+
+    name: str
+    label: str
+    min: float | None
+    max: float | None
+    step: float
+    default: float | int
+    source: str  # server, model or built-in
+
+    @property
+    def id(self) -> str:
+        return "set-" + self.name.replace("_", "-")
+
+
+def setting_rows(svc: Services) -> list[list[SettingField]]:
+    """The chat settings form's number fields, two to a row; their bounds are the ones the server holds chats to."""
+    d, sources = svc.sampling_defaults, svc.sampling_sources
+    engine = svc.engine.engine
+    max_tokens = (
+        chat_max_tokens(svc.settings.default_max_tokens, engine.config.max_model_len)
+        if engine is not None
+        else svc.settings.default_max_tokens
+    )
+    low, high = CHAT_TEMPERATURE_RANGE
+
+    def field(name: str, label: str, bounds: tuple[float | None, float | None], step: float) -> SettingField:
+        default = max_tokens if name == "max_tokens" else getattr(d, name)
+        return SettingField(name, label, *bounds, step, default, sources.get(name, "server"))
+
+    return [
+        [field("temperature", "Temperature", (low, high), 0.05), field("top_p", "Top p", (0, 1), 0.05)],
+        [
+            field("top_k", "Top k", (0, None), 1),
+            field("repetition_penalty", "Repetition penalty", (0.01, 10), 0.05),
+        ],
+        [field("max_tokens", "Max tokens", (1, None), 1)],
+    ]
 
 
 SOURCE_LABELS = {

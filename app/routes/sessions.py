@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -12,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.db import MessageStatus, SessionRecord
+from app.db import MessageStatus, PresetRef, SessionRecord
 from app.routes.context import Services, services
 from app.routes.csrf import check_browser_write
 from app.routes.errors import error_response
@@ -21,10 +20,11 @@ from app.routes.params import read_json_object
 from app.routes.security import BROWSER_OWNER, session_owner
 from app.routes.sse import event_stream
 from app.services.chat_reply import SHUTDOWN, Reply
-from app.services.chat_service import SESSION_SAMPLING_KEYS, ChatService, ReplyMode
+from app.services.chat_service import ChatService, ReplyMode
+from app.services.chat_settings import check_session_settings
 from app.services.errors import APIError, bad_request, from_exception, not_found
 from app.services.messages import message_json
-from app.services.sampling import get_str, sampling_params
+from app.services.sampling import get_str
 
 logger = logging.getLogger(__name__)
 Handler = Callable[[Request, Services, str], Awaitable[Response]]
@@ -60,38 +60,14 @@ def session_json(s: SessionRecord, chat: ChatService) -> dict[str, Any]:
         "title": s.title,
         "system_prompt": s.system_prompt,
         "settings": s.settings,
+        "preset_id": s.preset_id,
         "created_at": s.created_at.isoformat(),
         "updated_at": s.updated_at.isoformat(),
         "streaming": chat.is_streaming(s.id),
     }
 
 
-def check_session_settings(value: Any, default_max_tokens: int) -> dict[str, Any]:
-    """Session sampling settings: known keys only, each valid as a sampling parameter."""
-    if not isinstance(value, dict):
-        raise bad_request("settings must be an object", "settings")
-    unknown = sorted(k for k in value if k not in SESSION_SAMPLING_KEYS)
-    if unknown:
-        raise bad_request(
-            f"settings.{unknown[0][:60]} is not a known setting; known: {', '.join(SESSION_SAMPLING_KEYS)}",
-            "settings",
-        )
-    max_tokens = value.get("max_tokens", default_max_tokens)
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise bad_request(
-            f"settings.max_tokens must be a positive integer, got {json.dumps(max_tokens)[:40]}",
-            "settings.max_tokens",
-        )
-    try:
-        sampling_params(value, max_tokens=max_tokens, logprobs=None)
-    except APIError as exc:
-        raise bad_request(
-            f"settings.{exc.message}", f"settings.{exc.param}" if exc.param else "settings"
-        ) from None
-    return dict(value)
-
-
-def _fields(body: dict[str, Any], svc: Services) -> dict[str, Any]:
+async def _fields(body: dict[str, Any], svc: Services, owner: str, *, creating: bool) -> dict[str, Any]:
     limit = svc.settings.max_message_chars
     fields: dict[str, Any] = {
         "title": get_str(body, "title", None, max_chars=200),
@@ -99,7 +75,20 @@ def _fields(body: dict[str, Any], svc: Services) -> dict[str, Any]:
     }
     if body.get("settings") is not None:
         fields["settings"] = check_session_settings(body["settings"], svc.settings.default_max_tokens)
-    return {k: v for k, v in fields.items() if v is not None}
+    fields = {k: v for k, v in fields.items() if v is not None}
+    if "preset_id" in body:  # null: no preset
+        fields["preset_id"] = await preset_of(body, svc, owner)
+    elif creating:  # a new chat starts from the owner's default preset, if it has one
+        fields["preset_id"] = PresetRef.OWNER_DEFAULT
+    return fields
+
+
+async def preset_of(body: dict[str, Any], svc: Services, owner: str) -> str | None:
+    """`preset_id` of a session body: null, or one of the caller's presets (400 naming it otherwise)."""
+    preset_id = get_str(body, "preset_id", None, max_chars=64)
+    if preset_id is not None and await svc.store.get_preset(owner, preset_id) is None:
+        raise bad_request(f"preset_id {preset_id!r} is not one of your presets", "preset_id")
+    return preset_id
 
 
 @_api
@@ -111,10 +100,11 @@ async def list_sessions(request: Request, svc: Services, owner: str) -> Response
 
 @_api
 async def create_session(request: Request, svc: Services, owner: str) -> Response:
-    """POST /api/sessions {title?, system_prompt?, settings?}."""
+    """POST /api/sessions {title?, system_prompt?, settings?, preset_id?}: without preset_id, the caller's default
+    preset (if any)."""
     svc.admit_new_identity(request, owner)
     body = await read_json_object(request, svc.settings.max_body_bytes, allow_empty=True)
-    session = await svc.store.create_session(owner, **_fields(body, svc))
+    session = await svc.store.create_session(owner, **await _fields(body, svc, owner, creating=True))
     return JSONResponse(session_json(session, svc.chat), status_code=201)
 
 
@@ -141,10 +131,10 @@ async def list_messages(request: Request, svc: Services, owner: str) -> Response
 
 @_api
 async def update_session(request: Request, svc: Services, owner: str) -> Response:
-    """PATCH /api/sessions/{id} {title?, system_prompt?, settings?}."""
+    """PATCH /api/sessions/{id} {title?, system_prompt?, settings?, preset_id?} (preset_id null: none)."""
     sid = request.path_params["session_id"]
     body = await read_json_object(request, svc.settings.max_body_bytes)
-    session = await svc.store.update_session(owner, sid, **_fields(body, svc))
+    session = await svc.store.update_session(owner, sid, **await _fields(body, svc, owner, creating=False))
     if session is None:
         raise not_found(f"session {sid[:64]!r}")
     return JSONResponse(session_json(session, svc.chat))

@@ -9,9 +9,14 @@ import uuid
 from enum import Enum
 from typing import Any
 
-from app.db import MessageStatus, SessionRecord, Store, StoreUnavailable
+from app.db import MessageStatus, Store, StoreUnavailable
 from app.services.async_engine import AsyncEngine
 from app.services.chat_reply import CUT_STATUSES, SHUTDOWN, Reply, ReplyWriter
+from app.services.chat_settings import (
+    chat_max_tokens,
+    effective_settings,
+    effective_system_prompt,
+)
 from app.services.conversation import ConversationBuilder, PromptPlan, Turn, turns_from_messages
 from app.services.errors import APIError, bad_request, from_exception, not_found
 from app.services.limits import Lease
@@ -23,19 +28,6 @@ from engine.core.sampling_defaults import BUILTIN, SamplingDefaults
 from engine.core.sequence import SamplingParams
 
 logger = logging.getLogger(__name__)
-SESSION_SAMPLING_KEYS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "max_tokens",
-    "stop",
-    "seed",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "response_format",
-)
 
 
 class ReplyMode(str, Enum):
@@ -162,7 +154,8 @@ class ChatService:
         messages = await self.store.list_messages(owner, session_id)
         if session is None or messages is None:
             raise not_found(f"session {session_id[:64]!r}")
-        params, max_tokens = self._params(session)
+        preset = await self.store.get_preset(owner, session.preset_id) if session.preset_id else None
+        params, max_tokens = self._params(effective_settings(session, preset))
         history = messages
         if mode is not ReplyMode.SEND:
             last_user = next((m for m in reversed(messages) if m.role == "user"), None)
@@ -172,7 +165,7 @@ class ChatService:
                 content = last_user.content
             history = [m for m in messages if m.position < last_user.position]
         turns = turns_from_messages(history, self.fingerprint)
-        system_prompt = session.system_prompt or self.settings.default_system_prompt
+        system_prompt = effective_system_prompt(session, preset, self.settings.default_system_prompt)
         plan, public_prefix_len = await self.engine.tokenize(
             lambda _tok: self._plan(system_prompt, turns, content, max_tokens)
         )
@@ -241,15 +234,14 @@ class ChatService:
             )
         return content
 
-    def _params(self, session: SessionRecord) -> tuple[SamplingParams, int]:
-        settings = {k: v for k, v in (session.settings or {}).items() if k in SESSION_SAMPLING_KEYS}
+    def _params(self, settings: dict[str, Any]) -> tuple[SamplingParams, int]:
         max_tokens = settings.get("max_tokens") or self.settings.default_max_tokens
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise bad_request(
                 f"session setting max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens"
             )
         assert self.engine.engine is not None
-        max_tokens = min(max_tokens, self.engine.engine.config.max_model_len // 2)
+        max_tokens = chat_max_tokens(max_tokens, self.engine.engine.config.max_model_len)
         params = sampling_params(
             settings, max_tokens=max_tokens, logprobs=None, defaults=self.sampling_defaults.given()
         )

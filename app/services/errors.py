@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.db import QuotaExceeded, StoreUnavailable
+from app.db import PresetNameTaken, QuotaExceeded, StoreUnavailable
 from app.services.async_engine import EngineOverloaded, EngineUnavailable
 from app.services.request_stream import RequestFailed, RequestTimedOut, ServerShuttingDown
 
@@ -82,6 +82,8 @@ def from_exception(exc: BaseException) -> APIError:
         return APIError(503, str(exc), code="overloaded", headers={"Retry-After": str(exc.retry_after)})
     if isinstance(exc, EngineUnavailable):
         return APIError(503, str(exc), code="engine_unavailable", headers={"Retry-After": "5"})
+    if isinstance(exc, PresetNameTaken):
+        return APIError(409, str(exc), param="name", code="name_taken")
     if isinstance(exc, QuotaExceeded):
         if exc.database:
             return APIError(507, str(exc), code="database_full")

@@ -1,5 +1,5 @@
-"""Alembic migrations: empty database to head, models match the migrations, downgrade and upgrade again, and 0001 to
-0002 (admin sign-ins) on a database that holds chats."""
+"""Alembic migrations: empty database to head, models match the migrations, downgrade and upgrade again, 0001 to
+0002 (admin sign-ins) and 0002 to 0003 (presets) on a database that holds chats."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from app.db.database import alembic_config, create_db_engine, migrations_dir, upgrade_to_head
 from app.db.models import Base
 
-TABLES = ["admin_sessions", "alembic_version", "chat_sessions", "messages"]
+TABLES = ["admin_sessions", "alembic_version", "chat_sessions", "messages", "presets"]
 
 
 def make_db(tmp_path: Path) -> str:
@@ -28,8 +28,8 @@ def test_migrations_folder_is_found_with_a_single_head() -> None:
     path = migrations_dir()
     assert path == Path(__file__).resolve().parents[2] / "migrations"
     script = ScriptDirectory.from_config(alembic_config("sqlite://"))
-    assert script.get_heads() == ["0002"]
-    assert [rev.revision for rev in script.walk_revisions()] == ["0002", "0001"]
+    assert script.get_heads() == ["0003"]
+    assert [rev.revision for rev in script.walk_revisions()] == ["0003", "0002", "0001"]
 
 
 def test_upgrade_from_empty_to_head_creates_the_schema(tmp_path: Path) -> None:
@@ -44,7 +44,7 @@ def test_upgrade_from_empty_to_head_creates_the_schema(tmp_path: Path) -> None:
     ]
     assert insp.get_foreign_keys("messages")[0]["options"] == {"ondelete": "CASCADE"}
     with engine.connect() as conn:
-        assert MigrationContext.configure(conn).get_current_revision() == "0002"
+        assert MigrationContext.configure(conn).get_current_revision() == "0003"
     engine.dispose()
 
 
@@ -96,7 +96,7 @@ def test_migrated_constraints_reject_bad_rows(tmp_path: Path) -> None:
     )
     with engine.begin() as conn:
         conn.exec_driver_sql(
-            "INSERT INTO chat_sessions VALUES ('s1', 'alice', 't', '', '{}', ?, ?)", (now, now)
+            "INSERT INTO chat_sessions VALUES ('s1', 'alice', 't', '', '{}', ?, ?, NULL)", (now, now)
         )
         conn.exec_driver_sql(insert_message, ("s1", 0, "user", "complete", now, now))
     bad_rows = [
@@ -149,3 +149,53 @@ def test_0002_adds_admin_sessions_to_a_database_with_chats_and_goes_back(tmp_pat
         tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert tables == {"alembic_version", "chat_sessions", "messages"}
         assert conn.execute("SELECT owner FROM chat_sessions").fetchall() == [("alice",)]
+
+
+def test_0003_adds_presets_in_place_and_going_back_keeps_every_chat_and_message(tmp_path: Path) -> None:
+    cfg = alembic_config(make_db(tmp_path))
+    command.upgrade(cfg, "0002")
+    now = "2026-01-01 00:00:00"
+    with sqlite3.connect(tmp_path / "m.db") as conn:
+        conn.execute("INSERT INTO chat_sessions VALUES ('s1', 'alice', 't', '', '{}', ?, ?)", (now, now))
+        conn.execute(
+            "INSERT INTO messages (session_id, position, role, content, status, created_at, updated_at) "
+            "VALUES ('s1', 0, 'user', 'hi', 'complete', ?, ?)",
+            (now, now),
+        )
+    command.upgrade(cfg, "head")
+    engine = create_db_engine(make_db(tmp_path))  # foreign keys on, as the app runs
+    insp = inspect(engine)
+    assert sorted(insp.get_table_names()) == TABLES
+    assert [(c["name"], c["nullable"]) for c in insp.get_columns("chat_sessions")][-1] == ("preset_id", True)
+    assert [(c["name"], c["nullable"]) for c in insp.get_columns("presets")] == [
+        ("id", False),
+        ("owner", False),
+        ("name", False),
+        ("system_prompt", False),
+        ("settings", False),
+        ("is_default", False),
+        ("created_at", False),
+        ("updated_at", False),
+    ]
+    insert = "INSERT INTO presets VALUES (?, ?, ?, '', '{}', ?, ?, ?)"
+    with engine.begin() as conn:
+        assert conn.exec_driver_sql("SELECT id, preset_id FROM chat_sessions").all() == [("s1", None)]
+        conn.exec_driver_sql(insert, ("p1", "alice", "Terse", True, now, now))
+        conn.exec_driver_sql(insert, ("p2", "alice", "Long", False, now, now))
+        conn.exec_driver_sql(insert, ("p3", "bob", "Terse", True, now, now))  # names and defaults per owner
+        conn.exec_driver_sql("UPDATE chat_sessions SET preset_id = 'p1'")
+    for row in [
+        ("p4", "alice", "Terse", False, now, now),  # a name the owner already has
+        ("p5", "alice", "Other", True, now, now),  # a second default of one owner
+    ]:
+        with pytest.raises(IntegrityError), engine.begin() as conn:
+            conn.exec_driver_sql(insert, row)
+    engine.dispose()
+    command.downgrade(cfg, "0002")  # in place: no table copy, whose drop would cascade to the messages
+    with sqlite3.connect(tmp_path / "m.db") as conn:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert tables == {"admin_sessions", "alembic_version", "chat_sessions", "messages"}
+        assert conn.execute("SELECT * FROM chat_sessions").fetchall() == [
+            ("s1", "alice", "t", "", "{}", now, now)
+        ]
+        assert conn.execute("SELECT session_id, content FROM messages").fetchall() == [("s1", "hi")]

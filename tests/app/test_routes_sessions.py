@@ -91,7 +91,7 @@ def test_forged_cookie_is_a_new_identity(client):
         (
             {"settings": {"temperature": -1}},
             "settings.temperature",
-            "settings.temperature must be in [0, 100]",
+            "settings.temperature must be in [0, 2] for a chat, got -1",
         ),
         (
             {"settings": {"max_tokens": 0}},

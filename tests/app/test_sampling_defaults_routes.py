@@ -129,6 +129,9 @@ def test_the_chat_page_shows_the_defaults_it_will_use(model_client):
         'name="temperature" type="number" min="0" max="2" step="0.05"\n            placeholder="0.3"' in page
     )
     assert 'placeholder="0.8"' in page and 'placeholder="7"' in page and 'placeholder="1.0"' in page
+    # the chat's max tokens: the server's 512, held to half of max_model_len (512) for the history's room
+    assert 'name="max_tokens" type="number" min="1" step="1"\n            placeholder="256"' in page
+    assert 'data-default="0.3"\n            data-default-source="model"' in page  # each field says where from
     assert (
         "temperature, top p, top k from the model&#39;s generation config; repetition penalty built-in"
         in page

@@ -433,7 +433,8 @@ def test_xss_in_a_message_is_shown_as_text(open_page):
 
 def test_scripts_are_modules_served_as_javascript(open_page, ui_server):
     page = open_page("/")
-    assert page_scripts(page) == [["module", "/static/chat_page.js"]]  # one entry; it imports the rest
+    # the theme, set before the first paint, then one entry module that imports the rest
+    assert page_scripts(page) == [["", "/static/theme.js"], ["module", "/static/chat_page.js"]]
     assert page.evaluate("() => 'pagedchat' in window") is False  # modules share state by import only
     static = REPO_ROOT / "static"
     scripts = [path for path in static.rglob("*") if path.is_file() and path.suffix in (".js", ".mjs")]
@@ -795,6 +796,209 @@ def test_a_streamed_reply_keeps_its_finished_blocks(chromium, open_page, ui_serv
     assert result["renders"] - result["introRender"] - 1 >= len(STREAM_DOC.splitlines()) // 2, result
 
 
+# ---- theme -----------------------------------------------------------------------------------------------------
+LIGHT_BG, DARK_BG = "rgb(246, 247, 251)", "rgb(15, 17, 23)"  # --bg of each palette (static/base.css)
+DARK_SURFACE = "rgb(23, 26, 35)"
+# in an init script: the theme <html> carries when <body> appears, before anything of the page is drawn
+RECORD_THEME_AT_BODY = """
+new MutationObserver((_, observer) => {
+  if (!document.body) return;
+  window.__themeAtBody = document.documentElement.getAttribute("data-theme");
+  observer.disconnect();
+}).observe(document, { childList: true, subtree: true });
+"""
+# WCAG contrast of each selector's text against the first opaque background behind it
+CONTRAST = """(selectors) => {
+  const rgb = (c) => c.match(/[\\d.]+/g).map(Number);
+  const lin = (v) => (v /= 255) <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4);
+  const lum = ([r, g, b]) => 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b);
+  const background = (node) => {
+    for (; node; node = node.parentElement) {
+      const c = rgb(getComputedStyle(node).backgroundColor);
+      if (c.length < 4 || c[3] > 0) return c;
+    }
+    return [255, 255, 255];
+  };
+  return Object.fromEntries(selectors.map((sel) => {
+    const node = document.querySelector(sel);
+    if (!node) return [sel, null];
+    const [a, b] = [lum(rgb(getComputedStyle(node).color)), lum(background(node))].sort((x, y) => y - x);
+    return [sel, Math.round(((a + 0.05) / (b + 0.05)) * 100) / 100];
+  }));
+}"""
+TEXT_ON_SURFACES = [
+    ".chat-title",  # text on the header
+    ".session.is-current .session-open",  # accent text on the current chat's tint
+    ".sidebar-foot .model-name",  # muted text on the sidebar
+    "#toggle-settings",  # a ghost button
+    "#new-chat",  # a primary button
+    ".msg-user .msg-body",  # your message: text on the accent
+    ".msg-assistant .msg-body",  # a reply
+    ".msg-stats",  # the quiet stats line on the page background
+    "#settings-panel label",
+    "#src-temperature",  # where a setting comes from
+]
+
+
+def background(page: Any) -> str:
+    return page.evaluate("() => getComputedStyle(document.documentElement).backgroundColor")
+
+
+def chat_with_a_reply(page: Any) -> None:
+    """Open a new chat with one short exchange (16 tokens) and the settings panel."""
+    session_id = new_session(page, title="Theme check", settings={"max_tokens": 16})
+    page.goto(f"/#s={session_id}")
+    expect(page.locator("#chat-title")).to_have_text("Theme check")
+    send(page, "Hello in the dark")
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    page.click("#toggle-settings")
+
+
+def check_contrast(page: Any) -> None:
+    ratios = page.evaluate(CONTRAST, TEXT_ON_SURFACES)
+    assert all(r is not None and r >= 4.5 for r in ratios.values()), ratios
+
+
+def test_dark_mode_follows_the_system_from_the_first_paint_with_readable_text(chromium, ui_server, open_page):
+    context = chromium.new_context(viewport=WIDE, base_url=ui_server.base_url, color_scheme="dark")
+    context.add_init_script(RECORD_THEME_AT_BODY)
+    page = open_page("/", context=context)
+    assert page.evaluate("() => window.__themeAtBody") == "dark"  # set before the body, so no light flash
+    assert background(page) == DARK_BG
+    expect(page.locator("#theme-select")).to_have_value("system")
+    chat_with_a_reply(page)
+    check_contrast(page)
+    # code blocks follow the theme too (markdown.css: highlight.js's GitHub Dark)
+    code_bg = page.evaluate("() => getComputedStyle(document.documentElement).getPropertyValue('--code-bg')")
+    assert code_bg == "#0d1117"
+    screenshot(page, "theme-dark-wide.png")
+    context.close()
+
+
+def test_the_theme_menu_switches_at_once_and_is_remembered(chromium, ui_server, open_page):
+    context = chromium.new_context(viewport=WIDE, base_url=ui_server.base_url, color_scheme="light")
+    context.add_init_script(RECORD_THEME_AT_BODY)
+    page = open_page("/", context=context)
+    assert (page.evaluate("() => window.__themeAtBody"), background(page)) == ("light", LIGHT_BG)
+    chat_with_a_reply(page)
+    check_contrast(page)
+    screenshot(page, "theme-light-wide.png")
+    page.select_option("#theme-select", "dark")
+    expect(page.locator("html")).to_have_attribute("data-theme", "dark")
+    assert background(page) == DARK_BG
+    check_contrast(page)
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    assert (page.evaluate("() => window.__themeAtBody"), background(page)) == ("dark", DARK_BG)
+    expect(page.locator("#theme-select")).to_have_value("dark")
+    page.select_option("#theme-select", "system")  # back to the system's, which is light here
+    assert background(page) == LIGHT_BG
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    assert (page.evaluate("() => window.__themeAtBody"), background(page)) == ("light", LIGHT_BG)
+    assert page.evaluate("() => localStorage.getItem('pagedchat-theme')") is None
+    context.close()
+
+
+def test_a_phone_in_dark_mode(chromium, ui_server, open_page):
+    context = chromium.new_context(viewport=NARROW, base_url=ui_server.base_url, color_scheme="dark")
+    page = open_page("/", viewport=NARROW, context=context)
+    surface = "() => getComputedStyle(document.getElementById(%r)).backgroundColor"
+    chat_with_a_reply(page)
+    assert page.evaluate(surface % "settings-panel") == DARK_SURFACE  # it covers the whole screen
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= NARROW["width"]
+    screenshot(page, "theme-dark-narrow-settings.png")
+    page.click("#settings-close")
+    screenshot(page, "theme-dark-narrow.png")
+    page.click("#toggle-sidebar")
+    expect(page.locator("#sidebar")).to_be_in_viewport()
+    assert page.evaluate(surface % "sidebar") == DARK_SURFACE
+    check_contrast(page)
+    page.select_option("#theme-select", "light")  # the menu sits in the drawer's foot
+    assert background(page) == LIGHT_BG
+    page.keyboard.press("Escape")
+    page.wait_for_timeout(250)  # the drawer's slide-out
+    screenshot(page, "theme-light-narrow.png")
+    context.close()
+
+
+# ---- settings and presets --------------------------------------------------------------------------------------
+def session_of(page: Any) -> dict[str, Any]:
+    """The open chat as the server has it."""
+    return page.evaluate(
+        "async () => (await fetch('/api/sessions/' + (await import('/static/chat_state.js')).state.current.id)).json()"
+    )
+
+
+def test_a_saved_preset_made_default_starts_the_next_chat_and_the_chats_own_value_wins(open_page):
+    page = open_page("/")
+    page.click("#toggle-settings")
+    expect(page.locator("#set-max-tokens")).to_have_attribute("placeholder", "200")  # the server's, shown
+    expect(page.locator("#src-max_tokens")).to_have_text("Server default")
+    expect(page.locator("#src-temperature")).to_have_text("Built-in default")
+    page.fill("#set-system", "You are terse.")
+    page.fill("#set-temperature", "0.3")
+    expect(page.locator("#src-temperature")).to_have_text("This chat")
+    page.fill("#preset-name", "Terse")
+    page.click("#preset-form button[type=submit]")
+    expect(page.locator("#preset-status")).to_have_text("Saved preset “Terse”.")
+    expect(page.locator("#preset-list .preset-name")).to_have_text(["Terse"])
+    page.select_option("#default-preset", label="Terse")
+    expect(page.locator("#preset-status")).to_have_text("New chats start from “Terse”.")
+    expect(page.locator("#preset-list .preset-badge")).to_have_text(["default"])
+
+    page.click("#new-chat")  # the settings panel stays open, now showing the blank chat's
+    expect(page.locator("#set-preset option:checked")).to_have_text("Terse")
+    expect(page.locator("#set-temperature")).to_have_value("")
+    expect(page.locator("#set-temperature")).to_have_attribute("placeholder", "0.3")
+    expect(page.locator("#src-temperature")).to_have_text("Preset “Terse”")
+    expect(page.locator("#set-system")).to_have_attribute("placeholder", "You are terse.")
+    expect(page.locator("#src-top_p")).to_have_text("Built-in default")
+    page.click("#settings-close")
+    send(page, "Hi")
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    preset_id = page.evaluate("async () => (await (await fetch('/api/presets')).json()).default_preset_id")
+    chat = session_of(page)
+    assert (chat["preset_id"], chat["settings"], chat["system_prompt"]) == (preset_id, {}, "")
+
+    page.click("#toggle-settings")
+    page.fill("#set-temperature", "0.9")
+    page.click("#settings-form button[type=submit]")
+    expect(page.locator("#settings-status")).to_have_text("Saved.")
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    page.click("#toggle-settings")
+    expect(page.locator("#set-temperature")).to_have_value("0.9")
+    expect(page.locator("#src-temperature")).to_have_text("This chat")
+    expect(page.locator("#src-system_prompt")).to_have_text("Preset “Terse”")
+    chat = session_of(page)
+    assert (chat["preset_id"], chat["settings"]) == (preset_id, {"temperature": 0.9})
+
+
+def test_a_rejected_value_shows_the_servers_error_at_its_field_and_no_saved(open_page):
+    page = open_page("/", http_errors_ok=True)  # the refused PATCH is a 400 the console notes
+    page.click("#toggle-settings")
+    page.fill("#set-temperature", "0.5")
+    page.click("#settings-form button[type=submit]")
+    expect(page.locator("#settings-status")).to_have_text("Saved.")
+    expect(page.locator("#settings-status")).to_have_text("", timeout=5000)  # then it goes
+    page.fill("#set-temperature", "5")
+    page.click("#settings-form button[type=submit]")
+    error = page.locator("#err-temperature")
+    expect(error).to_have_text("temperature must be in [0, 2] for a chat, got 5")
+    expect(page.locator("#set-temperature")).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("#set-temperature")).to_be_focused()
+    expect(page.locator("#settings-status")).to_have_text("")
+    expect(page.locator("#settings-error")).to_have_text("")  # in place, not at the bottom
+    screenshot(page, "settings-error-in-place.png")
+    assert session_of(page)["settings"] == {"temperature": 0.5}  # nothing was stored
+    page.fill("#set-temperature", "0.7")  # fixing it clears the error
+    expect(error).to_have_text("")
+    expect(page.locator("#set-temperature")).not_to_have_attribute("aria-invalid", "true")
+    page.click("#settings-form button[type=submit]")
+    expect(page.locator("#settings-status")).to_have_text("Saved.")
+
+
 # ---- admin -----------------------------------------------------------------------------------------------------
 def test_admin_without_the_token_is_refused(open_page, ui_server):
     base = ui_server.base_url
@@ -829,7 +1033,7 @@ def test_admin_block_map_follows_a_running_request(open_page, chromium, slow_ui_
     context = chromium.new_context(viewport=WIDE, base_url=server.base_url)
     page = open_page("/admin", context=context, http_errors_ok=True)
     sign_in(page)
-    assert page_scripts(page) == [["module", "/static/admin_page.js"]]
+    assert page_scripts(page) == [["", "/static/theme.js"], ["module", "/static/admin_page.js"]]
     assert page.evaluate("() => 'pagedchat' in window") is False
     canvas = page.locator("#block-map")
     expect(page.locator("#stat-used")).to_have_text("0")
@@ -897,4 +1101,29 @@ def test_admin_block_map_follows_a_running_request(open_page, chromium, slow_ui_
     page.set_viewport_size(NARROW)
     page.wait_for_timeout(300)
     screenshot(page, "admin-narrow.png", full_page=True)
+    context.close()
+
+
+def test_the_admin_page_and_its_canvases_follow_the_theme(chromium, ui_server, open_page):
+    context = chromium.new_context(viewport=WIDE, base_url=ui_server.base_url, color_scheme="dark")
+    page = open_page("/admin", context=context, http_errors_ok=True)
+    assert background(page) == DARK_BG  # the sign-in card too
+    sign_in(page)
+    expect(page.locator("#block-map")).to_have_attribute("data-blocks", re.compile(r"^\d+$"))
+    # block 0's pixel, and the colour the theme gives its state (the pool is idle: free or cached)
+    first_cell = """async () => {
+        const { state } = await import("/static/admin_state.js");
+        const name = { f: "--map-free", c: "--map-cached" }[state.lastPool.block_states[0]];
+        const css = getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+        const [r, g, b] = document.getElementById("block-map").getContext("2d").getImageData(2, 2, 1, 1).data;
+        return { pixel: [r, g, b], css: [1, 3, 5].map((i) => parseInt(css.slice(i, i + 2), 16)) };
+    }"""
+    dark = page.evaluate(first_cell)
+    assert dark["pixel"] == dark["css"], dark
+    ratios = page.evaluate(CONTRAST, [".counter dt", ".counter dd", ".settings-table td", "#map-title"])
+    assert all(r is not None and r >= 4.5 for r in ratios.values()), ratios
+    screenshot(page, "admin-dark-wide.png", full_page=True)
+    page.select_option("#theme-select", "light")  # redrawn at once, not at the next sample
+    light = page.evaluate(first_cell)
+    assert light["pixel"] == light["css"] != dark["css"], (light, dark)
     context.close()
