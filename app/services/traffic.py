@@ -10,7 +10,9 @@ from engine.core.stats import EngineStats
 
 DEFAULT_WINDOW_S = 600.0
 RATE_WINDOW_S = 60.0  # preemptions per minute and the prefix hit rate look this far back
-SPEED_WINDOW_S = 2.0  # tokens/s looks this far back (short, so the chart follows bursts)
+SPEED_WINDOW_S = (
+    2.0  # tokens/s looks this far back (short, so the chart follows bursts), 0 once the engine idles
+)
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,9 @@ class TrafficPoint:
     prefix_hit_rate: float | None  # hit tokens / query tokens over RATE_WINDOW_S; None without queries
     ram_hit_rate: float | None  # ... of them, the hits still in the RAM pool
     disk_hit_rate: float | None  # ... and those loaded from the disk tier
-    tokens_per_s: float  # generated tokens per second over SPEED_WINDOW_S
+    tokens_per_s: (
+        float  # generated tokens per second over SPEED_WINDOW_S; 0 when nothing runs or was generated
+    )
     num_tokens_stored: int
     paged_waste_tokens: int  # allocated slots not holding a token (the last block's tail)
     contiguous_waste_tokens: int  # max_model_len reserved per running sequence, minus the tokens stored
@@ -118,6 +122,10 @@ class TrafficRecorder:
         """The most sequences running at once in any sample of the window."""
         return max((s.stats.num_running for s in self._samples), default=0)
 
+    def peak_used_blocks(self) -> int:
+        """The most blocks in use (ref >= 1) in any sample of the window."""
+        return max((s.stats.num_used_blocks for s in self._samples), default=0)
+
     # ---- internals --------------------------------------------------------------------------------------------
     def _trim(self, now: float) -> None:
         horizon = now - self.window_s
@@ -145,6 +153,12 @@ class TrafficRecorder:
         fast = self._since(now, SPEED_WINDOW_S)
         fast_span = now - fast.time_s
         generated = stats.num_generation_tokens_total - fast.stats.num_generation_tokens_total
+        previous = self._samples[-2].stats if len(self._samples) > 1 else stats
+        if (
+            not stats.num_running
+            and stats.num_generation_tokens_total == previous.num_generation_tokens_total
+        ):
+            generated = 0  # idle now: the window's earlier burst is not a speed anything runs at
         return TrafficPoint(
             time_s=now,
             num_used_blocks=stats.num_used_blocks,
