@@ -1,9 +1,29 @@
 // Small hand-drawn line charts on canvas (no library): a few series over the last minutes, newest at the right.
-import { hidpiContext } from "./canvas.js";
+// A line breaks where a value is missing and across gaps in time (no sample: the feed had no listener, or the
+// engine was stuck in a long step), rather than drawing a diagonal across time nobody measured.
+import { hidpiContext, themeColor } from "./canvas.js";
 const PAD = { left: 8, right: 8, top: 26, bottom: 16 };
-const GRID = "#eef0f4";
-const AXIS_TEXT = "#8a90a0";
 const MIN_SPAN_S = 30;
+// the feed samples every 0.25 s busy, 0.5 s idle: several missed samples in a row is a gap
+export const MAX_GAP_S = 3;
+
+/** The runs of `points` to draw as one line each: split where `key` is missing or samples are over maxGapS apart. */
+export function segments(points, key, maxGapS = MAX_GAP_S) {
+  const runs = [];
+  let run = [];
+  let prev = null;
+  for (const p of points) {
+    const v = p[key];
+    if (v == null || (prev !== null && p.time_s - prev.time_s > maxGapS)) {
+      if (run.length) runs.push(run);
+      run = [];
+    }
+    if (v != null) run.push(p);
+    prev = p;
+  }
+  if (run.length) runs.push(run);
+  return runs;
+}
 
 function niceMax(value) {
   if (!(value > 0)) return 1;
@@ -25,7 +45,8 @@ export function compact(value) {
 }
 
 export class LineChart {
-  /** series: [{key, label, color, fill}], options: {maxSpanS, yMax, format} */
+  /** series: [{key, label, color, colorVar, fill}] (colorVar: a CSS property that overrides color), options:
+   * {maxSpanS, yMax, format} */
   constructor(canvas, series, options) {
     this.canvas = canvas;
     this.series = series;
@@ -68,19 +89,21 @@ export class LineChart {
     max = this.fixedMax || niceMax(max);
     const x = (t) => PAD.left + plotW * (1 - (this.nowS - t) / this.spanS);
     const y = (v) => PAD.top + plotH * (1 - Math.min(v, max) / max);
-    // grid and scale
+    // grid and scale, in the theme's colours
+    const grid = themeColor("--chart-grid", "#eef0f4");
+    const axisText = themeColor("--chart-axis", "#8a90a0");
     ctx.font = "10px system-ui, sans-serif";
     ctx.textBaseline = "bottom";
     ctx.lineWidth = 1;
     for (let i = 0; i <= 2; i++) {
       const gy = Math.round(PAD.top + (plotH * i) / 2) + 0.5;
-      ctx.strokeStyle = GRID;
+      ctx.strokeStyle = grid;
       ctx.beginPath();
       ctx.moveTo(PAD.left, gy);
       ctx.lineTo(PAD.left + plotW, gy);
       ctx.stroke();
     }
-    ctx.fillStyle = AXIS_TEXT;
+    ctx.fillStyle = axisText;
     ctx.textAlign = "right";
     ctx.fillText(this.format(max), PAD.left + plotW, PAD.top - 1);
     ctx.textAlign = "left";
@@ -89,35 +112,31 @@ export class LineChart {
     ctx.fillText("−" + span, PAD.left, PAD.top + plotH + 3);
     ctx.textAlign = "right";
     ctx.fillText("now", PAD.left + plotW, PAD.top + plotH + 3);
-    // series, each a polyline broken where a value is missing
+    // series, each a polyline per segment (see `segments`), filled below when asked
     const visible = this.points.filter((p) => this.nowS - p.time_s <= this.spanS);
+    let numSegments = 0;
     for (const s of this.series) {
-      ctx.strokeStyle = s.color;
+      const color = themeColor(s.colorVar, s.color);
+      ctx.strokeStyle = color;
+      ctx.fillStyle = color;
       ctx.lineWidth = 1.75;
       ctx.lineJoin = "round";
-      ctx.beginPath();
-      let drawing = false;
-      for (const p of visible) {
-        const v = p[s.key];
-        if (v == null) {
-          drawing = false;
-          continue;
+      for (const run of segments(visible, s.key)) {
+        numSegments++;
+        ctx.beginPath();
+        run.forEach((p, i) => (i ? ctx.lineTo(x(p.time_s), y(p[s.key])) : ctx.moveTo(x(p.time_s), y(p[s.key]))));
+        ctx.stroke();
+        if (s.fill && run.length > 1) {
+          ctx.lineTo(x(run[run.length - 1].time_s), PAD.top + plotH);
+          ctx.lineTo(x(run[0].time_s), PAD.top + plotH);
+          ctx.closePath();
+          ctx.globalAlpha = 0.12;
+          ctx.fill();
+          ctx.globalAlpha = 1;
         }
-        if (drawing) ctx.lineTo(x(p.time_s), y(v));
-        else ctx.moveTo(x(p.time_s), y(v));
-        drawing = true;
-      }
-      ctx.stroke();
-      if (s.fill && visible.length > 1) {
-        ctx.lineTo(x(visible[visible.length - 1].time_s), PAD.top + plotH);
-        ctx.lineTo(x(visible[0].time_s), PAD.top + plotH);
-        ctx.closePath();
-        ctx.globalAlpha = 0.12;
-        ctx.fillStyle = s.color;
-        ctx.fill();
-        ctx.globalAlpha = 1;
       }
     }
+    this.canvas.dataset.segments = String(numSegments);
     this.drawLegend(ctx, visible[visible.length - 1]);
   }
 
@@ -126,15 +145,16 @@ export class LineChart {
     ctx.textAlign = "left";
     ctx.textBaseline = "middle";
     let lx = PAD.left;
+    const text = themeColor("--chart-text", "#3b4151");
     for (const s of this.series) {
       const value = last ? this.format(last[s.key]) : "–";
-      ctx.fillStyle = s.color;
+      ctx.fillStyle = themeColor(s.colorVar, s.color);
       ctx.fillRect(lx, 6, 8, 8);
       lx += 12;
-      ctx.fillStyle = "#3b4151";
-      const text = s.label + " " + value;
-      ctx.fillText(text, lx, 10);
-      lx += ctx.measureText(text).width + 12;
+      ctx.fillStyle = text;
+      const label = s.label + " " + value;
+      ctx.fillText(label, lx, 10);
+      lx += ctx.measureText(label).width + 12;
     }
   }
 }
