@@ -1,25 +1,20 @@
 // Small hand-drawn line charts on canvas (no library): a few series over the last minutes, newest at the right.
-// A line breaks where a value is missing and across gaps in time (no sample: the feed had no listener, or the
-// engine was stuck in a long step), rather than drawing a diagonal across time nobody measured.
+// A line breaks where a value is missing and where sampling resumed after a gap (no admin page listened), rather
+// than drawing a diagonal across time nobody measured. A sample late behind a long engine step joins its line.
 import { hidpiContext, themeColor } from "./canvas.js";
 const PAD = { left: 8, right: 8, top: 26, bottom: 16 };
 const MIN_SPAN_S = 30;
-// the feed samples every 0.25 s busy, 0.5 s idle: several missed samples in a row is a gap
-export const MAX_GAP_S = 3;
-
-/** The runs of `points` to draw as one line each: split where `key` is missing or samples are over maxGapS apart. */
-export function segments(points, key, maxGapS = MAX_GAP_S) {
+/** The runs of `points` to draw as one line each: split where `key` is missing and before a `resumed` point. */
+export function segments(points, key) {
   const runs = [];
   let run = [];
-  let prev = null;
   for (const p of points) {
     const v = p[key];
-    if (v == null || (prev !== null && p.time_s - prev.time_s > maxGapS)) {
+    if (v == null || p.resumed) {
       if (run.length) runs.push(run);
       run = [];
     }
     if (v != null) run.push(p);
-    prev = p;
   }
   if (run.length) runs.push(run);
   return runs;

@@ -105,9 +105,10 @@ class AdminFeed:
         """Recent chart points, for a page that just connected."""
         return [p.to_json() for p in self.recorder.points(since_s=now - HISTORY_S)]
 
-    async def sample(self) -> tuple[dict[str, Any], bool]:
+    async def sample(self, *, resumed: bool = False) -> tuple[dict[str, Any], bool]:
         """One state (with the whole pool's block map, the default view), and whether anything is running (which
-        sets the sampling rate); each subscriber's own view of it goes out from `_run`."""
+        sets the sampling rate); each subscriber's own view of it goes out from `_run`. `resumed`: the first sample
+        of a sampler that was stopped (its chart point starts a new line)."""
         engine = self.svc.engine
         views = list(self._subscribers.values()) or [MapView()]
         snap, hashed, num_preempted = await engine.call(lambda e: _take(e, views))
@@ -115,7 +116,7 @@ class AdminFeed:
         stats = snap.stats
         if self.sample_lengths:
             self.recorder.observe_live_sequences(snap.sequences, now)
-        point = self.recorder.observe_stats(stats, now, num_preempted=num_preempted)
+        point = self.recorder.observe_stats(stats, now, num_preempted=num_preempted, resumed=resumed)
         assert engine.engine is not None
         advice = advise(
             AdviceInputs(
@@ -187,10 +188,12 @@ class AdminFeed:
         return self._database_bytes
 
     async def _run(self) -> None:
+        resumed = True
         while self._subscribers:
             error = None
             try:
-                _, active = await self.sample()
+                _, active = await self.sample(resumed=resumed)
+                resumed = False
             except Exception as exc:  # noqa: BLE001 - the page shows the error and the feed keeps trying
                 error, active = json.dumps({"error": from_exception(exc).message}), False
             last = self._last

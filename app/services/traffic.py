@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import collections
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from engine.core.stats import EngineStats
@@ -38,6 +38,8 @@ class TrafficPoint:
     num_tokens_stored: int
     paged_waste_tokens: int  # allocated slots not holding a token (the last block's tail)
     contiguous_waste_tokens: int  # max_model_len reserved per running sequence, minus the tokens stored
+    # the first sample after sampling stopped (no admin page listened): charts do not join it to the one before
+    resumed: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The point as a JSON object (rates rounded for the wire)."""
@@ -89,13 +91,16 @@ class TrafficRecorder:
         self._live = current
         return ended
 
-    def observe_stats(self, stats: EngineStats, now: float, *, num_preempted: int = 0) -> TrafficPoint:
-        """Record one engine sample and return the chart point it makes."""
+    def observe_stats(
+        self, stats: EngineStats, now: float, *, num_preempted: int = 0, resumed: bool = False
+    ) -> TrafficPoint:
+        """Record one engine sample and return the chart point it makes; `resumed`: sampling stopped before it
+        (a gap in time that nobody measured, as opposed to a sample late behind a long engine step)."""
         if self._samples and now < self._samples[-1].time_s:
             raise ValueError(f"samples must come in time order: {now} < {self._samples[-1].time_s}")
         self._samples.append(_Sample(now, stats))
         self._trim(now)
-        point = self._point(stats, now, num_preempted)
+        point = replace(self._point(stats, now, num_preempted), resumed=resumed and len(self._samples) > 1)
         self._points.append(point)
         return point
 

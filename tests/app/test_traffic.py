@@ -118,3 +118,13 @@ def test_peak_used_blocks_over_the_window():
     assert rec.peak_used_blocks() == 40
     rec.observe_stats(make_stats(num_used_blocks=2, num_free_blocks=62), 70.0)  # the 40 left the window
     assert rec.peak_used_blocks() == 9
+
+
+def test_a_point_after_sampling_resumed_is_marked_so_charts_do_not_join_it():
+    rec = TrafficRecorder()
+    first = rec.observe_stats(make_stats(), 0.0, resumed=True)  # nothing before it to join: not a gap
+    rec.observe_stats(make_stats(), 0.5)
+    late = rec.observe_stats(make_stats(num_running=1), 9.0)  # late behind a long engine step: the same line
+    again = rec.observe_stats(make_stats(), 300.0, resumed=True)
+    assert [p.resumed for p in (first, late, again)] == [False, False, True]
+    assert again.to_json()["resumed"] is True

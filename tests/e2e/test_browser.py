@@ -435,10 +435,11 @@ def test_admin_block_map_at_256_blocks_charts_and_map_helpers(open_page):
                 const k = Math.ceil(n / cells);
                 return { n, k, px: m.cellLayout(720, Math.ceil(n / k)).cell };
             });
-            const t = (time_s, v) => ({ time_s, hit_pct: v });
-            const points = [t(0, 50), t(0.5, 60), t(1, 60), t(40, 20), t(40.5, null), t(41, 30), t(41.5, 35)];
-            // a chart fed that history draws three runs: the idle gap and the missing value break the line
-            s.charts.hits.setData(points, 41.5);
+            const t = (time_s, v, resumed) => ({ time_s, hit_pct: v, resumed: Boolean(resumed) });
+            // sampling resumed at 40 s after a gap (no page listened); no hit rate at 40.5 s; 9 s behind a long step
+            const points = [t(0, 50), t(0.5, 60), t(1, 60), t(40, 20, true), t(40.5, null), t(41, 30), t(50, 35)];
+            // a chart fed that history draws three runs: the resumed sampling and the missing value break the line
+            s.charts.hits.setData(points, 50);
             return {
                 layouts,
                 decoded: Array.from(m.decodeCounts(btoa(String.fromCharCode(3, 0, 0, 1, 255, 255)))),
@@ -459,7 +460,7 @@ def test_admin_block_map_at_256_blocks_charts_and_map_helpers(open_page):
     assert checks["bars"][0] == [["used", 2]]
     assert [state for state, _ in checks["bars"][1]] == ["used", "cached"]
     assert round(sum(h for _, h in checks["bars"][1]), 6) == 8
-    assert checks["runs"] == [[0, 0.5, 1], [40], [41, 41.5]] and checks["drawn"] == "3"
+    assert checks["runs"] == [[0, 0.5, 1], [40], [41, 50]] and checks["drawn"] == "3"
 
 
 def test_admin_block_map_at_250k_blocks_zooms_and_names_who_runs(open_page, chromium, slow_ui_server):
