@@ -2,7 +2,7 @@
 // user, as the service labelled it), its prefix-cache hit and sizes; picking a row outlines its blocks on the map.
 import { state } from "./admin_state.js";
 
-const COLUMNS = ["", "who", "", "num", "num", "num"]; // seq, who, status, prefix hit, tokens, blocks
+const COLUMNS = ["seq", "who", "num", "num", "num"]; // seq and its status, who, prefix hit, tokens, blocks
 
 /** [what, who]: ["Chat “Title”", "browser ab12cd34"], ["API chat completion", "API key 3f2a9c1b"]; the request
  * id where the service gave no label. */
@@ -44,7 +44,9 @@ function sequenceRow(seqId) {
     tr.appendChild(td);
     return td;
   });
-  tds[0].appendChild(pick);
+  const status = document.createElement("span");
+  status.className = "seq-status";
+  tds[0].append(pick, status);
   const what = document.createElement("span");
   what.className = "who-what";
   const owner = document.createElement("span");
@@ -53,7 +55,7 @@ function sequenceRow(seqId) {
   tr.addEventListener("click", (e) => {
     if (e.target.tagName !== "BUTTON") pick.click();
   });
-  row = { tr, pick, tds, what, owner };
+  row = { tr, pick, tds, status, what, owner };
   rows.set(seqId, row);
   return row;
 }
@@ -94,11 +96,11 @@ export function renderSequences(sequences) {
     setText(row.what, what);
     setText(row.owner, owner);
     row.tds[1].title = what + " · " + owner + " · request " + seq.request_id;
-    setText(row.tds[2], seq.status);
-    row.tds[2].dataset.status = seq.status; // "loading": its prefix is being read from the disk tier
-    setText(row.tds[3], prefixHitText(seq));
-    setText(row.tds[4], String(seq.num_tokens));
-    setText(row.tds[5], String(seq.num_blocks));
+    setText(row.status, seq.status);
+    row.status.dataset.status = seq.status; // "loading": its prefix is being read from the disk tier
+    setText(row.tds[2], prefixHitText(seq));
+    setText(row.tds[3], String(seq.num_tokens));
+    setText(row.tds[4], String(seq.num_blocks));
     const expected = previous ? previous.nextSibling : body.firstChild;
     if (expected !== row.tr) body.insertBefore(row.tr, expected); // moves only rows out of order
     previous = row.tr;

@@ -557,11 +557,11 @@ def test_admin_block_map_at_250k_blocks_zooms_and_names_who_runs(open_page, chro
         # the feed updates the row's numbers in place: the same element (and button) across samples
         before = page.evaluate(
             """() => { const tr = document.querySelector('#seq-rows tr'); tr.__kept = true;
-                       return { samples: Number(document.body.dataset.samples), tokens: tr.cells[4].textContent }; }"""
+                       return { samples: Number(document.body.dataset.samples), tokens: tr.cells[3].textContent }; }"""
         )
         page.wait_for_function("n => Number(document.body.dataset.samples) >= n", arg=before["samples"] + 2)
         after = page.evaluate(
-            "() => { const tr = document.querySelector('#seq-rows tr'); return { kept: tr.__kept === true, tokens: tr.cells[4].textContent }; }"
+            "() => { const tr = document.querySelector('#seq-rows tr'); return { kept: tr.__kept === true, tokens: tr.cells[3].textContent }; }"
         )
         assert after["kept"] and after["tokens"] != before["tokens"], (before, after)
         screenshot(page, "admin-wide.png", full_page=True)
