@@ -2,7 +2,9 @@
 // app/services/block_map.py). A cell of one block takes its state's colour; a cell of many is a small stacked bar of
 // its mix (shared, in use, cached from the bottom; free the rest), so 256 blocks and 250,000 both read at a glance.
 // Drag across cells (or pick one and press Enter) to zoom in; hover, click or arrow keys tell a cell's contents; a
-// selected sequence's cells are outlined and the rest dimmed.
+// selected sequence's cells are outlined and the rest dimmed. A little over 300 lines: drawing, the pointer and keys,
+// and the info panel all read the same cell geometry and counts.
+import { barHeights, cellLayout, cellsFor, decodeCounts } from "./admin_cells.js";
 import { hidpiContext, themeColor } from "./canvas.js";
 
 const FALLBACK = {
@@ -10,47 +12,6 @@ const FALLBACK = {
   outline: "#111827", hover: "#ef4444", drag: "rgba(79, 124, 247, 0.25)",
 };
 const STATE_NAMES = { free: "free", cached: "cached (evictable)", used: "in use", shared: "shared" };
-export const MAX_HEIGHT = 300; // CSS px the map may take
-const TARGET_PITCH = 10; // CSS px a cell (with its gap) when the server has blocks enough to fill the map
-const MAX_CELL = 22;
-
-/** A base64 little-endian uint16 array (the feed's per-cell counts) as a Uint16Array. */
-export function decodeCounts(base64) {
-  if (!base64) return null;
-  const bytes = atob(base64);
-  const out = new Uint16Array(bytes.length >> 1);
-  for (let i = 0; i < out.length; i++) out[i] = bytes.charCodeAt(2 * i) | (bytes.charCodeAt(2 * i + 1) << 8);
-  return out;
-}
-
-/** How many cells to ask the server for at this width: what fills the map at about TARGET_PITCH px a cell. */
-export function cellsFor(width) {
-  const cols = Math.max(4, Math.floor(width / TARGET_PITCH));
-  return Math.max(16, Math.min(8192, cols * Math.floor(MAX_HEIGHT / TARGET_PITCH)));
-}
-
-/** Cell size, gap and columns that fit `numCells` into `width` x MAX_HEIGHT. */
-export function cellLayout(width, numCells) {
-  let cell = Math.floor(Math.sqrt((width * MAX_HEIGHT) / Math.max(numCells, 1))) - 2;
-  cell = Math.max(3, Math.min(MAX_CELL, cell));
-  const gap = cell >= 8 ? 2 : 1;
-  const cols = Math.max(1, Math.floor((width + gap) / (cell + gap)));
-  return { cell, gap, cols, rows: Math.ceil(numCells / cols) };
-}
-
-/** A cell's stacked bar, bottom up: [state, height] of shared, used, cached. A state's height grows with the square
- * root of its share, at least a quarter of the cell, so 3 blocks in use among 121 show (a linear bar would be a
- * hairline); a cell of one state is filled. */
-export function barHeights(mix, cell) {
-  const bars = [];
-  for (const state of ["shared", "used", "cached"]) {
-    if (mix[state]) bars.push([state, cell * Math.max(0.25, Math.sqrt(mix[state] / mix.size))]);
-  }
-  const total = bars.reduce((sum, [, h]) => sum + h, 0);
-  const scale = total > cell || mix.free === 0 ? cell / total : 1;
-  return bars.map(([state, h]) => [state, h * scale]);
-}
-
 function colors() {
   const c = {};
   for (const [name, fallback] of Object.entries(FALLBACK)) c[name] = themeColor("--map-" + name, fallback);

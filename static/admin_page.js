@@ -1,7 +1,8 @@
 // The admin page's entry module: listens to /api/admin/stream (SSE) and updates counters, the block map,
 // sequences, charts, what paging saves, advice and the disk tier panel from each sample. The block map is the
 // feed's view of the pool (a range, a marked sequence): zooming reconnects the feed with the new view.
-import { BlockMap, cellsFor } from "./admin_blockmap.js";
+import { BlockMap } from "./admin_blockmap.js";
+import { cellsFor } from "./admin_cells.js";
 import { LineChart, compact } from "./admin_charts.js";
 import { renderSequences, select } from "./admin_sequences.js";
 import { state } from "./admin_state.js";

@@ -106,8 +106,8 @@ class AdminFeed:
         return [p.to_json() for p in self.recorder.points(since_s=now - HISTORY_S)]
 
     async def sample(self, *, resumed: bool = False) -> tuple[dict[str, Any], bool]:
-        """One state (with the whole pool's block map, the default view), and whether anything is running (which
-        sets the sampling rate); each subscriber's own view of it goes out from `_run`. `resumed`: the first sample
+        """One state (with the block map of the first listener's view, the whole pool when none listens), and
+        whether anything is running (which sets the sampling rate); each listener's own view goes out from `_run`. `resumed`: the first sample
         of a sampler that was stopped (its chart point starts a new line)."""
         engine = self.svc.engine
         views = list(self._subscribers.values()) or [MapView()]

@@ -426,7 +426,7 @@ def test_admin_block_map_at_256_blocks_charts_and_map_helpers(open_page):
     assert "Paging vs contiguous" not in page.locator("#advice").inner_text()  # one panel, not advice
     checks = page.evaluate(
         """async () => {
-            const m = await import("/static/admin_blockmap.js");
+            const m = await import("/static/admin_cells.js");
             const c = await import("/static/admin_charts.js");
             const { state: s } = await import("/static/admin_state.js");
             // cells stay readable from 256 to 250,000 blocks: the server sums blocks into what the width holds
