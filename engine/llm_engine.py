@@ -264,9 +264,10 @@ class LLMEngine:
         """Counters for metrics and the admin page."""
         return self.scheduler.stats()
 
-    def snapshot(self) -> PoolSnapshot:
-        """Every block's state and every live sequence's block table, consistent between steps."""
-        return self.scheduler.snapshot()
+    def snapshot(self, hash_block_ids: range | None = None) -> PoolSnapshot:
+        """Every block's state and every live sequence's block table, consistent between steps (block hashes of
+        `hash_block_ids` only, when given)."""
+        return self.scheduler.snapshot(hash_block_ids)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of a chat rendered with the model's template."""

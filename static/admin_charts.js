@@ -1,9 +1,24 @@
 // Small hand-drawn line charts on canvas (no library): a few series over the last minutes, newest at the right.
-import { hidpiContext } from "./canvas.js";
-import { cssColors, onThemeChange } from "./theme_colors.js";
+// A line breaks where a value is missing and where sampling resumed after a gap (no admin page listened), rather
+// than drawing a diagonal across time nobody measured. A sample late behind a long engine step joins its line.
+import { hidpiContext, onThemeChange, themeColor } from "./canvas.js";
 const PAD = { left: 8, right: 8, top: 26, bottom: 16 };
-const COLOR_VARS = { grid: "--chart-grid", text: "--chart-text", legend: "--chart-legend" };
 const MIN_SPAN_S = 30;
+/** The runs of `points` to draw as one line each: split where `key` is missing and before a `resumed` point. */
+export function segments(points, key) {
+  const runs = [];
+  let run = [];
+  for (const p of points) {
+    const v = p[key];
+    if (v == null || p.resumed) {
+      if (run.length) runs.push(run);
+      run = [];
+    }
+    if (v != null) run.push(p);
+  }
+  if (run.length) runs.push(run);
+  return runs;
+}
 
 function niceMax(value) {
   if (!(value > 0)) return 1;
@@ -25,7 +40,8 @@ export function compact(value) {
 }
 
 export class LineChart {
-  /** series: [{key, label, color (a CSS custom property: "--chart-blue"), fill}], options: {maxSpanS, yMax, format} */
+  /** series: [{key, label, color, colorVar, fill}] (colorVar: a CSS property that overrides color), options:
+   * {maxSpanS, yMax, format} */
   constructor(canvas, series, options) {
     this.canvas = canvas;
     this.series = series;
@@ -60,7 +76,6 @@ export class LineChart {
     const height = canvas.clientHeight;
     if (!width || !height) return;
     const ctx = hidpiContext(canvas, width, height);
-    const colors = cssColors(Object.assign({}, COLOR_VARS, ...this.series.map((s) => ({ [s.key]: s.color }))));
     const plotW = width - PAD.left - PAD.right;
     const plotH = height - PAD.top - PAD.bottom;
     let max = 0;
@@ -70,19 +85,21 @@ export class LineChart {
     max = this.fixedMax || niceMax(max);
     const x = (t) => PAD.left + plotW * (1 - (this.nowS - t) / this.spanS);
     const y = (v) => PAD.top + plotH * (1 - Math.min(v, max) / max);
-    // grid and scale
+    // grid and scale, in the theme's colours
+    const grid = themeColor("--chart-grid", "#eef0f4");
+    const axisText = themeColor("--chart-text", "#5f6678");
     ctx.font = "10px system-ui, sans-serif";
     ctx.textBaseline = "bottom";
     ctx.lineWidth = 1;
     for (let i = 0; i <= 2; i++) {
       const gy = Math.round(PAD.top + (plotH * i) / 2) + 0.5;
-      ctx.strokeStyle = colors.grid;
+      ctx.strokeStyle = grid;
       ctx.beginPath();
       ctx.moveTo(PAD.left, gy);
       ctx.lineTo(PAD.left + plotW, gy);
       ctx.stroke();
     }
-    ctx.fillStyle = colors.text;
+    ctx.fillStyle = axisText;
     ctx.textAlign = "right";
     ctx.fillText(this.format(max), PAD.left + plotW, PAD.top - 1);
     ctx.textAlign = "left";
@@ -91,52 +108,49 @@ export class LineChart {
     ctx.fillText("−" + span, PAD.left, PAD.top + plotH + 3);
     ctx.textAlign = "right";
     ctx.fillText("now", PAD.left + plotW, PAD.top + plotH + 3);
-    // series, each a polyline broken where a value is missing
+    // series, each a polyline per segment (see `segments`), filled below when asked
     const visible = this.points.filter((p) => this.nowS - p.time_s <= this.spanS);
+    let numSegments = 0;
     for (const s of this.series) {
-      ctx.strokeStyle = colors[s.key];
+      const color = themeColor(s.colorVar, s.color);
+      ctx.strokeStyle = color;
+      ctx.fillStyle = color;
       ctx.lineWidth = 1.75;
       ctx.lineJoin = "round";
-      ctx.beginPath();
-      let drawing = false;
-      for (const p of visible) {
-        const v = p[s.key];
-        if (v == null) {
-          drawing = false;
-          continue;
+      for (const run of segments(visible, s.key)) {
+        numSegments++;
+        ctx.beginPath();
+        run.forEach((p, i) => (i ? ctx.lineTo(x(p.time_s), y(p[s.key])) : ctx.moveTo(x(p.time_s), y(p[s.key]))));
+        ctx.stroke();
+        if (s.fill && run.length > 1) {
+          ctx.lineTo(x(run[run.length - 1].time_s), PAD.top + plotH);
+          ctx.lineTo(x(run[0].time_s), PAD.top + plotH);
+          ctx.closePath();
+          ctx.globalAlpha = 0.12;
+          ctx.fill();
+          ctx.globalAlpha = 1;
         }
-        if (drawing) ctx.lineTo(x(p.time_s), y(v));
-        else ctx.moveTo(x(p.time_s), y(v));
-        drawing = true;
-      }
-      ctx.stroke();
-      if (s.fill && visible.length > 1) {
-        ctx.lineTo(x(visible[visible.length - 1].time_s), PAD.top + plotH);
-        ctx.lineTo(x(visible[0].time_s), PAD.top + plotH);
-        ctx.closePath();
-        ctx.globalAlpha = 0.12;
-        ctx.fillStyle = colors[s.key];
-        ctx.fill();
-        ctx.globalAlpha = 1;
       }
     }
-    this.drawLegend(ctx, visible[visible.length - 1], colors);
+    this.canvas.dataset.segments = String(numSegments);
+    this.drawLegend(ctx, visible[visible.length - 1]);
   }
 
-  drawLegend(ctx, last, colors) {
+  drawLegend(ctx, last) {
     ctx.font = "11px system-ui, sans-serif";
     ctx.textAlign = "left";
     ctx.textBaseline = "middle";
     let lx = PAD.left;
+    const text = themeColor("--chart-legend", "#3b4151");
     for (const s of this.series) {
       const value = last ? this.format(last[s.key]) : "–";
-      ctx.fillStyle = colors[s.key];
+      ctx.fillStyle = themeColor(s.colorVar, s.color);
       ctx.fillRect(lx, 6, 8, 8);
       lx += 12;
-      ctx.fillStyle = colors.legend;
-      const text = s.label + " " + value;
-      ctx.fillText(text, lx, 10);
-      lx += ctx.measureText(text).width + 12;
+      ctx.fillStyle = text;
+      const label = s.label + " " + value;
+      ctx.fillText(label, lx, 10);
+      lx += ctx.measureText(label).width + 12;
     }
   }
 }

@@ -1,6 +1,8 @@
 // The admin page's entry module: listens to /api/admin/stream (SSE) and updates counters, the block map,
-// sequences, charts, advice and the disk tier panel from each sample.
+// sequences, charts, what paging saves, advice and the disk tier panel from each sample. The block map is the
+// feed's view of the pool (a range, a marked sequence): zooming reconnects the feed with the new view.
 import { BlockMap } from "./admin_blockmap.js";
+import { cellsFor } from "./admin_cells.js";
 import { LineChart, compact } from "./admin_charts.js";
 import { renderSequences, select } from "./admin_sequences.js";
 import { state } from "./admin_state.js";
@@ -15,7 +17,9 @@ function setText(id, text) {
 }
 
 function pct(value) {
-  return value == null ? "–" : (value * 100).toFixed(value >= 0.995 || value === 0 ? 0 : 1) + "%";
+  if (value == null) return "–";
+  if (value > 0 && value < 0.001) return "<0.1%"; // 25 blocks of 250,000 in use is not 0.0%
+  return (value * 100).toFixed(value >= 0.995 || value === 0 ? 0 : 1) + "%";
 }
 
 function setFeedStatus(kind, text) {
@@ -25,7 +29,8 @@ function setFeedStatus(kind, text) {
 }
 
 function makeCharts() {
-  const c = (key, color, label, fill) => ({ key, color, label, fill });
+  // colours: the theme's custom properties (static/base.css)
+  const c = (key, colorVar, label, fill) => ({ key, colorVar, color: "#7d8396", label, fill });
   const specs = {
     blocks: [[c("num_used_blocks", "--chart-blue", "in use", true), c("num_cached_blocks", "--chart-green", "cached"),
       c("num_free_blocks", "--chart-grey", "free")]],
@@ -36,7 +41,7 @@ function makeCharts() {
       { yMax: 100, format: (v) => (v == null ? "–" : v.toFixed(0) + "%") }],
     speed: [[c("tokens_per_s", "--chart-purple", "tok/s", true)]],
     waste: [[c("paged_waste_tokens", "--chart-blue", "paged", true),
-      c("contiguous_waste_tokens", "--chart-red", "contiguous")]],
+      c("contiguous_waste_tokens", "--chart-red", "hypothetical contiguous")]],
   };
   for (const canvas of document.querySelectorAll("canvas[data-chart]")) {
     const [series, options] = specs[canvas.dataset.chart];
@@ -56,7 +61,7 @@ function renderCounters(pool, point) {
   setText("stat-used-pct", pct(s.num_used_blocks / Math.max(1, s.num_blocks)) + " of pool");
   setText("stat-cached", String(s.num_cached_blocks));
   setText("stat-free", String(s.num_free_blocks));
-  setText("stat-total", "of " + s.num_blocks + " blocks");
+  setText("stat-total", "of " + s.num_blocks.toLocaleString("en-US") + " blocks");
   setText("stat-shared", String(s.num_shared_blocks));
   setText("stat-running", String(s.num_running));
   const loading = s.num_loading ? ", " + s.num_loading + " loading" : "";
@@ -66,7 +71,14 @@ function renderCounters(pool, point) {
   setText("stat-hit-rate", pct(point.prefix_hit_rate));
   setText("stat-tokps", compact(point.tokens_per_s));
   setText("stat-waste-paged", point.paged_waste_tokens + " tok");
-  setText("stat-waste-contig", "contiguous: " + point.contiguous_waste_tokens);
+}
+
+function renderPaging(paging, advice, point) {
+  setText("paging-paged", compact(advice.paged_allocated_tokens) + " slots");
+  setText("paging-paged-sub", point.paged_waste_tokens + " allocated but empty (each sequence's last block)");
+  setText("paging-contig", compact(advice.contiguous_reserved_tokens) + " slots");
+  setText("paging-contig-sub", point.contiguous_waste_tokens + " reserved but empty");
+  setText("paging-text", paging.text);
 }
 
 function renderAdvice(advice) {
@@ -94,21 +106,35 @@ function onState(s) {
   $("feed-error").hidden = true;
   state.lastPool = s.pool;
   state.nowS = s.time_s;
-  state.points.push(withDerived(s.point));
+  const last = state.points[state.points.length - 1];
+  if (!last || last.time_s < s.time_s) state.points.push(withDerived(s.point)); // a reconnect may repeat one
   while (state.points.length && state.nowS - state.points[0].time_s > HISTORY_S) state.points.shift();
   renderCounters(s.pool, s.point);
-  state.map.update(s.pool);
+  state.map.update(s.map, s.pool.sequences);
   if (state.selected !== null && !s.pool.sequences.some((q) => q.seq_id === state.selected)) select(null);
   renderSequences(s.pool.sequences);
   state.charts.blocks.setMax(s.pool.num_blocks); // the blocks chart spans the whole pool
   for (const chart of Object.values(state.charts)) chart.setData(state.points, state.nowS);
+  renderPaging(s.advice.paging, s.advice, s.point);
   renderAdvice(s.advice);
   renderTier(s.tier, s.point);
   document.body.dataset.samples = String(Number(document.body.dataset.samples || 0) + 1);
 }
 
-function connect() {
-  const source = new EventSource("/api/admin/stream");
+function streamUrl(view, withHistory) {
+  const params = new URLSearchParams({ cells: String(cellsFor($("block-map").parentElement.clientWidth)) });
+  if (view.start !== null) params.set("start", String(view.start));
+  if (view.end !== null) params.set("end", String(view.end));
+  if (view.seq !== null) params.set("seq", String(view.seq));
+  if (!withHistory) params.set("history", "0");
+  return "/api/admin/stream?" + params;
+}
+
+let source = null;
+
+function connect(withHistory) {
+  if (source) source.close(); // the old view's stream: closing it fires no error event
+  source = new EventSource(streamUrl(state.view, withHistory));
   source.addEventListener("open", () => setFeedStatus("live", "live"));
   source.addEventListener("history", (e) => {
     const history = JSON.parse(e.data);
@@ -116,8 +142,8 @@ function connect() {
     state.nowS = history.time_s;
   });
   source.addEventListener("state", (e) => onState(JSON.parse(e.data)));
-  source.addEventListener("error", () => {
-    if (source.readyState === EventSource.CLOSED) {
+  source.addEventListener("error", (e) => {
+    if (e.target.readyState === EventSource.CLOSED) {
       setFeedStatus("down", "disconnected — reload to sign in again");
     } else {
       setFeedStatus("down", "reconnecting…");
@@ -125,11 +151,39 @@ function connect() {
   });
 }
 
+/** Show `view` ({start, end, seq}) of the block map: the feed reconnects with it, its chart history kept. */
+function setView(view) {
+  state.view = view;
+  const zoomed = view.start !== null;
+  $("map-zoom-out").disabled = !zoomed;
+  $("map-whole").disabled = !zoomed;
+  connect(false);
+}
+
+function zoomTo(range) {
+  setView(Object.assign({}, state.view, range || { start: null, end: null }));
+}
+
 function start() {
-  state.map = new BlockMap($("block-map"), $("block-info"));
+  state.map = new BlockMap($("block-map"), $("block-info"), $("map-scale"));
   state.map.onSelectSequence = (seqId) => select(seqId);
+  state.map.onZoom = zoomTo;
+  state.setView = setView;
+  $("map-zoom-out").addEventListener("click", () => state.map.zoomOut());
+  $("map-whole").addEventListener("click", () => zoomTo(null));
   makeCharts();
-  connect();
+  // a much wider or narrower map wants another cell count: reconnect (not on every pixel of a resize)
+  let cells = cellsFor($("block-map").parentElement.clientWidth);
+  if (window.ResizeObserver) {
+    new ResizeObserver(() => {
+      const now = cellsFor($("block-map").parentElement.clientWidth);
+      if (now > cells * 1.5 || now < cells / 1.5) {
+        cells = now;
+        connect(false);
+      }
+    }).observe($("block-map").parentElement);
+  }
+  connect(true);
 }
 
 // a module runs once the document is parsed (like `defer`), so the elements are there

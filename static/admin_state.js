@@ -8,6 +8,10 @@ export const state = {
   lastPool: null,
   // the sequence whose blocks the map outlines, or null
   selected: null,
+  // the feed's view of the block map: {start, end} (null: the whole pool) and seq (the marked sequence, or null);
+  // setView(view) reconnects the feed with it (admin_page.js)
+  view: { start: null, end: null, seq: null },
+  setView: () => {},
   // what was last drawn, to skip redrawing the same
   adviceJson: "",
   seqsJson: "",

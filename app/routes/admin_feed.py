@@ -1,7 +1,9 @@
 """GET /api/admin/stream: the admin page's live feed (SSE) of the block pool, chart points, advice and disk tier.
 
 One sampler per app, running only while an admin page listens: 4 samples a second while anything is in the pool or
-the queues, two a second when idle. Each sample is a snapshot taken on the engine thread between steps.
+the queues, two a second when idle. Each sample is a snapshot taken on the engine thread between steps; each page
+gets the block map of its own view of it (`?start=&end=&cells=&seq=`: see app/services/block_map.py), so a page
+zooms or marks a sequence by reconnecting with another view (`history=0` skips the chart history it has).
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from starlette.routing import Route
 from app.routes.admin_auth import check_admin
 from app.routes.context import SHUTDOWN_MESSAGE, Services, services
 from app.routes.errors import error_response
-from app.routes.ops import snapshot_to_json
+from app.routes.ops import stats_to_json
 from app.routes.sse import event_stream
 from app.services.advice import AdviceInputs, advise
+from app.services.block_map import MapView, PoolArrays, block_map, detail_range, parse_view
 from app.services.errors import from_exception
 from app.services.tier_advice import tier_advice
 from app.services.tier_view import configured_tier_dir, tier_configured, tier_panel
@@ -36,12 +39,35 @@ ACTIVE_INTERVAL_S = 0.25
 IDLE_INTERVAL_S = 0.5
 HISTORY_S = 180.0  # chart history sent to a page when it connects
 DATABASE_SIZE_INTERVAL_S = 5.0  # the database's size is read this often (it changes slowly)
+FRESH_S = 1.0  # a page that connects within this long of a sample gets that sample at once
 
 
-def _take(engine: Any) -> tuple[Any, int]:
-    """On the engine thread: the pool snapshot and how many waiting sequences were preempted."""
-    snap = engine.snapshot()
-    return snap, sum(1 for seq in engine.scheduler.waiting if seq.num_preemptions > 0)
+def _take(engine: Any, views: list[MapView]) -> tuple[Any, range, int]:
+    """On the engine thread: the pool snapshot with the hashes of the blocks a view shows one by one (and which
+    those are), and how many waiting sequences were preempted."""
+    hashed = detail_range(views, engine.num_blocks)
+    snap = engine.snapshot(hashed)
+    return snap, hashed, sum(1 for seq in engine.scheduler.waiting if seq.num_preemptions > 0)
+
+
+class _Sample:
+    """The last sample: its JSON without the block map, and what each page's map is made from."""
+
+    def __init__(self, time_s: float, state: dict[str, Any], snap: Any, hashed: range) -> None:
+        self.time_s = time_s
+        self.hashed = hashed
+        self.json = json.dumps(state, separators=(",", ":"))
+        self.arrays = PoolArrays.from_lists(snap.block_states, snap.ref_counts)
+        self.sequences = snap.sequences
+        self.hashes = snap.block_hash_prefixes
+
+    def map_json(self, view: MapView) -> dict[str, Any]:
+        """The block map of one page's view."""
+        return block_map(self.arrays, view, self.sequences, self.hashes, self.hashed)
+
+    def for_view(self, view: MapView) -> str:
+        """The state a page with `view` gets: the shared JSON with its own `map` spliced in."""
+        return self.json[:-1] + ',"map":' + json.dumps(self.map_json(view), separators=(",", ":")) + "}"
 
 
 class AdminFeed:
@@ -52,36 +78,45 @@ class AdminFeed:
         self.recorder = recorder
         # True: learn sequence lengths by diffing snapshots (approximate)
         self.sample_lengths = sample_lengths
-        self._subscribers: set[asyncio.Queue[str]] = set()
+        self._subscribers: dict[asyncio.Queue[str], MapView] = {}
         self._task: asyncio.Task | None = None
+        self._last: _Sample | None = None
         self._database_bytes: int | None = None
         self._database_read_at = -DATABASE_SIZE_INTERVAL_S
 
-    def subscribe(self) -> asyncio.Queue[str]:
-        """A queue of JSON states; starts the sampler if it is not running."""
+    def subscribe(self, view: MapView | None = None) -> asyncio.Queue[str]:
+        """A queue of JSON states with the block map of `view` (default: the whole pool); starts the sampler if it
+        is not running. A fresh sample is queued at once (a page that zooms sees its new view without waiting)."""
+        view = view or MapView()
         queue: asyncio.Queue[str] = asyncio.Queue(maxsize=1)
-        self._subscribers.add(queue)
+        self._subscribers[queue] = view
+        last = self._last
+        if last is not None and time.monotonic() - last.time_s < FRESH_S:
+            queue.put_nowait(last.for_view(view))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="admin-feed")
         return queue
 
     def unsubscribe(self, queue: asyncio.Queue[str]) -> None:
         """Stop delivering to `queue`; the sampler stops after its last subscriber leaves."""
-        self._subscribers.discard(queue)
+        self._subscribers.pop(queue, None)
 
     def history(self, now: float) -> list[dict[str, Any]]:
         """Recent chart points, for a page that just connected."""
         return [p.to_json() for p in self.recorder.points(since_s=now - HISTORY_S)]
 
-    async def sample(self) -> tuple[dict[str, Any], bool]:
-        """One state for the page, and whether anything is running (which sets the sampling rate)."""
+    async def sample(self, *, resumed: bool = False) -> tuple[dict[str, Any], bool]:
+        """One state (with the block map of the first listener's view, the whole pool when none listens), and
+        whether anything is running (which sets the sampling rate); each listener's own view goes out from `_run`. `resumed`: the first sample
+        of a sampler that was stopped (its chart point starts a new line)."""
         engine = self.svc.engine
-        snap, num_preempted = await engine.call(_take)
+        views = list(self._subscribers.values()) or [MapView()]
+        snap, hashed, num_preempted = await engine.call(lambda e: _take(e, views))
         now = time.monotonic()
         stats = snap.stats
         if self.sample_lengths:
             self.recorder.observe_live_sequences(snap.sequences, now)
-        point = self.recorder.observe_stats(stats, now, num_preempted=num_preempted)
+        point = self.recorder.observe_stats(stats, now, num_preempted=num_preempted, resumed=resumed)
         assert engine.engine is not None
         advice = advise(
             AdviceInputs(
@@ -98,6 +133,7 @@ class AdminFeed:
                 window_s=self.recorder.observed_span_s(now),
                 num_preemptions=self.recorder.preemptions_in_window(),
                 peak_running=self.recorder.peak_running(),
+                peak_used_blocks=self.recorder.peak_used_blocks(),
                 sequence_lengths=self.recorder.sequence_lengths(),
                 database_bytes=await self._database_size(now),
                 max_database_bytes=self.svc.settings.max_database_bytes,
@@ -111,13 +147,34 @@ class AdminFeed:
         )
         state = {
             "time_s": round(now, 3),
-            "pool": snapshot_to_json(snap),
+            "pool": {
+                "num_blocks": len(snap.block_states),
+                "block_size": stats.block_size,
+                "sequences": [self._sequence_json(seq) for seq in snap.sequences],
+                "stats": stats_to_json(stats),
+            },
             "point": point.to_json(),
             "advice": advice.to_json(),
             "tier": tier_panel(stats.tier, configured=configured, directory=directory),
         }
+        self._last = _Sample(now, state, snap, hashed)
         active = bool(stats.num_running or stats.num_waiting or stats.num_used_blocks)
-        return state, active
+        return {**state, "map": self._last.map_json(views[0])}, active
+
+    def _sequence_json(self, seq: dict[str, Any]) -> dict[str, Any]:
+        """A live sequence for the page: who it is for (as its submitter labelled it), its prefix-cache hit and
+        sizes; not its block table (a page asks for a sequence's blocks on the map with `seq=`)."""
+        label = self.svc.engine.label_of(seq["request_id"])
+        return {
+            "seq_id": seq["seq_id"],
+            "request_id": seq["request_id"],
+            "label": label.to_json() if label is not None else None,
+            "status": seq["status"],
+            "num_tokens": seq["num_tokens"],
+            "num_prompt_tokens": seq["num_prompt_tokens"],
+            "num_cached_tokens": seq["num_cached_tokens"],
+            "num_blocks": len(seq["block_table"]),
+        }
 
     async def _database_size(self, now: float) -> int | None:
         """The database's size, read at most every DATABASE_SIZE_INTERVAL_S; None when unknown or unreadable."""
@@ -131,13 +188,19 @@ class AdminFeed:
         return self._database_bytes
 
     async def _run(self) -> None:
+        resumed = True
         while self._subscribers:
+            error = None
             try:
-                state, active = await self.sample()
+                _, active = await self.sample(resumed=resumed)
+                resumed = False
             except Exception as exc:  # noqa: BLE001 - the page shows the error and the feed keeps trying
-                state, active = {"error": from_exception(exc).message}, False
-            data = json.dumps(state, separators=(",", ":"))
-            for queue in list(self._subscribers):
+                error, active = json.dumps({"error": from_exception(exc).message}), False
+            last = self._last
+            for queue, view in list(self._subscribers.items()):
+                if error is None:
+                    assert last is not None, "a sample that succeeded is kept"
+                data = error if error is not None else last.for_view(view)
                 if queue.full():  # a slow reader gets the newest state, not a backlog
                     with contextlib.suppress(asyncio.QueueEmpty):
                         queue.get_nowait()
@@ -161,20 +224,24 @@ def admin_feed(app: Starlette) -> AdminFeed:
 
 
 async def admin_stream(request: Request) -> Response:
-    """SSE: a `history` event of recent chart points, then a `state` event per sample."""
+    """SSE: a `history` event of recent chart points (unless `history=0`), then a `state` event per sample with
+    the block map of the view the query asks for (start, end, cells, seq; a bad value is a 400)."""
     svc = services(request)
     try:
         await check_admin(request, svc)
-    except Exception as exc:  # noqa: BLE001 - 401/403 in the API's error shape
+        view = parse_view(request.query_params)
+    except Exception as exc:  # noqa: BLE001 - 401/403, or 400 for a bad view, in the API's error shape
         return error_response(from_exception(exc))
+    send_history = request.query_params.get("history") != "0"
     feed = admin_feed(request.app)
-    queue = feed.subscribe()
+    queue = feed.subscribe(view)
 
     async def events() -> AsyncIterator[dict[str, str]]:
         try:
-            now = time.monotonic()
-            history = {"time_s": round(now, 3), "points": feed.history(now)}
-            yield {"event": "history", "data": json.dumps(history, separators=(",", ":"))}
+            if send_history:
+                now = time.monotonic()
+                history = {"time_s": round(now, 3), "points": feed.history(now)}
+                yield {"event": "history", "data": json.dumps(history, separators=(",", ":"))}
             while True:
                 yield {"event": "state", "data": await queue.get()}
         finally:

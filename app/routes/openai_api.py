@@ -26,6 +26,7 @@ from app.routes.sse import event_stream
 from app.services.errors import bad_request, from_exception
 from app.services.limits import Lease
 from app.services.request_fields import check_fields
+from app.services.request_label import api_label
 from app.services.request_stream import (
     RequestFailed,
     RequestStream,
@@ -176,6 +177,7 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
         params,
         cache_salt=cache_salt(request, svc.settings, owner, requested_salt),
         public_prefix_len=0 if requested_salt is not None else public_prefix_len,
+        label=api_label(kind, owner, user),
     )
     logger.info(
         "%s %s: %d prompt tokens, max_tokens %d, n %d, stream %s, tools %d, user %r",

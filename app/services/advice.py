@@ -1,4 +1,5 @@
-"""Plain-words advice from what the numbers show: preemption, sequence lengths, paging vs contiguous, database size."""
+"""Plain-words advice from what the numbers show: pool size (too small or too large), sequence lengths, database size;
+and, apart from the advice, what paging saves beside a hypothetical engine reserving max_model_len per sequence."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ SUSTAINED_WINDOW_S = 60.0  # preemption counts as sustained only over at least t
 SUSTAINED_PER_MIN = 2.0  # ... and at this rate or more
 MIN_LENGTHS_FOR_P99 = 100  # below this many sequences the p99 is the maximum: no tail to cut off
 DATABASE_NEAR_FULL = 0.8  # share of max_database_bytes from which the advice warns
+OVERSIZED_MIN_WINDOW_S = 120.0  # a pool is called too large only after this much observed traffic
+OVERSIZED_PEAK_SHARE = 0.1  # ... when at most this share of it was ever in use
+OVERSIZED_HEADROOM = 2  # the suggested pool holds this many times the peak in use
+MIB = 1024**2
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class AdviceInputs:
     )
     database_bytes: int | None = None  # pages the database uses; None: unknown (no advice on it)
     max_database_bytes: int = 0  # the guard past which new sessions and messages are refused; 0: none
+    peak_used_blocks: int = 0  # most blocks in use at once within the window
 
 
 @dataclass(frozen=True)
@@ -49,15 +55,19 @@ class AdviceItem:
 
 @dataclass(frozen=True)
 class Advice:
-    """The advice and the figures behind it."""
+    """The advice, what paging saves (not advice: a comparison with a hypothetical engine), the figures behind both."""
 
     items: list[AdviceItem]
+    paging: AdviceItem
     p50: int | None
     p99: int | None
     max_len_sequences_fit: int  # sequences of max_model_len the pool holds at once
     p99_sequences_fit: int | None  # sequences of the observed p99 length the pool holds at once
     preemptions_per_min: float
     suggested_max_model_len: int | None
+    suggested_kv_cache_bytes: (
+        int | None
+    )  # a smaller pool that the window's peak would fit (None: no such advice)
     contiguous_reserved_tokens: int  # what reserving max_model_len per running sequence would hold now
     paged_allocated_tokens: int  # what paging holds now
 
@@ -124,12 +134,26 @@ def advise(inp: AdviceInputs) -> Advice:
                 f"sequences of that length.",
             )
         )
+    smaller = _smaller_pool_blocks(inp)
+    suggested_bytes = None
+    if smaller is not None:
+        suggested_bytes = -(-smaller * inp.block_bytes // MIB) * MIB  # whole MiB, rounded up
+        items.append(_oversized(inp, suggested_bytes))
     reserved = inp.num_running * inp.max_model_len
-    items.append(_contiguous(inp, reserved, pool_tokens, p50))
     if inp.database_bytes is not None:
         items.append(_database(inp.database_bytes, inp.max_database_bytes))
     return Advice(
-        items, p50, p99, max_len_fit, p99_fit, round(per_min, 2), suggested, reserved, inp.num_slots_allocated
+        items,
+        _paging(inp, reserved, pool_tokens, p50),
+        p50,
+        p99,
+        max_len_fit,
+        p99_fit,
+        round(per_min, 2),
+        suggested,
+        suggested_bytes,
+        reserved,
+        inp.num_slots_allocated,
     )
 
 
@@ -210,13 +234,50 @@ def _preemption(
     return AdviceItem("warn", "Sustained preemption", text)
 
 
-def _contiguous(inp: AdviceInputs, reserved: int, pool_tokens: int, p50: int | None) -> AdviceItem:
+def _smaller_pool_blocks(inp: AdviceInputs) -> int | None:
+    """The blocks a pool needs for the window's traffic, when that is well under this pool; else None.
+
+    Twice the peak in use, and at least one max_model_len sequence (the engine refuses a smaller pool). Only after
+    OVERSIZED_MIN_WINDOW_S of traffic that used at most OVERSIZED_PEAK_SHARE of the pool: an idle window says
+    nothing about what the pool is for.
+    """
+    if inp.window_s < OVERSIZED_MIN_WINDOW_S or inp.peak_used_blocks == 0:
+        return None
+    if inp.peak_used_blocks > OVERSIZED_PEAK_SHARE * inp.num_blocks:
+        return None
+    needed = max(OVERSIZED_HEADROOM * inp.peak_used_blocks, _blocks_for(inp.max_model_len, inp.block_size))
+    return needed if 2 * needed <= inp.num_blocks else None
+
+
+def _oversized(inp: AdviceInputs, suggested_bytes: int) -> AdviceItem:
+    pool_bytes = inp.num_blocks * inp.block_bytes
+    blocks = suggested_bytes // inp.block_bytes
+    peak = inp.peak_used_blocks
+    return AdviceItem(
+        "info",
+        "Pool larger than the traffic needs",
+        f"The {format_bytes(pool_bytes)} pool ({inp.num_blocks} blocks) was at most "
+        f"{_share(peak / inp.num_blocks)} in use ({peak} blocks) over the last {_duration(inp.window_s)}: "
+        f"--kv-cache-bytes {suggested_bytes} ({format_bytes(suggested_bytes)}, {blocks} blocks: "
+        f"{OVERSIZED_HEADROOM}x that peak, and room for a max_model_len sequence) would do and free "
+        f"{format_bytes(pool_bytes - suggested_bytes)}. A smaller pool keeps fewer finished prompts cached for reuse "
+        f"({inp.num_blocks - peak} blocks may hold them now).",
+    )
+
+
+def _share(fraction: float) -> str:
+    """0.004 -> '0.4%', 0.25 -> '25%': one decimal below 10%."""
+    return f"{fraction:.1%}" if fraction < 0.1 else f"{fraction:.0%}"
+
+
+def _paging(inp: AdviceInputs, reserved: int, pool_tokens: int, p50: int | None) -> AdviceItem:
     stored, allocated = inp.num_tokens_stored, inp.num_slots_allocated
     peak_reserved = inp.peak_running * inp.max_model_len
     text = (
         f"Now: {inp.num_running} running sequences store {stored} tokens in {allocated} paged slots "
-        f"(waste {allocated - stored}); reserving max_model_len each, a contiguous engine would hold {reserved} "
-        f"slots ({format_bytes(reserved * inp.block_bytes // inp.block_size)}, waste {reserved - stored})."
+        f"(waste {allocated - stored}). A hypothetical engine reserving max_model_len ({inp.max_model_len}) per "
+        f"sequence, as a contiguous KV cache does, would hold {reserved} slots "
+        f"({format_bytes(reserved * inp.block_bytes // inp.block_size)}, waste {reserved - stored})."
     )
     if inp.peak_running:
         share = peak_reserved / pool_tokens
@@ -229,7 +290,7 @@ def _contiguous(inp: AdviceInputs, reserved: int, pool_tokens: int, p50: int | N
             if p50 is None
             else f", where the median sequence used {p50 / inp.max_model_len:.0%} of its reservation."
         )
-    return AdviceItem("info", "Paging vs contiguous reservation", text)
+    return AdviceItem("info", "What paging saves", text)
 
 
 def _database(used: int, guard: int) -> AdviceItem:

@@ -24,6 +24,7 @@ from app.services.engine_commands import (
     resolve,
     warm_up,
 )
+from app.services.request_label import RequestLabel
 from app.services.request_stream import ABORTED, RequestFailed, RequestStream
 from engine.core.outputs import RequestOutput
 from engine.core.sequence import SamplingParams
@@ -131,11 +132,13 @@ class AsyncEngine:
         *,
         cache_salt: str | None = None,
         public_prefix_len: int = 0,
+        label: RequestLabel | None = None,
     ) -> RequestStream:
         """Queue a request; raises ValueError (bad input), EngineOverloaded or EngineUnavailable.
 
         `cache_salt` (a tenant id) confines the request's prefix-cache hits to requests with the same salt, past its
-        first `public_prefix_len` tokens (a published prompt, shared by everyone).
+        first `public_prefix_len` tokens (a published prompt, shared by everyone). `label` says who the request is
+        for on the admin page (see `label_of`).
         """
         self._check_serving()
         assert self.engine is not None
@@ -153,6 +156,7 @@ class AsyncEngine:
         stream = RequestStream(
             request_id, self._timeout_s, abort=self.abort, unregister=self._unregister, metrics=self.metrics
         )
+        stream.label = label
         self._streams[request_id] = stream
         future = asyncio.get_running_loop().create_future()
         self._commands.put(AddRequest(request_id, prompt, params, future, cache_salt, public_prefix_len))
@@ -171,6 +175,11 @@ class AsyncEngine:
         async with stream:
             async for output in stream:
                 yield output
+
+    def label_of(self, request_id: str) -> RequestLabel | None:
+        """Who a live request is for, as its submitter labelled it (None: unlabelled, or its stream has ended)."""
+        stream = self._streams.get(request_id)
+        return stream.label if stream is not None else None
 
     def abort(self, request_id: str) -> None:
         """Abort a request at the next step (callable from the event loop without awaiting)."""

@@ -22,6 +22,7 @@ from app.services.errors import APIError, bad_request, from_exception, not_found
 from app.services.limits import Lease
 from app.services.messages import message_json
 from app.services.public_prefix import PublicPrefixes
+from app.services.request_label import chat_label
 from app.services.sampling import sampling_params
 from app.settings import Settings
 from engine.core.sampling_defaults import BUILTIN, SamplingDefaults
@@ -185,6 +186,7 @@ class ChatService:
                 params,
                 cache_salt=owner if self.settings.prefix_cache_isolation else None,
                 public_prefix_len=public_prefix_len,
+                label=chat_label(session.title, owner),
             )
         except Exception as exc:  # keep user/assistant alternation: record the failed reply, then report
             with contextlib.suppress(StoreUnavailable):

@@ -13,6 +13,7 @@ from engine.core.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from app.services.metrics import Metrics
+    from app.services.request_label import RequestLabel
 
 ABORTED = object()  # queued into a stream when the service aborts its request
 TIMED_OUT = object()  # queued by the stream's own timer
@@ -43,6 +44,7 @@ class RequestStream:
         metrics: Metrics | None = None,
     ) -> None:
         self.request_id = request_id
+        self.label: RequestLabel | None = None  # who it is for, on the admin page
         self.finished = False
         self.aborted = False
         self.last: RequestOutput | None = None

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import collections
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from engine.core.stats import EngineStats
 
 DEFAULT_WINDOW_S = 600.0
 RATE_WINDOW_S = 60.0  # preemptions per minute and the prefix hit rate look this far back
-SPEED_WINDOW_S = 2.0  # tokens/s looks this far back (short, so the chart follows bursts)
+SPEED_WINDOW_S = (
+    2.0  # tokens/s looks this far back (short, so the chart follows bursts), 0 once the engine idles
+)
 
 
 @dataclass(frozen=True)
@@ -30,10 +32,14 @@ class TrafficPoint:
     prefix_hit_rate: float | None  # hit tokens / query tokens over RATE_WINDOW_S; None without queries
     ram_hit_rate: float | None  # ... of them, the hits still in the RAM pool
     disk_hit_rate: float | None  # ... and those loaded from the disk tier
-    tokens_per_s: float  # generated tokens per second over SPEED_WINDOW_S
+    tokens_per_s: (
+        float  # generated tokens per second over SPEED_WINDOW_S; 0 when nothing runs or was generated
+    )
     num_tokens_stored: int
     paged_waste_tokens: int  # allocated slots not holding a token (the last block's tail)
     contiguous_waste_tokens: int  # max_model_len reserved per running sequence, minus the tokens stored
+    # the first sample after sampling stopped (no admin page listened): charts do not join it to the one before
+    resumed: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The point as a JSON object (rates rounded for the wire)."""
@@ -85,13 +91,16 @@ class TrafficRecorder:
         self._live = current
         return ended
 
-    def observe_stats(self, stats: EngineStats, now: float, *, num_preempted: int = 0) -> TrafficPoint:
-        """Record one engine sample and return the chart point it makes."""
+    def observe_stats(
+        self, stats: EngineStats, now: float, *, num_preempted: int = 0, resumed: bool = False
+    ) -> TrafficPoint:
+        """Record one engine sample and return the chart point it makes; `resumed`: sampling stopped before it
+        (a gap in time that nobody measured, as opposed to a sample late behind a long engine step)."""
         if self._samples and now < self._samples[-1].time_s:
             raise ValueError(f"samples must come in time order: {now} < {self._samples[-1].time_s}")
         self._samples.append(_Sample(now, stats))
         self._trim(now)
-        point = self._point(stats, now, num_preempted)
+        point = replace(self._point(stats, now, num_preempted), resumed=resumed and len(self._samples) > 1)
         self._points.append(point)
         return point
 
@@ -117,6 +126,10 @@ class TrafficRecorder:
     def peak_running(self) -> int:
         """The most sequences running at once in any sample of the window."""
         return max((s.stats.num_running for s in self._samples), default=0)
+
+    def peak_used_blocks(self) -> int:
+        """The most blocks in use (ref >= 1) in any sample of the window."""
+        return max((s.stats.num_used_blocks for s in self._samples), default=0)
 
     # ---- internals --------------------------------------------------------------------------------------------
     def _trim(self, now: float) -> None:
@@ -145,6 +158,12 @@ class TrafficRecorder:
         fast = self._since(now, SPEED_WINDOW_S)
         fast_span = now - fast.time_s
         generated = stats.num_generation_tokens_total - fast.stats.num_generation_tokens_total
+        previous = self._samples[-2].stats if len(self._samples) > 1 else stats
+        if (
+            not stats.num_running
+            and stats.num_generation_tokens_total == previous.num_generation_tokens_total
+        ):
+            generated = 0  # idle now: the window's earlier burst is not a speed anything runs at
         return TrafficPoint(
             time_s=now,
             num_used_blocks=stats.num_used_blocks,

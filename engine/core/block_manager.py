@@ -200,11 +200,16 @@ class BlockManager:
             prefix_hit_tokens=self.prefix_hit_tokens,
         )
 
-    def snapshot(self) -> tuple[list[int], list[int], dict[int, str]]:
-        """Per-block state codes, ref counts, and the first 8 hex chars of every held hash."""
-        states = [IN_USE if b.ref_count else FREE if b.block_hash is None else CACHED for b in self.blocks]
-        hashes = {b.block_id: b.block_hash.hex()[:8] for b in self.blocks if b.block_hash is not None}
-        return states, [b.ref_count for b in self.blocks], hashes
+    def snapshot(self, hash_block_ids: range | None = None) -> tuple[list[int], list[int], dict[int, str]]:
+        """Per-block state codes, ref counts, and the first 8 hex chars of every held hash (only of the blocks in
+        `hash_block_ids` when given: in a pool of 250,000 blocks all of them cost ~20 ms a snapshot)."""
+        blocks = self.blocks
+        states = [IN_USE if b.ref_count else FREE if b.block_hash is None else CACHED for b in blocks]
+        picked = (
+            blocks if hash_block_ids is None else (blocks[i] for i in hash_block_ids if 0 <= i < len(blocks))
+        )
+        hashes = {b.block_id: b.block_hash.hex()[:8] for b in picked if b.block_hash is not None}
+        return states, [b.ref_count for b in blocks], hashes
 
     def check_invariants(self, live_seqs: Iterable[Sequence], held: Iterable[int] = ()) -> None:
         """Assert the pool's bookkeeping against the live sequences and the blocks `held` outside their tables

@@ -385,9 +385,10 @@ class Scheduler:
             tier=self.tier.stats() if self.tier is not None else None,
         )
 
-    def snapshot(self) -> PoolSnapshot:
-        """A consistent picture of the pool and the live sequences (call on the engine thread)."""
-        states, ref_counts, hash_prefixes = self.block_manager.snapshot()
+    def snapshot(self, hash_block_ids: range | None = None) -> PoolSnapshot:
+        """A consistent picture of the pool and the live sequences (call on the engine thread); block hashes of
+        `hash_block_ids` only, when given."""
+        states, ref_counts, hash_prefixes = self.block_manager.snapshot(hash_block_ids)
         sequences = [
             {
                 "seq_id": s.seq_id,
@@ -395,6 +396,8 @@ class Scheduler:
                 "block_table": list(s.block_table),
                 "num_tokens": len(s),
                 "num_computed_tokens": s.num_computed_tokens,
+                "num_prompt_tokens": s.num_prompt_tokens,
+                "num_cached_tokens": s.num_cached_tokens,  # its prefix-cache hit at the last admission
                 "status": s.status.value,
             }
             for s in [

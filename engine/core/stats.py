@@ -54,6 +54,7 @@ class PoolSnapshot:
     block_states: list[int]
     ref_counts: list[int]
     block_hash_prefixes: dict[int, str]  # block id -> first 8 hex chars of its hash
-    # each: seq_id, request_id, block_table, num_tokens, num_computed_tokens, status
+    # each: seq_id, request_id, block_table, num_tokens, num_computed_tokens, num_prompt_tokens, num_cached_tokens,
+    # status
     sequences: list[dict[str, Any]]
     stats: EngineStats

@@ -50,13 +50,12 @@ def test_format_bytes():
     assert format_bytes(5 * 1024**4) == "5120 GiB"
 
 
-def test_quiet_pool_reports_capacity_and_contiguous_reservation():
+def test_quiet_pool_reports_capacity_and_what_paging_saves_apart_from_the_advice():
     advice = advise(make_inputs())
     assert titles(advice) == [
         ("info", "Pool capacity"),
         ("info", "Sequence lengths"),
         ("ok", "No preemption"),
-        ("info", "Paging vs contiguous reservation"),
     ]
     assert advice.items[0].text == (
         "256 blocks of 16 tokens hold 4096 tokens (2.0 MiB): 4 sequences of max_model_len (1024) at once; "
@@ -68,10 +67,11 @@ def test_quiet_pool_reports_capacity_and_contiguous_reservation():
     assert advice.items[2].text == (
         "No sequence was preempted in the last 2 min: the pool is large enough for this concurrency."
     )
-    assert advice.items[3].text == (
-        "Now: 2 running sequences store 300 tokens in 320 paged slots (waste 20); reserving max_model_len each, "
-        "a contiguous engine would hold 2048 slots (1.0 MiB, waste 1748). At the peak of 3 running it would have "
-        "needed 3072 tokens, 75% of this pool."
+    assert (advice.paging.title, advice.paging.text) == (
+        "What paging saves",
+        "Now: 2 running sequences store 300 tokens in 320 paged slots (waste 20). A hypothetical engine reserving "
+        "max_model_len (1024) per sequence, as a contiguous KV cache does, would hold 2048 slots (1.0 MiB, waste "
+        "1748). At the peak of 3 running it would have needed 3072 tokens, 75% of this pool.",
     )
     assert (advice.p50, advice.p99, advice.p99_sequences_fit, advice.suggested_max_model_len) == (
         None,
@@ -135,7 +135,6 @@ def test_rare_long_requests_get_a_max_model_len_suggestion_from_the_p99():
         ("info", "Sequence lengths"),
         ("warn", "Sustained preemption"),
         ("warn", "Rare long requests drive the preemption"),
-        ("info", "Paging vs contiguous reservation"),
     ]
     assert advice.items[2].text.endswith(
         "The pool holds 19 sequences of the p99 length (200 tokens), at least max_num_seqs (8): the sequences "
@@ -146,7 +145,7 @@ def test_rare_long_requests_get_a_max_model_len_suggestion_from_the_p99():
         "max_model_len of 208 (the p99, rounded up to a block) would refuse the longest 1% with a clear error "
         "instead of letting them evict everyone else; the pool holds 19 sequences of that length."
     )
-    assert advice.items[4].text.endswith(
+    assert advice.paging.text.endswith(
         "At the peak of 8 running it would have needed 8192 tokens, 200% of this pool, where the median sequence "
         "used 10% of its reservation."
     )
@@ -181,9 +180,9 @@ def test_no_observation_window_means_no_rate():
         )
     )
     assert advice.preemptions_per_min == 0.0
-    assert advice.items[-1].text == (
-        "Now: 0 running sequences store 0 tokens in 0 paged slots (waste 0); reserving max_model_len each, a "
-        "contiguous engine would hold 0 slots (0 B, waste 0)."
+    assert advice.paging.text == (
+        "Now: 0 running sequences store 0 tokens in 0 paged slots (waste 0). A hypothetical engine reserving "
+        "max_model_len (1024) per sequence, as a contiguous KV cache does, would hold 0 slots (0 B, waste 0)."
     )
 
 
@@ -243,7 +242,41 @@ def test_the_database_size_against_its_guard(used, guard, expected):
     advice = advise(make_inputs(database_bytes=used, max_database_bytes=guard))
     item = advice.items[-1]
     assert (item.level, item.title, item.text) == expected
-    assert titles(advise(make_inputs()))[-1] == (
-        "info",
-        "Paging vs contiguous reservation",
-    )  # size unknown: no item
+    assert titles(advise(make_inputs()))[-1] == ("ok", "No preemption")  # size unknown: no item
+
+
+def test_an_oversized_pool_is_told_the_kv_cache_bytes_its_traffic_needs():
+    # the default CPU pool: 2 GiB of SmolLM2's 368,640-byte blocks, at most 23 blocks in use over 10 minutes
+    inputs = dict(
+        num_blocks=5825, block_bytes=368640, max_model_len=8192, window_s=600.0, peak_used_blocks=23
+    )
+    advice = advise(make_inputs(**inputs))
+    [item] = [i for i in advice.items if i.title == "Pool larger than the traffic needs"]
+    # 2 x 23 = 46 blocks, but one max_model_len sequence takes 512: 512 blocks are 180 MiB
+    assert (item.level, advice.suggested_kv_cache_bytes) == ("info", 180 * 1024**2)
+    assert item.text == (
+        "The 2.0 GiB pool (5825 blocks) was at most 0.4% in use (23 blocks) over the last 10 min: --kv-cache-bytes "
+        "188743680 (180 MiB, 512 blocks: 2x that peak, and room for a max_model_len sequence) would do and free "
+        "1.8 GiB. A smaller pool keeps fewer finished prompts cached for reuse (5802 blocks may hold them now)."
+    )
+    busier = advise(make_inputs(**{**inputs, "max_model_len": 2048, "peak_used_blocks": 400}))
+    assert busier.suggested_kv_cache_bytes == 282 * 1024**2  # 800 blocks are 281.25 MiB, rounded up
+    assert "at most 6.9% in use (400 blocks)" in busier.items[-1].text
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(window_s=60.0),  # too little traffic seen to call it oversized
+        dict(peak_used_blocks=0),  # no traffic at all in the window
+        dict(peak_used_blocks=600),  # over 10% of the pool in use at the peak
+        dict(max_model_len=65536),  # a max_model_len sequence alone needs over half the pool
+    ],
+)
+def test_no_smaller_pool_without_evidence_or_room(overrides):
+    inputs = dict(
+        num_blocks=5825, block_bytes=368640, max_model_len=8192, window_s=600.0, peak_used_blocks=23
+    )
+    advice = advise(make_inputs(**{**inputs, **overrides}))
+    assert advice.suggested_kv_cache_bytes is None
+    assert "Pool larger than the traffic needs" not in [title for _, title in titles(advice)]

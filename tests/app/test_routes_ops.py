@@ -113,6 +113,16 @@ def test_admin_state_is_loopback_only_without_a_token(client):
     )
 
 
+def test_admin_stream_refuses_a_bad_block_map_view(client):
+    response = client.get("/api/admin/stream?start=20&end=10")
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "end must be greater than start, got start 20 and end 10"
+    assert (
+        client.get("/api/admin/stream?cells=3").json()["error"]["message"]
+        == "cells must be in [16, 8192], got 3"
+    )
+
+
 def test_security_headers_request_id_and_cookie(client):
     response = client.get("/api/sessions", headers={"x-request-id": "req-123"})
     assert response.headers["x-request-id"] == "req-123"

@@ -94,3 +94,37 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="non-negative"):
         rec.observe_sequence(-1, 5.0)
     assert len(rec.points()) == 1 and rec.sequence_lengths() == []  # refused input left no trace
+
+
+def test_generation_speed_drops_to_zero_as_soon_as_the_engine_idles():
+    rec = TrafficRecorder()
+    rec.observe_stats(make_stats(num_running=1, num_generation_tokens_total=0), 10.0)
+    busy = rec.observe_stats(make_stats(num_running=1, num_generation_tokens_total=20), 10.5)
+    ended = rec.observe_stats(
+        make_stats(num_generation_tokens_total=23), 11.0
+    )  # the last 3 tokens, then done
+    idle = rec.observe_stats(
+        make_stats(num_generation_tokens_total=23), 11.5
+    )  # the 2 s window still holds 23
+    later = rec.observe_stats(make_stats(num_generation_tokens_total=23), 20.0)
+    assert [p.tokens_per_s for p in (busy, ended, idle, later)] == [40.0, 23.0, 0.0, 0.0]
+    assert rec.peak_used_blocks() == 0
+
+
+def test_peak_used_blocks_over_the_window():
+    rec = TrafficRecorder(window_s=60.0)
+    rec.observe_stats(make_stats(num_used_blocks=40, num_free_blocks=24), 0.0)
+    rec.observe_stats(make_stats(num_used_blocks=9, num_free_blocks=55), 30.0)
+    assert rec.peak_used_blocks() == 40
+    rec.observe_stats(make_stats(num_used_blocks=2, num_free_blocks=62), 70.0)  # the 40 left the window
+    assert rec.peak_used_blocks() == 9
+
+
+def test_a_point_after_sampling_resumed_is_marked_so_charts_do_not_join_it():
+    rec = TrafficRecorder()
+    first = rec.observe_stats(make_stats(), 0.0, resumed=True)  # nothing before it to join: not a gap
+    rec.observe_stats(make_stats(), 0.5)
+    late = rec.observe_stats(make_stats(num_running=1), 9.0)  # late behind a long engine step: the same line
+    again = rec.observe_stats(make_stats(), 300.0, resumed=True)
+    assert [p.resumed for p in (first, late, again)] == [False, False, True]
+    assert again.to_json()["resumed"] is True

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.routes.security import key_fingerprint
 from bench.servers import stop_server
 from tests.e2e.browser_helpers import (
     ADMIN_TOKEN,
@@ -54,6 +55,11 @@ CHROMIUM_ARGS = [
 ]
 JAVASCRIPT_TYPES = ("text/javascript", "application/javascript")
 EXPECTED_NETWORK_ERRORS = ("Failed to load resource", "WebSocket connection to")
+LARGE_POOL_BLOCKS = 250_000
+# 8 tokens x 2 layers x (K, V) x 2 KV heads x (16 int8 values + an fp16 scale)
+TINY_INT8_BLOCK_BYTES = 8 * 2 * 2 * 2 * (16 + 2)
+API_KEY = "e2e-api-key-4d2b9e"
+API_HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 WIDE = {"width": 1280, "height": 800}
 NARROW = {"width": 390, "height": 844}
 STATS_LINE = re.compile(
@@ -95,8 +101,16 @@ def ui_server(tmp_path_factory, tiny_model) -> Iterator[Server]:
 
 @pytest.fixture
 def slow_ui_server(tmp_path, tiny_model) -> Iterator[Server]:
-    """The same, with every engine step 15 ms slower: a reply stays running while the test looks at it."""
-    yield from _ui_server(tmp_path, tiny_model, **{FAULTS_ENV: "step_delay_ms=15"})
+    """The same with a pool of 250,000 blocks (8-token int8 blocks of the tiny model: 288 MB) and an API key, every
+    engine step 15 ms slower: a reply stays running while the test looks at it."""
+    env = {
+        FAULTS_ENV: "step_delay_ms=15",
+        "PAGEDCHAT_KV_CACHE_DTYPE": "int8",
+        "PAGEDCHAT_BLOCK_SIZE": "8",
+        "PAGEDCHAT_KV_CACHE_BYTES": str(LARGE_POOL_BLOCKS * TINY_INT8_BLOCK_BYTES),
+        "PAGEDCHAT_API_KEY": API_KEY,
+    }
+    yield from _ui_server(tmp_path, tiny_model, **env)
 
 
 @pytest.fixture
@@ -1028,7 +1042,60 @@ def test_admin_without_the_token_is_refused(open_page, ui_server):
     expect(page.locator("h1")).to_have_text("Admin sign-in")
 
 
-def test_admin_block_map_follows_a_running_request(open_page, chromium, slow_ui_server):
+def test_admin_block_map_at_256_blocks_charts_and_map_helpers(open_page):
+    page = open_page("/admin", http_errors_ok=True)
+    sign_in(page)
+    canvas = page.locator("#block-map")
+    # the test pool: one block a cell, cells big enough to point at
+    expect(page.locator("#map-scale")).to_have_text("1 cell = 1 block · the whole pool, 256 blocks")
+    expect(canvas).to_have_attribute("data-cells", "256")
+    assert int(canvas.get_attribute("data-cell-px")) >= 14
+    expect(page.locator("#map-zoom-out")).to_be_disabled()
+    expect(page.locator("#paging-title")).to_have_text("What paging saves")
+    expect(page.locator("#paging-text")).to_contain_text(
+        "A hypothetical engine reserving max_model_len (1024)"
+    )
+    assert "Paging vs contiguous" not in page.locator("#advice").inner_text()  # one panel, not advice
+    checks = page.evaluate(
+        """async () => {
+            const m = await import("/static/admin_cells.js");
+            const c = await import("/static/admin_charts.js");
+            const { state: s } = await import("/static/admin_state.js");
+            // cells stay readable from 256 to 250,000 blocks: the server sums blocks into what the width holds
+            const layouts = [256, 5825, 250000].map((n) => {
+                const cells = Math.min(n, m.cellsFor(720));
+                const k = Math.ceil(n / cells);
+                return { n, k, px: m.cellLayout(720, Math.ceil(n / k)).cell };
+            });
+            const t = (time_s, v, resumed) => ({ time_s, hit_pct: v, resumed: Boolean(resumed) });
+            // sampling resumed at 40 s after a gap (no page listened); no hit rate at 40.5 s; 9 s behind a long step
+            const points = [t(0, 50), t(0.5, 60), t(1, 60), t(40, 20, true), t(40.5, null), t(41, 30), t(50, 35)];
+            // a chart fed that history draws three runs: the resumed sampling and the missing value break the line
+            s.charts.hits.setData(points, 50);
+            return {
+                layouts,
+                decoded: Array.from(m.decodeCounts(btoa(String.fromCharCode(3, 0, 0, 1, 255, 255)))),
+                bars: [m.barHeights({ size: 121, free: 118, used: 3, cached: 0, shared: 0 }, 8),
+                       m.barHeights({ size: 4, free: 0, used: 1, cached: 3, shared: 0 }, 8)],
+                runs: c.segments(points, "hit_pct").map((run) => run.map((p) => p.time_s)),
+                drawn: s.charts.hits.canvas.dataset.segments,
+            };
+        }"""
+    )
+    assert checks["layouts"] == [
+        {"n": 256, "k": 1, "px": 22},
+        {"n": 5825, "k": 3, "px": 8},
+        {"n": 250000, "k": 116, "px": 8},
+    ]
+    assert checks["decoded"] == [3, 256, 65535]
+    # 3 in use among 121: a quarter of the cell, not a hairline; a full cell is split by share (sqrt), filled
+    assert checks["bars"][0] == [["used", 2]]
+    assert [state for state, _ in checks["bars"][1]] == ["used", "cached"]
+    assert round(sum(h for _, h in checks["bars"][1]), 6) == 8
+    assert checks["runs"] == [[0, 0.5, 1], [40], [41, 50]] and checks["drawn"] == "3"
+
+
+def test_admin_block_map_at_250k_blocks_zooms_and_names_who_runs(open_page, chromium, slow_ui_server):
     server = slow_ui_server
     context = chromium.new_context(viewport=WIDE, base_url=server.base_url)
     page = open_page("/admin", context=context, http_errors_ok=True)
@@ -1036,40 +1103,89 @@ def test_admin_block_map_follows_a_running_request(open_page, chromium, slow_ui_
     assert page_scripts(page) == [["", "/static/theme.js"], ["module", "/static/admin_page.js"]]
     assert page.evaluate("() => 'pagedchat' in window") is False
     canvas = page.locator("#block-map")
+    scale = page.locator("#map-scale")
+    expect(scale).to_have_text(re.compile(r"^1 cell = 1\d\d blocks · the whole pool, 250,000 blocks$"))
+    assert int(canvas.get_attribute("data-cell-px")) >= 6 and int(canvas.get_attribute("data-cells")) >= 1500
     expect(page.locator("#stat-used")).to_have_text("0")
     expect(canvas).to_have_attribute("data-in-use", "0")
     idle_pixels = page.evaluate("() => document.getElementById('block-map').toDataURL()")
-    model = httpx.get(server.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    model = httpx.get(server.base_url + "/v1/models", headers=API_HEADERS, timeout=10).json()["data"][0]["id"]
     results: list[httpx.Response] = []
     # 480 tokens at >= 15 ms a step: >= 7 s running, whatever the model says (ignore_eos)
     messages = [{"role": "user", "content": "Count slowly."}]
-    body = {"model": model, "messages": messages, "max_tokens": 480, "ignore_eos": True}
+    body = {"model": model, "messages": messages, "max_tokens": 480, "ignore_eos": True, "user": "alice"}
     worker = threading.Thread(
         target=lambda: results.append(
-            httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=120)
+            httpx.post(server.base_url + "/v1/chat/completions", json=body, headers=API_HEADERS, timeout=120)
         )
     )
     worker.start()
+    chat = context.new_page()
+    chat.goto("/")
+    chat.wait_for_selector("body[data-ready=true]")
+    send(chat, "Quarterly report draft")  # the new session is titled from the message
     try:
-        expect(page.locator("#stat-used")).to_have_text(re.compile(r"^[1-9]\d*$"), timeout=REPLY_TIMEOUT_MS)
-        expect(page.locator("#stat-running")).to_have_text("1")
+        rows = page.locator("#seq-rows")
+        expect(rows).to_contain_text("Chat “Quarterly report draft”", timeout=REPLY_TIMEOUT_MS)
+        browser_id = next(c for c in context.cookies() if c["name"] == "pagedchat_browser")["value"]
+        expect(rows).to_contain_text(f"browser {browser_id[:8]}")  # the cookie's id, before its signature
+        expect(rows).to_contain_text("API chat completion, user 'alice'")
+        expect(rows).to_contain_text(f"API key {key_fingerprint(API_KEY)[:8]}")
+        expect(rows).not_to_contain_text("chatcmpl-")  # request ids only in the tooltip
+        expect(rows.locator("tr").first).to_contain_text(re.compile(r"\d+/\d+ \(\d+%\)"))  # its prefix hit
+        expect(page.locator("#stat-running")).to_have_text("2")
         expect(canvas).not_to_have_attribute("data-in-use", "0")
-        busy_pixels = page.evaluate("() => document.getElementById('block-map').toDataURL()")
-        assert busy_pixels != idle_pixels
-        # hovering an in-use block names it; picking the sequence highlights its block table
+        assert page.evaluate("() => document.getElementById('block-map').toDataURL()") != idle_pixels
+        # the cell holding the running blocks: its mix on hover, then zoom into it at one block a cell
         cell = page.evaluate(
             """async () => {
                 const { state: s } = await import("/static/admin_state.js");
-                const index = s.lastPool.block_states.indexOf("u");
+                const index = s.map.cells.used.findIndex((n) => n > 0);
                 const { cell, gap, cols } = s.map.layout;
                 return { index, x: (index % cols) * (cell + gap) + cell / 2, y: Math.floor(index / cols) * (cell + gap) + cell / 2 };
             }"""
         )
-        canvas.hover(position={"x": cell["x"], "y": cell["y"]})
-        expect(page.locator("#block-info")).to_contain_text(f"#{cell['index']}")
-        expect(page.locator("#block-info")).to_contain_text("in use")
+        canvas.click(position={"x": cell["x"], "y": cell["y"]})
+        expect(page.locator("#block-info")).to_contain_text("In use")
+        page.locator("#block-info .map-zoom-cell").click()
+        expect(scale).to_have_text(re.compile(r"^1 cell = 1 block · blocks [\d,]+–[\d,]+ of 250,000$"))
+        expect(page.locator("#map-zoom-out")).to_be_enabled()
+        block = page.evaluate(
+            """async () => {
+                const { state: s } = await import("/static/admin_state.js");
+                const index = s.map.cells.used.findIndex((n) => n > 0);
+                const { cell, gap, cols } = s.map.layout;
+                return { id: s.map.map.start + index, x: (index % cols) * (cell + gap) + cell / 2,
+                         y: Math.floor(index / cols) * (cell + gap) + cell / 2 };
+            }"""
+        )
+        canvas.hover(position={"x": block["x"], "y": block["y"]})
+        info = page.locator("#block-info")
+        expect(info).to_contain_text(f"#{block['id']}")
+        expect(info).to_contain_text("in use")
+        expect(info).to_contain_text(
+            re.compile(r"seq \d+ \((Quarterly report draft, browser|chat completion)")
+        )
+        # back to the whole pool, then drag across four cells: those blocks, one a cell
+        page.click("#map-whole")
+        expect(scale).to_contain_text("the whole pool")
+        pitch = page.evaluate(
+            "async () => { const { state: s } = await import('/static/admin_state.js'); "
+            "return { step: s.map.layout.cell + s.map.layout.gap, k: s.map.map.blocks_per_cell }; }"
+        )
+        page.mouse.move(*_canvas_point(canvas, 2, 2))
+        page.mouse.down()
+        page.mouse.move(*_canvas_point(canvas, pitch["step"] * 3 + 2, 2), steps=4)
+        page.mouse.up()
+        expect(scale).to_have_text(f"1 cell = 1 block · blocks 0–{4 * pitch['k'] - 1:,} of 250,000")
+        page.click("#map-whole")
+        # picking a sequence marks its cells (the feed counts its blocks per cell)
         page.locator("#seq-rows button").first.click()
         expect(page.locator("#seq-rows tr.is-selected")).to_have_count(1)
+        page.wait_for_function(
+            "async () => { const { state: s } = await import('/static/admin_state.js'); "
+            "return s.map.cells.picked !== null && s.map.cells.picked.some((n) => n > 0); }"
+        )
         # the feed updates the row's numbers in place: the same element (and button) across samples
         before = page.evaluate(
             """() => { const tr = document.querySelector('#seq-rows tr'); tr.__kept = true;
@@ -1086,6 +1202,7 @@ def test_admin_block_map_follows_a_running_request(open_page, chromium, slow_ui_
     assert results and results[0].status_code == 200, results
     expect(page.locator("#stat-used")).to_have_text("0", timeout=REPLY_TIMEOUT_MS)
     expect(page.locator("#stat-running")).to_have_text("0")
+    expect(page.locator("#stat-tokps")).to_have_text("0")  # idle: no speed left over from the burst
     expect(canvas).to_have_attribute("data-in-use", "0")
     assert (
         int(page.locator("#stat-cached").inner_text()) > 0
@@ -1113,7 +1230,8 @@ def test_the_admin_page_and_its_canvases_follow_the_theme(chromium, ui_server, o
     # block 0's pixel, and the colour the theme gives its state (the pool is idle: free or cached)
     first_cell = """async () => {
         const { state } = await import("/static/admin_state.js");
-        const name = { f: "--map-free", c: "--map-cached" }[state.lastPool.block_states[0]];
+        const mix = state.map.mix(0); // a cell per block in this small pool
+        const name = mix.cached ? "--map-cached" : "--map-free";
         const css = getComputedStyle(document.documentElement).getPropertyValue(name).trim();
         const [r, g, b] = document.getElementById("block-map").getContext("2d").getImageData(2, 2, 1, 1).data;
         return { pixel: [r, g, b], css: [1, 3, 5].map((i) => parseInt(css.slice(i, i + 2), 16)) };
@@ -1127,3 +1245,7 @@ def test_the_admin_page_and_its_canvases_follow_the_theme(chromium, ui_server, o
     light = page.evaluate(first_cell)
     assert light["pixel"] == light["css"] != dark["css"], (light, dark)
     context.close()
+def _canvas_point(canvas: Any, x: float, y: float) -> tuple[float, float]:
+    """Page coordinates of a point (x, y) CSS px inside the canvas."""
+    box = canvas.bounding_box()
+    return box["x"] + x, box["y"] + y

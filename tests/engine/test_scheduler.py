@@ -204,9 +204,9 @@ def test_stats_and_snapshot() -> None:
     assert snap.block_hash_prefixes == {0: a.block_hashes[0].hex()[:8]}
     assert snap.sequences == [
         {"seq_id": 0, "request_id": "r0", "block_table": [0, 1], "num_tokens": 11, "num_computed_tokens": 10,
-         "status": "running"},
+         "num_prompt_tokens": 10, "num_cached_tokens": 0, "status": "running"},
         {"seq_id": 1, "request_id": "r1", "block_table": [], "num_tokens": 3, "num_computed_tokens": 0,
-         "status": "waiting"},
+         "num_prompt_tokens": 3, "num_cached_tokens": 0, "status": "waiting"},
     ]  # fmt: skip
     assert snap.stats.num_steps == 1
 
