@@ -1245,6 +1245,8 @@ def test_the_admin_page_and_its_canvases_follow_the_theme(chromium, ui_server, o
     light = page.evaluate(first_cell)
     assert light["pixel"] == light["css"] != dark["css"], (light, dark)
     context.close()
+
+
 def _canvas_point(canvas: Any, x: float, y: float) -> tuple[float, float]:
     """Page coordinates of a point (x, y) CSS px inside the canvas."""
     box = canvas.bounding_box()
