@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from app.db.accounts import AccountConflict, InviteRecord, UserRecord
 from app.db.models import MessageStatus
 from app.db.quota import QuotaExceeded, StorageQuota
 from app.db.records import MessageRecord, SessionRecord, StoreUnavailable
 from app.db.store import Store
 
 __all__ = [
+    "AccountConflict",
+    "InviteRecord",
     "MessageRecord",
     "MessageStatus",
     "QuotaExceeded",
@@ -15,4 +18,5 @@ __all__ = [
     "StorageQuota",
     "Store",
     "StoreUnavailable",
+    "UserRecord",
 ]

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from sqlalchemy.orm import Session
 
 from app.db import admin_sessions, queries
+from app.db.account_store import AccountStore
 from app.db.database import DEFAULT_BUSY_TIMEOUT_MS
 from app.db.models import FINAL_ASSISTANT_STATUSES, ROLES, MessageStatus, utcnow
 from app.db.quota import StorageQuota, database_bytes
@@ -24,8 +25,8 @@ MAX_TITLE_CHARS = 200
 MAX_OWNER_CHARS = 128
 
 
-class Store(StoreThreads):
-    """Sessions, messages and admin sign-ins in a SQL database (SQLite in WAL mode by default); records out, never
+class Store(AccountStore, StoreThreads):
+    """Sessions, messages, admin sign-ins and accounts (app/db/account_store.py) in a SQL database (SQLite in WAL mode by default); records out, never
     ORM objects.
 
     Owner-scoped calls treat another owner's session as missing (None / False). Database failures raise
