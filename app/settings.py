@@ -151,6 +151,33 @@ class Settings:
     client_max_connections: int = option(
         256, "open connections per client address; more are refused (503); 0: no limit", group=_LIMITS
     )
+    flush_interval_s: float = option(0.5, "how often a streaming reply is saved", group=_STORAGE)
+    db_busy_timeout_ms: int = option(
+        5000, "how long one database call waits for a lock before it is unavailable (503)", group=_STORAGE
+    )
+    store_retry_s: float = option(
+        10.0,
+        "how long a finished reply keeps retrying its final write while the database is down",
+        group=_STORAGE,
+    )
+    max_database_bytes: int = option(
+        2 * 1024**3,
+        "pages in use by the SQLite database past which new sessions and messages are refused (507); 0: no limit",
+        group=_STORAGE,
+    )
+    # what a request that leaves these out samples with; unset: the model's generation_config.json, else built-in
+    default_temperature: float | None = option(
+        None, "temperature of requests that set none; unset: the model's, else 1.0", group=_SAMPLING
+    )
+    default_top_p: float | None = option(
+        None, "top_p of requests that set none; unset: the model's, else 1.0", group=_SAMPLING
+    )
+    default_top_k: int | None = option(
+        None, "top_k of requests that set none (0: off); unset: the model's, else 0", group=_SAMPLING
+    )
+    default_repetition_penalty: float | None = option(
+        None, "repetition_penalty of requests that set none; unset: the model's, else 1.0", group=_SAMPLING
+    )
     # accounts (docs: README "Accounts"): who the chat's users are; the account is then the identity everywhere
     auth: str = option(
         "none",
@@ -182,33 +209,6 @@ class Settings:
     )
     oidc_scopes: str = option(
         "openid profile email", "with --auth oidc: the scopes asked for", group=_ACCOUNTS
-    )
-    flush_interval_s: float = option(0.5, "how often a streaming reply is saved", group=_STORAGE)
-    db_busy_timeout_ms: int = option(
-        5000, "how long one database call waits for a lock before it is unavailable (503)", group=_STORAGE
-    )
-    store_retry_s: float = option(
-        10.0,
-        "how long a finished reply keeps retrying its final write while the database is down",
-        group=_STORAGE,
-    )
-    max_database_bytes: int = option(
-        2 * 1024**3,
-        "pages in use by the SQLite database past which new sessions and messages are refused (507); 0: no limit",
-        group=_STORAGE,
-    )
-    # what a request that leaves these out samples with; unset: the model's generation_config.json, else built-in
-    default_temperature: float | None = option(
-        None, "temperature of requests that set none; unset: the model's, else 1.0", group=_SAMPLING
-    )
-    default_top_p: float | None = option(
-        None, "top_p of requests that set none; unset: the model's, else 1.0", group=_SAMPLING
-    )
-    default_top_k: int | None = option(
-        None, "top_k of requests that set none (0: off); unset: the model's, else 0", group=_SAMPLING
-    )
-    default_repetition_penalty: float | None = option(
-        None, "repetition_penalty of requests that set none; unset: the model's, else 1.0", group=_SAMPLING
     )
     engine: EngineConfig = field(default_factory=EngineConfig)
 
