@@ -145,19 +145,41 @@ async def _verified_claims(request: Request, settings: Settings) -> dict[str, An
     """The ID token's claims once authlib has checked state, exchanged the code and validated the token."""
     client = _client(request)
     try:
-        token = await client.authorize_access_token(request)
+        issuer = (await client.load_server_metadata())["issuer"]  # checked against the settings at login
+        # authlib checks iss only when given no options, and aud only through azp: name both (RFC 7519 4.1.1/3)
+        claims_options = {
+            "iss": {"essential": True, "values": [issuer]},
+            "aud": {"essential": True, "values": [settings.oidc_client_id]},
+            "sub": {"essential": True},
+        }
+        token = await client.authorize_access_token(request, claims_options=claims_options)
     except JoseError as exc:  # signature, iss, aud, exp, nonce
         raise SignInRefused(
             f"the provider's ID token is not valid ({exc.error}: {exc.description})"
         ) from None
     except AuthlibBaseError as exc:  # the provider's error, a mismatching state, a refused code
         raise SignInRefused(f"{exc.error}: {exc.description or 'no description'}") from None
+    except httpx.HTTPStatusError as exc:  # the token endpoint said no: its OAuth error, where it gives one
+        raise SignInRefused(
+            f"the provider's token endpoint refused the code: {_oauth_error(exc.response)}"
+        ) from None
     except httpx.HTTPError as exc:
-        raise SignInRefused(f"the provider's token endpoint failed: {exc}") from None
+        raise SignInRefused(f"the provider's token endpoint cannot be reached: {exc}") from None
     claims = token.get("userinfo")
     if not claims:  # authlib validates an ID token only when one comes: none is no sign-in
         raise SignInRefused("the provider's token response holds no ID token (is the openid scope granted?)")
     return dict(claims)
+
+
+def _oauth_error(response: httpx.Response) -> str:
+    """`error: error_description` of an OAuth error response, else its status."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("error"):
+        return f"{body['error']}: {body.get('error_description') or 'no description'}"[:300]
+    return f"HTTP {response.status_code}"
 
 
 routes = [
