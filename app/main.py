@@ -83,12 +83,12 @@ def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | Non
             *pages.routes,
         ],
         middleware=[
+            # with accounts on, no browser cookie is handed out: it identifies no one
             Middleware(
                 RequestContextMiddleware,
                 signer=svc.signer,
                 cookie_secure=settings.cookie_secure,
-                browser_identity=settings.auth
-                == "none",  # with accounts the browser cookie identifies no one
+                browser_identity=settings.auth == "none",
             ),
             Middleware(AccountMiddleware),
             *([flow_middleware(settings)] if settings.auth == "oidc" else []),

@@ -40,9 +40,8 @@ def session_cookie_header(settings: Settings, secret: str = "", *, clear: bool =
     """A Set-Cookie value: the sign-in's secret (or its removal), HttpOnly, SameSite=Lax."""
     max_age = 0 if clear else int(settings.account_session_days * 86400)
     parts = [f"{ACCOUNT_COOKIE}={'' if clear else secret}", "Path=/", f"Max-Age={max_age}", "HttpOnly"]
-    parts.append(
-        "SameSite=Lax"
-    )  # Lax: a link from elsewhere (an invite, the provider's redirect) arrives signed in
+    # Lax: a link from elsewhere (an invite, the provider's redirect back) arrives signed in
+    parts.append("SameSite=Lax")
     if settings.cookie_secure:
         parts.append("Secure")
     return "; ".join(parts)

@@ -88,8 +88,8 @@ async def chat_socket(websocket: WebSocket) -> None:
             await websocket.accept()
             await websocket.send_text(json.dumps(error_frame(exc)))
             await websocket.close(code=CLOSE_NOT_SIGNED_IN, reason="not signed in")
-        else:
-            await websocket.close(code=CLOSE_POLICY_VIOLATION)
+        else:  # no browser cookie (policy), or the sign-in could not be checked (the database is down)
+            await websocket.close(code=CLOSE_TRY_AGAIN_LATER if exc.status == 503 else CLOSE_POLICY_VIOLATION)
         return
     if svc.store is None or svc.chat is None:
         await websocket.close(code=CLOSE_TRY_AGAIN_LATER)
@@ -161,9 +161,8 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str) ->
                 elif kind == "stop":
                     await socket.send({"type": "stop_ack", "stopped": chat.stop(session_id)})
                 elif kind in REPLY_FRAMES:
-                    await check_still_signed_in(
-                        socket.websocket, svc
-                    )  # signed out since the socket opened: 401
+                    # signed out since the socket opened (elsewhere, a password change, disabled): 401
+                    await check_still_signed_in(socket.websocket, svc)
                     # shutting down (503) or over a client limit (429)
                     lease = svc.admit(socket.websocket, owner)
                     mode = REPLY_FRAMES[kind]

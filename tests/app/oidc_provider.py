@@ -39,9 +39,8 @@ class Provider:
 
     issuer: str
     user: dict[str, str] = field(default_factory=lambda: {"sub": "user-1", "preferred_username": "tess"})
-    faults: set[str] = field(
-        default_factory=set
-    )  # wrong_audience, foreign_key, wrong_nonce, wrong_issuer, deny
+    # what to get wrong: wrong_audience, foreign_key, wrong_nonce, wrong_issuer, deny
+    faults: set[str] = field(default_factory=set)
     key: RSAKey = field(
         default_factory=lambda: RSAKey.generate_key(2048, parameters={"kid": "k1", "use": "sig"})
     )

@@ -66,9 +66,8 @@ def test_the_upgrade_adds_the_account_tables_and_keeps_the_chats(tmp_path: Path)
 def test_cookie_owned_chats_stay_readable_without_accounts(tmp_path: Path) -> None:
     make_previous_database(tmp_path / "chat.db")  # make_client's database; its start migrates it to head
     with make_client(tmp_path) as client:
-        cookie = (
-            make_signer("test-secret").sign("b1").decode()
-        )  # the browser's cookie from before the upgrade
+        # the browser's cookie from before the upgrade
+        cookie = make_signer("test-secret").sign("b1").decode()
         client.cookies.set("pagedchat_browser", cookie)
         assert [s["title"] for s in client.get("/api/sessions").json()["sessions"]] == ["old chat"]
         chat = client.get("/api/sessions/s1").json()

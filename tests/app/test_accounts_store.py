@@ -157,9 +157,8 @@ async def test_argon2id_hashes_verify_and_are_rehashed_when_the_parameters_chang
     assert stored.startswith("$argon2id$v=19$m=1024,t=1,p=1$")
     assert await old.passwords.verify(stored, "correct horse")
     assert not await old.passwords.verify(stored, "wrong horse")
-    assert not await old.passwords.verify(
-        None, "correct horse"
-    )  # an unknown user: the dummy hash, never a match
+    # an unknown user: the dummy hash, never a match
+    assert not await old.passwords.verify(None, "correct horse")
     assert not await old.passwords.verify("not-a-hash", "correct horse")
     user = await store.create_user("alice", stored, "admin")
     signed = await old.sign_in("alice", "correct horse", "127.0.0.1")
