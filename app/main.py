@@ -15,16 +15,20 @@ from starlette.middleware import Middleware
 
 from app.db import StorageQuota, Store
 from app.middleware import RequestContextMiddleware
-from app.routes import admin_feed, openai_api, ops, pages, presets, sessions, ws
+from app.routes import accounts, admin_feed, oidc, openai_api, ops, pages, presets, sessions, ws
+from app.routes.account_auth import AccountMiddleware
 from app.routes.admin_auth import token_fingerprint
 from app.routes.context import Services
 from app.routes.errors import api_error_handler, http_exception_handler, unhandled_error_handler
+from app.routes.oidc import flow_middleware, make_oauth
 from app.routes.security import make_signer
+from app.services.accounts import AccountService
 from app.services.async_engine import AsyncEngine
 from app.services.chat_service import ChatService
 from app.services.conversation import ConversationBuilder, template_end_of_turn_ids, tokenizer_fingerprint
 from app.services.errors import APIError
 from app.services.metrics import Metrics
+from app.services.passwords import Passwords
 from app.services.public_prefix import PublicPrefixes, published_prompts
 from app.settings import Settings, ensure_secret_key
 from engine.core.sampling_defaults import default_sources, effective_defaults
@@ -75,10 +79,20 @@ def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | Non
             *presets.routes,
             *ws.routes,
             *admin_feed.routes,
+            *accounts.routes,
+            *oidc.routes,
             *pages.routes,
         ],
         middleware=[
-            Middleware(RequestContextMiddleware, signer=svc.signer, cookie_secure=settings.cookie_secure)
+            # with accounts on, no browser cookie is handed out: it identifies no one
+            Middleware(
+                RequestContextMiddleware,
+                signer=svc.signer,
+                cookie_secure=settings.cookie_secure,
+                browser_identity=settings.auth == "none",
+            ),
+            Middleware(AccountMiddleware),
+            *([flow_middleware(settings)] if settings.auth == "oidc" else []),
         ],
         exception_handlers={
             APIError: api_error_handler,
@@ -88,6 +102,7 @@ def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | Non
         lifespan=lifespan,
     )
     app.state.services = svc
+    app.state.oidc = make_oauth(settings) if settings.auth == "oidc" else None
     return app
 
 
@@ -131,6 +146,10 @@ async def _startup(svc: Services) -> None:
     svc.chat = ChatService(
         store, svc.engine, settings, builder, fingerprint, svc.public_prefixes, svc.sampling_defaults
     )
+    if settings.auth != "none":
+        accounts = AccountService(store, settings, Passwords(), svc.chat, svc.engine)
+        await accounts.bootstrap()  # the first admin (first_admin), and expired sign-ins dropped
+        svc.accounts = accounts
     logger.info(
         "serving %s: %d KV blocks of %d tokens, max_model_len %d, sampling defaults %s",
         engine.model_name,
@@ -146,5 +165,7 @@ async def _shutdown(svc: Services) -> None:
     if svc.chat is not None:
         await svc.chat.shutdown(0.0)  # the replies it cut are stored before the store closes
     await svc.engine.stop()
+    if svc.accounts is not None:
+        svc.accounts.passwords.close()
     if svc.store is not None:
         await svc.store.close()

@@ -55,10 +55,13 @@ class RequestContextMiddleware:
     """Sets scope state `request_id`, `browser_id` and `new_browser_id`; adds X-Request-Id, security headers and a
     new cookie."""
 
-    def __init__(self, app: ASGIApp, *, signer: Signer, cookie_secure: bool = False) -> None:
+    def __init__(
+        self, app: ASGIApp, *, signer: Signer, cookie_secure: bool = False, browser_identity: bool = True
+    ) -> None:
         self.app = app
         self.signer = signer
         self.cookie_secure = cookie_secure
+        self.browser_identity = browser_identity  # False (accounts on): no browser cookie is handed out
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -72,6 +75,7 @@ class RequestContextMiddleware:
         set_cookie = None
         if (
             browser_id is None
+            and self.browser_identity
             and scope["type"] == "http"
             and not scope["path"].startswith(_NO_COOKIE_PREFIXES)
         ):

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from engine.core.config import EngineConfig
 from engine.core.options import option, options, parse_env, parse_value
@@ -26,6 +27,8 @@ _POSITIVE = (
     "flush_interval_s",
     "slow_reader_timeout_s",
     "header_timeout_s",
+    "account_session_days",
+    "invite_hours",
 )
 _NON_NEGATIVE = (
     "max_queued_requests",
@@ -45,6 +48,9 @@ SECRET_KEY_FILE = "secret_key"
 _LIMITS = "limits"
 _SAMPLING = "sampling defaults"
 _STORAGE = "storage"
+_ACCOUNTS = "accounts"
+AUTH_MODES = ("none", "local", "oidc")
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass(frozen=True)
@@ -172,6 +178,38 @@ class Settings:
     default_repetition_penalty: float | None = option(
         None, "repetition_penalty of requests that set none; unset: the model's, else 1.0", group=_SAMPLING
     )
+    # accounts (docs: README "Accounts"): who the chat's users are; the account is then the identity everywhere
+    auth: str = option(
+        "none",
+        "who the chat's users are: none (each browser's cookie, a single-user machine), local (accounts with "
+        "passwords), oidc (local accounts plus sign-in through an OpenID Connect provider)",
+        choices=AUTH_MODES,
+        group=_ACCOUNTS,
+    )
+    account_session_days: float = option(30.0, "how long a sign-in lasts", group=_ACCOUNTS)
+    invite_hours: float = option(72.0, "how long an invite link stays valid", group=_ACCOUNTS)
+    first_admin: str = option(
+        "",
+        "with accounts: at start, create this admin account unless an account of that name exists",
+        group=_ACCOUNTS,
+    )
+    first_admin_password: str = option(
+        "", "the first admin's password; flags show in ps, prefer the variable", group=_ACCOUNTS
+    )
+    oidc_issuer: str = option(
+        "",
+        "with --auth oidc: the provider's issuer URL (its /.well-known/openid-configuration is read)",
+        group=_ACCOUNTS,
+    )
+    oidc_client_id: str = option("", "with --auth oidc: this server's client id", group=_ACCOUNTS)
+    oidc_client_secret: str = option(
+        "",
+        "with --auth oidc: this server's client secret; flags show in ps, prefer the variable",
+        group=_ACCOUNTS,
+    )
+    oidc_scopes: str = option(
+        "openid profile email", "with --auth oidc: the scopes asked for", group=_ACCOUNTS
+    )
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
@@ -192,6 +230,31 @@ class Settings:
                 f"admin_token must be at least {ADMIN_TOKEN_MIN_CHARS} characters, got {len(self.admin_token)} "
                 "(generate one with: python -c 'import secrets; print(secrets.token_urlsafe(24))')"
             )
+        self._check_accounts()
+
+    def _check_accounts(self) -> None:
+        """The account flags make sense together: an issuer and a client id for oidc, a password with first_admin."""
+        if self.auth not in AUTH_MODES:
+            raise ValueError(f"auth must be one of {', '.join(AUTH_MODES)}, got {self.auth!r}")
+        if self.first_admin and self.auth == "none":
+            raise ValueError("first_admin needs accounts: add --auth local (or oidc)")
+        if self.first_admin and not self.first_admin_password:
+            raise ValueError(
+                f"first_admin {self.first_admin!r} needs a password: set PAGEDCHAT_FIRST_ADMIN_PASSWORD"
+            )
+        if self.auth != "oidc":
+            return
+        missing = [name for name in ("oidc_issuer", "oidc_client_id") if not getattr(self, name)]
+        if missing:
+            raise ValueError(f'--auth oidc needs {" and ".join(missing)} (see README "Accounts")')
+        parts = urlsplit(self.oidc_issuer)
+        loopback = parts.scheme == "http" and parts.hostname in LOOPBACK_HOSTS
+        if not parts.hostname or (parts.scheme != "https" and not loopback):
+            raise ValueError(
+                f"oidc_issuer must be an https:// URL (http:// only on loopback), got {self.oidc_issuer!r}"
+            )
+        if "openid" not in self.oidc_scopes.split():
+            raise ValueError(f"oidc_scopes must include openid, got {self.oidc_scopes!r}")
 
     @property
     def sampling_defaults(self) -> SamplingDefaults:

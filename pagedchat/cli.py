@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import sys
 
-USAGE = """usage: pagedchat {serve,generate,chat,bench} ...
+USAGE = """usage: pagedchat {serve,users,generate,chat,bench} ...
 
   serve      run the chat service: browser UI, OpenAI-compatible API, admin page
+  users      accounts of `serve --auth local|oidc`: add (the first admin), list, passwd, role
   generate   generate replies to prompts with the engine
   chat       interactive terminal chat
   bench      benchmarks: throughput, memory, serving, multiturn, quality
@@ -22,6 +23,10 @@ def main(argv: list[str] | None = None) -> int:
         from app.cli import serve_main
 
         return serve_main(rest)
+    if command == "users":
+        from app.users_cli import users_main
+
+        return users_main(rest)
     if command == "bench":
         from bench.cli import bench_main
 

@@ -13,6 +13,11 @@ export class ApiError extends Error {
   }
 }
 
+/** Accounts: the sign-in ended (signed out elsewhere, password changed): go to the sign-in page. */
+function toSignIn() {
+  location.assign("/login?next=" + encodeURIComponent(location.pathname));
+}
+
 /** fetch() a JSON endpoint; throws ApiError carrying the server's own message. */
 export async function api(method, path, body) {
   const init = { method, credentials: "same-origin", headers: { Accept: "application/json" } };
@@ -35,6 +40,7 @@ export async function api(method, path, body) {
   }
   if (!response.ok) {
     const error = (data && data.error) || {};
+    if (response.status === 401 && error.code === "not_signed_in") toSignIn();
     throw new ApiError(response.status, error.message || "HTTP " + response.status, error.param);
   }
   return data;
@@ -83,7 +89,9 @@ export class ChatSocket {
       clearInterval(this.pingTimer);
       if (this.ws !== ws || this.closedOnPurpose) return;
       this.ws = null;
-      if (event.code === CloseCode.SESSION_NOT_FOUND) {
+      if (event.code === CloseCode.NOT_SIGNED_IN) {
+        toSignIn();
+      } else if (event.code === CloseCode.SESSION_NOT_FOUND) {
         this.handlers.gone("This chat no longer exists.");
       } else if (event.code === CloseCode.POLICY_VIOLATION) {
         this.handlers.gone("The server refused the chat connection (reload the page to get a new identity).");

@@ -47,5 +47,7 @@ export const FinishReason = Object.freeze({
 /** Socket close codes after which reconnecting cannot help. */
 export const CloseCode = Object.freeze({
   POLICY_VIOLATION: 1008,
+  // accounts: the socket's sign-in is missing or ended (the page goes to the sign-in page)
+  NOT_SIGNED_IN: 4401,
   SESSION_NOT_FOUND: 4404,
 });

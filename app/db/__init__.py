@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from app.db.accounts import AccountConflict, InviteRecord, UserRecord
 from app.db.models import MessageStatus
 from app.db.presets import PresetRef
 from app.db.quota import QuotaExceeded, StorageQuota
@@ -9,6 +10,8 @@ from app.db.records import MessageRecord, PresetNameTaken, PresetRecord, Session
 from app.db.store import Store
 
 __all__ = [
+    "AccountConflict",
+    "InviteRecord",
     "MessageRecord",
     "MessageStatus",
     "PresetNameTaken",
@@ -19,4 +22,5 @@ __all__ = [
     "StorageQuota",
     "Store",
     "StoreUnavailable",
+    "UserRecord",
 ]

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from sqlalchemy.orm import Session
 
 from app.db import admin_sessions, queries
+from app.db.account_store import AccountStore
 from app.db.database import DEFAULT_BUSY_TIMEOUT_MS
 from app.db.models import FINAL_ASSISTANT_STATUSES, ROLES, MessageStatus, utcnow
 from app.db.preset_store import PresetMethods
@@ -25,8 +26,9 @@ T = TypeVar("T")
 MAX_TITLE_CHARS = 200
 
 
-class Store(PresetMethods, StoreThreads):
-    """Sessions, messages, presets (PresetMethods) and admin sign-ins in a SQL database (SQLite in WAL mode by default); records out, never
+class Store(PresetMethods, AccountStore, StoreThreads):
+    """Sessions, messages, presets (PresetMethods), admin sign-ins and accounts (app/db/account_store.py) in a SQL
+    database (SQLite in WAL mode by default); records out, never
     ORM objects.
 
     Owner-scoped calls treat another owner's session as missing (None / False). Database failures raise

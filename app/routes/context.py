@@ -24,6 +24,7 @@ from engine.core.sampling_defaults import BUILTIN, SamplingDefaults
 
 if TYPE_CHECKING:
     from app.db.store import Store
+    from app.services.accounts import AccountService
     from app.services.chat_service import ChatService
     from app.services.public_prefix import PublicPrefixes
 
@@ -85,6 +86,11 @@ class Services:
     limiter: ClientLimiter = field(init=False)
     identities: IdentityLimiter = field(init=False)
     login_throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    # accounts (--auth local|oidc): set at startup; sign-ins with a wrong password are throttled per address
+    accounts: AccountService | None = None
+    password_throttle: LoginThrottle = field(
+        default_factory=lambda: LoginThrottle(what="wrong usernames or passwords")
+    )
     draining_since: float | None = None  # set when a shutdown signal arrives: no new replies from then on
     # set when the grace period is over: every stream sends its final event and ends, every socket closes
     closing: Flag = field(default_factory=Flag)

@@ -21,7 +21,7 @@ from app.routes.errors import error_response
 from app.routes.openai_input import check_model, requested_cache_salt
 from app.routes.openai_input import prompt_ids as prompt_input
 from app.routes.params import read_json_object
-from app.routes.security import require_api_key
+from app.routes.security import api_caller
 from app.routes.sse import event_stream
 from app.services.errors import bad_request, from_exception
 from app.services.limits import Lease
@@ -66,7 +66,7 @@ class _Call:
 async def list_models(request: Request) -> Response:
     """The one model this server serves."""
     svc = services(request)
-    require_api_key(request, svc.settings)
+    api_caller(request, svc.settings)
     engine = svc.engine.engine
     data = []
     if engine is not None:
@@ -99,7 +99,7 @@ async def _handle(request: Request, kind: str) -> Response:
     svc = services(request)
     lease: Lease | None = None
     try:
-        owner = require_api_key(request, svc.settings)
+        owner = api_caller(request, svc.settings)
         lease = svc.admit(request, owner)  # shutting down (503) or over a client limit (429)
         call = await _start(request, svc, kind, owner)
     except Exception as exc:  # noqa: BLE001 - every failure before streaming becomes an API error

@@ -13,6 +13,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from app.routes.account_auth import signed_in_account
 from app.routes.admin_auth import (
     admin_cookie_header,
     check_attempts,
@@ -63,10 +64,15 @@ def _render(
 
 
 async def chat_page(request: Request) -> Response:
-    """GET /: the chat UI (the middleware hands out the browser cookie that owns its sessions)."""
+    """GET /: the chat UI (the middleware hands out the browser cookie that owns its sessions); with accounts on,
+    the sign-in page first."""
     svc = services(request)
+    account = signed_in_account(request) if svc.settings.auth != "none" else None
+    if svc.settings.auth != "none" and account is None:
+        return RedirectResponse("/login", status_code=303, headers=NO_STORE)
     model = svc.engine.engine.model_name if svc.engine.engine is not None else svc.settings.model
     context = {
+        "account": account.user.username if account is not None else None,
         "model_name": model,
         "sampling_defaults": svc.sampling_defaults,
         "sampling_source": sampling_source_text(svc.sampling_sources),

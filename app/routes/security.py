@@ -11,6 +11,8 @@ from urllib.parse import urlsplit
 from itsdangerous import BadSignature, Signer
 from starlette.requests import HTTPConnection
 
+from app.routes.account_auth import require_account, signed_in_account
+from app.routes.csrf import check_browser_write
 from app.services.errors import APIError
 from app.settings import Settings
 
@@ -81,6 +83,23 @@ def _matches_any(candidate: str, secrets_: tuple[str, ...]) -> bool:
     return found
 
 
+def api_caller(conn: HTTPConnection, settings: Settings) -> str | None:
+    """On /v1: the caller's owner id. With accounts on, an API key (when keys are set and one is sent) or the
+    signed-in account (401 otherwise); without, what `require_api_key` says."""
+    if settings.auth == "none" or (settings.api_keys and bearer_token(conn) is not None):
+        return require_api_key(conn, settings)
+    account = signed_in_account(conn)
+    if account is None:
+        key_hint = " or send an API key" if settings.api_keys else ""
+        raise APIError(
+            401,
+            f"not signed in: /v1 needs an account here; sign in at /login{key_hint}",
+            code="not_signed_in",
+        )
+    check_browser_write(conn, settings)  # the cookie authenticates it, whichever page sent it
+    return account.owner
+
+
 def require_api_key(conn: HTTPConnection, settings: Settings) -> str | None:
     """On /v1: the caller's owner id when keys are configured (401 otherwise); None when no keys are set."""
     if not settings.api_keys:
@@ -94,11 +113,15 @@ def require_api_key(conn: HTTPConnection, settings: Settings) -> str | None:
 
 
 def session_owner(conn: HTTPConnection, settings: Settings) -> str:
-    """Who owns the sessions this caller may touch: its API key if it sends one, else its browser cookie."""
+    """THE identity of a caller, for everything keyed on who it is (its chats, quotas, rate limits, prefix-cache
+    salt, presets): its API key if it sends one; else, with accounts on (`--auth local|oidc`), its signed-in
+    account (401 when not signed in); else its browser cookie."""
     if settings.api_keys and bearer_token(conn) is not None:
         owner = require_api_key(conn, settings)
         assert owner is not None
         return owner
+    if settings.auth != "none":
+        return require_account(conn).owner
     browser_id = conn.scope.get("state", {}).get("browser_id")
     if not browser_id:
         raise APIError(
@@ -155,6 +178,8 @@ def client_identity(conn: HTTPConnection, owner: str | None = None) -> str:
     """Who a limit applies to: the session owner or API key when known, else the browser cookie, else the address."""
     if owner:
         return owner
+    if (account := signed_in_account(conn)) is not None:
+        return account.owner
     token = bearer_token(conn)
     if token is not None:
         return "key:" + key_fingerprint(token)

@@ -19,6 +19,7 @@ from app.routes.openai_format import sse_json
 from app.routes.params import read_json_object
 from app.routes.security import BROWSER_OWNER, session_owner
 from app.routes.sse import event_stream
+from app.services.accounts import ACCOUNT_OWNER
 from app.services.chat_reply import SHUTDOWN, Reply
 from app.services.chat_service import ChatService, ReplyMode
 from app.services.chat_settings import check_session_settings
@@ -42,7 +43,7 @@ def _api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
                 raise APIError(503, "the service is still starting", headers={"Retry-After": "2"})
             owner = session_owner(request, svc.settings)
             # the cookie authenticates it, whichever page sent the request: refuse writes from other sites
-            if owner.startswith(BROWSER_OWNER):
+            if owner.startswith((BROWSER_OWNER, ACCOUNT_OWNER)):
                 check_browser_write(request, svc.settings)
             return await handler(request, svc, owner)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an API error

@@ -5,6 +5,9 @@ Client → server: {"type": "message", "content": str} · {"type": "stop"} · {"
 Server → client: start · assistant_start · delta {text} · done {message, usage, timings, reason?} · error {status,
 code, message, param} · stop_ack {stopped} · pong.
 
+With accounts on, a socket without a sign-in gets an error frame (code `not_signed_in`) and closes with 4401; so does
+a reply frame sent after the socket's sign-in ended (sign-out elsewhere, a password change, a disabled account).
+
 At shutdown, once the grace period is over, a running reply ends with its `done` (reason `shutdown`), then an error
 frame with code `server_shutdown` says why, and the socket closes with 1001 (going away).
 """
@@ -21,6 +24,7 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.db import MessageStatus
+from app.routes.account_auth import check_still_signed_in
 from app.routes.context import END_WAIT_S, Services, services
 from app.routes.params import check_unicode
 from app.routes.security import origin_allowed, session_owner
@@ -33,6 +37,7 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_TOO_BIG = 1009
 CLOSE_TRY_AGAIN_LATER = 1013
+CLOSE_NOT_SIGNED_IN = 4401  # accounts: the socket's sign-in is missing or ended
 CLOSE_SESSION_NOT_FOUND = 4404
 REPLY_FRAMES = {"message": ReplyMode.SEND, "regenerate": ReplyMode.REGENERATE, "edit": ReplyMode.EDIT}
 
@@ -78,8 +83,13 @@ async def chat_socket(websocket: WebSocket) -> None:
         return
     try:
         owner = session_owner(websocket, svc.settings)
-    except APIError:
-        await websocket.close(code=CLOSE_POLICY_VIOLATION)
+    except APIError as exc:
+        if exc.code == "not_signed_in":  # accounts: say why, so that the page can go to the sign-in page
+            await websocket.accept()
+            await websocket.send_text(json.dumps(error_frame(exc)))
+            await websocket.close(code=CLOSE_NOT_SIGNED_IN, reason="not signed in")
+        else:  # no browser cookie (policy), or the sign-in could not be checked (the database is down)
+            await websocket.close(code=CLOSE_TRY_AGAIN_LATER if exc.status == 503 else CLOSE_POLICY_VIOLATION)
         return
     if svc.store is None or svc.chat is None:
         await websocket.close(code=CLOSE_TRY_AGAIN_LATER)
@@ -151,6 +161,8 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str) ->
                 elif kind == "stop":
                     await socket.send({"type": "stop_ack", "stopped": chat.stop(session_id)})
                 elif kind in REPLY_FRAMES:
+                    # signed out since the socket opened (elsewhere, a password change, disabled): 401
+                    await check_still_signed_in(socket.websocket, svc)
                     # shutting down (503) or over a client limit (429)
                     lease = svc.admit(socket.websocket, owner)
                     mode = REPLY_FRAMES[kind]
@@ -164,8 +176,12 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str) ->
             except WebSocketDisconnect:
                 raise
             except Exception as exc:  # noqa: BLE001 - bad input or a busy session: an error frame, socket stays open
+                error = from_exception(exc)
                 try:
-                    await socket.send(error_frame(from_exception(exc)))
+                    await socket.send(error_frame(error))
+                    if error.code == "not_signed_in":
+                        await socket.websocket.close(code=CLOSE_NOT_SIGNED_IN, reason="not signed in")
+                        return
                 except Exception:  # noqa: BLE001 - the client is gone (a send on a closed socket raises)
                     return
     except WebSocketDisconnect:

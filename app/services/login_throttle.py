@@ -1,4 +1,5 @@
-"""Admin sign-in attempts per client address: a few free failures, then an exponentially growing wait."""
+"""Sign-in attempts per client address (admin tokens; account passwords): a few free failures, then an exponentially
+growing wait."""
 
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ class LoginThrottle:
     15 min), so 1,000 guesses take days instead of seconds.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, what: str = "wrong admin tokens") -> None:
         self._clock = clock
+        self.what = what  # what the 429 says this address sent too many of
         self._failures: OrderedDict[str, _Failures] = OrderedDict()  # most recently failed last
         self.num_refused = 0
 
@@ -53,7 +55,7 @@ class LoginThrottle:
             retry = max(1, math.ceil(entry.locked_until - now))
             raise APIError(
                 429,
-                f"too many wrong admin tokens from this address: retry in {retry} s",
+                f"too many {self.what} from this address: retry in {retry} s",
                 code="too_many_attempts",
                 headers={"Retry-After": str(retry)},
             )

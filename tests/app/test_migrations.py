@@ -17,7 +17,16 @@ from sqlalchemy.exc import IntegrityError
 from app.db.database import alembic_config, create_db_engine, migrations_dir, upgrade_to_head
 from app.db.models import Base
 
-TABLES = ["admin_sessions", "alembic_version", "chat_sessions", "messages", "presets"]
+TABLES = [
+    "admin_sessions",
+    "alembic_version",
+    "chat_sessions",
+    "invites",
+    "messages",
+    "presets",
+    "user_sessions",
+    "users",
+]
 
 
 def make_db(tmp_path: Path) -> str:
@@ -28,8 +37,8 @@ def test_migrations_folder_is_found_with_a_single_head() -> None:
     path = migrations_dir()
     assert path == Path(__file__).resolve().parents[2] / "migrations"
     script = ScriptDirectory.from_config(alembic_config("sqlite://"))
-    assert script.get_heads() == ["0003"]
-    assert [rev.revision for rev in script.walk_revisions()] == ["0003", "0002", "0001"]
+    assert script.get_heads() == ["0004"]
+    assert [rev.revision for rev in script.walk_revisions()] == ["0004", "0003", "0002", "0001"]
 
 
 def test_upgrade_from_empty_to_head_creates_the_schema(tmp_path: Path) -> None:
@@ -44,7 +53,7 @@ def test_upgrade_from_empty_to_head_creates_the_schema(tmp_path: Path) -> None:
     ]
     assert insp.get_foreign_keys("messages")[0]["options"] == {"ondelete": "CASCADE"}
     with engine.connect() as conn:
-        assert MigrationContext.configure(conn).get_current_revision() == "0003"
+        assert MigrationContext.configure(conn).get_current_revision() == "0004"
     engine.dispose()
 
 

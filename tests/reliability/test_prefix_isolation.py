@@ -226,3 +226,62 @@ def test_guess_attack_across_api_keys(tmp_path, tokenizer):
         assert session_cached(browser(server), SECRET[0]["content"])[0] == 0  # a cookie is another tenant
     finally:
         stop_server(server)
+
+
+# ---- accounts as the identity (--auth local): the salt, quotas and rate limits key on the account ----------------
+ACCOUNT_PASSWORD = "account password 1"
+
+
+@pytest.fixture(scope="module")
+def accounts_app(tmp_path_factory):
+    """An in-process app with accounts, a sessions quota and a request rate per client."""
+    with make_client(
+        tmp_path_factory.mktemp("accounts-isolation"),
+        auth="local",
+        first_admin="root",
+        first_admin_password=ACCOUNT_PASSWORD,
+        max_sessions_per_owner=6,
+        client_requests_per_minute=8,
+    ) as running:
+        admin = signed_in(running, "root")
+        for name in ("ann", "ben", "cy", "dee"):
+            created = admin.post("/api/users", json={"username": name, "password": ACCOUNT_PASSWORD})
+            assert created.status_code == 201, created.text
+        yield running
+
+
+def signed_in(running, username: str) -> Any:
+    """A new browser (its own cookie jar) signed in as `username`."""
+    device = peer(running)
+    response = device.post("/auth/login", json={"username": username, "password": ACCOUNT_PASSWORD})
+    assert response.status_code == 200, response.text
+    return device
+
+
+def test_guess_attack_across_accounts_and_one_cache_across_an_accounts_devices(accounts_app):
+    laptop, phone = signed_in(accounts_app, "ann"), signed_in(accounts_app, "ann")
+    attacker = signed_in(accounts_app, "ben")
+    system = secret("accounts")[0]["content"]
+    assert session_cached(laptop, system)[0] == 0
+    hit, num_prompt = session_cached(phone, system)
+    assert hit == full_blocks(num_prompt) > 0  # another device of the same account: the same tenant
+    assert session_cached(attacker, system)[0] == 0  # another account: no hit, whatever the guess
+    messages = secret("accounts-v1")
+    assert v1_cached(laptop, messages)[0] == 0  # /v1 with the account's cookie: the account's own cache
+    assert v1_cached(phone, messages)[0] == full_blocks(v1_cached(laptop, messages)[1])
+    assert v1_cached(attacker, messages)[0] == 0
+    assert session_cached(laptop, system)[0] == hit  # the attacker disturbed nothing
+
+
+def test_quotas_and_rate_limits_count_the_account_across_its_devices(accounts_app):
+    laptop, phone, other = (signed_in(accounts_app, n) for n in ("cy", "cy", "dee"))
+    statuses = [device.post("/api/sessions", json={}).status_code for device in (laptop, phone) * 4]
+    assert statuses == [201] * 6 + [403] * 2  # max_sessions_per_owner counts both devices together
+    assert other.post("/api/sessions", json={}).status_code == 201
+    hello = [{"role": "user", "content": "hi"}]
+    codes = [
+        device.post("/v1/chat/completions", json={"messages": hello, "max_tokens": 1}).status_code
+        for device in (laptop, phone) * 5
+    ]
+    assert codes == [200] * 8 + [429] * 2  # client_requests_per_minute: one client, however many devices
+    assert other.post("/v1/chat/completions", json={"messages": hello, "max_tokens": 1}).status_code == 200

@@ -1,0 +1,272 @@
+"""Accounts (`--auth local|oidc`): sign-in and sign-out, passwords, invites, and what an account's deletion takes
+with it. The signed-in account is the identity everywhere: its owner id `user:<id>` owns its chats, and is the
+prefix-cache salt, the quota owner and the rate-limit client of its requests.
+
+HTTP lives in app/routes/accounts.py; this module sees plain values and the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+
+from app.db import AccountConflict, InviteRecord, MessageStatus, Store, UserRecord
+from app.services.async_engine import AsyncEngine
+from app.services.chat_service import ChatService
+from app.services.errors import APIError
+from app.services.passwords import Passwords, check_password, normalize_username
+from app.settings import Settings
+
+logger = logging.getLogger(__name__)
+ACCOUNT_OWNER = (
+    "user:"  # owner ids of accounts start with this (browser cookies: "browser:", API keys: "key:")
+)
+WRONG_CREDENTIALS = "wrong username or password"
+PURGE_WAIT_S = 5.0  # how long a deletion waits for the disk tier's queued writes before purging again
+
+
+def account_owner(user_id: str) -> str:
+    """The owner id (and prefix-cache salt) of an account."""
+    return ACCOUNT_OWNER + user_id
+
+
+def secret_hash(secret: str) -> str:
+    """What the database keeps of a sign-in's or an invite's secret: its SHA-256, hex."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Account:
+    """The signed-in account of a request: who, and the sign-in it came with (`session_hash`)."""
+
+    user: UserRecord
+    session_hash: str
+
+    @property
+    def owner(self) -> str:
+        return account_owner(self.user.id)
+
+
+@dataclass(frozen=True)
+class SignIn:
+    """A new sign-in: its account and the secret its cookie carries."""
+
+    user: UserRecord
+    secret: str
+
+
+def conflict(exc: AccountConflict) -> APIError:
+    """An account rule the write would break, as a 409."""
+    return APIError(409, str(exc), code="account_conflict")
+
+
+class AccountService:
+    """Accounts over the store; `chat` and `engine` are told when an account goes (its replies stop, its cached
+    blocks are forgotten)."""
+
+    def __init__(
+        self, store: Store, settings: Settings, passwords: Passwords, chat: ChatService, engine: AsyncEngine
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.passwords = passwords
+        self.chat = chat
+        self.engine = engine
+
+    @property
+    def session_lifetime_s(self) -> float:
+        return self.settings.account_session_days * 86400
+
+    async def bootstrap(self) -> None:
+        """At start: the first admin from the settings (`first_admin`), unless that name exists; old rows go."""
+        await self.store.drop_expired_accounts_rows()
+        if not self.settings.first_admin:
+            return
+        username = normalize_username(self.settings.first_admin)
+        password_hash = await self.passwords.hash(check_password(self.settings.first_admin_password))
+        if await self.store.ensure_admin(username, password_hash):
+            logger.warning("created the first admin account %r (first_admin)", username)
+
+    async def current(self, secret: str) -> Account | None:
+        """The account a session cookie's secret signs in, or None (unknown, expired, revoked, disabled)."""
+        session_hash = secret_hash(secret)
+        user = await self.store.session_user(session_hash)
+        return None if user is None else Account(user, session_hash)
+
+    async def sign_in(self, username: object, password: object, client: str) -> SignIn:
+        """Check a username and password and record a sign-in; 401 when they do not match (the same answer for
+        an unknown name), 403 for a disabled account."""
+        if not isinstance(password, str) or not isinstance(username, str):
+            raise APIError(400, "send the username and the password as strings", code="invalid_request")
+        try:
+            name = normalize_username(username)
+        except ValueError:
+            name = None
+        found = await self.store.user_credentials(name) if name else None
+        user, stored = found if found is not None else (None, None)
+        if not await self.passwords.verify(stored, password[: 4 * 1024]) or user is None or stored is None:
+            raise APIError(401, WRONG_CREDENTIALS, code="invalid_credentials")
+        if user.disabled:
+            raise APIError(403, "this account is disabled: ask an admin", code="account_disabled")
+        if self.passwords.needs_rehash(stored):  # made with older parameters: store today's
+            await self.store.set_password(user.id, await self.passwords.hash(password), revoke=False)
+            logger.info("rehashed the password of %r with the current argon2 parameters", user.username)
+        return await self.start_session(user, client)
+
+    async def start_session(self, user: UserRecord, client: str) -> SignIn:
+        """Record a sign-in of `user` (already authenticated)."""
+        if user.disabled:
+            raise APIError(403, "this account is disabled: ask an admin", code="account_disabled")
+        secret = secrets.token_urlsafe(32)
+        await self.store.create_user_session(secret_hash(secret), user.id, client, self.session_lifetime_s)
+        return SignIn(user, secret)
+
+    async def sign_out(self, account: Account) -> bool:
+        """End this sign-in on the server (a copy of its cookie is worthless from now on)."""
+        return await self.store.revoke_user_session(account.session_hash)
+
+    async def change_password(self, account: Account, current: object, new: object, client: str) -> SignIn:
+        """Check the current password, store the new one and end every sign-in of the account; the caller gets a
+        fresh one. 403 when the current password is wrong."""
+        if not isinstance(current, str):
+            raise APIError(400, "send current_password as a string", code="invalid_request")
+        new_password = _checked(new)
+        found = await self.store.user_credentials(account.user.username)
+        stored = found[1] if found is not None else None
+        if not await self.passwords.verify(stored, current):
+            raise APIError(403, "the current password is wrong", code="invalid_credentials")
+        await self.store.set_password(account.user.id, await self.passwords.hash(new_password), revoke=True)
+        return await self.start_session(account.user, client)
+
+    async def create_user(self, username: object, password: object, role: object) -> UserRecord:
+        """An admin creates an account with a password."""
+        name, role_ = _name_and_role(username, role)
+        password_hash = await self.passwords.hash(_checked(password))
+        try:
+            return await self.store.create_user(name, password_hash, role_)
+        except AccountConflict as exc:
+            raise conflict(exc) from None
+
+    async def invite(self, admin: Account, username: object, role: object) -> tuple[str, InviteRecord]:
+        """An admin invites a new account: the one-time token of its link, and the invite."""
+        name, role_ = _name_and_role(username, role)
+        token = secrets.token_urlsafe(32)
+        lifetime_s = self.settings.invite_hours * 3600
+        try:
+            record = await self.store.create_invite(
+                secret_hash(token), name, role_, admin.user.id, lifetime_s
+            )
+        except AccountConflict as exc:
+            raise conflict(exc) from None
+        return token, record
+
+    async def invite_for(self, token: object) -> InviteRecord:
+        """The live invite of a token; 404 when it is unknown, used or expired."""
+        record = await self.store.get_invite(secret_hash(token)) if isinstance(token, str) and token else None
+        if record is None:
+            raise _invite_gone()
+        return record
+
+    async def accept_invite(self, token: object, password: object, client: str) -> SignIn:
+        """The invitee sets a password: the account exists from now on and this browser is signed in."""
+        await self.invite_for(token)
+        password_hash = await self.passwords.hash(_checked(password))
+        assert isinstance(token, str)
+        try:
+            user = await self.store.accept_invite(secret_hash(token), password_hash)
+        except AccountConflict as exc:
+            raise conflict(exc) from None
+        if user is None:  # used by another request while this one hashed
+            raise _invite_gone()
+        return await self.start_session(user, client)
+
+    async def update_user(self, user_id: str, role: object = None, disabled: object = None) -> UserRecord:
+        """An admin changes a role, or disables (ending every sign-in) or enables an account."""
+        if role is not None and role not in ("admin", "user"):
+            raise APIError(400, f"role must be admin or user, got {str(role)[:40]!r}", param="role")
+        if disabled is not None and not isinstance(disabled, bool):
+            raise APIError(400, "disabled must be true or false", param="disabled")
+        try:
+            user = await self.store.update_user(user_id, role=role, disabled=disabled)  # type: ignore[arg-type]
+        except AccountConflict as exc:
+            raise conflict(exc) from None
+        if user is None:
+            raise APIError(404, f"account {user_id[:40]!r} not found", code="not_found")
+        return user
+
+    async def delete_user(self, user_id: str) -> int:
+        """Delete an account with its sign-ins and chats (their running replies stop first), then forget its
+        cached blocks; returns how many disk-tier files went."""
+        owner = account_owner(user_id)
+        for session in await self.store.list_sessions(owner):
+            self.chat.stop(session.id, status=MessageStatus.INTERRUPTED)
+        try:
+            deleted = await self.store.delete_user(user_id, owner)
+        except AccountConflict as exc:
+            raise conflict(exc) from None
+        if not deleted:
+            raise APIError(404, f"account {user_id[:40]!r} not found", code="not_found")
+        num_files = await self.forget_cached_blocks(owner)
+        logger.warning(
+            "deleted account %s with its chats; %d cached blocks left the disk tier", user_id, num_files
+        )
+        return num_files
+
+    async def forget_cached_blocks(self, owner: str) -> int:
+        """Purge the owner's salt from the disk tier (`LLMEngine.purge_cache_salt`), on the engine thread after
+        the aborts queued before it; blocks those aborts freed may still wait in the tier's write queue, so once
+        it is empty (within PURGE_WAIT_S) the purge runs again. Blocks in the RAM pool keep a salt that no
+        request carries again (user ids are never reused), so no one can hit them; they age out by LRU."""
+        num_files = await self.engine.call(lambda engine: engine.purge_cache_salt(owner))
+        deadline = time.monotonic() + PURGE_WAIT_S
+        while time.monotonic() < deadline:
+            tier = (await self.engine.stats()).tier
+            if tier is None or tier.write_queue_depth == 0:
+                break
+            await asyncio.sleep(0.02)
+        return num_files + await self.engine.call(lambda engine: engine.purge_cache_salt(owner))
+
+    async def oidc_account(self, issuer: str, subject: str, claims: dict[str, object]) -> UserRecord:
+        """The account of a verified OpenID Connect identity, made on its first sign-in; its username is the
+        provider's preferred_username or email where free, else one derived from the subject."""
+        candidates = []
+        for key in ("preferred_username", "email"):
+            try:
+                candidates.append(normalize_username(claims.get(key)))
+            except ValueError:
+                continue
+        unique = "oidc-" + hashlib.sha256(f"{issuer}\n{subject}".encode()).hexdigest()[:16]
+        try:
+            return await self.store.oidc_user(issuer, subject, [*candidates, unique])
+        except AccountConflict as exc:
+            raise conflict(exc) from None
+
+
+def _checked(password: object) -> str:
+    try:
+        return check_password(password)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="password") from None
+
+
+def _name_and_role(username: object, role: object) -> tuple[str, str]:
+    try:
+        name = normalize_username(username)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="username") from None
+    role = "user" if role is None else role
+    if role not in ("admin", "user"):
+        raise APIError(400, f"role must be admin or user, got {str(role)[:40]!r}", param="role")
+    return name, str(role)
+
+
+def _invite_gone() -> APIError:
+    return APIError(
+        404,
+        "this invite link is not valid: it was used, it expired, or it was mistyped",
+        code="invite_not_found",
+    )

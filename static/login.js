@@ -1,0 +1,37 @@
+// The sign-in page: the form posts JSON to /auth/login, then the browser goes where it was headed.
+const form = document.getElementById("login-form");
+const error = document.getElementById("login-error");
+const button = document.getElementById("sign-in");
+const next = new URLSearchParams(location.search).get("next") || "/";
+
+const oidc = document.getElementById("oidc-sign-in");
+if (oidc) oidc.href = "/auth/oidc/login?next=" + encodeURIComponent(next);
+
+form.addEventListener("submit", async (event) => {
+  event.preventDefault();
+  error.textContent = "";
+  button.disabled = true;
+  try {
+    const response = await fetch("/auth/login", {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "Content-Type": "application/json", Accept: "application/json" },
+      body: JSON.stringify({
+        username: form.username.value,
+        password: form.password.value,
+        next,
+      }),
+    });
+    const data = await response.json().catch(() => null);
+    if (!response.ok) {
+      error.textContent = data && data.error ? data.error.message : "Sign-in failed (HTTP " + response.status + ").";
+      form.password.select();
+      return;
+    }
+    location.assign(data.next || "/");
+  } catch (e) {
+    error.textContent = "The server cannot be reached. Is it running?";
+  } finally {
+    button.disabled = false;
+  }
+});

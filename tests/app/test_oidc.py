@@ -1,0 +1,97 @@
+"""OpenID Connect sign-in (`--auth oidc`) end to end: pagedchat and the test provider (tests/app/oidc_provider.py)
+both served on 127.0.0.1, an httpx client following the redirects as a browser would. The flow uses PKCE, state and
+nonce; a token for another audience, signed by another key, naming another issuer or nonce, or a denied consent signs
+no one in and says why."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from app.main import create_app
+from tests.app.factories import make_settings, make_tiny_model_dir
+from tests.app.oidc_provider import CLIENT_ID, CLIENT_SECRET, free_port, running_provider, serve_in_thread
+
+
+@pytest.fixture(scope="module")
+def provider():
+    with running_provider() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, provider) -> str:
+    settings = make_settings(
+        tmp_path_factory.mktemp("oidc"),
+        make_tiny_model_dir(),
+        auth="oidc",
+        oidc_issuer=provider.issuer,
+        oidc_client_id=CLIENT_ID,
+        oidc_client_secret=CLIENT_SECRET,
+    )
+    with serve_in_thread(create_app(settings), free_port()) as base_url:
+        yield base_url
+
+
+@pytest.fixture
+def faults(provider):
+    provider.faults.clear()
+    yield provider.faults
+    provider.faults.clear()
+
+
+def browser(server: str) -> httpx.Client:
+    return httpx.Client(base_url=server, follow_redirects=True, timeout=30)
+
+
+def test_sign_in_through_the_provider_makes_one_account_per_identity(server, provider, faults):
+    with browser(server) as client:
+        assert client.get("/").url.path == "/login"
+        assert 'id="oidc-sign-in"' in client.get("/login").text
+        landed = client.get("/auth/oidc/login", params={"next": "/account"})
+        assert (landed.status_code, landed.url.path) == (200, "/account")
+        hops = [str(r.url).split("?")[0] for r in landed.history]
+        assert hops == [
+            f"{server}/auth/oidc/login",
+            f"{provider.issuer}/authorize",
+            f"{server}/auth/oidc/callback",
+        ]
+        me = client.get("/auth/me").json()["user"]
+        assert (me["username"], me["oidc"], me["password"], me["role"]) == ("tess", True, False, "user")
+        created = client.post(
+            "/api/sessions", json={"title": "from the provider"}, headers={"origin": server}
+        )
+        assert created.status_code == 201, created.text
+    exchange = provider.token_requests[-1]
+    assert exchange["grant_type"] == "authorization_code" and len(exchange["code_verifier"]) >= 43  # PKCE
+    with browser(server) as again:  # another device, the same identity: the same account and chats
+        again.get("/auth/oidc/login")
+        assert again.get("/auth/me").json()["user"]["id"] == me["id"]
+        assert [s["title"] for s in again.get("/api/sessions").json()["sessions"]] == ["from the provider"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("wrong_audience", "aud"),
+        ("foreign_key", "signature"),
+        ("wrong_issuer", "iss"),
+        ("wrong_nonce", "nonce"),
+        ("deny", "access_denied: the user said no"),
+    ],
+)
+def test_a_bad_answer_from_the_provider_signs_no_one_in(server, faults, fault, reason):
+    faults.add(fault)
+    with browser(server) as client:
+        refused = client.get("/auth/oidc/login")
+        assert (refused.status_code, refused.url.path) == (401, "/auth/oidc/callback")
+        assert "Sign-in through the provider was refused:" in refused.text and reason in refused.text
+        assert "pagedchat_session" not in client.cookies
+        assert client.get("/api/sessions").status_code == 401
+
+
+def test_a_callback_without_its_flow_is_refused(server, faults):
+    with browser(server) as client:
+        forged = client.get("/auth/oidc/callback", params={"code": "stolen", "state": "guessed"})
+        assert forged.status_code == 401 and "mismatching_state" in forged.text
+        assert "pagedchat_session" not in client.cookies

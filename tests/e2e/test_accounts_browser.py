@@ -1,0 +1,146 @@
+"""Accounts in a real headless Chromium against `pagedchat serve --auth local`: the sign-in page leads to the chat,
+two devices of one account see the same chats, and sign-out ends the sign-in on the server. Every page is checked for
+console errors (a CSP violation fails the test). Screenshots land in test-artifacts/."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from bench.servers import stop_server
+from tests.e2e.browser_helpers import REPLY_TIMEOUT_MS, expect, last_reply, screenshot, send
+from tests.e2e.conftest import Server, server_env, start_server
+from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS, WIDE
+
+pytestmark = pytest.mark.browser
+USER, PASSWORD = "uma", "uma's password 1"
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    """One headless Chromium for the module (Debian's; skipped without it)."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"no browser: {CHROMIUM} is missing (`apt-get install chromium`)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def accounts_server(tmp_path_factory, tiny_model) -> Iterator[Server]:
+    tmp_path = tmp_path_factory.mktemp("accounts-server")
+    env = server_env(
+        tmp_path,
+        tiny_model,
+        PAGEDCHAT_AUTH="local",
+        PAGEDCHAT_FIRST_ADMIN=USER,
+        PAGEDCHAT_FIRST_ADMIN_PASSWORD=PASSWORD,
+        PAGEDCHAT_DEFAULT_MAX_TOKENS="8",
+    )
+    running = start_server(tmp_path, env)
+    yield running
+    stop_server(running)
+
+
+@pytest.fixture
+def device(chromium, accounts_server) -> Iterator[Callable[[], Any]]:
+    """New browser contexts (devices: their own cookies); afterwards, fail on any console error they logged."""
+    contexts: list[Any] = []
+    problems: list[str] = []
+
+    def new_device() -> Any:
+        context = chromium.new_context(viewport=WIDE, base_url=accounts_server.base_url)
+        contexts.append(context)
+        page = context.new_page()
+        page.on(
+            "console",
+            lambda m: (
+                problems.append(f"{page.url}: {m.text}")
+                if m.type == "error" and "status of 401" not in m.text  # the wrong password's answer
+                else None
+            ),
+        )
+        page.on("pageerror", lambda error: problems.append(f"{page.url}: page error: {error}"))
+        return page
+
+    yield new_device
+    for context in contexts:
+        context.close()
+    assert problems == []
+
+
+def sign_in(page: Any, password: str = PASSWORD) -> None:
+    """From any page: the sign-in form, then the chat."""
+    page.goto("/")
+    page.wait_for_selector("#login-form")
+    page.fill("#username", USER)
+    page.fill("#password", password)
+    page.click("#sign-in")
+
+
+def test_the_sign_in_page_leads_to_the_chat(device):
+    page = device()
+    page.goto("/")
+    assert page.url.endswith("/login")  # the chat page sent the browser to sign in
+    expect(page.locator("h1")).to_have_text("Sign in")
+    screenshot(page, "accounts-sign-in.png")
+    page.fill("#username", USER)
+    page.fill("#password", "not the password")
+    page.click("#sign-in")
+    expect(page.locator("#login-error")).to_have_text("wrong username or password")
+    page.fill("#password", PASSWORD)
+    page.click("#sign-in")
+    page.wait_for_selector("body[data-ready=true]")
+    expect(page.locator("#account-link")).to_have_text(USER)
+    page.click("#account-link")
+    expect(page.locator("#user-rows tr")).to_have_count(1)  # the admin's accounts table
+    expect(page.locator("#user-rows td").first).to_have_text(USER)
+    screenshot(page, "accounts-account-page.png")
+
+
+def test_two_devices_of_one_account_share_their_chats(device):
+    laptop, phone = device(), device()
+    for page in (laptop, phone):
+        sign_in(page)
+        page.wait_for_selector("body[data-ready=true]")
+    send(laptop, "Sent from the laptop")
+    expect(last_reply(laptop)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    phone.reload()
+    phone.wait_for_selector("body[data-ready=true]")
+    expect(phone.locator(".session-open")).to_have_text(["Sent from the laptop"])
+    phone.click(".session-open")
+    expect(phone.locator(".msg-user .msg-body")).to_have_text(["Sent from the laptop"])
+    send(phone, "And this from the phone")
+    expect(last_reply(phone)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    laptop.reload()
+    laptop.wait_for_selector("body[data-ready=true]")
+    laptop.click(".session-open")
+    expect(laptop.locator(".msg-user .msg-body")).to_have_text(
+        ["Sent from the laptop", "And this from the phone"]
+    )
+    screenshot(laptop, "accounts-two-devices.png")
+
+
+def test_sign_out_ends_the_sign_in_on_the_server(device, chromium, accounts_server):
+    page = device()
+    sign_in(page)
+    page.wait_for_selector("body[data-ready=true]")
+    cookies = page.context.cookies()
+    page.click("#sign-out")
+    page.wait_for_url("**/login")
+    page.go_back()
+    page.wait_for_selector("#login-form")  # back to the chat: the sign-in page again
+    assert urlsplit(page.url).path == "/login"
+    copy = chromium.new_context(base_url=accounts_server.base_url)  # a copy of the old cookie
+    try:
+        copy.add_cookies(cookies)
+        stale = copy.new_page()
+        stale.goto("/")
+        assert urlsplit(stale.url).path == "/login"
+    finally:
+        copy.close()
