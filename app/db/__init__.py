@@ -6,10 +6,13 @@ from app.db.models import MessageStatus
 from app.db.quota import QuotaExceeded, StorageQuota
 from app.db.records import MessageRecord, SessionRecord, StoreUnavailable
 from app.db.store import Store
+from app.db.tree import MessageTree, Parent
 
 __all__ = [
     "MessageRecord",
     "MessageStatus",
+    "MessageTree",
+    "Parent",
     "QuotaExceeded",
     "SessionRecord",
     "StorageQuota",

@@ -1,5 +1,5 @@
-"""SQLAlchemy 2.0 declarative models: chat sessions, their messages (text and the token ids the model saw), and
-admin sign-ins."""
+"""SQLAlchemy 2.0 declarative models: chat sessions, their messages (text and the token ids the model saw) as a tree
+of branches, and admin sign-ins."""
 
 from __future__ import annotations
 
@@ -88,6 +88,10 @@ class ChatSession(Base):
     settings: Mapped[dict[str, Any]] = mapped_column(JSON)  # temperature, top_p, max_tokens, ...
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # The last message of the branch on show (the page's and the next turn's default). Not a foreign key: it would
+    # make a cycle with messages.session_id; the store keeps it on a message of this session, and readers take the
+    # newest message where it is missing (app/db/tree.py).
+    active_leaf_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     messages: Mapped[list[Message]] = relationship(
         back_populates="session",
@@ -98,7 +102,9 @@ class ChatSession(Base):
 
 
 class Message(Base):
-    """One turn of a session; `position` orders the turns, `token_ids` holds what the model saw or produced."""
+    """One turn of a session, a node of its tree: `parent_id` is the turn it follows (None: a first message), so
+    regenerated replies and edited messages are siblings. `position` is the order of creation within the session
+    (a parent always comes before its children); `token_ids` holds what the model saw or produced."""
 
     __tablename__ = "messages"
     __table_args__ = (
@@ -125,6 +131,10 @@ class Message(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # deleting a message deletes the branch below it
+    parent_id: Mapped[int | None] = mapped_column(
+        ForeignKey("messages.id", ondelete="CASCADE"), nullable=True, index=True
+    )
 
     session: Mapped[ChatSession] = relationship(back_populates="messages")
 
