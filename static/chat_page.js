@@ -1,5 +1,6 @@
 // The chat page's entry module: keyboard and click handlers, the sidebar's rename/delete, the settings panel.
 import { api } from "./chat_api.js";
+import { bindBranchEvents } from "./chat_branches.js";
 import { autoGrow, clearError, fillSettings, showError } from "./chat_render.js";
 import { createSession, deleteSession, openSession, renameSession } from "./chat_sessions.js";
 import { DEFAULT_TITLE, SETTING_FIELDS, bindElements, state, ui } from "./chat_state.js";
@@ -58,7 +59,7 @@ function onMessagesClick(event) {
   const node = target.closest(".msg");
   const action = target.dataset.action;
   if (action === "regenerate" && !state.streaming) {
-    regenerateReply();
+    regenerateReply(node);
   } else if (action === "edit" && !state.streaming) {
     startEdit(node);
   } else if (action === "copy") {
@@ -146,6 +147,7 @@ function bindEvents() {
   ui.scrim.addEventListener("click", () => setSidebarOpen(false));
   ui.sessionList.addEventListener("click", onSidebarClick);
   ui.messages.addEventListener("click", onMessagesClick);
+  bindBranchEvents();
   ui.errorClose.addEventListener("click", clearError);
   ui.toggleSettings.addEventListener("click", () => setSettingsOpen(ui.settingsPanel.hidden));
   ui.settingsClose.addEventListener("click", () => setSettingsOpen(false));

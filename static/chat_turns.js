@@ -1,4 +1,4 @@
-// Starting and ending replies: send a message, Stop, Regenerate the last reply, edit-and-resend the last message.
+// Starting and ending replies: send a message, Stop, Regenerate a reply, edit-and-resend a message.
 import { api } from "./chat_api.js";
 import {
   autoGrow, clearError, messageNodes, refreshActions, scrollToBottom, setStreaming, showError, updateEmptyState,
@@ -11,8 +11,14 @@ import { ClientFrame } from "./protocol.js";
 
 const OPEN_TIMEOUT_MS = 5000;
 
-/** Send a reply frame (MESSAGE, REGENERATE or EDIT); `giveBack` returns to the composer if it is refused. */
-export async function beginTurn(frame, giveBack) {
+/** A turn frame naming the message of `node` (without an id the server takes the branch on show). */
+export function aboutNode(frame, node) {
+  return node && node.dataset.id ? Object.assign(frame, { message_id: Number(node.dataset.id) }) : frame;
+}
+
+/** Send a reply frame (MESSAGE, REGENERATE, EDIT or CONTINUE); `giveBack` returns to the composer if it is
+refused; `cutFrom` (a message node) and everything after it leave the page until the server sends the new branch. */
+export async function beginTurn(frame, giveBack, cutFrom) {
   clearError();
   setStreaming(true);
   state.awaitingStart = true;
@@ -23,11 +29,10 @@ export async function beginTurn(frame, giveBack) {
     ui.messages.appendChild(pending);
     ui.input.value = "";
     autoGrow();
-  } else {
-    // REGENERATE and EDIT replace the last turn: drop it from the page until the server sends the new one
+  } else if (cutFrom) {
+    // REGENERATE and EDIT start a branch at `cutFrom`: the old one stays on the server as the other version
     const nodes = messageNodes();
-    const lastUser = nodes.map((n) => n.dataset.role).lastIndexOf("user");
-    nodes.slice(Math.max(lastUser, 0)).forEach((n) => n.remove());
+    nodes.slice(nodes.indexOf(cutFrom)).forEach((n) => n.remove());
   }
   updateEmptyState();
   scrollToBottom(true);
@@ -50,8 +55,9 @@ export async function submitMessage() {
   await beginTurn({ type: ClientFrame.MESSAGE, content: text }, text);
 }
 
-export function regenerateReply() {
-  return beginTurn({ type: ClientFrame.REGENERATE }, null);
+/** A new version of the reply `node`, beside it. */
+export function regenerateReply(node) {
+  return beginTurn(aboutNode({ type: ClientFrame.REGENERATE }, node), null, node);
 }
 
 export function stopReply() {
@@ -63,7 +69,7 @@ export function stopReply() {
   }
 }
 
-/** Turn the last user message into a form; sending it replaces that message and the reply after it. */
+/** Turn a user message into a form; sending it adds a new version of the message (a branch there) and its reply. */
 export function startEdit(node) {
   const body = node.querySelector(".msg-body");
   const original = body.textContent;
@@ -99,7 +105,7 @@ export function startEdit(node) {
   form.addEventListener("submit", (e) => {
     e.preventDefault();
     if (!area.value.trim() || state.streaming) return;
-    beginTurn({ type: ClientFrame.EDIT, content: area.value }, null);
+    beginTurn(aboutNode({ type: ClientFrame.EDIT, content: area.value }, node), null, node);
   });
   area.focus();
 }

@@ -71,12 +71,15 @@ class ReplyPlace:
     prior_token_ids: tuple[int, ...] = ()
 
     def event_fields(self, message_id: int | None) -> dict[str, Any]:
-        """The reply's place as `assistant_start` shows it: parent, versions (itself included), continuing."""
-        siblings = self.sibling_ids if self.resumed is not None else (*self.sibling_ids, message_id)
+        """The reply's place as `assistant_start` shows it: parent, versions (itself included; its index is None
+        while the database is down and its row not yet written), continuing."""
+        siblings = self.sibling_ids
+        if self.resumed is None and message_id is not None:
+            siblings = (*siblings, message_id)
         return {
             "parent_id": self.parent_id,
             "sibling_ids": list(siblings),
-            "sibling_index": siblings.index(message_id) if message_id in siblings else len(siblings) - 1,
+            "sibling_index": siblings.index(message_id) if message_id in siblings else None,
             "continues": self.resumed is not None,
         }
 
