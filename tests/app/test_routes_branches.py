@@ -3,7 +3,8 @@ user message starts a branch there, switching shows another branch, continue ext
 
 Every branch reuses its common history's full blocks: each reply's reported cached tokens are at least the fork
 point's full blocks, `fork_tokens // BLOCK * BLOCK`, where fork_tokens counts the tokens the new prompt shares with
-KV an earlier request computed (a prompt's last token is always computed, and so never counts).
+KV an earlier request computed (a prompt's last token is always computed, and so never counts). Where the block the
+fork is inside is still cached, it is copied: then cached tokens reach the fork itself.
 """
 
 from __future__ import annotations
@@ -124,8 +125,11 @@ def test_editing_any_user_message_starts_a_branch_there(client):
     old, new = (
         builder.build_prompt(system, [], q, 8).token_ids for q in ("Question 1?", "Question 1, reworded?")
     )
-    assert full_blocks(common_prefix_len(old, new)) >= BLOCK
-    assert cached(done_of(root)) >= full_blocks(common_prefix_len(old, new))
+    fork_tokens = common_prefix_len(old, new)
+    assert full_blocks(fork_tokens) >= BLOCK
+    assert cached(done_of(root)) >= full_blocks(fork_tokens)
+    # and more: the later turns of the first branch filled the block it forks inside, so that block is copied
+    assert cached(root[-1]) == fork_tokens
     assert len(shown(client, sid)["messages"]) == 2
 
     # back to the original first message: its newest continuation is the branch edited at message 2
