@@ -1,4 +1,5 @@
 // The chat page's entry module: keyboard and click handlers, the sidebar's rename/delete, the settings panel.
+import { bindBranchEvents } from "./chat_branches.js";
 import { autoGrow, clearError, fillSettings, showError } from "./chat_render.js";
 import { bindSettings, loadPresets } from "./chat_settings.js";
 import { deleteSession, openSession, renameSession } from "./chat_sessions.js";
@@ -58,7 +59,7 @@ function onMessagesClick(event) {
   const node = target.closest(".msg");
   const action = target.dataset.action;
   if (action === "regenerate" && !state.streaming) {
-    regenerateReply();
+    regenerateReply(node);
   } else if (action === "edit" && !state.streaming) {
     startEdit(node);
   } else if (action === "copy") {
@@ -114,6 +115,7 @@ function bindEvents() {
   ui.scrim.addEventListener("click", () => setSidebarOpen(false));
   ui.sessionList.addEventListener("click", onSidebarClick);
   ui.messages.addEventListener("click", onMessagesClick);
+  bindBranchEvents();
   ui.errorClose.addEventListener("click", clearError);
   ui.toggleSettings.addEventListener("click", () => setSettingsOpen(ui.settingsPanel.hidden));
   ui.settingsClose.addEventListener("click", () => setSettingsOpen(false));

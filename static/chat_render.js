@@ -2,6 +2,7 @@
 // state, the error banner, the connection line and the settings form.
 import { DEFAULT_TITLE, state, ui } from "./chat_state.js";
 import * as view from "./chat_view.js";
+import { FinishReason, ReplyStatus } from "./protocol.js";
 
 const STREAM_RENDER_MS = 50;
 
@@ -62,17 +63,20 @@ export function setStreaming(on) {
   else if (!ui.settingsPanel.contains(document.activeElement)) ui.input.focus();
 }
 
-/** Edit only on the last user message, Regenerate only on the last reply, neither while a reply streams. */
+/** Edit on every user message and Regenerate on every reply (each starts a branch there); Continue on the last
+reply when it stopped at its token limit; none of them, and no switching of versions, while a reply streams. */
 export function refreshActions() {
   const nodes = messageNodes();
-  const lastUser = nodes.filter((n) => n.dataset.role === "user").pop();
   const last = nodes[nodes.length - 1];
-  for (const b of ui.messages.querySelectorAll("[data-action=edit]")) {
-    b.hidden = state.streaming || b.closest(".msg") !== lastUser;
+  for (const b of ui.messages.querySelectorAll("[data-action=edit], [data-action=regenerate]")) {
+    b.hidden = state.streaming;
   }
-  for (const b of ui.messages.querySelectorAll("[data-action=regenerate]")) {
-    b.hidden = state.streaming || b.closest(".msg") !== last;
+  for (const b of ui.messages.querySelectorAll("[data-action=continue]")) {
+    const node = b.closest(".msg");
+    b.hidden = state.streaming || node !== last || node.dataset.status !== ReplyStatus.FINISHED ||
+      node.dataset.finishReason !== FinishReason.LENGTH;
   }
+  for (const nav of ui.messages.querySelectorAll(".msg-versions")) nav.classList.toggle("is-locked", state.streaming);
 }
 
 export function renderConversation(messages) {

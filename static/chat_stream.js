@@ -61,17 +61,24 @@ function onFrame(frame) {
     case ServerFrame.START: {
       state.awaitingStart = false;
       outboxAccepted();
-      ui.messages.appendChild(view.userMessage(frame.user_message));
+      // a regenerated or continued reply answers a message the page shows already
+      if (!messageNode(frame.user_message.id)) ui.messages.appendChild(view.userMessage(frame.user_message));
       updateEmptyState();
       scrollToBottom(true);
       break;
     }
     case ServerFrame.ASSISTANT_START: {
-      const node = view.assistantMessage({ id: frame.message_id, content: "" });
+      // continuing, the reply's own bubble grows
+      let node = frame.continues ? messageNode(frame.message_id) : null;
+      if (!node) {
+        node = view.assistantMessage({
+          id: frame.message_id, content: "", sibling_ids: frame.sibling_ids, sibling_index: frame.sibling_index,
+        });
+        ui.messages.appendChild(node);
+      }
       view.startStreaming(node);
-      ui.messages.appendChild(node);
       state.assistantNode = node;
-      state.assistantText = "";
+      state.assistantText = node.dataset.text || "";
       refreshActions();
       scrollToBottom(true);
       break;
@@ -89,6 +96,10 @@ function onFrame(frame) {
     default: // PONG, STOP_ACK
       break;
   }
+}
+
+function messageNode(id) {
+  return id == null ? null : ui.messages.querySelector('.msg[data-id="' + Number(id) + '"]');
 }
 
 function onDone(message) {

@@ -1,4 +1,4 @@
-// Starting and ending replies: send a message, Stop, Regenerate the last reply, edit-and-resend the last message.
+// Starting and ending replies: send a message, Stop, Regenerate a reply, edit-and-resend a message.
 import { api } from "./chat_api.js";
 import { cancelOutbox, queueMessage } from "./chat_outbox.js";
 import {
@@ -10,6 +10,11 @@ import * as view from "./chat_view.js";
 import { ClientFrame } from "./protocol.js";
 
 const NOT_CONNECTED = "Not connected to the server: nothing was changed. Try again once the connection is back.";
+
+/** A turn frame naming the message of `node` (without an id the server takes the branch on show). */
+export function aboutNode(frame, node) {
+  return node && node.dataset.id ? Object.assign(frame, { message_id: Number(node.dataset.id) }) : frame;
+}
 
 /** Send what the composer holds: it goes out now, or waits on the page until the server can be reached. */
 export async function submitMessage() {
@@ -26,9 +31,10 @@ export async function submitMessage() {
   queueMessage(text);
 }
 
-/** REGENERATE or EDIT: replace the last turn. Only over an open socket: while the server cannot be reached the page
- * stays as it is and says so (false). */
-function replaceLastTurn(frame) {
+/** REGENERATE, EDIT or CONTINUE a message on the page. Only over an open socket: while the server cannot be reached
+ * the page stays as it is and says so (false). `cutFrom` (a message node) and everything after it leave the page until
+ * the server sends the new branch (the old one stays on the server as the other version). */
+export function beginTurn(frame, cutFrom) {
   if (!state.socket || !state.socket.isOpen) {
     showError(NOT_CONNECTED, "connection");
     return false;
@@ -37,18 +43,19 @@ function replaceLastTurn(frame) {
   state.stopRequested = false;
   setStreaming(true);
   state.awaitingStart = true;
-  // drop the last turn from the page until the server sends the new one
-  const nodes = messageNodes();
-  const lastUser = nodes.map((n) => n.dataset.role).lastIndexOf("user");
-  nodes.slice(Math.max(lastUser, 0)).forEach((n) => n.remove());
+  if (cutFrom) {
+    const nodes = messageNodes();
+    nodes.slice(Math.max(nodes.indexOf(cutFrom), 0)).forEach((n) => n.remove());
+  }
   updateEmptyState();
   scrollToBottom(true);
   state.socket.send(frame);
   return true;
 }
 
-export function regenerateReply() {
-  return replaceLastTurn({ type: ClientFrame.REGENERATE });
+/** A new version of the reply `node`, beside it. */
+export function regenerateReply(node) {
+  return beginTurn(aboutNode({ type: ClientFrame.REGENERATE }, node), node);
 }
 
 /** Stop the running reply; a message still waiting to go out is cancelled instead (its text back in the composer). */
@@ -66,7 +73,7 @@ export function stopReply() {
   }
 }
 
-/** Turn the last user message into a form; sending it replaces that message and the reply after it. */
+/** Turn a user message into a form; sending it adds a new version of the message (a branch there) and its reply. */
 export function startEdit(node) {
   const body = node.querySelector(".msg-body");
   const original = body.textContent;
@@ -102,7 +109,7 @@ export function startEdit(node) {
   form.addEventListener("submit", (e) => {
     e.preventDefault();
     if (!area.value.trim() || state.streaming) return;
-    replaceLastTurn({ type: ClientFrame.EDIT, content: area.value }); // refused while disconnected: the form stays
+    beginTurn(aboutNode({ type: ClientFrame.EDIT, content: area.value }, node), node); // refused offline: the form stays
   });
   area.focus();
 }

@@ -84,15 +84,41 @@ export function statsText(message) {
   return parts.join(" · ");
 }
 
+/** The "‹ 2/3 ›" switch of a message with several versions (regenerated replies, edited messages); null without. */
+export function versionNav(message) {
+  const ids = message.sibling_ids || [];
+  const index = message.sibling_index;
+  if (ids.length < 2 || !Number.isInteger(index)) return null;
+  const nav = el("span", "msg-versions");
+  nav.setAttribute("role", "group");
+  nav.setAttribute("aria-label", "Versions");
+  nav.dataset.siblingIds = ids.join(",");
+  nav.dataset.index = String(index);
+  const prev = button("‹", "version-prev", "link-btn version-btn");
+  prev.setAttribute("aria-label", "Previous version");
+  prev.disabled = index === 0;
+  const next = button("›", "version-next", "link-btn version-btn");
+  next.setAttribute("aria-label", "Next version");
+  next.disabled = index === ids.length - 1;
+  nav.append(prev, el("span", "version-label", index + 1 + "/" + ids.length), next);
+  return nav;
+}
+
+function actionsRow(message, ...buttons) {
+  const actions = el("div", "msg-actions");
+  const nav = versionNav(message);
+  if (nav) actions.appendChild(nav);
+  actions.append(...buttons);
+  return actions;
+}
+
 export function userMessage(message) {
   const node = el("article", "msg msg-user");
   node.dataset.role = "user";
   if (message.id != null) node.dataset.id = message.id;
   node.setAttribute("aria-label", "You");
   node.appendChild(el("div", "msg-body", message.content)); // plain text: white-space keeps the lines
-  const actions = el("div", "msg-actions");
-  actions.appendChild(button("Edit", "edit"));
-  node.appendChild(actions);
+  node.appendChild(actionsRow(message, button("Edit", "edit")));
   return node;
 }
 
@@ -107,10 +133,9 @@ export function assistantMessage(message) {
   meta.appendChild(el("span", "msg-stats"));
   node.appendChild(meta);
   node.appendChild(el("p", "msg-error"));
-  const actions = el("div", "msg-actions");
-  actions.appendChild(button("Regenerate", "regenerate"));
-  actions.appendChild(button("Copy", "copy"));
-  node.appendChild(actions);
+  const more = button("Continue", "continue");
+  more.title = "Continue the reply where it stopped at its token limit";
+  node.appendChild(actionsRow(message, button("Regenerate", "regenerate"), more, button("Copy", "copy")));
   setAssistantText(node, message.content || "");
   finishAssistant(node, message);
   return node;
@@ -147,6 +172,7 @@ export function finishAssistant(node, message) {
   }
   const status = message.status || ReplyStatus.FINISHED;
   node.dataset.status = status;
+  node.dataset.finishReason = message.finish_reason || "";
   if (message.id != null) node.dataset.id = message.id;
   const label = STATUS_LABELS[status] || "";
   const badge = node.querySelector(".msg-badge");

@@ -1,11 +1,15 @@
 // The values the chat page and the server exchange, named once: the session socket's frames (app/routes/ws.py),
 // how a stored reply ended (app/db/models.py) and why generation finished (engine/core/sequence.py FinishReason).
 
-/** Client → server frames. MESSAGE, REGENERATE and EDIT each start a reply (the server's REPLY_FRAMES). */
+/** Client → server frames. MESSAGE, REGENERATE, EDIT and CONTINUE each start a reply (the server's REPLY_FRAMES);
+MESSAGE names the reply it follows (`parent_id`), the others their message (`message_id`); without one, the branch on
+show. BRANCH switches the branch on show to the one through `message_id`. */
 export const ClientFrame = Object.freeze({
   MESSAGE: "message",
   REGENERATE: "regenerate",
   EDIT: "edit",
+  CONTINUE: "continue",
+  BRANCH: "branch",
   STOP: "stop",
   PING: "ping",
 });
@@ -17,6 +21,8 @@ export const ServerFrame = Object.freeze({
   ASSISTANT_START: "assistant_start",
   DELTA: "delta",
   DONE: "done",
+  // the answer to BRANCH: the branch now on show
+  BRANCH: "branch",
   // a refused frame or a failed reply; the socket stays open
   ERROR: "error",
   STOP_ACK: "stop_ack",

@@ -8,6 +8,7 @@ from app.db.presets import PresetRef
 from app.db.quota import QuotaExceeded, StorageQuota
 from app.db.records import MessageRecord, PresetNameTaken, PresetRecord, SessionRecord, StoreUnavailable
 from app.db.store import Store
+from app.db.tree import MessageTree, Parent
 
 __all__ = [
     "AccountConflict",
@@ -17,6 +18,8 @@ __all__ = [
     "PresetNameTaken",
     "PresetRecord",
     "PresetRef",
+    "MessageTree",
+    "Parent",
     "QuotaExceeded",
     "SessionRecord",
     "StorageQuota",

@@ -1,5 +1,5 @@
-"""SQLAlchemy 2.0 declarative models: chat sessions, their messages (text and the token ids the model saw), the
-presets that chats start from, and admin sign-ins."""
+"""SQLAlchemy 2.0 declarative models: chat sessions, their messages (text and the token ids the model saw) as a tree
+of branches, the presets that chats start from, and admin sign-ins."""
 
 from __future__ import annotations
 
@@ -94,6 +94,10 @@ class ChatSession(Base):
     # and drop a plain column in place, while a constraint means copying the table, and dropping the old copy
     # would cascade-delete every message; deleting a preset clears it here in the same transaction instead.
     preset_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # The last message of the branch on show (the page's and the next turn's default). Not a foreign key: it would
+    # make a cycle with messages.session_id; the store keeps it on a message of this session, and readers take the
+    # newest message where it is missing (app/db/tree.py).
+    active_leaf_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     messages: Mapped[list[Message]] = relationship(
         back_populates="session",
@@ -104,7 +108,9 @@ class ChatSession(Base):
 
 
 class Message(Base):
-    """One turn of a session; `position` orders the turns, `token_ids` holds what the model saw or produced."""
+    """One turn of a session, a node of its tree: `parent_id` is the turn it follows (None: a first message), so
+    regenerated replies and edited messages are siblings. `position` is the order of creation within the session
+    (a parent always comes before its children); `token_ids` holds what the model saw or produced."""
 
     __tablename__ = "messages"
     __table_args__ = (
@@ -131,6 +137,10 @@ class Message(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # deleting a message deletes the branch below it
+    parent_id: Mapped[int | None] = mapped_column(
+        ForeignKey("messages.id", ondelete="CASCADE"), nullable=True, index=True
+    )
 
     session: Mapped[ChatSession] = relationship(back_populates="messages")
 

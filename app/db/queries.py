@@ -12,6 +12,7 @@ from app.db.models import ChatSession, Message, MessageStatus, utcnow
 from app.db.presets import PresetRef, session_preset_id
 from app.db.quota import StorageQuota, check_room
 from app.db.records import MessageRecord, SessionRecord, message_record, session_record
+from app.db.tree import MessageTree, Parent
 from app.db.usage import forget, nbytes, note, text_bytes, tracking
 
 logger = logging.getLogger(__name__)
@@ -106,34 +107,95 @@ def delete_session(s: Session, owner: str, session_id: str) -> bool:
     return True
 
 
-def list_messages(s: Session, owner: str, session_id: str) -> list[MessageRecord] | None:
-    """The messages of the owner's session in order, or None when it is missing."""
-    if _owned(s, owner, session_id) is None:
+def get_tree(s: Session, owner: str, session_id: str) -> MessageTree | None:
+    """Every message of the owner's session and its active leaf, or None when it is missing."""
+    row = _owned(s, owner, session_id)
+    if row is None:
         return None
     query = select(Message).where(Message.session_id == session_id).order_by(Message.position)
-    return [message_record(row) for row in s.scalars(query)]
+    return MessageTree(tuple(message_record(m) for m in s.scalars(query)), row.active_leaf_id)
+
+
+def list_messages(s: Session, owner: str, session_id: str) -> list[MessageRecord] | None:
+    """The active path of the owner's session in order, or None when it is missing."""
+    tree = get_tree(s, owner, session_id)
+    return None if tree is None else tree.active_path()
+
+
+def switch_branch(s: Session, owner: str, session_id: str, message_id: int) -> MessageTree | None:
+    """Show the branch through `message_id`: the active leaf becomes the newest message below it. None when the
+    session is missing; ValueError when the message is not one of its messages."""
+    tree = get_tree(s, owner, session_id)
+    if tree is None:
+        return None
+    if message_id not in tree:
+        raise ValueError(f"message {message_id} is not a message of session {session_id[:64]!r}")
+    leaf_id = tree.newest_under(message_id)
+    s.get_one(ChatSession, session_id).active_leaf_id = leaf_id
+    return MessageTree(tree.messages, leaf_id)
+
+
+def _active_leaf(s: Session, session: ChatSession) -> int | None:
+    """The session's active leaf where it names one of its messages, else its newest message (None: empty)."""
+    if session.active_leaf_id is not None:
+        leaf = s.get(Message, session.active_leaf_id)
+        if leaf is not None and leaf.session_id == session.id:
+            return leaf.id
+    newest = select(Message.id).where(Message.session_id == session.id).order_by(Message.position.desc())
+    return s.scalar(newest.limit(1))
 
 
 def add_message(
-    s: Session, session_id: str, values: dict[str, Any], quota: StorageQuota | None = None
+    s: Session,
+    session_id: str,
+    values: dict[str, Any],
+    quota: StorageQuota | None = None,
+    parent_id: int | None | Parent = Parent.ACTIVE_LEAF,
 ) -> MessageRecord:
-    """Append a message after the session's last one; LookupError when the session does not exist.
+    """Add a message after `parent_id` (None: a first message; default: the active leaf), which it then becomes
+    the active leaf; LookupError when the session does not exist, ValueError when the parent is not in it.
 
     With `quota`, the owner must have room for this message and the reply it asks for (QuotaExceeded otherwise).
     """
-    parent = s.get(ChatSession, session_id)
-    if parent is None:
+    session = s.get(ChatSession, session_id)
+    if session is None:
         raise LookupError(f"session {session_id!r} does not exist")
+    if parent_id is Parent.ACTIVE_LEAF:
+        parent_id = _active_leaf(s, session)
+    elif parent_id is not None:
+        parent = s.get(Message, parent_id)
+        if parent is None or parent.session_id != session_id:
+            raise ValueError(f"message {parent_id} is not a message of session {session_id[:64]!r}")
     if quota is not None:
-        check_room(s, quota, parent.owner, new_messages=2, new_bytes=text_bytes(values.get("content")))
+        check_room(s, quota, session.owner, new_messages=2, new_bytes=text_bytes(values.get("content")))
     last = s.scalar(select(func.max(Message.position)).where(Message.session_id == session_id))
     now = utcnow()
-    row = Message(session_id=session_id, position=0 if last is None else last + 1, **values)
+    row = Message(
+        session_id=session_id, parent_id=parent_id, position=0 if last is None else last + 1, **values
+    )
     row.created_at = row.updated_at = now
-    parent.updated_at = now
+    session.updated_at = now
     s.add(row)
     s.flush()
-    note(s, parent.owner, messages=1, nbytes=text_bytes(values.get("content")))
+    session.active_leaf_id = row.id
+    note(s, session.owner, messages=1, nbytes=text_bytes(values.get("content")))
+    return message_record(row)
+
+
+def resume_assistant(s: Session, message_id: int, values: dict[str, Any]) -> MessageRecord:
+    """Put a finished answer back in 'streaming' to extend it (continue), with `values`; it becomes the active
+    leaf. LookupError when it was deleted."""
+    row = s.get(Message, message_id)
+    if row is None:
+        raise LookupError(f"message {message_id} does not exist")
+    if row.role != "assistant":
+        raise RuntimeError(f"resume_assistant on message {message_id}, which is a {row.role} message")
+    now = utcnow()
+    for key, value in {**values, "status": MessageStatus.STREAMING.value}.items():
+        setattr(row, key, value)
+    row.updated_at = row.session.updated_at = now
+    row.session.active_leaf_id = row.id
+    s.flush()
     return message_record(row)
 
 
@@ -174,22 +236,23 @@ def finish_assistant(s: Session, message_id: int, values: dict[str, Any]) -> Non
 
 
 def delete_messages_from(s: Session, session_id: str, message_id: int) -> int:
-    """Delete the message and every later one of its session; 0 when it is not in that session."""
+    """Delete the message and the branches below it; 0 when it is not in that session. An active leaf among them
+    moves to the newest message left below the deleted one's parent."""
     first = s.get(Message, message_id)
     if first is None or first.session_id != session_id:
         return 0
-    query = delete(Message).where(Message.session_id == session_id, Message.position >= first.position)
-    deleted = s.execute(query).rowcount
-    parent = s.get_one(ChatSession, session_id)
-    parent.updated_at = utcnow()
-    forget(s, parent.owner)
-    return deleted
-
-
-def replace_messages_from(
-    s: Session, session_id: str, message_id: int, values: dict[str, Any], quota: StorageQuota | None
-) -> MessageRecord:
-    """Delete the message and every later one, then append a new one, in one transaction (edit / regenerate):
-    a refused append (quota) leaves the conversation as it was."""
-    delete_messages_from(s, session_id, message_id)
-    return add_message(s, session_id, values, quota)
+    session = s.get_one(ChatSession, session_id)
+    tree = get_tree(s, session.owner, session_id)
+    assert tree is not None, f"session {session_id!r} vanished inside its transaction"
+    doomed = {message_id}
+    for m in tree.messages:  # creation order: a parent comes before its children
+        if m.parent_id in doomed:
+            doomed.add(m.id)
+    s.execute(delete(Message).where(Message.id.in_(doomed)))
+    if tree.leaf_id in doomed:
+        rest = MessageTree(tuple(m for m in tree.messages if m.id not in doomed), None)
+        parent = first.parent_id
+        session.active_leaf_id = rest.newest_under(parent) if parent is not None else rest.leaf_id
+    session.updated_at = utcnow()
+    forget(s, session.owner)
+    return len(doomed)

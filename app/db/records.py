@@ -49,10 +49,12 @@ class PresetRecord:
 
 @dataclass(frozen=True)
 class MessageRecord:
-    """One message of a session as stored; `token_ids` is None where no ids were recorded."""
+    """One message of a session as stored; `token_ids` is None where no ids were recorded; `parent_id` is the
+    message it follows (None: a first message)."""
 
     id: int
     session_id: str
+    parent_id: int | None
     position: int
     role: str
     content: str
@@ -109,6 +111,7 @@ def message_record(row: Message) -> MessageRecord:
     return MessageRecord(
         id=row.id,
         session_id=row.session_id,
+        parent_id=row.parent_id,
         position=row.position,
         role=row.role,
         content=row.content,

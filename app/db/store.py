@@ -18,6 +18,7 @@ from app.db.presets import PresetRef
 from app.db.quota import StorageQuota, database_bytes
 from app.db.records import MessageRecord, SessionRecord, check_owner, check_settings
 from app.db.threads import StoreThreads
+from app.db.tree import MessageTree, Parent
 from app.db.usage import UsageLedger
 
 logger = logging.getLogger(__name__)
@@ -106,8 +107,17 @@ class Store(PresetMethods, AccountStore, StoreThreads):
         return await self._tx(queries.delete_session, owner, session_id)
 
     async def list_messages(self, owner: str, session_id: str) -> list[MessageRecord] | None:
-        """The session's messages in order, or None when the session is missing."""
+        """The session's active path (the branch on show) in order, or None when the session is missing."""
         return await self._read(queries.list_messages, owner, session_id)
+
+    async def get_tree(self, owner: str, session_id: str) -> MessageTree | None:
+        """Every message of the session and its active leaf, or None when the session is missing."""
+        return await self._read(queries.get_tree, owner, session_id)
+
+    async def switch_branch(self, owner: str, session_id: str, message_id: int) -> MessageTree | None:
+        """Show the branch through `message_id` (its newest continuation becomes the active leaf); None when the
+        session is missing, ValueError when the message is not in it."""
+        return await self._tx(queries.switch_branch, owner, session_id, message_id)
 
     async def add_message(
         self,
@@ -117,22 +127,17 @@ class Store(PresetMethods, AccountStore, StoreThreads):
         *,
         token_ids: list[int] | None = None,
         status: MessageStatus = MessageStatus.COMPLETE,
+        parent_id: int | None | Parent = Parent.ACTIVE_LEAF,
     ) -> MessageRecord:
-        """Append a message (committed on return); LookupError when the session does not exist.
+        """Add a message after `parent_id` (default: the active leaf; None: a first message, beside any other)
+        and make it the active leaf (committed on return); LookupError when the session does not exist,
+        ValueError when the parent is not one of its messages.
 
         A user message must fit the quota together with its reply (QuotaExceeded otherwise).
         """
         values = _message_values(role, content, token_ids, status)
         quota = self.quota if role == "user" else None
-        return await self._tx(queries.add_message, session_id, values, quota)
-
-    async def replace_messages_from(
-        self, session_id: str, message_id: int, content: str, *, token_ids: list[int] | None = None
-    ) -> MessageRecord:
-        """Edit / regenerate in one transaction: delete this message and every later one, append a user message
-        in their place (quota-checked as in `add_message`; a refusal leaves the session unchanged)."""
-        values = _message_values("user", content, token_ids, MessageStatus.COMPLETE)
-        return await self._tx(queries.replace_messages_from, session_id, message_id, values, self.quota)
+        return await self._tx(queries.add_message, session_id, values, quota, parent_id)
 
     async def start_assistant(
         self,
@@ -142,8 +147,10 @@ class Store(PresetMethods, AccountStore, StoreThreads):
         cached_tokens: int,
         truncated_turns: int,
         tokenizer_fingerprint: str,
+        parent_id: int | None | Parent = Parent.ACTIVE_LEAF,
     ) -> MessageRecord:
-        """Append an empty assistant message in state 'streaming'; LookupError when the session does not exist."""
+        """Add an empty assistant message in state 'streaming' after `parent_id` (default: the active leaf);
+        LookupError when the session does not exist."""
         values = dict(
             role="assistant",
             content="",
@@ -153,7 +160,26 @@ class Store(PresetMethods, AccountStore, StoreThreads):
             truncated_turns=truncated_turns,
             tokenizer_fingerprint=tokenizer_fingerprint,
         )
-        return await self._tx(queries.add_message, session_id, values)
+        return await self._tx(queries.add_message, session_id, values, None, parent_id)
+
+    async def resume_assistant(
+        self,
+        message_id: int,
+        *,
+        prompt_tokens: int,
+        cached_tokens: int,
+        truncated_turns: int,
+        tokenizer_fingerprint: str,
+    ) -> MessageRecord:
+        """Continue an answer: back to 'streaming' with the new request's prompt figures, its text kept (flushes
+        and the final write then carry the whole text); LookupError when it was deleted."""
+        values = dict(
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens,
+            truncated_turns=truncated_turns,
+            tokenizer_fingerprint=tokenizer_fingerprint,
+        )
+        return await self._tx(queries.resume_assistant, message_id, values)
 
     async def flush_assistant(self, message_id: int, content: str) -> None:
         """Save the partial text of a streaming answer (no-op once it finished or was deleted)."""
@@ -186,7 +212,7 @@ class Store(PresetMethods, AccountStore, StoreThreads):
         await self._tx(queries.finish_assistant, message_id, values)
 
     async def delete_messages_from(self, session_id: str, message_id: int) -> int:
-        """Delete this message and every later one of the session (regenerate / edit); returns how many."""
+        """Delete this message and the branches below it; returns how many messages went."""
         return await self._tx(queries.delete_messages_from, session_id, message_id)
 
     # -- admin sign-ins: the cookie holds a secret, the row its SHA-256 (`session_hash`) ------------------------

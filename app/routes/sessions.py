@@ -1,4 +1,4 @@
-"""Chat sessions over JSON: create, list, read, rename, delete; replies streamed over SSE."""
+"""Chat sessions over JSON: create, list, read, rename, delete, switch branches; replies streamed over SSE."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from app.routes.params import read_json_object
 from app.routes.security import BROWSER_OWNER, session_owner
 from app.routes.sse import event_stream
 from app.services.accounts import ACCOUNT_OWNER
+from app.services.branches import path_json, turn_target
 from app.services.chat_reply import SHUTDOWN, Reply
 from app.services.chat_service import ChatService, ReplyMode
 from app.services.chat_settings import check_session_settings
 from app.services.errors import APIError, bad_request, from_exception, not_found
-from app.services.messages import message_json
 from app.services.sampling import get_str
 
 logger = logging.getLogger(__name__)
@@ -111,23 +111,31 @@ async def create_session(request: Request, svc: Services, owner: str) -> Respons
 
 @_api
 async def get_session(request: Request, svc: Services, owner: str) -> Response:
-    """GET /api/sessions/{id}: the session and its messages."""
+    """GET /api/sessions/{id}: the session, its active leaf and the branch on show (see `path_json`)."""
     sid = request.path_params["session_id"]
     session = await svc.store.get_session(owner, sid)
-    messages = await svc.store.list_messages(owner, sid)
-    if session is None or messages is None:
+    tree = await svc.store.get_tree(owner, sid)
+    if session is None or tree is None:
         raise not_found(f"session {sid[:64]!r}")
-    return JSONResponse({**session_json(session, svc.chat), "messages": [message_json(m) for m in messages]})
+    return JSONResponse({**session_json(session, svc.chat), **path_json(tree)})
 
 
 @_api
 async def list_messages(request: Request, svc: Services, owner: str) -> Response:
-    """GET /api/sessions/{id}/messages."""
+    """GET /api/sessions/{id}/messages: the branch on show."""
     sid = request.path_params["session_id"]
-    messages = await svc.store.list_messages(owner, sid)
-    if messages is None:
+    tree = await svc.store.get_tree(owner, sid)
+    if tree is None:
         raise not_found(f"session {sid[:64]!r}")
-    return JSONResponse({"messages": [message_json(m) for m in messages]})
+    return JSONResponse(path_json(tree))
+
+
+@_api
+async def switch_branch(request: Request, svc: Services, owner: str) -> Response:
+    """POST /api/sessions/{id}/branch {message_id}: show the branch through that message (its newest
+    continuation); the new branch on show, as GET …/messages returns it."""
+    body = await read_json_object(request, svc.settings.max_body_bytes)
+    return JSONResponse(await svc.chat.switch_branch(owner, request.path_params["session_id"], body))
 
 
 @_api
@@ -161,34 +169,42 @@ async def stop_reply(request: Request, svc: Services, owner: str) -> Response:
     return JSONResponse({"stopped": svc.chat.stop(sid)})
 
 
-@_api
-async def post_message(request: Request, svc: Services, owner: str) -> Response:
-    """POST /api/sessions/{id}/messages {content}: store it and stream the reply over SSE."""
-    body = await read_json_object(request, svc.settings.max_body_bytes)
+async def _turn(request: Request, svc: Services, owner: str, mode: ReplyMode) -> Response:
+    body = await read_json_object(request, svc.settings.max_body_bytes, allow_empty=True)
+    target = turn_target(mode, body)  # a bad id is a 400 before the client's slot is taken
     lease = svc.admit(request, owner)
     reply = await svc.chat.start(
-        ReplyMode.SEND, owner, request.path_params["session_id"], body.get("content"), lease
+        mode, owner, request.path_params["session_id"], body.get("content"), lease, target=target
     )
     return _sse(svc, reply)
+
+
+@_api
+async def post_message(request: Request, svc: Services, owner: str) -> Response:
+    """POST /api/sessions/{id}/messages {content, parent_id?}: store it after `parent_id` (default: the active
+    leaf; null: a new first message) and stream the reply over SSE."""
+    return await _turn(request, svc, owner, ReplyMode.SEND)
 
 
 @_api
 async def regenerate(request: Request, svc: Services, owner: str) -> Response:
-    """POST /api/sessions/{id}/regenerate: a new reply to the last user message, over SSE."""
-    lease = svc.admit(request, owner)
-    reply = await svc.chat.start(ReplyMode.REGENERATE, owner, request.path_params["session_id"], lease=lease)
-    return _sse(svc, reply)
+    """POST /api/sessions/{id}/regenerate {message_id?}: a new version of that reply (default: the active leaf's),
+    beside the others, over SSE."""
+    return await _turn(request, svc, owner, ReplyMode.REGENERATE)
 
 
 @_api
-async def edit_last(request: Request, svc: Services, owner: str) -> Response:
-    """POST /api/sessions/{id}/edit {content}: replace the last user message and stream the new reply."""
-    body = await read_json_object(request, svc.settings.max_body_bytes)
-    lease = svc.admit(request, owner)
-    reply = await svc.chat.start(
-        ReplyMode.EDIT, owner, request.path_params["session_id"], body.get("content"), lease
-    )
-    return _sse(svc, reply)
+async def edit_message(request: Request, svc: Services, owner: str) -> Response:
+    """POST /api/sessions/{id}/edit {content, message_id?}: a new version of that user message (default: the last
+    one on show), a branch beside the old one, and its reply over SSE."""
+    return await _turn(request, svc, owner, ReplyMode.EDIT)
+
+
+@_api
+async def continue_reply(request: Request, svc: Services, owner: str) -> Response:
+    """POST /api/sessions/{id}/continue {message_id?}: extend a reply that stopped at its token limit (default: the
+    active leaf); its row grows, the new text streams over SSE."""
+    return await _turn(request, svc, owner, ReplyMode.CONTINUE)
 
 
 def _sse(svc: Services, reply: Reply) -> Response:
@@ -219,6 +235,8 @@ routes = [
     Route("/api/sessions/{session_id}/messages", list_messages, methods=["GET"]),
     Route("/api/sessions/{session_id}/messages", post_message, methods=["POST"]),
     Route("/api/sessions/{session_id}/regenerate", regenerate, methods=["POST"]),
-    Route("/api/sessions/{session_id}/edit", edit_last, methods=["POST"]),
+    Route("/api/sessions/{session_id}/edit", edit_message, methods=["POST"]),
+    Route("/api/sessions/{session_id}/continue", continue_reply, methods=["POST"]),
+    Route("/api/sessions/{session_id}/branch", switch_branch, methods=["POST"]),
     Route("/api/sessions/{session_id}/stop", stop_reply, methods=["POST"]),
 ]

@@ -1,9 +1,12 @@
 """WS /ws/sessions/{id}: the browser's chat socket. Frames are JSON text; bad input gets an error frame, not a close.
 
-Client → server: {"type": "message", "content": str} · {"type": "stop"} · {"type": "regenerate"} ·
-{"type": "edit", "content": str} · {"type": "ping"}.
-Server → client: start · assistant_start · delta {text} · done {message, usage, timings, reason?} · error {status,
-code, message, param} · stop_ack {stopped} · pong.
+Client → server: {"type": "message", "content": str, "parent_id"?: int | null} · {"type": "regenerate",
+"message_id"?: int} · {"type": "edit", "content": str, "message_id"?: int} · {"type": "continue", "message_id"?: int}
+· {"type": "branch", "message_id": int} · {"type": "stop"} · {"type": "ping"}. A turn without its id extends the
+active leaf (app/services/branches.py).
+Server → client: start {mode, user_message, ...} · assistant_start {message_id, parent_id, sibling_ids,
+sibling_index, continues} · delta {text} · done {message, usage, timings, reason?} · branch {active_leaf_id,
+messages} · error {status, code, message, param} · stop_ack {stopped} · pong.
 
 With accounts on, a socket without a sign-in gets an error frame (code `not_signed_in`) and closes with 4401; so does
 a reply frame sent after the socket's sign-in ended (sign-out elsewhere, a password change, a disabled account).
@@ -28,6 +31,7 @@ from app.routes.account_auth import check_still_signed_in
 from app.routes.context import END_WAIT_S, Services, services
 from app.routes.params import check_unicode
 from app.routes.security import origin_allowed, session_owner
+from app.services.branches import turn_target
 from app.services.chat_reply import Reply
 from app.services.chat_service import ChatService, ReplyMode
 from app.services.errors import APIError, bad_request, from_exception
@@ -39,7 +43,12 @@ CLOSE_TOO_BIG = 1009
 CLOSE_TRY_AGAIN_LATER = 1013
 CLOSE_NOT_SIGNED_IN = 4401  # accounts: the socket's sign-in is missing or ended
 CLOSE_SESSION_NOT_FOUND = 4404
-REPLY_FRAMES = {"message": ReplyMode.SEND, "regenerate": ReplyMode.REGENERATE, "edit": ReplyMode.EDIT}
+REPLY_FRAMES = {
+    "message": ReplyMode.SEND,
+    "regenerate": ReplyMode.REGENERATE,
+    "edit": ReplyMode.EDIT,
+    "continue": ReplyMode.CONTINUE,
+}
 
 
 def error_frame(error: APIError) -> dict[str, Any]:
@@ -160,17 +169,26 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str) ->
                     await socket.send({"type": "pong"})
                 elif kind == "stop":
                     await socket.send({"type": "stop_ack", "stopped": chat.stop(session_id)})
+                elif kind == "branch":
+                    await check_still_signed_in(socket.websocket, svc)
+                    await socket.send(
+                        {"type": "branch", **await chat.switch_branch(owner, session_id, frame)}
+                    )
                 elif kind in REPLY_FRAMES:
                     # signed out since the socket opened (elsewhere, a password change, disabled): 401
                     await check_still_signed_in(socket.websocket, svc)
+                    mode = REPLY_FRAMES[kind]
+                    target = turn_target(mode, frame)
                     # shutting down (503) or over a client limit (429)
                     lease = svc.admit(socket.websocket, owner)
-                    mode = REPLY_FRAMES[kind]
-                    reply = await chat.start(mode, owner, session_id, frame.get("content"), lease)
+                    reply = await chat.start(
+                        mode, owner, session_id, frame.get("content"), lease, target=target
+                    )
                     pump = socket.pump = asyncio.create_task(_forward(socket, chat, reply))
                 else:
                     raise bad_request(
-                        f"unknown frame type {kind[:40]!r}: expected message, stop, regenerate, edit or ping",
+                        f"unknown frame type {kind[:40]!r}: expected message, stop, regenerate, edit, continue, "
+                        "branch or ping",
                         "type",
                     )
             except WebSocketDisconnect:

@@ -60,6 +60,31 @@ class Reply:
 
 
 @dataclass(frozen=True)
+class ReplyPlace:
+    """Where a reply goes in its session's tree: after the user message `parent_id`, beside the replies it had;
+    or, continuing, into the reply `resumed` (its row grows: text and ids after `prior_text` / `prior_token_ids`)."""
+
+    parent_id: int
+    sibling_ids: tuple[int, ...] = ()  # the user message's replies before this one
+    resumed: int | None = None
+    prior_text: str = ""
+    prior_token_ids: tuple[int, ...] = ()
+
+    def event_fields(self, message_id: int | None) -> dict[str, Any]:
+        """The reply's place as `assistant_start` shows it: parent, versions (itself included; its index is None
+        while the database is down and its row not yet written), continuing."""
+        siblings = self.sibling_ids
+        if self.resumed is None and message_id is not None:
+            siblings = (*siblings, message_id)
+        return {
+            "parent_id": self.parent_id,
+            "sibling_ids": list(siblings),
+            "sibling_index": siblings.index(message_id) if message_id in siblings else None,
+            "continues": self.resumed is not None,
+        }
+
+
+@dataclass(frozen=True)
 class FinalReply:
     """How a reply ended: what its row stores, and the message its `done` event shows."""
 
@@ -73,16 +98,23 @@ class FinalReply:
     truncated_turns: int
     timings: dict[str, float]
     error: str | None
+    parent_id: int | None = None
     role: str = "assistant"
     reason: str | None = None  # why it was cut, when the client did not ask (SHUTDOWN)
+    num_prior_tokens: int = (
+        0  # a continued reply: its tokens before this request (in token_ids, not in usage)
+    )
 
     @property
     def completion_tokens(self) -> int:
+        """The whole reply's tokens (a continued one's included)."""
         return len(self.token_ids)
 
     def done_event(self) -> dict[str, Any]:
-        """The reply's last event."""
-        usage = usage_json(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+        """The reply's last event; `usage` counts this request's tokens."""
+        usage = usage_json(
+            self.prompt_tokens, self.completion_tokens - self.num_prior_tokens, self.cached_tokens
+        )
         event = {"type": "done", "message": message_fields(self), "usage": usage, "timings": self.timings}
         if self.reason is not None:
             event["reason"] = self.reason
@@ -94,7 +126,8 @@ class _Draft:
     """A reply as far as it has come: its row (once created), the background write in flight, the last output."""
 
     plan: PromptPlan
-    text: str = ""
+    place: ReplyPlace
+    text: str = ""  # this request's text (a continued reply's whole text: place.prior_text + text)
     last: RequestOutput | None = None
     record: MessageRecord | None = None
     writing: asyncio.Task | None = None
@@ -114,12 +147,15 @@ class _Draft:
         reason = out.finish_reason.value if out is not None and out.finish_reason is not None else None
         if status in CUT_STATUSES:
             reason = FinishReason.ABORT.value
+        prior = self.place.prior_token_ids
         return FinalReply(
             id=None,
-            content=self.text,
+            content=self.place.prior_text + self.text,
             status=status,
             finish_reason=reason,
-            token_ids=list(out.token_ids) if out is not None else [],
+            token_ids=[*prior, *(out.token_ids if out is not None else ())],
+            num_prior_tokens=len(prior),
+            parent_id=self.place.parent_id,
             prompt_tokens=len(self.plan.token_ids),
             cached_tokens=self.last.num_cached_tokens if self.last is not None else 0,
             truncated_turns=self.plan.truncated_turns,
@@ -139,11 +175,11 @@ class ReplyWriter:
         self.flush_interval_s = flush_interval_s
         self.store_retry_s = store_retry_s
 
-    async def run(self, turn: Reply, plan: PromptPlan) -> None:
+    async def run(self, turn: Reply, plan: PromptPlan, place: ReplyPlace) -> None:
         """Stream the reply into its events, flushing its text; always store it and end with `done`."""
         stream = turn.stream
         assert stream is not None
-        draft = _Draft(plan)
+        draft = _Draft(plan, place)
         status, error = MessageStatus.FINISHED, None
         try:
             async with stream:
@@ -170,15 +206,14 @@ class ReplyWriter:
         """One output: its text goes out as a delta at once; the row catches up in the background."""
         if draft.last is None:  # the row exists before the first delta, unless the database is down
             with contextlib.suppress(StoreUnavailable):
-                draft.record = await self.start_assistant(
-                    turn.session_id, draft.plan, output.num_cached_tokens
-                )
-            message_id = draft.record.id if draft.record else None
+                draft.record = await self.start_assistant(turn.session_id, draft, output.num_cached_tokens)
+            message_id = draft.record.id if draft.record else draft.place.resumed
             turn.emit(
                 {
                     "type": "assistant_start",
                     "message_id": message_id,
                     "cached_tokens": output.num_cached_tokens,
+                    **draft.place.event_fields(message_id),
                 }
             )
         draft.last = output
@@ -197,9 +232,9 @@ class ReplyWriter:
         ):
             draft.flushed_at, draft.flushed_len = now, len(draft.text)
             if draft.record is None:
-                write = self.start_assistant(turn.session_id, draft.plan, output.num_cached_tokens)
+                write = self.start_assistant(turn.session_id, draft, output.num_cached_tokens)
             else:
-                write = self.store.flush_assistant(draft.record.id, draft.text)
+                write = self.store.flush_assistant(draft.record.id, draft.place.prior_text + draft.text)
             draft.writing = asyncio.ensure_future(write)
 
     async def _complete(self, turn: Reply, draft: _Draft, final: FinalReply) -> None:
@@ -211,7 +246,7 @@ class ReplyWriter:
 
         async def store_final() -> None:
             if draft.record is None:
-                draft.record = await self.start_assistant(turn.session_id, draft.plan, final.cached_tokens)
+                draft.record = await self.start_assistant(turn.session_id, draft, final.cached_tokens)
             await self.finish(draft.record.id, final)
 
         try:
@@ -227,19 +262,30 @@ class ReplyWriter:
         record_id = draft.record.id if draft.record else None
         turn.emit(dataclasses.replace(final, id=record_id, error=error).done_event())
 
-    async def store_unstarted(self, session_id: str, plan: PromptPlan, error: str) -> None:
+    async def store_unstarted(self, session_id: str, plan: PromptPlan, place: ReplyPlace, error: str) -> None:
         """Store a reply the engine refused as failed and empty: user and assistant turns keep alternating."""
-        record = await self.start_assistant(session_id, plan, 0)
-        await self.finish(record.id, _Draft(plan).final(MessageStatus.FAILED, error))
+        draft = _Draft(plan, place)
+        record = await self.start_assistant(session_id, draft, 0)
+        await self.finish(record.id, draft.final(MessageStatus.FAILED, error))
 
-    async def start_assistant(self, session_id: str, plan: PromptPlan, cached_tokens: int) -> MessageRecord:
-        """The assistant row, created as `streaming`."""
+    async def start_assistant(self, session_id: str, draft: _Draft, cached_tokens: int) -> MessageRecord:
+        """The assistant row, created (or, continuing, resumed) as `streaming`."""
+        plan, place = draft.plan, draft.place
+        if place.resumed is not None:
+            return await self.store.resume_assistant(
+                place.resumed,
+                prompt_tokens=len(plan.token_ids),
+                cached_tokens=cached_tokens,
+                truncated_turns=plan.truncated_turns,
+                tokenizer_fingerprint=self.fingerprint,
+            )
         return await self.store.start_assistant(
             session_id,
             prompt_tokens=len(plan.token_ids),
             cached_tokens=cached_tokens,
             truncated_turns=plan.truncated_turns,
             tokenizer_fingerprint=self.fingerprint,
+            parent_id=place.parent_id,
         )
 
     async def finish(self, message_id: int, final: FinalReply) -> None:

@@ -6,12 +6,12 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from enum import Enum
 from typing import Any
 
-from app.db import MessageStatus, Store, StoreUnavailable
+from app.db import MessageRecord, MessageStatus, MessageTree, Parent, Store, StoreUnavailable
 from app.services.async_engine import AsyncEngine
-from app.services.chat_reply import CUT_STATUSES, SHUTDOWN, Reply, ReplyWriter
+from app.services.branches import Fork, ReplyMode, Target, locate, message_id_value, path_json, with_siblings
+from app.services.chat_reply import CUT_STATUSES, SHUTDOWN, Reply, ReplyPlace, ReplyWriter
 from app.services.chat_settings import (
     chat_max_tokens,
     effective_settings,
@@ -20,7 +20,6 @@ from app.services.chat_settings import (
 from app.services.conversation import ConversationBuilder, PromptPlan, Turn, turns_from_messages
 from app.services.errors import APIError, bad_request, from_exception, not_found
 from app.services.limits import Lease
-from app.services.messages import message_json
 from app.services.public_prefix import PublicPrefixes
 from app.services.request_label import chat_label
 from app.services.sampling import sampling_params
@@ -29,17 +28,7 @@ from engine.core.sampling_defaults import BUILTIN, SamplingDefaults
 from engine.core.sequence import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-class ReplyMode(str, Enum):
-    """How a turn's reply starts: after a new user message, in place of the last reply, or after an edited one."""
-
-    SEND = "send"
-    REGENERATE = "regenerate"
-    EDIT = "edit"
-
-    def __str__(self) -> str:
-        return self.value
+__all__ = ["ChatService", "ReplyMode"]
 
 
 class ChatService:
@@ -119,11 +108,19 @@ class ChatService:
                 await asyncio.wait(pending, timeout=store_wait_s)
 
     async def start(
-        self, mode: ReplyMode, owner: str, session_id: str, content: Any = None, lease: Lease | None = None
+        self,
+        mode: ReplyMode,
+        owner: str,
+        session_id: str,
+        content: Any = None,
+        lease: Lease | None = None,
+        target: Target = Parent.ACTIVE_LEAF,
     ) -> Reply:
-        """Start a reply: SEND stores `content` as a new user message and answers it; REGENERATE replaces the last
-        reply; EDIT replaces the last user message (and its reply) with `content`. `lease` (a client limit's slot)
-        is released when the reply ends."""
+        """Start a reply (app/services/branches.py): SEND stores `content` as a new user message after `target`
+        (a reply; None: a new first message) and answers it; EDIT stores `content` beside the user message
+        `target`; REGENERATE answers the user message of `target` again, beside its replies; CONTINUE extends the
+        reply `target`. `target` defaults to the active leaf. `lease` (a client limit's slot) is released when the
+        reply ends."""
         try:
             if session_id in self._turns:
                 raise APIError(
@@ -134,7 +131,7 @@ class ChatService:
             # reserved before the first await, so a racing second send sees 409
             self._turns[session_id] = None
             try:
-                reply = await self._setup(owner, session_id, mode, content)
+                reply = await self._setup(owner, session_id, mode, content, target)
             except BaseException:
                 self._turns.pop(session_id, None)
                 raise
@@ -147,37 +144,52 @@ class ChatService:
             reply.task.add_done_callback(lambda _task: lease.release())
         return reply
 
+    async def switch_branch(self, owner: str, session_id: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """Show the branch through `fields["message_id"]` (its newest continuation); the new active path as
+        `path_json` shows it. 409 while a reply streams in the session (it is growing the branch on show)."""
+        message_id = message_id_value(fields, "message_id")
+        if session_id in self._turns:
+            raise APIError(
+                409,
+                "a reply is still streaming in this session: switch branches once it has ended",
+                code="reply_in_progress",
+            )
+        try:
+            tree = await self.store.switch_branch(owner, session_id, message_id)
+        except ValueError as exc:
+            raise bad_request(str(exc), "message_id") from None
+        if tree is None:
+            raise not_found(f"session {session_id[:64]!r}")
+        return path_json(tree)
+
     # ---- setup ----------------------------------------------------------------------------------------------
-    async def _setup(self, owner: str, session_id: str, mode: ReplyMode, content: Any) -> Reply:
-        if mode is not ReplyMode.REGENERATE:
+    async def _setup(
+        self, owner: str, session_id: str, mode: ReplyMode, content: Any, target: Target
+    ) -> Reply:
+        if mode in (ReplyMode.SEND, ReplyMode.EDIT):
             content = self._check_content(content)
         session = await self.store.get_session(owner, session_id)
-        messages = await self.store.list_messages(owner, session_id)
-        if session is None or messages is None:
+        tree = await self.store.get_tree(owner, session_id)
+        if session is None or tree is None:
             raise not_found(f"session {session_id[:64]!r}")
         preset = await self.store.get_preset(owner, session.preset_id) if session.preset_id else None
         params, max_tokens = self._params(effective_settings(session, preset))
-        history = messages
-        if mode is not ReplyMode.SEND:
-            last_user = next((m for m in reversed(messages) if m.role == "user"), None)
-            if last_user is None:
-                raise bad_request(f"nothing to {mode}: the session has no user message yet", "session")
-            if mode is ReplyMode.REGENERATE:
-                content = last_user.content
-            history = [m for m in messages if m.position < last_user.position]
-        turns = turns_from_messages(history, self.fingerprint)
+        fork = locate(mode, tree, target)
+        text = content if fork.user is None else fork.user.content
+        turns = turns_from_messages(fork.history, self.fingerprint)
         system_prompt = effective_system_prompt(session, preset, self.settings.default_system_prompt)
-        plan, public_prefix_len = await self.engine.tokenize(
-            lambda _tok: self._plan(system_prompt, turns, content, max_tokens)
+        (plan, prior_ids), public_prefix_len = await self.engine.tokenize(
+            lambda _tok: self._plan(system_prompt, turns, text, fork.continued, max_tokens)
         )
-        if mode is ReplyMode.SEND:
+        if fork.user is None:  # SEND, EDIT: the new user message (a refused write, quota, changes nothing)
             user = await self.store.add_message(
-                session_id, "user", content, token_ids=plan.new_user_token_ids
+                session_id, "user", text, token_ids=plan.new_user_token_ids, parent_id=fork.user_parent_id
             )
-        else:  # one transaction: a refused write (quota) leaves the last turn in place
-            user = await self.store.replace_messages_from(
-                session_id, last_user.id, content, token_ids=plan.new_user_token_ids
-            )
+            user_json = with_siblings(user, (*tree.child_ids(user.parent_id), user.id))
+        else:
+            user = fork.user
+            user_json = with_siblings(user, tree.sibling_ids(user.id))
+        place = self._place(tree, fork, user, prior_ids)
         turn = Reply(session_id, "chat-" + uuid.uuid4().hex)
         try:
             turn.stream = await self.engine.add_request(
@@ -188,14 +200,16 @@ class ChatService:
                 public_prefix_len=public_prefix_len,
                 label=chat_label(session.title, owner),
             )
-        except Exception as exc:  # keep user/assistant alternation: record the failed reply, then report
-            with contextlib.suppress(StoreUnavailable):
-                await self.writer.store_unstarted(session_id, plan, from_exception(exc).message)
+        except Exception as exc:  # a new user message keeps its turn: record the failed reply, then report
+            if fork.user is None:
+                with contextlib.suppress(StoreUnavailable):
+                    await self.writer.store_unstarted(session_id, plan, place, from_exception(exc).message)
             raise
         logger.info(
-            "session %s turn %s: %d prompt tokens (%d turns left out, exact=%s), max_tokens %d",
+            "session %s turn %s (%s): %d prompt tokens (%d turns left out, exact=%s), max_tokens %d",
             session_id,
             turn.request_id,
+            mode,
             len(plan.token_ids),
             plan.truncated_turns,
             plan.exact_extension,
@@ -206,25 +220,54 @@ class ChatService:
                 "type": "start",
                 "session_id": session_id,
                 "request_id": turn.request_id,
-                "user_message": message_json(user),
+                "mode": mode.value,
+                "user_message": user_json,
                 "prompt_tokens": len(plan.token_ids),
                 "truncated_turns": plan.truncated_turns,
                 "exact_extension": plan.exact_extension,
             }
         )
         self._turns[session_id] = turn
-        turn.task = asyncio.create_task(self._drive(turn, plan), name=f"turn-{turn.request_id}")
+        turn.task = asyncio.create_task(self._drive(turn, plan, place), name=f"turn-{turn.request_id}")
         if self._cut_all:  # set up while the shutdown cut the others
             self.stop(session_id, MessageStatus.INTERRUPTED, SHUTDOWN)
         return turn
 
+    @staticmethod
+    def _place(tree: MessageTree, fork: Fork, user: MessageRecord, prior_ids: list[int]) -> ReplyPlace:
+        """Where the reply goes: a new version among the user message's replies, or into the continued one."""
+        if fork.continued is None:
+            return ReplyPlace(user.id, tree.child_ids(user.id) if fork.user is not None else ())
+        continued = fork.continued
+        return ReplyPlace(
+            user.id,
+            tree.sibling_ids(continued.id),
+            resumed=continued.id,
+            prior_text=continued.content,
+            prior_token_ids=tuple(prior_ids),
+        )
+
     def _plan(
-        self, system_prompt: str, turns: list[Turn], content: str, max_tokens: int
-    ) -> tuple[PromptPlan, int]:
-        """The turn's prompt and its public prefix length (on the tokenizer thread)."""
-        plan = self.builder.build_prompt(system_prompt, turns, content, max_tokens)
+        self,
+        system_prompt: str,
+        turns: list[Turn],
+        content: str,
+        continued: MessageRecord | None,
+        max_tokens: int,
+    ) -> tuple[tuple[PromptPlan, list[int]], int]:
+        """The turn's prompt (continuing: and the ids of the reply so far) and its public prefix length (on the
+        tokenizer thread)."""
+        if continued is None:
+            plan, prior_ids = self.builder.build_prompt(system_prompt, turns, content, max_tokens), []
+        else:
+            ids = continued.token_ids if continued.tokenizer_fingerprint in (None, self.fingerprint) else None
+            answer = Turn("assistant", continued.content, ids)
+            plan, prior_ids = self.builder.build_continuation(
+                system_prompt, turns, content, answer, max_tokens
+            )
         public = self.public_prefixes
-        return plan, public.session_length(system_prompt, plan.token_ids) if public is not None else 0
+        public_len = public.session_length(system_prompt, plan.token_ids) if public is not None else 0
+        return (plan, prior_ids), public_len
 
     def _check_content(self, content: Any) -> str:
         if not isinstance(content, str) or not content.strip():
@@ -249,8 +292,8 @@ class ChatService:
         )
         return params, max_tokens
 
-    async def _drive(self, reply: Reply, plan: PromptPlan) -> None:
+    async def _drive(self, reply: Reply, plan: PromptPlan, place: ReplyPlace) -> None:
         try:
-            await self.writer.run(reply, plan)
+            await self.writer.run(reply, plan, place)
         finally:
             self._turns.pop(reply.session_id, None)

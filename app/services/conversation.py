@@ -11,6 +11,7 @@ text, the stop button caught text held back, a crash lost the ids) is re-tokeniz
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -47,7 +48,9 @@ class Turn:
 class PromptPlan:
     """The prompt for the next answer, and how it was built."""
 
-    token_ids: list[int]  # the whole prompt, ending with the template's generation prompt
+    token_ids: list[
+        int
+    ]  # the whole prompt, ending with the generation prompt (a continuation: the answer so far)
     new_user_token_ids: list[int]  # what the new user turn appended after the history and any system prompt:
     #                                store these with the user message
     truncated_turns: int  # oldest exchanges (a user turn and its answer) left out to fit max_model_len
@@ -155,6 +158,32 @@ class ConversationBuilder:
             [*messages, {"role": "user", "content": new_user_text}], add_generation_prompt=True
         )
 
+    def build_continuation(
+        self, system_prompt: str, turns: Sequence[Turn], user_text: str, answer: Turn, max_tokens: int
+    ) -> tuple[PromptPlan, list[int]]:
+        """The prompt that continues `answer` (the reply to `user_text` after `turns`) where it stopped: the prompt
+        that answered `user_text`, then the answer's ids, with no end of turn and no new assistant header; and those
+        answer ids (its stored ids where they spell its text, else its text tokenized)."""
+        answer_ids, _ = self.answer_ids(answer)
+        try:
+            plan = self.build_prompt(system_prompt, turns, user_text, max_tokens + len(answer_ids))
+        except ValueError:
+            raise ValueError(
+                f"the reply is already {len(answer_ids)} tokens long: continuing it by max_tokens ({max_tokens}) "
+                f"more does not fit max_model_len ({self.max_model_len})"
+            ) from None
+        return dataclasses.replace(plan, token_ids=plan.token_ids + answer_ids), answer_ids
+
+    def answer_ids(self, turn: Turn) -> tuple[list[int], bool]:
+        """An answer's ids as the model generated them, and True; or, where they do not spell its text (a stop
+        string cut the text, a crash lost the ids), its text tokenized, and False."""
+        answer = list(turn.token_ids) if turn.token_ids is not None else None
+        if answer is not None and (
+            self._decode(answer + self.closing_ids(answer)) == turn.content + self._end_of_turn_text
+        ):
+            return answer, True
+        return self.tokenizer.encode(turn.content, add_special_tokens=False), False
+
     def closing_ids(self, answer_ids: Sequence[int]) -> list[int]:
         """The end-of-turn ids still missing after an answer (all of them after a length/stop-string/button end)."""
         eot = self.end_of_turn_ids
@@ -199,13 +228,8 @@ class ConversationBuilder:
             if turn.role == "user":
                 ids.extend(turn.token_ids or ())
                 continue
-            answer = list(turn.token_ids) if turn.token_ids is not None else None
-            if (
-                answer is None
-                or self._decode(answer + self.closing_ids(answer)) != turn.content + self._end_of_turn_text
-            ):
-                answer = self.tokenizer.encode(turn.content, add_special_tokens=False)
-                num_retokenized += 1
+            answer, exact = self.answer_ids(turn)
+            num_retokenized += not exact
             ids.extend(answer)
             ids.extend(self.closing_ids(answer))
         return ids, num_retokenized

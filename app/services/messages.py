@@ -13,6 +13,8 @@ class MessageView(Protocol):
     @property
     def id(self) -> int | None: ...
     @property
+    def parent_id(self) -> int | None: ...
+    @property
     def role(self) -> str: ...
     @property
     def content(self) -> str: ...
@@ -38,6 +40,7 @@ def message_fields(m: MessageView) -> dict[str, Any]:
     """A message as the API shows it, without `created_at` (token ids left out: they are the server's business)."""
     return {
         "id": m.id,
+        "parent_id": m.parent_id,
         "role": m.role,
         "content": m.content,
         "status": m.status,

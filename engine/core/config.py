@@ -77,6 +77,11 @@ class EngineConfig:
     enable_prefix_caching: bool = option(
         True, "reuse the KV blocks of shared prompt prefixes", flag="--prefix-caching"
     )
+    copy_partial_blocks: bool = option(
+        True,
+        "where a prompt parts from a cached block inside it (a regenerated, edited or continued chat turn), copy "
+        "that block's KV instead of recomputing the tokens before the fork",
+    )
     prefix_cache_salt: str = option(
         "", "mixed into every block hash: engines with different salts share no cached prefix"
     )

@@ -90,15 +90,20 @@ class BlockHasher:
         assert num_blocks * bs <= len(token_ids), (
             f"block {num_blocks - 1} of {len(token_ids)} tokens is not full"
         )
-        salted_from = key.salted_from_block(bs)
         while len(hashes) < num_blocks:
             i = len(hashes)
-            parent = hashes[i - 1] if i else b""
-            if (
-                i == salted_from
-            ):  # with salted_from == 0 the salt is the chain's root, as before public prefixes
-                parent += chain_root(key.salt)
-            hashes.append(self.hash_block(parent, token_ids[i * bs : (i + 1) * bs]))
+            hashes.append(
+                self.hash_block(self.parent_input(hashes, key, i), token_ids[i * bs : (i + 1) * bs])
+            )
+
+    def parent_input(self, hashes: list[bytes], key: ChainKey, index: int) -> bytes:
+        """What block `index` hashes as its parent (`hashes` holds the chain before it): the previous block's hash
+        (b"" for the first), with the salt's root where the salt enters the chain. Blocks that share it follow the
+        same prefix under the same key: the candidates of a fork inside block `index`."""
+        parent = hashes[index - 1] if index else b""
+        if index == key.salted_from_block(self.block_size):
+            parent += chain_root(key.salt)  # with salted_from == 0 the salt is the chain's root
+        return parent
 
     def chain(self, token_ids: list[int], key: ChainKey | None = None) -> list[bytes]:
         """The hashes of every full block of token_ids under `key` (default: unsalted), first block first."""

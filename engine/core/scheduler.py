@@ -53,7 +53,11 @@ class Scheduler:
         self.max_num_batched_tokens: int = config.max_num_batched_tokens
         self.eos_token_ids = eos_token_ids
         self.block_manager = BlockManager(
-            num_blocks, config.block_size, config.enable_prefix_caching, config.prefix_cache_salt.encode()
+            num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            config.prefix_cache_salt.encode(),
+            copy_partial_blocks=config.copy_partial_blocks,
         )
         self.tier = tier if config.enable_prefix_caching else None
         self.waiting: deque[Sequence] = deque()
@@ -205,12 +209,9 @@ class Scheduler:
                 self.waiting.popleft()
                 num_seq_slots += needed  # it runs once loaded: loads never exceed max_num_seqs
                 continue
-            num_new = min(len(seq) - len(cached_block_ids) * self.config.block_size, budget)
-            copies = self.block_manager.allocate_slots(seq, num_new, cached_block_ids)
+            num_new, copies = self._allocate_admitted(seq, cached_block_ids, budget)
             if copies is None and self._unpin_others(seq):  # loaded blocks others hold may be what it lacks
-                cached_block_ids = self.block_manager.match_prefix(seq)
-                num_new = min(len(seq) - len(cached_block_ids) * self.config.block_size, budget)
-                copies = self.block_manager.allocate_slots(seq, num_new, cached_block_ids)
+                num_new, copies = self._allocate_admitted(seq, self.block_manager.match_prefix(seq), budget)
             if copies is None:
                 break  # head-of-line: later requests do not overtake this one
             self.waiting.popleft()
@@ -226,6 +227,16 @@ class Scheduler:
             out.block_copies.extend(copies)
             budget -= num_new
             num_seq_slots += needed
+
+    def _allocate_admitted(
+        self, seq: Sequence, cached_block_ids: list[int], budget: int
+    ) -> tuple[int, list[tuple[int, int]] | None]:
+        """Admit the sequence on its cached blocks, and a copy of the block it forks inside if one is cached: the
+        tokens it computes this step, and the block copies (None: no room)."""
+        partial = self.block_manager.match_partial(seq, len(cached_block_ids))
+        num_cached = len(cached_block_ids) * self.config.block_size + (partial[1] if partial else 0)
+        num_new = min(len(seq) - num_cached, budget)
+        return num_new, self.block_manager.allocate_slots(seq, num_new, cached_block_ids, partial)
 
     def _start_load(self, seq: Sequence, cached_block_ids: list[int]) -> bool:
         """Send the sequence LOADING if the tier holds blocks right after its RAM hits and the pool has room."""

@@ -37,8 +37,8 @@ def test_migrations_folder_is_found_with_a_single_head() -> None:
     path = migrations_dir()
     assert path == Path(__file__).resolve().parents[2] / "migrations"
     script = ScriptDirectory.from_config(alembic_config("sqlite://"))
-    assert script.get_heads() == ["0004"]
-    assert [rev.revision for rev in script.walk_revisions()] == ["0004", "0003", "0002", "0001"]
+    assert script.get_heads() == ["0005"]
+    assert [rev.revision for rev in script.walk_revisions()] == ["0005", "0004", "0003", "0002", "0001"]
 
 
 def test_upgrade_from_empty_to_head_creates_the_schema(tmp_path: Path) -> None:
@@ -53,7 +53,7 @@ def test_upgrade_from_empty_to_head_creates_the_schema(tmp_path: Path) -> None:
     ]
     assert insp.get_foreign_keys("messages")[0]["options"] == {"ondelete": "CASCADE"}
     with engine.connect() as conn:
-        assert MigrationContext.configure(conn).get_current_revision() == "0004"
+        assert MigrationContext.configure(conn).get_current_revision() == "0005"
     engine.dispose()
 
 
@@ -105,7 +105,9 @@ def test_migrated_constraints_reject_bad_rows(tmp_path: Path) -> None:
     )
     with engine.begin() as conn:
         conn.exec_driver_sql(
-            "INSERT INTO chat_sessions VALUES ('s1', 'alice', 't', '', '{}', ?, ?, NULL)", (now, now)
+            "INSERT INTO chat_sessions (id, owner, title, system_prompt, settings, created_at, updated_at) "
+            "VALUES ('s1', 'alice', 't', '', '{}', ?, ?)",
+            (now, now),
         )
         conn.exec_driver_sql(insert_message, ("s1", 0, "user", "complete", now, now))
     bad_rows = [

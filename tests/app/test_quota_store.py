@@ -86,17 +86,18 @@ async def test_bytes_count_utf8_of_titles_prompts_and_messages(make_store) -> No
     assert shorter is not None and shorter.title == "short"
 
 
-async def test_a_refused_edit_leaves_the_last_turn_in_place(make_store) -> None:
+async def test_a_refused_edit_leaves_the_conversation_as_it_was(make_store) -> None:
     store = await make_store(max_bytes=30)
     sid = (await store.create_session(ALICE, title="")).id
     first = await store.add_message(sid, "user", "a" * 10)
     await store.add_message(sid, "assistant", "b" * 10, status="finished")
-    with pytest.raises(QuotaExceeded):  # 20 kept - 20 replaced + 31 > 30
-        await store.replace_messages_from(sid, first.id, "c" * 31)
+    with pytest.raises(QuotaExceeded):  # an edit is a new branch: the old one keeps its bytes (20 + 11 > 30)
+        await store.add_message(sid, "user", "c" * 11, parent_id=first.parent_id)
     assert [m.content for m in await store.list_messages(ALICE, sid)] == ["a" * 10, "b" * 10]
-    edited = await store.replace_messages_from(sid, first.id, "c" * 30)  # the replaced turn's bytes are freed
-    assert [m.content for m in await store.list_messages(ALICE, sid)] == ["c" * 30]
-    assert edited.position == 0
+    edited = await store.add_message(sid, "user", "c" * 10, parent_id=first.parent_id)
+    assert [m.content for m in await store.list_messages(ALICE, sid)] == ["c" * 10]
+    tree = await store.get_tree(ALICE, sid)
+    assert tree is not None and tree.sibling_ids(edited.id) == (first.id, edited.id)
 
 
 async def test_the_database_guard_refuses_new_data_with_its_value(make_store) -> None:
@@ -162,7 +163,7 @@ async def test_the_running_figures_match_the_database_through_every_kind_of_writ
             else:
                 users = [m for m in await store.list_messages(owner, sid) if m.role == "user"]
                 if users and action == "edit":
-                    await store.replace_messages_from(sid, users[-1].id, text)
+                    await store.add_message(sid, "user", text, parent_id=users[-1].parent_id)
                 elif users:
                     await store.delete_messages_from(sid, users[0].id)
         except QuotaExceeded:

@@ -201,20 +201,26 @@ def test_partial_reply_is_flushed_while_streaming(client):
     assert partial["content"] and final["content"].startswith(partial["content"])
 
 
-def test_regenerate_replaces_the_last_reply(client):
+def test_regenerate_shows_a_new_version_of_the_last_reply(client):
     sid = new_session(client)
     first = send(client, sid, "Pick a word.")[-1]
     again = send(client, sid, "", path="regenerate")[-1]
     stored = messages(client, sid)
     assert [m["role"] for m in stored] == ["user", "assistant"]
+    # the first reply is kept as the other version
+    assert stored[1]["sibling_ids"] == [first["message"]["id"], again["message"]["id"]]
     assert stored[0]["content"] == "Pick a word."
     assert again["message"]["content"] == first["message"]["content"]  # greedy: the same reply
     prompt = first["usage"]["prompt_tokens"]
     assert again["usage"]["prompt_tokens"] == prompt
-    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == (prompt - 1) // BLOCK * BLOCK
+    # the prompt's full blocks, and where the first reply filled the prompt's last block, a copy of it up to the
+    # last prompt token (which is always computed)
+    filled = ((prompt - 1) // BLOCK + 1) * BLOCK <= prompt + 8 - 1
+    expected = prompt - 1 if filled else (prompt - 1) // BLOCK * BLOCK
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == expected
 
 
-def test_edit_replaces_the_last_user_turn_and_reuses_the_history(client):
+def test_edit_branches_at_the_last_user_turn_and_reuses_the_history(client):
     sid = new_session(client)
     turn1 = send(client, sid, "One.")[-1]["usage"]
     send(client, sid, "Two.")

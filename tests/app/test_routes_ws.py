@@ -113,7 +113,7 @@ def test_closing_the_socket_mid_reply_aborts_it(client):
     assert stored[-1]["completion_tokens"] < 250
 
 
-def test_edit_frame_replaces_the_last_user_message(client):
+def test_edit_frame_without_an_id_branches_at_the_last_user_message(client):
     sid = new_session(client)
     with client.websocket_connect(f"/ws/sessions/{sid}") as ws:
         ws.send_json({"type": "message", "content": "orginal typo"})
@@ -122,6 +122,7 @@ def test_edit_frame_replaces_the_last_user_message(client):
         done = until_final(ws)[-1]
     stored = client.get(f"/api/sessions/{sid}/messages").json()["messages"]
     assert [m["content"] for m in stored] == ["original, fixed", done["message"]["content"]]
+    assert len(stored[0]["sibling_ids"]) == 2 and stored[0]["sibling_index"] == 1  # the typo: version 1
 
 
 def test_oversized_frame_closes_with_1009(client):

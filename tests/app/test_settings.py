@@ -127,6 +127,7 @@ def _non_default_config() -> EngineConfig:
         max_num_seqs=3,
         max_num_batched_tokens=64,
         enable_prefix_caching=False,
+        copy_partial_blocks=False,
         prefix_cache_salt="tenant-7",
         kv_disk_bytes=2**30,
         kv_disk_dir="/var/cache/kv",

@@ -176,8 +176,10 @@ def test_chat_streams_replies_with_stats_and_reuses_the_cache(open_page, ui_serv
     assert (
         stats is not None and int(stats.group(3)) >= 16
     )  # the first turn's blocks came from the prefix cache
-    expect(page.locator("[data-action=regenerate]:visible")).to_have_count(1)
-    expect(page.locator("[data-action=edit]:visible")).to_have_count(1)
+    expect(page.locator("[data-action=regenerate]:visible")).to_have_count(2)  # on every reply
+    expect(page.locator("[data-action=edit]:visible")).to_have_count(2)  # on every message of yours
+    # Continue: on the last reply, where it stopped at its token limit
+    expect(page.locator("[data-action=continue]:visible")).to_have_count(1 if stats.group(6) else 0)
     screenshot(page, "chat-wide.png")
 
     narrow = open_page("/", viewport=NARROW, context=page.context)
@@ -393,6 +395,89 @@ def wait_failed_reconnects(page: Any, count: int, timeout_s: float = 10.0) -> No
     while page.evaluate(script) < count:
         assert time.monotonic() < deadline, f"fewer than {count} failed reconnects after {timeout_s} s"
         page.wait_for_timeout(100)
+
+
+def reply_stats(reply: Any) -> re.Match[str]:
+    """The stats line of a finished reply, parsed: tokens (1), cached (3) of prompt tokens (4)."""
+    expect(reply).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    stats = STATS_LINE.fullmatch(reply.locator(".msg-stats").inner_text())
+    assert stats is not None, reply.locator(".msg-stats").inner_text()
+    return stats
+
+
+def test_reply_versions_switch_and_any_message_can_be_edited(open_page):
+    page = open_page("/")
+    session_id = new_session(page, title="Branches", settings={"max_tokens": 8})
+    page.goto(f"/#s={session_id}")
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    for text in ("First question", "Second question"):
+        send(page, text)
+        expect(page.locator(".msg")).to_have_count(2 if text.startswith("First") else 4)
+        reply_stats(last_reply(page))
+    original = last_reply(page).get_attribute("data-id")
+    original_text = last_reply(page).locator(".msg-body").inner_text()
+    expect(page.locator(".msg-versions")).to_have_count(0)
+
+    last_reply(page).locator("[data-action=regenerate]").click()
+    stats = reply_stats(last_reply(page))
+    assert int(stats.group(3)) >= (int(stats.group(4)) - 1) // 16 * 16  # the same prompt: all its full blocks
+    versions = last_reply(page).locator(".msg-versions")
+    expect(versions.locator(".version-label")).to_have_text("2/2")
+    regenerated = last_reply(page).get_attribute("data-id")
+    assert regenerated != original
+    versions.locator("[data-action=version-prev]").click()
+    expect(last_reply(page)).to_have_attribute("data-id", original)
+    expect(last_reply(page).locator(".version-label")).to_have_text("1/2")
+    expect(last_reply(page).locator(".msg-body")).to_have_text(original_text)
+    expect(last_reply(page).locator("[data-action=version-prev]")).to_be_disabled()
+    last_reply(page).locator("[data-action=version-next]").click()
+    expect(last_reply(page)).to_have_attribute("data-id", regenerated)
+
+    first = page.locator(".msg-user").first  # not the last message: a branch starts there
+    first.locator("[data-action=edit]").click()
+    page.fill(".msg-edit textarea", "First question, edited")
+    page.press(".msg-edit textarea", "Enter")
+    expect(page.locator(".msg-user .msg-body")).to_have_text(["First question, edited"])
+    stats = reply_stats(last_reply(page))
+    assert int(stats.group(3)) >= 16  # the template's system prompt and header, shared with the first branch
+    expect(page.locator(".msg")).to_have_count(2)
+    expect(page.locator(".msg-user .version-label")).to_have_text("2/2")
+    page.locator(".msg-user [data-action=version-prev]").click()
+    expect(page.locator(".msg")).to_have_count(4)  # the first branch, at its newest turn
+    expect(page.locator(".msg-user .msg-body")).to_have_text(["First question", "Second question"])
+    expect(last_reply(page)).to_have_attribute("data-id", regenerated)
+    page.reload()  # the server keeps the branch on show
+    page.wait_for_selector("body[data-ready=true]")
+    expect(page.locator(".msg")).to_have_count(4)
+    expect(last_reply(page)).to_have_attribute("data-id", regenerated)
+    screenshot(page, "chat-versions.png")
+
+
+def test_continue_grows_a_reply_cut_at_its_limit(open_page):
+    page = open_page("/")
+    session_id = new_session(page, title="Continue", settings={"max_tokens": 6})
+    page.goto(f"/#s={session_id}")
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    send(page, "Tell me a story")
+    reply = last_reply(page)
+    first = reply_stats(reply)
+    assert first.group(1) == "6" and first.group(6) == " · hit the token limit"
+    reply_id, cut_text = reply.get_attribute("data-id"), reply.locator(".msg-body").inner_text()
+    reply.locator("[data-action=continue]").click()
+    expect(reply.locator(".msg-stats")).to_contain_text("12 tokens", timeout=REPLY_TIMEOUT_MS)
+    grown = reply_stats(reply)
+    prompt = int(first.group(4))
+    assert int(grown.group(4)) == prompt + 6  # the history and the reply's own tokens
+    assert int(grown.group(3)) >= (prompt + 5) // 16 * 16
+    expect(page.locator(".msg")).to_have_count(2)  # the same bubble grew
+    assert reply.get_attribute("data-id") == reply_id
+    assert reply.locator(".msg-body").inner_text().startswith(cut_text.rstrip())
+    expect(reply.locator("[data-action=continue]")).to_be_visible()  # cut at its limit again
+    send(page, "Thanks")
+    reply_stats(last_reply(page))
+    expect(page.locator("[data-action=continue]:visible")).to_have_count(1)  # only on the last reply
 
 
 def test_sidebar_rename_delete_keyboard_and_visible_errors(open_page):

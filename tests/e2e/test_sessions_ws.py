@@ -69,6 +69,63 @@ def test_socket_chat_with_cache_reuse_across_turns(server, http):
     assert second[-1]["message"]["content"] == "".join(f["text"] for f in second if f["type"] == "delta")
 
 
+def test_socket_branches_continue_regenerate_edit_and_switch(server, http):
+    """Every turn frame names the message it extends; each branch reuses its common history's full blocks."""
+    sid = new_session(http, max_tokens=8)
+
+    def full_blocks(num_tokens: int) -> int:
+        return num_tokens // 16 * 16
+
+    def cached(frames: list[dict]) -> int:
+        return frames[-1]["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    with open_socket(server, http, sid) as ws:
+        ws.send(json.dumps({"type": "message", "content": "One."}))
+        cut = until_done(ws)[-1]["message"]
+        u1, a1, num_computed = cut["parent_id"], cut["id"], cut["prompt_tokens"] + 7
+        assert cut["finish_reason"] == "length"
+        ws.send(json.dumps({"type": "continue", "message_id": a1}))
+        grown = until_done(ws)
+        assert (grown[0]["mode"], grown[1]["message_id"], grown[1]["continues"]) == ("continue", a1, True)
+        assert (
+            grown[-1]["usage"]["prompt_tokens"] == cut["prompt_tokens"] + 8
+        )  # history + the reply's own ids
+        assert cached(grown) >= full_blocks(num_computed)
+        assert grown[-1]["message"]["content"].startswith(cut["content"])
+        ws.send(json.dumps({"type": "message", "content": "Two."}))
+        second = until_done(ws)
+        u2 = second[0]["user_message"]["id"]
+        assert second[0]["user_message"]["parent_id"] == a1
+
+        ws.send(json.dumps({"type": "regenerate", "message_id": a1}))  # a reply with turns after it
+        again = until_done(ws)
+        assert again[1]["sibling_ids"] == [a1, again[-1]["message"]["id"]]
+        assert cached(again) >= full_blocks(cut["prompt_tokens"] - 1)
+        ws.send(
+            json.dumps({"type": "edit", "message_id": u2, "content": "Two, edited."})
+        )  # off the branch on show
+        edited = until_done(ws)
+        assert edited[0]["user_message"]["sibling_ids"] == [u2, edited[0]["user_message"]["id"]]
+        # the fork is after a1: the second turn's prompt held the history through a1's 16 tokens
+        assert cached(edited) >= full_blocks(cut["prompt_tokens"] + 16)
+
+        ws.send(json.dumps({"type": "branch", "message_id": again[-1]["message"]["id"]}))
+        switched = json.loads(ws.recv(timeout=30))
+        assert switched["type"] == "branch" and [m["id"] for m in switched["messages"]] == [
+            u1,
+            again[-1]["message"]["id"],
+        ]
+        ws.send(json.dumps({"type": "continue", "message_id": u1}))
+        refused = json.loads(ws.recv(timeout=30))
+        assert (refused["type"], refused["status"], refused["param"]) == ("error", 400, "message_id")
+        assert refused["message"] == f"message_id {u1} is a user message: continue takes a reply"
+        ws.send(json.dumps({"type": "ping"}))  # the socket stays open
+        assert json.loads(ws.recv(timeout=30)) == {"type": "pong"}
+    shown = http.get(f"/api/sessions/{sid}").json()
+    assert shown["active_leaf_id"] == again[-1]["message"]["id"] and shown["messages"] == switched["messages"]
+    server.wait_pool_idle()
+
+
 def test_stop_over_the_socket_aborts_and_frees_every_block(server, http):
     sid = new_session(http, max_tokens=250)
     with open_socket(server, http, sid) as ws:

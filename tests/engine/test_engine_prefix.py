@@ -44,9 +44,28 @@ def test_fully_cached_block_aligned_prompt_still_computes_its_last_token(llm):
     prompt = system_prompt(llm, 300)[:64]  # exactly 4 blocks of 16
     first = llm.generate([prompt], GREEDY)[0]
     again = llm.generate([prompt], GREEDY)[0]
-    # 3 blocks come from the cache, the 4th is recomputed so the last prompt token yields logits
-    assert again.num_cached_tokens == 48
+    # 3 blocks come from the cache, the 4th is copied and its last token recomputed, so that it yields logits
+    assert again.num_cached_tokens == 63
     assert again.outputs[0].token_ids == first.outputs[0].token_ids
+
+
+def test_a_prompt_forking_inside_a_cached_block_copies_it_and_generates_the_same(llm, llm_no_cache):
+    prefix = system_prompt(llm, 300)
+    llm.generate([prefix[:200] + llm.tokenizer.encode(" one branch of the chat")], GREEDY)
+    fork = prefix[:197] + llm.tokenizer.encode(" another branch entirely")  # parts inside block 12 (192..207)
+    copied = llm.generate([fork], GREEDY)[0]
+    assert copied.num_cached_tokens == 197  # 12 blocks hit, and 5 tokens of the 13th copied
+    no_copy = LLM(
+        model=str(resolve_model_path("smollm2-135m-instruct")),
+        kv_cache_bytes=256 * 2**20,
+        kv_disk_bytes=0,  # no blocks from the other engines' disk tier
+        copy_partial_blocks=False,
+    )
+    no_copy.generate([prefix[:200] + llm.tokenizer.encode(" one branch of the chat")], GREEDY)
+    recomputed = no_copy.generate([fork], GREEDY)[0]
+    assert recomputed.num_cached_tokens == 192
+    plain = llm_no_cache.generate([fork], GREEDY)[0]
+    assert copied.outputs[0].token_ids == recomputed.outputs[0].token_ids == plain.outputs[0].token_ids
 
 
 def test_next_turn_reuses_prompt_and_answer(llm):

@@ -42,6 +42,12 @@ def full_blocks(num_tokens: int) -> int:
     return (num_tokens - 1) // BLOCK * BLOCK
 
 
+def own_hit(hit: int, num_prompt: int) -> bool:
+    """A caller's own prompt again: every full block, and up to the last token where the first request filled the
+    prompt's last block (that block is then copied, not recomputed)."""
+    return 0 < full_blocks(num_prompt) <= hit <= num_prompt - 1
+
+
 def secret(tag: str) -> list[dict[str, str]]:
     """SECRET with its system prompt made unique to one test (the servers' caches outlive a test)."""
     return [{"role": "system", "content": f"[{tag}] " + SECRET[0]["content"]}, SECRET[1]]
@@ -97,7 +103,7 @@ def test_another_tenants_prompt_is_no_cache_hit(keyed):
 
     assert cached(a)[0] == 0
     hit, num_prompt = cached(a)
-    assert hit == full_blocks(num_prompt) > 0  # tenant a reuses every full block of its own prompt
+    assert own_hit(hit, num_prompt)  # tenant a reuses every full block of its own prompt
     assert cached(b)[0] == (0 if isolated else hit)
     assert cached(a)[0] == hit  # and b's request did not disturb a's cache
 
@@ -109,11 +115,14 @@ def test_sessions_share_a_system_prompt_only_within_one_owner(keyed):
 
     a = peer(client, headers={"authorization": "Bearer sk-a"})
     b = peer(client, headers={"authorization": "Bearer sk-b"})
-    assert session_cached(a, system) == (0, num_prompt)
+    first, prompt_tokens = session_cached(a, system)
+    # at most the template's head that a's own /v1 prompt above shares with it (part of a block a cached, copied)
+    assert prompt_tokens == num_prompt and first < BLOCK
     shared = session_cached(a, system)[0]
     # a second session of the same owner reuses the system prompt's blocks
-    assert shared == full_blocks(num_prompt)
-    assert session_cached(b, system)[0] == (0 if isolated else shared)
+    assert own_hit(shared, num_prompt)
+    # isolated, b reuses none of a's blocks: only the head its own /v1 prompt shares, as a's first session did
+    assert session_cached(b, system)[0] == (first if isolated else shared)
 
 
 # ---- a real server, the default settings: the guess attack across cookies and addresses ----------------------
@@ -159,14 +168,20 @@ def public_head_len(tokenizer: Any, system: str | None) -> int:
     return len(tokenizer.encode(text, add_special_tokens=False))
 
 
-def test_guess_attack_across_browser_cookies(open_server):
+def test_guess_attack_across_browser_cookies(open_server, tokenizer):
     victim, attacker = browser(open_server), browser(open_server)
     system = secret("cookies")[0]["content"]
     assert session_cached(victim, system)[0] == 0
     hit, num_prompt = session_cached(victim, system)
-    assert hit == full_blocks(num_prompt) > 0  # the victim's own second chat reuses its blocks
+    assert own_hit(hit, num_prompt)  # the victim's own second chat reuses its blocks
     assert session_cached(attacker, system)[0] == 0  # the exact guess: no hit
-    assert session_cached(attacker, "You are the assistant of Initech's audit team.")[0] == 0
+    other = "You are the assistant of Initech's audit team."
+    # another guess: only what the attacker's own first guess shares with it (the template's head)
+    heads = [
+        tokenizer.encode(f"<|im_start|>system\n{text}", add_special_tokens=False) for text in (system, other)
+    ]
+    own = next(i for i, (x, y) in enumerate(zip(*heads, strict=False)) if x != y)
+    assert session_cached(attacker, other)[0] == own < BLOCK
     assert session_cached(victim, system)[0] == hit  # the attacker disturbed nothing
 
 
@@ -175,7 +190,7 @@ def test_guess_attack_across_anonymous_addresses(open_server):
     messages = secret("addresses")
     assert v1_cached(victim, messages)[0] == 0
     hit, num_prompt = v1_cached(victim, messages)
-    assert hit == full_blocks(num_prompt) > 0
+    assert own_hit(hit, num_prompt)
     assert v1_cached(attacker, messages)[0] == 0
     # without API keys a bearer token proves nothing: it splits an address's cache, never joins another's
     assert v1_cached(anonymous(open_server, "127.0.0.3", authorization="Bearer anything"), messages)[0] == 0
@@ -216,13 +231,15 @@ def test_guess_attack_across_api_keys(tmp_path, tokenizer):
         b = httpx.Client(base_url=server.base_url, headers={"authorization": "Bearer sk-b"}, timeout=30)
         assert v1_cached(a, SECRET)[0] == 0
         hit, num_prompt = v1_cached(a, SECRET)
-        assert hit == full_blocks(num_prompt) > 0
+        assert own_hit(hit, num_prompt)
         assert v1_cached(b, SECRET)[0] == 0
         # a key's sessions and its /v1 calls are one tenant: a session's first turn reuses the system prompt that
         # the same key sent through /v1 (up to the user's text)
-        head = public_head_len(tokenizer, SECRET[0]["content"]) // BLOCK * BLOCK
-        assert session_cached(a, SECRET[0]["content"])[0] == head > 0
-        assert session_cached(b, SECRET[0]["content"])[0] == head
+        # (its full blocks, and the block it parts inside, copied)
+        head = public_head_len(tokenizer, SECRET[0]["content"])
+        reused = session_cached(a, SECRET[0]["content"])[0]
+        assert 0 < head // BLOCK * BLOCK <= reused <= head
+        assert session_cached(b, SECRET[0]["content"])[0] == reused
         assert session_cached(browser(server), SECRET[0]["content"])[0] == 0  # a cookie is another tenant
     finally:
         stop_server(server)
