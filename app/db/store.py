@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from app.db import admin_sessions, queries
+from app.db import admin_sessions, queries, search
 from app.db.database import DEFAULT_BUSY_TIMEOUT_MS
 from app.db.models import FINAL_ASSISTANT_STATUSES, ROLES, MessageStatus, utcnow
 from app.db.quota import StorageQuota, database_bytes
@@ -99,6 +99,14 @@ class Store(StoreThreads):
     async def list_messages(self, owner: str, session_id: str) -> list[MessageRecord] | None:
         """The session's messages in order, or None when the session is missing."""
         return await self._read(queries.list_messages, owner, session_id)
+
+    async def search_messages(
+        self, owner: str, text: str, *, limit: int = 20, offset: int = 0
+    ) -> search.SearchPage:
+        """The owner's chats whose messages match `text` (words, "phrases", the last word as a prefix), best first;
+        ValueError for a search with no words or past its limits, SearchUnsupported on a database without an
+        implementation."""
+        return await self._read(search.search_messages, owner, text, limit, offset)
 
     async def add_message(
         self,
