@@ -15,7 +15,7 @@ from starlette.middleware import Middleware
 
 from app.db import StorageQuota, Store
 from app.middleware import RequestContextMiddleware
-from app.routes import admin_feed, openai_api, ops, pages, sessions, ws
+from app.routes import admin_feed, export, openai_api, ops, pages, search, sessions, ws
 from app.routes.admin_auth import token_fingerprint
 from app.routes.context import Services
 from app.routes.errors import api_error_handler, http_exception_handler, unhandled_error_handler
@@ -72,6 +72,8 @@ def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | Non
             *ops.routes,
             *openai_api.routes,
             *sessions.routes,
+            *export.routes,
+            *search.routes,
             *ws.routes,
             *admin_feed.routes,
             *pages.routes,
