@@ -43,7 +43,8 @@ def raw(tmp_path: Path, sql: str) -> list[tuple]:
 
 def assert_index_in_step(tmp_path: Path) -> None:
     """FTS5's own check of an external-content index against `messages` (raises 'database disk image is
-    malformed' when a row's indexed words differ from its text)."""
+    malformed' when a row's indexed words differ from its text); valid while no reply streams (those rows are not
+    indexed)."""
     raw(tmp_path, "INSERT INTO messages_fts (messages_fts, rank) VALUES ('integrity-check', 1)")
 
 
@@ -71,7 +72,7 @@ async def test_index_follows_insert_stream_edit_and_delete(store: Store, tmp_pat
         sid, prompt_tokens=5, cached_tokens=0, truncated_turns=0, tokenizer_fingerprint="f"
     )
     await store.flush_assistant(reply.id, "Put it in simmering")
-    assert [s for s, _ in await found(store, "alice", "simmering")] == [sid]
+    assert await found(store, "alice", "simmering") == []  # a streaming reply is indexed once it ends
     await store.finish_assistant(
         reply.id,
         content="Put it in gently bubbling water",
@@ -81,8 +82,16 @@ async def test_index_follows_insert_stream_edit_and_delete(store: Store, tmp_pat
         completion_tokens=2,
         timings={},
     )
-    assert await found(store, "alice", "simmering") == []  # the partial text's words left the index
+    assert await found(store, "alice", "simmering") == []
     assert await found(store, "alice", "bubbling") == [(sid, f"Put it in gently {M0}bubbling{M1} water")]
+    assert_index_in_step(tmp_path)
+
+    streaming = await store.start_assistant(
+        sid, prompt_tokens=9, cached_tokens=0, truncated_turns=0, tokenizer_fingerprint="f"
+    )
+    await store.flush_assistant(streaming.id, "half a sentence about bubbling")
+    await store.delete_messages_from(sid, streaming.id)  # regenerate while streaming: nothing to forget
+    assert [s for s, _ in await found(store, "alice", "bubbling")] == [sid]
     assert_index_in_step(tmp_path)
 
     first = (await store.list_messages("alice", sid))[0]
@@ -220,9 +229,11 @@ async def test_0006_indexes_the_messages_of_an_older_database(tmp_path: Path) ->
         conn.execute(insert, ("s1", 0, "user", "Which fjord is deepest?", "complete", now, now))
         conn.execute(insert, ("s1", 1, "assistant", "Sognefjord, 1308 m deep.", "finished", now, now))
         conn.execute(insert, ("s2", 0, "user", "fjord cruise prices", "complete", now, now))
+        conn.execute(insert, ("s1", 2, "assistant", "cut off mid glacier", "streaming", now, now))
     store = Store(make_url(tmp_path))
-    await store.start()  # migrates to head
+    await store.start()  # migrates to head, then marks the reply left streaming 'interrupted': indexed then
     try:
+        assert [h.position for h in (await store.search_messages("alice", "glacier")).hits] == [2]
         page = await store.search_messages("alice", "fjord")
         assert [(h.session_id, h.title, h.num_matches, h.snippet) for h in page.hits] == [
             ("s1", "Fjords", 1, f"Which {M0}fjord{M1} is deepest?")
@@ -231,11 +242,11 @@ async def test_0006_indexes_the_messages_of_an_older_database(tmp_path: Path) ->
         assert [h.session_id for h in numbers.hits] == ["s1"]
         # the triggers run on the migrated table
         await store.add_message("s1", "user", "And the longest fjord?")
-        assert (await store.search_messages("alice", "longest")).hits[0].position == 2
+        assert (await store.search_messages("alice", "longest")).hits[0].position == 3
     finally:
         await store.close()
     assert_index_in_step(tmp_path)
     command.downgrade(cfg, "0002")
     names = {name for (name,) in raw(tmp_path, "SELECT name FROM sqlite_master")}
     assert not {n for n in names if n.startswith("messages_fts")}
-    assert raw(tmp_path, "SELECT count(*) FROM messages") == [(4,)]  # the messages stay
+    assert raw(tmp_path, "SELECT count(*) FROM messages") == [(5,)]  # the messages stay
