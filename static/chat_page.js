@@ -1,6 +1,7 @@
 // The chat page's entry module: keyboard and click handlers, the sidebar's rename/delete, the settings panel.
 import { api } from "./chat_api.js";
 import { autoGrow, clearError, fillSettings, showError } from "./chat_render.js";
+import { startSearch } from "./chat_search.js";
 import { createSession, deleteSession, openSession, renameSession } from "./chat_sessions.js";
 import { DEFAULT_TITLE, SETTING_FIELDS, bindElements, state, ui } from "./chat_state.js";
 import { refreshSessions, showBlankChat } from "./chat_sync.js";
@@ -159,6 +160,7 @@ function bindEvents() {
 async function start() {
   bindElements();
   bindEvents();
+  startSearch({ onOpen: () => setSidebarOpen(false) });
   try {
     await refreshSessions();
   } catch (e) {
