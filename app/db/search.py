@@ -1,8 +1,8 @@
 """Full-text search over an owner's messages, behind one small interface per database.
 
 SQLite: an FTS5 table over `messages.content` (external content: the index holds no second copy of the text), kept in
-step by triggers on insert, update and delete of messages, deletions through the session cascade included (migration
-0006 creates it and indexes the messages already there). Other databases have no implementation yet: searching
+step by triggers on insert, update and delete of messages, deletions through the session cascade included; a reply
+enters it when it stops streaming (migration 0006 creates it and indexes the messages already there). Other databases have no implementation yet: searching
 there raises SearchUnsupported (PostgreSQL would implement MessageSearch with a tsvector column and a GIN index).
 
 A hit is a chat: its best-ranked matching message (bm25), that message's snippet and how many of its messages
