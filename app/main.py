@@ -15,7 +15,19 @@ from starlette.middleware import Middleware
 
 from app.db import StorageQuota, Store
 from app.middleware import RequestContextMiddleware
-from app.routes import accounts, admin_feed, oidc, openai_api, ops, pages, presets, sessions, ws
+from app.routes import (
+    accounts,
+    admin_feed,
+    export,
+    oidc,
+    openai_api,
+    ops,
+    pages,
+    presets,
+    search,
+    sessions,
+    ws,
+)
 from app.routes.account_auth import AccountMiddleware
 from app.routes.admin_auth import token_fingerprint
 from app.routes.context import Services
@@ -77,6 +89,8 @@ def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | Non
             *openai_api.routes,
             *sessions.routes,
             *presets.routes,
+            *export.routes,
+            *search.routes,
             *ws.routes,
             *admin_feed.routes,
             *accounts.routes,

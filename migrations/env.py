@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from app.db.database import create_db_engine
+from app.db.database import create_db_engine, include_in_autogenerate
 from app.db.models import Base
 
 config = context.config
@@ -16,6 +16,7 @@ def _run_on(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
+        include_name=include_in_autogenerate,
         render_as_batch=connection.dialect.name == "sqlite",  # SQLite alters tables by copying them
         compare_type=True,
     )

@@ -1,6 +1,7 @@
 // The chat page's entry module: keyboard and click handlers, the sidebar's rename/delete, the settings panel.
 import { bindBranchEvents } from "./chat_branches.js";
 import { autoGrow, clearError, fillSettings, showError } from "./chat_render.js";
+import { startSearch } from "./chat_search.js";
 import { bindSettings, loadPresets } from "./chat_settings.js";
 import { deleteSession, openSession, renameSession } from "./chat_sessions.js";
 import { bindElements, state, ui } from "./chat_state.js";
@@ -129,6 +130,7 @@ function bindEvents() {
 async function start() {
   bindElements();
   bindEvents();
+  startSearch({ onOpen: () => setSidebarOpen(false) });
   try {
     await Promise.all([refreshSessions(), loadPresets()]);
   } catch (e) {

@@ -7,12 +7,15 @@ from app.db.models import MessageStatus
 from app.db.presets import PresetRef
 from app.db.quota import QuotaExceeded, StorageQuota
 from app.db.records import MessageRecord, PresetNameTaken, PresetRecord, SessionRecord, StoreUnavailable
+from app.db.search import MATCH_END, MATCH_START, SearchHit, SearchPage, SearchUnsupported
 from app.db.store import Store
 from app.db.tree import MessageTree, Parent
 
 __all__ = [
     "AccountConflict",
     "InviteRecord",
+    "MATCH_END",
+    "MATCH_START",
     "MessageRecord",
     "MessageStatus",
     "PresetNameTaken",
@@ -21,6 +24,9 @@ __all__ = [
     "MessageTree",
     "Parent",
     "QuotaExceeded",
+    "SearchHit",
+    "SearchPage",
+    "SearchUnsupported",
     "SessionRecord",
     "StorageQuota",
     "Store",

@@ -10,6 +10,8 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
 
+from app.db.search import is_search_index_table
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_BUSY_TIMEOUT_MS = 5000
@@ -32,6 +34,12 @@ def alembic_config(url: str) -> Config:
     # ConfigParser interpolation treats % specially; URLs may hold %-escaped passwords.
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return cfg
+
+
+def include_in_autogenerate(name: str | None, type_: str, _parent_names: Any) -> bool:
+    """Alembic's `include_name`: autogenerate compares the models' tables only, not the search index that
+    migration 0006 makes by hand (an FTS5 table and its shadow tables)."""
+    return not (type_ == "table" and name is not None and is_search_index_table(name))
 
 
 def create_db_engine(url: str, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Engine:

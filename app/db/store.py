@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from app.db import admin_sessions, queries
+from app.db import admin_sessions, queries, search
 from app.db.account_store import AccountStore
 from app.db.database import DEFAULT_BUSY_TIMEOUT_MS
 from app.db.models import FINAL_ASSISTANT_STATUSES, ROLES, MessageStatus, utcnow
@@ -118,6 +118,14 @@ class Store(PresetMethods, AccountStore, StoreThreads):
         """Show the branch through `message_id` (its newest continuation becomes the active leaf); None when the
         session is missing, ValueError when the message is not in it."""
         return await self._tx(queries.switch_branch, owner, session_id, message_id)
+
+    async def search_messages(
+        self, owner: str, text: str, *, limit: int = 20, offset: int = 0
+    ) -> search.SearchPage:
+        """The owner's chats whose messages match `text` (words, "phrases", the last word as a prefix), best first;
+        ValueError for a search with no words or past its limits, SearchUnsupported on a database without an
+        implementation."""
+        return await self._read(search.search_messages, owner, text, limit, offset)
 
     async def add_message(
         self,

@@ -14,7 +14,13 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
 from sqlalchemy.exc import IntegrityError
 
-from app.db.database import alembic_config, create_db_engine, migrations_dir, upgrade_to_head
+from app.db.database import (
+    alembic_config,
+    create_db_engine,
+    include_in_autogenerate,
+    migrations_dir,
+    upgrade_to_head,
+)
 from app.db.models import Base
 
 TABLES = [
@@ -27,6 +33,14 @@ TABLES = [
     "user_sessions",
     "users",
 ]
+# migration 0006's FTS5 index over messages and the shadow tables SQLite keeps its data in
+SEARCH_TABLES = [
+    "messages_fts",
+    "messages_fts_config",
+    "messages_fts_data",
+    "messages_fts_docsize",
+    "messages_fts_idx",
+]
 
 
 def make_db(tmp_path: Path) -> str:
@@ -37,8 +51,15 @@ def test_migrations_folder_is_found_with_a_single_head() -> None:
     path = migrations_dir()
     assert path == Path(__file__).resolve().parents[2] / "migrations"
     script = ScriptDirectory.from_config(alembic_config("sqlite://"))
-    assert script.get_heads() == ["0005"]
-    assert [rev.revision for rev in script.walk_revisions()] == ["0005", "0004", "0003", "0002", "0001"]
+    assert script.get_heads() == ["0006"]
+    assert [rev.revision for rev in script.walk_revisions()] == [
+        "0006",
+        "0005",
+        "0004",
+        "0003",
+        "0002",
+        "0001",
+    ]
 
 
 def test_upgrade_from_empty_to_head_creates_the_schema(tmp_path: Path) -> None:
@@ -47,13 +68,13 @@ def test_upgrade_from_empty_to_head_creates_the_schema(tmp_path: Path) -> None:
     upgrade_to_head(engine)
     upgrade_to_head(engine)  # a second start is a no-op
     insp = inspect(engine)
-    assert sorted(insp.get_table_names()) == TABLES
+    assert sorted(insp.get_table_names()) == sorted(TABLES + SEARCH_TABLES)
     assert [c["name"] for c in insp.get_columns("messages")] == [
         c.name for c in Base.metadata.tables["messages"].c
     ]
     assert insp.get_foreign_keys("messages")[0]["options"] == {"ondelete": "CASCADE"}
     with engine.connect() as conn:
-        assert MigrationContext.configure(conn).get_current_revision() == "0005"
+        assert MigrationContext.configure(conn).get_current_revision() == "0006"
     engine.dispose()
 
 
@@ -61,7 +82,8 @@ def test_models_match_the_migrations(tmp_path: Path) -> None:
     engine = create_db_engine(make_db(tmp_path))
     upgrade_to_head(engine)
     with engine.connect() as conn:
-        diffs = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+        opts = {"compare_type": True, "include_name": include_in_autogenerate}
+        diffs = compare_metadata(MigrationContext.configure(conn, opts=opts), Base.metadata)
     assert diffs == []
     engine.dispose()
     command.check(
@@ -75,7 +97,8 @@ def test_compare_metadata_does_notice_a_drift(tmp_path: Path) -> None:
     with engine.begin() as conn:
         conn.exec_driver_sql("DROP INDEX ix_chat_sessions_owner_updated_at")
     with engine.connect() as conn:
-        diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        opts = {"include_name": include_in_autogenerate}
+        diffs = compare_metadata(MigrationContext.configure(conn, opts=opts), Base.metadata)
     assert [d[0] for d in diffs] == ["add_index"]
     engine.dispose()
 
@@ -91,7 +114,7 @@ def test_downgrade_to_base_and_upgrade_again(tmp_path: Path) -> None:
     conn.close()
     command.upgrade(cfg, "head")
     engine = create_db_engine(make_db(tmp_path))
-    assert sorted(inspect(engine).get_table_names()) == TABLES
+    assert sorted(inspect(engine).get_table_names()) == sorted(TABLES + SEARCH_TABLES)
     engine.dispose()
 
 
@@ -131,7 +154,7 @@ def test_0002_adds_admin_sessions_to_a_database_with_chats_and_goes_back(tmp_pat
     command.upgrade(cfg, "head")
     engine = create_db_engine(make_db(tmp_path))
     insp = inspect(engine)
-    assert sorted(insp.get_table_names()) == TABLES
+    assert sorted(insp.get_table_names()) == sorted(TABLES + SEARCH_TABLES)
     assert [(c["name"], c["nullable"]) for c in insp.get_columns("admin_sessions")] == [
         ("id", False),
         ("token_fingerprint", False),
@@ -173,10 +196,16 @@ def test_0003_adds_presets_in_place_and_going_back_keeps_every_chat_and_message(
             "VALUES ('s1', 0, 'user', 'hi', 'complete', ?, ?)",
             (now, now),
         )
-    command.upgrade(cfg, "head")
+    command.upgrade(cfg, "0003")
     engine = create_db_engine(make_db(tmp_path))  # foreign keys on, as the app runs
     insp = inspect(engine)
-    assert sorted(insp.get_table_names()) == TABLES
+    assert sorted(insp.get_table_names()) == [
+        "admin_sessions",
+        "alembic_version",
+        "chat_sessions",
+        "messages",
+        "presets",
+    ]
     assert [(c["name"], c["nullable"]) for c in insp.get_columns("chat_sessions")][-1] == ("preset_id", True)
     assert [(c["name"], c["nullable"]) for c in insp.get_columns("presets")] == [
         ("id", False),

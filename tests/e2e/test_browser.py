@@ -530,6 +530,46 @@ def test_xss_in_a_message_is_shown_as_text(open_page):
     assert page.evaluate("() => window.__xss") is None
 
 
+def test_search_opens_the_matching_chat_and_export_downloads_it(open_page):
+    page = open_page("/")
+    text = "Which <b>zanzibar</b> ferry leaves first?"
+    sid = new_session(page, title="Ferries <i>east</i>", settings={"max_tokens": 2})
+    origin = page.url.split("/#")[0].rstrip("/")
+    reply = page.request.post(
+        f"/api/sessions/{sid}/messages", data={"content": text}, headers={"Origin": origin}
+    )
+    assert reply.status == 200, reply.text()
+    new_session(page, title="Another chat")
+    page.reload()  # the newer chat is open; the search has to switch to the other one
+    page.wait_for_selector("body[data-ready=true]")
+    expect(page.locator("#chat-title")).to_have_text("Another chat")
+
+    page.locator("#search-input").press_sequentially("zanzi")  # as typed: the last word is a prefix
+    hit = page.locator("#search-results .search-hit")
+    expect(hit).to_have_count(1)
+    expect(hit.locator("mark")).to_have_text(["zanzibar"])
+    expect(hit.locator(".search-snippet")).to_have_text(text)  # the tags are text, only the match is marked
+    assert page.locator("#search-results b, #search-results i").count() == 0
+    expect(page.locator("#session-list")).to_be_hidden()
+    screenshot(page, "chat-search.png")
+    hit.click()
+    expect(page.locator("#chat-title")).to_have_text("Ferries <i>east</i>")
+    expect(page.locator(".msg-user.is-search-hit .msg-body")).to_have_text(text)
+    page.press("#search-input", "Escape")
+    expect(page.locator("#session-list")).to_be_visible()
+
+    page.click("#export-menu summary")
+    screenshot(page, "chat-export-menu.png")
+    with page.expect_download() as download_info:
+        page.click("#export-md")
+    download = download_info.value
+    assert download.suggested_filename == "ferries-i-east-i.md"
+    exported = Path(download.path()).read_text()
+    assert exported.startswith("# Ferries \\<i\\>east\\</i\\>\n")
+    assert "## User\n\n_" in exported and f"\n\n{text}\n\n## Assistant\n" in exported
+    expect(page.locator("#export-menu")).not_to_have_attribute("open", "")
+
+
 def test_scripts_are_modules_served_as_javascript(open_page, ui_server):
     page = open_page("/")
     # the theme, set before the first paint, then one entry module that imports the rest

@@ -1,0 +1,166 @@
+"""Full-text search over an owner's messages, behind one small interface per database.
+
+SQLite: an FTS5 table over `messages.content` (external content: the index holds no second copy of the text), kept in
+step by triggers on insert, update and delete of messages, deletions through the session cascade included; a reply
+enters it when it stops streaming (migration 0006 creates it and indexes the messages already there). Other databases have no implementation yet: searching
+there raises SearchUnsupported (PostgreSQL would implement MessageSearch with a tsvector column and a GIN index).
+
+A hit is a chat: its best-ranked matching message (bm25), that message's snippet and how many of its messages
+match. Snippets are the message's own text, with MATCH_START / MATCH_END (control characters U+0002 / U+0003)
+around each matched word: a page escapes the text and turns only those markers into highlighting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from sqlalchemy import DateTime, Integer, String, bindparam, text
+from sqlalchemy.orm import Session
+
+from app.db.records import as_utc
+from app.db.search_query import SearchQuery, fts5_match, parse_search
+
+SEARCH_INDEX = "messages_fts"  # the FTS5 table; SQLite keeps its data in shadow tables messages_fts_*
+MATCH_START = "\x02"
+MATCH_END = "\x03"
+SNIPPET_TOKENS = 16
+MAX_SEARCH_LIMIT = 50
+MAX_SEARCH_OFFSET = 10_000
+
+
+class SearchUnsupported(Exception):
+    """This database has no full-text search implementation."""
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One chat that matches: its best message (by rank), a snippet of it, and how many of its messages match."""
+
+    session_id: str
+    title: str
+    updated_at: datetime
+    message_id: int
+    position: int
+    role: str
+    snippet: str
+    num_matches: int
+
+
+@dataclass(frozen=True)
+class SearchPage:
+    """Hits, best first; `next_offset` is where the next page starts, None after the last."""
+
+    hits: tuple[SearchHit, ...]
+    next_offset: int | None
+
+
+class MessageSearch(Protocol):
+    """A database's full-text search over the messages of one owner's chats."""
+
+    def search(self, s: Session, owner: str, query: SearchQuery, limit: int, offset: int) -> SearchPage:
+        """Up to `limit` chats of `owner` matching every term of `query`, best first, from `offset` on."""
+        ...
+
+
+def is_search_index_table(name: str) -> bool:
+    """Whether a table is the search index or one of its shadow tables (Alembic compares models without them)."""
+    return name == SEARCH_INDEX or name.startswith(SEARCH_INDEX + "_")
+
+
+def search_backend(dialect_name: str) -> MessageSearch:
+    """The implementation for a database dialect; SearchUnsupported where there is none."""
+    if dialect_name == "sqlite":
+        return Fts5Search()
+    raise SearchUnsupported(
+        f"searching chats is not supported on this database ({dialect_name}): only SQLite's FTS5 index is "
+        "implemented so far"
+    )
+
+
+def search_messages(s: Session, owner: str, text_: str, limit: int, offset: int) -> SearchPage:
+    """Parse what the user typed and search with the database's implementation (ValueError on bad input)."""
+    if not 1 <= limit <= MAX_SEARCH_LIMIT:
+        raise ValueError(f"limit must be between 1 and {MAX_SEARCH_LIMIT}, got {limit}")
+    if not 0 <= offset <= MAX_SEARCH_OFFSET:
+        raise ValueError(f"offset must be between 0 and {MAX_SEARCH_OFFSET}, got {offset}")
+    query = parse_search(text_)
+    return search_backend(s.get_bind().dialect.name).search(s, owner, query, limit, offset)
+
+
+# The best message of each matching chat of the owner, ranked: FTS5's bm25 (lower is better), then the newest chat.
+_FTS5_PAGE = text(
+    f"""
+    WITH hits AS (
+        SELECT m.session_id, m.id AS message_id, m.position, m.role, bm25({SEARCH_INDEX}) AS rank
+        FROM {SEARCH_INDEX}
+        JOIN messages AS m ON m.id = {SEARCH_INDEX}.rowid
+        JOIN chat_sessions AS c ON c.id = m.session_id
+        WHERE {SEARCH_INDEX} MATCH :match AND c.owner = :owner
+    ), best AS (
+        SELECT hits.*,
+            row_number() OVER (PARTITION BY session_id ORDER BY rank, position) AS nth,
+            count(*) OVER (PARTITION BY session_id) AS num_matches
+        FROM hits
+    )
+    SELECT best.session_id, c.title, c.updated_at, best.message_id, best.position, best.role, best.num_matches
+    FROM best JOIN chat_sessions AS c ON c.id = best.session_id
+    WHERE best.nth = 1
+    ORDER BY best.rank, c.updated_at DESC, best.session_id
+    LIMIT :limit OFFSET :offset
+    """
+).columns(
+    session_id=String,
+    title=String,
+    updated_at=DateTime(timezone=True),
+    message_id=Integer,
+    position=Integer,
+    role=String,
+    num_matches=Integer,
+)
+
+# Snippets of the page's messages only (snippet() tokenizes the message's text again: not for every match).
+_FTS5_SNIPPETS = text(
+    f"""
+    SELECT rowid, snippet({SEARCH_INDEX}, 0, :start, :end, '…', :num_tokens)
+    FROM {SEARCH_INDEX}
+    WHERE {SEARCH_INDEX} MATCH :match AND rowid IN :ids
+    """
+).bindparams(bindparam("ids", expanding=True))
+
+
+class Fts5Search:
+    """SQLite FTS5 (migration 0006's `messages_fts`)."""
+
+    def search(self, s: Session, owner: str, query: SearchQuery, limit: int, offset: int) -> SearchPage:
+        """See MessageSearch.search."""
+        match = fts5_match(query)
+        params = {"match": match, "owner": owner, "limit": limit + 1, "offset": offset}
+        rows = s.execute(_FTS5_PAGE, params).all()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        snippets: dict[int, str] = {}
+        if rows:
+            snippet_params = {
+                "match": match,
+                "ids": [row.message_id for row in rows],
+                "start": MATCH_START,
+                "end": MATCH_END,
+                "num_tokens": SNIPPET_TOKENS,
+            }
+            snippets = {row[0]: row[1] for row in s.execute(_FTS5_SNIPPETS, snippet_params)}
+        hits = tuple(
+            SearchHit(
+                session_id=row.session_id,
+                title=row.title,
+                updated_at=as_utc(row.updated_at),
+                message_id=row.message_id,
+                position=row.position,
+                role=row.role,
+                snippet=snippets[row.message_id],
+                num_matches=row.num_matches,
+            )
+            for row in rows
+        )
+        return SearchPage(hits, offset + limit if more else None)
