@@ -21,7 +21,8 @@ FLAG_VALUES = {"1": True, "true": True, "0": False, "false": False}
 
 @_api
 async def export_session(request: Request, svc: Services, owner: str) -> Response:
-    """GET /api/sessions/{id}/export?format=json|md[&token_ids=true]: an attachment named after the title."""
+    """GET /api/sessions/{id}/export?format=json|md[&token_ids=true]: an attachment named after the title; JSON holds
+    every branch of the chat, Markdown the branch on show."""
     sid = request.path_params["session_id"]
     params = request.query_params
     file_format = params.get("format", "json")
@@ -36,15 +37,17 @@ async def export_session(request: Request, svc: Services, owner: str) -> Respons
     if token_ids and file_format != "json":
         raise bad_request("token_ids are exported in the JSON format only (format=json)", "token_ids")
     session = await svc.store.get_session(owner, sid)
-    messages = await svc.store.list_messages(owner, sid)
-    if session is None or messages is None:
+    tree = await svc.store.get_tree(owner, sid)
+    if session is None or tree is None:
         raise not_found(f"session {sid[:64]!r}")
     now = datetime.now(timezone.utc)
-    if file_format == "json":
-        document = export_json(session, messages, exported_at=now, token_ids=token_ids)
+    if file_format == "json":  # the whole tree: every branch
+        document = export_json(
+            session, list(tree.messages), exported_at=now, active_leaf_id=tree.leaf_id, token_ids=token_ids
+        )
         body = json.dumps(document, ensure_ascii=False, indent=2) + "\n"
-    else:
-        body = export_markdown(session, messages, exported_at=now)
+    else:  # for reading: the branch on show
+        body = export_markdown(session, list(tree.active_path()), exported_at=now)
     ascii_name, unicode_name = export_filename(session.title, file_format)
     disposition = f'attachment; filename="{ascii_name}"'
     if unicode_name != ascii_name:  # RFC 6266: browsers prefer filename*, older clients read filename

@@ -45,9 +45,15 @@ _MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_\[\]<>!|~&#])")
 
 
 def export_json(
-    session: SessionRecord, messages: list[MessageRecord], *, exported_at: datetime, token_ids: bool = False
+    session: SessionRecord,
+    messages: list[MessageRecord],
+    *,
+    exported_at: datetime,
+    active_leaf_id: int | None = None,
+    token_ids: bool = False,
 ) -> dict[str, Any]:
-    """The chat as a JSON object; `token_ids` adds each message's token ids and tokenizer fingerprint."""
+    """The chat as a JSON object: every message of every branch (each names its `parent_id`) and the leaf of the
+    branch on show; `token_ids` adds each message's token ids and tokenizer fingerprint."""
     return {
         "pagedchat_export": EXPORT_VERSION,
         "exported_at": exported_at.isoformat(),
@@ -59,6 +65,7 @@ def export_json(
             "created_at": session.created_at.isoformat(),
             "updated_at": session.updated_at.isoformat(),
         },
+        "active_leaf_id": active_leaf_id,
         "messages": [_message_json(m, token_ids) for m in messages],
     }
 

@@ -25,6 +25,7 @@ def make_message(position: int, role: str, content: str, **fields) -> MessageRec
     values = dict(
         id=position + 1,
         session_id="s1",
+        parent_id=position or None,  # the message before it (ids are position + 1)
         position=position,
         role=role,
         content=content,

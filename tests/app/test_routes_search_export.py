@@ -133,7 +133,12 @@ def test_json_export_round_trips_the_chat(client):
     session_keys = ("id", "title", "system_prompt", "settings", "created_at", "updated_at")
     assert exported["session"] == {key: shown[key] for key in session_keys}
     assert exported["pagedchat_export"] == 1
-    assert [{k: m[k] for k in shown["messages"][0]} for m in exported["messages"]] == shown["messages"]
+    # the API's fields of each message, but the versions it is among (the export names each parent instead)
+    api_keys = [k for k in shown["messages"][0] if k not in ("sibling_ids", "sibling_index")]
+    assert [{k: m[k] for k in api_keys} for m in exported["messages"]] == [
+        {k: m[k] for k in api_keys} for m in shown["messages"]
+    ]
+    assert exported["active_leaf_id"] == shown["active_leaf_id"] == exported["messages"][-1]["id"]
     assert [(m["position"], m["status"]) for m in exported["messages"]] == [(0, "complete"), (1, "finished")]
     assert "token_ids" not in exported["messages"][0]
     records = client.portal.call(client.app.state.services.store.list_messages, owner_of(client), sid)
@@ -146,6 +151,32 @@ def test_json_export_round_trips_the_chat(client):
     assert [datetime.fromisoformat(m["updated_at"]) for m in with_ids["messages"]] == [
         r.updated_at for r in records
     ]
+
+
+def test_json_export_holds_every_branch_and_markdown_the_one_on_show(client):
+    sid = make_chat(client, "Versions", "Name a fruit", "Apple.")
+    store = client.app.state.services.store
+    first_user = client.get(f"/api/sessions/{sid}").json()["messages"][0]
+    # a second version of the question (an edit), and its reply: the branch on show
+    edited = client.portal.call(
+        functools.partial(store.add_message, sid, "user", "Name a vegetable", parent_id=None)
+    )
+    client.portal.call(
+        functools.partial(store.add_message, sid, "assistant", "Leek.", status=MessageStatus.FINISHED)
+    )
+    exported = client.get(f"/api/sessions/{sid}/export", params={"format": "json"}).json()
+    by_id = {m["id"]: m for m in exported["messages"]}
+    assert [m["content"] for m in exported["messages"]] == [
+        "Name a fruit",
+        "Apple.",
+        "Name a vegetable",
+        "Leek.",
+    ]
+    assert by_id[first_user["id"]]["parent_id"] is None and by_id[edited.id]["parent_id"] is None
+    assert by_id[exported["active_leaf_id"]]["content"] == "Leek."
+    markdown = client.get(f"/api/sessions/{sid}/export", params={"format": "md"}).text
+    assert "Name a vegetable" in markdown and "Leek." in markdown
+    assert "Apple." not in markdown and "Name a fruit" not in markdown
 
 
 def owner_of(user: TestClient) -> str:

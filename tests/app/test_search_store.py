@@ -94,17 +94,34 @@ async def test_index_follows_insert_stream_edit_and_delete(store: Store, tmp_pat
     assert [s for s, _ in await found(store, "alice", "bubbling")] == [sid]
     assert_index_in_step(tmp_path)
 
-    first = (await store.list_messages("alice", sid))[0]
-    await store.replace_messages_from(sid, first.id, "How do I poach an egg?")  # edit: both rows replaced
-    assert await found(store, "alice", "boil") == []
-    assert await found(store, "alice", "bubbling") == []
+    # an edit is a new version beside the first (a branch): both stay in the chat, and in the index
+    await store.add_message(sid, "user", "How do I poach an egg?", parent_id=None)
     assert await found(store, "alice", "poach") == [(sid, f"How do I {M0}poach{M1} an egg?")]
+    assert [s for s, _ in await found(store, "alice", "boil")] == [sid]
+    assert_index_in_step(tmp_path)
+
+    # continue: the reply streams again (out of the index) and is indexed with its longer text when it ends
+    await store.resume_assistant(
+        reply.id, prompt_tokens=7, cached_tokens=5, truncated_turns=0, tokenizer_fingerprint="f"
+    )
+    assert await found(store, "alice", "bubbling") == []
+    await store.finish_assistant(
+        reply.id,
+        content="Put it in gently bubbling water for nine minutes",
+        status="finished",
+        finish_reason="stop",
+        token_ids=[1, 2, 3],
+        completion_tokens=3,
+        timings={},
+    )
+    assert [s for s, _ in await found(store, "alice", "minutes")] == [sid]
     assert_index_in_step(tmp_path)
 
     other = await chat(store, "alice", "poach pears in wine")
     assert await store.delete_session("alice", sid)  # the cascade's deletions fire the trigger too
     assert [s for s, _ in await found(store, "alice", "poach")] == [other]
-    assert raw(tmp_path, "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'egg'") == [(0,)]
+    left = raw(tmp_path, "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'egg OR minutes'")
+    assert left == [(0,)]
     assert_index_in_step(tmp_path)
 
 

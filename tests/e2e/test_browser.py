@@ -380,7 +380,8 @@ def test_a_restart_mid_reply_and_a_message_sent_while_the_server_is_down(
         page.reload()
         page.wait_for_selector("body[data-ready=true]")
         expect(page.locator(".msg-badge")).to_have_text(["interrupted", ""])
-        expect(page.locator("[data-action=regenerate]:visible")).to_have_count(1)
+        # every reply can be regenerated (a new version beside it), the interrupted one included
+        expect(page.locator("[data-action=regenerate]:visible")).to_have_count(2)
         expect(last_reply(page).locator("[data-action=regenerate]")).to_be_visible()
     finally:
         context.close()
@@ -787,12 +788,14 @@ def test_markdown_code_copy_and_math_in_a_reply(open_page, ui_server):
         )
 
     assert code_colours() == ["rgb(246, 248, 250)", "rgb(215, 58, 73)"]
+    # theme.js follows the system (its change event comes a moment later)
     page.emulate_media(color_scheme="dark")
+    expect(page.locator("html")).to_have_attribute("data-theme", "dark")
     assert code_colours() == ["rgb(13, 17, 23)", "rgb(255, 123, 114)"]
-    page.evaluate("() => { document.documentElement.dataset.theme = 'light'; }")
-    assert code_colours() == ["rgb(246, 248, 250)", "rgb(215, 58, 73)"]
     page.emulate_media(color_scheme="light")
-    page.evaluate("() => { document.documentElement.dataset.theme = 'dark'; }")
+    expect(page.locator("html")).to_have_attribute("data-theme", "light")
+    assert code_colours() == ["rgb(246, 248, 250)", "rgb(215, 58, 73)"]
+    page.evaluate("() => { document.documentElement.dataset.theme = 'dark'; }")  # as the theme menu sets it
     assert code_colours() == ["rgb(13, 17, 23)", "rgb(255, 123, 114)"]
 
 
