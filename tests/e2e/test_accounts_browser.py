@@ -1,5 +1,6 @@
 """Accounts in a real headless Chromium against `pagedchat serve --auth local`: the sign-in page leads to the chat,
-two devices of one account see the same chats, and sign-out ends the sign-in on the server. Every page is checked for
+two devices of one account see the same chats, sign-out ends the sign-in on the server, and an invite link made on
+the account page signs its invitee up once. Every page is checked for
 console errors (a CSP violation fails the test). Screenshots land in test-artifacts/."""
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def device(chromium, accounts_server) -> Iterator[Callable[[], Any]]:
     contexts: list[Any] = []
     problems: list[str] = []
 
-    def new_device() -> Any:
+    def new_device(refusal_expected: bool = False) -> Any:
+        """`refusal_expected`: the page's 404 for a used invite is not a problem."""
         context = chromium.new_context(viewport=WIDE, base_url=accounts_server.base_url)
         contexts.append(context)
         page = context.new_page()
@@ -61,7 +63,9 @@ def device(chromium, accounts_server) -> Iterator[Callable[[], Any]]:
             "console",
             lambda m: (
                 problems.append(f"{page.url}: {m.text}")
-                if m.type == "error" and "status of 401" not in m.text  # the wrong password's answer
+                if m.type == "error"
+                and "status of 401" not in m.text  # the wrong password's answer
+                and not (refusal_expected and "status of 404" in m.text)
                 else None
             ),
         )
@@ -144,3 +148,45 @@ def test_sign_out_ends_the_sign_in_on_the_server(device, chromium, accounts_serv
         assert urlsplit(stale.url).path == "/login"
     finally:
         copy.close()
+
+
+def test_an_invite_link_made_on_the_account_page_works_once(device):
+    admin = device()
+    sign_in(admin)
+    admin.wait_for_selector("body[data-ready=true]")
+    send(admin, "The admin's own chat")
+    expect(last_reply(admin)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    admin.click("#account-link")
+    admin.fill("#invite-username", "vic")
+    admin.select_option("#invite-role", "user")
+    admin.click("#invite-form button[type=submit]")
+    link = admin.locator("#invite-result")
+    expect(link).to_be_visible()
+    expect(admin.locator("#admin-status")).to_contain_text("Send this link to vic")
+    url = link.inner_text()
+    assert (
+        urlsplit(url).path == "/invite" and len(urlsplit(url).fragment) >= 32
+    )  # the token: the fragment only
+    screenshot(admin, "accounts-invite-link.png")
+
+    invitee = device()  # another person's browser, signed in as nobody
+    invitee.goto(url)
+    expect(invitee.locator("#invite-for")).to_contain_text("You are invited as vic")
+    invitee.fill("#new-password", "vic's new password")
+    invitee.fill("#repeat-password", "a different one")
+    invitee.click("#accept")
+    expect(invitee.locator("#invite-error")).to_have_text("The two passwords differ.")
+    invitee.fill("#repeat-password", "vic's new password")
+    invitee.click("#accept")
+    invitee.wait_for_selector("body[data-ready=true]")  # signed in, on the chat
+    expect(invitee.locator("#account-link")).to_have_text("vic")
+    expect(invitee.locator(".session-open")).to_have_count(0)  # the admin's chats are not vic's
+
+    again = device(refusal_expected=True)  # the link works once
+    again.goto(url)
+    expect(again.locator("#invite-error")).to_have_text(
+        "this invite link is not valid: it was used, it expired, or it was mistyped"
+    )
+    expect(again.locator("#invite-form")).to_be_hidden()
+    admin.reload()
+    expect(admin.locator("#user-rows td:first-child")).to_contain_text(["uma", "vic"])
