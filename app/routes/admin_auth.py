@@ -1,6 +1,7 @@
 """Who is admin: the admin token (header or Bearer), exchanged once on the sign-in form for a signed, HttpOnly,
 SameSite=Strict cookie backed by a row in the database (sign-out and a new admin token revoke it, across restarts);
-without a configured token, loopback clients only. Wrong tokens are throttled per client address."""
+without a configured token, loopback clients only. With accounts on, a signed-in admin account is an admin here too.
+Wrong tokens are throttled per client address."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from itsdangerous import BadSignature, TimestampSigner
 from starlette.requests import HTTPConnection, Request
 
 from app.db import StoreUnavailable
+from app.routes.account_auth import signed_in_account
 from app.routes.context import Services
 from app.routes.security import bearer_token, require_admin
 from app.services.errors import APIError
@@ -124,8 +126,12 @@ def record_attempt(conn: HTTPConnection, svc: Services, *, ok: bool) -> None:
 
 
 async def check_admin(conn: HTTPConnection, svc: Services) -> None:
-    """Admin access: a live admin cookie, else what `require_admin` accepts (the token in X-Admin-Token or as a
-    Bearer token, or loopback when no token is set); an address sending wrong tokens must wait (429)."""
+    """Admin access: a signed-in admin account (accounts on), a live admin cookie, else what `require_admin` accepts
+    (the token in X-Admin-Token or as a Bearer token, or loopback when no token is set); an address sending wrong
+    tokens must wait (429)."""
+    account = signed_in_account(conn)
+    if account is not None and account.user.is_admin:
+        return
     settings = svc.settings
     if not settings.admin_token:
         require_admin(conn, settings)  # loopback only

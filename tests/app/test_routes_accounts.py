@@ -248,3 +248,19 @@ def test_deleting_an_account_deletes_its_chats_and_purges_its_cached_blocks(clie
     assert client.portal.call(store.list_sessions, account_owner(gus["id"])) == []
     assert len(client.portal.call(store.list_sessions, account_owner(hal["id"]))) == 1
     assert error_of(admin.delete(f"/api/users/{gus['id']}")) == (404, "not_found")
+
+
+def test_an_admin_account_is_an_admin_of_the_engine_from_anywhere(client, admin):
+    remote = "203.0.113.9"  # no admin token is set: the admin surface is for loopback, and for admin accounts
+    add_user(admin, "eve-user", "eve's password 1")
+    add_user(admin, "ada-admin", "ada's password 1", role="admin")
+    assert device(client, remote).get("/api/admin/state").status_code == 403
+    assert sign_in(client, "eve-user", "eve's password 1", remote).get("/api/admin/state").status_code == 403
+    ada = sign_in(client, "ada-admin", "ada's password 1", remote)
+    state = ada.get("/api/admin/state")
+    assert state.status_code == 200, state.text
+    assert state.json()["num_blocks"] > 0
+    page = ada.get("/admin")
+    assert page.status_code == 200 and 'id="block-map"' in page.text
+    ada.post("/auth/logout")
+    assert ada.get("/api/admin/state").status_code == 403  # signed out: an address like any other
