@@ -12,7 +12,7 @@ import torch
 
 from engine.core.config import EngineConfig
 from engine.core.hash_chain import ChainKey, salt_tag
-from engine.core.outputs import RequestOutput, SchedulerOutput
+from engine.core.outputs import CachePurge, RequestOutput, SchedulerOutput
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import FinishReason, SamplingParams, Sequence
 from engine.core.stats import EngineStats, PoolSnapshot
@@ -254,10 +254,13 @@ class LLMEngine:
         if self.tier is not None:
             self.tier.close(timeout)
 
-    def purge_cache_salt(self, cache_salt: str) -> int:
-        """Delete a tenant's blocks from the disk tier (e.g. when its account goes): every salt whose first line is
-        `cache_salt`'s (see hash_chain.salt_tag); returns how many files went."""
-        return self.tier.purge(salt_tag(cache_salt)) if self.tier is not None else 0
+    def purge_cache_salt(self, cache_salt: str) -> CachePurge:
+        """Forget a tenant's cached blocks (e.g. when its account goes), in the RAM pool and on the disk tier: every
+        salt whose first line is `cache_salt`'s (see hash_chain.salt_tag). Blocks its running requests hold are
+        theirs: abort those first."""
+        tag = salt_tag(cache_salt)
+        ram = self.scheduler.block_manager.purge_salt(tag)
+        return CachePurge(ram_blocks=ram, disk_blocks=self.tier.purge(tag) if self.tier is not None else 0)
 
     # ---- introspection ---------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:

@@ -221,8 +221,10 @@ async def update_user(request: Request, svc: Services, accounts: AccountService)
 async def delete_user(request: Request, svc: Services, accounts: AccountService) -> Response:
     """DELETE /api/users/{user_id} (admin): the account, its sign-ins, its chats and its cached blocks go."""
     require_account_admin(request)
-    num_files = await accounts.delete_user(request.path_params["user_id"])
-    return JSONResponse({"deleted": True, "purged_disk_blocks": num_files})
+    purged = await accounts.delete_user(request.path_params["user_id"])
+    return JSONResponse(
+        {"deleted": True, "purged_ram_blocks": purged.ram_blocks, "purged_disk_blocks": purged.disk_blocks}
+    )
 
 
 # ---- pages ---------------------------------------------------------------------------------------------------------

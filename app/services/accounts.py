@@ -20,6 +20,7 @@ from app.services.chat_service import ChatService
 from app.services.errors import APIError
 from app.services.passwords import Passwords, check_password, normalize_username
 from app.settings import Settings
+from engine.core.outputs import CachePurge
 
 logger = logging.getLogger(__name__)
 ACCOUNT_OWNER = (
@@ -198,9 +199,9 @@ class AccountService:
             raise APIError(404, f"account {user_id[:40]!r} not found", code="not_found")
         return user
 
-    async def delete_user(self, user_id: str) -> int:
+    async def delete_user(self, user_id: str) -> CachePurge:
         """Delete an account with its sign-ins and chats (their running replies stop first), then forget its
-        cached blocks; returns how many disk-tier files went."""
+        cached blocks (RAM pool and disk tier); returns how many went."""
         owner = account_owner(user_id)
         for session in await self.store.list_sessions(owner):
             self.chat.stop(session.id, status=MessageStatus.INTERRUPTED)
@@ -210,25 +211,28 @@ class AccountService:
             raise conflict(exc) from None
         if not deleted:
             raise APIError(404, f"account {user_id[:40]!r} not found", code="not_found")
-        num_files = await self.forget_cached_blocks(owner)
+        purged = await self.forget_cached_blocks(owner)
         logger.warning(
-            "deleted account %s with its chats; %d cached blocks left the disk tier", user_id, num_files
+            "deleted account %s with its chats; its cached blocks went: %d in the RAM pool, %d on the disk tier",
+            user_id,
+            purged.ram_blocks,
+            purged.disk_blocks,
         )
-        return num_files
+        return purged
 
-    async def forget_cached_blocks(self, owner: str) -> int:
-        """Purge the owner's salt from the disk tier (`LLMEngine.purge_cache_salt`), on the engine thread after
-        the aborts queued before it; blocks those aborts freed may still wait in the tier's write queue, so once
-        it is empty (within PURGE_WAIT_S) the purge runs again. Blocks in the RAM pool keep a salt that no
-        request carries again (user ids are never reused), so no one can hit them; they age out by LRU."""
-        num_files = await self.engine.call(lambda engine: engine.purge_cache_salt(owner))
+    async def forget_cached_blocks(self, owner: str) -> CachePurge:
+        """Purge the owner's salt from the RAM pool and the disk tier (`LLMEngine.purge_cache_salt`), on the engine
+        thread after the aborts queued before it (the blocks those aborts freed are cached by then); they may still
+        wait in the tier's write queue, so once it is empty (within PURGE_WAIT_S) the purge runs again."""
+        first = await self.engine.call(lambda engine: engine.purge_cache_salt(owner))
         deadline = time.monotonic() + PURGE_WAIT_S
         while time.monotonic() < deadline:
             tier = (await self.engine.stats()).tier
             if tier is None or tier.write_queue_depth == 0:
                 break
             await asyncio.sleep(0.02)
-        return num_files + await self.engine.call(lambda engine: engine.purge_cache_salt(owner))
+        again = await self.engine.call(lambda engine: engine.purge_cache_salt(owner))
+        return CachePurge(first.ram_blocks + again.ram_blocks, first.disk_blocks + again.disk_blocks)
 
     async def oidc_account(self, issuer: str, subject: str, claims: dict[str, object]) -> UserRecord:
         """The account of a verified OpenID Connect identity, made on its first sign-in; its username is the

@@ -34,6 +34,9 @@ class Block:
     block_hash: bytes | None = None
     parent_key: bytes | None = None  # BlockHasher.parent_input of its place in the chain
     token_ids: tuple[int, ...] = ()
+    salt_tag: bytes | None = (
+        None  # hash_chain.salt_tag of the tenant whose chain it belongs to (NO_SALT: public)
+    )
 
 
 @dataclass(frozen=True)
@@ -203,12 +206,13 @@ class BlockManager:
             return
         num_full = seq.num_computed_tokens // self.block_size
         assert num_full <= len(seq.block_table), f"seq {seq.seq_id}: computed tokens beyond its block table"
+        tags = self.hasher.salt_tags(seq.chain_key, num_full)
         for i in range(seq.num_hashed_blocks, num_full):
             block, block_hash = self.blocks[seq.block_table[i]], self._block_hash(seq, i)
             if block.block_hash is not None:  # shared with a sibling forked this step, which hashed it first
                 assert block.block_hash == block_hash, f"block {block.block_id} holds two different contents"
                 continue
-            block.block_hash = block_hash
+            block.block_hash, block.salt_tag = block_hash, tags[i]
             self.hash_to_block_ids.setdefault(block_hash, {})[block.block_id] = None
             if self.copy_partial_blocks:
                 block.parent_key = self.hasher.parent_input(seq.block_hashes, seq.chain_key, i)
@@ -233,14 +237,25 @@ class BlockManager:
             self._incref(block_id)
         return [self._pop_free() for _ in range(num_blocks)]
 
-    def register(self, block_id: int, block_hash: bytes) -> None:
+    def register(self, block_id: int, block_hash: bytes, salt_tag: bytes | None = None) -> None:
         """A held block now holds the content `block_hash` names (it was loaded): it joins the prefix cache."""
         block = self.blocks[block_id]
         assert block.ref_count > 0 and block.block_hash is None, (
             f"block {block_id} is not an empty held block"
         )
-        block.block_hash = block_hash
+        block.block_hash, block.salt_tag = block_hash, salt_tag
         self.hash_to_block_ids.setdefault(block_hash, {})[block_id] = None
+
+    def purge_salt(self, salt_tag: bytes) -> int:
+        """Forget the cached content of every free block of the tenant `salt_tag` names (the tenant is gone): they
+        become empty blocks, handed out first, and no lookup finds them again. Blocks still in use are their
+        sequences' (abort those first). Returns how many blocks were forgotten."""
+        purged = [b for b in self.free_queue.values() if b.block_hash is not None and b.salt_tag == salt_tag]
+        for block in purged:
+            self.num_cached_free -= 1
+            self._forget(block)
+            self.free_queue.move_to_end(block.block_id, last=False)
+        return len(purged)
 
     def release(self, block_ids: list[int]) -> None:
         """Drop the references `reserve` took (or pins): cached blocks stay cached, empty ones go first."""
@@ -333,19 +348,24 @@ class BlockManager:
         block_id, block = self.free_queue.popitem(last=False)
         if block.block_hash is not None:  # evict: the hash no longer describes what the block will hold
             self.num_cached_free -= 1
-            ids = self.hash_to_block_ids[block.block_hash]
-            del ids[block_id]
-            if not ids:
-                del self.hash_to_block_ids[block.block_hash]
-            block.block_hash = None
-            if block.parent_key is not None:
-                siblings = self.parent_to_block_ids[block.parent_key]
-                del siblings[block_id]
-                if not siblings:
-                    del self.parent_to_block_ids[block.parent_key]
-                block.parent_key, block.token_ids = None, ()
+            self._forget(block)
         block.ref_count = 1
         return block_id
+
+    def _forget(self, block: Block) -> None:
+        """Take a block's content out of the prefix cache's indexes (eviction, a purge)."""
+        assert block.block_hash is not None
+        ids = self.hash_to_block_ids[block.block_hash]
+        del ids[block.block_id]
+        if not ids:
+            del self.hash_to_block_ids[block.block_hash]
+        block.block_hash, block.salt_tag = None, None
+        if block.parent_key is not None:
+            siblings = self.parent_to_block_ids[block.parent_key]
+            del siblings[block.block_id]
+            if not siblings:
+                del self.parent_to_block_ids[block.parent_key]
+            block.parent_key, block.token_ids = None, ()
 
     def _incref(self, block_id: int) -> None:
         block = self.blocks[block_id]

@@ -7,6 +7,14 @@ from dataclasses import dataclass, field
 from engine.core.sequence import FinishReason, Sequence
 
 
+@dataclass(frozen=True)
+class CachePurge:
+    """What purging a tenant's cached blocks removed: blocks the RAM pool forgot, block files the disk tier deleted."""
+
+    ram_blocks: int
+    disk_blocks: int
+
+
 @dataclass
 class ScheduledSequence:
     """One sequence's share of a step: compute tokens [seq.num_computed_tokens, + num_new_tokens)."""

@@ -265,8 +265,10 @@ class Scheduler:
         for job in self.tier.take_completed():
             del self.loading[job.seq.seq_id]
             loaded = job.block_ids[: job.num_loaded]
-            for block_id, block_hash in zip(loaded, job.block_hashes, strict=False):
-                bm.register(block_id, block_hash)
+            start = len(job.pinned_block_ids)  # the loaded blocks' place in the chain: after the RAM hits
+            tags = bm.hasher.salt_tags(job.seq.chain_key, start + len(loaded))[start:]
+            for block_id, block_hash, tag in zip(loaded, job.block_hashes, tags, strict=False):
+                bm.register(block_id, block_hash, tag)
             bm.release(job.block_ids[job.num_loaded :])  # never filled: back to the free queue's head
             seq = job.seq
             if job.cancelled or seq.is_finished:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.core.hash_chain import salt_tag
 from tests.engine.bench_helpers import make_tiny_model_folder
 
 BLOCK_BYTES = 2 * 2 * 2 * 16 * 16 * 4  # layers x (K, V) x kv_heads x head_dim x block tokens x fp32
@@ -123,7 +124,16 @@ def test_purging_a_tenant_deletes_its_blocks(model_dir, tmp_path):
     engine.close()
     per_tenant = (140 + 12 - 1) // 16  # full blocks of each tenant's computed tokens
     assert len(list((tmp_path / "kv").glob("*.kvb"))) == 3 * per_tenant
-    assert engine.purge_cache_salt("alice") == 2 * per_tenant
+    pool = engine.scheduler.block_manager
+
+    def alices_in_ram() -> int:  # her blocks the small pool still caches (some were evicted for bob's)
+        return sum(b.block_hash is not None and b.salt_tag == salt_tag("alice") for b in pool.blocks)
+
+    in_ram = alices_in_ram()
+    assert in_ram > 0
+    purged = engine.purge_cache_salt("alice")
+    assert (purged.disk_blocks, purged.ram_blocks) == (2 * per_tenant, in_ram)
+    assert alices_in_ram() == 0
     assert len(list((tmp_path / "kv").glob("*.kvb"))) == per_tenant
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from bench.servers import stop_server
 from engine.core.block_manager import BlockManager
-from engine.core.hash_chain import ChainKey
+from engine.core.hash_chain import ChainKey, salt_tag
 from engine.core.sequence import SamplingParams, Sequence
 from tests.app.factories import make_client, make_tiny_model_dir
 from tests.e2e.conftest import Server, server_env, start_server
@@ -84,6 +84,43 @@ def test_block_manager_matches_prefixes_only_under_the_same_salt():
     a, b = make_seq(5, tokens, "tenant-a"), make_seq(6, tokens, "tenant-b")
     assert all(bm._block_hash(a, i) != bm._block_hash(b, i) for i in range(3))
     assert all(len(bm._block_hash(a, i)) == 16 for i in range(3))  # blake2b digests, never Python's hash()
+
+
+def test_purging_a_tenant_forgets_its_free_blocks_and_nothing_else():
+    bm = BlockManager(32, 4)
+    tokens = list(range(100, 113))  # 3 full blocks and one token
+    public = ChainKey("tenant-a", public_prefix_len=4)  # its first block is everyone's
+
+    def computed(seq: Sequence) -> Sequence:
+        bm.allocate_slots(seq, len(seq), bm.match_prefix(seq))
+        seq.num_computed_tokens = len(seq)
+        bm.cache_full_blocks(seq)
+        return seq
+
+    def seq_of(seq_id: int, toks: list[int], key: ChainKey) -> Sequence:
+        return Sequence(seq_id, f"r{seq_id}", list(toks), len(toks), SamplingParams(), 0.0, chain_key=key)
+
+    gone = [computed(make_seq(0, tokens, "tenant-a")), computed(make_seq(1, tokens, "tenant-a\nnarrower"))]
+    gone.append(computed(seq_of(2, [7] * 4 + tokens, public)))
+    kept = computed(make_seq(3, tokens, "tenant-b"))
+    running = computed(make_seq(4, [9] * 13, "tenant-a"))  # still in use: its sequence's until it ends
+    for seq in [*gone, kept]:
+        bm.free(seq)
+    # 3 blocks of each of tenant a's three chains, but the public first block of the last
+    assert bm.purge_salt(salt_tag("tenant-a")) == 3 + 3 + 3
+    assert bm.match_prefix(make_seq(5, tokens, "tenant-a")) == []
+    assert bm.match_prefix(make_seq(6, tokens, "tenant-a\nnarrower")) == []
+    assert len(bm.match_prefix(seq_of(7, [7] * 4 + tokens, public))) == 1  # the public block stays
+    assert len(bm.match_prefix(make_seq(8, tokens, "tenant-b"))) == 3
+    assert len(bm.match_prefix(make_seq(9, [9] * 13, "tenant-a"))) == 3
+    bm.check_invariants([running])
+    stats = bm.stats()
+    assert (stats.num_cached_blocks, stats.num_used_blocks) == (3 + 1, 3 + 1)
+    # the forgotten blocks are handed out first, before any cached one
+    fresh = make_seq(10, list(range(500, 513)), "tenant-c")
+    bm.allocate_slots(fresh, len(fresh), [])
+    assert all(bm.blocks[b].block_hash is None for b in fresh.block_table)
+    assert len(bm.match_prefix(make_seq(11, tokens, "tenant-b"))) == 3
 
 
 # ---- in process: API keys, isolation on (the default) and off -----------------------------------------------
