@@ -10,8 +10,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,15 +58,23 @@ def send_turns(page: Any, turns: list[str]) -> None:
         expect(replies.last).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
 
 
-def shoot_light(base_url: str, out: Path) -> None:
+@contextlib.contextmanager
+def chat_page(base_url: str, color_scheme: str) -> Iterator[Any]:
+    """The chat page, ready, in a new Chromium at 1280x800."""
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox"])
         context = browser.new_context(
-            viewport={"width": 1280, "height": 800}, base_url=base_url, color_scheme="light"
+            viewport={"width": 1280, "height": 800}, base_url=base_url, color_scheme=color_scheme
         )
         page = context.new_page()
         page.goto("/")
         page.wait_for_selector("body[data-ready=true]")
+        yield page
+        browser.close()
+
+
+def shoot_light(base_url: str, out: Path) -> None:
+    with chat_page(base_url, "light") as page:
         send_turns(page, LIGHT_TURNS)
         last = page.locator(".msg-assistant").last
         last.locator("[data-action=regenerate]").click()  # a second version beside the first
@@ -78,19 +88,11 @@ def shoot_light(base_url: str, out: Path) -> None:
         page.mouse.move(0, 0)
         page.wait_for_timeout(300)
         page.screenshot(path=str(out))
-        browser.close()
     print(out)
 
 
 def shoot_dark(base_url: str, out: Path) -> None:
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox"])
-        context = browser.new_context(
-            viewport={"width": 1280, "height": 800}, base_url=base_url, color_scheme="dark"
-        )
-        page = context.new_page()
-        page.goto("/")
-        page.wait_for_selector("body[data-ready=true]")
+    with chat_page(base_url, "dark") as page:
         page.click("#toggle-settings")
         page.fill("#set-system", "You are a concise assistant for Python developers.")
         page.fill("#set-temperature", "0.2")
@@ -107,7 +109,6 @@ def shoot_dark(base_url: str, out: Path) -> None:
         )
         page.wait_for_timeout(300)
         page.screenshot(path=str(out))
-        browser.close()
     print(out)
 
 
