@@ -199,8 +199,8 @@ class AccountService:
         return user
 
     async def delete_user(self, user_id: str) -> int:
-        """Delete an account with its sign-ins and chats (their running replies stop first), then forget its
-        cached blocks; returns how many disk-tier files went."""
+        """Delete an account with its sign-ins, chats (their running replies stop first) and presets, then forget
+        its cached blocks; returns how many disk-tier files went."""
         owner = account_owner(user_id)
         for session in await self.store.list_sessions(owner):
             self.chat.stop(session.id, status=MessageStatus.INTERRUPTED)
