@@ -421,6 +421,8 @@ def test_reply_versions_switch_and_any_message_can_be_edited(open_page):
     expect(page.locator(".msg-versions")).to_have_count(0)
 
     last_reply(page).locator("[data-action=regenerate]").click()
+    # the click took the old reply off the page: until the new one starts, the last reply is the first turn's
+    expect(page.locator(".msg")).to_have_count(4)
     stats = reply_stats(last_reply(page))
     assert int(stats.group(3)) >= (int(stats.group(4)) - 1) // 16 * 16  # the same prompt: all its full blocks
     versions = last_reply(page).locator(".msg-versions")
@@ -477,6 +479,8 @@ def test_continue_grows_a_reply_cut_at_its_limit(open_page):
     assert reply.locator(".msg-body").inner_text().startswith(cut_text.rstrip())
     expect(reply.locator("[data-action=continue]")).to_be_visible()  # cut at its limit again
     send(page, "Thanks")
+    # until its reply starts, the last reply on the page is the continued one
+    expect(page.locator(".msg")).to_have_count(4)
     reply_stats(last_reply(page))
     expect(page.locator("[data-action=continue]:visible")).to_have_count(1)  # only on the last reply
 
