@@ -575,6 +575,40 @@ def test_search_opens_the_matching_chat_and_export_downloads_it(open_page):
     expect(page.locator("#export-menu")).not_to_have_attribute("open", "")
 
 
+def test_a_search_hit_in_another_version_shows_its_branch(open_page):
+    """Search finds every version of a message; opening a hit that is not on the branch on show switches to it."""
+    page = open_page("/")
+    sid = new_session(page, title="Versions to find", settings={"max_tokens": 2})
+    origin = page.url.split("/#")[0].rstrip("/")
+    first = page.request.post(
+        f"/api/sessions/{sid}/messages",
+        data={"content": "Which quokka is oldest?"},
+        headers={"Origin": origin},
+    )
+    assert first.status == 200, first.text()
+    asked = page.request.get(f"/api/sessions/{sid}").json()["messages"][0]["id"]
+    edited = page.request.post(  # the edit is on show now; the first version waits on the other branch
+        f"/api/sessions/{sid}/edit",
+        data={"content": "Which wombat is oldest?", "message_id": asked},
+        headers={"Origin": origin},
+    )
+    assert edited.status == 200, edited.text()
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    expect(page.locator(".msg-user .msg-body")).to_have_text(["Which wombat is oldest?"])
+
+    page.locator("#search-input").press_sequentially("quokka")
+    hit = page.locator("#search-results .search-hit")
+    expect(hit).to_have_count(1)
+    hit.click()
+    expect(page.locator(f'.msg-user.is-search-hit[data-id="{asked}"] .msg-body')).to_have_text(
+        "Which quokka is oldest?"
+    )
+    expect(page.locator(".msg-user .version-label")).to_have_text("1/2")
+    assert page.request.get(f"/api/sessions/{sid}").json()["messages"][0]["id"] == asked  # the server's too
+    page.press("#search-input", "Escape")
+
+
 def test_scripts_are_modules_served_as_javascript(open_page, ui_server):
     page = open_page("/")
     # the theme, set before the first paint, then one entry module that imports the rest
