@@ -1034,9 +1034,29 @@ def chat_with_a_reply(page: Any) -> None:
     page.click("#toggle-settings")
 
 
-def check_contrast(page: Any) -> None:
-    ratios = page.evaluate(CONTRAST, TEXT_ON_SURFACES)
+# text that the chat shows in passing: a search's highlighted words, the note on a message waiting to go out
+TEXT_IN_PASSING = ["#search-results mark", ".msg-user.is-pending .msg-note span"]
+
+
+def check_contrast(page: Any, selectors: list[str] = TEXT_ON_SURFACES) -> None:
+    ratios = page.evaluate(CONTRAST, selectors)
     assert all(r is not None and r >= 4.5 for r in ratios.values()), ratios
+
+
+def search_and_wait_offline(page: Any) -> None:
+    """Search for the chat's own words (highlighted hits), and send a message while the socket is down, so that it
+    waits with its note (the socket is closed for good and counted as reconnecting)."""
+    page.locator("#search-input").fill("dark")
+    expect(page.locator("#search-results mark").first).to_be_visible()
+    page.evaluate(
+        """async () => {
+            const { state } = await import('/static/chat_state.js');
+            state.socket.close();
+            state.socket.attempt = 1;
+        }"""
+    )
+    send(page, "Waits for the connection")
+    expect(page.locator(".msg-user.is-pending .msg-note")).to_contain_text("Not sent yet")
 
 
 def test_dark_mode_follows_the_system_from_the_first_paint_with_readable_text(chromium, ui_server, open_page):
@@ -1063,10 +1083,13 @@ def test_the_theme_menu_switches_at_once_and_is_remembered(chromium, ui_server, 
     chat_with_a_reply(page)
     check_contrast(page)
     screenshot(page, "theme-light-wide.png")
+    search_and_wait_offline(page)
+    check_contrast(page, TEXT_IN_PASSING)
     page.select_option("#theme-select", "dark")
     expect(page.locator("html")).to_have_attribute("data-theme", "dark")
     assert background(page) == DARK_BG
     check_contrast(page)
+    check_contrast(page, TEXT_IN_PASSING)
     page.reload()
     page.wait_for_selector("body[data-ready=true]")
     assert (page.evaluate("() => window.__themeAtBody"), background(page)) == ("dark", DARK_BG)
@@ -1404,8 +1427,12 @@ def test_the_admin_page_and_its_canvases_follow_the_theme(chromium, ui_server, o
     }"""
     dark = page.evaluate(first_cell)
     assert dark["pixel"] == dark["css"], dark
-    ratios = page.evaluate(CONTRAST, [".counter dt", ".counter dd", ".settings-table td", "#map-title"])
-    assert all(r is not None and r >= 4.5 for r in ratios.values()), ratios
+    # a sequence whose prefix is being read from the disk tier (the pool is idle here: its status line, made up)
+    page.evaluate(
+        """() => document.getElementById("seq-rows").insertAdjacentHTML("beforeend",
+            '<tr><td><span class="seq-status" data-status="loading">loading from disk</span></td></tr>')"""
+    )
+    check_contrast(page, [".counter dt", ".counter dd", ".settings-table td", "#map-title", ".seq-status"])
     screenshot(page, "admin-dark-wide.png", full_page=True)
     page.select_option("#theme-select", "light")  # redrawn at once, not at the next sample
     light = page.evaluate(first_cell)
