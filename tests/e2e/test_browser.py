@@ -1068,6 +1068,12 @@ def test_dark_mode_follows_the_system_from_the_first_paint_with_readable_text(ch
     expect(page.locator("#theme-select")).to_have_value("system")
     chat_with_a_reply(page)
     check_contrast(page)
+    # a formula KaTeX refuses is shown as its source, in the error colour (made up: the tiny model writes no TeX)
+    page.evaluate(
+        """() => document.querySelector(".msg-assistant .msg-body").insertAdjacentHTML("beforeend",
+            '<p><span class="md-tex-error">\\\\frac{</span></p>')"""
+    )
+    check_contrast(page, [".msg-assistant .md-tex-error"])
     # code blocks follow the theme too (markdown.css: highlight.js's GitHub Dark)
     code_bg = page.evaluate("() => getComputedStyle(document.documentElement).getPropertyValue('--code-bg')")
     assert code_bg == "#0d1117"
@@ -1428,11 +1434,21 @@ def test_the_admin_page_and_its_canvases_follow_the_theme(chromium, ui_server, o
     dark = page.evaluate(first_cell)
     assert dark["pixel"] == dark["css"], dark
     # a sequence whose prefix is being read from the disk tier (the pool is idle here: its status line, made up)
+    # a selected sequence, and one whose prefix is being read from the disk tier (the pool is idle here: made up)
     page.evaluate(
         """() => document.getElementById("seq-rows").insertAdjacentHTML("beforeend",
-            '<tr><td><span class="seq-status" data-status="loading">loading from disk</span></td></tr>')"""
+            '<tr class="is-selected"><td><button class="link-btn">#7</button>' +
+            '<span class="seq-status" data-status="loading">loading from disk</span></td></tr>')"""
     )
-    check_contrast(page, [".counter dt", ".counter dd", ".settings-table td", "#map-title", ".seq-status"])
+    texts = [
+        ".counter dt",
+        ".counter dd",
+        ".settings-table td",
+        "#map-title",
+        ".seq-status",
+        ".is-selected .link-btn",
+    ]
+    check_contrast(page, texts)
     screenshot(page, "admin-dark-wide.png", full_page=True)
     page.select_option("#theme-select", "light")  # redrawn at once, not at the next sample
     light = page.evaluate(first_cell)
