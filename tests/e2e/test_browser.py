@@ -484,6 +484,23 @@ def test_continue_grows_a_reply_cut_at_its_limit(open_page):
     reply_stats(last_reply(page))
     expect(page.locator("[data-action=continue]:visible")).to_have_count(1)  # only on the last reply
 
+    # with the connection down, Continue changes nothing and says why (as Regenerate and Edit)
+    cut = last_reply(page)
+    text = cut.get_attribute("data-text")
+    page.evaluate(
+        """async () => {
+            const { state } = await import('/static/chat_state.js');
+            state.socket.close();
+            state.socket.attempt = 1;
+        }"""
+    )
+    cut.locator("[data-action=continue]").click()
+    expect(page.locator("#error-text")).to_contain_text("Not connected to the server")
+    expect(page.locator(".msg")).to_have_count(4)
+    expect(cut).to_have_attribute("data-status", "finished")
+    assert cut.get_attribute("data-text") == text
+    expect(cut.locator("[data-action=continue]")).to_be_visible()
+
 
 def test_sidebar_rename_delete_keyboard_and_visible_errors(open_page):
     page = open_page("/")
