@@ -398,6 +398,17 @@ def wait_failed_reconnects(page: Any, count: int, timeout_s: float = 10.0) -> No
         page.wait_for_timeout(100)
 
 
+def lose_the_connection(page: Any) -> None:
+    """The chat's socket closes and stays closed, counted as reconnecting (as while the server cannot be reached)."""
+    page.evaluate(
+        """async () => {
+            const { state } = await import('/static/chat_state.js');
+            state.socket.close();
+            state.socket.attempt = 1;
+        }"""
+    )
+
+
 def reply_stats(reply: Any) -> re.Match[str]:
     """The stats line of a finished reply, parsed: tokens (1), cached (3) of prompt tokens (4)."""
     expect(reply).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
@@ -487,13 +498,7 @@ def test_continue_grows_a_reply_cut_at_its_limit(open_page):
     # with the connection down, Continue changes nothing and says why (as Regenerate and Edit)
     cut = last_reply(page)
     text = cut.get_attribute("data-text")
-    page.evaluate(
-        """async () => {
-            const { state } = await import('/static/chat_state.js');
-            state.socket.close();
-            state.socket.attempt = 1;
-        }"""
-    )
+    lose_the_connection(page)
     cut.locator("[data-action=continue]").click()
     expect(page.locator("#error-text")).to_contain_text("Not connected to the server")
     expect(page.locator(".msg")).to_have_count(4)
@@ -1062,16 +1067,10 @@ def check_contrast(page: Any, selectors: list[str] = TEXT_ON_SURFACES) -> None:
 
 def search_and_wait_offline(page: Any) -> None:
     """Search for the chat's own words (highlighted hits), and send a message while the socket is down, so that it
-    waits with its note (the socket is closed for good and counted as reconnecting)."""
+    waits with its note."""
     page.locator("#search-input").fill("dark")
     expect(page.locator("#search-results mark").first).to_be_visible()
-    page.evaluate(
-        """async () => {
-            const { state } = await import('/static/chat_state.js');
-            state.socket.close();
-            state.socket.attempt = 1;
-        }"""
-    )
+    lose_the_connection(page)
     send(page, "Waits for the connection")
     expect(page.locator(".msg-user.is-pending .msg-note")).to_contain_text("Not sent yet")
 
