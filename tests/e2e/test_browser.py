@@ -840,7 +840,7 @@ def test_markdown_code_copy_and_math_in_a_reply(open_page, ui_server):
     page.mouse.move(0, 0)
     screenshot(page, "chat-markdown.png")
 
-    # code colours are variables: GitHub's light theme, GitHub Dark under a dark scheme or <html data-theme=dark>
+    # code colours are variables: GitHub's light theme, GitHub Dark with <html data-theme=dark>, as the page's palette
     def code_colours() -> list[str]:
         return page.evaluate(
             """() => [document.querySelector(".msg-body pre"), document.querySelector(".hljs-keyword")]
