@@ -507,6 +507,29 @@ def test_continue_grows_a_reply_cut_at_its_limit(open_page):
     expect(cut.locator("[data-action=continue]")).to_be_visible()
 
 
+def test_a_message_follows_the_reply_on_the_page_whatever_another_device_put_on_show(open_page):
+    """Two devices of one owner on one chat: the other regenerates (its version is on show on the server), this page
+    still shows the first reply and answers it; the message goes after that reply, as the page shows it."""
+    page = open_page("/")
+    sid = new_session(page, title="Two devices", settings={"max_tokens": 2})
+    page.goto(f"/#s={sid}")
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    send(page, "First question")
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    shown = int(last_reply(page).get_attribute("data-id"))
+    origin = page.url.split("/#")[0].rstrip("/")
+    elsewhere = page.request.post(f"/api/sessions/{sid}/regenerate", data={}, headers={"Origin": origin})
+    assert elsewhere.status == 200, elsewhere.text()
+    send(page, "Second question")
+    expect(page.locator(".msg")).to_have_count(4)
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    on_page = [int(n.get_attribute("data-id")) for n in page.locator(".msg").all()]
+    stored = page.request.get(f"/api/sessions/{sid}").json()["messages"]
+    assert [m["id"] for m in stored] == on_page
+    assert stored[1]["id"] == shown and stored[2]["parent_id"] == shown
+
+
 def test_sidebar_rename_delete_keyboard_and_visible_errors(open_page):
     page = open_page("/")
     alpha = new_session(page, title="Alpha")
