@@ -57,7 +57,6 @@ export class ChatSocket {
     this.everOpened = false;
     this.retryTimer = null;
     this.pingTimer = null;
-    this.waiters = [];
   }
 
   get isOpen() {
@@ -73,7 +72,6 @@ export class ChatSocket {
       this.everOpened = true;
       this.attempt = 0;
       this.pingTimer = setInterval(() => this.send({ type: ClientFrame.PING }), PING_INTERVAL_MS);
-      this.waiters.splice(0).forEach((resolve) => resolve(true));
       this.handlers.open(reconnect);
     };
     ws.onmessage = (event) => {
@@ -102,15 +100,6 @@ export class ChatSocket {
         this.retryTimer = setTimeout(() => this.connect(), delay);
       }
     };
-  }
-
-  /** Resolves true once open (false after `timeoutMs`). */
-  waitOpen(timeoutMs) {
-    if (this.isOpen) return Promise.resolve(true);
-    return new Promise((resolve) => {
-      this.waiters.push(resolve);
-      setTimeout(() => resolve(false), timeoutMs);
-    });
   }
 
   send(frame) {

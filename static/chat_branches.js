@@ -14,19 +14,8 @@ export async function switchVersion(node, step) {
   const ids = nav.dataset.siblingIds.split(",").map(Number);
   const target = ids[Number(nav.dataset.index) + step];
   if (target === undefined) return;
-  const sessionId = state.current.id;
   const top = node.getBoundingClientRect().top;
-  let shown;
-  try {
-    shown = await api("POST", "/api/sessions/" + encodeURIComponent(sessionId) + "/branch", { message_id: target });
-  } catch (e) {
-    showError(e.message);
-    return;
-  }
-  if (!state.current || state.current.id !== sessionId || state.streaming) return;
-  clearError();
-  Object.assign(state.current, shown);
-  renderConversation(shown.messages);
+  if (!(await showBranchThrough(target))) return;
   // the switched message stays where it was on screen, its control under the pointer
   const again = ui.messages.querySelector('.msg[data-id="' + target + '"]');
   if (again) {
@@ -35,6 +24,25 @@ export async function switchVersion(node, step) {
     const same = buttons.find((b) => b.dataset.action === (step < 0 ? "version-prev" : "version-next"));
     if (same || buttons[0]) (same || buttons[0]).focus();
   }
+}
+
+/** Make the branch through the message `messageId` (at its newest turn) the one on show, on the server and on the
+ * page (a version switch, a search hit on another branch); false when it was not switched (the error is shown). */
+export async function showBranchThrough(messageId) {
+  if (!state.current || state.streaming) return false;
+  const sessionId = state.current.id;
+  let shown;
+  try {
+    shown = await api("POST", "/api/sessions/" + encodeURIComponent(sessionId) + "/branch", { message_id: messageId });
+  } catch (e) {
+    showError(e.message, e.status === 0 ? "connection" : "");
+    return false;
+  }
+  if (!state.current || state.current.id !== sessionId || state.streaming) return false;
+  clearError();
+  Object.assign(state.current, shown);
+  renderConversation(shown.messages);
+  return true;
 }
 
 /** Extend the reply `node` where it stopped; its bubble grows. */

@@ -13,12 +13,12 @@ const UNCERTAIN_NOTE = "The connection dropped as this was sent: it is checked, 
 
 /** Show `text` as the user's pending message and send it, now or once the socket is open. */
 export function queueMessage(text) {
+  const frame = aboutReplyOnShow({ type: ClientFrame.MESSAGE, content: text });
   const node = view.userMessage({ content: text });
   node.classList.add("is-pending");
   ui.messages.appendChild(node);
   ui.input.value = "";
   autoGrow();
-  const frame = { type: ClientFrame.MESSAGE, content: text };
   state.outbox = { frame, text, node, sent: false, uncertain: false, afterId: lastStoredId() };
   setStreaming(true);
   updateEmptyState();
@@ -126,6 +126,14 @@ function markWaiting(note) {
     box.node.insertBefore(line, box.node.querySelector(".msg-actions"));
   }
   line.firstChild.textContent = note;
+}
+
+/** A message answers the reply the page shows last (`parent_id`), not whatever branch another tab or device of
+ * the same owner has put on show on the server since; with no reply on the page, the server's active leaf. */
+function aboutReplyOnShow(frame) {
+  const last = messageNodes().pop();
+  const id = last && last.dataset.role === "assistant" ? Number(last.dataset.id) : 0;
+  return id > 0 ? Object.assign(frame, { parent_id: id }) : frame;
 }
 
 function lastStoredId() {

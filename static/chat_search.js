@@ -2,6 +2,7 @@
 // /api/sessions/{id}/export). Snippets arrive as the message's own text with U+0002 / U+0003 around each match: the
 // text goes in through text nodes, and only those markers become <mark> elements (never innerHTML).
 import { api } from "./chat_api.js";
+import { showBranchThrough } from "./chat_branches.js";
 import { openSession } from "./chat_sessions.js";
 import { state } from "./chat_state.js";
 
@@ -108,12 +109,17 @@ function onInput() {
   timer = setTimeout(() => runSearch(query, 0), DEBOUNCE_MS);
 }
 
-/** Open the hit's chat, then bring its message into view and flash it. */
+/** Open the hit's chat, then bring its message into view and flash it. A message of another branch (an older
+ * version of an edited message or a regenerated reply) is searched too: its branch is put on show first. */
 async function openHit(item) {
   onOpenHit();
   const sessionId = item.dataset.sessionId;
   if (!state.current || state.current.id !== sessionId) await openSession(sessionId);
-  const message = document.querySelector('#messages .msg[data-id="' + CSS.escape(item.dataset.messageId) + '"]');
+  const selector = '#messages .msg[data-id="' + CSS.escape(item.dataset.messageId) + '"]';
+  let message = document.querySelector(selector);
+  if (!message && state.current && state.current.id === sessionId) {
+    if (await showBranchThrough(Number(item.dataset.messageId))) message = document.querySelector(selector);
+  }
   if (!message) return;
   message.scrollIntoView({ block: "center" });
   message.classList.add("is-search-hit");

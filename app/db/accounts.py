@@ -13,7 +13,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from app.db.account_models import ACCOUNT_ROLES, Invite, User, UserSession
-from app.db.models import ChatSession, utcnow
+from app.db.models import ChatSession, Preset, utcnow
 from app.db.records import as_utc
 from app.db.usage import forget
 
@@ -174,14 +174,15 @@ def update_user(s: Session, user_id: str, role: str | None, disabled: bool | Non
 
 
 def delete_user(s: Session, user_id: str, owner: str) -> bool:
-    """Delete the account, its sign-ins, and every chat of `owner` (its owner id); AccountConflict for the last
-    enabled admin. False when it is missing."""
+    """Delete the account, its sign-ins, and every chat and preset of `owner` (its owner id); AccountConflict for
+    the last enabled admin. False when it is missing."""
     row = s.get(User, user_id)
     if row is None:
         return False
     if row.role == "admin" and not row.disabled and _num_enabled_admins(s) == 1:
         raise AccountConflict("refused: this is the last enabled admin (make another account admin first)")
     s.execute(delete(ChatSession).where(ChatSession.owner == owner))  # messages go by ON DELETE CASCADE
+    s.execute(delete(Preset).where(Preset.owner == owner))  # system prompts of its own, like its chats
     forget(s, owner)
     s.delete(row)  # its sign-ins go by ON DELETE CASCADE
     return True

@@ -182,6 +182,15 @@ def add_message(
     return message_record(row)
 
 
+def check_reply_room(s: Session, session_id: str, quota: StorageQuota) -> None:
+    """QuotaExceeded when the session's owner has no room for one more message: a new version of a reply, which no
+    new user message made room for; LookupError when the session does not exist."""
+    session = s.get(ChatSession, session_id)
+    if session is None:
+        raise LookupError(f"session {session_id!r} does not exist")
+    check_room(s, quota, session.owner, new_messages=1)
+
+
 def resume_assistant(s: Session, message_id: int, values: dict[str, Any]) -> MessageRecord:
     """Put a finished answer back in 'streaming' to extend it (continue), with `values`; it becomes the active
     leaf. LookupError when it was deleted."""

@@ -36,7 +36,8 @@ class Store(PresetMethods, AccountStore, StoreThreads):
     StoreUnavailable; bad arguments raise ValueError; calls before `start()` or after `close()` raise RuntimeError.
     Every write is committed before its call returns. `start()` migrates to head, then marks assistant rows left
     'streaming' by a previous process as 'interrupted'. Writes a client asks for (a session, a rename, a user
-    message) are checked against `quota` and raise QuotaExceeded past it; replies are not (they must be stored).
+    message, room for a regenerated reply) are checked against `quota` and raise QuotaExceeded past it; replies are
+    not (they must be stored: their room was checked before they started).
     """
 
     def __init__(
@@ -146,6 +147,12 @@ class Store(PresetMethods, AccountStore, StoreThreads):
         values = _message_values(role, content, token_ids, status)
         quota = self.quota if role == "user" else None
         return await self._tx(queries.add_message, session_id, values, quota, parent_id)
+
+    async def check_reply_room(self, session_id: str) -> None:
+        """Before a new version of a reply (regenerate): QuotaExceeded when the owner has no room for one more
+        message. A new user message makes room for its reply; a regenerate adds a reply and keeps the old one."""
+        if self.quota.max_messages or self.quota.max_database_bytes:  # the limits a message counts against
+            await self._tx(queries.check_reply_room, session_id, self.quota)
 
     async def start_assistant(
         self,

@@ -47,7 +47,13 @@ async def export_session(request: Request, svc: Services, owner: str) -> Respons
         )
         body = json.dumps(document, ensure_ascii=False, indent=2) + "\n"
     else:  # for reading: the branch on show
-        body = export_markdown(session, list(tree.active_path()), exported_at=now)
+        preset = await svc.store.get_preset(owner, session.preset_id) if session.preset_id else None
+        body = export_markdown(
+            session,
+            list(tree.active_path()),
+            exported_at=now,
+            preset_name=preset.name if preset is not None else None,
+        )
     ascii_name, unicode_name = export_filename(session.title, file_format)
     disposition = f'attachment; filename="{ascii_name}"'
     if unicode_name != ascii_name:  # RFC 6266: browsers prefer filename*, older clients read filename

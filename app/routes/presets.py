@@ -1,8 +1,9 @@
 """Presets over JSON: list, create, read, update, delete the caller's named system prompts and sampling settings.
 
-A preset belongs to whoever sessions belong to (the browser cookie, or the API key): another caller sees none of
-them. Its settings follow the rules of a chat's settings (app/services/chat_settings.py); a chat follows one preset
-(its `preset_id`), whose values fill in what the chat leaves unset; new chats follow the caller's default preset.
+A preset belongs to whoever sessions belong to (the browser cookie, the API key, or the signed-in account): another
+caller sees none of them. Its settings follow the rules of a chat's settings (app/services/chat_settings.py); a chat
+follows one preset (its `preset_id`), whose values fill in what the chat leaves unset; new chats follow the caller's
+default preset.
 """
 
 from __future__ import annotations

@@ -200,8 +200,8 @@ class AccountService:
         return user
 
     async def delete_user(self, user_id: str) -> CachePurge:
-        """Delete an account with its sign-ins and chats (their running replies stop first), then forget its
-        cached blocks (RAM pool and disk tier); returns how many went."""
+        """Delete an account with its sign-ins, chats (their running replies stop first) and presets, then forget
+        its cached blocks (RAM pool and disk tier); returns how many went."""
         owner = account_owner(user_id)
         for session in await self.store.list_sessions(owner):
             self.chat.stop(session.id, status=MessageStatus.INTERRUPTED)

@@ -62,6 +62,7 @@ def export_json(
             "title": session.title,
             "system_prompt": session.system_prompt,
             "settings": session.settings,
+            "preset_id": session.preset_id,  # what the chat leaves unset comes from it
             "created_at": session.created_at.isoformat(),
             "updated_at": session.updated_at.isoformat(),
         },
@@ -84,8 +85,14 @@ def _message_json(m: MessageRecord, token_ids: bool) -> dict[str, Any]:
     return fields
 
 
-def export_markdown(session: SessionRecord, messages: list[MessageRecord], *, exported_at: datetime) -> str:
-    """The chat as a Markdown document."""
+def export_markdown(
+    session: SessionRecord,
+    messages: list[MessageRecord],
+    *,
+    exported_at: datetime,
+    preset_name: str | None = None,
+) -> str:
+    """The chat as a Markdown document; `preset_name`: the preset the chat follows, if any."""
     lines = [
         f"# {escape_inline(session.title) or 'Untitled chat'}",
         "",
@@ -93,6 +100,8 @@ def export_markdown(session: SessionRecord, messages: list[MessageRecord], *, ex
         f"{len(messages)} message{'' if len(messages) == 1 else 's'}_",
         "",
     ]
+    if preset_name is not None:
+        lines += [f"Preset: {escape_inline(preset_name)}", ""]
     if session.settings:
         lines += ["Settings:", ""]
         lines += [f"- {name}: {_inline_code(json.dumps(value))}" for name, value in session.settings.items()]

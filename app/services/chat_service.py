@@ -175,6 +175,10 @@ class ChatService:
         preset = await self.store.get_preset(owner, session.preset_id) if session.preset_id else None
         params, max_tokens = self._params(effective_settings(session, preset))
         fork = locate(mode, tree, target)
+        if (
+            mode is ReplyMode.REGENERATE
+        ):  # the old reply stays as a version: one more message, as a new turn's
+            await self.store.check_reply_room(session_id)
         text = content if fork.user is None else fork.user.content
         turns = turns_from_messages(fork.history, self.fingerprint)
         system_prompt = effective_system_prompt(session, preset, self.settings.default_system_prompt)

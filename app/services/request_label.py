@@ -23,10 +23,12 @@ class RequestLabel:
 
 
 def owner_label(owner: str | None) -> str:
-    """'browser:Xy12...' -> 'browser Xy12ab34'; 'key:3f2a...' -> 'API key 3f2a9c1b'; None -> 'no API key'.
+    """'browser:Xy12...' -> 'browser Xy12ab34'; 'key:3f2a...' -> 'API key 3f2a9c1b'; 'user:0f3c...' (an account,
+    `--auth local|oidc`) -> 'account 0f3c9a1b'; None -> 'no API key'.
 
-    A browser id is a secret only with the cookie's signature, and an API key's owner id is already a digest; the
-    first 8 characters tell identities apart and match the `owner` column of the sessions table.
+    A browser id is a secret only with the cookie's signature, an API key's owner id is already a digest, and an
+    account id names no one without the users table; the first 8 characters tell identities apart and match the
+    `owner` column of the sessions table.
     """
     if owner is None:
         return "no API key"
@@ -36,6 +38,8 @@ def owner_label(owner: str | None) -> str:
         return f"browser {short}"
     if kind == "key":
         return f"API key {short}"
+    if kind == "user":
+        return f"account {short}"
     return owner[: OWNER_ID_CHARS + 8]
 
 

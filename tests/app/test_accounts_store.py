@@ -105,13 +105,19 @@ async def test_the_last_enabled_admin_stays(store: Store) -> None:
     assert (await store.get_user(alice.id)).role == "user"
 
 
-async def test_deleting_a_user_deletes_its_chats_and_sign_ins_only(store: Store, tmp_path: Path) -> None:
+async def test_deleting_a_user_deletes_its_chats_presets_and_sign_ins_only(
+    store: Store, tmp_path: Path
+) -> None:
     await store.create_user("admin", "h", "admin")
     bob = await store.create_user("bob", "h", "user")
     carol = await store.create_user("carol", "h", "user")
-    mine = await store.create_session(account_owner(bob.id), title="bob's")
+    preset = await store.create_preset(
+        account_owner(bob.id), "Private", system_prompt="bob's notes", is_default=True
+    )
+    mine = await store.create_session(account_owner(bob.id), title="bob's", preset_id=preset.id)
     await store.add_message(mine.id, "user", "hello")
     theirs = await store.create_session(account_owner(carol.id), title="carol's")
+    kept = await store.create_preset(account_owner(carol.id), "Private")
     await store.create_user_session(secret_hash("b"), bob.id, "127.0.0.1", 3600)
     assert await store.delete_user(bob.id, account_owner(bob.id)) is True
     assert await store.delete_user(bob.id, account_owner(bob.id)) is False
@@ -119,6 +125,8 @@ async def test_deleting_a_user_deletes_its_chats_and_sign_ins_only(store: Store,
     assert raw(tmp_path, f"SELECT count(*) FROM messages WHERE session_id = '{mine.id}'") == [(0,)]
     assert raw(tmp_path, "SELECT count(*) FROM user_sessions") == [(0,)]
     assert [s.id for s in await store.list_sessions(account_owner(carol.id))] == [theirs.id]
+    # a preset is the account's own text (a system prompt): it goes with the account, another account's stays
+    assert raw(tmp_path, "SELECT id FROM presets") == [(kept.id,)]
 
 
 async def test_an_invite_creates_its_account_once_before_it_expires(store: Store) -> None:

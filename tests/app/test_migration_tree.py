@@ -1,5 +1,6 @@
 """Migration 0005 (the message tree) on databases made by the previous schema: each linear history becomes a chain
-without losing a field, and the downgrade keeps each session's active branch."""
+without losing a field, and the downgrade keeps each session's active branch. And every step of the chain from 0002,
+up and down, keeps every chat and message."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from alembic import command
+from alembic.script import ScriptDirectory
 
 from app.db import Store
 from app.db.database import alembic_config
@@ -148,3 +150,23 @@ async def test_the_downgrade_keeps_each_active_branch(tmp_path: Path) -> None:
         ("s-other", "Other owner"),
         ("s-other", "Long answer"),
     ]
+
+
+def test_each_step_of_the_chain_keeps_every_chat_and_message(tmp_path: Path) -> None:
+    """0002 up to head and back, one revision at a time, with foreign keys on (as the app migrates): no step may
+    lose a row, as a batch copy of chat_sessions would (dropping the old table cascades to every message)."""
+    url = make_db_at_0002(tmp_path)
+    cfg = alembic_config(url)
+    chats = "SELECT id, owner, title, system_prompt, settings, created_at FROM chat_sessions ORDER BY id"
+    messages = f"SELECT {MESSAGE_COLUMNS} FROM messages ORDER BY id"
+    stored = (rows(tmp_path, chats), rows(tmp_path, messages))
+    chain = [s.revision for s in reversed(list(ScriptDirectory.from_config(cfg).walk_revisions()))]
+    after_0002 = chain[chain.index("0002") + 1 :]
+    assert after_0002, chain
+    for revision in after_0002:
+        command.upgrade(cfg, revision)
+        assert (rows(tmp_path, chats), rows(tmp_path, messages)) == stored, f"upgrade to {revision}"
+    for revision in reversed(chain[chain.index("0002") : -1]):
+        command.downgrade(cfg, revision)
+        assert (rows(tmp_path, chats), rows(tmp_path, messages)) == stored, f"downgrade to {revision}"
+    assert rows(tmp_path, "PRAGMA foreign_key_check") == []

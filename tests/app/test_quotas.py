@@ -80,11 +80,25 @@ def test_messages_past_the_owner_limit_are_refused_over_http_and_the_socket(clie
     assert "max_messages_per_owner" in frame["message"]
     messages = user.get(f"/api/sessions/{sid}/messages").json()["messages"]
     assert [m["content"] for m in messages if m["role"] == "user"] == ["Hi", "Again"]
-    # regenerating replaces the last turn: no more messages than before, so it is allowed at the limit
+    # a regenerate keeps the old reply as a version beside the new one: a fifth message, refused at the limit (over
+    # HTTP and the socket), else every regenerate would store one more reply past the quota
+    check_quota(send(user, sid, "", path="regenerate"), "max_messages_per_owner", 4)
+    with user.websocket_connect(f"/ws/sessions/{sid}") as ws:
+        ws.send_json({"type": "regenerate"})
+        frame = ws.receive_json()
+    assert (frame["type"], frame["status"], frame["code"]) == ("error", 403, "quota_exceeded")
+    assert (
+        len(user.get(f"/api/sessions/{sid}/export").json()["messages"]) == 4
+    )  # every version of every message
+    # with room, a regenerate is a new version
+    assert user.delete(f"/api/sessions/{sid}").status_code == 204
+    sid = new_session(user)
+    assert send(user, sid, "Hi").status_code == 200
     with user.stream("POST", f"/api/sessions/{sid}/regenerate") as regenerated:
         events = [json.loads(e["data"]) for e in sse_events(regenerated.iter_lines())]
     assert regenerated.status_code == 200 and events[-1]["type"] == "done"
-    assert len(user.get(f"/api/sessions/{sid}/messages").json()["messages"]) == 4
+    shown = user.get(f"/api/sessions/{sid}/messages").json()["messages"]
+    assert len(shown) == 2 and len(shown[1]["sibling_ids"]) == 2
 
 
 def test_text_past_the_owner_byte_limit_is_refused(client):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from app.routes.security import BROWSER_OWNER, key_fingerprint
+from app.services.accounts import account_owner
 from app.services.request_label import RequestLabel, api_label, chat_label, owner_label
 
 
@@ -10,6 +11,9 @@ def test_owners_are_named_by_kind_and_a_short_id():
     assert owner_label(BROWSER_OWNER + "Xy12ab34cd56ef78") == "browser Xy12ab34"
     assert owner_label("key:" + key_fingerprint("sk-test")) == "API key " + key_fingerprint("sk-test")[:8]
     assert owner_label(None) == "no API key"
+    assert (
+        owner_label(account_owner("0f3c9a1b2d4e5f60718293a4b5c6d7e8")) == "account 0f3c9a1b"
+    )  # --auth local|oidc
     assert owner_label("other:thing") == "other:thing"
 
 

@@ -121,8 +121,15 @@ def test_bad_searches_are_400_naming_the_parameter(client, params, param, fragme
 
 def test_json_export_round_trips_the_chat(client):
     settings = {"temperature": 0.25, "max_tokens": 64}
+    preset = client.post("/api/presets", json={"name": "Planner", "settings": {"top_k": 20}}).json()
     sid = make_chat(
-        client, "Trip: Oslo/Bergen", "Plan it", "Day 1: fjords.", system_prompt="Be brief.", settings=settings
+        client,
+        "Trip: Oslo/Bergen",
+        "Plan it",
+        "Day 1: fjords.",
+        system_prompt="Be brief.",
+        settings=settings,
+        preset_id=preset["id"],
     )
     response = client.get(f"/api/sessions/{sid}/export", params={"format": "json"})
     assert response.status_code == 200, response.text
@@ -130,8 +137,9 @@ def test_json_export_round_trips_the_chat(client):
     assert response.headers["content-disposition"] == 'attachment; filename="trip-oslo-bergen.json"'
     exported = json.loads(response.content)
     shown = client.get(f"/api/sessions/{sid}").json()
-    session_keys = ("id", "title", "system_prompt", "settings", "created_at", "updated_at")
+    session_keys = ("id", "title", "system_prompt", "settings", "preset_id", "created_at", "updated_at")
     assert exported["session"] == {key: shown[key] for key in session_keys}
+    assert exported["session"]["preset_id"] == preset["id"]  # the values the chat leaves unset come from it
     assert exported["pagedchat_export"] == 1
     # the API's fields of each message, but the versions it is among (the export names each parent instead)
     api_keys = [k for k in shown["messages"][0] if k not in ("sibling_ids", "sibling_index")]
@@ -186,7 +194,8 @@ def owner_of(user: TestClient) -> str:
 
 
 def test_markdown_export_is_an_attachment_named_after_the_title(client):
-    sid = make_chat(client, "Café crème", "How?", "```sh\necho '<hi>'\n```")
+    preset = client.post("/api/presets", json={"name": "Shell *tips*"}).json()
+    sid = make_chat(client, "Café crème", "How?", "```sh\necho '<hi>'\n```", preset_id=preset["id"])
     response = client.get(f"/api/sessions/{sid}/export", params={"format": "md"})
     assert response.status_code == 200, response.text
     assert response.headers["content-type"] == "text/markdown; charset=utf-8"
@@ -195,6 +204,7 @@ def test_markdown_export_is_an_attachment_named_after_the_title(client):
     )
     text = response.text
     assert text.startswith("# Café crème\n")
+    assert "\n\nPreset: Shell \\*tips\\*\n\n" in text  # the preset the chat follows, its name as text
     assert "## User\n\n_" in text and "\n\nHow?\n\n## Assistant\n\n_" in text
     assert text.endswith("\n\n```sh\necho '<hi>'\n```\n")
 

@@ -398,6 +398,17 @@ def wait_failed_reconnects(page: Any, count: int, timeout_s: float = 10.0) -> No
         page.wait_for_timeout(100)
 
 
+def lose_the_connection(page: Any) -> None:
+    """The chat's socket closes and stays closed, counted as reconnecting (as while the server cannot be reached)."""
+    page.evaluate(
+        """async () => {
+            const { state } = await import('/static/chat_state.js');
+            state.socket.close();
+            state.socket.attempt = 1;
+        }"""
+    )
+
+
 def reply_stats(reply: Any) -> re.Match[str]:
     """The stats line of a finished reply, parsed: tokens (1), cached (3) of prompt tokens (4)."""
     expect(reply).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
@@ -421,6 +432,8 @@ def test_reply_versions_switch_and_any_message_can_be_edited(open_page):
     expect(page.locator(".msg-versions")).to_have_count(0)
 
     last_reply(page).locator("[data-action=regenerate]").click()
+    # the click took the old reply off the page: until the new one starts, the last reply is the first turn's
+    expect(page.locator(".msg")).to_have_count(4)
     stats = reply_stats(last_reply(page))
     assert int(stats.group(3)) >= (int(stats.group(4)) - 1) // 16 * 16  # the same prompt: all its full blocks
     versions = last_reply(page).locator(".msg-versions")
@@ -477,8 +490,44 @@ def test_continue_grows_a_reply_cut_at_its_limit(open_page):
     assert reply.locator(".msg-body").inner_text().startswith(cut_text.rstrip())
     expect(reply.locator("[data-action=continue]")).to_be_visible()  # cut at its limit again
     send(page, "Thanks")
+    # until its reply starts, the last reply on the page is the continued one
+    expect(page.locator(".msg")).to_have_count(4)
     reply_stats(last_reply(page))
     expect(page.locator("[data-action=continue]:visible")).to_have_count(1)  # only on the last reply
+
+    # with the connection down, Continue changes nothing and says why (as Regenerate and Edit)
+    cut = last_reply(page)
+    text = cut.get_attribute("data-text")
+    lose_the_connection(page)
+    cut.locator("[data-action=continue]").click()
+    expect(page.locator("#error-text")).to_contain_text("Not connected to the server")
+    expect(page.locator(".msg")).to_have_count(4)
+    expect(cut).to_have_attribute("data-status", "finished")
+    assert cut.get_attribute("data-text") == text
+    expect(cut.locator("[data-action=continue]")).to_be_visible()
+
+
+def test_a_message_follows_the_reply_on_the_page_whatever_another_device_put_on_show(open_page):
+    """Two devices of one owner on one chat: the other regenerates (its version is on show on the server), this page
+    still shows the first reply and answers it; the message goes after that reply, as the page shows it."""
+    page = open_page("/")
+    sid = new_session(page, title="Two devices", settings={"max_tokens": 2})
+    page.goto(f"/#s={sid}")
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    send(page, "First question")
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    shown = int(last_reply(page).get_attribute("data-id"))
+    origin = page.url.split("/#")[0].rstrip("/")
+    elsewhere = page.request.post(f"/api/sessions/{sid}/regenerate", data={}, headers={"Origin": origin})
+    assert elsewhere.status == 200, elsewhere.text()
+    send(page, "Second question")
+    expect(page.locator(".msg")).to_have_count(4)
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    on_page = [int(n.get_attribute("data-id")) for n in page.locator(".msg").all()]
+    stored = page.request.get(f"/api/sessions/{sid}").json()["messages"]
+    assert [m["id"] for m in stored] == on_page
+    assert stored[1]["id"] == shown and stored[2]["parent_id"] == shown
 
 
 def test_sidebar_rename_delete_keyboard_and_visible_errors(open_page):
@@ -569,6 +618,40 @@ def test_search_opens_the_matching_chat_and_export_downloads_it(open_page):
     assert exported.startswith("# Ferries \\<i\\>east\\</i\\>\n")
     assert "## User\n\n_" in exported and f"\n\n{text}\n\n## Assistant\n" in exported
     expect(page.locator("#export-menu")).not_to_have_attribute("open", "")
+
+
+def test_a_search_hit_in_another_version_shows_its_branch(open_page):
+    """Search finds every version of a message; opening a hit that is not on the branch on show switches to it."""
+    page = open_page("/")
+    sid = new_session(page, title="Versions to find", settings={"max_tokens": 2})
+    origin = page.url.split("/#")[0].rstrip("/")
+    first = page.request.post(
+        f"/api/sessions/{sid}/messages",
+        data={"content": "Which quokka is oldest?"},
+        headers={"Origin": origin},
+    )
+    assert first.status == 200, first.text()
+    asked = page.request.get(f"/api/sessions/{sid}").json()["messages"][0]["id"]
+    edited = page.request.post(  # the edit is on show now; the first version waits on the other branch
+        f"/api/sessions/{sid}/edit",
+        data={"content": "Which wombat is oldest?", "message_id": asked},
+        headers={"Origin": origin},
+    )
+    assert edited.status == 200, edited.text()
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    expect(page.locator(".msg-user .msg-body")).to_have_text(["Which wombat is oldest?"])
+
+    page.locator("#search-input").press_sequentially("quokka")
+    hit = page.locator("#search-results .search-hit")
+    expect(hit).to_have_count(1)
+    hit.click()
+    expect(page.locator(f'.msg-user.is-search-hit[data-id="{asked}"] .msg-body')).to_have_text(
+        "Which quokka is oldest?"
+    )
+    expect(page.locator(".msg-user .version-label")).to_have_text("1/2")
+    assert page.request.get(f"/api/sessions/{sid}").json()["messages"][0]["id"] == asked  # the server's too
+    page.press("#search-input", "Escape")
 
 
 def test_scripts_are_modules_served_as_javascript(open_page, ui_server):
@@ -780,7 +863,7 @@ def test_markdown_code_copy_and_math_in_a_reply(open_page, ui_server):
     page.mouse.move(0, 0)
     screenshot(page, "chat-markdown.png")
 
-    # code colours are variables: GitHub's light theme, GitHub Dark under a dark scheme or <html data-theme=dark>
+    # code colours are variables: GitHub's light theme, GitHub Dark with <html data-theme=dark>, as the page's palette
     def code_colours() -> list[str]:
         return page.evaluate(
             """() => [document.querySelector(".msg-body pre"), document.querySelector(".hljs-keyword")]
@@ -996,9 +1079,23 @@ def chat_with_a_reply(page: Any) -> None:
     page.click("#toggle-settings")
 
 
-def check_contrast(page: Any) -> None:
-    ratios = page.evaluate(CONTRAST, TEXT_ON_SURFACES)
+# text that the chat shows in passing: a search's highlighted words, the note on a message waiting to go out
+TEXT_IN_PASSING = ["#search-results mark", ".msg-user.is-pending .msg-note span"]
+
+
+def check_contrast(page: Any, selectors: list[str] = TEXT_ON_SURFACES) -> None:
+    ratios = page.evaluate(CONTRAST, selectors)
     assert all(r is not None and r >= 4.5 for r in ratios.values()), ratios
+
+
+def search_and_wait_offline(page: Any) -> None:
+    """Search for the chat's own words (highlighted hits), and send a message while the socket is down, so that it
+    waits with its note."""
+    page.locator("#search-input").fill("dark")
+    expect(page.locator("#search-results mark").first).to_be_visible()
+    lose_the_connection(page)
+    send(page, "Waits for the connection")
+    expect(page.locator(".msg-user.is-pending .msg-note")).to_contain_text("Not sent yet")
 
 
 def test_dark_mode_follows_the_system_from_the_first_paint_with_readable_text(chromium, ui_server, open_page):
@@ -1010,6 +1107,12 @@ def test_dark_mode_follows_the_system_from_the_first_paint_with_readable_text(ch
     expect(page.locator("#theme-select")).to_have_value("system")
     chat_with_a_reply(page)
     check_contrast(page)
+    # a formula KaTeX refuses is shown as its source, in the error colour (made up: the tiny model writes no TeX)
+    page.evaluate(
+        """() => document.querySelector(".msg-assistant .msg-body").insertAdjacentHTML("beforeend",
+            '<p><span class="md-tex-error">\\\\frac{</span></p>')"""
+    )
+    check_contrast(page, [".msg-assistant .md-tex-error"])
     # code blocks follow the theme too (markdown.css: highlight.js's GitHub Dark)
     code_bg = page.evaluate("() => getComputedStyle(document.documentElement).getPropertyValue('--code-bg')")
     assert code_bg == "#0d1117"
@@ -1025,10 +1128,13 @@ def test_the_theme_menu_switches_at_once_and_is_remembered(chromium, ui_server, 
     chat_with_a_reply(page)
     check_contrast(page)
     screenshot(page, "theme-light-wide.png")
+    search_and_wait_offline(page)
+    check_contrast(page, TEXT_IN_PASSING)
     page.select_option("#theme-select", "dark")
     expect(page.locator("html")).to_have_attribute("data-theme", "dark")
     assert background(page) == DARK_BG
     check_contrast(page)
+    check_contrast(page, TEXT_IN_PASSING)
     page.reload()
     page.wait_for_selector("body[data-ready=true]")
     assert (page.evaluate("() => window.__themeAtBody"), background(page)) == ("dark", DARK_BG)
@@ -1366,8 +1472,22 @@ def test_the_admin_page_and_its_canvases_follow_the_theme(chromium, ui_server, o
     }"""
     dark = page.evaluate(first_cell)
     assert dark["pixel"] == dark["css"], dark
-    ratios = page.evaluate(CONTRAST, [".counter dt", ".counter dd", ".settings-table td", "#map-title"])
-    assert all(r is not None and r >= 4.5 for r in ratios.values()), ratios
+    # a sequence whose prefix is being read from the disk tier (the pool is idle here: its status line, made up)
+    # a selected sequence, and one whose prefix is being read from the disk tier (the pool is idle here: made up)
+    page.evaluate(
+        """() => document.getElementById("seq-rows").insertAdjacentHTML("beforeend",
+            '<tr class="is-selected"><td><button class="link-btn">#7</button>' +
+            '<span class="seq-status" data-status="loading">loading from disk</span></td></tr>')"""
+    )
+    texts = [
+        ".counter dt",
+        ".counter dd",
+        ".settings-table td",
+        "#map-title",
+        ".seq-status",
+        ".is-selected .link-btn",
+    ]
+    check_contrast(page, texts)
     screenshot(page, "admin-dark-wide.png", full_page=True)
     page.select_option("#theme-select", "light")  # redrawn at once, not at the next sample
     light = page.evaluate(first_cell)
