@@ -137,7 +137,8 @@ class PostgresServer:
         """A new empty database (or a copy of `template`) owned by the app role; its name."""
         self._num_databases += 1
         name = f"test_{self._num_databases}_{secrets.token_hex(3)}"
-        copy = f" TEMPLATE {template}" if template else ""
+        # FILE_COPY: a copy of the files, 10 times faster than the default WAL_LOG for a small database (fsync off)
+        copy = f" TEMPLATE {template} STRATEGY FILE_COPY" if template else ""
         with self.admin() as conn:
             conn.execute(f"CREATE DATABASE {name} OWNER {APP_ROLE}{copy}")
         return name
