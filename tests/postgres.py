@@ -133,6 +133,13 @@ class PostgresServer:
             host=str(self.root), port=self.port, user="postgres", dbname="postgres", autocommit=True
         )
 
+    def query(self, database: str, sql: str) -> list[tuple[Any, ...]]:
+        """The rows of `sql` run on `database` as the superuser."""
+        import psycopg
+
+        with psycopg.connect(host=str(self.root), port=self.port, user="postgres", dbname=database) as conn:
+            return conn.execute(sql).fetchall()
+
     def create_database(self, template: str | None = None) -> str:
         """A new empty database (or a copy of `template`) owned by the app role; its name."""
         self._num_databases += 1
