@@ -64,12 +64,15 @@ def include_in_autogenerate(name: str | None, type_: str, _parent_names: Any) ->
 
 def create_db_engine(url: str, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Engine:
     """An engine for `url`. SQLite connections get WAL, synchronous=NORMAL, foreign keys and a busy timeout;
-    PostgreSQL ones (`postgresql+psycopg://`) a pool sized for the store's threads, a connect timeout, and
+    PostgreSQL ones (`postgresql+psycopg://`; plain `postgresql://` means the same) a pool sized for the store's threads, a connect timeout, and
     `busy_timeout_ms` as their lock_timeout (a write that waits longer for a lock fails: the store is unavailable)."""
     if busy_timeout_ms < 0:
         raise ValueError(f"busy_timeout_ms must be non-negative, got {busy_timeout_ms}")
-    backend = make_url(url).get_backend_name()
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
     if backend == "postgresql":
+        if parsed.drivername == "postgresql":  # no driver named: psycopg 3, not SQLAlchemy's default psycopg2
+            url = parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
         return _create_postgresql_engine(url, busy_timeout_ms)
     is_sqlite = backend == "sqlite"
     connect_args: dict[str, Any] = {"timeout": busy_timeout_ms / 1000} if is_sqlite else {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import sqlite3
+import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -290,6 +291,20 @@ async def test_unreachable_postgresql_raises_store_unavailable() -> None:
         await s.start()
     with pytest.raises(RuntimeError):  # start failed: the store is not running
         await s.ping()
+
+
+def test_postgresql_urls_go_through_psycopg_and_say_when_it_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[postgres]')")
+    engine = create_db_engine("postgresql://pagedchat:secret@127.0.0.1:1/chat")  # connects lazily
+    assert (engine.url.drivername, engine.url.password) == ("postgresql+psycopg", "secret")
+    engine.dispose()
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if it were not installed
+    with pytest.raises(
+        RuntimeError, match=r"needs the Python driver 'psycopg'.*pip install -e '\.\[postgres\]'"
+    ):
+        create_db_engine("postgresql+psycopg://pagedchat:secret@127.0.0.1:1/chat")
 
 
 def hold_write_lock(db: TestDatabase) -> tuple[Any, str]:
