@@ -7,6 +7,9 @@ messages); what each leaves behind is checked on both."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 
 from app.db.database import (
+    PG_MIGRATION_LOCK,
     alembic_config,
     create_db_engine,
     include_in_autogenerate,
@@ -243,3 +247,29 @@ def test_0003_adds_presets_in_place_and_going_back_keeps_every_chat_and_message(
     now, settings = NOW_READ[db.backend], "{}" if db.is_sqlite else {}
     assert db.raw("SELECT * FROM chat_sessions") == [("s1", "alice", "t", "", settings, now, now)]
     assert db.raw("SELECT session_id, content FROM messages") == [("s1", "hi")]
+
+
+MIGRATE = "import sys; from app.db.database import *; upgrade_to_head(create_db_engine(sys.argv[1]))"
+
+
+@pytest.mark.parametrize("db_backend", ["postgresql"], indirect=True)
+def test_a_process_migrating_postgresql_waits_for_the_one_already_migrating(empty_db: TestDatabase) -> None:
+    holder = empty_db.engine().connect()  # as if another process were migrating: it holds the migration lock
+    holder.execute(text("SELECT pg_advisory_lock(:key)"), {"key": PG_MIGRATION_LOCK})
+    holder.commit()
+    process = subprocess.Popen(
+        [sys.executable, "-c", MIGRATE, empty_db.url], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = :key"
+        deadline = time.monotonic() + 60
+        while empty_db.raw(waiting, {"key": PG_MIGRATION_LOCK}) != [(1,)]:
+            assert process.poll() is None, f"it migrated without waiting: {process.stderr.read()}"
+            assert time.monotonic() < deadline, "the process never waited for the migration lock"
+            time.sleep(0.05)
+        assert empty_db.tables() == set()  # nothing migrated while it waits
+    finally:
+        holder.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": PG_MIGRATION_LOCK})
+        holder.close()
+    assert process.wait(timeout=60) == 0, process.stderr.read()
+    assert empty_db.raw("SELECT version_num FROM alembic_version") == [("0006",)]
