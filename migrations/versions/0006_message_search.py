@@ -79,6 +79,9 @@ PG_CREATE = (
         ELSE to_tsvector('{PG_CONFIG}'::regconfig, regexp_replace(content, '[[:punct:]]+', ' ', 'g')) END
     ) STORED""",
     f"CREATE INDEX {PG_INDEX} ON messages USING gin ({PG_COLUMN})",
+    # the new column has no statistics until autovacuum gets to it: without them the planner reads every message
+    # for a common word (1 s against 30 ms, 50,000 messages)
+    "ANALYZE messages",
 )
 # the unaccent extension stays: another schema or application of the database may use it
 PG_DROP = (
