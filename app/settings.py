@@ -61,7 +61,9 @@ class Settings:
     # (engine/core/options.py); the engine's own knobs are EngineConfig's fields, under `engine`.
     host: str = option("127.0.0.1", "listen address")
     port: int = option(8000, "listen port")
-    database_url: str = option("", "SQLAlchemy URL; unset: a SQLite file in the cache dir")
+    database_url: str = option(
+        "", "SQLAlchemy URL (postgresql+psycopg://... for PostgreSQL); unset: a SQLite file in the cache dir"
+    )
     api_keys: tuple[str, ...] = option(
         (),
         "required on /v1 when set, and they identify session owners; PAGEDCHAT_API_KEY works too",
@@ -162,7 +164,8 @@ class Settings:
     )
     max_database_bytes: int = option(
         2 * 1024**3,
-        "pages in use by the SQLite database past which new sessions and messages are refused (507); 0: no limit",
+        "pages in use by the SQLite database (PostgreSQL: its tables' size) past which new sessions and messages are "
+        "refused (507); 0: no limit",
         group=_STORAGE,
     )
     # what a request that leaves these out samples with; unset: the model's generation_config.json, else built-in

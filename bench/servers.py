@@ -85,20 +85,21 @@ def spawn_pagedchat(
     isolated: bool = False,
     server_type: type[ServerProcess] = ServerProcess,
     command: tuple[str, ...] = ("pagedchat", "serve"),
+    database_url: str | None = None,
 ) -> ServerProcess:
     """`pagedchat serve` with `env` on 127.0.0.1:`port` (default: a free one), not waited for.
 
     `command` is the module (and its arguments) `python -m` runs: tests run the same server under a wrapper.
 
-    Its output is appended to `log_dir/<name>.log`, its database is `db_path` (default `log_dir/<name>.db`): a
-    server started again under the same name keeps both. `isolated`: PAGEDCHAT_* variables of this process's own
-    environment are not passed on, only `env`.
+    Its output is appended to `log_dir/<name>.log`, its database is `db_path` (default `log_dir/<name>.db`), or
+    `database_url` when given (then `db_path` is None): a server started again under the same name keeps both.
+    `isolated`: PAGEDCHAT_* variables of this process's own environment are not passed on, only `env`.
     """
     port = port or free_port()
-    db_path = db_path or log_dir / f"{name}.db"
+    db_path = None if database_url else db_path or log_dir / f"{name}.db"
     # flags, not variables: they win over the environment, so the server listens on loopback whatever it holds
     cmd = [sys.executable, "-m", *command, "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--database-url", f"sqlite:///{db_path}"]
+    cmd += ["--database-url", database_url or f"sqlite:///{db_path}"]
     log_path = log_dir / f"{name}.log"
     process = _popen(cmd, env, log_path, isolated)
     return server_type(name, f"http://127.0.0.1:{port}", process, log_path, env, db_path)

@@ -30,3 +30,33 @@ def _private_kv_disk_tiers(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(engine.tiers.setup, "tier_dir", fresh_dir)
         yield
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server for the whole session (tests/postgres.py), stopped at its end; the tests that use it
+    skip, saying why, where none can be started here (no server binaries, no psycopg)."""
+    from tests.postgres import PostgresUnavailable, start_postgres
+
+    try:
+        server = start_postgres()
+    except PostgresUnavailable as exc:
+        pytest.skip(f"no PostgreSQL server for the tests: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_template(postgres) -> str:
+    """A database migrated to head once, which each test's database copies (CREATE DATABASE ... TEMPLATE)."""
+    from app.db.database import create_db_engine, upgrade_to_head
+
+    name = postgres.create_database()
+    engine = create_db_engine(postgres.url(name))
+    try:
+        upgrade_to_head(engine)
+    finally:
+        engine.dispose()  # a template must have no connections while it is copied
+    return name

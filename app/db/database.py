@@ -1,4 +1,5 @@
-"""Opening a database: a SQLAlchemy engine with SQLite pragmas, and migrating it to head with Alembic."""
+"""Opening a database: a SQLAlchemy engine (SQLite with its pragmas, or PostgreSQL through psycopg 3), and migrating
+it to head with Alembic."""
 
 from __future__ import annotations
 
@@ -8,13 +9,25 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
 
-from app.db.search import is_search_index_table
+from app.db.search import is_search_index_column, is_search_index_table
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_BUSY_TIMEOUT_MS = 5000
+# PostgreSQL: the store holds one writer and four reader threads (app/db/threads.py), each on a connection of its
+# own; a few more for `pagedchat users` and the health check's ping. Connections idle for long are replaced
+# (a proxy or the server may have dropped them; pre-ping catches the rest).
+PG_POOL_SIZE = 5
+PG_MAX_OVERFLOW = 5
+PG_POOL_RECYCLE_S = 1800
+PG_CONNECT_TIMEOUT_S = 10
+# one number that every pagedchat process migrating the same PostgreSQL database locks on (a transaction-scoped
+# advisory lock): processes started together migrate one after the other, the later ones find the schema at head
+PG_MIGRATION_LOCK = 0x70616765  # "page"
+PG_MIGRATION_WAIT_S = 600
 
 
 def migrations_dir() -> Path:
@@ -38,15 +51,30 @@ def alembic_config(url: str) -> Config:
 
 def include_in_autogenerate(name: str | None, type_: str, _parent_names: Any) -> bool:
     """Alembic's `include_name`: autogenerate compares the models' tables only, not the search index that
-    migration 0006 makes by hand (an FTS5 table and its shadow tables)."""
-    return not (type_ == "table" and name is not None and is_search_index_table(name))
+    migration 0006 makes by hand (SQLite: an FTS5 table and its shadow tables; PostgreSQL: a tsvector column of
+    messages and its GIN index)."""
+    if name is None:
+        return True
+    if type_ == "table":
+        return not is_search_index_table(name)
+    if type_ in ("column", "index"):
+        return not is_search_index_column(name)
+    return True
 
 
 def create_db_engine(url: str, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Engine:
-    """An engine for `url`; SQLite connections get WAL, synchronous=NORMAL, foreign keys and a busy timeout."""
+    """An engine for `url`. SQLite connections get WAL, synchronous=NORMAL, foreign keys and a busy timeout;
+    PostgreSQL ones (`postgresql+psycopg://`; plain `postgresql://` means the same) a pool sized for the store's threads, a connect timeout, and
+    `busy_timeout_ms` as their lock_timeout (a write that waits longer for a lock fails: the store is unavailable)."""
     if busy_timeout_ms < 0:
         raise ValueError(f"busy_timeout_ms must be non-negative, got {busy_timeout_ms}")
-    is_sqlite = url.startswith("sqlite")
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        if parsed.drivername == "postgresql":  # no driver named: psycopg 3, not SQLAlchemy's default psycopg2
+            url = parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+        return _create_postgresql_engine(url, busy_timeout_ms)
+    is_sqlite = backend == "sqlite"
     connect_args: dict[str, Any] = {"timeout": busy_timeout_ms / 1000} if is_sqlite else {}
     engine = create_engine(url, connect_args=connect_args, pool_pre_ping=not is_sqlite)
     if is_sqlite:
@@ -66,10 +94,37 @@ def create_db_engine(url: str, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
     return engine
 
 
+def _create_postgresql_engine(url: str, busy_timeout_ms: int) -> Engine:
+    # lock_timeout 0 would mean "wait forever", while a busy timeout of 0 means "do not wait": 1 ms is the nearest
+    options = f"-c lock_timeout={max(int(busy_timeout_ms), 1)} -c TimeZone=UTC"
+    try:
+        return create_engine(
+            url,
+            connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S, "options": options},
+            pool_size=PG_POOL_SIZE,
+            max_overflow=PG_MAX_OVERFLOW,
+            pool_recycle=PG_POOL_RECYCLE_S,
+            pool_pre_ping=True,
+        )
+    except ModuleNotFoundError as exc:
+        shown = make_url(url).render_as_string(hide_password=True)
+        raise RuntimeError(
+            f"the database URL {shown} needs the Python driver {exc.name!r}, which is not installed: PostgreSQL "
+            "works through psycopg 3 (pip install -e '.[postgres]', URLs postgresql+psycopg://...)"
+        ) from exc
+
+
 def upgrade_to_head(engine: Engine) -> None:
-    """Create or upgrade the schema to the newest migration, in one transaction where the backend allows."""
+    """Create or upgrade the schema to the newest migration, in one transaction where the backend allows
+    (SQLite and PostgreSQL both do)."""
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
     with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":  # another process may be migrating: wait for it to finish
+            connection.execute(text(f"SET LOCAL lock_timeout = '{PG_MIGRATION_WAIT_S}s'"))
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_MIGRATION_LOCK})
+            connection.execute(
+                text("SET LOCAL lock_timeout TO DEFAULT")
+            )  # the migration's own locks: as usual
         cfg.attributes["connection"] = connection  # env.py migrates on this connection (pragmas already set)
         command.upgrade(cfg, "head")
     logger.info("database schema at head (%s)", engine.url.render_as_string(hide_password=True))

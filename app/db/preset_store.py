@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from app.db import presets
 from app.db.presets import MAX_NAME_CHARS
 from app.db.quota import StorageQuota
-from app.db.records import PresetRecord, check_owner, check_settings
+from app.db.records import PresetRecord, check_owner, check_settings, check_text
 
 T = TypeVar("T")
 
@@ -44,6 +44,7 @@ class PresetMethods:
         """Create a preset; PresetNameTaken when the owner has one of that name, QuotaExceeded past the limits."""
         check_owner(owner)
         _check_preset_name(name)
+        check_text("system_prompt", system_prompt)
         check_settings(settings)
         values = dict(
             name=name, system_prompt=system_prompt, settings=dict(settings or {}), is_default=bool(is_default)
@@ -67,6 +68,7 @@ class PresetMethods:
             _check_preset_name(name)
             changes["name"] = name
         if system_prompt is not None:
+            check_text("system_prompt", system_prompt)
             changes["system_prompt"] = system_prompt
         if settings is not None:
             check_settings(settings)
@@ -83,3 +85,4 @@ class PresetMethods:
 def _check_preset_name(name: str) -> None:
     if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS:
         raise ValueError(f"name must be a string of 1 to {MAX_NAME_CHARS} characters, got {name!r:.40}")
+    check_text("name", name)

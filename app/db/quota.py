@@ -17,7 +17,8 @@ from app.db.usage import usage_of
 
 @dataclass(frozen=True)
 class StorageQuota:
-    """The limits; 0 means no limit. `max_database_bytes` counts the SQLite pages in use (other backends: none)."""
+    """The limits; 0 means no limit. `max_database_bytes` counts the SQLite pages in use (PostgreSQL: the size of
+    the schema's tables, see database_bytes)."""
 
     max_sessions: int = 0
     max_messages: int = 0
@@ -40,10 +41,21 @@ class QuotaExceeded(Exception):
         self.database = database  # True: the whole database is full (507), not one owner (403)
 
 
+# every table of the schema pagedchat uses, with its indexes and TOAST data
+_PG_TABLES_BYTES = text(
+    "SELECT coalesce(sum(pg_total_relation_size(oid)), 0) FROM pg_class "
+    "WHERE relkind = 'r' AND relnamespace = current_schema()::regnamespace"
+)
+
+
 def database_bytes(s: Session) -> int | None:
     """Bytes of the pages the SQLite database uses (free pages left by deletions are reused, so not counted);
-    None on other backends."""
-    if s.get_bind().dialect.name != "sqlite":
+    PostgreSQL: the on-disk size of the schema's tables with their indexes and TOAST (space that deletions free is
+    reused by later rows but leaves the files only with VACUUM FULL); None on other backends."""
+    dialect = s.get_bind().dialect.name
+    if dialect == "postgresql":
+        return int(s.execute(_PG_TABLES_BYTES).scalar_one())
+    if dialect != "sqlite":
         return None
     page_count = s.execute(text("PRAGMA page_count")).scalar_one()
     free_pages = s.execute(text("PRAGMA freelist_count")).scalar_one()

@@ -74,8 +74,9 @@ class MessageRecord:
 
 def as_utc(value: datetime) -> datetime:
     """A datetime read back from the database, made timezone-aware (UTC)."""
-    # SQLite hands back naive datetimes; everything is written in UTC.
-    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+    # SQLite hands back naive datetimes, everything being written in UTC; PostgreSQL aware ones in the session's
+    # time zone (UTC as the store connects, but a server may say otherwise)
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
 def session_record(row: ChatSession) -> SessionRecord:
@@ -134,6 +135,20 @@ def check_owner(owner: str) -> None:
     """ValueError unless `owner` fits the owner columns."""
     if not isinstance(owner, str) or not 0 < len(owner) <= MAX_OWNER_CHARS:
         raise ValueError(f"owner must be a string of 1 to {MAX_OWNER_CHARS} characters, got {owner!r:.40}")
+
+
+def check_text(name: str, value: str | None) -> None:
+    """ValueError when `value` holds a NUL character: PostgreSQL's text cannot store one, so no backend takes it."""
+    if value is not None and "\x00" in value:
+        raise ValueError(
+            f"{name} must not contain NUL characters (U+0000), found at index {value.index(chr(0))}"
+        )
+
+
+def storable(value: str) -> str:
+    """Model output as the store keeps it: NUL characters (a model may emit byte 0, which PostgreSQL's text cannot
+    hold) become U+FFFD, on every backend alike."""
+    return value.replace("\x00", "\ufffd")
 
 
 def check_settings(settings: dict[str, Any] | None) -> None:

@@ -2,58 +2,34 @@
 
 SQLite: an FTS5 table over `messages.content` (external content: the index holds no second copy of the text), kept in
 step by triggers on insert, update and delete of messages, deletions through the session cascade included; a reply
-enters it when it stops streaming (migration 0006 creates it and indexes the messages already there). Other databases have no implementation yet: searching
-there raises SearchUnsupported (PostgreSQL would implement MessageSearch with a tsvector column and a GIN index).
+enters it when it stops streaming (migration 0006 creates it and indexes the messages already there). PostgreSQL: a
+generated tsvector column under a GIN index (app/db/pg_search.py). Other databases have no implementation: searching
+there raises SearchUnsupported.
 
-A hit is a chat: its best-ranked matching message (bm25), that message's snippet and how many of its messages
-match. Snippets are the message's own text, with MATCH_START / MATCH_END (control characters U+0002 / U+0003)
-around each matched word: a page escapes the text and turns only those markers into highlighting.
+A hit is a chat: its best-ranked matching message (bm25; PostgreSQL: ts_rank), that message's snippet and how many of
+its messages match. Snippets are the message's own text, with MATCH_START / MATCH_END (control characters U+0002 /
+U+0003) around each matched word: a page escapes the text and turns only those markers into highlighting.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Protocol
 
 from sqlalchemy import DateTime, Integer, String, bindparam, text
 from sqlalchemy.orm import Session
 
+from app.db import pg_search
 from app.db.records import as_utc
+from app.db.search_hits import MATCH_END, MATCH_START, SNIPPET_TOKENS, SearchHit, SearchPage
 from app.db.search_query import SearchQuery, fts5_match, parse_search
 
 SEARCH_INDEX = "messages_fts"  # the FTS5 table; SQLite keeps its data in shadow tables messages_fts_*
-MATCH_START = "\x02"
-MATCH_END = "\x03"
-SNIPPET_TOKENS = 16
 MAX_SEARCH_LIMIT = 50
 MAX_SEARCH_OFFSET = 10_000
 
 
 class SearchUnsupported(Exception):
     """This database has no full-text search implementation."""
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    """One chat that matches: its best message (by rank), a snippet of it, and how many of its messages match."""
-
-    session_id: str
-    title: str
-    updated_at: datetime
-    message_id: int
-    position: int
-    role: str
-    snippet: str
-    num_matches: int
-
-
-@dataclass(frozen=True)
-class SearchPage:
-    """Hits, best first; `next_offset` is where the next page starts, None after the last."""
-
-    hits: tuple[SearchHit, ...]
-    next_offset: int | None
 
 
 class MessageSearch(Protocol):
@@ -69,13 +45,20 @@ def is_search_index_table(name: str) -> bool:
     return name == SEARCH_INDEX or name.startswith(SEARCH_INDEX + "_")
 
 
+def is_search_index_column(name: str) -> bool:
+    """Whether a column or index is PostgreSQL's search index (Alembic compares models without them)."""
+    return name in (pg_search.COLUMN, pg_search.INDEX)
+
+
 def search_backend(dialect_name: str) -> MessageSearch:
     """The implementation for a database dialect; SearchUnsupported where there is none."""
     if dialect_name == "sqlite":
         return Fts5Search()
+    if dialect_name == "postgresql":
+        return pg_search.TsvectorSearch()
     raise SearchUnsupported(
-        f"searching chats is not supported on this database ({dialect_name}): only SQLite's FTS5 index is "
-        "implemented so far"
+        f"searching chats is not supported on this database ({dialect_name}): SQLite's FTS5 and PostgreSQL's "
+        "tsvector are the implemented ones"
     )
 
 

@@ -16,7 +16,7 @@ MAX_TERMS = 16
 
 # a "quoted run" (closed), or a run of anything else up to a space or a quote; a lone quote matches neither
 _CHUNK = re.compile(r'"([^"]*)"|[^\s"]+')
-_WORD = re.compile(r"[^\W_]+")  # letters and digits: "_" and punctuation separate words, as the tokenizers do
+WORD = re.compile(r"[^\W_]+")  # letters and digits: "_" and punctuation separate words, as the tokenizers do
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def parse_search(text: str) -> SearchQuery:
     terms: list[SearchTerm] = []
     for chunk in _CHUNK.finditer(text):
         quoted = chunk.group(1) is not None
-        words = tuple(_WORD.findall(chunk.group(1) if quoted else chunk.group(0)))  # the index folds case
+        words = tuple(WORD.findall(chunk.group(1) if quoted else chunk.group(0)))  # the index folds case
         if not words:
             continue
         if quoted:
@@ -55,7 +55,7 @@ def parse_search(text: str) -> SearchQuery:
     if len(terms) > MAX_TERMS:
         raise ValueError(f"the search holds {len(terms)} words or phrases, over the limit of {MAX_TERMS}")
     last = terms[-1]
-    still_typing = len(last.words) == 1 and _WORD.fullmatch(text[-1]) is not None
+    still_typing = len(last.words) == 1 and WORD.fullmatch(text[-1]) is not None
     if still_typing:
         terms[-1] = SearchTerm(last.words, prefix=True)
     return SearchQuery(tuple(terms))
@@ -69,3 +69,21 @@ def fts5_match(query: SearchQuery) -> str:
         phrase = '"' + " ".join(term.words) + '"'
         parts.append(phrase + "*" if term.prefix else phrase)
     return " ".join(parts)
+
+
+def tsquery_terms(query: SearchQuery) -> list[tuple[str, str]]:
+    """The query as PostgreSQL tsquery pieces to AND together: (function, its text argument) per term.
+
+    Words and phrases go to phraseto_tsquery, which reads its text as plain words (no operator syntax); a prefix
+    term goes to to_tsquery as one quoted lexeme with `:*`: its word holds only letters and digits, and quotes and
+    backslashes would be escaped anyway, so nothing a user typed is read as an operator.
+    """
+    terms = []
+    for term in query.terms:
+        if term.prefix:
+            (word,) = term.words
+            quoted = word.replace("\\", "\\\\").replace("'", "''")
+            terms.append(("to_tsquery", f"'{quoted}':*"))
+        else:
+            terms.append(("phraseto_tsquery", " ".join(term.words)))
+    return terms

@@ -16,7 +16,7 @@ from app.db.models import FINAL_ASSISTANT_STATUSES, ROLES, MessageStatus, utcnow
 from app.db.preset_store import PresetMethods
 from app.db.presets import PresetRef
 from app.db.quota import StorageQuota, database_bytes
-from app.db.records import MessageRecord, SessionRecord, check_owner, check_settings
+from app.db.records import MessageRecord, SessionRecord, check_owner, check_settings, check_text, storable
 from app.db.threads import StoreThreads
 from app.db.tree import MessageTree, Parent
 from app.db.usage import UsageLedger
@@ -49,7 +49,8 @@ class Store(PresetMethods, AccountStore, StoreThreads):
         self._usage = UsageLedger() if any(owner_limits) else None  # writer thread only
 
     async def database_bytes(self) -> int | None:
-        """Bytes of the pages the database uses (SQLite; None elsewhere), as `max_database_bytes` counts them."""
+        """Bytes the database uses as `max_database_bytes` counts them (SQLite: pages in use; PostgreSQL: the
+        tables' size; None elsewhere)."""
         return await self._read(database_bytes)
 
     async def create_session(
@@ -65,6 +66,7 @@ class Store(PresetMethods, AccountStore, StoreThreads):
         its default preset, if any; ValueError for another owner's)."""
         check_owner(owner)
         _check_title(title)
+        check_text("system_prompt", system_prompt)
         check_settings(settings)
         return await self._tx(
             queries.create_session, owner, title, system_prompt, dict(settings or {}), self.quota, preset_id
@@ -97,6 +99,7 @@ class Store(PresetMethods, AccountStore, StoreThreads):
             _check_title(title)
             changes["title"] = title
         if system_prompt is not None:
+            check_text("system_prompt", system_prompt)
             changes["system_prompt"] = system_prompt
         if settings is not None:
             check_settings(settings)
@@ -198,7 +201,7 @@ class Store(PresetMethods, AccountStore, StoreThreads):
 
     async def flush_assistant(self, message_id: int, content: str) -> None:
         """Save the partial text of a streaming answer (no-op once it finished or was deleted)."""
-        await self._tx(queries.flush_assistant, message_id, content)
+        await self._tx(queries.flush_assistant, message_id, storable(content))
 
     async def finish_assistant(
         self,
@@ -216,13 +219,13 @@ class Store(PresetMethods, AccountStore, StoreThreads):
         if status not in FINAL_ASSISTANT_STATUSES:
             raise ValueError(f"status must be one of {FINAL_ASSISTANT_STATUSES}, got {str(status)!r}")
         values = dict(
-            content=content,
+            content=storable(content),
             status=MessageStatus(status).value,
             finish_reason=finish_reason,
             token_ids=[int(t) for t in token_ids],
             completion_tokens=completion_tokens,
             timings=dict(timings),
-            error=error,
+            error=None if error is None else storable(error),
         )
         await self._tx(queries.finish_assistant, message_id, values)
 
@@ -286,6 +289,7 @@ def _message_values(
     allowed = assistant if role == "assistant" else (MessageStatus.COMPLETE.value,)
     if status not in allowed:
         raise ValueError(f"status of a {role} message must be one of {allowed}, got {str(status)!r}")
+    check_text("content", content)
     ids = None if token_ids is None else [int(t) for t in token_ids]
     return dict(role=role, content=content, token_ids=ids, status=MessageStatus(status).value)
 
@@ -293,3 +297,4 @@ def _message_values(
 def _check_title(title: str) -> None:
     if not isinstance(title, str) or len(title) > MAX_TITLE_CHARS:
         raise ValueError(f"title must be a string of at most {MAX_TITLE_CHARS} characters, got {title!r:.40}")
+    check_text("title", title)

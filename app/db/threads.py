@@ -2,7 +2,7 @@
 
 One writer: SQLite has one anyway, and writes land in the order they were awaited. Readers apart: a write waiting
 for a lock (another process holds it, up to `busy_timeout_ms`) holds up the writer thread, but never /health or a
-listing, since SQLite in WAL mode reads the last committed state while another connection writes.
+listing, since SQLite in WAL mode (and PostgreSQL) reads the last committed state while another connection writes.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ class StoreThreads:
             raise RuntimeError("Store.start() called twice")
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagedchat-store")
         # an in-memory SQLite database is one per connection: everything then runs on the writer
-        in_memory = make_url(self.url).database in (None, "", ":memory:")
+        url = make_url(self.url)
+        in_memory = url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
         self._readers = (
             self._executor
             if in_memory

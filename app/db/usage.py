@@ -14,8 +14,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, LargeBinary, cast, func, select
+from sqlalchemy import ColumnElement, Integer, LargeBinary, cast, func, select
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import InstrumentedAttribute, Session
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 from app.db.models import ChatSession, Message
 
@@ -47,9 +50,29 @@ def text_bytes(*values: str | None) -> int:
     return sum(len(v.encode("utf-8", "surrogatepass")) for v in values if v)
 
 
+class utf8_length(FunctionElement[int]):  # noqa: N801 (an SQL function's name)
+    """A text's length in UTF-8 bytes: length(CAST(x AS BLOB)) on SQLite, octet_length(x) on PostgreSQL (whose cast
+    of text to bytea would read backslashes in the text as escapes)."""
+
+    type = Integer()
+    inherit_cache = True
+    name = "utf8_length"
+
+
+@compiles(utf8_length)
+def _utf8_length_as_blob(element: utf8_length, compiler: SQLCompiler, **kw: object) -> str:
+    (value,) = element.clauses
+    return compiler.process(func.length(cast(value, LargeBinary)), **kw)
+
+
+@compiles(utf8_length, "postgresql")
+def _utf8_length_octets(element: utf8_length, compiler: SQLCompiler, **kw: object) -> str:
+    return f"octet_length({compiler.process(element.clauses, **kw)})"
+
+
 def nbytes(column: InstrumentedAttribute[str]) -> ColumnElement[int]:
     """The column's UTF-8 length in bytes, as SQL."""
-    return func.coalesce(func.length(cast(column, LargeBinary)), 0)
+    return func.coalesce(utf8_length(column), 0)
 
 
 def owner_usage(s: Session, owner: str) -> OwnerUsage:

@@ -1,70 +1,79 @@
-"""The accounts migration on a database made by the previous schema: its cookie-owned chats stay, and stay readable
-by their browser under `--auth none` (the default)."""
+"""The accounts migration on a database made by the previous schema (SQLite and PostgreSQL): its cookie-owned chats
+stay, and stay readable by their browser under `--auth none` (the default)."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
 from alembic import command
+from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
 from app.db.database import alembic_config, create_db_engine
 from app.routes.security import make_signer
+from tests.app.databases import TestDatabase, make_test_database
 from tests.app.factories import make_client
 
 NOW = "2026-01-01 00:00:00"
-INSERT_USER = "INSERT INTO users (id, username, role, created_at, disabled) VALUES (?, ?, ?, ?, 0)"
+INSERT_USER = text(
+    "INSERT INTO users (id, username, role, created_at, disabled) VALUES (:id, :name, :role, :now, false)"
+)
 
 
-def make_previous_database(path: Path) -> str:
+def make_previous_database(db: TestDatabase) -> str:
     """A database at the previous head holding one chat of browser `b1` (a user turn and its reply)."""
-    url = f"sqlite:///{path}"
-    command.upgrade(alembic_config(url), "0002")
-    with sqlite3.connect(path) as conn:
-        conn.execute(
-            "INSERT INTO chat_sessions VALUES ('s1', 'browser:b1', 'old chat', '', '{}', ?, ?)", (NOW, NOW)
+    command.upgrade(alembic_config(db.url), "0002")
+    db.raw(
+        "INSERT INTO chat_sessions VALUES ('s1', 'browser:b1', 'old chat', '', '{}', :now, :now)",
+        {"now": NOW},
+    )
+    for position, role, content, status in (
+        (0, "user", "hi", "complete"),
+        (1, "assistant", "hello", "finished"),
+    ):
+        db.raw(
+            "INSERT INTO messages (session_id, position, role, content, status, created_at, updated_at) "
+            "VALUES ('s1', :position, :role, :content, :status, :now, :now)",
+            dict(position=position, role=role, content=content, status=status, now=NOW),
         )
-        for position, role, content, status in (
-            (0, "user", "hi", "complete"),
-            (1, "assistant", "hello", "finished"),
-        ):
-            conn.execute(
-                "INSERT INTO messages (session_id, position, role, content, status, created_at, updated_at) "
-                "VALUES ('s1', ?, ?, ?, ?, ?, ?)",
-                (position, role, content, status, NOW, NOW),
-            )
-    return url
+    return db.url
 
 
-def test_the_upgrade_adds_the_account_tables_and_keeps_the_chats(tmp_path: Path) -> None:
-    url = make_previous_database(tmp_path / "chat.db")
+def test_the_upgrade_adds_the_account_tables_and_keeps_the_chats(empty_db: TestDatabase) -> None:
+    url = make_previous_database(empty_db)
     command.upgrade(alembic_config(url), "head")
     engine = create_db_engine(url)
     with engine.begin() as conn:
-        assert conn.exec_driver_sql("SELECT id, owner, title FROM chat_sessions").all() == [
+        assert conn.execute(text("SELECT id, owner, title FROM chat_sessions")).all() == [
             ("s1", "browser:b1", "old chat")
         ]
-        assert conn.exec_driver_sql("SELECT count(*) FROM messages").scalar() == 2
-        conn.exec_driver_sql(INSERT_USER, ("u1", "alice", "admin", NOW))
-    for row in (("u2", "alice", "user", NOW), ("u3", "bob", "root", NOW)):  # a taken name; an unknown role
+        assert conn.execute(text("SELECT count(*) FROM messages")).scalar() == 2
+        conn.execute(INSERT_USER, dict(id="u1", name="alice", role="admin", now=NOW))
+    for user_id, name, role in (
+        ("u2", "alice", "user"),
+        ("u3", "bob", "root"),
+    ):  # a taken name; an unknown role
         with pytest.raises(IntegrityError), engine.begin() as conn:
-            conn.exec_driver_sql(INSERT_USER, row)
-    with pytest.raises(IntegrityError), engine.begin() as conn:  # a sign-in of no account (foreign_keys=ON)
-        conn.exec_driver_sql(
-            "INSERT INTO user_sessions VALUES ('h', 'nobody', '127.0.0.1', ?, ?, NULL)", (NOW, NOW)
+            conn.execute(INSERT_USER, dict(id=user_id, name=name, role=role, now=NOW))
+    with (
+        pytest.raises(IntegrityError),
+        engine.begin() as conn,
+    ):  # a sign-in of no account (SQLite: foreign_keys=ON)
+        conn.execute(
+            text("INSERT INTO user_sessions VALUES ('h', 'nobody', '127.0.0.1', :now, :now, NULL)"),
+            {"now": NOW},
         )
     engine.dispose()
     command.downgrade(alembic_config(url), "0002")
-    with sqlite3.connect(tmp_path / "chat.db") as conn:
-        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        assert tables == {"alembic_version", "admin_sessions", "chat_sessions", "messages"}
-        assert conn.execute("SELECT owner FROM chat_sessions").fetchall() == [("browser:b1",)]
+    assert empty_db.tables() == {"alembic_version", "admin_sessions", "chat_sessions", "messages"}
+    assert empty_db.raw("SELECT owner FROM chat_sessions") == [("browser:b1",)]
 
 
+# SQLite only: this is about the routes reading migrated chats, which the test above checks on both databases
 def test_cookie_owned_chats_stay_readable_without_accounts(tmp_path: Path) -> None:
-    make_previous_database(tmp_path / "chat.db")  # make_client's database; its start migrates it to head
+    # make_client's database; its start migrates it to head
+    make_previous_database(make_test_database("sqlite", tmp_path / "chat.db", None, None))
     with make_client(tmp_path) as client:
         # the browser's cookie from before the upgrade
         cookie = make_signer("test-secret").sign("b1").decode()

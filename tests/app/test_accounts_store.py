@@ -3,9 +3,7 @@ expiry), invites used once, OIDC identities, the last admin kept, and argon2id h
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 from argon2 import PasswordHasher
@@ -15,14 +13,15 @@ from app.services.accounts import AccountService, account_owner, secret_hash
 from app.services.errors import APIError
 from app.services.passwords import Passwords, check_password, normalize_username
 from app.settings import Settings
+from tests.app.databases import TestDatabase
 
 pytestmark = pytest.mark.anyio
 FAST = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)  # a cheap argon2id for tests
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = Store(f"sqlite:///{tmp_path / 'chat.db'}")
+async def store(db: TestDatabase) -> AsyncIterator[Store]:
+    s = Store(db.url)
     await s.start()
     yield s
     await s.close()
@@ -32,11 +31,6 @@ def make_service(store: Store, hasher: PasswordHasher = FAST, **settings: object
     """The service without a chat or an engine: enough for everything but deleting accounts."""
     values = {"secret_key": "k", "auth": "local", **settings}
     return AccountService(store, Settings(**values), Passwords(hasher), chat=None, engine=None)  # type: ignore[arg-type]
-
-
-def raw(tmp_path: Path, sql: str) -> list[tuple]:
-    with sqlite3.connect(tmp_path / "chat.db") as conn:
-        return conn.execute(sql).fetchall()
 
 
 async def test_users_are_unique_by_name_and_keep_no_password_in_records(store: Store) -> None:
@@ -64,14 +58,14 @@ async def test_usernames_and_passwords_are_checked() -> None:
 
 
 async def test_a_sign_in_ends_on_sign_out_expiry_password_change_and_disable(
-    store: Store, tmp_path: Path
+    store: Store, db: TestDatabase
 ) -> None:
     alice = await store.create_user("alice", "h", "admin")
     bob = await store.create_user("bob", "h", "user")
     for name in ("s1", "s2", "s3"):
         await store.create_user_session(secret_hash(name), bob.id, "127.0.0.1", 3600)
     assert await store.session_user(secret_hash("s1")) == bob
-    assert raw(tmp_path, "SELECT id FROM user_sessions WHERE id LIKE 's%'") == []  # only digests are stored
+    assert db.raw("SELECT id FROM user_sessions WHERE id LIKE 's%'") == []  # only digests are stored
     assert await store.revoke_user_session(secret_hash("s1")) is True
     assert await store.revoke_user_session(secret_hash("s1")) is False
     assert await store.session_user(secret_hash("s1")) is None
@@ -106,7 +100,7 @@ async def test_the_last_enabled_admin_stays(store: Store) -> None:
 
 
 async def test_deleting_a_user_deletes_its_chats_presets_and_sign_ins_only(
-    store: Store, tmp_path: Path
+    store: Store, db: TestDatabase
 ) -> None:
     await store.create_user("admin", "h", "admin")
     bob = await store.create_user("bob", "h", "user")
@@ -122,11 +116,11 @@ async def test_deleting_a_user_deletes_its_chats_presets_and_sign_ins_only(
     assert await store.delete_user(bob.id, account_owner(bob.id)) is True
     assert await store.delete_user(bob.id, account_owner(bob.id)) is False
     assert await store.list_sessions(account_owner(bob.id)) == []
-    assert raw(tmp_path, f"SELECT count(*) FROM messages WHERE session_id = '{mine.id}'") == [(0,)]
-    assert raw(tmp_path, "SELECT count(*) FROM user_sessions") == [(0,)]
+    assert db.raw(f"SELECT count(*) FROM messages WHERE session_id = '{mine.id}'") == [(0,)]
+    assert db.raw("SELECT count(*) FROM user_sessions") == [(0,)]
     assert [s.id for s in await store.list_sessions(account_owner(carol.id))] == [theirs.id]
     # a preset is the account's own text (a system prompt): it goes with the account, another account's stays
-    assert raw(tmp_path, "SELECT id FROM presets") == [(kept.id,)]
+    assert db.raw("SELECT id FROM presets") == [(kept.id,)]
 
 
 async def test_an_invite_creates_its_account_once_before_it_expires(store: Store) -> None:

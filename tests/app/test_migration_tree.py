@@ -1,12 +1,10 @@
-"""Migration 0005 (the message tree) on databases made by the previous schema: each linear history becomes a chain
-without losing a field, and the downgrade keeps each session's active branch. And every step of the chain from 0002,
-up and down, keeps every chat and message."""
+"""Migration 0005 (the message tree) on databases made by the previous schema, SQLite and PostgreSQL: each linear
+history becomes a chain without losing a field, and the downgrade keeps each session's active branch. And every step
+of the chain from 0002, up and down, keeps every chat and message."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
-from pathlib import Path
 
 import pytest
 from alembic import command
@@ -14,6 +12,7 @@ from alembic.script import ScriptDirectory
 
 from app.db import Store
 from app.db.database import alembic_config
+from tests.app.databases import TestDatabase
 
 pytestmark = pytest.mark.anyio
 NOW = "2026-01-01 00:00:00"
@@ -40,39 +39,33 @@ MESSAGES = [
 ]
 
 
-def make_db_at_0002(tmp_path: Path) -> str:
+def make_db_at_0002(db: TestDatabase) -> str:
     """A database built and filled by the schema before the tree (revision 0002)."""
-    url = f"sqlite:///{tmp_path / 'chat.db'}"
-    command.upgrade(alembic_config(url), "0002")
-    with sqlite3.connect(tmp_path / "chat.db") as conn:
-        for sid, owner in SESSIONS:
-            conn.execute(
-                "INSERT INTO chat_sessions VALUES (?, ?, 'title', 'system', '{\"temperature\": 0}', ?, ?)",
-                (sid, owner, NOW, NOW),
-            )
-        for m in MESSAGES:
-            mid, sid, pos, role, content, ids, status, reason, prompt, completion, cached, error = m
-            conn.execute(
-                f"INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, 'fp', ?, ?, ?)",
-                (mid, sid, pos, role, content, None if ids is None else json.dumps(ids), status, reason)
-                + (prompt, completion, cached, json.dumps({"ttft_s": 0.5}), error, NOW, NOW),
-            )
-    return url
+    command.upgrade(alembic_config(db.url), "0002")
+    for sid, owner in SESSIONS:
+        db.raw(
+            "INSERT INTO chat_sessions VALUES (:sid, :owner, 'title', 'system', '{\"temperature\": 0}', :now, :now)",
+            {"sid": sid, "owner": owner, "now": NOW},
+        )
+    names = [c.strip() for c in MESSAGE_COLUMNS.split(",")]
+    insert = f"INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ({', '.join(':' + n for n in names)})"
+    for m in MESSAGES:
+        mid, sid, pos, role, content, ids, status, reason, prompt, completion, cached, error = m
+        values = (mid, sid, pos, role, content, None if ids is None else json.dumps(ids), status, reason)
+        values += (prompt, completion, cached, 0, json.dumps({"ttft_s": 0.5}), "fp", error, NOW, NOW)
+        db.raw(insert, dict(zip(names, values)))
+    if not db.is_sqlite:  # the rows came with their ids, as a restore brings them: the sequence follows
+        db.raw("SELECT setval('messages_id_seq', (SELECT max(id) FROM messages))")
+    return db.url
 
 
-def rows(tmp_path: Path, sql: str) -> list[tuple]:
-    with sqlite3.connect(tmp_path / "chat.db") as conn:
-        return conn.execute(sql).fetchall()
-
-
-async def test_linear_histories_become_chains_without_loss(tmp_path: Path) -> None:
-    url = make_db_at_0002(tmp_path)
-    before = rows(tmp_path, f"SELECT {MESSAGE_COLUMNS} FROM messages ORDER BY id")
+async def test_linear_histories_become_chains_without_loss(empty_db: TestDatabase) -> None:
+    db = empty_db
+    url = make_db_at_0002(db)
+    before = db.raw(f"SELECT {MESSAGE_COLUMNS} FROM messages ORDER BY id")
     command.upgrade(alembic_config(url), "head")
-    assert (
-        rows(tmp_path, f"SELECT {MESSAGE_COLUMNS} FROM messages ORDER BY id") == before
-    )  # nothing else moved
-    assert rows(tmp_path, "SELECT id, parent_id FROM messages ORDER BY id") == [
+    assert db.raw(f"SELECT {MESSAGE_COLUMNS} FROM messages ORDER BY id") == before  # nothing else moved
+    assert db.raw("SELECT id, parent_id FROM messages ORDER BY id") == [
         (1, None),
         (2, 1),
         (3, 2),
@@ -85,7 +78,7 @@ async def test_linear_histories_become_chains_without_loss(tmp_path: Path) -> No
         (11, 10),
         (14, 11),
     ]
-    assert rows(tmp_path, "SELECT id, active_leaf_id FROM chat_sessions ORDER BY id") == [
+    assert db.raw("SELECT id, active_leaf_id FROM chat_sessions ORDER BY id") == [
         ("s-empty", None),
         ("s-gaps", 14),
         ("s-linear", 7),
@@ -124,8 +117,9 @@ async def test_linear_histories_become_chains_without_loss(tmp_path: Path) -> No
     await store.close()
 
 
-async def test_the_downgrade_keeps_each_active_branch(tmp_path: Path) -> None:
-    url = make_db_at_0002(tmp_path)
+async def test_the_downgrade_keeps_each_active_branch(empty_db: TestDatabase) -> None:
+    db = empty_db
+    url = make_db_at_0002(db)
     command.upgrade(alembic_config(url), "head")
     store = Store(url)
     await store.start()
@@ -135,11 +129,8 @@ async def test_the_downgrade_keeps_each_active_branch(tmp_path: Path) -> None:
     await store.switch_branch("alice", "s-gaps", 10)  # the first version is on show again
     await store.close()
     command.downgrade(alembic_config(url), "0002")
-    columns = [c[1] for c in rows(tmp_path, "PRAGMA table_info(messages)")]
-    assert "parent_id" not in columns and "active_leaf_id" not in [
-        c[1] for c in rows(tmp_path, "PRAGMA table_info(chat_sessions)")
-    ]
-    kept = rows(tmp_path, "SELECT session_id, content FROM messages ORDER BY session_id, position")
+    assert "parent_id" not in db.columns("messages") and "active_leaf_id" not in db.columns("chat_sessions")
+    kept = db.raw("SELECT session_id, content FROM messages ORDER BY session_id, position")
     assert kept == [
         ("s-gaps", "Q1"),
         ("s-gaps", "A1"),
@@ -152,21 +143,23 @@ async def test_the_downgrade_keeps_each_active_branch(tmp_path: Path) -> None:
     ]
 
 
-def test_each_step_of_the_chain_keeps_every_chat_and_message(tmp_path: Path) -> None:
+def test_each_step_of_the_chain_keeps_every_chat_and_message(empty_db: TestDatabase) -> None:
     """0002 up to head and back, one revision at a time, with foreign keys on (as the app migrates): no step may
     lose a row, as a batch copy of chat_sessions would (dropping the old table cascades to every message)."""
-    url = make_db_at_0002(tmp_path)
+    db = empty_db
+    url = make_db_at_0002(db)
     cfg = alembic_config(url)
     chats = "SELECT id, owner, title, system_prompt, settings, created_at FROM chat_sessions ORDER BY id"
     messages = f"SELECT {MESSAGE_COLUMNS} FROM messages ORDER BY id"
-    stored = (rows(tmp_path, chats), rows(tmp_path, messages))
+    stored = (db.raw(chats), db.raw(messages))
     chain = [s.revision for s in reversed(list(ScriptDirectory.from_config(cfg).walk_revisions()))]
     after_0002 = chain[chain.index("0002") + 1 :]
     assert after_0002, chain
     for revision in after_0002:
         command.upgrade(cfg, revision)
-        assert (rows(tmp_path, chats), rows(tmp_path, messages)) == stored, f"upgrade to {revision}"
+        assert (db.raw(chats), db.raw(messages)) == stored, f"upgrade to {revision}"
     for revision in reversed(chain[chain.index("0002") : -1]):
         command.downgrade(cfg, revision)
-        assert (rows(tmp_path, chats), rows(tmp_path, messages)) == stored, f"downgrade to {revision}"
-    assert rows(tmp_path, "PRAGMA foreign_key_check") == []
+        assert (db.raw(chats), db.raw(messages)) == stored, f"downgrade to {revision}"
+    if db.is_sqlite:
+        assert db.raw("PRAGMA foreign_key_check") == []

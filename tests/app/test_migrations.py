@@ -1,9 +1,16 @@
-"""Alembic migrations: empty database to head, models match the migrations, downgrade and upgrade again, 0001 to
-0002 (admin sign-ins) and 0002 to 0003 (presets) on a database that holds chats."""
+"""Alembic migrations, on SQLite and on PostgreSQL: empty database to head, models match the migrations, downgrade and
+upgrade again, 0001 to 0002 (admin sign-ins) and 0002 to 0003 (presets) on a database that holds chats.
+
+Every test here runs on both databases: none is about SQLite's way of altering a table (copying it), since no
+migration copies a table (0003 and 0005 alter in place, so that SQLite's drop of an old copy cannot cascade to the
+messages); what each leaves behind is checked on both."""
 
 from __future__ import annotations
 
-import sqlite3
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -11,10 +18,11 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 
 from app.db.database import (
+    PG_MIGRATION_LOCK,
     alembic_config,
     create_db_engine,
     include_in_autogenerate,
@@ -22,6 +30,7 @@ from app.db.database import (
     upgrade_to_head,
 )
 from app.db.models import Base
+from tests.app.databases import TestDatabase
 
 TABLES = [
     "admin_sessions",
@@ -41,10 +50,16 @@ SEARCH_TABLES = [
     "messages_fts_docsize",
     "messages_fts_idx",
 ]
+NOW = "2026-01-01 00:00:00"
+NOW_READ = {
+    "sqlite": NOW,
+    "postgresql": datetime(2026, 1, 1, tzinfo=timezone.utc),
+}  # as a raw SELECT returns it
 
 
-def make_db(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'm.db'}"
+def head_tables(db: TestDatabase) -> list[str]:
+    """The tables at head: PostgreSQL keeps its search index in a column of messages."""
+    return sorted(TABLES + SEARCH_TABLES) if db.is_sqlite else sorted(TABLES)
 
 
 def test_migrations_folder_is_found_with_a_single_head() -> None:
@@ -62,37 +77,36 @@ def test_migrations_folder_is_found_with_a_single_head() -> None:
     ]
 
 
-def test_upgrade_from_empty_to_head_creates_the_schema(tmp_path: Path) -> None:
-    engine = create_db_engine(make_db(tmp_path))
+def test_upgrade_from_empty_to_head_creates_the_schema(empty_db: TestDatabase) -> None:
+    engine = create_db_engine(empty_db.url)
     assert inspect(engine).get_table_names() == []
     upgrade_to_head(engine)
     upgrade_to_head(engine)  # a second start is a no-op
     insp = inspect(engine)
-    assert sorted(insp.get_table_names()) == sorted(TABLES + SEARCH_TABLES)
+    assert sorted(insp.get_table_names()) == head_tables(empty_db)
+    search_column = [] if empty_db.is_sqlite else ["search_vector"]
     assert [c["name"] for c in insp.get_columns("messages")] == [
         c.name for c in Base.metadata.tables["messages"].c
-    ]
-    assert insp.get_foreign_keys("messages")[0]["options"] == {"ondelete": "CASCADE"}
+    ] + search_column
+    assert [fk["options"] for fk in insp.get_foreign_keys("messages")] == [{"ondelete": "CASCADE"}] * 2
     with engine.connect() as conn:
         assert MigrationContext.configure(conn).get_current_revision() == "0006"
     engine.dispose()
 
 
-def test_models_match_the_migrations(tmp_path: Path) -> None:
-    engine = create_db_engine(make_db(tmp_path))
+def test_models_match_the_migrations(empty_db: TestDatabase) -> None:
+    engine = create_db_engine(empty_db.url)
     upgrade_to_head(engine)
     with engine.connect() as conn:
         opts = {"compare_type": True, "include_name": include_in_autogenerate}
         diffs = compare_metadata(MigrationContext.configure(conn, opts=opts), Base.metadata)
     assert diffs == []
     engine.dispose()
-    command.check(
-        alembic_config(make_db(tmp_path))
-    )  # `alembic check`: raises when autogenerate finds changes
+    command.check(alembic_config(empty_db.url))  # `alembic check`: raises when autogenerate finds changes
 
 
-def test_compare_metadata_does_notice_a_drift(tmp_path: Path) -> None:
-    engine = create_db_engine(make_db(tmp_path))
+def test_compare_metadata_does_notice_a_drift(empty_db: TestDatabase) -> None:
+    engine = create_db_engine(empty_db.url)
     upgrade_to_head(engine)
     with engine.begin() as conn:
         conn.exec_driver_sql("DROP INDEX ix_chat_sessions_owner_updated_at")
@@ -103,58 +117,54 @@ def test_compare_metadata_does_notice_a_drift(tmp_path: Path) -> None:
     engine.dispose()
 
 
-def test_downgrade_to_base_and_upgrade_again(tmp_path: Path) -> None:
-    cfg = alembic_config(make_db(tmp_path))
+def test_downgrade_to_base_and_upgrade_again(empty_db: TestDatabase) -> None:
+    cfg = alembic_config(empty_db.url)
     command.upgrade(cfg, "head")
     command.downgrade(cfg, "base")
-    conn = sqlite3.connect(tmp_path / "m.db")
-    assert conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall() == [
-        ("alembic_version",)
-    ]
-    conn.close()
+    assert empty_db.tables() == {"alembic_version"}
+    if not empty_db.is_sqlite:  # the search configuration went too
+        assert empty_db.raw("SELECT count(*) FROM pg_ts_config WHERE cfgname LIKE 'pagedchat%'") == [(0,)]
     command.upgrade(cfg, "head")
-    engine = create_db_engine(make_db(tmp_path))
-    assert sorted(inspect(engine).get_table_names()) == sorted(TABLES + SEARCH_TABLES)
-    engine.dispose()
+    assert sorted(empty_db.tables()) == head_tables(empty_db)
 
 
-def test_migrated_constraints_reject_bad_rows(tmp_path: Path) -> None:
-    engine = create_db_engine(make_db(tmp_path))
+def test_migrated_constraints_reject_bad_rows(empty_db: TestDatabase) -> None:
+    engine = create_db_engine(empty_db.url)
     upgrade_to_head(engine)
-    now = "2026-01-01 00:00:00"
-    insert_message = (
+    insert_message = text(
         "INSERT INTO messages (session_id, position, role, content, status, created_at, updated_at) "
-        "VALUES (?, ?, ?, '', ?, ?, ?)"
+        "VALUES (:sid, :position, :role, '', :status, :now, :now)"
     )
     with engine.begin() as conn:
-        conn.exec_driver_sql(
-            "INSERT INTO chat_sessions (id, owner, title, system_prompt, settings, created_at, updated_at) "
-            "VALUES ('s1', 'alice', 't', '', '{}', ?, ?)",
-            (now, now),
+        conn.execute(
+            text(
+                "INSERT INTO chat_sessions (id, owner, title, system_prompt, settings, created_at, updated_at) "
+                "VALUES ('s1', 'alice', 't', '', '{}', :now, :now)"
+            ),
+            {"now": NOW},
         )
-        conn.exec_driver_sql(insert_message, ("s1", 0, "user", "complete", now, now))
+        conn.execute(insert_message, dict(sid="s1", position=0, role="user", status="complete", now=NOW))
     bad_rows = [
-        ("s1", 1, "tool", "complete", now, now),  # unknown role
-        ("s1", 1, "assistant", "done", now, now),  # unknown status
-        ("s1", 0, "user", "complete", now, now),  # duplicate position
-        ("nope", 0, "user", "complete", now, now),  # no such session (foreign_keys=ON)
+        ("s1", 1, "tool", "complete"),  # unknown role
+        ("s1", 1, "assistant", "done"),  # unknown status
+        ("s1", 0, "user", "complete"),  # duplicate position
+        ("nope", 0, "user", "complete"),  # no such session (SQLite: foreign_keys=ON)
     ]
-    for row in bad_rows:
+    for sid, position, role, status in bad_rows:
         with pytest.raises(IntegrityError), engine.begin() as conn:
-            conn.exec_driver_sql(insert_message, row)
+            conn.execute(insert_message, dict(sid=sid, position=position, role=role, status=status, now=NOW))
     engine.dispose()
 
 
-def test_0002_adds_admin_sessions_to_a_database_with_chats_and_goes_back(tmp_path: Path) -> None:
-    cfg = alembic_config(make_db(tmp_path))
+def test_0002_adds_admin_sessions_to_a_database_with_chats_and_goes_back(empty_db: TestDatabase) -> None:
+    db = empty_db
+    cfg = alembic_config(db.url)
     command.upgrade(cfg, "0001")
-    now = "2026-01-01 00:00:00"
-    with sqlite3.connect(tmp_path / "m.db") as conn:
-        conn.execute("INSERT INTO chat_sessions VALUES ('s1', 'alice', 't', '', '{}', ?, ?)", (now, now))
+    db.raw("INSERT INTO chat_sessions VALUES ('s1', 'alice', 't', '', '{}', :now, :now)", {"now": NOW})
     command.upgrade(cfg, "head")
-    engine = create_db_engine(make_db(tmp_path))
+    engine = create_db_engine(db.url)
     insp = inspect(engine)
-    assert sorted(insp.get_table_names()) == sorted(TABLES + SEARCH_TABLES)
+    assert sorted(insp.get_table_names()) == head_tables(db)
     assert [(c["name"], c["nullable"]) for c in insp.get_columns("admin_sessions")] == [
         ("id", False),
         ("token_fingerprint", False),
@@ -163,41 +173,38 @@ def test_0002_adds_admin_sessions_to_a_database_with_chats_and_goes_back(tmp_pat
         ("expires_at", False),
         ("revoked_at", True),
     ]
-    assert insp.get_pk_constraint("admin_sessions") == {
-        "constrained_columns": ["id"],
-        "name": "pk_admin_sessions",
-    }
-    insert = "INSERT INTO admin_sessions (id, token_fingerprint, client, created_at, expires_at) VALUES (?, ?, ?, ?, ?)"
+    pk = insp.get_pk_constraint("admin_sessions")
+    assert (pk["constrained_columns"], pk["name"]) == (["id"], "pk_admin_sessions")
+    insert = text(
+        "INSERT INTO admin_sessions (id, token_fingerprint, client, created_at, expires_at) "
+        "VALUES (:id, :fingerprint, '127.0.0.1', :now, :now)"
+    )
     with engine.begin() as conn:
-        assert conn.exec_driver_sql("SELECT owner FROM chat_sessions").all() == [("alice",)]  # the chats stay
-        conn.exec_driver_sql(insert, ("h1", "f1", "127.0.0.1", now, now))
-    for row in [
-        ("h1", "f1", "127.0.0.1", now, now),
-        ("h2", None, "127.0.0.1", now, now),
-    ]:  # duplicate; no token
+        assert conn.execute(text("SELECT owner FROM chat_sessions")).all() == [("alice",)]  # the chats stay
+        conn.execute(insert, {"id": "h1", "fingerprint": "f1", "now": NOW})
+    for session_id, fingerprint in [("h1", "f1"), ("h2", None)]:  # duplicate; no token
         with pytest.raises(IntegrityError), engine.begin() as conn:
-            conn.exec_driver_sql(insert, row)
+            conn.execute(insert, {"id": session_id, "fingerprint": fingerprint, "now": NOW})
     engine.dispose()
     command.downgrade(cfg, "0001")
-    with sqlite3.connect(tmp_path / "m.db") as conn:
-        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        assert tables == {"alembic_version", "chat_sessions", "messages"}
-        assert conn.execute("SELECT owner FROM chat_sessions").fetchall() == [("alice",)]
+    assert db.tables() == {"alembic_version", "chat_sessions", "messages"}
+    assert db.raw("SELECT owner FROM chat_sessions") == [("alice",)]
 
 
-def test_0003_adds_presets_in_place_and_going_back_keeps_every_chat_and_message(tmp_path: Path) -> None:
-    cfg = alembic_config(make_db(tmp_path))
+def test_0003_adds_presets_in_place_and_going_back_keeps_every_chat_and_message(
+    empty_db: TestDatabase,
+) -> None:
+    db = empty_db
+    cfg = alembic_config(db.url)
     command.upgrade(cfg, "0002")
-    now = "2026-01-01 00:00:00"
-    with sqlite3.connect(tmp_path / "m.db") as conn:
-        conn.execute("INSERT INTO chat_sessions VALUES ('s1', 'alice', 't', '', '{}', ?, ?)", (now, now))
-        conn.execute(
-            "INSERT INTO messages (session_id, position, role, content, status, created_at, updated_at) "
-            "VALUES ('s1', 0, 'user', 'hi', 'complete', ?, ?)",
-            (now, now),
-        )
+    db.raw("INSERT INTO chat_sessions VALUES ('s1', 'alice', 't', '', '{}', :now, :now)", {"now": NOW})
+    db.raw(
+        "INSERT INTO messages (session_id, position, role, content, status, created_at, updated_at) "
+        "VALUES ('s1', 0, 'user', 'hi', 'complete', :now, :now)",
+        {"now": NOW},
+    )
     command.upgrade(cfg, "0003")
-    engine = create_db_engine(make_db(tmp_path))  # foreign keys on, as the app runs
+    engine = create_db_engine(db.url)  # SQLite: foreign keys on, as the app runs
     insp = inspect(engine)
     assert sorted(insp.get_table_names()) == [
         "admin_sessions",
@@ -217,25 +224,52 @@ def test_0003_adds_presets_in_place_and_going_back_keeps_every_chat_and_message(
         ("created_at", False),
         ("updated_at", False),
     ]
-    insert = "INSERT INTO presets VALUES (?, ?, ?, '', '{}', ?, ?, ?)"
+    insert = text("INSERT INTO presets VALUES (:id, :owner, :name, '', '{}', :is_default, :now, :now)")
+
+    def preset(id_: str, owner: str, name: str, is_default: bool) -> dict[str, object]:
+        return {"id": id_, "owner": owner, "name": name, "is_default": is_default, "now": NOW}
+
     with engine.begin() as conn:
-        assert conn.exec_driver_sql("SELECT id, preset_id FROM chat_sessions").all() == [("s1", None)]
-        conn.exec_driver_sql(insert, ("p1", "alice", "Terse", True, now, now))
-        conn.exec_driver_sql(insert, ("p2", "alice", "Long", False, now, now))
-        conn.exec_driver_sql(insert, ("p3", "bob", "Terse", True, now, now))  # names and defaults per owner
-        conn.exec_driver_sql("UPDATE chat_sessions SET preset_id = 'p1'")
+        assert conn.execute(text("SELECT id, preset_id FROM chat_sessions")).all() == [("s1", None)]
+        conn.execute(insert, preset("p1", "alice", "Terse", True))
+        conn.execute(insert, preset("p2", "alice", "Long", False))
+        conn.execute(insert, preset("p3", "bob", "Terse", True))  # names and defaults per owner
+        conn.execute(text("UPDATE chat_sessions SET preset_id = 'p1'"))
     for row in [
-        ("p4", "alice", "Terse", False, now, now),  # a name the owner already has
-        ("p5", "alice", "Other", True, now, now),  # a second default of one owner
+        preset("p4", "alice", "Terse", False),  # a name the owner already has
+        preset("p5", "alice", "Other", True),  # a second default of one owner
     ]:
         with pytest.raises(IntegrityError), engine.begin() as conn:
-            conn.exec_driver_sql(insert, row)
+            conn.execute(insert, row)
     engine.dispose()
     command.downgrade(cfg, "0002")  # in place: no table copy, whose drop would cascade to the messages
-    with sqlite3.connect(tmp_path / "m.db") as conn:
-        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        assert tables == {"admin_sessions", "alembic_version", "chat_sessions", "messages"}
-        assert conn.execute("SELECT * FROM chat_sessions").fetchall() == [
-            ("s1", "alice", "t", "", "{}", now, now)
-        ]
-        assert conn.execute("SELECT session_id, content FROM messages").fetchall() == [("s1", "hi")]
+    assert db.tables() == {"admin_sessions", "alembic_version", "chat_sessions", "messages"}
+    now, settings = NOW_READ[db.backend], "{}" if db.is_sqlite else {}
+    assert db.raw("SELECT * FROM chat_sessions") == [("s1", "alice", "t", "", settings, now, now)]
+    assert db.raw("SELECT session_id, content FROM messages") == [("s1", "hi")]
+
+
+MIGRATE = "import sys; from app.db.database import *; upgrade_to_head(create_db_engine(sys.argv[1]))"
+
+
+@pytest.mark.parametrize("db_backend", ["postgresql"], indirect=True)
+def test_a_process_migrating_postgresql_waits_for_the_one_already_migrating(empty_db: TestDatabase) -> None:
+    holder = empty_db.engine().connect()  # as if another process were migrating: it holds the migration lock
+    holder.execute(text("SELECT pg_advisory_lock(:key)"), {"key": PG_MIGRATION_LOCK})
+    holder.commit()
+    process = subprocess.Popen(
+        [sys.executable, "-c", MIGRATE, empty_db.url], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = :key"
+        deadline = time.monotonic() + 60
+        while empty_db.raw(waiting, {"key": PG_MIGRATION_LOCK}) != [(1,)]:
+            assert process.poll() is None, f"it migrated without waiting: {process.stderr.read()}"
+            assert time.monotonic() < deadline, "the process never waited for the migration lock"
+            time.sleep(0.05)
+        assert empty_db.tables() == set()  # nothing migrated while it waits
+    finally:
+        holder.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": PG_MIGRATION_LOCK})
+        holder.close()
+    assert process.wait(timeout=60) == 0, process.stderr.read()
+    assert empty_db.raw("SELECT version_num FROM alembic_version") == [("0006",)]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 import pytest
 from sqlalchemy import delete
@@ -13,18 +12,19 @@ from sqlalchemy import delete
 from app.db import QuotaExceeded, StorageQuota, Store
 from app.db.models import ChatSession
 from app.db.usage import STALE_AFTER_S, UsageLedger, owner_usage, usage_of
+from tests.app.databases import TestDatabase
 
 pytestmark = pytest.mark.anyio
 ALICE, BOB = "browser:alice", "browser:bob"
 
 
 @pytest.fixture
-async def make_store(tmp_path: Path) -> AsyncIterator[Callable[..., Store]]:
-    """Start stores on fresh SQLite files with the given quota; all are closed afterwards."""
+async def make_store(make_db: Callable[..., TestDatabase]) -> AsyncIterator[Callable[..., Store]]:
+    """Start stores on fresh databases of the test's backend with the given quota; all are closed afterwards."""
     stores: list[Store] = []
 
     async def make(**limits: int) -> Store:
-        store = Store(f"sqlite:///{tmp_path / f'chat{len(stores)}.db'}", quota=StorageQuota(**limits))
+        store = Store(make_db().url, quota=StorageQuota(**limits))
         await store.start()
         stores.append(store)
         return store
@@ -100,10 +100,11 @@ async def test_a_refused_edit_leaves_the_conversation_as_it_was(make_store) -> N
     assert tree is not None and tree.sibling_ids(edited.id) == (first.id, edited.id)
 
 
-async def test_the_database_guard_refuses_new_data_with_its_value(make_store) -> None:
+async def test_the_database_guard_refuses_new_data_with_its_value(make_store, db_backend: str) -> None:
     store = await make_store()
     used = await store.database_bytes()
-    assert used is not None and used > 0 and used % 4096 == 0
+    page_size = 4096 if db_backend == "sqlite" else 8192  # SQLite's pages, PostgreSQL's blocks
+    assert used is not None and used > 0 and used % page_size == 0
     full = await make_store(max_database_bytes=used)
     sid = None
     with pytest.raises(QuotaExceeded) as refused:

@@ -1,51 +1,55 @@
-"""Full-text search in the store: the FTS5 index follows every write, ranks, scopes to the owner, snippets keep the
-text as it is, and what a user types never reaches FTS5's query syntax; the migration indexes older databases."""
+"""Full-text search in the store, on SQLite (FTS5) and PostgreSQL (tsvector): the index follows every write, ranks,
+scopes to the owner, snippets keep the text as it is, and what a user types never reaches the index's query syntax;
+the migration indexes older databases."""
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from alembic import command
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sqlalchemy import Engine, create_engine
+from sqlalchemy import text as sql
+from sqlalchemy.pool import NullPool
 
 from app.db import MATCH_END, MATCH_START, MessageStatus, SearchUnsupported, Store
 from app.db.database import alembic_config
+from app.db.pg_search import _tsquery_sql
 from app.db.search import search_backend
-from app.db.search_query import MAX_SEARCH_CHARS, SearchQuery, SearchTerm, fts5_match, parse_search
+from app.db.search_query import (
+    MAX_SEARCH_CHARS,
+    SearchQuery,
+    SearchTerm,
+    fts5_match,
+    parse_search,
+    tsquery_terms,
+)
+from tests.app.databases import TestDatabase
 
 pytestmark = pytest.mark.anyio
 M0, M1 = MATCH_START, MATCH_END
 
 
-def make_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'chat.db'}"
-
-
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = Store(make_url(tmp_path))
+async def store(db: TestDatabase) -> AsyncIterator[Store]:
+    s = Store(db.url)
     await s.start()
     yield s
     await s.close()
 
 
-def raw(tmp_path: Path, sql: str) -> list[tuple]:
-    conn = sqlite3.connect(tmp_path / "chat.db")
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
-
-
-def assert_index_in_step(tmp_path: Path) -> None:
-    """FTS5's own check of an external-content index against `messages` (raises 'database disk image is
+def assert_index_in_step(db: TestDatabase) -> None:
+    """SQLite: FTS5's own check of an external-content index against `messages` (raises 'database disk image is
     malformed' when a row's indexed words differ from its text); valid while no reply streams (those rows are not
-    indexed)."""
-    raw(tmp_path, "INSERT INTO messages_fts (messages_fts, rank) VALUES ('integrity-check', 1)")
+    indexed). PostgreSQL: the generated vector is there for every message but the streaming ones."""
+    if db.is_sqlite:
+        db.raw("INSERT INTO messages_fts (messages_fts, rank) VALUES ('integrity-check', 1)")
+        return
+    wrong = db.raw("SELECT id, status FROM messages WHERE (search_vector IS NULL) != (status = 'streaming')")
+    assert wrong == []
 
 
 async def chat(store: Store, owner: str, *texts: str, title: str = "t") -> str:
@@ -64,7 +68,7 @@ async def found(store: Store, owner: str, text: str, **page: int) -> list[tuple[
     return [(hit.session_id, hit.snippet) for hit in result.hits]
 
 
-async def test_index_follows_insert_stream_edit_and_delete(store: Store, tmp_path: Path) -> None:
+async def test_index_follows_insert_stream_edit_and_delete(store: Store, db: TestDatabase) -> None:
     sid = await chat(store, "alice", "How do I boil an egg?")
     assert await found(store, "alice", "boil") == [(sid, f"How do I {M0}boil{M1} an egg?")]
 
@@ -84,7 +88,7 @@ async def test_index_follows_insert_stream_edit_and_delete(store: Store, tmp_pat
     )
     assert await found(store, "alice", "simmering") == []
     assert await found(store, "alice", "bubbling") == [(sid, f"Put it in gently {M0}bubbling{M1} water")]
-    assert_index_in_step(tmp_path)
+    assert_index_in_step(db)
 
     streaming = await store.start_assistant(
         sid, prompt_tokens=9, cached_tokens=0, truncated_turns=0, tokenizer_fingerprint="f"
@@ -92,13 +96,13 @@ async def test_index_follows_insert_stream_edit_and_delete(store: Store, tmp_pat
     await store.flush_assistant(streaming.id, "half a sentence about bubbling")
     await store.delete_messages_from(sid, streaming.id)  # regenerate while streaming: nothing to forget
     assert [s for s, _ in await found(store, "alice", "bubbling")] == [sid]
-    assert_index_in_step(tmp_path)
+    assert_index_in_step(db)
 
     # an edit is a new version beside the first (a branch): both stay in the chat, and in the index
     await store.add_message(sid, "user", "How do I poach an egg?", parent_id=None)
     assert await found(store, "alice", "poach") == [(sid, f"How do I {M0}poach{M1} an egg?")]
     assert [s for s, _ in await found(store, "alice", "boil")] == [sid]
-    assert_index_in_step(tmp_path)
+    assert_index_in_step(db)
 
     # continue: the reply streams again (out of the index) and is indexed with its longer text when it ends
     await store.resume_assistant(
@@ -115,14 +119,19 @@ async def test_index_follows_insert_stream_edit_and_delete(store: Store, tmp_pat
         timings={},
     )
     assert [s for s, _ in await found(store, "alice", "minutes")] == [sid]
-    assert_index_in_step(tmp_path)
+    assert_index_in_step(db)
 
     other = await chat(store, "alice", "poach pears in wine")
     assert await store.delete_session("alice", sid)  # the cascade's deletions fire the trigger too
     assert [s for s, _ in await found(store, "alice", "poach")] == [other]
-    left = raw(tmp_path, "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'egg OR minutes'")
+    if db.is_sqlite:
+        left = db.raw("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'egg OR minutes'")
+    else:
+        left = db.raw(
+            "SELECT count(*) FROM messages WHERE search_vector @@ to_tsquery('pagedchat_search', 'egg | minutes')"
+        )
     assert left == [(0,)]
-    assert_index_in_step(tmp_path)
+    assert_index_in_step(db)
 
 
 async def test_another_owner_never_sees_a_chat(store: Store) -> None:
@@ -159,6 +168,34 @@ async def test_snippets_keep_html_as_text(store: Store) -> None:
     assert snippet == f'Use <script>alert("x")</script> and <b>bold</b> {M0}needle{M1} &amp; more'
 
 
+LONG = (
+    "a long note that names many other words about rivers and then some more words to go past the limit of "
+    "sixteen words surely kayak and more kayak after that, and yet more words follow here to the end."
+)
+CODE = "See example.com or /usr/lib/x.so, e-mail a@b.com, <div>code</div> and snake_case kayak don't"
+
+
+async def test_punctuation_separates_words_and_snippets_are_windows_around_the_matches(store: Store) -> None:
+    # the same words and the same snippets on both databases (FTS5's snippet() made these)
+    long, code = await chat(store, "alice", LONG), await chat(store, "alice", CODE)
+    assert dict(await found(store, "alice", "kayak")) == {
+        long: f"…the limit of sixteen words surely {M0}kayak{M1} and more {M0}kayak{M1} after that, and yet more words…",
+        code: f"…x.so, e-mail a@b.com, <div>code</div> and snake_case {M0}kayak{M1} don't",
+    }
+    assert await found(store, "alice", "example") == [
+        (code, f"See {M0}example{M1}.com or /usr/lib/x.so, e-mail a@b.com, <div>code</div…")
+    ]
+    assert await found(store, "alice", "div") == [
+        (code, f"See example.com or /usr/lib/x.so, e-mail a@b.com, <{M0}div{M1}>code</{M0}div{M1}…")
+    ]
+    assert await found(store, "alice", "snake case") == [
+        (code, f"…x.so, e-mail a@b.com, <div>code</div> and {M0}snake{M1}_{M0}case{M1} kayak don't")
+    ]
+    assert await found(store, "alice", "mail") == [
+        (code, f"See example.com or /usr/lib/x.so, e-{M0}mail{M1} a@b.com, <div>code</div…")
+    ]
+
+
 async def test_pages_cover_every_chat_once(store: Store) -> None:
     ids = {await chat(store, "alice", f"walrus number {i}") for i in range(5)}
     seen, offset, pages = [], 0, 0
@@ -169,6 +206,8 @@ async def test_pages_cover_every_chat_once(store: Store) -> None:
     assert (sorted(seen), pages) == (sorted(ids), 3)
 
 
+# checked before any database is asked: SQLite stands for both
+@pytest.mark.parametrize("db_backend", ["sqlite"], indirect=True)
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
@@ -187,6 +226,7 @@ async def test_searches_without_words_or_past_limits_are_value_errors(
         await store.search_messages("alice", text)
 
 
+@pytest.mark.parametrize("db_backend", ["sqlite"], indirect=True)
 @pytest.mark.parametrize(
     ("page", "fragment"), [({"limit": 0}, "limit"), ({"limit": 51}, "limit"), ({"offset": -1}, "offset")]
 )
@@ -227,27 +267,69 @@ def test_any_typed_text_is_a_valid_fts5_query_or_a_value_error(text: str) -> Non
     conn.execute("SELECT rowid FROM t WHERE t MATCH ?", (match,)).fetchall()  # raises on a syntax error
 
 
+@pytest.fixture(scope="module")
+def pg_search_engine(postgres, postgres_template) -> Iterator[Engine]:
+    """An engine on a database at head of the session's PostgreSQL server, for the module's synchronous tests."""
+    name = postgres.create_database(postgres_template)
+    engine = create_engine(postgres.url(name), poolclass=NullPool)
+    yield engine
+    engine.dispose()
+    postgres.drop_database(name)
+
+
+def test_parsed_terms_and_their_tsquery_form() -> None:
+    query = parse_search('say "hello,  World" AND it\'s x')
+    assert tsquery_terms(query) == [
+        ("phraseto_tsquery", "say"),
+        ("phraseto_tsquery", "hello World"),
+        ("phraseto_tsquery", "AND"),
+        ("phraseto_tsquery", "it"),
+        ("phraseto_tsquery", "s"),
+        ("to_tsquery", "'x':*"),
+    ]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(max_size=60))
+def test_any_typed_text_is_a_valid_tsquery_or_a_value_error(pg_search_engine: Engine, text_: str) -> None:
+    try:
+        terms = tsquery_terms(parse_search(text_))
+    except ValueError as exc:
+        assert "no word" in str(exc) or "over the limit" in str(exc)
+        return
+    query = sql(
+        "SELECT count(*) FROM (VALUES (to_tsvector('pagedchat_search', 'near and or not * \" & | ! <-> :* text'))) "
+        f"AS t(v) WHERE v @@ ({_tsquery_sql([fn for fn, _ in terms])})"
+    )
+    with pg_search_engine.connect() as conn:  # raises on a syntax error
+        conn.execute(query, {f"term_{i}": argument for i, (_, argument) in enumerate(terms)}).scalar_one()
+
+
 def test_other_databases_say_search_is_not_supported() -> None:
-    with pytest.raises(SearchUnsupported, match=r"not supported on this database \(postgresql\)"):
-        search_backend("postgresql")
+    with pytest.raises(SearchUnsupported, match=r"not supported on this database \(mysql\)"):
+        search_backend("mysql")
 
 
-async def test_0006_indexes_the_messages_of_an_older_database(tmp_path: Path) -> None:
-    cfg = alembic_config(make_url(tmp_path))
+async def test_0006_indexes_the_messages_of_an_older_database(empty_db: TestDatabase) -> None:
+    db = empty_db
+    cfg = alembic_config(db.url)
     command.upgrade(cfg, "0002")
     now = "2026-01-01 00:00:00"
-    with sqlite3.connect(tmp_path / "chat.db") as conn:
-        conn.execute("INSERT INTO chat_sessions VALUES ('s1', 'alice', 'Fjords', '', '{}', ?, ?)", (now, now))
-        conn.execute("INSERT INTO chat_sessions VALUES ('s2', 'bob', 'Mine', '', '{}', ?, ?)", (now, now))
-        insert = (
-            "INSERT INTO messages (session_id, position, role, content, status, created_at, updated_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)"
-        )
-        conn.execute(insert, ("s1", 0, "user", "Which fjord is deepest?", "complete", now, now))
-        conn.execute(insert, ("s1", 1, "assistant", "Sognefjord, 1308 m deep.", "finished", now, now))
-        conn.execute(insert, ("s2", 0, "user", "fjord cruise prices", "complete", now, now))
-        conn.execute(insert, ("s1", 2, "assistant", "cut off mid glacier", "streaming", now, now))
-    store = Store(make_url(tmp_path))
+    session = "INSERT INTO chat_sessions VALUES (:id, :owner, :title, '', '{}', :now, :now)"
+    db.raw(session, {"id": "s1", "owner": "alice", "title": "Fjords", "now": now})
+    db.raw(session, {"id": "s2", "owner": "bob", "title": "Mine", "now": now})
+    insert = (
+        "INSERT INTO messages (session_id, position, role, content, status, created_at, updated_at) "
+        "VALUES (:sid, :position, :role, :content, :status, :now, :now)"
+    )
+    for sid, position, role, content, status in [
+        ("s1", 0, "user", "Which fjord is deepest?", "complete"),
+        ("s1", 1, "assistant", "Sognefjord, 1308 m deep.", "finished"),
+        ("s2", 0, "user", "fjord cruise prices", "complete"),
+        ("s1", 2, "assistant", "cut off mid glacier", "streaming"),
+    ]:
+        db.raw(insert, dict(sid=sid, position=position, role=role, content=content, status=status, now=now))
+    store = Store(db.url)
     await store.start()  # migrates to head, then marks the reply left streaming 'interrupted': indexed then
     try:
         assert [h.position for h in (await store.search_messages("alice", "glacier")).hits] == [2]
@@ -262,8 +344,13 @@ async def test_0006_indexes_the_messages_of_an_older_database(tmp_path: Path) ->
         assert (await store.search_messages("alice", "longest")).hits[0].position == 3
     finally:
         await store.close()
-    assert_index_in_step(tmp_path)
+    assert_index_in_step(db)
     command.downgrade(cfg, "0002")
-    names = {name for (name,) in raw(tmp_path, "SELECT name FROM sqlite_master")}
-    assert not {n for n in names if n.startswith("messages_fts")}
-    assert raw(tmp_path, "SELECT count(*) FROM messages") == [(5,)]  # the messages stay
+    if db.is_sqlite:
+        names = {name for (name,) in db.raw("SELECT name FROM sqlite_master")}
+        assert not {n for n in names if n.startswith("messages_fts")}
+    else:
+        assert "search_vector" not in db.columns("messages")
+        assert db.raw("SELECT cfgname FROM pg_ts_config WHERE cfgname LIKE 'pagedchat%'") == []
+        assert db.raw("SELECT dictname FROM pg_ts_dict WHERE dictname LIKE 'pagedchat%'") == []
+    assert db.raw("SELECT count(*) FROM messages") == [(5,)]  # the messages stay

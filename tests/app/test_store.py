@@ -1,18 +1,23 @@
-"""Store: real SQLite files in tmp_path, owner isolation, ordering, cascades, recovery, and outage errors."""
+"""Store: real databases (SQLite files in tmp_path, and PostgreSQL), owner isolation, ordering, cascades, recovery,
+and outage errors."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import sqlite3
+import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
 
 from app.db import MessageRecord, Store, StoreUnavailable
 from app.db.database import create_db_engine
+from tests.app.databases import TestDatabase
 
 pytestmark = pytest.mark.anyio
 
@@ -22,7 +27,16 @@ def make_url(tmp_path: Path, name: str = "chat.db") -> str:
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
+async def store(db: TestDatabase) -> AsyncIterator[Store]:
+    s = Store(db.url)
+    await s.start()
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+async def sqlite_store(tmp_path: Path) -> AsyncIterator[Store]:
+    """A store on a SQLite file, for tests of what no database changes (threads, SQLite's own settings)."""
     s = Store(make_url(tmp_path))
     await s.start()
     yield s
@@ -50,7 +64,7 @@ async def finish(store: Store, message_id: int, content: str, ids: list[int]) ->
     )
 
 
-async def test_sqlite_file_is_in_wal_mode_with_pragmas(store: Store, tmp_path: Path) -> None:
+async def test_sqlite_file_is_in_wal_mode_with_pragmas(sqlite_store: Store, tmp_path: Path) -> None:
     assert raw(tmp_path, "PRAGMA journal_mode") == [("wal",)]
     engine = create_db_engine(make_url(tmp_path), busy_timeout_ms=1234)
     with engine.connect() as conn:
@@ -59,6 +73,20 @@ async def test_sqlite_file_is_in_wal_mode_with_pragmas(store: Store, tmp_path: P
         assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
         assert conn.execute(text("PRAGMA busy_timeout")).scalar() == 1234
     engine.dispose()
+
+
+@pytest.mark.parametrize("db_backend", ["postgresql"], indirect=True)
+async def test_postgresql_connections_wait_for_locks_as_long_as_the_busy_timeout(db: TestDatabase) -> None:
+    engine = create_db_engine(db.url, busy_timeout_ms=1234)
+    with engine.connect() as conn:
+        assert conn.execute(text("SHOW lock_timeout")).scalar() == "1234ms"
+        assert conn.execute(text("SHOW TimeZone")).scalar() == "UTC"
+    assert (engine.pool.size(), engine.pool._max_overflow) == (5, 5)  # the store's writer and four readers
+    engine.dispose()
+    no_wait = create_db_engine(db.url, busy_timeout_ms=0)
+    with no_wait.connect() as conn:
+        assert conn.execute(text("SHOW lock_timeout")).scalar() == "1ms"  # 0 would mean: wait forever
+    no_wait.dispose()
 
 
 async def test_session_crud_and_owner_isolation(store: Store) -> None:
@@ -151,26 +179,26 @@ async def test_delete_messages_from_removes_the_tail(store: Store) -> None:
     assert [m.id for m in await store.list_messages("alice", other.id)] == [foreign.id]
 
 
-async def test_deleting_a_session_cascades_to_its_messages(store: Store, tmp_path: Path) -> None:
+async def test_deleting_a_session_cascades_to_its_messages(store: Store, db: TestDatabase) -> None:
     s = await store.create_session("alice")
     keep = await store.create_session("alice")
     for i in range(3):
         await store.add_message(s.id, "user", f"m{i}")
     await store.add_message(keep.id, "user", "stays")
-    assert raw(tmp_path, "SELECT count(*) FROM messages") == [(4,)]
+    assert db.raw("SELECT count(*) FROM messages") == [(4,)]
     assert await store.delete_session("alice", s.id) is True
-    assert raw(tmp_path, "SELECT session_id, content FROM messages") == [(keep.id, "stays")]
+    assert db.raw("SELECT session_id, content FROM messages") == [(keep.id, "stays")]
     # a streaming answer whose session vanished finishes quietly
     a = await store.start_assistant(
         keep.id, prompt_tokens=1, cached_tokens=0, truncated_turns=0, tokenizer_fingerprint="f"
     )
     assert await store.delete_session("alice", keep.id) is True
     await finish(store, a.id, "orphan", [5])
-    assert raw(tmp_path, "SELECT count(*) FROM messages") == [(0,)]
+    assert db.raw("SELECT count(*) FROM messages") == [(0,)]
 
 
-async def test_start_marks_streaming_answers_interrupted(tmp_path: Path) -> None:
-    first = Store(make_url(tmp_path))
+async def test_start_marks_streaming_answers_interrupted(db: TestDatabase) -> None:
+    first = Store(db.url)
     await first.start()
     s = await first.create_session("alice")
     await first.add_message(s.id, "user", "q")
@@ -184,7 +212,7 @@ async def test_start_marks_streaming_answers_interrupted(tmp_path: Path) -> None
     await finish(first, done.id, "whole", [7])
     await first.close()  # as if the process died mid-stream: the row stays 'streaming'
 
-    second = Store(make_url(tmp_path))
+    second = Store(db.url)
     await second.start()
     msgs = await second.list_messages("alice", s.id)
     assert [(m.status, m.content) for m in msgs] == [
@@ -193,8 +221,9 @@ async def test_start_marks_streaming_answers_interrupted(tmp_path: Path) -> None
         ("finished", "whole"),
     ]
     await second.close()
-    assert raw(tmp_path, "PRAGMA integrity_check") == [("ok",)]
-    assert raw(tmp_path, "PRAGMA foreign_key_check") == []
+    if db.is_sqlite:
+        assert db.raw("PRAGMA integrity_check") == [("ok",)]
+        assert db.raw("PRAGMA foreign_key_check") == []
 
 
 async def test_bad_arguments_raise(store: Store) -> None:
@@ -221,6 +250,24 @@ async def test_bad_arguments_raise(store: Store) -> None:
         await store.add_message("missing-session", "user", "x")
     with pytest.raises(RuntimeError, match="start"):
         await Store("sqlite://").list_sessions("alice")
+    # PostgreSQL's text cannot hold NUL: no backend takes it from a client, and a model's is replaced
+    with pytest.raises(
+        ValueError, match=r"content must not contain NUL characters \(U\+0000\), found at index 2"
+    ):
+        await store.add_message(s.id, "user", "ab\x00c")
+    with pytest.raises(ValueError, match="title must not contain NUL"):
+        await store.update_session("alice", s.id, title="\x00")
+    with pytest.raises(ValueError, match="system_prompt must not contain NUL"):
+        await store.create_session("alice", system_prompt="\x00")
+    with pytest.raises(ValueError, match="name must not contain NUL"):
+        await store.create_preset("alice", "a\x00")
+    a = await store.start_assistant(
+        s.id, prompt_tokens=1, cached_tokens=0, truncated_turns=0, tokenizer_fingerprint="f"
+    )
+    await store.flush_assistant(a.id, "half\x00")
+    assert (await store.list_messages("alice", s.id))[-1].content == "half\ufffd"
+    await finish(store, a.id, "whole\x00", [1])
+    assert (await store.list_messages("alice", s.id))[-1].content == "whole\ufffd"
 
 
 async def test_unwritable_path_raises_store_unavailable(tmp_path: Path) -> None:
@@ -232,14 +279,59 @@ async def test_unwritable_path_raises_store_unavailable(tmp_path: Path) -> None:
         await s.ping()
 
 
+async def test_unreachable_postgresql_raises_store_unavailable() -> None:
+    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[postgres]')")
+    with socket.socket() as probe:  # a loopback port where nothing listens
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    s = Store(f"postgresql+psycopg://pagedchat:secret@127.0.0.1:{port}/chat")
+    with pytest.raises(
+        StoreUnavailable, match=r"database unavailable \(postgresql\+psycopg://pagedchat:\*\*\*@"
+    ):
+        await s.start()
+    with pytest.raises(RuntimeError):  # start failed: the store is not running
+        await s.ping()
+
+
+def test_postgresql_urls_go_through_psycopg_and_say_when_it_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[postgres]')")
+    engine = create_db_engine("postgresql://pagedchat:secret@127.0.0.1:1/chat")  # connects lazily
+    assert (engine.url.drivername, engine.url.password) == ("postgresql+psycopg", "secret")
+    engine.dispose()
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if it were not installed
+    with pytest.raises(
+        RuntimeError, match=r"needs the Python driver 'psycopg'.*pip install -e '\.\[postgres\]'"
+    ):
+        create_db_engine("postgresql+psycopg://pagedchat:secret@127.0.0.1:1/chat")
+
+
+def hold_write_lock(db: TestDatabase) -> tuple[Any, str]:
+    """Another connection holding a lock that keeps every write of the store waiting (reads go on); the error the
+    store's writes then end with."""
+    if db.is_sqlite:
+        holder = sqlite3.connect(db.path, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        return holder, "database is locked"
+    holder = db.engine().connect()
+    holder.begin()
+    holder.execute(text("LOCK TABLE chat_sessions IN EXCLUSIVE MODE"))  # SELECT still runs; INSERT waits
+    return holder, "lock timeout"
+
+
+def release(holder: Any) -> None:
+    holder.rollback()
+    holder.close()
+
+
 async def test_locked_database_raises_store_unavailable_without_blocking_the_loop(
-    store: Store, tmp_path: Path
+    store: Store, db: TestDatabase
 ) -> None:
     await store.ping()
-    locked = Store(make_url(tmp_path), busy_timeout_ms=300)
+    locked = Store(db.url, busy_timeout_ms=300)
     await locked.start()
-    holder = sqlite3.connect(tmp_path / "chat.db", isolation_level=None)
-    holder.execute("BEGIN EXCLUSIVE")
+    holder, error = hold_write_lock(db)
     ticks = 0
 
     async def tick() -> None:
@@ -250,18 +342,18 @@ async def test_locked_database_raises_store_unavailable_without_blocking_the_loo
 
     ticker = asyncio.create_task(tick())
     try:
-        with pytest.raises(StoreUnavailable, match="database is locked"):
+        with pytest.raises(StoreUnavailable, match=error):
             await locked.create_session("alice")
     finally:
         ticker.cancel()
-        holder.execute("ROLLBACK")
-        holder.close()
+        release(holder)
     assert ticks >= 10, f"the event loop stalled while the store waited on the lock ({ticks} ticks)"
     assert (await locked.create_session("alice")).owner == "alice"  # usable again once the lock is gone
     await locked.close()
 
 
-async def test_database_work_runs_off_the_event_loop_thread(store: Store) -> None:
+async def test_database_work_runs_off_the_event_loop_thread(sqlite_store: Store) -> None:
     seen: list[str] = []
+    store = sqlite_store
     await store._call(lambda: seen.append(threading.current_thread().name))
     assert seen[0].startswith("pagedchat-store") and seen[0] != threading.current_thread().name

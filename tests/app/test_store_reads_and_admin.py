@@ -3,25 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
-from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from app.db import Store, StoreUnavailable
-from tests.app.test_store import make_url, raw
+from tests.app.databases import TestDatabase
+from tests.app.test_store import hold_write_lock, release
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_reads_answer_while_a_write_waits_for_a_lock_held_elsewhere(tmp_path: Path) -> None:
-    store = Store(make_url(tmp_path), busy_timeout_ms=1500)
+async def test_reads_answer_while_a_write_waits_for_a_lock_held_elsewhere(db: TestDatabase) -> None:
+    store = Store(db.url, busy_timeout_ms=1500)
     await store.start()
     session = await store.create_session("alice", title="before the lock")
-    holder = sqlite3.connect(tmp_path / "chat.db", isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")  # another process writes and holds the lock
-    holder.execute("UPDATE chat_sessions SET title = 'uncommitted'")
+    holder, error = hold_write_lock(db)  # another process writes and holds the lock
+    if db.is_sqlite:
+        holder.execute("UPDATE chat_sessions SET title = 'uncommitted'")
+    else:
+        holder.execute(text("UPDATE chat_sessions SET title = 'uncommitted'"))
     try:
         write = asyncio.ensure_future(store.create_session("alice", title="waits for the lock"))
         await asyncio.sleep(0.1)  # the writer thread is now waiting on the lock
@@ -32,18 +34,17 @@ async def test_reads_answer_while_a_write_waits_for_a_lock_held_elsewhere(tmp_pa
         fetched = await store.get_session("alice", session.id)
         took = time.monotonic() - began
         assert not write.done()
-        with pytest.raises(StoreUnavailable, match="database is locked"):
+        with pytest.raises(StoreUnavailable, match=error):
             await write
     finally:
-        holder.execute("ROLLBACK")
-        holder.close()
+        release(holder)
     assert took < 0.5, f"reads waited {took:.2f} s behind the write"
     assert [s.title for s in listed] == ["before the lock"]  # the last committed state
     assert messages == [] and fetched == session
     await store.close()
 
 
-async def test_an_in_memory_database_reads_on_the_writer(tmp_path: Path) -> None:
+async def test_an_in_memory_database_reads_on_the_writer() -> None:
     store = Store("sqlite://")
     await store.start()
     session = await store.create_session("alice")
@@ -52,9 +53,9 @@ async def test_an_in_memory_database_reads_on_the_writer(tmp_path: Path) -> None
 
 
 async def test_admin_sign_ins_are_valid_until_revoked_expired_or_made_with_another_token(
-    tmp_path: Path,
+    db: TestDatabase,
 ) -> None:
-    store = Store(make_url(tmp_path))
+    store = Store(db.url)
     await store.start()
     await store.create_admin_session("h-live", "fp-a", "203.0.113.9", 3600)
     await store.create_admin_session("h-out", "fp-a", "127.0.0.1", 3600)
@@ -69,13 +70,13 @@ async def test_admin_sign_ins_are_valid_until_revoked_expired_or_made_with_anoth
     assert not await store.admin_session_valid("h-out", "fp-a")
     await store.close()
 
-    again = Store(make_url(tmp_path))  # a restart keeps sign-ins and revocations
+    again = Store(db.url)  # a restart keeps sign-ins and revocations
     await again.start()
     assert await again.admin_session_valid("h-live", "fp-a")
     assert not await again.admin_session_valid("h-out", "fp-a")
     assert await again.revoke_admin_sessions_except("fp-a") == 1  # h-other, signed in with another token
     assert not await again.admin_session_valid("h-other", "fp-b")
-    assert sorted(raw(tmp_path, "SELECT id, revoked_at IS NULL FROM admin_sessions")) == [
+    assert sorted(db.raw("SELECT id, revoked_at IS NULL FROM admin_sessions")) == [
         ("h-live", 1),
         ("h-other", 0),
         ("h-out", 0),

@@ -4,19 +4,19 @@ switching branches, continuing a reply in place, and deleting a branch."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from app.db import MessageTree, Parent, Store
-from tests.app.test_store import finish, make_url
+from tests.app.databases import TestDatabase
+from tests.app.test_store import finish
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = Store(make_url(tmp_path))
+async def store(db: TestDatabase) -> AsyncIterator[Store]:
+    s = Store(db.url)
     await s.start()
     yield s
     await s.close()

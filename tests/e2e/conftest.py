@@ -90,12 +90,14 @@ def share_kernels(cache_dir: Path) -> None:
         link.symlink_to(shared, target_is_directory=True)
 
 
-def start_server(tmp_path: Path, env: dict[str, str], *, port: int | None = None) -> Server:
+def start_server(
+    tmp_path: Path, env: dict[str, str], *, port: int | None = None, database_url: str | None = None
+) -> Server:
     """Start `pagedchat serve` and wait until /health says ok (fails with the server's log otherwise).
 
     Only `env` reaches it of the PAGEDCHAT_* variables; servers started again on one `tmp_path` share its
-    database (chat.db) and log (server.log). When `env` sets FAULTS_ENV, the server runs under
-    tests/fault_server.py: the same server, its engine faulty.
+    database (chat.db, unless `database_url` names another) and log (server.log). When `env` sets FAULTS_ENV, the
+    server runs under tests/fault_server.py: the same server, its engine faulty.
     """
     command = ("tests.fault_server",) if FAULTS_ENV in env else ("pagedchat", "serve")
     server = spawn_pagedchat(
@@ -107,6 +109,7 @@ def start_server(tmp_path: Path, env: dict[str, str], *, port: int | None = None
         isolated=True,
         server_type=Server,
         command=command,
+        database_url=database_url,
     )
     wait_ready(server, STARTUP_TIMEOUT_S)
     return server
