@@ -14,7 +14,7 @@ import pytest
 from bench.servers import stop_server
 from tests.e2e.browser_helpers import REPLY_TIMEOUT_MS, expect, last_reply, screenshot, send
 from tests.e2e.conftest import Server, server_env, start_server
-from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS, WIDE
+from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS, NARROW, WIDE
 
 pytestmark = pytest.mark.browser
 USER, PASSWORD = "uma", "uma's password 1"
@@ -105,6 +105,36 @@ def test_the_sign_in_page_leads_to_the_chat(device):
     expect(page.locator("#user-rows tr")).to_have_count(1)  # the admin's accounts table
     expect(page.locator("#user-rows td").first).to_have_text(USER)
     screenshot(page, "accounts-account-page.png")
+
+
+def test_the_account_pages_forms_fit_a_laptop_and_a_phone(device):
+    """The invite and create-account rows: every field wide enough to type in, every button inside the card, no
+    sideways scrolling (the rows once squeezed the username to 22 px and pushed the buttons off the card)."""
+    page = device()
+    sign_in(page)
+    page.wait_for_selector("body[data-ready=true]")
+    page.goto("/account")
+    expect(page.locator("#user-rows tr")).to_have_count(1)
+    for viewport in (WIDE, NARROW):
+        page.set_viewport_size(viewport)
+        layout = page.evaluate(
+            """() => {
+                const card = document.querySelector(".account-card").getBoundingClientRect();
+                const box = (n) => n.getBoundingClientRect();
+                const controls = [...document.querySelectorAll("#invite-form > *, #create-form > *")];
+                return {
+                    narrowest: Math.min(...["invite-username", "create-username", "create-password"].map(
+                        (id) => box(document.getElementById(id)).width)),
+                    outside: controls.filter((n) => box(n).right > card.right || box(n).left < card.left)
+                        .map((n) => n.id || n.textContent),
+                    scrollWidth: document.documentElement.scrollWidth,
+                };
+            }"""
+        )
+        assert layout["narrowest"] >= 120, (viewport, layout)
+        assert layout["outside"] == [], (viewport, layout)
+        assert layout["scrollWidth"] <= viewport["width"], (viewport, layout)
+    screenshot(page, "accounts-account-page-phone.png", full_page=True)
 
 
 def test_two_devices_of_one_account_share_their_chats(device):
