@@ -1178,6 +1178,35 @@ def session_of(page: Any) -> dict[str, Any]:
     )
 
 
+def test_a_phone_keeps_its_header_buttons_while_the_connection_is_lost(chromium, ui_server, open_page):
+    """On a phone the "Connection lost — reconnecting…" line takes a row of its own under the header: it used to
+    squeeze the title to nothing and push Settings off the screen for as long as the server was away."""
+    context = chromium.new_context(viewport=NARROW, base_url=ui_server.base_url)
+    try:
+        page = open_page("/", viewport=NARROW, context=context, http_errors_ok=True)
+        sid = new_session(page, title="Packing list for the trip")
+        page.goto(f"/#s={sid}")
+        page.reload()
+        page.wait_for_selector("body[data-ready=true]")
+        context.route_web_socket(re.compile(r"/ws/sessions/"), lambda ws: ws.close())  # the server is away
+        page.evaluate("async () => (await import('/static/chat_state.js')).state.socket.ws.close()")
+        expect(page.locator("#conn-status")).to_have_text("Connection lost — reconnecting…")
+        for control in (
+            "#toggle-sidebar",
+            "#chat-title",
+            "#conn-status",
+            "#export-menu summary",
+            "#toggle-settings",
+        ):
+            expect(page.locator(control)).to_be_in_viewport(ratio=1)
+        assert page.locator("#chat-title").bounding_box()["width"] >= 100
+        screenshot(page, "chat-narrow-connection-lost.png")
+        page.click("#toggle-settings")
+        expect(page.locator("#settings-panel")).to_be_visible()
+    finally:
+        context.close()
+
+
 def test_a_saved_preset_made_default_starts_the_next_chat_and_the_chats_own_value_wins(open_page):
     page = open_page("/")
     page.click("#toggle-settings")
