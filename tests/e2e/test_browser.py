@@ -1158,8 +1158,11 @@ def test_a_phone_in_dark_mode(chromium, ui_server, open_page):
     screenshot(page, "theme-dark-narrow-settings.png")
     page.click("#settings-close")
     screenshot(page, "theme-dark-narrow.png")
+    shadow = "() => getComputedStyle(document.getElementById('sidebar')).boxShadow"
+    assert page.evaluate(shadow) == "none"  # the closed drawer casts nothing onto the screen's left edge
     page.click("#toggle-sidebar")
     expect(page.locator("#sidebar")).to_be_in_viewport()
+    assert page.evaluate(shadow) != "none"
     assert page.evaluate(surface % "sidebar") == DARK_SURFACE
     check_contrast(page)
     page.select_option("#theme-select", "light")  # the menu sits in the drawer's foot
