@@ -1076,6 +1076,8 @@ def chat_with_a_reply(page: Any) -> None:
     expect(page.locator("#chat-title")).to_have_text("Theme check")
     send(page, "Hello in the dark")
     expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    # the sidebar lists the chat (its list is fetched again after the turn) before any contrast is measured on it
+    expect(page.locator(f".session.is-current[data-id='{session_id}']")).to_have_count(1)
     page.click("#toggle-settings")
 
 
