@@ -20,7 +20,7 @@ from engine.core.structured import StructuredOutput
 from engine.loading.engine_model import load_engine_model
 from engine.output_processor import OutputProcessor
 from engine.tiers.setup import open_disk_tier
-from engine.worker.device import resolve_device, resolve_dtype
+from engine.worker.device import resolve_batch_gemm, resolve_device, resolve_dtype
 from engine.worker.grammar import GrammarCompiler
 from engine.worker.guided import GuidedDecoder
 from engine.worker.kv_cache import KVCacheSpec, num_blocks_for_budget
@@ -40,6 +40,7 @@ class LLMEngine:
         device = resolve_device(config.device)
         if config.num_threads is not None and device.type == "cpu":
             torch.set_num_threads(config.num_threads)
+        config = dataclasses.replace(config, batch_gemm=resolve_batch_gemm(config.batch_gemm, device))
         # auto: fp32 beside GGUF blocks (their kernels take fp32), else bf16 where the hardware computes it fast
         loaded = load_engine_model(
             config, device, lambda gguf_blocks: resolve_dtype(config.dtype, device, gguf_blocks=gguf_blocks)
@@ -81,6 +82,7 @@ class LLMEngine:
             "kv_cache_dtype": spec.dtype_name,
             "quantization": self.config.quantization,
             "int8_activations": self.config.int8_activations,
+            "batch_gemm": self.config.batch_gemm,  # a prefill's KV follows its GEMM's rounding
             "device": device.type,
             "layout": [spec.num_layers, 2, spec.block_size, spec.num_kv_heads, spec.head_dim],
         }

@@ -49,6 +49,14 @@ class EngineConfig:
         "quantization gguf only: round decode activations to int8 per 32 values, as llama.cpp does "
         "(faster linears on AVX2, logits move slightly: see `pagedchat bench quality`)",
     )
+    batch_gemm: str = option(
+        "auto",
+        "quantization gguf on the CPU: how batches of more than 16 rows (prefill, a busy decode step) multiply the "
+        "blocks: fp32 (dequantized fp32 tiles, exact up to summation order) or bf16 (a bf16 copy of the weights, "
+        "+2 bytes a weight in RAM, torch's bf16 GEMM: several times faster where the CPU has AVX512-BF16 or AMX, "
+        "logits move at bf16 rounding); auto: bf16 on such a CPU, else fp32",
+        choices=("auto", "fp32", "bf16"),
+    )
     fused_decode: bool = option(
         True,
         "quantization gguf on the CPU: run a decode step's layers (up to 16 sequences) in one C call instead of "

@@ -31,6 +31,15 @@ def cpu_has_fast_bf16() -> bool:
     return bool(cpu_flags(text) & CPU_BF16_FLAGS)
 
 
+def resolve_batch_gemm(name: str, device: torch.device) -> str:
+    """`auto` -> bf16 on a CPU that computes bf16 fast, else fp32 (see EngineConfig.batch_gemm)."""
+    if name not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"batch_gemm must be 'auto', 'fp32' or 'bf16', got {name!r}")
+    if name != "auto":
+        return name
+    return "bf16" if device.type == "cpu" and cpu_has_fast_bf16() else "fp32"
+
+
 def resolve_device(name: str) -> torch.device:
     """`auto` -> cuda when available, else cpu; `cuda` without a GPU raises ValueError."""
     if name == "auto":

@@ -23,7 +23,7 @@ from engine.loading.provision import (
     provisioned_path,
 )
 from engine.worker import device as dtype_mod
-from engine.worker.device import cpu_flags, resolve_device, resolve_dtype
+from engine.worker.device import cpu_flags, resolve_batch_gemm, resolve_device, resolve_dtype
 from tests.engine.factories import make_attention_metadata, make_hf_model, make_kv_caches
 
 
@@ -108,8 +108,14 @@ def test_dtype_and_device_resolution(monkeypatch):
     # GGUF blocks multiply in fp32 (and the fused decode step takes fp32), so auto is fp32 beside them
     assert resolve_dtype("auto", cpu, gguf_blocks=True) is torch.float32
     assert resolve_dtype("bfloat16", cpu, gguf_blocks=True) is torch.bfloat16
+    assert resolve_batch_gemm("auto", cpu) == "bf16"  # batches of GGUF blocks multiply by a bf16 copy
+    assert resolve_batch_gemm("auto", torch.device("cuda")) == "fp32"
     monkeypatch.setattr(dtype_mod, "cpu_has_fast_bf16", lambda: False)
     assert resolve_dtype("auto", cpu) is torch.float32
+    assert resolve_batch_gemm("auto", cpu) == "fp32"
+    assert resolve_batch_gemm("bf16", cpu) == "bf16" and resolve_batch_gemm("fp32", cpu) == "fp32"
+    with pytest.raises(ValueError, match="batch_gemm must be"):
+        resolve_batch_gemm("int8", cpu)
     with pytest.raises(ValueError, match="got 'int8'"):
         resolve_dtype("int8", cpu)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

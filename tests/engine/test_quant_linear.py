@@ -203,3 +203,27 @@ def test_select_rows_and_cat_move_whole_blocks(qtype):
 def test_weight_width_must_be_whole_blocks():
     with pytest.raises(ValueError, match="multiple of 32"):
         QuantWeight(QuantType.Q8_0, torch.zeros(2, 34, dtype=torch.uint8), 40)
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", list(QuantType))
+@pytest.mark.parametrize("rows", ROWS)
+def test_bf16_batch_gemm_is_within_bf16_rounding_and_few_rows_stay_exact(qtype, rows):
+    """gemm_bf16: more than GEMV_MAX_ROWS rows multiply a bf16 copy of the weight by bf16 activations (fp32
+    accumulation): each product's two roundings bound the error by 2 * 2^-8 of |x| @ |W|^T (plus fp32 summation);
+    up to GEMV_MAX_ROWS rows take the exact kernel as before."""
+    for i, (out_features, in_features) in enumerate(SHAPES):
+        weight, ref = make_weight(qtype, out_features, in_features, seed=60 + i)
+        x, bias = make_x(rows, in_features, seed=70 + i), torch.randn(out_features)
+        module = QuantLinear(weight, bias, gemm_bf16=True)
+        y = module(x)
+        exact_bound = fp32_bound(x, ref) + 2 * U * bias.abs()
+        if rows <= GEMV_MAX_ROWS:
+            assert module._weight_bf16 is None  # never made: decode keeps the blocks only
+            assert_within(y, x @ ref.T + bias, exact_bound)
+            continue
+        bf16_bound = 2 * 2.0**-8 * (x.double().abs() @ ref.double().abs().T) + exact_bound
+        assert_within(y, x @ ref.T + bias, bf16_bound)
+        assert module._weight_bf16 is not None and module._weight_bf16.dtype == torch.bfloat16
+        w16 = KERNEL.dequantize(weight).to(torch.bfloat16)
+        assert torch.equal(y, torch.nn.functional.linear(x.to(torch.bfloat16), w16).float() + bias)
