@@ -117,6 +117,7 @@ def _non_default_config() -> EngineConfig:
         device="cpu",
         quantization="gguf",
         int8_activations=True,
+        batch_gemm="fp32",
         fused_decode=False,
         attention_backend="torch",
         kv_cache_dtype="int8",
