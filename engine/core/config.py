@@ -51,10 +51,11 @@ class EngineConfig:
     )
     batch_gemm: str = option(
         "auto",
-        "quantization gguf on the CPU: how batches of more than 16 rows (prefill, a busy decode step) multiply the "
-        "blocks: fp32 (dequantized fp32 tiles, exact up to summation order) or bf16 (a bf16 copy of the weights, "
-        "+2 bytes a weight in RAM, torch's bf16 GEMM: several times faster where the CPU has AVX512-BF16 or AMX, "
-        "logits move at bf16 rounding); auto: bf16 on such a CPU, else fp32",
+        "quantization gguf on the CPU: how batches of many rows (prefill, a busy decode step) multiply the blocks: "
+        "fp32 (more than 16 rows: dequantized fp32 tiles, exact up to summation order) or bf16 (more than 10 rows: a "
+        "bf16 copy of the weights, +2 bytes a weight in RAM, torch's bf16 GEMM: several times faster where the CPU "
+        "has AVX512-BF16 or AMX, logits move at bf16 rounding); fewer rows take the exact GEMV kernel; auto: bf16 "
+        "on such a CPU, else fp32",
         choices=("auto", "fp32", "bf16"),
     )
     fused_decode: bool = option(

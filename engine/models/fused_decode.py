@@ -3,7 +3,7 @@ on the CPU.
 
 `FusedDecoder.build` checks once that a model fits (every layer linear a QuantLinear, fp32 weights, fp32 or int8
 caches, the native kernels built) and gathers the pointers the C loop needs; `forward` then runs a decode-only step of up to
-GEMV_MAX_ROWS sequences with one crossing into C instead of ~300 Python calls. It calls the same kernels as the
+`QuantLinear.gemv_max_rows` sequences with one crossing into C instead of ~300 Python calls. It calls the same kernels as the
 module path with the same arguments, so the two agree bit for bit (tests/engine/test_fused_decode.py).
 """
 
@@ -21,7 +21,7 @@ from engine.native import attention, fused_ops, quant_linear
 from engine.native.attention import load_kernel as load_attention
 from engine.native.build import load_library
 from engine.native.fused_ops import load_cpu_ops
-from engine.native.quant_linear import GEMV_MAX_ROWS, QuantLinear
+from engine.native.quant_linear import QuantLinear
 from engine.native.quant_linear import load_kernel as load_quant_linear
 
 if TYPE_CHECKING:
@@ -116,6 +116,8 @@ class FusedDecoder:
         args = model.args
         k0, s0 = kv_caches[0].k, kv_caches[0].k_scale
         self.model = model
+        # the sequences a step may have: the linears' GEMV bound (16; 4 beside batch_gemm's bf16 GEMM)
+        self.max_rows = model.layers[0].self_attn.qkv_proj.gemv_max_rows
         self._kv_caches = kv_caches  # kept alive: the struct holds their pointers
         self.num_blocks, self.block_size = k0.shape[0], k0.shape[1]
         layers = []
@@ -186,7 +188,7 @@ class FusedDecoder:
 
     def applies(self, meta: AttentionMetadata) -> bool:
         """Whether a step with this metadata runs here: decode only, and few enough sequences for the GEMV path."""
-        return meta.max_query_len == 1 and meta.num_seqs <= GEMV_MAX_ROWS
+        return meta.max_query_len == 1 and meta.num_seqs <= self.max_rows
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata

@@ -20,10 +20,14 @@ from torch import nn
 from engine.native.build import load_library
 from engine.native.quant_format import QuantType, QuantWeight, dequantize_torch, quant_linear_torch
 
-__all__ = ["GEMV_MAX_ROWS", "NativeQuantLinear", "QuantLinear", "load_kernel"]
+__all__ = ["BF16_GEMV_MAX_ROWS", "GEMV_MAX_ROWS", "NativeQuantLinear", "QuantLinear", "load_kernel"]
 
 SOURCE = Path(__file__).with_name("quant_linear.c")
 GEMV_MAX_ROWS = 16  # rows up to which the kernel beats dequantize + GEMM (scripts/bench_quant_linear.py)
+# with gemm_bf16 (a CPU with fast bf16): rows up to which the kernel beats torch's bf16 GEMM. `pagedchat bench step` on
+# a 2-core AVX512-BF16 EPYC, SmolLM2's decode step: the fused GEMV step takes ~2.7 ms a sequence (8: 21.4 ms, 16:
+# 44.5), the bf16 module path ~28 ms from 5 to 12 sequences (it reads the 2-byte weights: 31.3 ms at 16)
+BF16_GEMV_MAX_ROWS = 10
 TILE_WEIGHTS = (
     1 << 20
 )  # weights per dequantized fp32 tile on the GEMM path: 4 MB, cache-resident for the GEMM
@@ -147,7 +151,7 @@ class QuantLinear(nn.Module):
     ~1.4x less CPU time on AVX2 (scripts/bench_quant_linear.py), with an error bounded by (block amax of x / 254)
     @ |W|^T (see tests/engine/test_quant_linear.py).
     act_q8=False is exact: fp32 activations times the dequantized weights, up to fp32 summation order.
-    gemm_bf16=True: more than GEMV_MAX_ROWS rows (prefill, a busy decode step) are multiplied by a bf16 copy of the
+    gemm_bf16=True: more than BF16_GEMV_MAX_ROWS rows (prefill, a busy decode step) are multiplied by a bf16 copy of the
     dequantized weight, made on first use (+2 bytes a weight), with torch's bf16 GEMM (fp32 accumulation): on a CPU
     with AVX512-BF16 several times faster than fp32 tiles, with the activations and weights rounded to bf16.
     """
@@ -162,6 +166,8 @@ class QuantLinear(nn.Module):
     ) -> None:
         super().__init__()
         self.gemm_bf16 = gemm_bf16
+        # rows up to which the exact GEMV kernel runs (the fused decode step takes the same bound)
+        self.gemv_max_rows = BF16_GEMV_MAX_ROWS if gemm_bf16 else GEMV_MAX_ROWS
         self._weight_bf16: torch.Tensor | None = (
             None  # gemm_bf16's copy, not a buffer: the blocks are the weight
         )
@@ -192,7 +198,7 @@ class QuantLinear(nn.Module):
             self.kernel is not None
             and x.dtype == torch.float32
             and x.dim() == 2
-            and x.shape[0] <= GEMV_MAX_ROWS
+            and x.shape[0] <= self.gemv_max_rows
             and x.stride(1) == 1
             and not x.is_cuda
             and (self.bias is None or self.bias.dtype == torch.float32)
@@ -206,7 +212,7 @@ class QuantLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)  # [rows, in]
         x2 = x2.float() if x2.stride(-1) == 1 else x2.float().contiguous()
         bias = None if self.bias is None else self.bias.float()
-        if x2.shape[0] <= GEMV_MAX_ROWS:
+        if x2.shape[0] <= self.gemv_max_rows:
             y = self.kernel.linear(x2, weight, bias, act_q8=self.act_q8)
         elif self.gemm_bf16:
             if self._weight_bf16 is None:
