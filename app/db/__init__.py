@@ -7,7 +7,8 @@ from app.db.models import MessageStatus
 from app.db.presets import PresetRef
 from app.db.quota import QuotaExceeded, StorageQuota
 from app.db.records import MessageRecord, PresetNameTaken, PresetRecord, SessionRecord, StoreUnavailable
-from app.db.search import MATCH_END, MATCH_START, SearchHit, SearchPage, SearchUnsupported
+from app.db.search import SearchUnsupported
+from app.db.search_hits import MATCH_END, MATCH_START, SearchHit, SearchPage
 from app.db.store import Store
 from app.db.tree import MessageTree, Parent
 

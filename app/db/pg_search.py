@@ -9,13 +9,13 @@ higher, as bm25 has it). Snippets are made here (app/db/snippets.py) from the wo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from sqlalchemy import DateTime, Integer, String, bindparam, text
 from sqlalchemy.orm import Session
 
-from app.db.records import as_utc
-from app.db.search_hits import MATCH_END, MATCH_START, SNIPPET_TOKENS, SearchHit, SearchPage
+from app.db.search_hits import MATCH_END, MATCH_START, SNIPPET_TOKENS, SearchPage, search_page
 from app.db.search_query import SearchQuery, tsquery_terms
 from app.db.snippets import candidate_words, make_snippet
 
@@ -86,26 +86,16 @@ class TsvectorSearch:
         page = text(_page_sql(_tsquery_sql([fn for fn, _ in terms]))).columns(**_PAGE_COLUMNS)
         params = {f"term_{i}": argument for i, (_, argument) in enumerate(terms)}
         rows = s.execute(page, {**params, "owner": owner, "limit": limit + 1, "offset": offset}).all()
-        more = len(rows) > limit
-        rows = rows[:limit]
-        contents = dict(s.execute(_CONTENTS, {"ids": [row.message_id for row in rows]}).all()) if rows else {}
-        is_match = _matcher(s, query, contents.values())
-        hits = tuple(
-            SearchHit(
-                session_id=row.session_id,
-                title=row.title,
-                updated_at=as_utc(row.updated_at),
-                message_id=row.message_id,
-                position=row.position,
-                role=row.role,
-                snippet=make_snippet(
-                    contents[row.message_id], is_match, SNIPPET_TOKENS, MATCH_START, MATCH_END
-                ),
-                num_matches=row.num_matches,
-            )
-            for row in rows
-        )
-        return SearchPage(hits, offset + limit if more else None)
+
+        def snippets_of(page_rows: Sequence[Any]) -> dict[int, str]:
+            contents = dict(s.execute(_CONTENTS, {"ids": [row.message_id for row in page_rows]}).all())
+            is_match = _matcher(s, query, contents.values())
+            return {
+                message_id: make_snippet(content, is_match, SNIPPET_TOKENS, MATCH_START, MATCH_END)
+                for message_id, content in contents.items()
+            }
+
+        return search_page(rows, limit, offset, snippets_of)
 
 
 def _matcher(s: Session, query: SearchQuery, texts: Iterable[str]) -> Callable[[str], bool]:

@@ -13,14 +13,14 @@ U+0003) around each matched word: a page escapes the text and turns only those m
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from sqlalchemy import DateTime, Integer, String, bindparam, text
 from sqlalchemy.orm import Session
 
 from app.db import pg_search
-from app.db.records import as_utc
-from app.db.search_hits import MATCH_END, MATCH_START, SNIPPET_TOKENS, SearchHit, SearchPage
+from app.db.search_hits import MATCH_END, MATCH_START, SNIPPET_TOKENS, SearchPage, search_page
 from app.db.search_query import SearchQuery, fts5_match, parse_search
 
 SEARCH_INDEX = "messages_fts"  # the FTS5 table; SQLite keeps its data in shadow tables messages_fts_*
@@ -121,29 +121,15 @@ class Fts5Search:
         match = fts5_match(query)
         params = {"match": match, "owner": owner, "limit": limit + 1, "offset": offset}
         rows = s.execute(_FTS5_PAGE, params).all()
-        more = len(rows) > limit
-        rows = rows[:limit]
-        snippets: dict[int, str] = {}
-        if rows:
+
+        def snippets_of(page: Sequence[Any]) -> dict[int, str]:
             snippet_params = {
                 "match": match,
-                "ids": [row.message_id for row in rows],
+                "ids": [row.message_id for row in page],
                 "start": MATCH_START,
                 "end": MATCH_END,
                 "num_tokens": SNIPPET_TOKENS,
             }
-            snippets = {row[0]: row[1] for row in s.execute(_FTS5_SNIPPETS, snippet_params)}
-        hits = tuple(
-            SearchHit(
-                session_id=row.session_id,
-                title=row.title,
-                updated_at=as_utc(row.updated_at),
-                message_id=row.message_id,
-                position=row.position,
-                role=row.role,
-                snippet=snippets[row.message_id],
-                num_matches=row.num_matches,
-            )
-            for row in rows
-        )
-        return SearchPage(hits, offset + limit if more else None)
+            return {row[0]: row[1] for row in s.execute(_FTS5_SNIPPETS, snippet_params)}
+
+        return search_page(rows, limit, offset, snippets_of)
