@@ -71,6 +71,13 @@ def _by_name(s: Session, username: str) -> User | None:
     return s.scalar(select(User).where(User.username == username))
 
 
+def _check_new_account(s: Session, username: str, role: str) -> None:
+    """A new account's (or invite's) role must exist and its username be free (AccountConflict)."""
+    _check_role(role)
+    if _by_name(s, username) is not None:
+        raise AccountConflict(f"the username {username!r} is taken")
+
+
 def _num_enabled_admins(s: Session) -> int:
     query = select(func.count()).select_from(User).where(User.role == "admin", User.disabled.is_(False))
     return int(s.execute(query).scalar_one())
@@ -93,9 +100,7 @@ def create_user(
     oidc: tuple[str, str] | None = None,
 ) -> UserRecord:
     """Insert an account; AccountConflict when the username is taken."""
-    _check_role(role)
-    if _by_name(s, username) is not None:
-        raise AccountConflict(f"the username {username!r} is taken")
+    _check_new_account(s, username, role)
     issuer, subject = oidc or (None, None)
     row = User(
         username=username,
@@ -230,9 +235,7 @@ def create_invite(
     s: Session, token_hash: str, username: str, role: str, created_by: str | None, expires_at: datetime
 ) -> InviteRecord:
     """Record an invite for a new account; AccountConflict when the username is taken."""
-    _check_role(role)
-    if _by_name(s, username) is not None:
-        raise AccountConflict(f"the username {username!r} is taken")
+    _check_new_account(s, username, role)
     row = Invite(
         id=token_hash,
         username=username,
