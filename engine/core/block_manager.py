@@ -206,13 +206,14 @@ class BlockManager:
             return
         num_full = seq.num_computed_tokens // self.block_size
         assert num_full <= len(seq.block_table), f"seq {seq.seq_id}: computed tokens beyond its block table"
-        tags = self.hasher.salt_tags(seq.chain_key, num_full)
-        for i in range(seq.num_hashed_blocks, num_full):
+        start = seq.num_hashed_blocks
+        tags = self.hasher.salt_tags(seq.chain_key, start, num_full)  # [] on most steps: no block filled
+        for i in range(start, num_full):
             block, block_hash = self.blocks[seq.block_table[i]], self._block_hash(seq, i)
             if block.block_hash is not None:  # shared with a sibling forked this step, which hashed it first
                 assert block.block_hash == block_hash, f"block {block.block_id} holds two different contents"
                 continue
-            block.block_hash, block.salt_tag = block_hash, tags[i]
+            block.block_hash, block.salt_tag = block_hash, tags[i - start]
             self.hash_to_block_ids.setdefault(block_hash, {})[block.block_id] = None
             if self.copy_partial_blocks:
                 block.parent_key = self.hasher.parent_input(seq.block_hashes, seq.chain_key, i)
@@ -237,7 +238,7 @@ class BlockManager:
             self._incref(block_id)
         return [self._pop_free() for _ in range(num_blocks)]
 
-    def register(self, block_id: int, block_hash: bytes, salt_tag: bytes | None = None) -> None:
+    def register(self, block_id: int, block_hash: bytes, salt_tag: bytes) -> None:
         """A held block now holds the content `block_hash` names (it was loaded): it joins the prefix cache."""
         block = self.blocks[block_id]
         assert block.ref_count > 0 and block.block_hash is None, (

@@ -111,8 +111,10 @@ class BlockHasher:
         self.extend(hashes, token_ids, key or ChainKey(), len(token_ids) // self.block_size)
         return hashes
 
-    def salt_tags(self, key: ChainKey, num_blocks: int) -> list[bytes]:
-        """Each of the first num_blocks blocks' salt tag under `key`: NO_SALT inside the public prefix."""
+    def salt_tags(self, key: ChainKey, start: int, end: int) -> list[bytes]:
+        """The salt tag of each block in [start, end) of a chain under `key`: NO_SALT inside the public prefix."""
+        if start >= end:
+            return []
         salted_from = key.salted_from_block(self.block_size)
         tag = salt_tag(key.salt)
-        return [NO_SALT if i < salted_from else tag for i in range(num_blocks)]
+        return [NO_SALT if i < salted_from else tag for i in range(start, end)]

@@ -266,7 +266,7 @@ class Scheduler:
             del self.loading[job.seq.seq_id]
             loaded = job.block_ids[: job.num_loaded]
             start = len(job.pinned_block_ids)  # the loaded blocks' place in the chain: after the RAM hits
-            tags = bm.hasher.salt_tags(job.seq.chain_key, start + len(loaded))[start:]
+            tags = bm.hasher.salt_tags(job.seq.chain_key, start, start + len(loaded))
             for block_id, block_hash, tag in zip(loaded, job.block_hashes, tags, strict=False):
                 bm.register(block_id, block_hash, tag)
             bm.release(job.block_ids[job.num_loaded :])  # never filled: back to the free queue's head
@@ -301,7 +301,7 @@ class Scheduler:
     def _free(self, seq: Sequence) -> None:
         """Offer the sequence's cached blocks to the tier, then drop its references (table and pins)."""
         if self.tier is not None and seq.num_hashed_blocks:
-            tags = self.block_manager.hasher.salt_tags(seq.chain_key, seq.num_hashed_blocks)
+            tags = self.block_manager.hasher.salt_tags(seq.chain_key, 0, seq.num_hashed_blocks)
             for block_id, block_hash, tag in zip(seq.block_table, seq.block_hashes, tags, strict=False):
                 self.tier.offer(block_id, block_hash, tag)
         self.block_manager.free(seq)

@@ -168,9 +168,8 @@ class QuantLinear(nn.Module):
         self.gemm_bf16 = gemm_bf16
         # rows up to which the exact GEMV kernel runs (the fused decode step takes the same bound)
         self.gemv_max_rows = BF16_GEMV_MAX_ROWS if gemm_bf16 else GEMV_MAX_ROWS
-        self._weight_bf16: torch.Tensor | None = (
-            None  # gemm_bf16's copy, not a buffer: the blocks are the weight
-        )
+        # gemm_bf16's copy, made on first use; not a buffer: the blocks are the weight
+        self._weight_bf16: torch.Tensor | None = None
         self.in_features, self.out_features = weight.in_features, weight.out_features
         self.qtype = int(weight.qtype)  # a plain int: passed to the kernel on every call
         self.act_q8 = act_q8
