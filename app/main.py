@@ -46,6 +46,7 @@ from app.settings import Settings, ensure_secret_key
 from engine.core.sampling_defaults import default_sources, effective_defaults
 
 if TYPE_CHECKING:
+    from app.cluster.replica_engine import ReplicaSetEngine
     from engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
@@ -66,13 +67,19 @@ def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | Non
     """A new app with its own engine bridge, metrics registry and store; nothing starts before the lifespan."""
     settings = ensure_secret_key(settings)
     metrics = Metrics(model_name=settings.model)
-    engine = AsyncEngine(
-        engine_factory or default_engine_factory(settings),
-        max_queued_requests=settings.max_queued_requests,
-        request_timeout_s=settings.request_timeout_s,
-        metrics=metrics,
-        drain_s=settings.shutdown_grace_s,
-    )
+    engine: AsyncEngine | ReplicaSetEngine
+    if settings.uses_ray and engine_factory is None:
+        from app.cluster.replica_engine import ReplicaSetEngine  # Ray loads only when replicas are asked for
+
+        engine = ReplicaSetEngine(settings, metrics=metrics)
+    else:
+        engine = AsyncEngine(
+            engine_factory or default_engine_factory(settings),
+            max_queued_requests=settings.max_queued_requests,
+            request_timeout_s=settings.request_timeout_s,
+            metrics=metrics,
+            drain_s=settings.shutdown_grace_s,
+        )
     svc = Services(settings=settings, engine=engine, metrics=metrics, signer=make_signer(settings.secret_key))
 
     @contextlib.asynccontextmanager

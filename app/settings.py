@@ -50,6 +50,8 @@ _SAMPLING = "sampling defaults"
 _STORAGE = "storage"
 _ACCOUNTS = "accounts"
 AUTH_MODES = ("none", "local", "oidc")
+_CLUSTER = "replicas"
+ROUTING_POLICIES = ("kv", "round-robin", "least-loaded")
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
@@ -213,6 +215,19 @@ class Settings:
     oidc_scopes: str = option(
         "openid profile email", "with --auth oidc: the scopes asked for", group=_ACCOUNTS
     )
+    replicas: int = option(
+        1, "engine replicas; above 1, served from a Ray Serve deployment (pagedchat[cluster])", group=_CLUSTER
+    )
+    threads_per_replica: int = option(
+        0, "CPU threads of each replica's engine; 0: --num-threads, else 1", group=_CLUSTER
+    )
+    ray_address: str = option(
+        "",
+        "join this Ray cluster ('local': start one on 127.0.0.1, as --replicas above 1 does); anyone who can reach a "
+        "Ray cluster can run code on it",
+        group=_CLUSTER,
+    )
+    routing: str = option("kv", "how a request picks its replica", choices=ROUTING_POLICIES, group=_CLUSTER)
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
@@ -234,6 +249,14 @@ class Settings:
                 "(generate one with: python -c 'import secrets; print(secrets.token_urlsafe(24))')"
             )
         self._check_accounts()
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be at least 1, got {self.replicas}")
+        if self.routing not in ROUTING_POLICIES:
+            raise ValueError(f"routing must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing!r}")
+        if self.threads_per_replica < 0:
+            raise ValueError(
+                f"threads_per_replica must be 0 (the engine's) or positive, got {self.threads_per_replica}"
+            )
 
     def _check_accounts(self) -> None:
         """The account flags make sense together: an issuer and a client id for oidc, a password with first_admin."""
@@ -268,6 +291,11 @@ class Settings:
             top_k=self.default_top_k,
             repetition_penalty=self.default_repetition_penalty,
         )
+
+    @property
+    def uses_ray(self) -> bool:
+        """True when the engines run as Ray Serve replicas (--replicas above 1, or --ray-address)."""
+        return self.replicas > 1 or bool(self.ray_address)
 
     @property
     def model(self) -> str:

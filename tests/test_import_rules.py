@@ -33,7 +33,7 @@ HTTP = {"starlette", "sse_starlette", "jinja2", "uvicorn", "websockets", "httpx"
 SQL = {"sqlalchemy", "alembic"}
 ENGINE_TOP = "engine"  # llm_engine, llm, output_processor, detokenizer, cli
 APP_TOP = "app"  # main (the app factory), cli, middleware
-APP_LAYERS = {"app.settings", "app.db", "app.services", "app.routes", APP_TOP}
+APP_LAYERS = {"app.settings", "app.db", "app.services", "app.cluster", "app.routes", APP_TOP}
 
 # layer -> (our layers it may import, third-party top-level packages it must not import)
 RULES: dict[str, tuple[set[str], set[str]]] = {
@@ -62,6 +62,8 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
     "app.settings": ({"app.settings", "engine.core"}, WEB),
     "app.db": ({"app.db"}, HTTP),
     "app.services": ({"app.services", "app.db", "app.settings", "engine.core", ENGINE_TOP}, HTTP | SQL),
+    # engine replicas on Ray Serve: below the routes, beside the services (whose bridge they reuse)
+    "app.cluster": ({"app.cluster", "app.services", "app.settings", "engine.core", ENGINE_TOP}, HTTP | SQL),
     "app.routes": ({"app.routes", "app.services", "app.db", "app.settings", "engine.core"}, SQL),
     APP_TOP: (APP_LAYERS | {"engine.core", ENGINE_TOP, "engine.loading"}, set()),
     "bench": (

@@ -26,6 +26,7 @@ async def health(request: Request) -> Response:
     if svc.draining_since is not None:
         body = {"status": "draining", "reason": "the server is shutting down"}
         return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+    replicas = engine.health()
     if engine.healthy:
         store_ok = True
         if svc.store is not None:
@@ -33,15 +34,23 @@ async def health(request: Request) -> Response:
                 await svc.store.ping()
             except Exception:  # noqa: BLE001 - reported in the body, the engine still serves /v1
                 store_ok = False
-        body = {
+        body: dict[str, Any] = {
             "status": "ok",
             "model": engine.engine.model_name if engine.engine else None,
             "database": "ok" if store_ok else "unavailable",
         }
+        if replicas is not None:  # replicas on Ray Serve: degraded (still serving) while some are not ready
+            body["replicas"] = replicas
+            if replicas["ready"] < replicas["asked"]:
+                body["status"] = "degraded"
+                body["reason"] = f"{replicas['ready']} of {replicas['asked']} engine replicas ready"
         return JSONResponse(body)
     reason = engine.dead_reason or ("starting" if not engine.ready else "stopped")
     status = "starting" if engine.dead_reason is None and not engine.ready else "unhealthy"
-    return JSONResponse({"status": status, "reason": reason}, status_code=503, headers={"Retry-After": "5"})
+    body = {"status": status, "reason": reason}
+    if replicas is not None:
+        body["replicas"] = replicas
+    return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
 
 async def metrics(request: Request) -> Response:

@@ -108,6 +108,10 @@ class AsyncEngine:
         """True while the engine thread serves requests."""
         return self.ready and self._alive and self.dead_reason is None
 
+    def health(self) -> dict[str, Any] | None:
+        """The engine replicas for /health: None here (one engine, in this process)."""
+        return None
+
     @property
     def num_in_flight(self) -> int:
         return len(self._streams)
@@ -133,13 +137,18 @@ class AsyncEngine:
         cache_salt: str | None = None,
         public_prefix_len: int = 0,
         label: RequestLabel | None = None,
+        session: str | None = None,
     ) -> RequestStream:
         """Queue a request; raises ValueError (bad input), EngineOverloaded or EngineUnavailable.
+
+        `session`: the chat session the request continues (replicas keep a session's turns on one replica; one
+        engine has nothing to choose).
 
         `cache_salt` (a tenant id) confines the request's prefix-cache hits to requests with the same salt, past its
         first `public_prefix_len` tokens (a published prompt, shared by everyone). `label` says who the request is
         for on the admin page (see `label_of`).
         """
+        del session
         self._check_serving()
         assert self.engine is not None
         if params.structured is not None:

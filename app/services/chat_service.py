@@ -203,6 +203,7 @@ class ChatService:
                 cache_salt=owner if self.settings.prefix_cache_isolation else None,
                 public_prefix_len=public_prefix_len,
                 label=chat_label(session.title, owner),
+                session=session_id,
             )
         except Exception as exc:  # a new user message keeps its turn: record the failed reply, then report
             if fork.user is None:

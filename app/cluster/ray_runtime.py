@@ -1,0 +1,129 @@
+"""Ray and Serve for `pagedchat serve --replicas N`: start (or join) Ray on loopback, deploy the engine replicas.
+
+Ray Serve's HTTP proxy stays off: the ingress is this process's own server, which calls the replicas through a
+`DeploymentHandle`. Serve restarts a replica that dies or fails its health check, and a redeploy with a new
+version replaces replicas one at a time, each draining its requests first (`graceful_shutdown_timeout_s`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from app.cluster.loopback import LOOPBACK_ENV, apply_loopback_env
+from app.cluster.replica import EngineReplica, ReplicaOptions
+
+if TYPE_CHECKING:
+    from app.settings import Settings
+
+logger = logging.getLogger(__name__)
+APP_NAME = "pagedchat"
+DEPLOYMENT_NAME = "EngineReplica"
+NAMESPACE = "pagedchat"
+HEALTH_CHECK_PERIOD_S = 2.0
+ROUTING_STATS_PERIOD_S = 0.25
+
+
+def replica_threads(settings: Settings) -> int:
+    """CPU threads of each replica's engine: --threads-per-replica, else the engine's own setting, else 1."""
+    return settings.threads_per_replica or settings.engine.num_threads or 1
+
+
+def start_ray(settings: Settings) -> bool:
+    """Start a local Ray instance on loopback, or join `settings.ray_address`; True when this process started it."""
+    apply_loopback_env()
+    import ray
+
+    if ray.is_initialized():
+        return False
+    local = settings.ray_address in ("", "local")
+    if local:
+        threads = replica_threads(settings)
+        ray.init(
+            num_cpus=max(os.cpu_count() or 1, settings.replicas * threads),
+            include_dashboard=False,
+            namespace=NAMESPACE,
+            configure_logging=False,
+            log_to_driver=True,
+            runtime_env={"env_vars": dict(LOOPBACK_ENV)},
+        )
+    else:
+        ray.init(address=settings.ray_address, namespace=NAMESPACE, configure_logging=False)
+    return local
+
+
+def deploy(settings: Settings, version: str = "1", router_config: Any = None) -> Any:
+    """Deploy (or redeploy) the engine replicas and wait until they serve; returns the deployment's handle."""
+    from ray import serve
+
+    serve.start(proxy_location="Disabled", http_options={"host": "127.0.0.1"})
+    engine_config = dataclasses.replace(settings.engine_config(), num_threads=replica_threads(settings))
+    options = ReplicaOptions(
+        max_queued_requests=settings.max_queued_requests,
+        request_timeout_s=settings.request_timeout_s,
+        drain_s=settings.shutdown_grace_s,
+        generation=version,  # new arguments make a new version: Serve rolls the replicas over to it
+    )
+    deployment_options: dict[str, Any] = {
+        "name": DEPLOYMENT_NAME,
+        "num_replicas": settings.replicas,
+        "ray_actor_options": {"num_cpus": replica_threads(settings)},
+        # the engine's own queue answers 503 first: Serve never holds a request back for a busy replica
+        "max_ongoing_requests": engine_config.max_num_seqs + settings.max_queued_requests + 16,
+        "health_check_period_s": HEALTH_CHECK_PERIOD_S,
+        "health_check_timeout_s": 30.0,
+        "graceful_shutdown_timeout_s": settings.shutdown_grace_s,
+        "graceful_shutdown_wait_loop_s": 0.5,
+    }
+    if router_config is not None:
+        deployment_options["request_router_config"] = router_config
+    deployment = serve.deployment(EngineReplica).options(**deployment_options)
+    logger.info("deploying %d engine replicas (version %s)", settings.replicas, version)
+    return serve.run(deployment.bind(engine_config, options), name=APP_NAME, route_prefix=None)
+
+
+def replica_states() -> dict[str, int]:
+    """How many engine replicas Serve has in each state (RUNNING, STARTING, ...)."""
+    from ray import serve
+
+    app = serve.status().applications.get(APP_NAME)
+    if app is None:
+        return {}
+    deployment = app.deployments.get(DEPLOYMENT_NAME)
+    return dict(deployment.replica_states) if deployment is not None else {}
+
+
+def replica_actors() -> list[tuple[str, Any]]:
+    """(replica name, actor handle) of every live engine replica actor."""
+    import ray
+
+    prefix = f"SERVE_REPLICA::{APP_NAME}#{DEPLOYMENT_NAME}#"
+    found = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        name = entry["name"] if isinstance(entry, dict) else entry
+        if isinstance(name, str) and name.startswith(prefix):
+            namespace = entry.get("namespace", "serve") if isinstance(entry, dict) else "serve"
+            try:
+                found.append((name[len(prefix) :], ray.get_actor(name, namespace=namespace)))
+            except ValueError:  # gone since the listing
+                continue
+    return found
+
+
+def stop(started_ray: bool) -> None:
+    """Delete the engine app (its replicas drain), and stop Ray when this process started it."""
+    import ray
+    from ray import serve
+
+    if not ray.is_initialized():
+        return
+    try:
+        if started_ray:
+            serve.shutdown()
+        else:
+            serve.delete(APP_NAME)
+    finally:
+        if started_ray:
+            ray.shutdown()

@@ -1,0 +1,378 @@
+"""`ReplicaSetEngine`: the app's engine interface (`AsyncEngine`'s) over the engine replicas of a Serve deployment.
+
+Requests go through the deployment handle, whose request router picks the replica (see `app.cluster.routing`):
+the handle call carries the request's block-hash chain, computed here with the engines' own hasher. Each request's
+outputs arrive as a Serve stream (`app.cluster.wire`) and are pushed into a local `RequestStream`, so the routes and
+services read them exactly as from the in-process bridge. A replica that dies fails its in-flight requests with a
+clean error; the next request goes to a live replica.
+
+A census task asks every replica actor for its routing stats once a second: /health, the admin page and the
+metrics read the replicas (name, pid, load, cached blocks) from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from app.cluster import ray_runtime
+from app.cluster.wire import Accepted, EngineInfo, Failed, Rejected, with_prompt
+from app.services.async_engine import EngineOverloaded, EngineUnavailable
+from app.services.request_label import RequestLabel
+from app.services.request_stream import ABORTED, RequestFailed, RequestStream, RequestTimedOut
+from engine.core.hash_chain import ChainKey, num_cacheable_blocks
+from engine.core.outputs import RequestOutput
+from engine.core.sequence import SamplingParams
+from engine.core.stats import EngineStats
+
+if TYPE_CHECKING:
+    from app.services.metrics import Metrics
+    from app.settings import Settings
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+CENSUS_PERIOD_S = 1.0
+CENSUS_TIMEOUT_S = 2.0
+CALL_TIMEOUT_S = 30.0
+
+
+@dataclass
+class ReplicaStatus:
+    """One replica as the census last saw it."""
+
+    name: str
+    pid: int | None = None
+    rank: int | None = None
+    state: str = "starting"  # running, starting (not answering yet), unreachable
+    stats: dict[str, Any] = field(default_factory=dict)
+    seen_at: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "pid": self.pid, "rank": self.rank, "state": self.state}
+
+
+class EngineFacade:
+    """What the app reads of `AsyncEngine.engine` (immutable facts of the model and pool), for the replicas."""
+
+    def __init__(self, info: EngineInfo) -> None:
+        self.model_name = info.model_name
+        self.config = info.config
+        self.tokenizer = info.tokenizer
+        self.num_blocks = info.num_blocks
+        self.kv_block_bytes = info.kv_block_bytes
+        self.kv_int8_block_bytes = info.kv_int8_block_bytes
+        self.sampling_defaults = info.sampling_defaults
+        self.hasher = info.hasher
+        self.tier = None  # each replica has its own disk tier: see the replicas' stats
+
+
+class ReplicaSetEngine:
+    """The engine replicas behind one interface; `start` deploys them (and starts Ray when asked to)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        metrics: Metrics | None = None,
+        router_config: Any = None,
+        route_key: Callable[[tuple[bytes, ...], str | None], Any] | None = None,
+    ) -> None:
+        """`router_config`: the deployment's RequestRouterConfig; `route_key(chain, session)`: the `route` a
+        handle call carries for it (None: no route)."""
+        self.settings = settings
+        self.metrics = metrics
+        self.engine: EngineFacade | None = None
+        self.tokenizer: Any = None
+        self.ready = False
+        self.dead_reason: str | None = None
+        self.replicas: dict[str, ReplicaStatus] = {}
+        self._router_config = router_config
+        self._route_key = route_key
+        self._handle: Any = None
+        self._started_ray = False
+        self._version = 1
+        self._streams: dict[str, RequestStream] = {}
+        self._pumps: dict[str, asyncio.Task] = {}
+        self._census_task: asyncio.Task | None = None
+        self._tokenizer_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
+
+    # ---- lifecycle ------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start or join Ray, deploy the replicas, and return once they serve."""
+        try:
+            self._started_ray = await asyncio.to_thread(ray_runtime.start_ray, self.settings)
+            self._handle = await asyncio.to_thread(
+                ray_runtime.deploy, self.settings, str(self._version), self._router_config
+            )
+            info: EngineInfo = await self._handle.info.remote()
+        except BaseException as exc:
+            self.dead_reason = f"startup failed: {type(exc).__name__}: {exc}"
+            await asyncio.to_thread(ray_runtime.stop, self._started_ray)
+            raise
+        self.engine = EngineFacade(info)
+        self.tokenizer = info.tokenizer
+        await self._take_census()
+        self._census_task = asyncio.create_task(self._census_loop(), name="replica-census")
+        self.ready = True
+
+    async def stop(self) -> None:
+        """End the streams, delete the replicas (they drain), and stop Ray if this process started it."""
+        self.ready = False
+        for request_id in list(self._streams):
+            self.abort(request_id)
+        if self._census_task is not None:
+            self._census_task.cancel()
+        await asyncio.to_thread(ray_runtime.stop, self._started_ray)
+        self._tokenizer_executor.shutdown(wait=False, cancel_futures=True)
+
+    async def rolling_restart(self) -> None:
+        """Redeploy under a new version: Serve replaces the replicas one at a time, each draining first."""
+        self._version += 1
+        self._handle = await asyncio.to_thread(
+            ray_runtime.deploy, self.settings, str(self._version), self._router_config
+        )
+
+    @property
+    def num_ready(self) -> int:
+        return sum(1 for r in self.replicas.values() if r.state == "running")
+
+    @property
+    def healthy(self) -> bool:
+        """True while at least one replica serves."""
+        return self.ready and self.dead_reason is None and self.num_ready > 0
+
+    def health(self) -> dict[str, Any]:
+        """The replicas for /health: how many were asked for, how many serve, and each one."""
+        return {
+            "asked": self.settings.replicas,
+            "ready": self.num_ready,
+            "replicas": [
+                r.to_json() for r in sorted(self.replicas.values(), key=lambda r: (r.rank or 0, r.name))
+            ],
+        }
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    @property
+    def num_pending_outputs(self) -> int:
+        return sum(stream.num_pending for stream in self._streams.values())
+
+    def _check_serving(self) -> None:
+        if self.dead_reason is not None:
+            raise EngineUnavailable(f"the engine replicas are not running: {self.dead_reason}")
+        if not self.ready:
+            raise EngineUnavailable("the engine replicas are not ready yet")
+        if self.num_ready == 0:
+            raise EngineUnavailable("no engine replica is serving; Ray Serve is restarting them")
+
+    # ---- requests -------------------------------------------------------------------------------------------
+    def route_chain(
+        self, prompt: list[int], cache_salt: str | None, public_prefix_len: int
+    ) -> tuple[bytes, ...]:
+        """The request's block-hash chain, as the replicas' block managers compute it."""
+        assert self.engine is not None
+        hasher = self.engine.hasher
+        key = ChainKey(cache_salt, public_prefix_len)
+        num_blocks = num_cacheable_blocks(len(prompt), hasher.block_size)
+        hashes: list[bytes] = []
+        hasher.extend(hashes, prompt, key, num_blocks)
+        return tuple(hashes)
+
+    async def add_request(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        *,
+        cache_salt: str | None = None,
+        public_prefix_len: int = 0,
+        label: RequestLabel | None = None,
+        session: str | None = None,
+    ) -> RequestStream:
+        """Send a request to a replica; raises ValueError (bad input), EngineOverloaded or EngineUnavailable."""
+        self._check_serving()
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        route = None
+        if self._route_key is not None:
+            route = self._route_key(self.route_chain(prompt, cache_salt, public_prefix_len), session)
+        stream = RequestStream(
+            request_id,
+            self.settings.request_timeout_s,
+            abort=self.abort,
+            unregister=self._unregister,
+            metrics=self.metrics,
+        )
+        stream.label = label
+        self._streams[request_id] = stream
+        try:
+            call = self._handle.options(stream=True).generate.remote(
+                request_id,
+                prompt,
+                params,
+                cache_salt=cache_salt,
+                public_prefix_len=public_prefix_len,
+                route=route,
+            )
+            first = await call.__anext__()
+        except BaseException as exc:
+            stream.close()
+            if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)):
+                raise
+            raise EngineUnavailable(
+                f"no engine replica took the request: {type(exc).__name__}: {exc}"
+            ) from exc
+        if isinstance(first, Rejected):
+            stream.close()
+            if first.kind == "invalid":
+                raise ValueError(first.message)
+            if first.kind == "overloaded":
+                raise EngineOverloaded(first.message, first.retry_after)
+            raise EngineUnavailable(first.message)
+        assert isinstance(first, Accepted), first
+        self._pumps[request_id] = asyncio.create_task(
+            self._pump(request_id, prompt, call, stream, first.replica), name=f"pump-{request_id}"
+        )
+        return stream
+
+    async def generate(
+        self, request_id: str, prompt: list[int], params: SamplingParams, *, cache_salt: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; stopping the iteration (break, cancel, disconnect) aborts it."""
+        stream = await self.add_request(request_id, prompt, params, cache_salt=cache_salt)
+        async with stream:
+            async for output in stream:
+                yield output
+
+    async def _pump(
+        self, request_id: str, prompt: list[int], call: Any, stream: RequestStream, replica: str
+    ) -> None:
+        """Move a request's outputs from its replica's stream into its local stream."""
+        try:
+            async for item in call:
+                if isinstance(item, Failed):
+                    stream.fail(
+                        RequestTimedOut(item.message) if item.timed_out else RequestFailed(item.message)
+                    )
+                    return
+                output = with_prompt(item, prompt)
+                if output.finished and self.metrics is not None:
+                    self.metrics.observe_request(output)
+                stream.push(output)
+                if output.finished:
+                    return
+            stream.fail(RequestFailed(f"replica {replica} ended the reply without finishing it"))
+        except asyncio.CancelledError:
+            call.cancel()  # the client went: the replica aborts the request
+            raise
+        except Exception as exc:  # noqa: BLE001 - the replica died or its stream broke: this request fails
+            logger.warning(
+                "request %s lost its replica %s: %s: %s", request_id, replica, type(exc).__name__, exc
+            )
+            stream.fail(RequestFailed(f"the engine replica serving this reply failed ({type(exc).__name__})"))
+        finally:
+            self._pumps.pop(request_id, None)
+
+    def label_of(self, request_id: str) -> RequestLabel | None:
+        stream = self._streams.get(request_id)
+        return stream.label if stream is not None else None
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request: its replica aborts it when the handle call is cancelled."""
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.aborted = True
+            stream.push(ABORTED)
+        pump = self._pumps.pop(request_id, None)
+        if pump is not None:
+            pump.cancel()
+
+    def end_streams(self, error: BaseException) -> int:
+        running = [(rid, s) for rid, s in self._streams.items() if not (s.aborted or s.finished)]
+        for request_id, stream in running:
+            stream.fail(error)
+            pump = self._pumps.pop(request_id, None)
+            if pump is not None:
+                pump.cancel()
+        return len(running)
+
+    def _unregister(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    # ---- calls on the engines -------------------------------------------------------------------------------
+    async def tokenize(self, fn: Callable[[Any], T]) -> T:
+        self._check_serving()
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_executor, fn, self.tokenizer)
+
+    async def call(self, fn: Callable[[Any], T]) -> T:
+        """Run `fn(engine)` on one replica (whichever the router picks)."""
+        self._check_serving()
+        return await asyncio.wait_for(self._handle.call.remote(fn), CALL_TIMEOUT_S)
+
+    def replica_stats(self) -> list[tuple[str, EngineStats]]:
+        """Each serving replica's engine stats, as its last census answer carried them."""
+        found = []
+        for status in sorted(self.replicas.values(), key=lambda r: (r.rank or 0, r.name)):
+            stats = status.stats.get("engine_stats")
+            if status.state == "running" and stats is not None:
+                found.append((status.name, stats))
+        return found
+
+    async def stats(self) -> EngineStats:
+        """The serving replicas' stats added up (counters and block counts; the disk tiers stay per replica)."""
+        self._check_serving()
+        return merge_stats([stats for _, stats in self.replica_stats()])
+
+    # ---- the census -----------------------------------------------------------------------------------------
+    async def _census_loop(self) -> None:
+        while True:
+            await asyncio.sleep(CENSUS_PERIOD_S)
+            try:
+                await self._take_census()
+            except Exception:  # noqa: BLE001 - a failed census leaves the last one; the next may succeed
+                logger.exception("replica census failed")
+
+    async def _take_census(self) -> None:
+        actors = await asyncio.to_thread(ray_runtime.replica_actors)
+
+        async def ask(name: str, actor: Any) -> ReplicaStatus:
+            status = self.replicas.get(name) or ReplicaStatus(name)
+            try:
+                stats = await asyncio.wait_for(actor.record_routing_stats.remote(), CENSUS_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - starting (no user code yet), dead, or stuck
+                status.state = "unreachable" if status.state == "running" else "starting"
+                logger.debug("replica %s did not answer the census: %s", name, exc)
+                return status
+            status.stats, status.seen_at = stats, time.time()
+            status.pid, status.rank = stats.get("pid"), stats.get("rank")
+            status.state = "running" if stats.get("healthy") else "unreachable"
+            return status
+
+        found = await asyncio.gather(*(ask(name, actor) for name, actor in actors))
+        self.replicas = {status.name: status for status in found}
+
+
+_SAME_ON_EVERY_REPLICA = {"block_size", "max_model_len", "kv_cache_dtype", "kv_block_bytes"}
+
+
+def merge_stats(parts: list[EngineStats]) -> EngineStats:
+    """Several engines' stats as one: every count summed, the pool's shape kept, the disk tiers left out."""
+    if not parts:
+        raise EngineUnavailable("no engine replica has reported its stats yet")
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(EngineStats):
+        if f.name == "tier":
+            values[f.name] = None
+        elif f.name in _SAME_ON_EVERY_REPLICA:
+            values[f.name] = getattr(parts[0], f.name)
+        else:
+            values[f.name] = sum(getattr(p, f.name) for p in parts)
+    return EngineStats(**values)

@@ -1,0 +1,66 @@
+"""What crosses between the ingress and an engine replica: plain dataclasses, small enough to send often.
+
+A replica streams a request as one `Accepted` (or one `Rejected`) and then batches of outputs. Outputs travel
+without their prompt token ids (the ingress sent the prompt and puts it back), and at most every
+`DELTA_INTERVAL_S` after the first: tokens made in between are merged into one output (text deltas joined), so a
+reply crosses the process boundary as a few messages a second, not one per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from engine.core.outputs import RequestOutput
+
+DELTA_INTERVAL_S = 0.05  # 20 messages a second at most per reply; the first token goes at once
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The replica queued the request."""
+
+    replica: str
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """The replica refused the request: `kind` is "invalid" (bad input, 400), "overloaded" (503, retry after
+    `retry_after` s) or "unavailable" (its engine is not serving)."""
+
+    kind: str
+    message: str
+    retry_after: int = 1
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The request failed on the replica after it was accepted (`timed_out`: it ran past the request timeout)."""
+
+    message: str
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the ingress needs to know of the engines (all replicas load the same model with the same config)."""
+
+    model_name: str
+    config: Any  # EngineConfig
+    tokenizer: Any
+    num_blocks: int
+    kv_block_bytes: int
+    kv_int8_block_bytes: int
+    sampling_defaults: Any  # SamplingDefaults of the model
+    hasher: Any  # the engine's BlockHasher (block size, pool salt): the router hashes chains with it
+
+
+def slim(output: RequestOutput) -> RequestOutput:
+    """The output without its prompt token ids (`with_prompt` puts them back on the other side)."""
+    return dataclasses.replace(output, prompt_token_ids=[])
+
+
+def with_prompt(output: RequestOutput, prompt: list[int]) -> RequestOutput:
+    """A slimmed output with its prompt token ids again."""
+    return dataclasses.replace(output, prompt_token_ids=prompt)
