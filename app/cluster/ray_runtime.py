@@ -81,7 +81,24 @@ def deploy(settings: Settings, version: str = "1", router_config: Any = None) ->
         deployment_options["request_router_config"] = router_config
     deployment = serve.deployment(EngineReplica).options(**deployment_options)
     logger.info("deploying %d engine replicas (version %s)", settings.replicas, version)
-    return serve.run(deployment.bind(engine_config, options), name=APP_NAME, route_prefix=None)
+    try:
+        return serve.run(deployment.bind(engine_config, options), name=APP_NAME, route_prefix=None)
+    except RuntimeError as exc:
+        cause = replica_start_error()
+        if cause is not None:  # bad input (a model that cannot load, a limit it exceeds): say it in one line
+            raise ValueError(f"the engine replicas could not start: {cause}") from exc
+        raise
+
+
+def replica_start_error() -> str | None:
+    """The ValueError that stopped the engine replicas from starting, from Serve's status message (None: none)."""
+    from ray import serve
+
+    app = serve.status().applications.get(APP_NAME)
+    deployment = app.deployments.get(DEPLOYMENT_NAME) if app is not None else None
+    message = deployment.message if deployment is not None else ""
+    errors = [line.strip() for line in message.splitlines() if line.strip().startswith("ValueError: ")]
+    return errors[-1].removeprefix("ValueError: ") if errors else None
 
 
 def replica_states() -> dict[str, int]:

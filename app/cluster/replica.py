@@ -55,6 +55,7 @@ class EngineReplica:
 
         from engine.llm_engine import LLMEngine
 
+        self._refresher: asyncio.Task | None = None
         context = serve.get_replica_context()
         self.name = context.replica_id.unique_id
         self.rank = context.rank.rank if context.rank is not None else 0
@@ -165,5 +166,6 @@ class EngineReplica:
             raise RuntimeError(f"engine not serving: {self.bridge.dead_reason or 'stopped'}")
 
     async def __del__(self) -> None:
-        self._refresher.cancel()
+        if self._refresher is not None:
+            self._refresher.cancel()
         await self.bridge.stop()

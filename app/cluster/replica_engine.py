@@ -25,7 +25,7 @@ from app.cluster import ray_runtime
 from app.cluster.wire import Accepted, EngineInfo, Failed, Rejected, with_prompt
 from app.services.async_engine import EngineOverloaded, EngineUnavailable
 from app.services.request_label import RequestLabel
-from app.services.request_stream import ABORTED, RequestFailed, RequestStream, RequestTimedOut
+from app.services.request_stream import ABORTED, ReplicaLost, RequestFailed, RequestStream, RequestTimedOut
 from engine.core.hash_chain import ChainKey, num_cacheable_blocks
 from engine.core.outputs import RequestOutput
 from engine.core.sequence import SamplingParams
@@ -54,7 +54,12 @@ class ReplicaStatus:
     seen_at: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "pid": self.pid, "rank": self.rank, "state": self.state}
+        return {
+            "name": self.name,
+            "pid": self.pid,
+            "rank": self.rank,
+            "state": self.state,
+        }
 
 
 class EngineFacade:
@@ -99,6 +104,7 @@ class ReplicaSetEngine:
         self._version = 1
         self._streams: dict[str, RequestStream] = {}
         self._pumps: dict[str, asyncio.Task] = {}
+        self._replica_of: dict[str, str] = {}  # request id -> the replica serving it
         self._census_task: asyncio.Task | None = None
         self._tokenizer_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
 
@@ -153,9 +159,14 @@ class ReplicaSetEngine:
             "asked": self.settings.replicas,
             "ready": self.num_ready,
             "replicas": [
-                r.to_json() for r in sorted(self.replicas.values(), key=lambda r: (r.rank or 0, r.name))
+                {**r.to_json(), "in_flight": self.num_in_flight_on(r.name)}
+                for r in sorted(self.replicas.values(), key=lambda r: (r.rank or 0, r.name))
             ],
         }
+
+    def num_in_flight_on(self, replica: str) -> int:
+        """Requests this ingress is streaming from `replica`."""
+        return sum(1 for name in self._replica_of.values() if name == replica)
 
     @property
     def num_in_flight(self) -> int:
@@ -238,6 +249,7 @@ class ReplicaSetEngine:
                 raise EngineOverloaded(first.message, first.retry_after)
             raise EngineUnavailable(first.message)
         assert isinstance(first, Accepted), first
+        self._replica_of[request_id] = first.replica
         self._pumps[request_id] = asyncio.create_task(
             self._pump(request_id, prompt, call, stream, first.replica), name=f"pump-{request_id}"
         )
@@ -277,7 +289,12 @@ class ReplicaSetEngine:
             logger.warning(
                 "request %s lost its replica %s: %s: %s", request_id, replica, type(exc).__name__, exc
             )
-            stream.fail(RequestFailed(f"the engine replica serving this reply failed ({type(exc).__name__})"))
+            lost = self.replicas.get(replica)
+            if lost is not None:  # /health says so now, not at the next census
+                lost.state = "unreachable"
+            stream.fail(
+                ReplicaLost(f"the engine replica serving this reply stopped ({type(exc).__name__}); retry")
+            )
         finally:
             self._pumps.pop(request_id, None)
 
@@ -306,6 +323,7 @@ class ReplicaSetEngine:
 
     def _unregister(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
+        self._replica_of.pop(request_id, None)
 
     # ---- calls on the engines -------------------------------------------------------------------------------
     async def tokenize(self, fn: Callable[[Any], T]) -> T:

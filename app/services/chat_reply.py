@@ -16,7 +16,13 @@ from app.services.conversation import PromptPlan
 from app.services.errors import from_exception
 from app.services.merging_queue import MergingQueue
 from app.services.messages import message_fields, usage_json
-from app.services.request_stream import RequestFailed, RequestStream, RequestTimedOut, ServerShuttingDown
+from app.services.request_stream import (
+    ReplicaLost,
+    RequestFailed,
+    RequestStream,
+    RequestTimedOut,
+    ServerShuttingDown,
+)
 from engine.core.outputs import RequestOutput
 from engine.core.sequence import FinishReason
 
@@ -27,6 +33,9 @@ TERMINAL_EVENTS = ("done",)
 # shut down: the user did not ask for it, and the chat page shows a dropped reply as interrupted too)
 CUT_STATUSES = (MessageStatus.STOPPED, MessageStatus.INTERRUPTED)
 SHUTDOWN = "shutdown"  # the `reason` of a `done` event when the server's shutdown cut the reply
+REPLICA_LOST = (
+    "replica_lost"  # ... when the engine replica serving it died (the next turn goes to a live one)
+)
 
 
 @dataclass
@@ -189,6 +198,12 @@ class ReplyWriter:
                 status = turn.stop_status
         except ServerShuttingDown:  # cut by the shutdown before its session's stop reached it
             status, turn.stop_reason = MessageStatus.INTERRUPTED, SHUTDOWN
+        except ReplicaLost as exc:  # cut, not failed: what it wrote is kept, and the chat goes on elsewhere
+            status, error, turn.stop_reason = (
+                MessageStatus.INTERRUPTED,
+                from_exception(exc).message,
+                REPLICA_LOST,
+            )
         except (RequestFailed, RequestTimedOut) as exc:
             status, error = MessageStatus.FAILED, from_exception(exc).message
         except asyncio.CancelledError:

@@ -23,6 +23,10 @@ class RequestFailed(RuntimeError):
     """The engine failed this request (a fault in its step, its detokenization, or a dead engine thread)."""
 
 
+class ReplicaLost(RequestFailed):
+    """The engine replica serving the request died (replicas on Ray Serve): the reply was cut where it stood."""
+
+
 class ServerShuttingDown(RequestFailed):
     """The server is shutting down and its grace period is over: the request was cut (HTTP 503)."""
 

@@ -1,0 +1,143 @@
+"""`pagedchat serve --replicas 2` on the tiny model: Ray Serve replicas behind the same HTTP surface.
+
+One server for the module (Ray starts once): every listener on loopback, /v1 and chat turns served by the replicas,
+and a replica killed with SIGKILL mid-reply fails that reply only; Serve restarts it and the chat goes on.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.servers import stop_server
+from tests.app.factories import sse_events
+from tests.e2e.conftest import Server, server_env, start_server
+
+pytest.importorskip("ray.serve", reason="Ray Serve is the optional extra pagedchat[cluster]")
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory, tiny_model) -> Iterator[Server]:
+    tmp_path = tmp_path_factory.mktemp("replicas")
+    running = start_server(
+        tmp_path,
+        server_env(
+            tmp_path,
+            tiny_model,
+            PAGEDCHAT_REPLICAS="2",
+            PAGEDCHAT_MAX_MODEL_LEN="1024",
+            PAGEDCHAT_DEFAULT_MAX_TOKENS="512",
+        ),
+    )
+    try:
+        yield running
+    finally:
+        stop_server(running)
+
+
+def health(server: Server) -> dict:
+    return httpx.get(f"{server.base_url}/health", timeout=10).json()
+
+
+def descendants(pid: int) -> set[int]:
+    """`pid` and every process below it (Ray's raylet, GCS and workers are children of the server)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone since the listing
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, grew = {pid}, True
+    while grew:
+        below = {child for child, parent in parents.items() if parent in found}
+        grew = not below <= found
+        found |= below
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    """'127.0.0.1:80', '[::1]:80' or '[::ffff:127.0.0.1]:80' (gRPC's IPv6 socket bound to IPv4 loopback)."""
+    host = ipaddress.ip_address(address.rsplit(":", 1)[0].strip("[]"))
+    return host.is_loopback or (host.version == 6 and bool(host.ipv4_mapped) and host.ipv4_mapped.is_loopback)
+
+
+def test_every_listener_of_the_server_and_its_ray_processes_is_on_loopback(replicas):
+    body = health(replicas)
+    assert body["status"] == "ok", body
+    assert body["replicas"]["asked"] == 2 and body["replicas"]["ready"] == 2
+    pids = descendants(replicas.process.pid)
+    assert {r["pid"] for r in body["replicas"]["replicas"]} <= pids
+    listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    ours = []
+    for line in listening.splitlines():
+        owners = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+        if owners & pids:
+            ours.append((line.split()[3], owners))
+    assert len(ours) >= 4, ours  # the HTTP server, GCS, raylet, the replicas' workers ...
+    assert [(address, owners) for address, owners in ours if not is_loopback(address)] == []
+
+
+def reply(http: httpx.Client, sid: str, content: str) -> list[dict]:
+    with http.stream("POST", f"/api/sessions/{sid}/messages", json={"content": content}) as response:
+        assert response.status_code == 200
+        return [{"event": e["event"], **json.loads(e["data"])} for e in sse_events(response.iter_lines())]
+
+
+def test_a_replica_killed_mid_reply_fails_only_that_reply_and_the_chat_goes_on(replicas):
+    with httpx.Client(base_url=replicas.base_url, timeout=60, headers={"origin": replicas.base_url}) as http:
+        sid = http.post(
+            "/api/sessions", json={"title": "failover", "settings": {"temperature": 0, "max_tokens": 8}}
+        ).json()["id"]
+        assert reply(http, sid, "one")[-1]["message"]["status"] == "finished"
+        # sampled: the tiny random model's greedy reply may end early, a sampled one hardly ever meets its EOS
+        patched = http.patch(f"/api/sessions/{sid}", json={"settings": {"temperature": 1, "max_tokens": 512}})
+        assert patched.status_code == 200, patched.text
+        with http.stream("POST", f"/api/sessions/{sid}/messages", json={"content": "Never stop"}) as response:
+            lines = response.iter_lines()
+            while not next(lines).startswith("event: delta"):
+                pass
+            serving = [r for r in health(replicas)["replicas"]["replicas"] if r["in_flight"]]
+            assert len(serving) == 1, serving
+            # the tiny model writes hundreds of tokens a second: stop the replica at once, then kill it
+            os.kill(serving[0]["pid"], signal.SIGSTOP)
+            os.kill(serving[0]["pid"], signal.SIGKILL)
+            rest = sse_events(lines)
+        done = json.loads(rest[-1]["data"])
+        assert done["type"] == "done" and done["reason"] == "replica_lost", done
+        assert done["message"]["status"] == "interrupted" and "replica" in done["message"]["error"], done
+        stored = http.get(f"/api/sessions/{sid}/messages").json()["messages"]
+        assert [(m["role"], m["status"]) for m in stored] == [
+            ("user", "complete"),
+            ("assistant", "finished"),
+            ("user", "complete"),
+            ("assistant", "interrupted"),
+        ]
+        # the next turn goes to a live replica, which recomputes the history
+        http.patch(f"/api/sessions/{sid}", json={"settings": {"temperature": 0, "max_tokens": 4}})
+        assert reply(http, sid, "Are you back?")[-1]["message"]["status"] == "finished"
+        assert len(http.get(f"/api/sessions/{sid}/messages").json()["messages"]) == 6
+    # Serve restarts the killed replica; meanwhile /health says degraded, not down
+    deadline = time.monotonic() + 60
+    states = []
+    while time.monotonic() < deadline:
+        body = health(replicas)
+        states.append(body["status"])
+        pids = {r["pid"] for r in body["replicas"]["replicas"] if r["state"] == "running"}
+        if body["status"] == "ok" and body["replicas"]["ready"] == 2 and serving[0]["pid"] not in pids:
+            break
+        time.sleep(0.5)
+    assert states[0] == "degraded" and states[-1] == "ok", states
+    assert set(states) <= {"ok", "degraded"}, states
+    assert serving[0]["pid"] not in {r["pid"] for r in health(replicas)["replicas"]["replicas"]}
