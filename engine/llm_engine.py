@@ -15,7 +15,7 @@ from engine.core.hash_chain import ChainKey, salt_tag
 from engine.core.outputs import CachePurge, RequestOutput, SchedulerOutput
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import FinishReason, SamplingParams, Sequence
-from engine.core.stats import EngineStats, PoolSnapshot
+from engine.core.stats import CacheDigest, EngineStats, PoolSnapshot
 from engine.core.structured import StructuredOutput
 from engine.loading.engine_model import load_engine_model
 from engine.output_processor import OutputProcessor
@@ -268,6 +268,11 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         """Counters for metrics and the admin page."""
         return self.scheduler.stats()
+
+    def cache_digest(self) -> CacheDigest:
+        """The RAM pool's cached hash prefixes and the queue and pool counts a replica router scores against; cheap
+        (one copy of 8 bytes a block, none while nothing changed). Call on the engine thread, like every other method."""
+        return self.scheduler.cache_digest()
 
     def snapshot(self, hash_block_ids: range | None = None) -> PoolSnapshot:
         """Every block's state and every live sequence's block table, consistent between steps (block hashes of

@@ -14,7 +14,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from engine.core.hash_chain import BlockHasher, num_cacheable_blocks
+from engine.core.hash_chain import HASH_PREFIX_BYTES, BlockHasher, num_cacheable_blocks
 from engine.core.sequence import Sequence
 from engine.core.utils import cdiv
 
@@ -81,6 +81,11 @@ class BlockManager:
         self.num_shared = 0  # blocks with ref > 1
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
+        # the first HASH_PREFIX_BYTES of each block's hash, at its block id (zeros: no hash), kept as blocks are
+        # stored and evicted, so listing the cache is one copy (cached_hash_prefixes)
+        self.hash_prefixes = bytearray(num_blocks * HASH_PREFIX_BYTES)
+        self.cache_version = 0  # bumped whenever hash_prefixes changes
+        self._prefixes_copy = (0, bytes(self.hash_prefixes))
 
     def hash_block(self, parent_hash: bytes, token_ids: list[int]) -> bytes:
         """Chain hash of one full block (see engine.core.hash_chain)."""
@@ -214,7 +219,7 @@ class BlockManager:
                 assert block.block_hash == block_hash, f"block {block.block_id} holds two different contents"
                 continue
             block.block_hash, block.salt_tag = block_hash, tags[i - start]
-            self.hash_to_block_ids.setdefault(block_hash, {})[block.block_id] = None
+            self._index_hash(block)
             if self.copy_partial_blocks:
                 block.parent_key = self.hasher.parent_input(seq.block_hashes, seq.chain_key, i)
                 block.token_ids = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
@@ -245,7 +250,7 @@ class BlockManager:
             f"block {block_id} is not an empty held block"
         )
         block.block_hash, block.salt_tag = block_hash, salt_tag
-        self.hash_to_block_ids.setdefault(block_hash, {})[block_id] = None
+        self._index_hash(block)
 
     def purge_salt(self, salt_tag: bytes) -> int:
         """Forget the cached content of every free block of the tenant `salt_tag` names (the tenant is gone): they
@@ -280,6 +285,17 @@ class BlockManager:
             prefix_hit_tokens=self.prefix_hit_tokens,
         )
 
+    def cached_hash_prefixes(self) -> bytes:
+        """The first HASH_PREFIX_BYTES of the hash of every block in the prefix cache, in use or evictable, at its
+        block id (zeros where a block holds none; a hash several blocks hold appears as often): what a replica
+        router matches chains against. One copy of num_blocks * 8 bytes (~0.1 ms for 250,000 blocks), and none
+        while nothing changed."""
+        version, prefixes = self._prefixes_copy
+        if version != self.cache_version:
+            prefixes = bytes(self.hash_prefixes)
+            self._prefixes_copy = (self.cache_version, prefixes)
+        return prefixes
+
     def snapshot(self, hash_block_ids: range | None = None) -> tuple[list[int], list[int], dict[int, str]]:
         """Per-block state codes, ref counts, and the first 8 hex chars of every held hash (only of the blocks in
         `hash_block_ids` when given: in a pool of 250,000 blocks all of them cost ~20 ms a snapshot)."""
@@ -310,6 +326,13 @@ class BlockManager:
         for block_hash, block_ids in self.hash_to_block_ids.items():
             assert block_ids, "empty hash entry"
             assert all(self.blocks[i].block_hash == block_hash for i in block_ids), "stale hash entry"
+        n = HASH_PREFIX_BYTES
+        for b in self.blocks:
+            prefix = b.block_hash[:n] if b.block_hash is not None else bytes(n)
+            assert self.hash_prefixes[b.block_id * n : (b.block_id + 1) * n] == prefix, (
+                f"block {b.block_id} prefix"
+            )
+        assert self.cached_hash_prefixes() == self.hash_prefixes, "stale copy of the hash prefixes"
         for parent_key, block_ids in self.parent_to_block_ids.items():
             assert block_ids, "empty parent entry"
             for i in block_ids:
@@ -353,6 +376,17 @@ class BlockManager:
         block.ref_count = 1
         return block_id
 
+    def _index_hash(self, block: Block) -> None:
+        """Make a block findable by its (just set) hash."""
+        assert block.block_hash is not None
+        self.hash_to_block_ids.setdefault(block.block_hash, {})[block.block_id] = None
+        self._set_prefix(block.block_id, block.block_hash[:HASH_PREFIX_BYTES])
+
+    def _set_prefix(self, block_id: int, prefix: bytes) -> None:
+        start = block_id * HASH_PREFIX_BYTES
+        self.hash_prefixes[start : start + HASH_PREFIX_BYTES] = prefix
+        self.cache_version += 1
+
     def _forget(self, block: Block) -> None:
         """Take a block's content out of the prefix cache's indexes (eviction, a purge)."""
         assert block.block_hash is not None
@@ -360,6 +394,7 @@ class BlockManager:
         del ids[block.block_id]
         if not ids:
             del self.hash_to_block_ids[block.block_hash]
+        self._set_prefix(block.block_id, bytes(HASH_PREFIX_BYTES))
         block.block_hash, block.salt_tag = None, None
         if block.parent_key is not None:
             siblings = self.parent_to_block_ids[block.parent_key]

@@ -19,6 +19,9 @@ HASH_BYTES = (
 )
 
 
+# a hash's prefix where compactness matters (replica digests, routes): a false match needs a 64-bit collision
+HASH_PREFIX_BYTES = 8
+
 SALT_TAG_BYTES = 8
 NO_SALT = bytes(SALT_TAG_BYTES)  # the salt tag of a block every tenant shares
 
@@ -36,6 +39,12 @@ def salt_tag(salt: str | None) -> bytes:
     return hashlib.blake2b(
         tenant.encode("utf-8", "surrogatepass"), digest_size=SALT_TAG_BYTES, person=b"salt-tag"
     ).digest()
+
+
+def pool_hash_salt(prefix_cache_salt: str) -> bytes:
+    """The bytes a pool mixes into every block hash (EngineConfig.prefix_cache_salt): the scheduler's block manager
+    and a replica router both build their BlockHasher with it, so their chains agree."""
+    return prefix_cache_salt.encode("utf-8")
 
 
 def chain_root(cache_salt: str | None) -> bytes:

@@ -8,10 +8,10 @@ from collections import deque
 
 from engine.core.block_manager import BlockManager
 from engine.core.config import EngineConfig
-from engine.core.hash_chain import num_cacheable_blocks
+from engine.core.hash_chain import num_cacheable_blocks, pool_hash_salt
 from engine.core.outputs import ScheduledSequence, SchedulerOutput
 from engine.core.sequence import FinishReason, Sequence, SequenceStatus
-from engine.core.stats import EngineStats, PoolSnapshot
+from engine.core.stats import CacheDigest, EngineStats, PoolSnapshot
 from engine.core.tier import KVTier, LoadJob
 from engine.core.utils import cdiv
 
@@ -56,7 +56,7 @@ class Scheduler:
             num_blocks,
             config.block_size,
             config.enable_prefix_caching,
-            config.prefix_cache_salt.encode(),
+            pool_hash_salt(config.prefix_cache_salt),
             copy_partial_blocks=config.copy_partial_blocks,
         )
         self.tier = tier if config.enable_prefix_caching else None
@@ -396,6 +396,19 @@ class Scheduler:
             num_loading=sum(not job.cancelled for job in self.loading.values()),
             disk_hit_tokens=self.num_disk_hit_tokens,
             tier=self.tier.stats() if self.tier is not None else None,
+        )
+
+    def cache_digest(self) -> CacheDigest:
+        """The prefix cache's block hashes and the load a replica router weighs them against (see CacheDigest)."""
+        bm = self.block_manager
+        return CacheDigest(
+            hash_prefixes=bm.cached_hash_prefixes(),
+            num_running=len(self.running),
+            num_waiting=len(self.waiting) + sum(not job.cancelled for job in self.loading.values()),
+            num_free_blocks=len(bm.free_queue),
+            num_blocks=bm.num_blocks,
+            max_num_seqs=self.config.max_num_seqs,
+            block_size=bm.block_size,
         )
 
     def snapshot(self, hash_block_ids: range | None = None) -> PoolSnapshot:

@@ -48,6 +48,21 @@ class EngineStats:
 
 
 @dataclass(frozen=True)
+class CacheDigest:
+    """What a replica router needs of one engine: which blocks its prefix cache holds, and how busy it is."""
+
+    # hash_chain.HASH_PREFIX_BYTES of each prefix-cache block's chain hash (in use or evictable), by block id;
+    # zeros where a block holds no hash (BlockManager.cached_hash_prefixes)
+    hash_prefixes: bytes
+    num_running: int
+    num_waiting: int  # queued for admission, or loading their prefix from the disk tier
+    num_free_blocks: int  # ref-0 blocks, evictable cached ones included: the room an admission may take
+    num_blocks: int
+    max_num_seqs: int  # sequences the engine runs at once: past that, a new request waits
+    block_size: int
+
+
+@dataclass(frozen=True)
 class PoolSnapshot:
     """Per-block state of the pool (0 free / 1 cached-evictable / 2 in use) and the live sequences' tables."""
 
