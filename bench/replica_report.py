@@ -1,14 +1,24 @@
 """`bench multiturn --replicas`' report: one summary per run, Ray's overhead, the failover's outcome, the targets,
-the tables and the chart."""
+the tables and the chart, and the payload written as JSON + PNG."""
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bench import multiturn
-from bench.common import Target, mean, new_figure, percentiles
+from bench.common import (
+    Target,
+    format_table,
+    mean,
+    new_figure,
+    percentiles,
+    print_report,
+    targets_payload,
+    write_results,
+)
 from bench.failover import sort_requests
 from bench.replica_load import LoadResult, RequestRecord, throughput
 from bench.replica_metrics import (
@@ -18,6 +28,7 @@ from bench.replica_metrics import (
     routed_counts,
     routing_summary,
 )
+from bench.replica_scenario import Scenario
 
 TARGET_CACHE_HIT_PCT = (
     multiturn.TARGET_CACHE_HIT_PCT
@@ -217,3 +228,50 @@ def plot(runs: Mapping[str, Mapping[str, Any]]):
         ax.set_xlabel("turn")
         ax.legend(fontsize=8)
     return fig
+
+
+def report(runs: dict[str, dict[str, Any]], scenario: Scenario, args: argparse.Namespace) -> dict[str, Any]:
+    """The payload (written as JSON + PNG) and the printed tables and targets."""
+    ray_overhead = (
+        overhead(runs["overhead/plain"], runs["overhead/ray"])
+        if "overhead/plain" in runs and "overhead/ray" in runs
+        else None
+    )
+    failover = next((r["failover"] for r in runs.values() if "failover" in r), None)
+    targets = make_targets(runs, ray_overhead, failover, args.recovery_timeout_s)
+    payload = {
+        "model": args.engine_config.model,
+        "workload": {
+            "label": "synthetic: templated support-chat conversations through /v1, history resent every turn",
+            "users": scenario.num_users,
+            "turns": scenario.num_turns,
+            "system_prompts": len(scenario.system_prompts),
+            "system_prompt_chars": [len(p) for p in scenario.system_prompts],
+            "system_tokens_target": args.system_tokens,
+            "user_tokens": args.user_tokens or "short questions",
+            "max_tokens": args.max_tokens,
+            "temperature": 0.0,
+            "arrivals": args.arrivals,
+            "identities": "one API key per user (its own cache tenant); the system prompts are published",
+        },
+        "replicas": args.replicas,
+        "threads_per_replica": args.threads_per_replica,
+        "ray_address": args.ray_address,
+        "runs": runs,
+        "ray_overhead": ray_overhead,
+        "failover": failover,
+        "targets": targets_payload(targets),
+    }
+    paths = write_results("multiturn-replicas", payload, plot(runs), args.results_dir, args.command_line)
+    title = f"multiturn, replicas: {scenario.num_users} users x {scenario.num_turns} turns through /v1"
+    print(f"\n== {title}: per turn ==")
+    print(format_table(*per_turn_table(runs)))
+    if ray_overhead is not None:
+        print(
+            "\nRay overhead (1 replica vs the plain process): "
+            + ", ".join(f"{k} {v:.3f}" for k, v in ray_overhead.items())
+        )
+    if failover is not None:
+        print("\nfailover:\n" + "\n".join(failover_lines(failover)))
+    print_report(title, HEADERS, table_rows(runs), targets, paths)
+    return payload

@@ -21,7 +21,6 @@ from typing import Any
 import httpx
 
 from bench import replica_report, servers
-from bench.common import format_table, print_report, targets_payload, write_results
 from bench.failover import ReplicaKiller
 from bench.replica_load import LoadResult, drive, warm_up
 from bench.replica_scenario import Scenario, make_scenario, server_env, write_prompt_files
@@ -316,56 +315,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     file=sys.stderr,
                 )
                 break
-    payload = report(runs, scenario, args) if runs else {}
+    payload = replica_report.report(runs, scenario, args) if runs else {}
     if failure is not None:
         raise failure
-    return payload
-
-
-def report(runs: dict[str, dict[str, Any]], scenario: Scenario, args: argparse.Namespace) -> dict[str, Any]:
-    """The payload (written as JSON + PNG) and the printed tables and targets."""
-    ray_overhead = (
-        replica_report.overhead(runs["overhead/plain"], runs["overhead/ray"])
-        if "overhead/plain" in runs and "overhead/ray" in runs
-        else None
-    )
-    failover = next((r["failover"] for r in runs.values() if "failover" in r), None)
-    targets = replica_report.make_targets(runs, ray_overhead, failover, args.recovery_timeout_s)
-    payload = {
-        "model": args.engine_config.model,
-        "workload": {
-            "label": "synthetic: templated support-chat conversations through /v1, history resent every turn",
-            "users": scenario.num_users,
-            "turns": scenario.num_turns,
-            "system_prompts": len(scenario.system_prompts),
-            "system_prompt_chars": [len(p) for p in scenario.system_prompts],
-            "system_tokens_target": args.system_tokens,
-            "user_tokens": args.user_tokens or "short questions",
-            "max_tokens": args.max_tokens,
-            "temperature": 0.0,
-            "arrivals": args.arrivals,
-            "identities": "one API key per user (its own cache tenant); the system prompts are published",
-        },
-        "replicas": args.replicas,
-        "threads_per_replica": args.threads_per_replica,
-        "ray_address": args.ray_address,
-        "runs": runs,
-        "ray_overhead": ray_overhead,
-        "failover": failover,
-        "targets": targets_payload(targets),
-    }
-    paths = write_results(
-        "multiturn-replicas", payload, replica_report.plot(runs), args.results_dir, args.command_line
-    )
-    title = f"multiturn, replicas: {scenario.num_users} users x {scenario.num_turns} turns through /v1"
-    print(f"\n== {title}: per turn ==")
-    print(format_table(*replica_report.per_turn_table(runs)))
-    if ray_overhead is not None:
-        print(
-            "\nRay overhead (1 replica vs the plain process): "
-            + ", ".join(f"{k} {v:.3f}" for k, v in ray_overhead.items())
-        )
-    if failover is not None:
-        print("\nfailover:\n" + "\n".join(replica_report.failover_lines(failover)))
-    print_report(title, replica_report.HEADERS, replica_report.table_rows(runs), targets, paths)
     return payload

@@ -1,4 +1,4 @@
-"""bench/replica_report.py and replicas.report(): a run's summary from its turns, requests and /metrics text, Ray's
+"""bench/replica_report.py: a run's summary from its turns, requests and /metrics text, Ray's
 overhead, the failover's account, the targets, the tables, and the JSON + PNG written."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from bench import replica_report, replicas
+from bench import replica_report
 from bench.replica_load import LoadResult, RequestRecord
 from bench.replica_scenario import Scenario
 from bench.session_client import TurnResult
@@ -151,7 +151,7 @@ def test_report_writes_one_json_and_png_with_every_run(tmp_path, capsys):
         results_dir=str(tmp_path),
         command_line="pagedchat bench multiturn --replicas 2",
     )
-    payload = replicas.report(runs, scenario, args)
+    payload = replica_report.report(runs, scenario, args)
     (json_path,) = tmp_path.glob("multiturn-replicas-*.json")
     (png_path,) = tmp_path.glob("multiturn-replicas-*.png")
     assert png_path.read_bytes()[:4] == b"\x89PNG"
