@@ -17,7 +17,9 @@ BENCHMARKS = {
     "serving": "OpenAI-API load test (Poisson rates, then closed-loop concurrency): pagedchat vs an HF one-at-a-time "
     "server or any OpenAI-compatible one (--baseline-url, e.g. llama.cpp)",
     "multiturn": "N users x K turns with a shared system prompt: session API and /v1, prefix caching on and off; "
-    "--scenario returning: users who come back after eviction, with the KV disk tier, without it, and a restart",
+    "--scenario returning: users who come back after eviction, with the KV disk tier, without it, and a restart; "
+    "--replicas N: replica sets on Ray Serve per --routing policy, --compare-plain (Ray's overhead), "
+    "--kill-replica-at TURN (a failover)",
     "quality": "quantization vs the fp32 model: greedy agreement, |Δ logprob| (teacher-forced), perplexity",
     "step": "a decode step's time split into matmuls, attention and the rest, at a few batch sizes",
     "attention": "the CPU decode-attention kernel's KV bandwidth per KV dtype, against the machine's streaming read",

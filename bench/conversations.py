@@ -108,8 +108,10 @@ async def run_user(
     staggered: bool,
     measured: Latch,
     on_turn: Callable[[], None],
+    before_turn: Callable[[int], None] | None = None,
 ) -> list[sc.TurnResult]:
-    """One user's measured conversation (its turn results); `start()` opens a conversation.
+    """One user's measured conversation (its turn results); `start()` opens a conversation; `before_turn(k)` is
+    called before the measured turn k (0-based) is sent.
 
     Staggered: it starts after `index mod turns` unmeasured turns of another conversation, and the user goes on
     with unmeasured turns until every user's measured conversation is done. So all users chat all the time, and
@@ -132,7 +134,9 @@ async def run_user(
         if staggered:
             await chat_unmeasured(lambda sent: sent < index % len(script))
         conversation, out = await start(), []
-        for content in script:
+        for k, content in enumerate(script):
+            if before_turn is not None:
+                before_turn(k)
             out.append(await conversation.send(content))
             on_turn()
     finally:  # even when this user failed, the others must not keep chatting forever

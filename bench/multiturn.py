@@ -5,7 +5,9 @@ users only what the server publishes: the runs with the shared system prompt reg
 (`--shared-prompt-file`) reuse it across users; the "unpublished" runs send an unregistered variant of it, which each
 user's salted chain must compute once for itself.
 
-`--scenario returning` runs bench/returning.py instead: users who come back after their KV blocks left the RAM pool.
+`--scenario returning` runs bench/returning.py instead: users who come back after their KV blocks left the RAM pool;
+`--scenario replicas` (implied by --replicas, --compare-plain, --kill-replica-at) runs bench/replicas.py: replica sets
+on Ray Serve, per routing policy, Ray's overhead and a failover.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ UNPUBLISHED_PREAMBLE = (
     "(Unpublished draft for {api}.) "  # starts the unregistered variants of the system prompt
 )
 SYSTEM_PROMPT_FILE = "shared-system-prompt.txt"
-SCENARIOS = ("shared-prompt", "returning")
+SCENARIOS = ("shared-prompt", "returning", "replicas")
 DEFAULT_USERS, DEFAULT_TURNS = 32, 10
 
 
@@ -60,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=SCENARIOS,
         default="shared-prompt",
         help="shared-prompt: this module's runs; returning: users who come back after their KV blocks left the RAM "
-        "pool, with the disk tier, without it and all in RAM, and a restart (bench/returning.py)",
+        "pool, with the disk tier, without it and all in RAM, and a restart (bench/returning.py); replicas: replica "
+        "sets on Ray Serve per routing policy, Ray's overhead, a failover (bench/replicas.py; implied by its options)",
     )
     parser.add_argument(
         "--users",
@@ -102,6 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--keep-logs", default=None, help="keep server logs and databases in this folder")
     returning.add_arguments(parser)
+    _replicas().add_arguments(parser)
 
 
 async def run_mode(
@@ -189,6 +193,13 @@ def summarise(
     return summary
 
 
+def _replicas():
+    """bench.replicas, imported when used: it builds on this module's summarise()."""
+    from bench import replicas
+
+    return replicas
+
+
 def shared_system_prompt(model: str, system_tokens: int, *, revision: str = "", gguf_file: str = "") -> str:
     """The benchmark's shared system prompt in `model`'s tokenizer: the text servers publish."""
     from engine.loading.loader import load_tokenizer, resolve_model_path
@@ -215,7 +226,14 @@ def _runs_on(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Both APIs on a caching and a non-caching server (started here, one after the other, unless URLs are given);
-    or the returning scenario."""
+    or the returning or the replicas scenario."""
+    replicas = _replicas()
+    if args.scenario == "replicas" or replicas.wants_replicas(args):
+        if args.scenario == "returning":
+            raise SystemExit(
+                "bench multiturn: --replicas, --compare-plain and --kill-replica-at are not for --scenario returning"
+            )
+        return replicas.run(args)
     is_returning = args.scenario == "returning"
     args.users = args.users or (returning.DEFAULT_USERS if is_returning else DEFAULT_USERS)
     args.turns = args.turns or (returning.DEFAULT_TURNS if is_returning else DEFAULT_TURNS)

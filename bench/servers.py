@@ -4,6 +4,7 @@ loopback ports, with their logs, a readiness wait and a graceful or hard stop; t
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -22,6 +23,8 @@ from engine.core.options import to_env
 
 READY_TIMEOUT_S = 600.0  # the first start may provision the default model
 REPO_ROOT = Path(__file__).resolve().parents[1]  # servers run from here, so `-m pagedchat` is this checkout's
+ROUTINGS = ("kv", "round-robin", "least-loaded")  # `pagedchat serve --routing`
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,15 +66,49 @@ def engine_env(config: EngineConfig) -> dict[str, str]:
     return to_env(config)
 
 
+def cluster_args(
+    replicas: int, routing: str = "kv", threads_per_replica: int = 0, ray_address: str = ""
+) -> tuple[str, ...]:
+    """The `pagedchat serve` flags of a replica set (issue #19); none for one plain process (1 replica, no Ray).
+
+    `threads_per_replica` 0: the engine's own thread setting; `ray_address` "local": a local Ray on loopback.
+    """
+    if replicas < 1:
+        raise ValueError(f"replicas must be at least 1, got {replicas}")
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+    if threads_per_replica < 0:
+        raise ValueError(
+            f"threads per replica must be 0 (the engine's own) or more, got {threads_per_replica}"
+        )
+    if replicas == 1 and not ray_address:
+        return ()
+    args = ["--replicas", str(replicas), "--routing", routing]
+    if threads_per_replica:
+        args += ["--threads-per-replica", str(threads_per_replica)]
+    if ray_address:
+        args += ["--ray-address", ray_address]
+    return tuple(args)
+
+
 def start_pagedchat(
-    name: str, config: EngineConfig, log_dir: Path, extra_env: dict[str, str] | None = None
+    name: str,
+    config: EngineConfig,
+    log_dir: Path,
+    extra_env: dict[str, str] | None = None,
+    serve_args: tuple[str, ...] = (),
 ) -> ServerProcess:
     """`pagedchat serve` with this engine config on a free loopback port, its own database in `log_dir`, and its own
     KV disk tier `log_dir/<name>.kv` unless the config or `extra_env` names one (no blocks from other runs, no
-    directory lock shared with another server; started again under the same name, it keeps its tier)."""
+    directory lock shared with another server; started again under the same name, it keeps its tier).
+
+    `serve_args`: more `pagedchat serve` flags, e.g. `cluster_args(...)`.
+    """
     env = {**engine_env(config), **(extra_env or {}), "PAGEDCHAT_LOG_LEVEL": "warning"}
     if not env.get("PAGEDCHAT_KV_DISK_DIR"):  # an unset kv_disk_dir reaches the environment as ""
         env["PAGEDCHAT_KV_DISK_DIR"] = str(log_dir / f"{name}.kv")
+    if serve_args:
+        return spawn_pagedchat(name, env, log_dir, command=("pagedchat", "serve", *serve_args))
     return spawn_pagedchat(name, env, log_dir)
 
 
@@ -193,6 +230,73 @@ def wait_ready(server: ServerProcess, timeout_s: float = READY_TIMEOUT_S) -> Ser
     raise RuntimeError(f"{server.name} was not ready after {timeout_s:.0f} s:\n{server.log()[-4000:]}")
 
 
+def replicas_ready(health: dict, asked: int) -> bool:
+    """Whether a 200 /health body shows `asked` engine replicas ready: a replica set's `replicas` section (issue
+    #19) says so, and a plain process (no section) is one replica."""
+    section = health.get("replicas")
+    if section is None:
+        return asked == 1 and health.get("status") == "ok"
+    return health.get("status") == "ok" and int(section.get("ready", 0)) >= asked
+
+
+def wait_replicas_ready(
+    server: ServerProcess, asked: int, timeout_s: float = READY_TIMEOUT_S
+) -> ServerProcess:
+    """Poll GET /health until `asked` replicas are ready (a replica set answers 200 "degraded" before that); else
+    kill the server and raise RuntimeError with the last answer and its log."""
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    with httpx.Client(timeout=5.0) as client:
+        while time.monotonic() < deadline:
+            if server.process.poll() is not None:
+                raise RuntimeError(
+                    f"{server.name} exited with {server.process.returncode} while its replicas started:\n"
+                    f"{server.log()[-4000:]}"
+                )
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                response = client.get(server.base_url + "/health")
+                last = response.json()
+                if response.status_code == 200 and replicas_ready(response.json(), asked):
+                    return server
+            time.sleep(0.25)
+    stop_server(server, signal.SIGKILL)
+    raise RuntimeError(
+        f"{server.name}: {asked} replicas not ready after {timeout_s:.0f} s (last /health: {last}):\n"
+        f"{server.log()[-4000:]}"
+    )
+
+
+def session_members(session_id: int) -> list[int]:
+    """Pids of the processes in session `session_id` (Linux /proc; empty elsewhere)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (
+                stat.read_text().rsplit(")", 1)[1].split()
+            )  # after "(comm)": state, ppid, pgrp, session, ...
+            if int(fields[3]) == session_id and fields[0] not in ("Z", "X"):
+                members.append(int(stat.parent.name))
+    return members
+
+
+def reap_session(server: ServerProcess) -> int:
+    """SIGKILL whatever is left of the server's session after it stopped (every server starts a session of its
+    own, so its session id is its pid; a replica set's Ray processes and workers run in it, each worker in a
+    process group of its own); the number of processes signalled.
+
+    Only for servers that have exited: a running server's processes are its own business.
+    """
+    if server.process.poll() is None:
+        raise RuntimeError(f"{server.name} still runs: stop it before reaping its session")
+    left = session_members(server.process.pid)
+    if left:
+        logger.warning("%s left %d processes behind after it stopped: killing them", server.name, len(left))
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(left)
+
+
 def stop_server(server: ServerProcess, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
     """Send `sig` (SIGTERM: graceful shutdown, SIGKILL: a crash) to this server only, SIGKILL after `timeout_s`;
     returns the exit code.
@@ -247,3 +351,4 @@ def running(
     finally:
         for server in servers:
             stop_server(server, timeout_s=15.0)
+            reap_session(server)

@@ -1,6 +1,6 @@
 """A tiny OpenAI-compatible streaming server on loopback for load-generator tests: it answers every chat with a few
-fixed words, optionally adds llama.cpp's `timings` to its last SSE chunk, and counts TCP connections, requests and
-the peak number of chats in flight. HTTP/1.1 with Content-Length, so a client could keep connections alive."""
+fixed words, optionally adds llama.cpp's `timings` to its last SSE chunk or fails its first chats (503), and counts
+TCP connections, requests and the peak number of chats in flight. HTTP/1.1 with Content-Length, so a client could keep connections alive."""
 
 from __future__ import annotations
 
@@ -35,10 +35,13 @@ class FakeStats:
     in_flight: int = 0
     peak_in_flight: int = 0
     models_asked: list[str] = field(default_factory=list)  # the `model` of every chat request
+    messages_asked: list[list[dict]] = field(default_factory=list)  # the `messages` of every chat request
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _handler(model_id: str, owned_by: str, timings: dict | None, delay_s: float, stats: FakeStats):
+def _handler(
+    model_id: str, owned_by: str, timings: dict | None, delay_s: float, num_failing: int, stats: FakeStats
+):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -63,7 +66,16 @@ def _handler(model_id: str, owned_by: str, timings: dict | None, delay_s: float,
                 stats.in_flight += 1
                 stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
                 stats.models_asked.append(body["model"])
+                stats.messages_asked.append(body["messages"])
+                failing = len(stats.messages_asked) <= num_failing
             time.sleep(delay_s)  # keeps the request in flight long enough to see the client's concurrency
+            if failing:
+                with stats.lock:
+                    stats.in_flight -= 1
+                self._send(
+                    "application/json", json.dumps({"error": {"message": "replica died"}}).encode(), 503
+                )
+                return
             words = WORDS[: max(1, min(len(WORDS), int(body["max_tokens"])))]
             chunks = [
                 {"choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]} for w in words
@@ -79,8 +91,8 @@ def _handler(model_id: str, owned_by: str, timings: dict | None, delay_s: float,
                 stats.in_flight -= 1
             self._send("text/event-stream", sse.encode())
 
-        def _send(self, content_type: str, raw: bytes) -> None:
-            self.send_response(200)
+        def _send(self, content_type: str, raw: bytes, status: int = 200) -> None:
+            self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(raw)))
             self.end_headers()
@@ -91,11 +103,13 @@ def _handler(model_id: str, owned_by: str, timings: dict | None, delay_s: float,
 
 @contextlib.contextmanager
 def fake_server(
-    model_id: str, owned_by: str, timings: dict | None = None, delay_s: float = 0.0
+    model_id: str, owned_by: str, timings: dict | None = None, delay_s: float = 0.0, num_failing: int = 0
 ) -> Iterator[tuple[str, FakeStats]]:
-    """(base URL, stats) of a fake server running on a thread until the block ends."""
+    """(base URL, stats) of a fake server running on a thread until the block ends; its first `num_failing` chat
+    requests answer 503."""
     stats = FakeStats()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(model_id, owned_by, timings, delay_s, stats))
+    handler = _handler(model_id, owned_by, timings, delay_s, num_failing, stats)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import dataclasses
 import json
 import shlex
@@ -14,7 +16,10 @@ import pytest
 from bench import servers
 from bench.cli import bench_main
 from bench.multiturn import shared_system_prompt
+from bench.replica_scenario import make_scenario
+from bench.replicas import RunSpec, measure
 from engine.core.config import EngineConfig
+from engine.loading.loader import load_tokenizer
 from tests.engine.bench_helpers import shared_tiny_model
 
 API_KEY = "test-bench-key"
@@ -147,3 +152,31 @@ def test_multiturn_bench_with_caching_on_and_off(tiny_servers, tmp_path, capsys)
         "PASS",
         "FAIL",
     }  # the verdicts themselves depend on timing
+
+
+def test_replicas_measure_against_todays_single_process_server(tiny_servers):
+    """bench/replicas.py's one run end to end, on the plain process (the run `--compare-plain` starts first): real
+    /v1 conversations, real /metrics text, which routes nothing."""
+    model, url, _ = tiny_servers
+    # desk 0's prompt is the one the fixture's servers publish
+    scenario = make_scenario(
+        load_tokenizer(model),
+        num_users=2,
+        num_turns=2,
+        num_desks=1,
+        system_tokens=SYSTEM_TOKENS,
+        user_tokens=0,
+        seed=0,
+    )
+    spec = RunSpec("overhead/plain", "overhead", 1, "kv", "", 0)
+    args = argparse.Namespace(max_tokens=4, arrivals="together")
+    keys = [API_KEY, *USER_KEYS.split(",")]
+    run = asyncio.run(measure(url, -1, spec, scenario, keys, args))
+    assert run["num_turns_failed"] == 0 and run["throughput"]["num_failed"] == 0, run["errors"]
+    assert [t["num_ok"] for t in run["turns"]] == [2, 2]
+    assert run["throughput"]["num_requests"] == 4 and run["throughput"]["output_tokens"] > 0
+    # turn 2 resends turn 1's history, which this user's own turn 1 left in the cache
+    assert run["turns"][1]["mean_cached_tokens"] > run["turns"][0]["mean_cached_tokens"] > 0
+    assert run["routing"]["num_routed"] == 0 and run["replica_prefix_hit_pct"] == {}
+    assert run["server"] == {"replicas": 1, "routing": "-", "ray_address": "", "threads": 0}
+    assert run["ttft_ms_all"]["p50"] > 0
