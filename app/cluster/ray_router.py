@@ -83,6 +83,14 @@ class KVRequestRouter(RequestRouter):
         """Every candidate, best first, one to a rank."""
         if not candidate_replicas:
             return []
+        target = pending_request.kwargs.get("target") if pending_request is not None else None
+        if (
+            target is not None
+        ):  # a call for one replica (the admin page's pool map, a purge): that one or none
+            chosen = [r for r in candidate_replicas if r.replica_id.unique_id == target]
+            if not chosen and not pending_request.future.done():
+                pending_request.future.set_exception(LookupError(f"replica {target} is not serving"))
+            return [chosen or candidate_replicas]
         route = pending_request.kwargs.get("route") if pending_request is not None else None
         if route is not None and not isinstance(route, RouteKey):
             # raising here would end Serve's routing task and leave the caller waiting forever: fail the call

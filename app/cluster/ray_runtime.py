@@ -13,6 +13,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from app.cluster.loopback import LOOPBACK_ENV, apply_loopback_env
+from app.cluster.ray_router import replica_router_config
 from app.cluster.replica import EngineReplica, ReplicaOptions
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def start_ray(settings: Settings) -> bool:
     return local
 
 
-def deploy(settings: Settings, version: str = "1", router_config: Any = None) -> Any:
+def deploy(settings: Settings, version: str = "1") -> Any:
     """Deploy (or redeploy) the engine replicas and wait until they serve; returns the deployment's handle."""
     from ray import serve
 
@@ -77,8 +78,10 @@ def deploy(settings: Settings, version: str = "1", router_config: Any = None) ->
         "graceful_shutdown_timeout_s": settings.shutdown_grace_s,
         "graceful_shutdown_wait_loop_s": 0.5,
     }
-    if router_config is not None:
-        deployment_options["request_router_config"] = router_config
+    # Serve pulls each replica's digest every ROUTING_STATS_PERIOD_S; the router ranks replicas by it
+    deployment_options["request_router_config"] = replica_router_config(
+        settings.routing, ROUTING_STATS_PERIOD_S
+    )
     deployment = serve.deployment(EngineReplica).options(**deployment_options)
     logger.info("deploying %d engine replicas (version %s)", settings.replicas, version)
     try:

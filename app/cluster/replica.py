@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from app.cluster.digest import ReplicaDigest
 from app.cluster.loopback import bind_serve_grpc_to_loopback
 from app.cluster.wire import DELTA_INTERVAL_S, Accepted, EngineInfo, Failed, Rejected, slim
 from app.services.async_engine import AsyncEngine, EngineOverloaded, EngineUnavailable
@@ -71,6 +72,7 @@ class EngineReplica:
         self.started_at = time.time()
         self.stats: EngineStats | None = None
         self.stats_at = 0.0
+        self.digest = ReplicaDigest.unknown(self.name)
         await self._refresh()
         self._refresher = asyncio.create_task(self._refresh_loop(), name="replica-stats")
         logger.info("replica %s (rank %d, pid %d) serves", self.name, self.rank, self.pid)
@@ -115,8 +117,11 @@ class EngineReplica:
             except Exception as exc:  # noqa: BLE001 - RequestFailed and the like: the ingress fails the stream
                 yield Failed(str(exc))
 
-    async def call(self, fn: Callable[[Any], Any]) -> Any:
-        """Run `fn(engine)` between steps (the admin page's snapshot, a tenant's purge, stats)."""
+    async def call(self, fn: Callable[[Any], Any], *, target: str | None = None) -> Any:
+        """Run `fn(engine)` between steps (the admin page's snapshot, a tenant's purge). `target`: the replica the
+        request router sends the call to (None: any)."""
+        if target is not None and target != self.name:
+            raise RuntimeError(f"a call for replica {target} reached replica {self.name}")
         return await self.bridge.call(fn)
 
     async def info(self) -> EngineInfo:
@@ -135,9 +140,12 @@ class EngineReplica:
         )
 
     async def _refresh(self) -> None:
-        """Take the engine's stats between steps (the routing stats and the census read this copy)."""
-        self.stats = await self.bridge.call(lambda engine: engine.stats())
+        """Take the engine's stats and cache digest between steps (the routing stats and the census read them)."""
+        self.stats, cached = await self.bridge.call(lambda engine: (engine.stats(), engine.cache_digest()))
         self.stats_at = time.time()
+        self.digest = ReplicaDigest.from_engine(
+            self.name, cached, self.stats_at
+        )  # sorted here, off the engine
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -151,6 +159,7 @@ class EngineReplica:
         """This replica's identity, load and engine stats (as of `stats_at`), for the request router and the
         ingress's census (Serve pulls it every few hundred ms; the census once a second)."""
         return {
+            **self.digest.to_stats(),
             "name": self.name,
             "rank": self.rank,
             "pid": self.pid,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from app.cluster import ray_runtime
+from app.cluster.routing import RouteKey
 from app.cluster.wire import Accepted, EngineInfo, Failed, Rejected, with_prompt
 from app.services.async_engine import EngineOverloaded, EngineUnavailable
 from app.services.request_label import RequestLabel
@@ -85,11 +86,7 @@ class ReplicaSetEngine:
         settings: Settings,
         *,
         metrics: Metrics | None = None,
-        router_config: Any = None,
-        route_key: Callable[[tuple[bytes, ...], str | None], Any] | None = None,
     ) -> None:
-        """`router_config`: the deployment's RequestRouterConfig; `route_key(chain, session)`: the `route` a
-        handle call carries for it (None: no route)."""
         self.settings = settings
         self.metrics = metrics
         self.engine: EngineFacade | None = None
@@ -97,8 +94,6 @@ class ReplicaSetEngine:
         self.ready = False
         self.dead_reason: str | None = None
         self.replicas: dict[str, ReplicaStatus] = {}
-        self._router_config = router_config
-        self._route_key = route_key
         self._handle: Any = None
         self._started_ray = False
         self._version = 1
@@ -113,9 +108,7 @@ class ReplicaSetEngine:
         """Start or join Ray, deploy the replicas, and return once they serve."""
         try:
             self._started_ray = await asyncio.to_thread(ray_runtime.start_ray, self.settings)
-            self._handle = await asyncio.to_thread(
-                ray_runtime.deploy, self.settings, str(self._version), self._router_config
-            )
+            self._handle = await asyncio.to_thread(ray_runtime.deploy, self.settings, str(self._version))
             info: EngineInfo = await self._handle.info.remote()
         except BaseException as exc:
             self.dead_reason = f"startup failed: {type(exc).__name__}: {exc}"
@@ -140,9 +133,7 @@ class ReplicaSetEngine:
     async def rolling_restart(self) -> None:
         """Redeploy under a new version: Serve replaces the replicas one at a time, each draining first."""
         self._version += 1
-        self._handle = await asyncio.to_thread(
-            ray_runtime.deploy, self.settings, str(self._version), self._router_config
-        )
+        self._handle = await asyncio.to_thread(ray_runtime.deploy, self.settings, str(self._version))
 
     @property
     def num_ready(self) -> int:
@@ -212,9 +203,7 @@ class ReplicaSetEngine:
         self._check_serving()
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
-        route = None
-        if self._route_key is not None:
-            route = self._route_key(self.route_chain(prompt, cache_salt, public_prefix_len), session)
+        route = RouteKey.from_chain(self.route_chain(prompt, cache_salt, public_prefix_len), session)
         stream = RequestStream(
             request_id,
             self.settings.request_timeout_s,
@@ -330,10 +319,35 @@ class ReplicaSetEngine:
         self._check_serving()
         return await asyncio.get_running_loop().run_in_executor(self._tokenizer_executor, fn, self.tokenizer)
 
-    async def call(self, fn: Callable[[Any], T]) -> T:
-        """Run `fn(engine)` on one replica (whichever the router picks)."""
+    async def call_on(self, replica: str, fn: Callable[[Any], T]) -> T:
+        """Run `fn(engine)` between steps on the engine of `replica` (LookupError: it is not serving)."""
         self._check_serving()
-        return await asyncio.wait_for(self._handle.call.remote(fn), CALL_TIMEOUT_S)
+        return await asyncio.wait_for(self._handle.call.remote(fn, target=replica), CALL_TIMEOUT_S)
+
+    async def call_each(self, fn: Callable[[Any], T]) -> list[tuple[str, T]]:
+        """`fn(engine)` on every serving replica: (replica, result) of each that answered; raises only when none
+        did. A replica that fails the call is left out (and logged): it is dead or restarting."""
+        self._check_serving()
+        names = [status.name for status in self._serving()]
+        results = await asyncio.gather(*(self.call_on(name, fn) for name in names), return_exceptions=True)
+        answered = []
+        for name, result in zip(names, results, strict=True):
+            if isinstance(result, BaseException):
+                logger.warning(
+                    "replica %s did not answer a call: %s: %s", name, type(result).__name__, result
+                )
+            else:
+                answered.append((name, result))
+        if not answered:
+            raise EngineUnavailable("no engine replica answered")
+        return answered
+
+    def _serving(self) -> list[ReplicaStatus]:
+        return [
+            s
+            for s in sorted(self.replicas.values(), key=lambda r: (r.rank or 0, r.name))
+            if s.state == "running"
+        ]
 
     def replica_stats(self) -> list[tuple[str, EngineStats]]:
         """Each serving replica's engine stats, as its last census answer carried them."""

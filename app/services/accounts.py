@@ -223,16 +223,19 @@ class AccountService:
     async def forget_cached_blocks(self, owner: str) -> CachePurge:
         """Purge the owner's salt from the RAM pool and the disk tier (`LLMEngine.purge_cache_salt`), on the engine
         thread after the aborts queued before it (the blocks those aborts freed are cached by then); they may still
-        wait in the tier's write queue, so once it is empty (within PURGE_WAIT_S) the purge runs again."""
-        first = await self.engine.call(lambda engine: engine.purge_cache_salt(owner))
+        wait in the tier's write queue, so once it is empty (within PURGE_WAIT_S) the purge runs again.
+
+        (With engine replicas, every replica purges; one that is restarting comes back with an empty RAM pool and
+        purges nothing from its disk tier: see README "Replicas".)"""
+        purges = [purge for _, purge in await self.engine.call_each(lambda e: e.purge_cache_salt(owner))]
         deadline = time.monotonic() + PURGE_WAIT_S
         while time.monotonic() < deadline:
-            tier = (await self.engine.stats()).tier
-            if tier is None or tier.write_queue_depth == 0:
+            tiers = [tier for _, tier in await self.engine.call_each(lambda e: e.stats().tier)]
+            if all(tier is None or tier.write_queue_depth == 0 for tier in tiers):
                 break
             await asyncio.sleep(0.02)
-        again = await self.engine.call(lambda engine: engine.purge_cache_salt(owner))
-        return CachePurge(first.ram_blocks + again.ram_blocks, first.disk_blocks + again.disk_blocks)
+        purges += [purge for _, purge in await self.engine.call_each(lambda e: e.purge_cache_salt(owner))]
+        return CachePurge(sum(p.ram_blocks for p in purges), sum(p.disk_blocks for p in purges))
 
     async def oidc_account(self, issuer: str, subject: str, claims: dict[str, object]) -> UserRecord:
         """The account of a verified OpenID Connect identity, made on its first sign-in; its username is the

@@ -215,6 +215,10 @@ class AsyncEngine:
         self._commands.put(CallOnEngine(fn, future))
         return await future
 
+    async def call_each(self, fn: Callable[[LLMEngine], T]) -> list[tuple[str, T]]:
+        """`fn(engine)` on every engine: here the one, named "engine" (replicas: one entry per serving replica)."""
+        return [("engine", await self.call(fn))]
+
     async def tokenize(self, fn: Callable[[Any], T]) -> T:
         """Run `fn(tokenizer)` on the tokenizer thread, with the loop side's private tokenizer copy."""
         self._check_serving()
