@@ -10,6 +10,7 @@ changes this).
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 LOOPBACK = "127.0.0.1"
@@ -18,8 +19,12 @@ LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABL
 
 
 def apply_loopback_env() -> None:
-    """Put the loopback-only variables into this process's environment (call before importing ray)."""
+    """Put the loopback-only variables into this process's environment, for the Ray processes it starts; Ray reads
+    its own copy at import, so where it is imported already that copy is set too."""
     os.environ.update(LOOPBACK_ENV)
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
 
 
 def bind_serve_grpc_to_loopback() -> None:

@@ -13,7 +13,6 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from app.cluster.loopback import LOOPBACK_ENV, apply_loopback_env
-from app.cluster.ray_router import replica_router_config
 from app.cluster.replica import EngineReplica, ReplicaOptions
 
 if TYPE_CHECKING:
@@ -59,6 +58,9 @@ def deploy(settings: Settings, version: str = "1") -> Any:
     """Deploy (or redeploy) the engine replicas and wait until they serve; returns the deployment's handle."""
     from ray import serve
 
+    # imports ray: only after start_ray has set its environment
+    from app.cluster.ray_router import replica_router_config
+
     serve.start(proxy_location="Disabled", http_options={"host": "127.0.0.1"})
     engine_config = dataclasses.replace(settings.engine_config(), num_threads=replica_threads(settings))
     options = ReplicaOptions(
@@ -77,6 +79,8 @@ def deploy(settings: Settings, version: str = "1") -> Any:
         "health_check_timeout_s": 30.0,
         "graceful_shutdown_timeout_s": settings.shutdown_grace_s,
         "graceful_shutdown_wait_loop_s": 0.5,
+        # one log line per request is the ingress's job; a replica logs its own events only
+        "logging_config": {"enable_access_log": False, "log_level": settings.log_level.upper()},
     }
     # Serve pulls each replica's digest every ROUTING_STATS_PERIOD_S; the router ranks replicas by it
     deployment_options["request_router_config"] = replica_router_config(

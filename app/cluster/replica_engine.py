@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -97,6 +98,8 @@ class ReplicaSetEngine:
         self._handle: Any = None
         self._started_ray = False
         self._version = 1
+        self._restarting = False
+        self._restart_task: asyncio.Task | None = None
         self._streams: dict[str, RequestStream] = {}
         self._pumps: dict[str, asyncio.Task] = {}
         self._replica_of: dict[str, str] = {}  # request id -> the replica serving it
@@ -119,6 +122,7 @@ class ReplicaSetEngine:
         await self._take_census()
         self._census_task = asyncio.create_task(self._census_loop(), name="replica-census")
         self.ready = True
+        self.restart_on_sighup()
 
     async def stop(self) -> None:
         """End the streams, delete the replicas (they drain), and stop Ray if this process started it."""
@@ -131,9 +135,33 @@ class ReplicaSetEngine:
         self._tokenizer_executor.shutdown(wait=False, cancel_futures=True)
 
     async def rolling_restart(self) -> None:
-        """Redeploy under a new version: Serve replaces the replicas one at a time, each draining first."""
+        """Redeploy under a new version: Serve replaces the replicas one at a time, each draining its requests
+        first (up to shutdown_grace_s), while the others serve. The handle stays: its router keeps its memory."""
+        if self._restarting:
+            logger.warning("a rolling restart is already running")
+            return
+        self._restarting = True
         self._version += 1
-        self._handle = await asyncio.to_thread(ray_runtime.deploy, self.settings, str(self._version))
+        logger.warning("rolling restart of the engine replicas (generation %d)", self._version)
+        try:
+            await asyncio.to_thread(ray_runtime.deploy, self.settings, str(self._version))
+        except Exception:
+            logger.exception("the rolling restart failed")
+        else:
+            logger.warning("rolling restart done: every replica is of generation %d", self._version)
+        finally:
+            self._restarting = False
+
+    def restart_on_sighup(self) -> None:
+        """`kill -HUP <server pid>` restarts the replicas one at a time (the way `serve deploy` rolls them)."""
+
+        def on_hup() -> None:
+            self._restart_task = asyncio.create_task(self.rolling_restart(), name="rolling-restart")
+
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hup)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread: no signal to take
+            logger.info("no SIGHUP handler here: rolling restarts need the server's main thread")
 
     @property
     def num_ready(self) -> int:

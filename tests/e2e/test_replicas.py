@@ -14,6 +14,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -25,6 +26,7 @@ from tests.e2e.conftest import Server, server_env, start_server
 
 pytest.importorskip("ray.serve", reason="Ray Serve is the optional extra pagedchat[cluster]")
 pytestmark = pytest.mark.timeout(300)
+MODEL = "tiny-llama-smollm2-tok-s0"
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +89,59 @@ def test_every_listener_of_the_server_and_its_ray_processes_is_on_loopback(repli
             ours.append((line.split()[3], owners))
     assert len(ours) >= 4, ours  # the HTTP server, GCS, raylet, the replicas' workers ...
     assert [(address, owners) for address, owners in ours if not is_loopback(address)] == []
+
+
+def converse(base_url: str, user: int, turns: int) -> list[tuple[int, int]]:
+    """One /v1 conversation (no session id): (prompt tokens, cached tokens) of each turn."""
+    # ~200 tokens of history: a cached prefix worth more than the load of a few requests (README: the score)
+    messages = [{"role": "system", "content": f"You are the assistant of desk {user}. " * 24}]
+    usage = []
+    with httpx.Client(base_url=base_url, timeout=60) as http:
+        for turn in range(turns):
+            messages.append({"role": "user", "content": f"Question {turn} from desk {user}: what next?"})
+            body = {"model": MODEL, "messages": messages, "max_tokens": 6, "temperature": 0}
+            answer = http.post("/v1/chat/completions", json=body).json()
+            messages.append(answer["choices"][0]["message"])
+            usage.append(
+                (answer["usage"]["prompt_tokens"], answer["usage"]["prompt_tokens_details"]["cached_tokens"])
+            )
+    return usage
+
+
+def test_v1_conversations_turns_go_where_their_history_is_cached(replicas):
+    with ThreadPoolExecutor(4) as pool:  # at once: load spreads the first turns over both replicas
+        conversations = list(pool.map(lambda user: converse(replicas.base_url, user, 3), range(4)))
+    block_size = 16
+    for usage in conversations:
+        for (before, _), (_, cached) in zip(usage, usage[1:], strict=False):
+            # the whole history but the last partial block of the turn before is cached: on its replica
+            assert cached >= before - block_size, usage
+
+
+def test_sighup_restarts_the_replicas_one_at_a_time_while_requests_keep_succeeding(replicas):
+    before = {r["pid"] for r in health(replicas)["replicas"]["replicas"]}
+    replicas.process.send_signal(signal.SIGHUP)
+    statuses, codes = [], []
+    deadline = time.monotonic() + 90
+    with httpx.Client(base_url=replicas.base_url, timeout=60) as http:
+        while time.monotonic() < deadline:
+            response = http.post(
+                "/v1/chat/completions",
+                json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8},
+            )
+            codes.append(response.status_code)
+            body = http.get("/health").json()
+            statuses.append(body["status"])
+            running = {r["pid"] for r in body["replicas"]["replicas"] if r["state"] == "running"}
+            if body["status"] == "ok" and len(running) == 2 and not running & before:
+                break
+    assert not running & before and len(running) == 2, (before, running)
+    assert set(codes) == {200}, codes  # one replica at a time: the other serves meanwhile
+    assert "degraded" in statuses and set(statuses) <= {"ok", "degraded"}, statuses
+    deadline = time.monotonic() + 30  # Serve reports the deploy done a moment after the last replica serves
+    while "rolling restart done" not in replicas.log() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "rolling restart done" in replicas.log()
 
 
 def reply(http: httpx.Client, sid: str, content: str) -> list[dict]:
