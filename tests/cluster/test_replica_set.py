@@ -1,0 +1,220 @@
+"""The replica set's own pieces, without Ray: what crosses the wire, how a reply's stream is pumped (a fake
+deployment handle), stats added up over replicas, each replica's disk tier, and the settings that ask for replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from typing import Any
+
+import pytest
+
+from app.cluster.loopback import LOOPBACK_ENV, apply_loopback_env
+from app.cluster.replica import replica_config
+from app.cluster.replica_engine import EngineFacade, ReplicaSetEngine, ReplicaStatus, merge_stats
+from app.cluster.routing import RouteKey
+from app.cluster.wire import Accepted, EngineInfo, Failed, Rejected, slim, with_prompt
+from app.services.async_engine import EngineOverloaded, EngineUnavailable
+from app.services.request_stream import ReplicaLost, RequestFailed, RequestTimedOut
+from app.settings import Settings
+from engine.core.config import EngineConfig
+from engine.core.hash_chain import BlockHasher, ChainKey
+from engine.core.outputs import CompletionOutput, RequestOutput
+from engine.core.sequence import FinishReason, SamplingParams
+from engine.core.stats import EngineStats
+
+
+def output(text: str, finished: bool = False, prompt: list[int] | None = None) -> RequestOutput:
+    reason = FinishReason.LENGTH if finished else None
+    sample = CompletionOutput(
+        0, text, [1] * len(text), text_delta=text[-1:], num_new_tokens=1, finish_reason=reason
+    )
+    return RequestOutput("r1", prompt or [], [sample], num_cached_tokens=0, finished=finished)
+
+
+class FakeCall:
+    """A Serve streaming call: the items, then (optionally) an error, as the replica would send them."""
+
+    def __init__(self, items: list[Any], error: BaseException | None = None) -> None:
+        self.items, self.error, self.cancelled = list(items), error, False
+
+    def __aiter__(self) -> FakeCall:
+        return self
+
+    async def __anext__(self) -> Any:
+        await asyncio.sleep(0)
+        if self.items:
+            return self.items.pop(0)
+        if self.error is not None:
+            raise self.error
+        raise StopAsyncIteration
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeHandle:
+    """The deployment handle: `options(stream=True).generate.remote(...)` gives the next FakeCall."""
+
+    def __init__(self, calls: list[FakeCall]) -> None:
+        self.calls, self.sent = calls, []
+        self.generate = self
+
+    def options(self, **_: Any) -> FakeHandle:
+        return self
+
+    def remote(self, *args: Any, **kwargs: Any) -> FakeCall:
+        self.sent.append((args, kwargs))
+        return self.calls.pop(0)
+
+
+def replica_set(calls: list[FakeCall]) -> ReplicaSetEngine:
+    engine = ReplicaSetEngine(Settings(replicas=2))
+    hasher = BlockHasher(16)
+    info = EngineInfo("m", EngineConfig(block_size=16), None, 64, 1024, 512, None, hasher)
+    engine.engine, engine.ready, engine._handle = EngineFacade(info), True, FakeHandle(calls)
+    engine.replicas = {"a": ReplicaStatus("a", pid=1, rank=0, state="running")}
+    return engine
+
+
+async def take(stream) -> list[RequestOutput]:
+    async with stream:
+        return [item async for item in stream]
+
+
+def test_outputs_cross_without_their_prompt_and_get_it_back():
+    full = output("hi", prompt=[5, 6, 7])
+    assert slim(full).prompt_token_ids == []
+    assert with_prompt(slim(full), [5, 6, 7]) == full
+
+
+def test_a_reply_streams_through_with_its_prompt_and_its_route_carries_the_engines_chain():
+    async def run():
+        engine = replica_set(
+            [FakeCall([Accepted("a"), slim(output("h")), slim(output("hi", finished=True))])]
+        )
+        prompt = list(range(40))
+        stream = await engine.add_request(
+            "r1", prompt, SamplingParams(), cache_salt="t", public_prefix_len=20
+        )
+        assert engine.health()["replicas"][0]["in_flight"] == 1
+        outputs = await take(stream)
+        args, kwargs = engine._handle.sent[0]
+        return engine, prompt, outputs, kwargs
+
+    engine, prompt, outputs, kwargs = asyncio.run(run())
+    assert [o.outputs[0].text for o in outputs] == ["h", "hi"]
+    assert all(o.prompt_token_ids == prompt for o in outputs)
+    # the route: the cacheable blocks' hashes under the request's tenant key, as the engine computes them
+    expected = BlockHasher(16).chain(prompt[:32], ChainKey("t", 20))
+    assert kwargs["route"] == RouteKey.from_chain(expected, None)
+    assert engine.num_in_flight == 0 and engine.health()["replicas"][0]["in_flight"] == 0
+
+
+@pytest.mark.parametrize(
+    ("rejected", "error"),
+    [
+        (Rejected("invalid", "prompt too long"), ValueError),
+        (Rejected("overloaded", "at its limit", 3), EngineOverloaded),
+        (Rejected("unavailable", "stopped"), EngineUnavailable),
+    ],
+)
+def test_a_refusal_raises_what_the_single_engine_raises(rejected, error):
+    async def run():
+        engine = replica_set([FakeCall([rejected])])
+        with pytest.raises(error, match=rejected.message):
+            await engine.add_request("r1", [1, 2, 3], SamplingParams())
+        return engine
+
+    engine = asyncio.run(run())
+    assert engine.num_in_flight == 0
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (FakeCall([Accepted("a"), Failed("engine step failed")]), RequestFailed),
+        (FakeCall([Accepted("a"), Failed("timed out", timed_out=True)]), RequestTimedOut),
+        (FakeCall([Accepted("a"), slim(output("h"))], error=RuntimeError("actor died")), ReplicaLost),
+    ],
+)
+def test_a_failure_after_acceptance_ends_the_stream_with_its_error(call, error):
+    async def run():
+        engine = replica_set([call])
+        stream = await engine.add_request("r1", [1, 2, 3], SamplingParams())
+        with pytest.raises(error):
+            await take(stream)
+        return engine
+
+    engine = asyncio.run(run())
+    assert engine.num_in_flight == 0
+    if error is ReplicaLost:  # /health knows at once, not at the next census
+        assert engine.replicas["a"].state == "unreachable"
+
+
+def test_closing_a_stream_early_cancels_its_call_so_the_replica_aborts_it():
+    class Endless(FakeCall):
+        """Accepted, then outputs forever (until cancelled)."""
+
+        async def __anext__(self) -> Any:
+            await asyncio.sleep(0.001)
+            if self.items:
+                return self.items.pop(0)
+            return slim(output("x"))
+
+    async def run():
+        call = Endless([Accepted("a")])
+        engine = replica_set([call])
+        stream = await engine.add_request("r1", [1, 2, 3], SamplingParams())
+        async with stream:
+            async for _ in stream:
+                break
+        await asyncio.sleep(0.05)
+        return engine, call
+
+    engine, call = asyncio.run(run())
+    assert call.cancelled and engine.num_in_flight == 0
+
+
+def stats(**counts: int) -> EngineStats:
+    base = dict.fromkeys((f.name for f in dataclasses.fields(EngineStats)), 0)
+    base.update(kv_cache_dtype="int8", tier=None, block_size=16, max_model_len=512, kv_block_bytes=100)
+    base.update(counts)
+    return EngineStats(**base)
+
+
+def test_stats_of_replicas_add_up_and_keep_the_pool_shape():
+    merged = merge_stats([stats(num_running=2, num_blocks=10), stats(num_running=3, num_blocks=10)])
+    assert (merged.num_running, merged.num_blocks, merged.block_size, merged.kv_cache_dtype) == (
+        5,
+        20,
+        16,
+        "int8",
+    )
+    with pytest.raises(EngineUnavailable):
+        merge_stats([])
+
+
+def test_each_replica_keeps_its_disk_tier_in_a_directory_of_its_rank():
+    config = EngineConfig(kv_disk_dir="/data/kv")
+    assert replica_config(config, 1).kv_disk_dir == "/data/kv/replica-1"
+    assert replica_config(EngineConfig(kv_disk_dir=""), 1).kv_disk_dir == ""
+
+
+def test_settings_ask_for_replicas_and_say_what_is_wrong():
+    assert not Settings().uses_ray
+    assert Settings(replicas=2).uses_ray and Settings(ray_address="local").uses_ray
+    with pytest.raises(ValueError, match="replicas must be at least 1"):
+        Settings(replicas=0)
+    with pytest.raises(ValueError, match="routing must be one of kv, round-robin, least-loaded"):
+        Settings(routing="random")
+    with pytest.raises(ValueError, match="threads_per_replica"):
+        Settings(threads_per_replica=-1)
+
+
+def test_loopback_environment_is_set_for_ray(monkeypatch):
+    for name in LOOPBACK_ENV:
+        monkeypatch.delenv(name, raising=False)
+    apply_loopback_env()
+    assert all(os.environ[name] == value for name, value in LOOPBACK_ENV.items())
