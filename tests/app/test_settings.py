@@ -194,7 +194,15 @@ def test_serve_flags_reach_the_settings_and_the_engine():
 def test_serve_help_lists_every_setting_in_groups():
     parser = build_parser()
     groups = {g.title: g._group_actions for g in parser._action_groups if g._group_actions}
-    assert list(groups)[1:] == ["service", "limits", "storage", "sampling defaults", "accounts", "engine"]
+    assert list(groups)[1:] == [
+        "service",
+        "limits",
+        "storage",
+        "sampling defaults",
+        "accounts",
+        "replicas",
+        "engine",
+    ]
     assert sorted(a.dest for a in groups["engine"]) == sorted(ENGINE_FIELDS)
     undocumented = [a.dest for a in parser._actions if a.help == argparse.SUPPRESS]
     assert undocumented == []
