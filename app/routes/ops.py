@@ -62,7 +62,10 @@ async def metrics(request: Request) -> Response:
             await check_admin(request, svc)
         except Exception as exc:  # noqa: BLE001 - 401/403/429 in the API's error shape
             return error_response(from_exception(exc))
-    if svc.engine.healthy:
+    report = svc.engine.replica_report()
+    if report is not None:  # replicas: from the census (each replica's stats as of its last answer) and ledger
+        svc.metrics.set_replica_set(report)
+    elif svc.engine.healthy:
         svc.metrics.set_engine_stats(await svc.engine.stats())
     return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
