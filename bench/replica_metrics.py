@@ -9,11 +9,13 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-# the router's decisions (app/cluster/routing.py, issue #19's contract)
-OUTCOMES = ("longest_prefix", "load_fallback", "no_prefix", "round_robin", "least_loaded")
-KV_OUTCOMES = ("longest_prefix", "load_fallback", "no_prefix")
+from app.cluster.routing import OUTCOMES
+
+# the decisions of the kv policy (the others: round_robin, least_loaded); `session`: kept on a chat session's replica
+# although another showed more of its blocks, so not to the longest prefix
+KV_OUTCOMES = ("longest_prefix", "load_fallback", "no_prefix", "session")
 ROUTED = "routed_requests_total"
-NAME_PREFIXES = ("pagedchat:", "pagedchat_")  # the app's metrics use "pagedchat:"; the contract spells "_"
+NAME_PREFIXES = ("pagedchat:", "pagedchat_")  # the app's metrics use "pagedchat:"; the contract spelt "_"
 
 RoutedCounts = dict[tuple[str, str], float]  # (replica, outcome) -> requests
 

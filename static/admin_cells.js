@@ -19,9 +19,9 @@ export function cellsFor(width) {
   return Math.max(16, Math.min(8192, cols * Math.floor(MAX_HEIGHT / TARGET_PITCH)));
 }
 
-/** Cell size, gap and columns that fit `numCells` into `width` x MAX_HEIGHT. */
-export function cellLayout(width, numCells) {
-  let cell = Math.floor(Math.sqrt((width * MAX_HEIGHT) / Math.max(numCells, 1))) - 2;
+/** Cell size, gap and columns that fit `numCells` into `width` x `maxHeight` CSS px. */
+export function cellLayout(width, numCells, maxHeight = MAX_HEIGHT) {
+  let cell = Math.floor(Math.sqrt((width * maxHeight) / Math.max(numCells, 1))) - 2;
   cell = Math.max(3, Math.min(MAX_CELL, cell));
   const gap = cell >= 8 ? 2 : 1;
   const cols = Math.max(1, Math.floor((width + gap) / (cell + gap)));

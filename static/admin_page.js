@@ -1,12 +1,15 @@
 // The admin page's entry module: listens to /api/admin/stream (SSE) and updates counters, the block map,
 // sequences, charts, what paging saves, advice and the disk tier panel from each sample. The block map is the
-// feed's view of the pool (a range, a marked sequence): zooming reconnects the feed with the new view.
+// feed's view of the pool (a range, a marked sequence): zooming reconnects the feed with the new view. With
+// replicas, a panel per replica heads the page, and the rest shows the replica the view names.
 import { BlockMap } from "./admin_blockmap.js";
 import { cellsFor } from "./admin_cells.js";
 import { LineChart, compact } from "./admin_charts.js";
+import { panelCellsFor, redrawPanels, renderReplicas } from "./admin_replicas.js";
 import { renderSequences, select } from "./admin_sequences.js";
 import { state } from "./admin_state.js";
 import { renderTier } from "./admin_tier.js";
+import { onThemeChange } from "./canvas.js";
 
 const HISTORY_S = 180;
 const $ = (id) => document.getElementById(id);
@@ -109,6 +112,10 @@ function onState(s) {
   const last = state.points[state.points.length - 1];
   if (!last || last.time_s < s.time_s) state.points.push(withDerived(s.point)); // a reconnect may repeat one
   while (state.points.length && state.nowS - state.points[0].time_s > HISTORY_S) state.points.shift();
+  if (s.replicas) {
+    state.replica = s.replica;
+    renderReplicas(s.replicas, s.replica, showReplica);
+  }
   renderCounters(s.pool, s.point);
   state.map.update(s.map, s.pool.sequences);
   if (state.selected !== null && !s.pool.sequences.some((q) => q.seq_id === state.selected)) select(null);
@@ -126,6 +133,9 @@ function streamUrl(view, withHistory) {
   if (view.start !== null) params.set("start", String(view.start));
   if (view.end !== null) params.set("end", String(view.end));
   if (view.seq !== null) params.set("seq", String(view.seq));
+  if (view.replica !== null) params.set("replica", view.replica);
+  const panelMap = $("replicas").hidden ? null : document.querySelector(".replica-map-wrap");
+  if (panelMap && panelMap.clientWidth) params.set("pcells", String(panelCellsFor(panelMap.clientWidth)));
   if (!withHistory) params.set("history", "0");
   return "/api/admin/stream?" + params;
 }
@@ -160,6 +170,17 @@ function setView(view) {
   connect(false);
 }
 
+/** Show replica `name` in the page: its whole pool, its sequences and its own chart history. */
+function showReplica(name) {
+  if (name === state.replica) return;
+  state.selected = null;
+  state.seqsJson = "";
+  state.view = { start: null, end: null, seq: null, replica: name };
+  $("map-zoom-out").disabled = true;
+  $("map-whole").disabled = true;
+  connect(true);
+}
+
 function zoomTo(range) {
   setView(Object.assign({}, state.view, range || { start: null, end: null }));
 }
@@ -182,7 +203,9 @@ function start() {
         connect(false);
       }
     }).observe($("block-map").parentElement);
+    new ResizeObserver(() => redrawPanels()).observe($("replica-panels"));
   }
+  onThemeChange(() => redrawPanels());
   connect(true);
 }
 

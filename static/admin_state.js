@@ -8,9 +8,11 @@ export const state = {
   lastPool: null,
   // the sequence whose blocks the map outlines, or null
   selected: null,
-  // the feed's view of the block map: {start, end} (null: the whole pool) and seq (the marked sequence, or null);
-  // setView(view) reconnects the feed with it (admin_page.js)
-  view: { start: null, end: null, seq: null },
+  // the feed's view of the block map: {start, end} (null: the whole pool), seq (the marked sequence, or null) and,
+  // with replicas, the replica the page shows (null: the first); setView(view) reconnects the feed with it
+  view: { start: null, end: null, seq: null, replica: null },
+  // with replicas: the replica the last sample showed (null: one engine)
+  replica: null,
   setView: () => {},
   // what was last drawn, to skip redrawing the same
   adviceJson: "",

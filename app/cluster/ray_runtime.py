@@ -42,6 +42,9 @@ def start_ray(settings: Settings) -> bool:
     if local:
         threads = replica_threads(settings)
         ray.init(
+            # "local": a new instance of our own, even where another one runs on this machine (without it,
+            # ray.init joins the machine's latest cluster, /tmp/ray/ray_current_cluster, and fails on num_cpus)
+            address="local",
             num_cpus=max(os.cpu_count() or 1, settings.replicas * threads),
             include_dashboard=False,
             namespace=NAMESPACE,

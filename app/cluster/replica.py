@@ -135,6 +135,7 @@ class EngineReplica:
             num_blocks=engine.num_blocks,
             kv_block_bytes=engine.kv_block_bytes,
             kv_int8_block_bytes=engine.kv_int8_block_bytes,
+            kv_cache_dtype=engine.kv_cache_dtype,
             sampling_defaults=engine.sampling_defaults,
             hasher=engine.scheduler.block_manager.hasher,
         )

@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from app.cluster import ray_runtime
-from app.cluster.routing import RouteKey
+from app.cluster.routing import OUTCOMES, RouteKey
+from app.cluster.routing_ledger import LEDGER, ReplicaRouting
 from app.cluster.wire import Accepted, EngineInfo, Failed, Rejected, with_prompt
 from app.services.async_engine import EngineOverloaded, EngineUnavailable
+from app.services.cluster_metrics import ReplicaHealth, ReplicaSetReport
 from app.services.request_label import RequestLabel
 from app.services.request_stream import ABORTED, ReplicaLost, RequestFailed, RequestStream, RequestTimedOut
 from engine.core.hash_chain import ChainKey, num_cacheable_blocks
@@ -74,6 +76,7 @@ class EngineFacade:
         self.num_blocks = info.num_blocks
         self.kv_block_bytes = info.kv_block_bytes
         self.kv_int8_block_bytes = info.kv_int8_block_bytes
+        self.kv_cache_dtype = info.kv_cache_dtype
         self.sampling_defaults = info.sampling_defaults
         self.hasher = info.hasher
         self.tier = None  # each replica has its own disk tier: see the replicas' stats
@@ -385,6 +388,24 @@ class ReplicaSetEngine:
             if status.state == "running" and stats is not None:
                 found.append((status.name, stats))
         return found
+
+    def routing(self) -> dict[str, ReplicaRouting]:
+        """The ingress's routing decisions per replica: every replica that got a request (dead ones kept: the
+        counts are totals), and every replica the census knows, with zeros until it gets one."""
+        unrouted = ReplicaRouting(dict.fromkeys(OUTCOMES, 0), 0, 0, 0, 0)
+        return {**dict.fromkeys(self.replicas, unrouted), **LEDGER.snapshot()}
+
+    def replica_report(self) -> ReplicaSetReport:
+        """The replicas for /metrics: asked, each one's health and engine stats, and the routing decisions."""
+        return ReplicaSetReport(
+            asked=self.settings.replicas,
+            replicas=[
+                ReplicaHealth(r.name, r.state == "running")
+                for r in sorted(self.replicas.values(), key=lambda r: (r.rank or 0, r.name))
+            ],
+            stats=self.replica_stats(),
+            routing=self.routing(),
+        )
 
     async def stats(self) -> EngineStats:
         """The serving replicas' stats added up (counters and block counts; the disk tiers stay per replica)."""

@@ -4,6 +4,11 @@ One sampler per app, running only while an admin page listens: 4 samples a secon
 the queues, two a second when idle. Each sample is a snapshot taken on the engine thread between steps; each page
 gets the block map of its own view of it (`?start=&end=&cells=&seq=`: see app/services/block_map.py), so a page
 zooms or marks a sequence by reconnecting with another view (`history=0` skips the chart history it has).
+
+With replicas (`--replicas N`), each sample is a snapshot of every serving replica (taken on each replica's engine
+thread, at the same cadence), each replica with a chart history of its own; a page gets the state of the replica its
+view names (`?replica=`, the first by default) and a panel per replica (`?pcells=`: the cells of its small map; see
+app/routes/admin_sample.py).
 """
 
 from __future__ import annotations
@@ -23,16 +28,18 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from app.routes.admin_auth import check_admin
+from app.routes.admin_sample import EngineSample, FeedSample, is_active, panel_json
 from app.routes.context import SHUTDOWN_MESSAGE, Services, services
 from app.routes.errors import error_response
 from app.routes.ops import stats_to_json
 from app.routes.sse import event_stream
 from app.services.advice import AdviceInputs, advise
-from app.services.block_map import MapView, PoolArrays, block_map, detail_range, parse_view
+from app.services.block_map import MapView, parse_view, take_pool_sample
 from app.services.errors import from_exception
 from app.services.tier_advice import tier_advice
 from app.services.tier_view import configured_tier_dir, tier_configured, tier_panel
 from app.services.traffic import TrafficRecorder
+from engine.core.stats import EngineStats
 
 logger = logging.getLogger(__name__)
 ACTIVE_INTERVAL_S = 0.25
@@ -42,47 +49,25 @@ DATABASE_SIZE_INTERVAL_S = 5.0  # the database's size is read this often (it cha
 FRESH_S = 1.0  # a page that connects within this long of a sample gets that sample at once
 
 
-def _take(engine: Any, views: list[MapView]) -> tuple[Any, range, int]:
-    """On the engine thread: the pool snapshot with the hashes of the blocks a view shows one by one (and which
-    those are), and how many waiting sequences were preempted."""
-    hashed = detail_range(views, engine.num_blocks)
-    snap = engine.snapshot(hashed)
-    return snap, hashed, sum(1 for seq in engine.scheduler.waiting if seq.num_preemptions > 0)
-
-
-class _Sample:
-    """The last sample: its JSON without the block map, and what each page's map is made from."""
-
-    def __init__(self, time_s: float, state: dict[str, Any], snap: Any, hashed: range) -> None:
-        self.time_s = time_s
-        self.hashed = hashed
-        self.json = json.dumps(state, separators=(",", ":"))
-        self.arrays = PoolArrays.from_lists(snap.block_states, snap.ref_counts)
-        self.sequences = snap.sequences
-        self.hashes = snap.block_hash_prefixes
-
-    def map_json(self, view: MapView) -> dict[str, Any]:
-        """The block map of one page's view."""
-        return block_map(self.arrays, view, self.sequences, self.hashes, self.hashed)
-
-    def for_view(self, view: MapView) -> str:
-        """The state a page with `view` gets: the shared JSON with its own `map` spliced in."""
-        return self.json[:-1] + ',"map":' + json.dumps(self.map_json(view), separators=(",", ":")) + "}"
-
-
 class AdminFeed:
     """Samples the pool while subscribers listen and hands each the newest state (slow readers skip states)."""
 
     def __init__(self, svc: Services, recorder: TrafficRecorder, *, sample_lengths: bool) -> None:
         self.svc = svc
-        self.recorder = recorder
+        self.recorder = recorder  # one engine's; each replica gets its own (`_recorder`)
         # True: learn sequence lengths by diffing snapshots (approximate)
         self.sample_lengths = sample_lengths
         self._subscribers: dict[asyncio.Queue[str], MapView] = {}
         self._task: asyncio.Task | None = None
-        self._last: _Sample | None = None
+        self._last: FeedSample | None = None
+        self._replica_recorders: dict[str, TrafficRecorder] = {}
         self._database_bytes: int | None = None
         self._database_read_at = -DATABASE_SIZE_INTERVAL_S
+
+    @property
+    def replicated(self) -> bool:
+        """Whether the engine is a replica set."""
+        return self.svc.engine.health() is not None
 
     def subscribe(self, view: MapView | None = None) -> asyncio.Queue[str]:
         """A queue of JSON states with the block map of `view` (default: the whole pool); starts the sampler if it
@@ -101,22 +86,86 @@ class AdminFeed:
         """Stop delivering to `queue`; the sampler stops after its last subscriber leaves."""
         self._subscribers.pop(queue, None)
 
-    def history(self, now: float) -> list[dict[str, Any]]:
-        """Recent chart points, for a page that just connected."""
-        return [p.to_json() for p in self.recorder.points(since_s=now - HISTORY_S)]
+    def history(self, now: float, view: MapView | None = None) -> list[dict[str, Any]]:
+        """Recent chart points, for a page that just connected (with replicas: of the replica its view shows)."""
+        recorder = self.recorder
+        if self.replicated:
+            last = self._last
+            name = last.focus(view or MapView()) if last is not None else None
+            recorder = self._replica_recorders.get(name) if name is not None else None
+            if recorder is None:
+                return []
+        return [p.to_json() for p in recorder.points(since_s=now - HISTORY_S)]
+
+    def _recorder(self, name: str) -> TrafficRecorder:
+        if not self.replicated:
+            return self.recorder
+        found = self._replica_recorders.get(name)
+        if found is None:
+            found = self._replica_recorders[name] = TrafficRecorder()
+        return found
 
     async def sample(self, *, resumed: bool = False) -> tuple[dict[str, Any], bool]:
         """One state (with the block map of the first listener's view, the whole pool when none listens), and
-        whether anything is running (which sets the sampling rate); each listener's own view goes out from `_run`. `resumed`: the first sample
-        of a sampler that was stopped (its chart point starts a new line)."""
+        whether anything is running (which sets the sampling rate); each listener's own view goes out from `_run`.
+        `resumed`: the first sample of a sampler that was stopped (its chart point starts a new line)."""
+        taken, active = await self._sample(resumed=resumed)
+        return taken.state(next(iter(self._subscribers.values()), MapView())), active
+
+    async def _sample(self, *, resumed: bool) -> tuple[FeedSample, bool]:
         engine = self.svc.engine
         views = list(self._subscribers.values()) or [MapView()]
-        snap, hashed, num_preempted = await engine.call(lambda e: _take(e, views))
+        # the panels' maps show whole pools: their hashes too when a pool fits one block a cell
+        wanted = views + [MapView(cells=cells) for cells in {v.panel_cells for v in views}]
+        taken = await engine.call_each(lambda e: take_pool_sample(e, wanted))
         now = time.monotonic()
-        stats = snap.stats
-        if self.sample_lengths:
-            self.recorder.observe_live_sequences(snap.sequences, now)
-        point = self.recorder.observe_stats(stats, now, num_preempted=num_preempted, resumed=resumed)
+        database_bytes = await self._database_size(now)
+        engines: dict[str, EngineSample] = {}
+        rates: dict[str, float | None] = {}
+        active = False
+        for name, (snap, hashed, num_preempted, directory) in taken:
+            active = active or is_active(snap.stats)
+            recorder = self._recorder(name)
+            state = self._engine_state(
+                snap, recorder, now, num_preempted, directory, database_bytes, resumed=resumed
+            )
+            engines[name] = EngineSample(state, snap, hashed)
+            rates[name] = state["point"]["prefix_hit_rate"]
+        replicas = None
+        health = engine.health()
+        if health is not None:
+            routing = engine.replica_report().routing
+            replicas = {
+                "asked": health["asked"],
+                "ready": health["ready"],
+                "panels": [
+                    panel_json(r, engines.get(r["name"]), routing.get(r["name"]), rates.get(r["name"]))
+                    for r in health["replicas"]
+                ],
+            }
+            known = {r["name"] for r in health["replicas"]} | set(engines)
+            for gone in set(self._replica_recorders) - known:  # restarted replicas have new names
+                del self._replica_recorders[gone]
+        self._last = FeedSample(now, engines, replicas)
+        return self._last, active
+
+    def _engine_state(
+        self,
+        snap: Any,
+        recorder: TrafficRecorder,
+        now: float,
+        num_preempted: int,
+        directory: str | None,
+        database_bytes: int | None,
+        *,
+        resumed: bool,
+    ) -> dict[str, Any]:
+        """One engine's state for the page: its pool and sequences, chart point, advice and disk tier panel."""
+        engine = self.svc.engine
+        stats: EngineStats = snap.stats
+        if self.sample_lengths or self.replicated:
+            recorder.observe_live_sequences(snap.sequences, now)
+        point = recorder.observe_stats(stats, now, num_preempted=num_preempted, resumed=resumed)
         assert engine.engine is not None
         advice = advise(
             AdviceInputs(
@@ -130,22 +179,21 @@ class AdminFeed:
                 num_running=stats.num_running,
                 num_tokens_stored=stats.num_tokens_stored,
                 num_slots_allocated=stats.num_slots_allocated,
-                window_s=self.recorder.observed_span_s(now),
-                num_preemptions=self.recorder.preemptions_in_window(),
-                peak_running=self.recorder.peak_running(),
-                peak_used_blocks=self.recorder.peak_used_blocks(),
-                sequence_lengths=self.recorder.sequence_lengths(),
-                database_bytes=await self._database_size(now),
+                window_s=recorder.observed_span_s(now),
+                num_preemptions=recorder.preemptions_in_window(),
+                peak_running=recorder.peak_running(),
+                peak_used_blocks=recorder.peak_used_blocks(),
+                sequence_lengths=recorder.sequence_lengths(),
+                database_bytes=database_bytes,
                 max_database_bytes=self.svc.settings.max_database_bytes,
             )
         )
-        cfg, tier = engine.engine.config, engine.engine.tier
+        cfg = engine.engine.config
         configured = tier_configured(cfg)
         advice = replace(advice, items=[*advice.items, *tier_advice(stats.tier, configured=configured)])
-        directory = (
-            str(tier.directory) if tier is not None else configured_tier_dir(cfg) if configured else None
-        )
-        state = {
+        if directory is None and configured:
+            directory = configured_tier_dir(cfg)
+        return {
             "time_s": round(now, 3),
             "pool": {
                 "num_blocks": len(snap.block_states),
@@ -157,9 +205,6 @@ class AdminFeed:
             "advice": advice.to_json(),
             "tier": tier_panel(stats.tier, configured=configured, directory=directory),
         }
-        self._last = _Sample(now, state, snap, hashed)
-        active = bool(stats.num_running or stats.num_waiting or stats.num_used_blocks)
-        return {**state, "map": self._last.map_json(views[0])}, active
 
     def _sequence_json(self, seq: dict[str, Any]) -> dict[str, Any]:
         """A live sequence for the page: who it is for (as its submitter labelled it), its prefix-cache hit and
@@ -192,7 +237,7 @@ class AdminFeed:
         while self._subscribers:
             error = None
             try:
-                _, active = await self.sample(resumed=resumed)
+                _, active = await self._sample(resumed=resumed)
                 resumed = False
             except Exception as exc:  # noqa: BLE001 - the page shows the error and the feed keeps trying
                 error, active = json.dumps({"error": from_exception(exc).message}), False
@@ -240,7 +285,7 @@ async def admin_stream(request: Request) -> Response:
         try:
             if send_history:
                 now = time.monotonic()
-                history = {"time_s": round(now, 3), "points": feed.history(now)}
+                history = {"time_s": round(now, 3), "points": feed.history(now, view)}
                 yield {"event": "history", "data": json.dumps(history, separators=(",", ":"))}
             while True:
                 yield {"event": "state", "data": await queue.get()}

@@ -1,5 +1,5 @@
 """Operations endpoints: /health, /metrics (Prometheus; admin only unless `metrics_public`) and /api/admin/state
-(the block pool, for the admin page)."""
+(the block pool, for the admin page; with replicas, each replica's pool and the routing decisions)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,12 @@ async def metrics(request: Request) -> Response:
             await check_admin(request, svc)
         except Exception as exc:  # noqa: BLE001 - 401/403/429 in the API's error shape
             return error_response(from_exception(exc))
-    if svc.engine.healthy:
+    report = svc.engine.replica_report()
+    if (
+        report is not None
+    ):  # replicas: from the census (each replica's stats as of its last answer) and ledger
+        svc.metrics.set_replica_set(report)
+    elif svc.engine.healthy:
         svc.metrics.set_engine_stats(await svc.engine.stats())
     return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -101,15 +106,55 @@ def snapshot_to_json(snap: PoolSnapshot) -> dict[str, Any]:
     }
 
 
+def routing_to_json(counts: Any) -> dict[str, Any]:
+    """One replica's routing counts (app/cluster/routing_ledger.py's ReplicaRouting) as JSON, with the split the
+    admin page shows: to the longest cached prefix, fallen back for load, and the rest."""
+    requests = dict(counts.requests)
+    return {
+        "requests": requests,
+        "num_requests": sum(requests.values()),
+        "longest_prefix": requests.get("longest_prefix", 0),
+        "load_fallback": requests.get("load_fallback", 0),
+        "other": sum(n for o, n in requests.items() if o not in ("longest_prefix", "load_fallback")),
+        "num_at_longest": counts.num_at_longest,
+        "matched_blocks": counts.matched_blocks,
+        "best_matched_blocks": counts.best_matched_blocks,
+        "route_blocks": counts.route_blocks,
+    }
+
+
+async def replicas_state(svc: Services) -> dict[str, Any]:
+    """Every replica the census knows (name, state, pid, rank, in flight) with the pool snapshot of each that
+    answered, and the routing decisions per replica."""
+    engine = svc.engine
+    snaps = dict(await engine.call_each(lambda e: e.snapshot()))
+    health = engine.health()
+    replicas = [
+        {**replica, **(snapshot_to_json(snaps[replica["name"]]) if replica["name"] in snaps else {})}
+        for replica in health["replicas"]
+    ]
+    report = engine.replica_report()
+    return {
+        "asked": health["asked"],
+        "ready": health["ready"],
+        "replicas": replicas,
+        "routing": {name: routing_to_json(counts) for name, counts in sorted(report.routing.items())},
+    }
+
+
 async def admin_state(request: Request) -> Response:
-    """The block pool snapshot, taken between steps; admin token (or cookie), or loopback without a token."""
+    """The block pool snapshot, taken between steps (with replicas: each replica's, and the routing decisions);
+    admin token (or cookie), or loopback without a token."""
     svc = services(request)
     try:
         await check_admin(request, svc)
-        snap = await svc.engine.snapshot()
+        if svc.engine.health() is None:
+            state = snapshot_to_json(await svc.engine.snapshot())
+        else:
+            state = await replicas_state(svc)
     except Exception as exc:  # noqa: BLE001 - auth and engine failures become API errors
         return error_response(from_exception(exc))
-    return JSONResponse({**snapshot_to_json(snap), "service": service_state(svc)})
+    return JSONResponse({**state, "service": service_state(svc)})
 
 
 routes = [

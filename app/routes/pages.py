@@ -165,8 +165,21 @@ def engine_settings_rows(svc: Services) -> list[tuple[str, str]]:
         ("Max sequences", str(cfg.max_num_seqs)),
         ("Max batched tokens", str(cfg.max_num_batched_tokens)),
         ("Prefix caching", "on" if cfg.enable_prefix_caching else "off"),
-        *disk_tier_rows(engine),
+        *(disk_tier_rows(engine) if svc.engine.health() is None else replica_rows(svc)),
     ]
+
+
+def replica_rows(svc: Services) -> list[tuple[str, str]]:
+    """With replicas: how many, how requests pick one, and where their disk tiers are (each its own)."""
+    settings, cfg = svc.settings, svc.engine.engine.config
+    threads = settings.threads_per_replica or "the engine's setting"
+    rows = [
+        ("Replicas", f"{settings.replicas} on Ray Serve · {threads} threads each"),
+        ("Routing", settings.routing),
+    ]
+    if tier_configured(cfg):
+        rows.append(("KV disk tier", "one per replica: see the Disk tier card of each replica"))
+    return rows
 
 
 def disk_tier_rows(engine: Any) -> list[tuple[str, str]]:

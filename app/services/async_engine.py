@@ -112,6 +112,10 @@ class AsyncEngine:
         """The engine replicas for /health: None here (one engine, in this process)."""
         return None
 
+    def replica_report(self) -> None:
+        """The replica set for /metrics: None here (one engine; its series carry no replica label)."""
+        return None
+
     @property
     def num_in_flight(self) -> int:
         return len(self._streams)

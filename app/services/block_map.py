@@ -11,6 +11,7 @@ and owners. A page zooms by asking for another range (`start`, `end`); `seq` mar
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,17 +22,23 @@ MIN_CELLS = 16
 MAX_CELLS = 8192
 DEFAULT_CELLS = 2048
 MAX_COUNT = 0xFFFF  # a cell's counts travel as uint16
+DEFAULT_PANEL_CELLS = 256  # a replica panel's map: the whole pool in this many cells at most
+MAX_REPLICA_NAME = 100
+REPLICA_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_REPLICA_NAME}}}")  # Serve's replica ids
 
 
 @dataclass(frozen=True)
 class MapView:
     """What a page asks to see: blocks [start, end) (end None: the pool's end) in at most `cells` cells, and the
-    sequence whose blocks it marks (None: none)."""
+    sequence whose blocks it marks (None: none). With replicas: the replica whose pool that is (None: the first)
+    and the cells of each replica panel's map of its whole pool."""
 
     start: int = 0
     end: int | None = None
     cells: int = DEFAULT_CELLS
     seq_id: int | None = None
+    replica: str | None = None
+    panel_cells: int = DEFAULT_PANEL_CELLS
 
     def bounds(self, num_blocks: int) -> tuple[int, int, int]:
         """(start, end, blocks per cell) inside a pool of `num_blocks`: a range past the pool (a smaller pool after
@@ -60,13 +67,21 @@ def _int_param(params: Mapping[str, str], name: str, low: int, high: int | None)
 
 
 def parse_view(params: Mapping[str, str]) -> MapView:
-    """A view from query parameters start, end, cells, seq (all optional); bad values raise ValueError."""
+    """A view from query parameters start, end, cells, seq, replica, pcells (all optional); bad values raise
+    ValueError."""
     start = _int_param(params, "start", 0, None) or 0
     end = _int_param(params, "end", 1, None)
     if end is not None and end <= start:
         raise ValueError(f"end must be greater than start, got start {start} and end {end}")
     cells = _int_param(params, "cells", MIN_CELLS, MAX_CELLS) or DEFAULT_CELLS
-    return MapView(start, end, cells, _int_param(params, "seq", 0, None))
+    replica = params.get("replica") or None
+    if replica is not None and not REPLICA_NAME.fullmatch(replica):
+        raise ValueError(
+            f"replica must be a replica's name (letters, digits, - and _, at most {MAX_REPLICA_NAME}), "
+            f"got {replica[:40]!r}"
+        )
+    panel_cells = _int_param(params, "pcells", MIN_CELLS, MAX_CELLS) or DEFAULT_PANEL_CELLS
+    return MapView(start, end, cells, _int_param(params, "seq", 0, None), replica, panel_cells)
 
 
 @dataclass(frozen=True)
@@ -173,3 +188,13 @@ def _block_details(
             detail["hash"] = hash_prefixes.get(block_id)  # None: partial, or never full
         details[str(block_id)] = detail
     return details
+
+
+def take_pool_sample(engine: Any, views: list[MapView]) -> tuple[Any, range, int, str | None]:
+    """On the engine thread (of this process or of a replica): the pool snapshot with the hashes of the blocks a
+    view shows one by one (and which those are), how many waiting sequences were preempted, and the disk tier's
+    directory (None: no tier)."""
+    hashed = detail_range(views, engine.num_blocks)
+    snap = engine.snapshot(hashed)
+    num_preempted = sum(1 for seq in engine.scheduler.waiting if seq.num_preemptions > 0)
+    return snap, hashed, num_preempted, str(engine.tier.directory) if engine.tier is not None else None

@@ -126,7 +126,21 @@ def test_view_parameters_and_their_errors():
     assert parse_view({}) == MapView()
     assert parse_view({"start": "10", "end": "20", "cells": "64", "seq": "3"}) == MapView(10, 20, 64, 3)
     assert parse_view({"start": "", "seq": ""}) == MapView()
+    # with replicas: the replica the page shows and its panels' map cells
+    assert parse_view({"replica": "q2w9e8r7", "pcells": "300"}) == MapView(
+        replica="q2w9e8r7", panel_cells=300
+    )
+    assert parse_view({"replica": ""}).replica is None
     for params, message in [
+        (
+            {"replica": "a b"},
+            "replica must be a replica's name (letters, digits, - and _, at most 100), got 'a b'",
+        ),
+        (
+            {"replica": "x" * 101},
+            f"replica must be a replica's name (letters, digits, - and _, at most 100), got {'x' * 40!r}",
+        ),
+        ({"pcells": "8"}, "pcells must be in [16, 8192], got 8"),
         ({"start": "ten"}, "start must be an integer, got 'ten'"),
         ({"start": "-1"}, "start must be at least 0, got -1"),
         ({"start": "20", "end": "20"}, "end must be greater than start, got start 20 and end 20"),

@@ -7,6 +7,10 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from app.cluster.routing import OUTCOMES
+from app.cluster.routing_ledger import ReplicaRouting
+from app.services.cluster_metrics import ReplicaHealth, ReplicaSetReport
+from app.services.metrics import Metrics
 from bench.replica_metrics import (
     by_replica,
     delta,
@@ -14,6 +18,7 @@ from bench.replica_metrics import (
     routed_counts,
     routing_summary,
 )
+from tests.app.stats_factories import make_stats
 
 
 def make_exposition(
@@ -88,6 +93,7 @@ def test_routing_summary_shares_of_the_longest_prefix():
         "longest_prefix": 9,
         "load_fallback": 2,
         "no_prefix": 1,
+        "session": 0,
         "round_robin": 0,
         "least_loaded": 0,
     }
@@ -108,3 +114,40 @@ def test_policies_that_do_not_rank_by_prefix_have_no_longest_prefix_share():
 def test_replica_hit_pct():
     pct = replica_hit_pct({"r0": 30.0}, {"r0": 40.0, "r1": 0.0})
     assert pct["r0"] == pytest.approx(75.0) and math.isnan(pct["r1"])
+
+
+def test_the_apps_own_replica_metrics_read_back_by_name():
+    """What bench reads is what the app writes: routed counts and per-replica series of a real Metrics scrape."""
+    metrics = Metrics("tiny")
+    outcomes = {"longest_prefix": 4, "load_fallback": 1, "session": 2}
+    metrics.set_replica_set(
+        ReplicaSetReport(
+            asked=2,
+            replicas=[ReplicaHealth("r0", True), ReplicaHealth("r1", True)],
+            stats=[
+                ("r0", make_stats(num_running=1, prefix_query_tokens=80, prefix_hit_tokens=48)),
+                ("r1", make_stats(num_waiting=2, prefix_query_tokens=40)),
+            ],
+            routing={
+                "r0": ReplicaRouting({o: outcomes.get(o, 0) for o in OUTCOMES}, 4, 12, 12, 20),
+                "r1": ReplicaRouting({o: int(o == "no_prefix") for o in OUTCOMES}, 1, 0, 0, 3),
+            },
+        )
+    )
+    text = metrics.render().decode()
+    assert {k: v for k, v in routed_counts(text).items() if v} == {
+        ("r0", "longest_prefix"): 4.0,
+        ("r0", "load_fallback"): 1.0,
+        ("r0", "session"): 2.0,
+        ("r1", "no_prefix"): 1.0,
+    }
+    assert by_replica(text, "num_requests_running") == {"r0": 1.0, "r1": 0.0}
+    assert by_replica(text, "num_requests_waiting") == {"r0": 0.0, "r1": 2.0}
+    hits, queries = (
+        by_replica(text, "prefix_cache_hits_total"),
+        by_replica(text, "prefix_cache_queries_total"),
+    )
+    assert replica_hit_pct(hits, queries) == {"r0": 60.0, "r1": 0.0}
+    summary = routing_summary(routed_counts(text))
+    assert summary["by_outcome"]["session"] == 2 and summary["num_routed"] == 8
+    assert summary["longest_prefix_pct"] == pytest.approx(100 * 4 / 8)

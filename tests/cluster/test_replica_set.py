@@ -72,7 +72,17 @@ class FakeHandle:
 def replica_set(calls: list[FakeCall]) -> ReplicaSetEngine:
     engine = ReplicaSetEngine(Settings(replicas=2))
     hasher = BlockHasher(16)
-    info = EngineInfo("m", EngineConfig(block_size=16), None, 64, 1024, 512, None, hasher)
+    info = EngineInfo(
+        model_name="m",
+        config=EngineConfig(block_size=16),
+        tokenizer=None,
+        num_blocks=64,
+        kv_block_bytes=1024,
+        kv_int8_block_bytes=512,
+        kv_cache_dtype="float32",
+        sampling_defaults=None,
+        hasher=hasher,
+    )
     engine.engine, engine.ready, engine._handle = EngineFacade(info), True, FakeHandle(calls)
     engine.replicas = {"a": ReplicaStatus("a", pid=1, rank=0, state="running")}
     return engine

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import pytest
 
 from tests.e2e.conftest import REPO_ROOT, Server
 
@@ -92,3 +96,26 @@ def sign_in(page: Any) -> None:
     page.fill("#token", ADMIN_TOKEN)
     page.click("button[type=submit]")
     expect(page.locator("#feed-status")).to_have_text("live")
+
+
+CHROMIUM_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run")
+
+
+@contextlib.contextmanager
+def chromium_browser() -> Iterator[Any]:
+    """Debian's headless Chromium under Playwright, for a module without test_browser.py's fixtures (skips when
+    either is missing)."""
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.skip(
+            "no browser: chromium is missing (`apt-get install chromium`; `make test` does it as root)"
+        )
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=executable, args=list(CHROMIUM_ARGS), headless=True
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()

@@ -1,7 +1,8 @@
 """`pagedchat serve --replicas 2` on the tiny model: Ray Serve replicas behind the same HTTP surface.
 
 One server for the module (Ray starts once): every listener on loopback, /v1 and chat turns served by the replicas,
-and a replica killed with SIGKILL mid-reply fails that reply only; Serve restarts it and the chat goes on.
+/metrics and the admin page show each replica, and a replica killed with SIGKILL mid-reply fails that reply only;
+Serve restarts it and the chat goes on.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.replica_metrics import by_replica, delta, routed_counts
 from bench.servers import stop_server
 from tests.app.factories import sse_events
+from tests.e2e.browser_helpers import chromium_browser, expect
 from tests.e2e.conftest import Server, server_env, start_server
 
 pytest.importorskip("ray.serve", reason="Ray Serve is the optional extra pagedchat[cluster]")
@@ -89,6 +92,65 @@ def test_every_listener_of_the_server_and_its_ray_processes_is_on_loopback(repli
             ours.append((line.split()[3], owners))
     assert len(ours) >= 4, ours  # the HTTP server, GCS, raylet, the replicas' workers ...
     assert [(address, owners) for address, owners in ours if not is_loopback(address)] == []
+
+
+def metrics(server: Server) -> str:
+    response = httpx.get(f"{server.base_url}/metrics", timeout=10)
+    assert response.status_code == 200, response.text
+    return response.text
+
+
+def test_metrics_and_the_admin_page_show_each_replica_and_the_routing(replicas):
+    names = [r["name"] for r in health(replicas)["replicas"]["replicas"]]
+    assert len(names) == 2
+    before = metrics(replicas)
+    hits_before = by_replica(before, "prefix_cache_hits_total")
+    model = httpx.get(f"{replicas.base_url}/v1/models", timeout=10).json()["data"][0]["id"]
+    prompt = "A long prefix that every request of this test shares, block after block. " * 6
+    for i in range(3):
+        body = {"model": model, "messages": [{"role": "user", "content": f"{prompt}{i}"}], "max_tokens": 2}
+        response = httpx.post(f"{replicas.base_url}/v1/chat/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+    routed = delta(routed_counts(before), routed_counts(metrics(replicas)))
+    assert sum(routed.values()) == 3, routed
+    # the second and third requests go where the first one's blocks are: the kv router's own memory credits them
+    assert sum(n for (_, outcome), n in routed.items() if outcome == "longest_prefix") >= 2, routed
+    deadline = time.monotonic() + 10  # the census asks the replicas for their stats once a second
+    while by_replica(text := metrics(replicas), "prefix_cache_hits_total") == hits_before:
+        assert time.monotonic() < deadline, "no replica's prefix hits changed in /metrics"
+        time.sleep(0.2)
+    for name in ("num_requests_running", "num_requests_waiting", "prefix_cache_queries_total", "replica_up"):
+        assert set(by_replica(text, name)) == set(names), name
+    assert set(by_replica(text, "replica_up").values()) == {1.0}
+    assert "pagedchat:replicas_ready 2.0" in text and "pagedchat:replicas_asked 2.0" in text
+
+    state = httpx.get(f"{replicas.base_url}/api/admin/state", timeout=10).json()
+    assert [r["name"] for r in state["replicas"]] == names and state["ready"] == 2
+    for replica in state["replicas"]:
+        assert replica["state"] == "running" and replica["pid"] > 0
+        assert len(replica["block_states"]) == replica["num_blocks"] == replica["stats"]["num_blocks"]
+    most = max(names, key=lambda name: routed.get((name, "longest_prefix"), 0))
+    [holder] = [r for r in state["replicas"] if r["name"] == most]
+    assert "c" in holder["block_states"]  # the shared prefix's blocks, cached where the requests went
+
+    with chromium_browser() as browser:
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(f"{replicas.base_url}/admin")  # loopback without an admin token
+        panels = page.locator(".replica-panel")
+        expect(panels).to_have_count(2)
+        for i, name in enumerate(names):
+            expect(panels.nth(i).locator(".replica-name")).to_have_text(name)
+            expect(panels.nth(i).locator(".replica-state")).to_have_text("running")
+            expect(panels.nth(i).locator("canvas.replica-map")).to_have_attribute("data-blocks", "256")
+        expect(page.locator("#map-replica")).to_have_text(f"replica {names[0]}")
+        routed_here = panels.nth(names.index(holder["name"])).locator("[data-field=routed]")
+        expect(routed_here).to_contain_text("to the longest prefix")
+        panels.nth(1).locator(".replica-head").click()  # the rest of the page shows the other replica
+        expect(page.locator("#map-replica")).to_have_text(f"replica {names[1]}")
+        expect(panels.nth(1)).to_have_class("replica-panel is-focused")
+        assert errors == []
 
 
 def converse(base_url: str, user: int, turns: int) -> list[tuple[int, int]]:
