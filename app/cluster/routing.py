@@ -8,7 +8,9 @@ its `RouteKey` are among the replica's cached hashes. Replicas report those hash
 - a digest older than `RoutingBounds.stale_after_s` earns no prefix credit, nor shows load; what the router itself
   sent to a replica within that time is credited to it (`RouterMemory`), digest or not;
 - score = leading blocks held − `blocks_per_request` × load (running + waiting, or the router's own count of
-  requests in flight there, whichever is larger), so a long cached prefix outweighs a slightly longer queue;
+  requests in flight there, whichever is larger): one more request in a replica's batch is worth 8 blocks (128
+  tokens at block size 16) of prefill, so a long cached history outweighs a slightly longer queue while a prefix
+  that only one replica happens to hold yet (a popular system prompt) does not draw every request to it;
 - a replica is overloaded when it has a queue (waiting, or more requests than it runs at once) and its load exceeds
   the least loaded one's by more than `max_load_gap`, or when its free blocks cannot take the request's uncached
   part: overloaded replicas are passed over while any other is left;
@@ -95,7 +97,10 @@ class RoutingBounds:
 
     stale_after_s: float = 1.25  # a digest older than this earns no prefix credit
     max_load_gap: int = 4  # requests beyond the least loaded replica's that a replica with a queue may carry
-    blocks_per_request: float = 1.0  # prefix blocks one more request in a replica's load is worth
+    # prefix blocks one more request in a replica's load is worth: on a CPU an extra sequence slows every step of
+    # that replica's batch for the whole reply, which costs about as much as recomputing a few hundred tokens; a
+    # benchmark with a weight of 1 piled 67 of 92 requests on the replica that held the warmed system prompt
+    blocks_per_request: float = 8.0
     # sessions whose replica is remembered (the least recently routed forgotten first)
     session_capacity: int = 10_000
 

@@ -76,10 +76,10 @@ def test_the_config_carries_the_policy_and_the_period():
 async def test_ranks_put_the_longest_prefix_first_then_the_rest_by_load():
     LEDGER.clear()
     router = make_router()
-    route = make_route(5, session="chat-1")
+    route = make_route(40, session="chat-1")
     replicas = [
         make_replica("a", running=1),
-        make_replica("b", held=route.chain[:4], running=3),
+        make_replica("b", held=route.chain[:32], running=3),  # 32 blocks outweigh 3 requests (8 blocks each)
         make_replica("c"),
     ]
     request = make_request("q1", route)
@@ -88,9 +88,9 @@ async def test_ranks_put_the_longest_prefix_first_then_the_rest_by_load():
     b = LEDGER.snapshot()["b"]
     assert (b.requests["longest_prefix"], b.matched_blocks, b.best_matched_blocks, b.route_blocks) == (
         1,
-        4,
-        4,
-        5,
+        32,
+        32,
+        40,
     )
     assert router.memory.in_flight("b") == 1 and router.memory.session_replica("chat-1") == "b"
     router.on_request_completed(replicas[1].replica_id, "q1")
@@ -100,7 +100,7 @@ async def test_ranks_put_the_longest_prefix_first_then_the_rest_by_load():
 async def test_a_request_serve_sent_elsewhere_counts_as_a_load_fallback():
     LEDGER.clear()
     router = make_router()
-    route = make_route(5)
+    route = make_route(20)
     replicas = [make_replica("a", held=route.chain), make_replica("b")]
     request = make_request("q1", route)
     assert await ranks(router, replicas, request) == [["a"], ["b"]]
@@ -108,7 +108,7 @@ async def test_a_request_serve_sent_elsewhere_counts_as_a_load_fallback():
     router.on_request_completed(replicas[0].replica_id, "q1")  # the rejected send to a, reported first
     router.on_request_routed(request, replicas[1].replica_id, None)
     b = LEDGER.snapshot()["b"]
-    assert (b.requests["load_fallback"], b.matched_blocks, b.best_matched_blocks) == (1, 0, 5)
+    assert (b.requests["load_fallback"], b.matched_blocks, b.best_matched_blocks) == (1, 0, 20)
     assert (router.memory.in_flight("a"), router.memory.in_flight("b")) == (0, 1)
     # the chain is now credited to b, where it is being computed (a, holding it all, still comes first)
     assert await ranks(router, replicas, make_request("q2", route)) == [["a"], ["b"]]

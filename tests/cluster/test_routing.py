@@ -47,15 +47,31 @@ def test_only_leading_blocks_count():
     assert (d.replica, d.matched_blocks) == ("b", 1)  # a holds 3 blocks, but not the first
 
 
-def test_a_cached_block_is_worth_one_request_of_load():
-    route = make_route(6)
-    # a holds 3 blocks more; b is 2 requests lighter: a still scores better (3 - 2 > 0)
-    digests = [make_digest("a", route.chain[:3], running=3), make_digest("b", running=1)]
+def test_one_request_of_load_is_worth_eight_cached_blocks():
+    route = make_route(24)
+    # a holds 20 blocks more; b is 2 requests lighter: a still scores better (20 - 8 x 2 > 0)
+    digests = [make_digest("a", route.chain[:20], running=3), make_digest("b", running=1)]
     assert kv(route, digests).replica == "a"
-    # 4 requests lighter outweighs 3 blocks: a load fallback
-    digests = [make_digest("a", route.chain[:3], running=5), make_digest("b", running=1)]
+    # 3 requests lighter outweighs 20 blocks: a load fallback
+    digests = [make_digest("a", route.chain[:20], running=4), make_digest("b", running=1)]
     d = kv(route, digests)
-    assert (d.replica, d.matched_blocks, d.best_matched_blocks, d.outcome) == ("b", 0, 3, "load_fallback")
+    assert (d.replica, d.matched_blocks, d.best_matched_blocks, d.outcome) == ("b", 0, 20, "load_fallback")
+
+
+def test_a_prefix_only_one_replica_holds_yet_does_not_draw_every_request():
+    """A published system prompt computed once (on a): new conversations go to a until it is 4 requests busier,
+    then to b, which computes the prompt too, and from then on they balance."""
+    system_prompt = make_tokens(25)[:-1]
+    memory = RouterMemory(BOUNDS)
+    digests = [make_digest("a", make_route(25).chain), make_digest("b")]
+    placed = []
+    for i in range(8):
+        route = route_key(HASHER, system_prompt + make_tokens(3, seed=i + 1), ChainKey(None, 0))
+        assert route.chain[:25] == make_route(25).chain
+        placed.append(kv(route, digests, memory).replica)
+        memory.record(placed[-1], route, NOW)
+        memory.start(placed[-1])
+    assert placed == ["a", "a", "a", "a", "b", "b", "b", "b"]
 
 
 def test_a_replica_with_a_long_queue_is_overloaded_however_much_it_holds():
