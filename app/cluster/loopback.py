@@ -9,6 +9,7 @@ changes this).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import sys
 from typing import Any
@@ -25,6 +26,29 @@ def apply_loopback_env() -> None:
     constants = sys.modules.get("ray._private.ray_constants")
     if constants is not None:
         constants.ENABLE_RAY_CLUSTER = False
+
+
+def is_loopback_address(address: str) -> bool:
+    """Whether a Ray address (`host:port`, `ray://host:port`, or `local`) names this machine's loopback."""
+    if address in ("", "local"):
+        return True
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: another machine's, as far as we can tell
+        return False
+
+
+def use_cluster_network() -> None:
+    """Joining a Ray cluster on other machines: this process's node IP must be its address on their network (the
+    one its own `ray start` registered), not loopback, or Ray cannot find the local node and replicas on other nodes
+    cannot stream back to it. Undoes `apply_loopback_env`'s node-IP part (usage stats stay off)."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = True
 
 
 def bind_serve_grpc_to_loopback() -> None:

@@ -12,7 +12,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from app.cluster.loopback import LOOPBACK_ENV, apply_loopback_env
+from app.cluster.loopback import LOOPBACK_ENV, is_loopback_address, use_cluster_network
 from app.cluster.replica import EngineReplica, ReplicaOptions
 
 if TYPE_CHECKING:
@@ -32,8 +32,10 @@ def replica_threads(settings: Settings) -> int:
 
 
 def start_ray(settings: Settings) -> bool:
-    """Start a local Ray instance on loopback, or join `settings.ray_address`; True when this process started it."""
-    apply_loopback_env()
+    """Start a local Ray instance on loopback, or join `settings.ray_address`; True when this process started it.
+    (The package set the loopback environment on import; joining a cluster at another machine's address lifts it.)"""
+    if not is_loopback_address(settings.ray_address):
+        use_cluster_network()
     import ray
 
     if ray.is_initialized():
@@ -53,8 +55,22 @@ def start_ray(settings: Settings) -> bool:
             runtime_env={"env_vars": dict(LOOPBACK_ENV)},
         )
     else:
+        present_auth_token()
         ray.init(address=settings.ray_address, namespace=NAMESPACE, configure_logging=False)
     return local
+
+
+def present_auth_token() -> None:
+    """Joining a cluster: present this machine's Ray token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)
+    where there is one. `ray start` turns token authentication on when it finds a token, but a driver joining with
+    `ray.init(address=...)` sends none unless RAY_AUTH_MODE=token, and a cluster with tokens refuses it
+    (InvalidAuthToken). A cluster without token authentication accepts a driver that sends one. An explicit
+    RAY_AUTH_MODE is left as it is."""
+    from ray._private.authentication.authentication_token_setup import (
+        maybe_enable_token_auth_if_token_available,
+    )
+
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 def deploy(settings: Settings, version: str = "1") -> Any:

@@ -10,7 +10,12 @@ from typing import Any
 
 import pytest
 
-from app.cluster.loopback import LOOPBACK_ENV, apply_loopback_env
+from app.cluster.loopback import (
+    LOOPBACK_ENV,
+    apply_loopback_env,
+    is_loopback_address,
+    use_cluster_network,
+)
 from app.cluster.replica import replica_config
 from app.cluster.replica_engine import EngineFacade, ReplicaSetEngine, ReplicaStatus, merge_stats
 from app.cluster.routing import RouteKey
@@ -228,3 +233,42 @@ def test_loopback_environment_is_set_for_ray(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     apply_loopback_env()
     assert all(os.environ[name] == value for name, value in LOOPBACK_ENV.items())
+
+
+def test_joining_a_cluster_elsewhere_takes_this_machines_network_address(monkeypatch):
+    for address in ("local", "", "127.0.0.1:6379", "localhost:6379", "ray://127.0.0.2:10001", "[::1]:6379"):
+        assert is_loopback_address(address), address
+    for address in ("10.0.0.5:6379", "ray-head.default.svc:6379", "ray://192.168.1.4:10001"):
+        assert not is_loopback_address(address), address
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    constants = pytest.importorskip("ray._private.ray_constants")
+    monkeypatch.setattr(constants, "ENABLE_RAY_CLUSTER", False)
+    use_cluster_network()
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "1" and constants.ENABLE_RAY_CLUSTER
+
+
+@pytest.mark.parametrize(
+    ("env", "mode"),
+    [
+        ({"RAY_AUTH_TOKEN": "0123456789abcdef0123456789abcdef"}, "token"),  # a token here: present it
+        ({"RAY_AUTH_TOKEN": "0123456789abcdef0123456789abcdef", "RAY_AUTH_MODE": "disabled"}, "disabled"),
+        ({"HOME": "{tmp}"}, None),  # no token anywhere: nothing to present
+    ],
+)
+def test_joining_presents_this_machines_ray_token(tmp_path, env, mode):
+    """A driver joining with ray.init(address=...) sends no token unless RAY_AUTH_MODE=token; a cluster that `ray
+    start` put in token mode then refuses it. Run in a fresh interpreter: Ray caches its auth mode per process."""
+    pytest.importorskip("ray")
+    import subprocess
+    import sys
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    clean.update({k: v.format(tmp=tmp_path) for k, v in env.items()})
+    code = (
+        "import os; from app.cluster.ray_runtime import present_auth_token; present_auth_token(); "
+        "print(os.environ.get('RAY_AUTH_MODE'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=clean, capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == str(mode)
