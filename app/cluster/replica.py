@@ -94,14 +94,8 @@ class EngineReplica:
             stream = await self.bridge.add_request(
                 request_id, prompt, params, cache_salt=cache_salt, public_prefix_len=public_prefix_len
             )
-        except ValueError as exc:
-            yield Rejected("invalid", str(exc))
-            return
-        except EngineOverloaded as exc:
-            yield Rejected("overloaded", str(exc), exc.retry_after)
-            return
-        except EngineUnavailable as exc:
-            yield Rejected("unavailable", str(exc))
+        except (ValueError, EngineOverloaded, EngineUnavailable) as exc:
+            yield Rejected.from_error(exc)
             return
         yield Accepted(self.name)
         async with stream:

@@ -26,10 +26,10 @@ from app.cluster import ray_runtime
 from app.cluster.routing import OUTCOMES, RouteKey
 from app.cluster.routing_ledger import LEDGER, ReplicaRouting
 from app.cluster.wire import Accepted, EngineInfo, Failed, Rejected, with_prompt
-from app.services.async_engine import EngineOverloaded, EngineUnavailable
+from app.services.async_engine import EngineUnavailable
 from app.services.cluster_metrics import ReplicaHealth, ReplicaSetReport
 from app.services.request_label import RequestLabel
-from app.services.request_stream import ABORTED, ReplicaLost, RequestFailed, RequestStream, RequestTimedOut
+from app.services.request_stream import ABORTED, ReplicaLost, RequestFailed, RequestStream
 from engine.core.hash_chain import ChainKey, num_cacheable_blocks
 from engine.core.outputs import RequestOutput
 from engine.core.sequence import SamplingParams
@@ -263,11 +263,7 @@ class ReplicaSetEngine:
             ) from exc
         if isinstance(first, Rejected):
             stream.close()
-            if first.kind == "invalid":
-                raise ValueError(first.message)
-            if first.kind == "overloaded":
-                raise EngineOverloaded(first.message, first.retry_after)
-            raise EngineUnavailable(first.message)
+            raise first.to_error()
         assert isinstance(first, Accepted), first
         self._replica_of[request_id] = first.replica
         self._pumps[request_id] = asyncio.create_task(
@@ -291,9 +287,7 @@ class ReplicaSetEngine:
         try:
             async for item in call:
                 if isinstance(item, Failed):
-                    stream.fail(
-                        RequestTimedOut(item.message) if item.timed_out else RequestFailed(item.message)
-                    )
+                    stream.fail(item.to_error())
                     return
                 output = with_prompt(item, prompt)
                 if output.finished and self.metrics is not None:

@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from app.services.async_engine import EngineOverloaded, EngineUnavailable
+from app.services.request_stream import RequestFailed, RequestTimedOut
 from engine.core.outputs import RequestOutput
 
 DELTA_INTERVAL_S = 0.05  # 20 messages a second at most per reply; the first token goes at once
@@ -33,6 +35,25 @@ class Rejected:
     message: str
     retry_after: int = 1
 
+    @classmethod
+    def from_error(cls, exc: Exception) -> Rejected | None:
+        """What the replica's bridge raised on adding a request, for the wire (None: not a refusal)."""
+        if isinstance(exc, ValueError):
+            return cls("invalid", str(exc))
+        if isinstance(exc, EngineOverloaded):
+            return cls("overloaded", str(exc), exc.retry_after)
+        if isinstance(exc, EngineUnavailable):
+            return cls("unavailable", str(exc))
+        return None
+
+    def to_error(self) -> Exception:
+        """The exception the ingress raises, as the single-process bridge would have."""
+        if self.kind == "invalid":
+            return ValueError(self.message)
+        if self.kind == "overloaded":
+            return EngineOverloaded(self.message, self.retry_after)
+        return EngineUnavailable(self.message)
+
 
 @dataclass(frozen=True)
 class Failed:
@@ -40,6 +61,10 @@ class Failed:
 
     message: str
     timed_out: bool = False
+
+    def to_error(self) -> Exception:
+        """The exception the ingress fails the request's stream with."""
+        return RequestTimedOut(self.message) if self.timed_out else RequestFailed(self.message)
 
 
 @dataclass(frozen=True)

@@ -272,3 +272,17 @@ def test_joining_presents_this_machines_ray_token(tmp_path, env, mode):
         [sys.executable, "-c", code], env=clean, capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip().splitlines()[-1] == str(mode)
+
+
+def test_refusals_and_failures_cross_the_wire_as_the_same_exceptions():
+    from app.cluster.wire import Failed, Rejected
+    from app.services.async_engine import EngineOverloaded, EngineUnavailable
+    from app.services.request_stream import RequestFailed, RequestTimedOut
+
+    for exc in (ValueError("prompt too long"), EngineOverloaded("busy", 7), EngineUnavailable("stopped")):
+        again = Rejected.from_error(exc).to_error()
+        assert type(again) is type(exc) and str(again) == str(exc)
+        assert getattr(again, "retry_after", None) == getattr(exc, "retry_after", None)
+    assert Rejected.from_error(RuntimeError("other")) is None
+    assert type(Failed("late", timed_out=True).to_error()) is RequestTimedOut
+    assert type(Failed("boom").to_error()) is RequestFailed
