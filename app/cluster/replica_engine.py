@@ -17,8 +17,7 @@ import dataclasses
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,9 +28,9 @@ from app.cluster.wire import Accepted, EngineInfo, Failed, Rejected, with_prompt
 from app.services.async_engine import EngineUnavailable
 from app.services.cluster_metrics import ReplicaHealth, ReplicaSetReport
 from app.services.request_label import RequestLabel
-from app.services.request_stream import ABORTED, ReplicaLost, RequestFailed, RequestStream
+from app.services.request_stream import ReplicaLost, RequestFailed, RequestStream
+from app.services.stream_registry import StreamRegistry
 from engine.core.hash_chain import ChainKey, num_cacheable_blocks
-from engine.core.outputs import RequestOutput
 from engine.core.sequence import SamplingParams
 from engine.core.stats import EngineStats
 
@@ -82,7 +81,7 @@ class EngineFacade:
         self.tier = None  # each replica has its own disk tier: see the replicas' stats
 
 
-class ReplicaSetEngine:
+class ReplicaSetEngine(StreamRegistry):
     """The engine replicas behind one interface; `start` deploys them (and starts Ray when asked to)."""
 
     def __init__(
@@ -91,8 +90,8 @@ class ReplicaSetEngine:
         *,
         metrics: Metrics | None = None,
     ) -> None:
+        super().__init__(settings.request_timeout_s, metrics)
         self.settings = settings
-        self.metrics = metrics
         self.engine: EngineFacade | None = None
         self.tokenizer: Any = None
         self.ready = False
@@ -103,11 +102,9 @@ class ReplicaSetEngine:
         self._version = 1
         self._restarting = False
         self._restart_task: asyncio.Task | None = None
-        self._streams: dict[str, RequestStream] = {}
         self._pumps: dict[str, asyncio.Task] = {}
         self._replica_of: dict[str, str] = {}  # request id -> the replica serving it
         self._census_task: asyncio.Task | None = None
-        self._tokenizer_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -190,14 +187,6 @@ class ReplicaSetEngine:
         """Requests this ingress is streaming from `replica`."""
         return sum(1 for name in self._replica_of.values() if name == replica)
 
-    @property
-    def num_in_flight(self) -> int:
-        return len(self._streams)
-
-    @property
-    def num_pending_outputs(self) -> int:
-        return sum(stream.num_pending for stream in self._streams.values())
-
     def _check_serving(self) -> None:
         if self.dead_reason is not None:
             raise EngineUnavailable(f"the engine replicas are not running: {self.dead_reason}")
@@ -232,18 +221,8 @@ class ReplicaSetEngine:
     ) -> RequestStream:
         """Send a request to a replica; raises ValueError (bad input), EngineOverloaded or EngineUnavailable."""
         self._check_serving()
-        if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is already in use")
         route = RouteKey.from_chain(self.route_chain(prompt, cache_salt, public_prefix_len), session)
-        stream = RequestStream(
-            request_id,
-            self.settings.request_timeout_s,
-            abort=self.abort,
-            unregister=self._unregister,
-            metrics=self.metrics,
-        )
-        stream.label = label
-        self._streams[request_id] = stream
+        stream = self._open_stream(request_id, label)
         try:
             call = self._handle.options(stream=True).generate.remote(
                 request_id,
@@ -270,15 +249,6 @@ class ReplicaSetEngine:
             self._pump(request_id, prompt, call, stream, first.replica), name=f"pump-{request_id}"
         )
         return stream
-
-    async def generate(
-        self, request_id: str, prompt: list[int], params: SamplingParams, *, cache_salt: str | None = None
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs; stopping the iteration (break, cancel, disconnect) aborts it."""
-        stream = await self.add_request(request_id, prompt, params, cache_salt=cache_salt)
-        async with stream:
-            async for output in stream:
-                yield output
 
     async def _pump(
         self, request_id: str, prompt: list[int], call: Any, stream: RequestStream, replica: str
@@ -312,38 +282,17 @@ class ReplicaSetEngine:
         finally:
             self._pumps.pop(request_id, None)
 
-    def label_of(self, request_id: str) -> RequestLabel | None:
-        stream = self._streams.get(request_id)
-        return stream.label if stream is not None else None
-
-    def abort(self, request_id: str) -> None:
-        """Abort a request: its replica aborts it when the handle call is cancelled."""
-        stream = self._streams.get(request_id)
-        if stream is not None:
-            stream.aborted = True
-            stream.push(ABORTED)
+    def _cancel(self, request_id: str) -> None:
+        """Cancel the request's handle call: its replica aborts it."""
         pump = self._pumps.pop(request_id, None)
         if pump is not None:
             pump.cancel()
 
-    def end_streams(self, error: BaseException) -> int:
-        running = [(rid, s) for rid, s in self._streams.items() if not (s.aborted or s.finished)]
-        for request_id, stream in running:
-            stream.fail(error)
-            pump = self._pumps.pop(request_id, None)
-            if pump is not None:
-                pump.cancel()
-        return len(running)
-
     def _unregister(self, request_id: str) -> None:
-        self._streams.pop(request_id, None)
+        super()._unregister(request_id)
         self._replica_of.pop(request_id, None)
 
     # ---- calls on the engines -------------------------------------------------------------------------------
-    async def tokenize(self, fn: Callable[[Any], T]) -> T:
-        self._check_serving()
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_executor, fn, self.tokenizer)
-
     async def call_on(self, replica: str, fn: Callable[[Any], T]) -> T:
         """Run `fn(engine)` between steps on the engine of `replica` (LookupError: it is not serving)."""
         self._check_serving()

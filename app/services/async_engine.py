@@ -11,8 +11,7 @@ import copy
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from app.services.engine_commands import (
@@ -25,7 +24,8 @@ from app.services.engine_commands import (
     warm_up,
 )
 from app.services.request_label import RequestLabel
-from app.services.request_stream import ABORTED, RequestFailed, RequestStream
+from app.services.request_stream import RequestFailed, RequestStream
+from app.services.stream_registry import StreamRegistry
 from engine.core.outputs import RequestOutput
 from engine.core.sequence import SamplingParams
 
@@ -50,7 +50,7 @@ class EngineOverloaded(RuntimeError):
         self.retry_after = retry_after
 
 
-class AsyncEngine:
+class AsyncEngine(StreamRegistry):
     """Owns the engine thread. Requests go in through a thread-safe queue; outputs come back on the event loop."""
 
     def __init__(
@@ -63,7 +63,7 @@ class AsyncEngine:
         drain_s: float = 10.0,
     ) -> None:
         """`drain_s`: at stop, how long the engine may take to write its disk tier's queued blocks."""
-        self.metrics = metrics
+        super().__init__(request_timeout_s, metrics)
         # immutable attributes (config, model_name, ...) are safe to read
         self.engine: LLMEngine | None = None
         # a private copy for the event-loop side; never shared with the engine thread
@@ -72,15 +72,11 @@ class AsyncEngine:
         self.dead_reason: str | None = None
         self._factory = engine_factory
         self._max_queued = max_queued_requests
-        self._timeout_s = request_timeout_s
         self._drain_s = drain_s
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._streams: dict[str, RequestStream] = {}
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._alive = False
-        # every tokenizer call of the event-loop side runs here: off the loop, and never two at once
-        self._tokenizer_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -115,15 +111,6 @@ class AsyncEngine:
     def replica_report(self) -> None:
         """The replica set for /metrics: None here (one engine; its series carry no replica label)."""
         return None
-
-    @property
-    def num_in_flight(self) -> int:
-        return len(self._streams)
-
-    @property
-    def num_pending_outputs(self) -> int:
-        """Outputs delivered but not yet taken by their consumers (bounded: at most one per stream)."""
-        return sum(stream.num_pending for stream in self._streams.values())
 
     def _check_serving(self) -> None:
         if self.dead_reason is not None:
@@ -164,13 +151,7 @@ class AsyncEngine:
             raise EngineOverloaded(
                 f"the server is at its limit of {limit} concurrent requests; retry shortly"
             )
-        if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        stream = RequestStream(
-            request_id, self._timeout_s, abort=self.abort, unregister=self._unregister, metrics=self.metrics
-        )
-        stream.label = label
-        self._streams[request_id] = stream
+        stream = self._open_stream(request_id, label)
         future = asyncio.get_running_loop().create_future()
         self._commands.put(AddRequest(request_id, prompt, params, future, cache_salt, public_prefix_len))
         try:
@@ -180,37 +161,10 @@ class AsyncEngine:
             raise
         return stream
 
-    async def generate(
-        self, request_id: str, prompt: list[int], params: SamplingParams, *, cache_salt: str | None = None
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs; stopping the iteration (break, cancel, disconnect) aborts it."""
-        stream = await self.add_request(request_id, prompt, params, cache_salt=cache_salt)
-        async with stream:
-            async for output in stream:
-                yield output
-
-    def label_of(self, request_id: str) -> RequestLabel | None:
-        """Who a live request is for, as its submitter labelled it (None: unlabelled, or its stream has ended)."""
-        stream = self._streams.get(request_id)
-        return stream.label if stream is not None else None
-
-    def abort(self, request_id: str) -> None:
-        """Abort a request at the next step (callable from the event loop without awaiting)."""
-        stream = self._streams.get(request_id)
-        if stream is not None:
-            stream.aborted = True
-            stream.push(ABORTED)
+    def _cancel(self, request_id: str) -> None:
+        """The engine aborts the request at its next step."""
         if self._alive:
             self._commands.put(AbortRequest(request_id))
-
-    def end_streams(self, error: BaseException) -> int:
-        """Fail every stream still running with `error` (shutdown) and abort its request; returns how many."""
-        running = [(rid, s) for rid, s in self._streams.items() if not (s.aborted or s.finished)]
-        for request_id, stream in running:
-            stream.fail(error)
-            if self._alive:
-                self._commands.put(AbortRequest(request_id))
-        return len(running)
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run `fn(engine)` on the engine thread between steps and return its result."""
@@ -222,11 +176,6 @@ class AsyncEngine:
     async def call_each(self, fn: Callable[[LLMEngine], T]) -> list[tuple[str, T]]:
         """`fn(engine)` on every engine: here the one, named "engine" (replicas: one entry per serving replica)."""
         return [("engine", await self.call(fn))]
-
-    async def tokenize(self, fn: Callable[[Any], T]) -> T:
-        """Run `fn(tokenizer)` on the tokenizer thread, with the loop side's private tokenizer copy."""
-        self._check_serving()
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_executor, fn, self.tokenizer)
 
     async def stats(self) -> EngineStats:
         """Engine counters taken between steps."""
@@ -324,9 +273,6 @@ class AsyncEngine:
                 answer(command.future, result)
 
     # ---- on the event loop ----------------------------------------------------------------------------------
-    def _unregister(self, request_id: str) -> None:
-        self._streams.pop(request_id, None)
-
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
             request_id = output.request_id
