@@ -1,12 +1,13 @@
 """Regenerate the README's admin screenshot from the real default model under real traffic (not run by the tests).
 
-    python scripts/admin_screenshot.py [--seconds 150] [--out docs/screenshots/admin.png]
+    python scripts/admin_screenshot.py [--seconds 150] [--out docs/screenshots/admin.png] [--replicas N]
 
 Starts `pagedchat serve` with its defaults: the default model (SmolLM2-135M-Instruct, provisioned on first use) and
 the default KV pool (2 GiB on CPU: 5,825 blocks), loopback admin. Opens /admin in headless Chromium first (the feed
 samples only while a page listens, and the advice needs minutes of samples), then runs chat users (multi-turn
 sessions through the chat API, so their later turns hit the prefix cache) and API clients (/v1 with a `user`) side
-by side, and screenshots the page after `--seconds` while replies still run.
+by side, and screenshots the page after `--seconds` while replies still run. `--replicas N`: N engine replicas of
+one thread on Ray Serve (a panel per replica at the top of the page; docs/screenshots/admin-replicas.png).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.servers import spawn_pagedchat, stop_server, wait_ready  # noqa: E402
+from bench.servers import spawn_pagedchat, stop_server, wait_ready, wait_replicas_ready  # noqa: E402
 
 CHATS = [
     (
@@ -96,14 +97,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=150.0, help="traffic before the screenshot")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots" / "admin.png")
+    parser.add_argument("--replicas", type=int, default=1, help="engine replicas (above 1: on Ray Serve)")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
     workdir = Path(tempfile.mkdtemp(prefix="admin-screenshot-"))
     # the defaults, but the disk tier in the work folder, not the user's cache dir
-    server = wait_ready(
-        spawn_pagedchat("server", {"PAGEDCHAT_KV_DISK_DIR": str(workdir / "kv")}, workdir), 600
-    )
+    env = {"PAGEDCHAT_KV_DISK_DIR": str(workdir / "kv")}
+    if args.replicas > 1:
+        env.update(PAGEDCHAT_REPLICAS=str(args.replicas), PAGEDCHAT_THREADS_PER_REPLICA="1")
+    server = wait_ready(spawn_pagedchat("server", env, workdir), 600)
+    if args.replicas > 1:
+        server = wait_replicas_ready(server, args.replicas, 600)
     stop = threading.Event()
     workers: list[threading.Thread] = []
     try:

@@ -4,7 +4,7 @@
 // Drag across cells (or pick one and press Enter) to zoom in; hover, click or arrow keys tell a cell's contents; a
 // selected sequence's cells are outlined and the rest dimmed. A little over 300 lines: drawing, the pointer and keys,
 // and the info panel all read the same cell geometry and counts.
-import { barHeights, cellLayout, cellsFor, decodeCounts } from "./admin_cells.js";
+import { cellLayout, cellsFor, decodeCounts, drawCell } from "./admin_cells.js";
 import { hidpiContext, onThemeChange, themeColor } from "./canvas.js";
 
 const FALLBACK = {
@@ -207,14 +207,7 @@ export class BlockMap {
       const x = (i % cols) * (cell + gap);
       const y = Math.floor(i / cols) * (cell + gap);
       ctx.globalAlpha = marking && !mix.picked ? 0.28 : 1;
-      ctx.fillStyle = color.free;
-      ctx.fillRect(x, y, cell, cell);
-      let bottom = y + cell;
-      for (const [state, h] of barHeights(mix, cell)) {
-        ctx.fillStyle = color[state];
-        ctx.fillRect(x, bottom - h, cell, h);
-        bottom -= h;
-      }
+      drawCell(ctx, mix, x, y, cell, color);
       if (m.blocks_per_cell === 1 && mix.shared) this.darkenByRefs(ctx, x, y, cell, i);
     }
     ctx.globalAlpha = 1;

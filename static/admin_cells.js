@@ -41,3 +41,15 @@ export function barHeights(mix, cell) {
   return bars.map(([state, h]) => [state, h * scale]);
 }
 
+// One cell of a pool map at (x, y): the free colour, then a bar per state from the bottom up.
+export function drawCell(ctx, mix, x, y, cell, color) {
+  ctx.fillStyle = color.free;
+  ctx.fillRect(x, y, cell, cell);
+  let bottom = y + cell;
+  for (const [state, h] of barHeights(mix, cell)) {
+    ctx.fillStyle = color[state];
+    ctx.fillRect(x, bottom - h, cell, h);
+    bottom -= h;
+  }
+}
+

@@ -1,7 +1,7 @@
 // The replica panels of the admin page (`pagedchat serve --replicas N`): one per replica, with its health and pid,
 // load, blocks, prefix hit rate, the routing decisions that sent requests to it, and a small map of its whole pool.
 // Picking a panel shows that replica in the rest of the page (counters, block map, sequences, charts, advice).
-import { barHeights, cellLayout, decodeCounts } from "./admin_cells.js";
+import { cellLayout, decodeCounts, drawCell } from "./admin_cells.js";
 import { hidpiContext, themeColor } from "./canvas.js";
 
 export const PANEL_MAP_HEIGHT = 96; // CSS px a panel's map may take
@@ -47,14 +47,7 @@ export function drawPanelMap(canvas, map) {
     mix.free = size - mix.cached - mix.used - mix.shared;
     inUse += mix.used + mix.shared;
     const x = (i % cols) * (cell + gap), y = Math.floor(i / cols) * (cell + gap);
-    ctx.fillStyle = color.free;
-    ctx.fillRect(x, y, cell, cell);
-    let bottom = y + cell;
-    for (const [state, h] of barHeights(mix, cell)) {
-      ctx.fillStyle = color[state];
-      ctx.fillRect(x, bottom - h, cell, h);
-      bottom -= h;
-    }
+    drawCell(ctx, mix, x, y, cell, color);
   }
   canvas.dataset.cells = String(map.num_cells);
   canvas.dataset.blocks = String(map.num_blocks);

@@ -172,9 +172,10 @@ def engine_settings_rows(svc: Services) -> list[tuple[str, str]]:
 def replica_rows(svc: Services) -> list[tuple[str, str]]:
     """With replicas: how many, how requests pick one, and where their disk tiers are (each its own)."""
     settings, cfg = svc.settings, svc.engine.engine.config
-    threads = settings.threads_per_replica or "the engine's setting"
+    n = settings.threads_per_replica
+    threads = f"{n} thread{'s' if n != 1 else ''}" if n else "threads as the engine's setting"
     rows = [
-        ("Replicas", f"{settings.replicas} on Ray Serve · {threads} threads each"),
+        ("Replicas", f"{settings.replicas} on Ray Serve · {threads} each"),
         ("Routing", settings.routing),
     ]
     if tier_configured(cfg):
