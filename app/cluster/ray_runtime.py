@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.cluster.loopback import LOOPBACK_ENV, is_loopback_address, use_cluster_network
@@ -66,10 +67,15 @@ def present_auth_token() -> None:
     `ray.init(address=...)` sends none unless RAY_AUTH_MODE=token, and a cluster with tokens refuses it
     (InvalidAuthToken). A cluster without token authentication accepts a driver that sends one. An explicit
     RAY_AUTH_MODE is left as it is."""
-    from ray._private.authentication.authentication_token_setup import (
-        maybe_enable_token_auth_if_token_available,
-    )
-
+    try:  # Ray's own rule (it also refreshes Ray's cached config); private, so a fallback follows
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:
+        token_file = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+        if "RAY_AUTH_MODE" not in os.environ and (os.environ.get("RAY_AUTH_TOKEN") or token_file.is_file()):
+            os.environ["RAY_AUTH_MODE"] = "token"
+        return
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 

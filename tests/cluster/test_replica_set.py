@@ -247,6 +247,7 @@ def test_joining_a_cluster_elsewhere_takes_this_machines_network_address(monkeyp
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "1" and constants.ENABLE_RAY_CLUSTER
 
 
+@pytest.mark.parametrize("ray_rule", [True, False], ids=["ray's rule", "fallback"])
 @pytest.mark.parametrize(
     ("env", "mode"),
     [
@@ -255,7 +256,7 @@ def test_joining_a_cluster_elsewhere_takes_this_machines_network_address(monkeyp
         ({"HOME": "{tmp}"}, None),  # no token anywhere: nothing to present
     ],
 )
-def test_joining_presents_this_machines_ray_token(tmp_path, env, mode):
+def test_joining_presents_this_machines_ray_token(tmp_path, env, mode, ray_rule):
     """A driver joining with ray.init(address=...) sends no token unless RAY_AUTH_MODE=token; a cluster that `ray
     start` put in token mode then refuses it. Run in a fresh interpreter: Ray caches its auth mode per process."""
     pytest.importorskip("ray")
@@ -264,8 +265,11 @@ def test_joining_presents_this_machines_ray_token(tmp_path, env, mode):
 
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     clean.update({k: v.format(tmp=tmp_path) for k, v in env.items()})
+    hide = (
+        "" if ray_rule else "sys.modules['ray._private.authentication.authentication_token_setup'] = None; "
+    )
     code = (
-        "import os; from app.cluster.ray_runtime import present_auth_token; present_auth_token(); "
+        f"import os, sys; {hide}from app.cluster.ray_runtime import present_auth_token; present_auth_token(); "
         "print(os.environ.get('RAY_AUTH_MODE'))"
     )
     out = subprocess.run(
