@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from bench import replicas
+from bench import replicas, servers
 from bench.cli import bench_main, build_parser
 from bench.replicas import RunSpec, parse_routings, plan_runs
 from engine.core.config import EngineConfig
@@ -34,16 +34,8 @@ def test_routing_all_runs_each_policy_on_the_same_replica_set():
         RunSpec("routing/round-robin", "routing", 2, "round-robin", "local", 1),
         RunSpec("routing/least-loaded", "routing", 2, "least-loaded", "local", 1),
     ]
-    assert runs[1].serve_args() == (
-        "--replicas",
-        "2",
-        "--routing",
-        "round-robin",
-        "--threads-per-replica",
-        "1",
-        "--ray-address",
-        "local",
-    )
+    # the flags themselves are tests/bench/test_servers.py's
+    assert runs[1].serve_args() == servers.cluster_args(2, "round-robin", 1, "local")
 
 
 def test_compare_plain_and_a_failover_come_after_the_routing_runs():
