@@ -155,8 +155,9 @@ def test_metrics_and_the_admin_page_show_each_replica_and_the_routing(replicas):
 
 def converse(base_url: str, user: int, turns: int) -> list[tuple[int, int]]:
     """One /v1 conversation (no session id): (prompt tokens, cached tokens) of each turn."""
-    # ~200 tokens of history: a cached prefix worth more than the load of a few requests (README: the score)
-    messages = [{"role": "system", "content": f"You are the assistant of desk {user}. " * 24}]
+    # ~600 tokens (~38 blocks) of history: a cached prefix worth more than the 4 requests of load (8 blocks each,
+    # README: the score) by which one replica can be busier than the other here
+    messages = [{"role": "system", "content": f"You are the assistant of desk {user}. " * 72}]
     usage = []
     with httpx.Client(base_url=base_url, timeout=60) as http:
         for turn in range(turns):
