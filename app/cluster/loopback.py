@@ -19,13 +19,19 @@ LOOPBACK = "127.0.0.1"
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
-def apply_loopback_env() -> None:
-    """Put the loopback-only variables into this process's environment, for the Ray processes it starts; Ray reads
-    its own copy at import, so where it is imported already that copy is set too."""
-    os.environ.update(LOOPBACK_ENV)
+def _set_cluster_network(enabled: bool) -> None:
+    """Ray's node-IP mode: the machine's network address (True) or loopback (False), in the environment for the Ray
+    processes this one starts, and in Ray's own copy where ray is imported already (it reads it once, at import)."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1" if enabled else "0"
     constants = sys.modules.get("ray._private.ray_constants")
     if constants is not None:
-        constants.ENABLE_RAY_CLUSTER = False
+        constants.ENABLE_RAY_CLUSTER = enabled
+
+
+def apply_loopback_env() -> None:
+    """Put the loopback-only variables into this process's environment, for the Ray processes it starts."""
+    os.environ.update(LOOPBACK_ENV)
+    _set_cluster_network(False)
 
 
 def is_loopback_address(address: str) -> bool:
@@ -45,10 +51,7 @@ def use_cluster_network() -> None:
     """Joining a Ray cluster on other machines: this process's node IP must be its address on their network (the
     one its own `ray start` registered), not loopback, or Ray cannot find the local node and replicas on other nodes
     cannot stream back to it. Undoes `apply_loopback_env`'s node-IP part (usage stats stay off)."""
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"
-    constants = sys.modules.get("ray._private.ray_constants")
-    if constants is not None:
-        constants.ENABLE_RAY_CLUSTER = True
+    _set_cluster_network(True)
 
 
 def bind_serve_grpc_to_loopback() -> None:
