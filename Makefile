@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# pytest-xdist workers for `make test` (TEST_WORKERS=0: one process, as plain `pytest` runs)
+TEST_WORKERS ?= 2
 
 .PHONY: serve test setup lint chat clean
 
@@ -27,7 +29,7 @@ lint: $(STAMP)
 test: $(STAMP)
 	bash scripts/setup_test_deps.sh
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
