@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.loading.light_config import light_llama_config
+
 ARCHITECTURE_TO_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2"}
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURE_TO_MODEL_TYPE)
 # llama.cpp permutes the q/k rows of architectures it rotates as adjacent pairs; the others keep HF's order
@@ -79,8 +81,6 @@ def _rope_freq_factors(reader: Any, head_dim: int) -> list[float] | None:
 
 def gguf_hf_config(reader: Any) -> Any:
     """A transformers LlamaConfig or Qwen2Config with the file's hyperparameters and special token ids."""
-    from transformers import LlamaConfig, Qwen2Config
-
     arch = gguf_architecture(reader)
     names = {t.name for t in reader.tensors}
     hidden = int(gguf_field(reader, f"{arch}.embedding_length"))
@@ -113,11 +113,13 @@ def gguf_hf_config(reader: Any) -> Any:
         tie_word_embeddings="output.weight" not in names,
         **{k: None if v is None else int(v) for k, v in token_id.items()},
     )
+    from transformers import LlamaConfig, Qwen2Config  # imported only where needed: see light_config
+
     if arch == "qwen2":  # q/k/v biases are part of the architecture; no o/mlp bias, no sliding window in GGUF
         return Qwen2Config(use_sliding_window=False, **fields)
     factors = _rope_freq_factors(reader, head_dim)
     if factors is not None:
         fields["rope_freq_factors"] = factors  # read by ModelArgs.from_hf_config
-    return LlamaConfig(
-        attention_bias="blk.0.attn_q.bias" in names, mlp_bias="blk.0.ffn_up.bias" in names, **fields
-    )
+    fields.update(attention_bias="blk.0.attn_q.bias" in names, mlp_bias="blk.0.ffn_up.bias" in names)
+    # every value named: the light config reads the same as LlamaConfig (light_config), unless the file scales RoPE
+    return light_llama_config({"model_type": "llama", **fields}) or LlamaConfig(**fields)

@@ -12,6 +12,7 @@ import torch
 from engine.core.config import EngineConfig
 from engine.loading.gguf import gguf_hf_config, is_gguf_file, load_gguf_tokenizer, open_gguf
 from engine.loading.hub import check_local_options, is_repo_id, resolve_hub_model, safetensors_weights
+from engine.loading.light_config import light_folder_config, names_its_tokenizer
 from engine.loading.provision import DEFAULT_MODEL_NAME, provision_default_model
 from engine.models.llama import LlamaForCausalLM, ModelArgs
 
@@ -58,11 +59,15 @@ def check_gguf_path(path: Path) -> Path:
 
 
 def load_hf_config(path: Path) -> Any:
-    """The transformers config of a model folder, or the LlamaConfig of a GGUF file's metadata."""
-    from transformers import AutoConfig
-
+    """The transformers config of a model folder (a light one where that reads the same: see light_config), or the
+    config of a GGUF file's metadata."""
     if Path(path).suffix == ".gguf":
         return gguf_hf_config(open_gguf(path))
+    light = light_folder_config(path)
+    if light is not None:
+        return light
+    from transformers import AutoConfig
+
     return AutoConfig.from_pretrained(str(path))
 
 
@@ -81,6 +86,10 @@ def load_tokenizer(path: Path) -> Any:
 
     if Path(path).suffix == ".gguf":
         return load_gguf_tokenizer(path)
+    # AutoTokenizer loads the model's config (AutoConfig) to choose a class unless it is given one
+    light = light_folder_config(path) if names_its_tokenizer(path) else None
+    if light is not None:
+        return AutoTokenizer.from_pretrained(str(path), config=light)
     return AutoTokenizer.from_pretrained(str(path))
 
 

@@ -203,14 +203,23 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        # built with its weight given: nn.Embedding's own init (normal_) on the meta device the loaders build on
+        # goes through torch's reference ops, whose first call imports torch._dynamo (~2.5 s at every model load);
+        # the RoPE table below likewise
+        weight = torch.empty(args.vocab_size, args.hidden_size)
+        if weight.device.type != "meta":
+            nn.init.normal_(weight)
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         # cast along with the weights: HF also rounds cos/sin to the activation dtype
-        self.register_buffer("rope_cache", rope_cos_sin(args), persistent=False)
+        rope = torch.empty(args.max_seq_len, 2, args.head_dim)  # on meta: computed by rebuild_after_to_empty
+        self.register_buffer(
+            "rope_cache", rope if rope.device.type == "meta" else rope_cos_sin(args), persistent=False
+        )
 
     def rebuild_after_to_empty(self) -> None:
         """Re-tie lm_head and recompute the RoPE table after `to_empty` from the meta device."""
