@@ -52,9 +52,11 @@ _FLOAT_KV = {"kv_cache_dtype": "auto"}
 _INT8_KV = {"kv_cache_dtype": "int8"}
 MODES: dict[str, dict[str, Any]] = {
     REFERENCE: {"quantization": "none", "dtype": "float32", "int8_activations": False, **_FLOAT_KV},
-    # the gguf modes multiply batches in fp32 (exact), but gguf-bf16gemm: batch_gemm's bf16 copy, on its own
+    # the gguf modes multiply batches in fp32 (exact), but gguf-bf16gemm and gguf-int8gemm: batch_gemm's bf16 copy
+    # or int8 GEMM, each on its own
     "gguf": {"quantization": "gguf", "int8_activations": False, "batch_gemm": "fp32", **_FLOAT_KV},
     "gguf-bf16gemm": {"quantization": "gguf", "int8_activations": False, "batch_gemm": "bf16", **_FLOAT_KV},
+    "gguf-int8gemm": {"quantization": "gguf", "int8_activations": False, "batch_gemm": "int8", **_FLOAT_KV},
     "gguf-int8act": {"quantization": "gguf", "int8_activations": True, "batch_gemm": "fp32", **_FLOAT_KV},
     "none-fp32-int8kv": {"quantization": "none", "dtype": "float32", "int8_activations": False, **_INT8_KV},
     "gguf-int8kv": {"quantization": "gguf", "int8_activations": False, "batch_gemm": "fp32", **_INT8_KV},

@@ -126,7 +126,7 @@ def load_engine_model(
             quantization=resolved.quantization,
             max_model_len=resolved.max_model_len,
             act_q8=resolved.int8_activations,
-            gemm_bf16=resolved.batch_gemm == "bf16",
+            batch_gemm=resolved.batch_gemm,
             reader=reader,
         )
     else:

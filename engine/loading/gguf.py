@@ -185,7 +185,7 @@ def load_gguf_model(
     quantization: str = "gguf",
     max_model_len: int | None = None,
     act_q8: bool = False,
-    gemm_bf16: bool = False,
+    batch_gemm: str = "fp32",
     reader: Any | None = None,
 ) -> tuple[LlamaForCausalLM, Any]:
     """The model of a GGUF file and its config (LlamaConfig or Qwen2Config); eval mode, no grad.
@@ -193,8 +193,8 @@ def load_gguf_model(
     quantization="gguf" keeps Q4_0/Q4_1/Q8_0 linears (and a tied head) in QuantLinear, CPU only; act_q8=True then
     quantizes decode activations to int8 per 32-block as llama.cpp does (see QuantLinear): on SmolLM2 it moved
     logits by up to ~0.7 (one top-1 change in 32 positions) for ~1.4x less CPU time in the linears on an AVX2
-    machine, hence off by default. gemm_bf16=True multiplies batches of more than GEMV_MAX_ROWS rows by a bf16 copy
-    of the weights (see QuantLinear).
+    machine, hence off by default. batch_gemm: how batches of more than the GEMV bound multiply the blocks (fp32
+    tiles, a bf16 copy, or the int8 GEMM: see QuantLinear).
     "none" dequantizes every weight to dtype. Norms, the embedding and biases are always loaded in dtype.
     `reader`: open_gguf(path) when the caller has it already (parsing the metadata takes seconds for a large vocab).
     """
@@ -215,7 +215,7 @@ def load_gguf_model(
     in_blocks: set[str] = set()
     if quantization == "gguf":
         quant = {name: t for name, t in tensors.items() if isinstance(t, QuantWeight)}
-        in_blocks = quantize_linears(model, quant, act_q8=act_q8, gemm_bf16=gemm_bf16)
+        in_blocks = quantize_linears(model, quant, act_q8=act_q8, batch_gemm=batch_gemm)
     model.load_weights((name, as_float(t)) for name, t in tensors.items() if name not in in_blocks)
     model.eval().requires_grad_(False)
     log_tensor_formats(reader, in_blocks, dtype)

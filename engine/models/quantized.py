@@ -38,7 +38,7 @@ def fused_linear_sources(model: LlamaForCausalLM) -> dict[str, list[str]]:
 
 
 def quantize_linears(
-    model: LlamaForCausalLM, quant_weights: dict[str, QuantWeight], *, act_q8: bool, gemm_bf16: bool = False
+    model: LlamaForCausalLM, quant_weights: dict[str, QuantWeight], *, act_q8: bool, batch_gemm: str = "fp32"
 ) -> set[str]:
     """Replace every linear whose HF weights are all in `quant_weights`, in one format, by a QuantLinear.
 
@@ -62,7 +62,7 @@ def quantize_linears(
         bias = None if old.bias is None else torch.zeros_like(old.bias)  # filled by load_weights
         parent_name, _, child = module_name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, QuantLinear(weight, bias, act_q8=act_q8, gemm_bf16=gemm_bf16))
+        setattr(parent, child, QuantLinear(weight, bias, act_q8=act_q8, batch_gemm=batch_gemm))
         if hf_names != ["model.embed_tokens.weight"]:
             consumed.update(hf_names)
     return consumed

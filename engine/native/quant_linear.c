@@ -387,6 +387,178 @@ int quant_linear(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, i
     return 0;
 }
 
+#ifdef QL_AVX2
+/* Many rows (prefill, a busy decode step) with int8 activations: a register-tiled GEMM.
+ *
+ * The activations are quantized once (per 32-block, as for act_q8). Each thread takes GEMM_RM weight rows at a
+ * time, unpacks their blocks once into bytes (Q4: the nibbles 0..15; Q8_0: |q| and q, for maddubs's unsigned x
+ * signed) plus the scales d, and multiplies them by every activation row, GEMM_RM x GEMM_RN dot products per block
+ * in registers: 8 ymm accumulators, each block one maddubs/madd pair and one FMA with d * dx. The unpacked tile
+ * (a few KB) stays in L1 and the quantized activations (rows x in bytes) in L2 while a thread sweeps them.
+ * The Q4_1 minimum (Q4_0 offset) term sum_b m_b * sx_b is a separate fp32 dot over blocks.
+ * Integer products are exact and so are their 32-bit sums; what differs from dequantize-then-multiply is only the
+ * activations' rounding to int8 (error <= amax / 254 a value) and the fp32 summation order. */
+#define GEMM_RM 4
+#define GEMM_RN 2
+
+typedef struct {
+    uint8_t *u; /* [GEMM_RM][cols]: maddubs's unsigned operand (Q4 nibbles, |q| for Q8_0) */
+    int8_t *s;  /* [GEMM_RM][cols]: Q8_0's signed q (the sign moved onto the activations), else unused */
+    float *d;   /* [GEMM_RM][nb] */
+    float *m;   /* [GEMM_RM][nb]: the minimum (Q4_1) or -8 d (Q4_0) */
+} WTile;
+
+static void unpack_tile(int qtype, const uint8_t *w, int64_t w_row_bytes, int nr, int nb, int cols, WTile t) {
+    const int bb = block_bytes(qtype);
+    const __m256i mask = _mm256_set1_epi8(0x0f);
+    for (int i = 0; i < nr; i++) {
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = w + (int64_t)i * w_row_bytes + (int64_t)b * bb;
+            const float d = fp16_at(blk);
+            t.d[i * nb + b] = d;
+            uint8_t *u = t.u + (int64_t)i * cols + b * QK;
+            if (qtype == Q8_0) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 2));
+                _mm256_storeu_si256((__m256i *)(t.s + (int64_t)i * cols + b * QK), q);
+                _mm256_storeu_si256((__m256i *)u, _mm256_sign_epi8(q, q));
+                t.m[i * nb + b] = 0.0f;
+            } else {
+                const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (qtype == Q4_1 ? 4 : 2)));
+                _mm256_storeu_si256((__m256i *)u,
+                                    _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), mask));
+                t.m[i * nb + b] = qtype == Q4_1 ? fp16_at(blk + 2) : -8.0f * d;
+            }
+        }
+    }
+}
+
+/* y[r][i] for the tile's rows i < NI and activation rows r < NJ (constants after inlining). */
+static inline __attribute__((always_inline)) void gemm_micro(int qtype, WTile t, ActQ8 a, int cols, int nb, int NI,
+                                                             int NJ, float out[GEMM_RN][GEMM_RM]) {
+    __m256 acc[GEMM_RM][GEMM_RN];
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int i = 0; i < NI; i++)
+        for (int j = 0; j < NJ; j++) acc[i][j] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256i xq[GEMM_RN];
+        for (int j = 0; j < NJ; j++) xq[j] = _mm256_loadu_si256((const __m256i *)(a.qx + (int64_t)j * cols + b * QK));
+        for (int i = 0; i < NI; i++) {
+            const __m256i u = _mm256_loadu_si256((const __m256i *)(t.u + (int64_t)i * cols + b * QK));
+            const float d = t.d[i * nb + b];
+            for (int j = 0; j < NJ; j++) {
+                __m256i xs = xq[j];
+                if (qtype == Q8_0)
+                    xs = _mm256_sign_epi8(xs, _mm256_loadu_si256((const __m256i *)(t.s + (int64_t)i * cols + b * QK)));
+                /* u <= 128 and |x| <= 127: a pair of products sums to at most 2 * 128 * 127 < 2^15 */
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xs), ones);
+                acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.dx[j * nb + b]), _mm256_cvtepi32_ps(p), acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < NI; i++) {
+        for (int j = 0; j < NJ; j++) {
+            float corr = 0.0f;
+            if (qtype != Q8_0) {
+                __m256 c = _mm256_setzero_ps();
+                int b = 0;
+                for (; b + 8 <= nb; b += 8)
+                    c = _mm256_fmadd_ps(_mm256_loadu_ps(t.m + i * nb + b), _mm256_loadu_ps(a.sx + j * nb + b), c);
+                corr = hsum8(c);
+                for (; b < nb; b++) corr += t.m[i * nb + b] * a.sx[j * nb + b];
+            }
+            out[j][i] = hsum8(acc[i][j]) + corr;
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void gemm_tile_of(int qtype, WTile t, ActQ8 a, int cols, int nb,
+                                                               int ni, int rows, int o0, const float *bias, float *y,
+                                                               int64_t y_row) {
+    for (int r0 = 0; r0 < rows; r0 += GEMM_RN) {
+        const int nj = rows - r0 < GEMM_RN ? rows - r0 : GEMM_RN;
+        const ActQ8 ar = {a.qx + (int64_t)r0 * cols, a.dx + (int64_t)r0 * nb, a.sx + (int64_t)r0 * nb};
+        float out[GEMM_RN][GEMM_RM];
+        if (ni == GEMM_RM && nj == GEMM_RN)
+            gemm_micro(qtype, t, ar, cols, nb, GEMM_RM, GEMM_RN, out);
+        else if (ni == GEMM_RM)
+            gemm_micro(qtype, t, ar, cols, nb, GEMM_RM, 1, out);
+        else
+            for (int i = 0; i < ni; i++) {
+                const WTile ti = {t.u + (int64_t)i * cols, t.s + (int64_t)i * cols, t.d + i * nb, t.m + i * nb};
+                float one[GEMM_RN][GEMM_RM];
+                for (int j = 0; j < nj; j++) {
+                    const ActQ8 aj = {ar.qx + (int64_t)j * cols, ar.dx + j * nb, ar.sx + j * nb};
+                    gemm_micro(qtype, ti, aj, cols, nb, 1, 1, one);
+                    out[j][i] = one[0][0];
+                }
+            }
+        for (int j = 0; j < nj; j++)
+            for (int i = 0; i < ni; i++) y[(r0 + j) * y_row + o0 + i] = out[j][i] + (bias ? bias[o0 + i] : 0.0f);
+    }
+}
+
+static void gemm_tile(int qtype, WTile t, ActQ8 a, int cols, int nb, int ni, int rows, int o0, const float *bias,
+                      float *y, int64_t y_row) {
+    switch (qtype) {
+    case Q4_0: gemm_tile_of(Q4_0, t, a, cols, nb, ni, rows, o0, bias, y, y_row); break;
+    case Q4_1: gemm_tile_of(Q4_1, t, a, cols, nb, ni, rows, o0, bias, y, y_row); break;
+    default: gemm_tile_of(Q8_0, t, a, cols, nb, ni, rows, o0, bias, y, y_row); break;
+    }
+}
+#endif
+
+/* y[r, o] = x[r] . W[o] (+ bias[o]) for many rows, activations rounded to int8 per 32-block (see above). 0 on
+ * success; -1: a bad type or width; -2: out of memory; -3: built without AVX2 (the caller takes another path). */
+int quant_gemm_q8(int qtype, const uint8_t *w, int64_t w_row_bytes, int out_features, int in_features,
+                  const float *x, int64_t x_row, int rows, const float *bias, float *y, int64_t y_row,
+                  int num_threads) {
+#ifdef QL_AVX2
+    const int bb = block_bytes(qtype), nb = in_features / QK;
+    if (bb == 0 || in_features % QK != 0 || w_row_bytes < (int64_t)nb * bb) return -1;
+    ActQ8 a = {malloc((size_t)rows * in_features + 32), malloc(sizeof(float) * ((size_t)rows * nb + 8)),
+               malloc(sizeof(float) * ((size_t)rows * nb + 8))};
+    int status = 0;
+    if (!a.qx || !a.dx || !a.sx) {
+        status = -2;
+        goto done;
+    }
+    const int threads = threads_for((int64_t)out_features * in_features * rows, num_threads);
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int r = 0; r < rows; r++) {
+            const ActQ8 ar = {a.qx + (int64_t)r * in_features, a.dx + (int64_t)r * nb, a.sx + (int64_t)r * nb};
+            quantize_act(x + r * x_row, x_row, 1, in_features, ar);
+        }
+        const size_t cols = (size_t)in_features;
+        uint8_t *u = aligned_alloc(32, GEMM_RM * cols);
+        int8_t *sq = aligned_alloc(32, GEMM_RM * cols);
+        float *dm = malloc(sizeof(float) * 2 * GEMM_RM * (size_t)nb);
+        if (!u || !sq || !dm) {
+#pragma omp atomic write
+            status = -2;
+        }
+        const int tiles = (out_features + GEMM_RM - 1) / GEMM_RM;
+#pragma omp for schedule(static)
+        for (int tile = 0; tile < tiles; tile++) {
+            if (!u || !sq || !dm) continue;
+            const int o0 = tile * GEMM_RM, ni = out_features - o0 < GEMM_RM ? out_features - o0 : GEMM_RM;
+            const WTile t = {u, sq, dm, dm + GEMM_RM * nb};
+            unpack_tile(qtype, w + (int64_t)o0 * w_row_bytes, w_row_bytes, ni, nb, in_features, t);
+            gemm_tile(qtype, t, a, in_features, nb, ni, rows, o0, bias, y, y_row);
+        }
+        free(u), free(sq), free(dm);
+    }
+done:
+    free(a.qx), free(a.dx), free(a.sx);
+    return status;
+#else
+    (void)qtype, (void)w, (void)w_row_bytes, (void)out_features, (void)in_features, (void)x, (void)x_row;
+    (void)rows, (void)bias, (void)y, (void)y_row, (void)num_threads;
+    return -3;
+#endif
+}
+
 /* out[o, :] = the dequantized weight row o, for rows [0, rows). 0 on success, -1 for a bad type or width. */
 int dequantize(int qtype, const uint8_t *w, int64_t w_row_bytes, int rows, int cols, float *out, int64_t out_row,
                int num_threads) {

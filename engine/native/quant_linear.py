@@ -3,7 +3,9 @@
 Single-stream decode is a stream over every weight once per token: SmolLM2-135M is ~540 MB in fp32 but ~98 MB in
 GGUF's Q4_1/Q8_0 blocks, so a linear that reads the blocks directly is up to ~5x less memory traffic. Few rows
 (decode: up to GEMV_MAX_ROWS) go to the compiled kernel, which reads each block once for all rows; more rows
-(prefill) are compute-bound, so the blocks are dequantized tile by tile into fp32 and multiplied by torch's GEMM.
+(prefill, a busy decode step) are compute-bound and take the batch GEMM the engine chose (EngineConfig.batch_gemm):
+fp32 tiles of dequantized blocks multiplied by torch's GEMM, a bf16 copy of the weights, or the integer GEMM over
+the blocks with int8 activations.
 Without a compiler (or with PAGEDCHAT_NATIVE=0) the pure-torch twin runs instead.
 """
 
@@ -20,14 +22,22 @@ from torch import nn
 from engine.native.build import load_library
 from engine.native.quant_format import QuantType, QuantWeight, dequantize_torch, quant_linear_torch
 
-__all__ = ["BF16_GEMV_MAX_ROWS", "GEMV_MAX_ROWS", "NativeQuantLinear", "QuantLinear", "load_kernel"]
+__all__ = [
+    "BATCH_GEMMS",
+    "BF16_GEMV_MAX_ROWS",
+    "GEMV_MAX_ROWS",
+    "NativeQuantLinear",
+    "QuantLinear",
+    "load_kernel",
+]
 
 SOURCE = Path(__file__).with_name("quant_linear.c")
 GEMV_MAX_ROWS = 16  # rows up to which the kernel beats dequantize + GEMM (scripts/bench_quant_linear.py)
-# with gemm_bf16 (a CPU with fast bf16): rows up to which the kernel beats torch's bf16 GEMM. `pagedchat bench step` on
+# with batch_gemm bf16 (a CPU with fast bf16): rows up to which the kernel beats torch's bf16 GEMM. `pagedchat bench step` on
 # a 2-core AVX512-BF16 EPYC, SmolLM2's decode step: the fused GEMV step takes ~2.7 ms a sequence (8: 21.4 ms, 16:
 # 44.5), the bf16 module path ~28 ms from 5 to 12 sequences (it reads the 2-byte weights: 31.3 ms at 16)
 BF16_GEMV_MAX_ROWS = 10
+BATCH_GEMMS = ("fp32", "bf16", "int8")  # how QuantLinear multiplies more rows than its GEMV bound
 TILE_WEIGHTS = (
     1 << 20
 )  # weights per dequantized fp32 tile on the GEMM path: 4 MB, cache-resident for the GEMM
@@ -44,6 +54,9 @@ class NativeQuantLinear:
         self._linear = lib.quant_linear
         self._linear.restype = i32
         self._linear.argtypes = [i32, i32, ptr, i64, i32, i32, ptr, i64, i32, ptr, ptr, i64, i32]
+        self._gemm_q8 = lib.quant_gemm_q8
+        self._gemm_q8.restype = i32
+        self._gemm_q8.argtypes = [i32, ptr, i64, i32, i32, ptr, i64, i32, ptr, ptr, i64, i32]
         self._dequantize = lib.dequantize
         self._dequantize.restype = i32
         self._dequantize.argtypes = [i32, ptr, i64, i32, i32, ptr, i64, i32]
@@ -96,6 +109,33 @@ class NativeQuantLinear:
         )
         if status != 0:
             raise RuntimeError(f"quant_linear rejected its inputs (status {status})")
+        return y
+
+    def gemm_q8(self, x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor | None:
+        """x @ W^T (+ bias) for many rows with int8 activations (quant_gemm_q8: a register-tiled integer GEMM);
+        None where the library was built without AVX2 (the caller takes the fp32 tiles)."""
+        rows, out_features = x.shape[0], weight.out_features
+        assert x.dtype == torch.float32 and x.stride(1) == 1 and x.shape[1] == weight.in_features
+        y = torch.empty((rows, out_features), dtype=torch.float32)
+        blocks = weight.blocks
+        status = self._gemm_q8(
+            int(weight.qtype),
+            blocks.data_ptr(),
+            blocks.shape[1],
+            out_features,
+            weight.in_features,
+            x.data_ptr(),
+            x.stride(0),
+            rows,
+            None if bias is None else bias.data_ptr(),
+            y.data_ptr(),
+            out_features,
+            torch.get_num_threads(),
+        )
+        if status == -3:
+            return None
+        if status != 0:
+            raise RuntimeError(f"quant_gemm_q8 rejected its inputs (status {status})")
         return y
 
     def dequantize(self, weight: QuantWeight, start: int = 0, stop: int | None = None) -> torch.Tensor:
@@ -151,9 +191,13 @@ class QuantLinear(nn.Module):
     ~1.4x less CPU time on AVX2 (scripts/bench_quant_linear.py), with an error bounded by (block amax of x / 254)
     @ |W|^T (see tests/engine/test_quant_linear.py).
     act_q8=False is exact: fp32 activations times the dequantized weights, up to fp32 summation order.
-    gemm_bf16=True: more than BF16_GEMV_MAX_ROWS rows (prefill, a busy decode step) are multiplied by a bf16 copy of the
-    dequantized weight, made on first use (+2 bytes a weight), with torch's bf16 GEMM (fp32 accumulation): on a CPU
-    with AVX512-BF16 several times faster than fp32 tiles, with the activations and weights rounded to bf16.
+    batch_gemm, for more rows than the GEMV bound (prefill, a busy decode step):
+    - "fp32": tiles of the dequantized weight multiplied by torch's fp32 GEMM (exact up to summation order);
+    - "bf16": from BF16_GEMV_MAX_ROWS rows, a bf16 copy of the dequantized weight, made on first use (+2 bytes a
+      weight), with torch's bf16 GEMM (fp32 accumulation): on a CPU with AVX512-BF16 several times faster than fp32
+      tiles, with the activations and weights rounded to bf16;
+    - "int8": the activations rounded to int8 per 32-block, as act_q8 does, and an integer GEMM over the blocks
+      (quant_gemm_q8: no copy, no dequantized tiles); the error bound is act_q8's.
     """
 
     def __init__(
@@ -162,13 +206,15 @@ class QuantLinear(nn.Module):
         bias: torch.Tensor | None = None,
         *,
         act_q8: bool = False,
-        gemm_bf16: bool = False,
+        batch_gemm: str = "fp32",
     ) -> None:
         super().__init__()
-        self.gemm_bf16 = gemm_bf16
+        if batch_gemm not in BATCH_GEMMS:
+            raise ValueError(f"batch_gemm must be one of {BATCH_GEMMS}, got {batch_gemm!r}")
+        self.batch_gemm = batch_gemm
         # rows up to which the exact GEMV kernel runs (the fused decode step takes the same bound)
-        self.gemv_max_rows = BF16_GEMV_MAX_ROWS if gemm_bf16 else GEMV_MAX_ROWS
-        # gemm_bf16's copy, made on first use; not a buffer: the blocks are the weight
+        self.gemv_max_rows = BF16_GEMV_MAX_ROWS if batch_gemm == "bf16" else GEMV_MAX_ROWS
+        # batch_gemm bf16's copy, made on first use; not a buffer: the blocks are the weight
         self._weight_bf16: torch.Tensor | None = None
         self.in_features, self.out_features = weight.in_features, weight.out_features
         self.qtype = int(weight.qtype)  # a plain int: passed to the kernel on every call
@@ -189,7 +235,7 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, qtype={QuantType(self.qtype).name}, "
-            f"bias={self.bias is not None}, act_q8={self.act_q8}, gemm_bf16={self.gemm_bf16}"
+            f"bias={self.bias is not None}, act_q8={self.act_q8}, batch_gemm={self.batch_gemm}"
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -213,12 +259,14 @@ class QuantLinear(nn.Module):
         bias = None if self.bias is None else self.bias.float()
         if x2.shape[0] <= self.gemv_max_rows:
             y = self.kernel.linear(x2, weight, bias, act_q8=self.act_q8)
-        elif self.gemm_bf16:
+        elif self.batch_gemm == "bf16":
             if self._weight_bf16 is None:
                 self._weight_bf16 = self.kernel.dequantize(weight).to(torch.bfloat16)
             y = F.linear(x2.to(torch.bfloat16), self._weight_bf16).float()
             if bias is not None:
                 y += bias
+        elif self.batch_gemm == "int8" and (y8 := self.kernel.gemm_q8(x2, weight, bias)) is not None:
+            y = y8
         else:
             y = self.kernel.gemm(x2, weight, bias)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)

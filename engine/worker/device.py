@@ -32,12 +32,15 @@ def cpu_has_fast_bf16() -> bool:
 
 
 def resolve_batch_gemm(name: str, device: torch.device) -> str:
-    """`auto` -> bf16 on a CPU that computes bf16 fast, else fp32 (see EngineConfig.batch_gemm)."""
-    if name not in ("auto", "fp32", "bf16"):
-        raise ValueError(f"batch_gemm must be 'auto', 'fp32' or 'bf16', got {name!r}")
+    """`auto` -> bf16 on a CPU that computes bf16 fast, int8 on another CPU, fp32 on a GPU (where the setting has no
+    use: the blocks are multiplied on the CPU only); see EngineConfig.batch_gemm."""
+    if name not in ("auto", "fp32", "bf16", "int8"):
+        raise ValueError(f"batch_gemm must be 'auto', 'fp32', 'bf16' or 'int8', got {name!r}")
     if name != "auto":
         return name
-    return "bf16" if device.type == "cpu" and cpu_has_fast_bf16() else "fp32"
+    if device.type != "cpu":
+        return "fp32"
+    return "bf16" if cpu_has_fast_bf16() else "int8"
 
 
 def resolve_device(name: str) -> torch.device:

@@ -214,8 +214,10 @@ def test_a_gguf_beside_another_tokenizer_keeps_its_own(tmp_path):
 @pytest.mark.slow
 def test_default_model_on_the_cpu_serves_its_gguf_blocks():
     """auto on the CPU: SmolLM2's own Q4_1/Q8_0 blocks, the folder's tokenizer and EOS, and the fp32 folder's greedy
-    tokens (bench quality: 16 of 16 prompts identical over 64 tokens; the logits differ by fp32 order only)."""
-    llm = LLM(device="cpu", dtype="float32", kv_cache_bytes=64 * 2**20, max_model_len=512)
+    tokens (bench quality: 16 of 16 prompts identical over 64 tokens; the logits differ by fp32 order only).
+    batch_gemm fp32: the two prompts' prefill has more than 16 rows, which auto would multiply with int8 activations
+    (AVX2) or bf16 (AVX512-BF16), and the first prompt's first token is a near tie (logprobs -1.88 vs -1.96)."""
+    llm = LLM(device="cpu", dtype="float32", kv_cache_bytes=64 * 2**20, max_model_len=512, batch_gemm="fp32")
     engine = llm.engine
     assert (engine.config.quantization, engine.model_name, engine.eos_token_ids) == (
         "gguf", "smollm2-135m-instruct", frozenset({2}),

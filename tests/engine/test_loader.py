@@ -54,6 +54,49 @@ def test_saved_folder_round_trips(tmp_path, kind, tied):
     torch.testing.assert_close(_prefill_logits(model, tokens), expected, atol=1e-4, rtol=0)
 
 
+def test_light_config_reads_as_transformers_class_or_is_not_taken(tmp_path):
+    """A complete Llama config.json is read through the base config class, with the same ModelArgs as LlamaConfig;
+    a value left to LlamaConfig's default, RoPE scaling, or another model type takes transformers' own class."""
+    from transformers import AutoConfig
+
+    from engine.loading.light_config import LIGHT_LLAMA_KEYS, light_llama_config
+    from engine.loading.loader import load_hf_config
+    from engine.models.llama import ModelArgs
+
+    make_hf_model("llama", seed=5).save_pretrained(tmp_path)
+    values = json.loads((tmp_path / "config.json").read_text())
+    light = load_hf_config(tmp_path)
+    assert light is not None and type(light).__name__ != "LlamaConfig"
+    auto = AutoConfig.from_pretrained(str(tmp_path))
+    assert ModelArgs.from_hf_config(light) == ModelArgs.from_hf_config(auto)
+    assert light.eos_token_id == auto.eos_token_id
+    for key in LIGHT_LLAMA_KEYS:
+        assert light_llama_config({k: v for k, v in values.items() if k != key}) is None, key
+    assert light_llama_config({**values, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}) is None
+    assert light_llama_config({**values, "model_type": "qwen2"}) is None
+    del values["tie_word_embeddings"]  # LlamaConfig's default (False) is not the base class's (True)
+    (tmp_path / "config.json").write_text(json.dumps(values))
+    assert type(load_hf_config(tmp_path)).__name__ == "LlamaConfig"
+
+
+def test_loading_a_model_imports_neither_dynamo_nor_transformers_integrations(tmp_path):
+    """A model load (a server start) stays clear of torch._dynamo and transformers' hub-kernel integrations,
+    ~6 s of imports together on a 2-core machine: a fresh interpreter loads the tiny model and its tokenizer."""
+    import subprocess
+    import sys
+
+    from tests.app.factories import make_tiny_model_dir
+
+    code = (
+        "import sys; from engine import LLM; "
+        f"llm = LLM(model={str(make_tiny_model_dir())!r}, dtype='float32', device='cpu', kv_cache_bytes=4 << 20, "
+        "kv_disk_bytes=0); llm.generate([[1, 2, 3]]); "
+        "print(sorted(m for m in ('torch._dynamo', 'transformers.integrations.hub_kernels') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("sharded", [False, True])
 def test_only_the_weight_files_transformers_would_load_are_read(tmp_path, sharded):
     """A hub snapshot may hold other safetensors beside the model's (Mistral's consolidated.safetensors copy, in
@@ -112,10 +155,12 @@ def test_dtype_and_device_resolution(monkeypatch):
     assert resolve_batch_gemm("auto", torch.device("cuda")) == "fp32"
     monkeypatch.setattr(dtype_mod, "cpu_has_fast_bf16", lambda: False)
     assert resolve_dtype("auto", cpu) is torch.float32
-    assert resolve_batch_gemm("auto", cpu) == "fp32"
-    assert resolve_batch_gemm("bf16", cpu) == "bf16" and resolve_batch_gemm("fp32", cpu) == "fp32"
+    assert resolve_batch_gemm("auto", cpu) == "int8"  # integer dot products with the blocks (AVX2)
+    assert resolve_batch_gemm("auto", torch.device("cuda")) == "fp32"
+    for name in ("bf16", "fp32", "int8"):
+        assert resolve_batch_gemm(name, cpu) == name
     with pytest.raises(ValueError, match="batch_gemm must be"):
-        resolve_batch_gemm("int8", cpu)
+        resolve_batch_gemm("int4", cpu)
     with pytest.raises(ValueError, match="got 'int8'"):
         resolve_dtype("int8", cpu)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -135,6 +135,25 @@ def test_kernel_q8_activations_within_format_bound(qtype, rows):
 
 @needs_kernel
 @pytest.mark.parametrize("qtype", list(QuantType))
+@pytest.mark.parametrize("rows", ROWS)
+def test_int8_gemm_within_format_bound_and_equal_to_the_q8_rows_kernel(qtype, rows):
+    """quant_gemm_q8 (batch_gemm int8): the same int8 rounding of the activations as act_q8, the same exact integer
+    dot products, only a different fp32 summation order; shapes whose rows and outputs are not whole register tiles
+    (4 outputs x 2 rows) cover the edge tiles."""
+    for i, (out_features, in_features) in enumerate(SHAPES):
+        weight, ref = make_weight(qtype, out_features, in_features, seed=80 + i)
+        x, bias = make_x(rows, in_features, seed=90 + i), torch.randn(out_features)
+        y = KERNEL.gemm_q8(x, weight, bias)
+        x_q8 = q8_round(x)
+        bound = fp32_bound(x_q8, ref) + fp32_bound(x, ref) + 2 * U * bias.abs()
+        assert_within(y, x_q8 @ ref.T + bias, bound)
+        assert_within(y, KERNEL.linear(x, weight, bias, act_q8=True), 2 * bound)
+        q8_error = (block_amax(x).double() / 254 * (1 + 1e-6)) @ ref.double().abs().T
+        assert_within(y, x @ ref.T + bias, q8_error + 2 * bound)
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", list(QuantType))
 def test_kernel_extreme_values_do_not_saturate(qtype):
     """Largest quants against +-amax activations: the 16-bit pair sums of maddubs must not saturate."""
     weight, _ = make_weight(qtype, 4, 64, seed=3)
@@ -148,6 +167,26 @@ def test_kernel_extreme_values_do_not_saturate(qtype):
     for act_q8 in (False, True):
         y = KERNEL.linear(x, weight, None, act_q8=act_q8)
         assert_within(y, x @ ref.T, 2 * fp32_bound(x, ref))
+    assert_within(KERNEL.gemm_q8(x, weight, None), x @ ref.T, 2 * fp32_bound(x, ref))
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 64])
+def test_int8_batch_gemm_takes_over_above_the_gemv_bound_only(rows):
+    """batch_gemm int8: up to GEMV_MAX_ROWS rows the exact kernel (decode stays fp32), above it quant_gemm_q8."""
+    weight, _ = make_weight(QuantType.Q4_1, 101, 160, seed=9)
+    bias = torch.randn(101)
+    layer = QuantLinear(weight, bias, batch_gemm="int8")
+    x = make_x(rows, 160, seed=10)
+    expected = (
+        KERNEL.linear(x, weight, bias, act_q8=False)
+        if rows <= GEMV_MAX_ROWS
+        else KERNEL.gemm_q8(x, weight, bias)
+    )
+    assert layer.gemv_max_rows == GEMV_MAX_ROWS
+    assert torch.equal(layer(x), expected)
+    with pytest.raises(ValueError, match="batch_gemm must be one of"):
+        QuantLinear(weight, bias, batch_gemm="int4")
 
 
 @pytest.mark.parametrize("use_kernel", [True, False])
@@ -209,13 +248,13 @@ def test_weight_width_must_be_whole_blocks():
 @pytest.mark.parametrize("qtype", list(QuantType))
 @pytest.mark.parametrize("rows", ROWS)
 def test_bf16_batch_gemm_is_within_bf16_rounding_and_few_rows_stay_exact(qtype, rows):
-    """gemm_bf16: more than GEMV_MAX_ROWS rows multiply a bf16 copy of the weight by bf16 activations (fp32
+    """batch_gemm bf16: more than GEMV_MAX_ROWS rows multiply a bf16 copy of the weight by bf16 activations (fp32
     accumulation): each product's two roundings bound the error by 2 * 2^-8 of |x| @ |W|^T (plus fp32 summation);
     up to BF16_GEMV_MAX_ROWS rows take the exact kernel as before."""
     for i, (out_features, in_features) in enumerate(SHAPES):
         weight, ref = make_weight(qtype, out_features, in_features, seed=60 + i)
         x, bias = make_x(rows, in_features, seed=70 + i), torch.randn(out_features)
-        module = QuantLinear(weight, bias, gemm_bf16=True)
+        module = QuantLinear(weight, bias, batch_gemm="bf16")
         y = module(x)
         exact_bound = fp32_bound(x, ref) + 2 * U * bias.abs()
         assert module.gemv_max_rows == BF16_GEMV_MAX_ROWS < GEMV_MAX_ROWS
