@@ -209,8 +209,7 @@ def load_gguf_model(
     args = ModelArgs.from_hf_config(hf_config, max_model_len=max_model_len)
     with torch.device("meta"):  # no random init: every weight is overwritten by the file's
         model = LlamaForCausalLM(args).to(dtype)
-    model = model.to_empty(device=device)
-    model.rebuild_after_to_empty()
+    model = model.materialize(device)
     tensors = dict(iter_gguf_tensors(reader, hf_config, dtype))
     in_blocks: set[str] = set()
     if quantization == "gguf":

@@ -120,8 +120,7 @@ def load_model(
     args = ModelArgs.from_hf_config(hf_config, max_model_len=max_model_len)
     with torch.device("meta"):  # no random init: every weight is overwritten by the checkpoint
         model = LlamaForCausalLM(args).to(dtype)
-    model = model.to_empty(device=device)
-    model.rebuild_after_to_empty()
+    model = model.materialize(device)
     model.load_weights(iter_safetensors(path))
     model.eval().requires_grad_(False)
     logger.info("loaded %s (%s, %s) in %.1f s", path, dtype, device, time.monotonic() - start)

@@ -221,6 +221,22 @@ class LlamaForCausalLM(nn.Module):
             "rope_cache", rope if rope.device.type == "meta" else rope_cos_sin(args), persistent=False
         )
 
+    def materialize(self, device: torch.device) -> LlamaForCausalLM:
+        """The model built on the meta device, given uninitialized storage on `device` (for the loader to fill),
+        its LM head re-tied and its RoPE table computed. What `to_empty` does, but each tensor made by a plain
+        factory call: to_empty's empty_like on meta tensors runs torch's reference ops, whose first use imports
+        torch.fx's symbolic shapes (~1 s at every model load)."""
+        for module in self.modules():
+            for name, param in list(module._parameters.items()):
+                if param is not None and param.is_meta:
+                    storage = torch.empty(param.shape, dtype=param.dtype, device=device)
+                    module._parameters[name] = nn.Parameter(storage, requires_grad=param.requires_grad)
+            for name, buffer in list(module._buffers.items()):
+                if buffer is not None and buffer.is_meta:
+                    module._buffers[name] = torch.empty(buffer.shape, dtype=buffer.dtype, device=device)
+        self.rebuild_after_to_empty()
+        return self
+
     def rebuild_after_to_empty(self) -> None:
         """Re-tie lm_head and recompute the RoPE table after `to_empty` from the meta device."""
         if self.args.tie_word_embeddings:  # to_empty replaces each module's parameter separately

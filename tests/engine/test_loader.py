@@ -93,7 +93,9 @@ def test_loading_a_model_imports_neither_dynamo_nor_transformers_integrations(tm
         "kv_disk_bytes=0); llm.generate([[1, 2, 3]]); "
         "print(sorted(m for m in ('torch._dynamo', 'transformers.integrations.hub_kernels') if m in sys.modules))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
 
 
