@@ -90,11 +90,26 @@ class NativeQuantLinear:
     ) -> torch.Tensor:
         """`linear` without its checks, for callers that made them once (QuantLinear's decode path): a decode step
         makes ~120 of these calls, so each Python-side microsecond here is ~0.1 ms a token."""
+        status, y = self._rows(self._linear, (qtype, act_q8), x, blocks, in_features, bias)
+        if status != 0:
+            raise RuntimeError(f"quant_linear rejected its inputs (status {status})")
+        return y
+
+    @staticmethod
+    def _rows(
+        fn: ctypes._CFuncPtr,
+        leading: tuple[int, ...],
+        x: torch.Tensor,
+        blocks: torch.Tensor,
+        in_features: int,
+        bias: torch.Tensor | None,
+    ) -> tuple[int, torch.Tensor]:
+        """fn(*leading, the blocks, x's rows, bias, a new y) for quant_linear and quant_gemm_q8, which share
+        their arguments after the leading ones; (its status, y)."""
         rows, out_features = x.shape[0], blocks.shape[0]
         y = torch.empty((rows, out_features), dtype=torch.float32)
-        status = self._linear(
-            qtype,
-            act_q8,
+        status = fn(
+            *leading,
             blocks.data_ptr(),
             blocks.shape[1],
             out_features,
@@ -107,30 +122,14 @@ class NativeQuantLinear:
             out_features,
             torch.get_num_threads(),
         )
-        if status != 0:
-            raise RuntimeError(f"quant_linear rejected its inputs (status {status})")
-        return y
+        return status, y
 
     def gemm_q8(self, x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor | None:
         """x @ W^T (+ bias) for many rows with int8 activations (quant_gemm_q8: a register-tiled integer GEMM);
         None where the library was built without AVX2 (the caller takes the fp32 tiles)."""
-        rows, out_features = x.shape[0], weight.out_features
         assert x.dtype == torch.float32 and x.stride(1) == 1 and x.shape[1] == weight.in_features
-        y = torch.empty((rows, out_features), dtype=torch.float32)
-        blocks = weight.blocks
-        status = self._gemm_q8(
-            int(weight.qtype),
-            blocks.data_ptr(),
-            blocks.shape[1],
-            out_features,
-            weight.in_features,
-            x.data_ptr(),
-            x.stride(0),
-            rows,
-            None if bias is None else bias.data_ptr(),
-            y.data_ptr(),
-            out_features,
-            torch.get_num_threads(),
+        status, y = self._rows(
+            self._gemm_q8, (int(weight.qtype),), x, weight.blocks, weight.in_features, bias
         )
         if status == -3:
             return None
