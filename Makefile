@@ -29,7 +29,7 @@ lint: $(STAMP)
 test: $(STAMP)
 	bash scripts/setup_test_deps.sh
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

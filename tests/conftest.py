@@ -14,9 +14,6 @@ if "triton" not in sys.modules and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-# modules that start a Ray cluster: one worker runs them, one after the other (two local clusters at once would
-# compete for Ray's ports and two cores)
-RAY_MODULES = ("tests/e2e/test_replicas.py", "tests/cluster/test_replica_set.py")
 # the folders whose modules take longest (real servers, the real model) run first, so that the two workers end
 # together rather than one waiting on a long module picked up last
 FIRST_FOLDERS = ("tests/e2e/", "tests/reliability/", "tests/engine/", "tests/bench/")
@@ -26,16 +23,12 @@ def _folder_rank(item: pytest.Item) -> int:
     return next((i for i, f in enumerate(FIRST_FOLDERS) if item.nodeid.startswith(f)), len(FIRST_FOLDERS))
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under `--dist loadgroup`, a test module is one unit of work (its module-scoped servers and models are built
-    once, on one worker), and the Ray modules are one unit together; the slow folders come first (a stable sort: a
-    module's tests stay together and in order). Runs before xdist's own hook, which reads the marks."""
+    """The slow folders first (a stable sort: a module's tests stay together and in order). `make test` runs
+    `--dist loadfile --no-loadscope-reorder`: a module is one unit of work, in this order, so its module-scoped
+    servers and models are built once, on one worker. (Not loadgroup: pytest-xdist 3.8 renames node ids for it in a
+    way pytest 9 ignores, so its groups silently fall apart.)"""
     items.sort(key=_folder_rank)
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            module = item.nodeid.split("::", 1)[0]
-            item.add_marker(pytest.mark.xdist_group("ray" if module in RAY_MODULES else module))
 
 
 @pytest.fixture(autouse=True, scope="session")
