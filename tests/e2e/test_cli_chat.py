@@ -11,6 +11,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import pexpect
@@ -74,6 +75,15 @@ def ask(child: pexpect.spawn, line: str) -> str:
     return child.before.replace("\r\n", "\n")
 
 
+def ctrl_c_at_the_prompt(child: pexpect.spawn) -> None:
+    """Ctrl-C at a prompt just shown, once input() waits in select(): CPython's readline loop blocks in select()
+    without a timeout, so a SIGINT that lands between the prompt's display and that call only raises at the next
+    key (seen once under two busy test workers: the test then waited 60 s for a prompt). 0.2 s is inside the chat's
+    1 s grace after a stopped reply."""
+    time.sleep(0.2)
+    child.sendintr()
+
+
 def stop_reply(child: pexpect.spawn, message: str) -> None:
     """Send a message, press Ctrl-C once its reply has started, and wait for the prompt."""
     child.sendline(message)
@@ -96,7 +106,7 @@ def test_ctrl_c_stops_the_reply_and_the_conversation_goes_on(tmp_path, tiny_mode
     assert "system prompt set" in ask(child, "/system You are terse.")
 
     stop_reply(child, "hello")
-    child.sendintr()  # a second Ctrl-C right after the one that stopped the reply: the chat stays
+    ctrl_c_at_the_prompt(child)  # a second Ctrl-C right after the one that stopped the reply: the chat stays
     child.expect_exact(PROMPT)
     stats = ask(child, "/stats")
     assert "stopped with Ctrl-C" in stats
@@ -147,7 +157,7 @@ def test_ctrl_c_stops_the_reply_and_the_conversation_goes_on(tmp_path, tiny_mode
     child.expect_exact("half a thought")  # readline has it (a Ctrl-C flushes what it has not read yet)
     child.sendintr()  # drops the line being typed
     child.expect_exact(PROMPT)
-    child.sendintr()  # at an empty prompt: quits
+    ctrl_c_at_the_prompt(child)  # at an empty prompt: quits
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
