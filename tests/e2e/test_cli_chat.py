@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pexpect
@@ -52,6 +51,7 @@ def spawn_chat(tmp_path: Path, model: str, *flags: str) -> tuple[pexpect.spawn, 
         os.close(fd)
         # Ctrl-C as at a user's terminal: a test run started in the background by a non-interactive shell ignores
         # SIGINT, every process under it inherits that, and Python then leaves SIGINT ignored at the chat's prompt
+        # (the chat's second Ctrl-C went unseen: `bash .ci/run &` failed here every time, the foreground never)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     child = pexpect.spawn(
@@ -79,15 +79,6 @@ def ask(child: pexpect.spawn, line: str) -> str:
     return child.before.replace("\r\n", "\n")
 
 
-def ctrl_c_at_the_prompt(child: pexpect.spawn) -> None:
-    """Ctrl-C at a prompt just shown, 0.2 s after it appeared (inside the chat's 1 s grace after a stopped reply).
-    Suspected race: CPython's input() under readline waits in select() without a timeout and checks signals only
-    when select is interrupted, so a SIGINT landing between the prompt's display and that call would be acted on only
-    at the next key. Twice in full two-worker runs the chat printed nothing for 60 s after this Ctrl-C; never alone."""
-    time.sleep(0.2)
-    child.sendintr()
-
-
 def stop_reply(child: pexpect.spawn, message: str) -> None:
     """Send a message, press Ctrl-C once its reply has started, and wait for the prompt."""
     child.sendline(message)
@@ -110,7 +101,7 @@ def test_ctrl_c_stops_the_reply_and_the_conversation_goes_on(tmp_path, tiny_mode
     assert "system prompt set" in ask(child, "/system You are terse.")
 
     stop_reply(child, "hello")
-    ctrl_c_at_the_prompt(child)  # a second Ctrl-C right after the one that stopped the reply: the chat stays
+    child.sendintr()  # a second Ctrl-C right after the one that stopped the reply: the chat stays
     child.expect_exact(PROMPT)
     stats = ask(child, "/stats")
     assert "stopped with Ctrl-C" in stats
@@ -161,7 +152,7 @@ def test_ctrl_c_stops_the_reply_and_the_conversation_goes_on(tmp_path, tiny_mode
     child.expect_exact("half a thought")  # readline has it (a Ctrl-C flushes what it has not read yet)
     child.sendintr()  # drops the line being typed
     child.expect_exact(PROMPT)
-    ctrl_c_at_the_prompt(child)  # at an empty prompt: quits
+    child.sendintr()  # at an empty prompt: quits
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
