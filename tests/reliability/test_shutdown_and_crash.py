@@ -205,7 +205,9 @@ def test_sigterm_drains_then_kill_9_loses_nothing_typed(tmp_path, tiny_model):
             assert messages[2]["content"].startswith("again")
             partial = messages[3]["content"]
             assert flushed[sid][1] == "streaming" and partial.startswith(flushed[sid][2])
-            assert reader.text.startswith(partial) and partial  # at most the last flush is lost
+            # at most the last flush is lost; and the stored text may run ahead of what the client had read, by the
+            # deltas still in flight to it at the kill (seen under two busy test workers)
+            assert partial and (reader.text.startswith(partial) or partial.startswith(reader.text))
         assert f"marked {len(victims)} answers left streaming by a previous run as interrupted" in third.log()
     finally:
         stop_server(third)
