@@ -203,11 +203,12 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args
-        # built with its weight given: nn.Embedding's own init (normal_) on the meta device the loaders build on
-        # goes through torch's reference ops, whose first call imports torch._dynamo (~2.5 s at every model load);
-        # the RoPE table below likewise
+        # the loaders build on the meta device (then `materialize`); there nn.Embedding's own init (normal_) and the
+        # RoPE table would go through torch's reference ops, whose first call imports torch._dynamo (~2.5 s at
+        # every model load): both are skipped on meta
+        on_meta = torch.empty(0).is_meta
         weight = torch.empty(args.vocab_size, args.hidden_size)
-        if weight.device.type != "meta":
+        if not on_meta:
             nn.init.normal_(weight)
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
@@ -216,10 +217,8 @@ class LlamaForCausalLM(nn.Module):
         if args.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         # cast along with the weights: HF also rounds cos/sin to the activation dtype
-        rope = torch.empty(args.max_seq_len, 2, args.head_dim)  # on meta: computed by rebuild_after_to_empty
-        self.register_buffer(
-            "rope_cache", rope if rope.device.type == "meta" else rope_cos_sin(args), persistent=False
-        )
+        rope = torch.empty(args.max_seq_len, 2, args.head_dim) if on_meta else rope_cos_sin(args)
+        self.register_buffer("rope_cache", rope, persistent=False)
 
     def materialize(self, device: torch.device) -> LlamaForCausalLM:
         """The model built on the meta device, given uninitialized storage on `device` (for the loader to fill),
@@ -234,12 +233,12 @@ class LlamaForCausalLM(nn.Module):
             for name, buffer in list(module._buffers.items()):
                 if buffer is not None and buffer.is_meta:
                     module._buffers[name] = torch.empty(buffer.shape, dtype=buffer.dtype, device=device)
-        self.rebuild_after_to_empty()
+        self.retie_and_rebuild_rope()
         return self
 
-    def rebuild_after_to_empty(self) -> None:
-        """Re-tie lm_head and recompute the RoPE table after `to_empty` from the meta device."""
-        if self.args.tie_word_embeddings:  # to_empty replaces each module's parameter separately
+    def retie_and_rebuild_rope(self) -> None:
+        """Re-tie lm_head and recompute the RoPE table from `args` (after `materialize`, or a change of args)."""
+        if self.args.tie_word_embeddings:  # materialize replaces each module's parameter separately
             self.lm_head.weight = self.embed_tokens.weight
         self.rope_cache = rope_cos_sin(self.args).to(self.rope_cache.device, self.rope_cache.dtype)
 

@@ -73,6 +73,10 @@ static inline float hsum8(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
+/* The 32 nibbles of a Q4 block's 16 bytes as bytes 0..15, in weight order (low nibbles, then high). */
+static inline __m256i q4_nibbles(__m128i raw) {
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0f));
+}
 static inline void dequant_block_avx2(int qtype, const uint8_t *blk, __m256 w[4]) {
     const __m256 d = _mm256_set1_ps(fp16_at(blk));
     if (qtype == Q8_0) {
@@ -161,7 +165,7 @@ static inline __attribute__((always_inline)) void q8_block(int qtype, const uint
         w = _mm256_loadu_si256((const __m256i *)(blk + 2));
     } else {
         const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (qtype == Q4_1 ? 4 : 2)));
-        w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0f)); /* 0..31 */
+        w = q4_nibbles(raw);
     }
     const __m256i wabs = qtype == Q8_0 ? _mm256_sign_epi8(w, w) : w; /* maddubs wants unsigned x signed */
     const float m = qtype == Q4_1 ? fp16_at(blk + 2) : qtype == Q4_0 ? -8.0f * d : 0.0f;
@@ -284,7 +288,7 @@ static inline __attribute__((always_inline)) float row1_exact(int qtype, const u
 static inline __attribute__((always_inline)) float row1_q8(int qtype, const uint8_t *wrow, int nb, int bb, ActQ8 a) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     float corr = 0.0f;
-    const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1);
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = wrow + (int64_t)b * bb;
         __m256i xq = _mm256_loadu_si256((const __m256i *)(a.qx + b * QK)), w;
@@ -294,7 +298,7 @@ static inline __attribute__((always_inline)) float row1_q8(int qtype, const uint
             w = _mm256_sign_epi8(raw, raw); /* maddubs wants unsigned x signed: |w| * (x * sign(w)) */
         } else {
             const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (qtype == Q4_1 ? 4 : 2)));
-            w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), mask);
+            w = q4_nibbles(raw);
         }
         /* |w| <= 128 and |x| <= 127: a pair of products sums to at most 2 * 128 * 127 < 2^15, no saturation */
         const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, xq), ones));
@@ -410,7 +414,6 @@ typedef struct {
 
 static void unpack_tile(int qtype, const uint8_t *w, int64_t w_row_bytes, int nr, int nb, int cols, WTile t) {
     const int bb = block_bytes(qtype);
-    const __m256i mask = _mm256_set1_epi8(0x0f);
     for (int i = 0; i < nr; i++) {
         for (int b = 0; b < nb; b++) {
             const uint8_t *blk = w + (int64_t)i * w_row_bytes + (int64_t)b * bb;
@@ -424,8 +427,7 @@ static void unpack_tile(int qtype, const uint8_t *w, int64_t w_row_bytes, int nr
                 t.m[i * nb + b] = 0.0f;
             } else {
                 const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (qtype == Q4_1 ? 4 : 2)));
-                _mm256_storeu_si256((__m256i *)u,
-                                    _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), mask));
+                _mm256_storeu_si256((__m256i *)u, q4_nibbles(raw));
                 t.m[i * nb + b] = qtype == Q4_1 ? fp16_at(blk + 2) : -8.0f * d;
             }
         }
@@ -508,7 +510,8 @@ static void gemm_tile(int qtype, WTile t, ActQ8 a, int cols, int nb, int ni, int
 #endif
 
 /* y[r, o] = x[r] . W[o] (+ bias[o]) for many rows, activations rounded to int8 per 32-block (see above). 0 on
- * success; -1: a bad type or width; -2: out of memory; -3: built without AVX2 (the caller takes another path). */
+ * success; -1: a bad type or width; -2: out of memory. Without AVX2: quant_linear's scalar q8 path, the same
+ * rounding and integer products. */
 int quant_gemm_q8(int qtype, const uint8_t *w, int64_t w_row_bytes, int out_features, int in_features,
                   const float *x, int64_t x_row, int rows, const float *bias, float *y, int64_t y_row,
                   int num_threads) {
@@ -553,9 +556,8 @@ done:
     free(a.qx), free(a.dx), free(a.sx);
     return status;
 #else
-    (void)qtype, (void)w, (void)w_row_bytes, (void)out_features, (void)in_features, (void)x, (void)x_row;
-    (void)rows, (void)bias, (void)y, (void)y_row, (void)num_threads;
-    return -3;
+    return quant_linear(qtype, 1, w, w_row_bytes, out_features, in_features, x, x_row, rows, bias, y, y_row,
+                        num_threads);
 #endif
 }
 

@@ -124,15 +124,13 @@ class NativeQuantLinear:
         )
         return status, y
 
-    def gemm_q8(self, x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor | None:
-        """x @ W^T (+ bias) for many rows with int8 activations (quant_gemm_q8: a register-tiled integer GEMM);
-        None where the library was built without AVX2 (the caller takes the fp32 tiles)."""
+    def gemm_q8(self, x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
+        """x @ W^T (+ bias) for many rows with int8 activations (quant_gemm_q8: a register-tiled integer GEMM on
+        AVX2, the q8 row kernel elsewhere)."""
         assert x.dtype == torch.float32 and x.stride(1) == 1 and x.shape[1] == weight.in_features
         status, y = self._rows(
             self._gemm_q8, (int(weight.qtype),), x, weight.blocks, weight.in_features, bias
         )
-        if status == -3:
-            return None
         if status != 0:
             raise RuntimeError(f"quant_gemm_q8 rejected its inputs (status {status})")
         return y
@@ -264,8 +262,8 @@ class QuantLinear(nn.Module):
             y = F.linear(x2.to(torch.bfloat16), self._weight_bf16).float()
             if bias is not None:
                 y += bias
-        elif self.batch_gemm == "int8" and (y8 := self.kernel.gemm_q8(x2, weight, bias)) is not None:
-            y = y8
+        elif self.batch_gemm == "int8":
+            y = self.kernel.gemm_q8(x2, weight, bias)
         else:
             y = self.kernel.gemm(x2, weight, bias)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)

@@ -117,7 +117,7 @@ def test_llama3_logits_depend_on_rope_freqs(tmp_path):
     model, _ = load_gguf_model(path, torch.float32, CPU, quantization="none")
     tokens = list(range(3, 31))
     model.args, scaled_cache = replace(model.args, rope_freq_factors=()), model.rope_cache
-    model.rebuild_after_to_empty()
+    model.retie_and_rebuild_rope()
     assert not torch.equal(model.rope_cache, scaled_cache)
     gap = (teacher_forced_logits(model, tokens, 20) - hf_logits(hf_model, tokens)).abs().max()
     assert gap > 1e-2, f"default RoPE gave the llama3 logits (max gap {gap})"
