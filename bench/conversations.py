@@ -70,16 +70,17 @@ def bearer_tokens(api_keys: Sequence[str], num_users: int, api: str) -> tuple[st
 
 @contextlib.asynccontextmanager
 async def user_clients(
-    url: str, tokens: list[str | None]
+    url: str, tokens: list[str | None], *, keep_alive: bool = True
 ) -> AsyncIterator[list[tuple[httpx.AsyncClient, Any]]]:
-    """Per user: a session-API client (its own cookie jar, its token if any) and an OpenAI client; closed after."""
+    """Per user: a session-API client (its own cookie jar, its token if any) and an OpenAI client (`keep_alive`: see
+    loadgen.make_client); closed after."""
     opened: list[tuple[httpx.AsyncClient, Any]] = []
     try:
         for token in tokens:
             # the Origin a browser on the server's pages sends: cookie-authenticated writes need it
             headers = {**sc.auth_headers(token), "Origin": sc.origin_of(url)}
             http = httpx.AsyncClient(base_url=url, headers=headers, timeout=loadgen.CLIENT_TIMEOUT_S)
-            opened.append((http, loadgen.make_client(url, token or "bench")))
+            opened.append((http, loadgen.make_client(url, token or "bench", keep_alive=keep_alive)))
         yield opened
     finally:
         for http, oa in opened:

@@ -115,6 +115,8 @@ async def stream_chat(
             timings = (chunk.model_extra or {}).get("timings")  # llama.cpp: an extra field, the last one wins
             if isinstance(timings, dict):
                 result.server_timings = timings
+        if not result.num_cached_tokens and result.server_timings:  # llama.cpp builds without cached_tokens
+            result.num_cached_tokens = int(result.server_timings.get("cache_n", 0) or 0)
         result.ok = True
     except Exception as exc:  # noqa: BLE001 - a failed request is a data point, not a crash of the benchmark
         result.error = f"{type(exc).__name__}: {exc}"

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import dataclasses
 import functools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write the shared system prompt to PATH and exit: servers given by --url publish it with "
         "--shared-prompt-file PATH",
     )
+    parser.add_argument(
+        "--baseline-url",
+        default=None,
+        help="any running OpenAI-compatible server (e.g. llama.cpp's llama-server): run the same users' /v1 "
+        "conversations against pagedchat (caching on, the system prompt published; --url or started here) and "
+        "against it, and compare wall time, output rate and TTFT per turn (bench/multiturn_baseline.py)",
+    )
+    parser.add_argument(
+        "--baseline-name",
+        default=None,
+        help="the baseline's name in the report (default: llama.cpp when its /v1/models says owned_by llamacpp, "
+        "else baseline)",
+    )
     parser.add_argument("--keep-logs", default=None, help="keep server logs and databases in this folder")
     returning.add_arguments(parser)
     _replicas().add_arguments(parser)
@@ -116,13 +130,19 @@ async def run_mode(
     args: argparse.Namespace,
     label: str,
     seed: int,
+    *,
+    keep_alive: bool = True,
 ) -> dict[str, Any]:
-    """All users' conversations (one task each, one identity each) through one API of one server."""
+    """All users' conversations (one task each, one identity each) through one API of one server. `keep_alive=False`:
+    every request on its own TCP connection (llama.cpp's small HTTP thread pool starves on idle kept-alive ones)."""
     # distinct conversations per run: only the system prompt is shared between runs on one server
     scripts = [user_turns(u, args.turns, args.seed + seed) for u in range(args.users)]
     warm_token, tokens = bearer_tokens(api_keys, args.users, mode)
-    async with httpx.AsyncClient(base_url=url, timeout=loadgen.CLIENT_TIMEOUT_S) as admin:
-        oa = loadgen.make_client(url, warm_token)
+    admin_headers = None if keep_alive else {"Connection": "close"}
+    async with httpx.AsyncClient(
+        base_url=url, timeout=loadgen.CLIENT_TIMEOUT_S, headers=admin_headers
+    ) as admin:
+        oa = loadgen.make_client(url, warm_token, keep_alive=keep_alive)
         model = (await oa.models.list()).data[0].id
         hello = [{"role": "system", "content": system}, {"role": "user", "content": "Hello!"}]
         warm = await loadgen.stream_chat(oa, model, ChatRequest(hello, 8, "warm"), 0.0)
@@ -130,7 +150,7 @@ async def run_mode(
         if not warm.ok:
             raise RuntimeError(f"warm-up request to {url} failed: {warm.error}")
         before = await sc.admin_stats(admin)
-        async with user_clients(url, tokens) as clients:
+        async with user_clients(url, tokens, keep_alive=keep_alive) as clients:
             with progress(args.users * args.turns, label, unit="turn") as bar:
                 tick = functools.partial(bar.update, 1)
                 starts = [
@@ -139,14 +159,16 @@ async def run_mode(
                 ]
                 measured = Latch(args.users)
                 staggered = args.arrivals == "staggered"
+                started = time.perf_counter()
                 per_user = await asyncio.gather(
                     *(
                         run_user(u, starts[u], script, staggered, measured, tick)
                         for u, script in enumerate(scripts)
                     )
                 )
+                wall_s = time.perf_counter() - started
         after = await sc.admin_stats(admin)
-    return summarise(list(per_user), args.turns, before, after)
+    return {**summarise(list(per_user), args.turns, before, after), "wall_s": wall_s}
 
 
 def summarise(
@@ -177,6 +199,7 @@ def summarise(
     ok = [r for r in every if r.ok]
     prompt, cached = sum(r.prompt_tokens for r in ok), sum(r.cached_tokens for r in ok)
     summary: dict[str, Any] = {
+        "completion_tokens": sum(r.completion_tokens for r in ok),
         "turns": turns,
         "num_turns_failed": len(every) - len(ok),
         "errors": sorted({r.error for r in every if not r.ok})[:5],
@@ -238,9 +261,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     args.users = args.users or (returning.DEFAULT_USERS if is_returning else DEFAULT_USERS)
     args.turns = args.turns or (returning.DEFAULT_TURNS if is_returning else DEFAULT_TURNS)
     if is_returning:
-        if args.url or args.url_no_caching or args.write_system_prompt:
+        if args.url or args.url_no_caching or args.write_system_prompt or args.baseline_url:
             raise SystemExit(
-                "bench multiturn --scenario returning starts (and restarts) its own servers: no --url"
+                "bench multiturn --scenario returning starts (and restarts) its own servers: no --url or "
+                "--baseline-url"
             )
         return returning.run(args)
     config = args.engine_config
@@ -254,6 +278,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     url_keys = tuple(k.strip() for k in (args.api_key or "").split(",") if k.strip())
     # servers started here: one key per user and one for the warm-up, and the system prompt published
     bench_keys = tuple(f"{BENCH_API_KEY}-{u}" for u in range(args.users + 1))
+    if args.baseline_url:
+        if args.url_no_caching:
+            raise SystemExit(
+                "bench multiturn: --baseline-url compares one caching pagedchat: no --url-no-caching"
+            )
+        from bench import multiturn_baseline  # it builds on this module's run_mode
+
+        return multiturn_baseline.run(args, system, bench_keys)
     runs: dict[str, dict[str, Any]] = {}
     with servers.log_folder(args.keep_logs) as logs:
         prompt_file = logs / SYSTEM_PROMPT_FILE

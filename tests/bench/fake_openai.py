@@ -15,7 +15,8 @@ from typing import Any
 
 WORDS = ["alpha ", "beta ", "gamma ", "delta "]
 LLAMA_TIMINGS = {
-    "prompt_n": 12,
+    "cache_n": 10,  # prompt tokens the slot already held
+    "prompt_n": 2,
     "prompt_ms": 6.0,
     "prompt_per_token_ms": 0.5,
     "prompt_per_second": 2000.0,

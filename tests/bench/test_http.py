@@ -20,6 +20,7 @@ from bench.replica_scenario import make_scenario
 from bench.replicas import RunSpec, measure
 from engine.core.config import EngineConfig
 from engine.loading.loader import load_tokenizer
+from tests.bench.fake_openai import LLAMA_TIMINGS, fake_server
 from tests.engine.bench_helpers import shared_tiny_model
 
 API_KEY = "test-bench-key"
@@ -152,6 +153,41 @@ def test_multiturn_bench_with_caching_on_and_off(tiny_servers, tmp_path, capsys)
         "PASS",
         "FAIL",
     }  # the verdicts themselves depend on timing
+
+
+def test_multiturn_bench_against_a_llama_cpp_baseline(tiny_servers, tmp_path, capsys):
+    """The same users' /v1 conversations against pagedchat and a llama.cpp-like server: every turn of both, the same
+    messages to both, history resent each turn, one connection per request, wall time and ratios reported."""
+    model, url_on, _ = tiny_servers
+    with fake_server("smollm.gguf", "llamacpp", LLAMA_TIMINGS) as (baseline_url, theirs):
+        argv = shlex.split(
+            f"multiturn --model {model} --url {url_on} --api-key {API_KEY},{USER_KEYS} --baseline-url "
+            f"{baseline_url} --users 2 --turns 3 --arrivals together --system-tokens {SYSTEM_TOKENS} "
+            f"--max-tokens 4 --results-dir {tmp_path}"
+        )
+        assert bench_main(argv) == 0
+    doc = _only_result(tmp_path, "multiturn-baseline")
+    assert doc["baseline"] == {"name": "llama.cpp", "url": baseline_url, "model": "smollm.gguf"}
+    assert set(doc["systems"]) == {"pagedchat", "llama.cpp"}
+    for name, run in doc["systems"].items():
+        assert run["num_turns_failed"] == 0, (name, run["errors"])
+        assert [t["num_ok"] for t in run["turns"]] == [2, 2, 2], name
+        assert run["wall_s"] > 0 and run["completion_tokens"] >= 6, name
+    # pagedchat's published system prompt and each user's own history come from its cache
+    assert doc["systems"]["pagedchat"]["turns"][2]["mean_cached_tokens"] >= SYSTEM_TOKENS // 2
+    # llama.cpp's cached prompt tokens come from its timings (cache_n) when usage has none
+    assert doc["systems"]["llama.cpp"]["cached_tokens"] == 6 * LLAMA_TIMINGS["cache_n"]
+    # the baseline saw the warm-up and 2 users x 3 turns, each turn resending the history with the replies so far,
+    # every request on its own connection (the admin counters' two reads too)
+    chats = theirs.messages_asked
+    assert len(chats) == 1 + 6 and theirs.connections == theirs.requests
+    assert sorted(len(m) for m in chats[1:]) == [2, 2, 4, 4, 6, 6]
+    longest = [m for m in chats if len(m) == 6]
+    assert all(m[2] == {"role": "assistant", "content": "alpha beta gamma delta "} for m in longest)
+    assert all(m[0]["role"] == "system" and m[0]["content"] == chats[0][0]["content"] for m in chats)
+    ratios = doc["ratios"]
+    assert ratios["wall_time"] > 0 and len(ratios["ttft_p50_per_turn"]) == 3
+    assert "multiturn against llama.cpp" in capsys.readouterr().out
 
 
 def test_replicas_measure_against_todays_single_process_server(tiny_servers):
