@@ -1,5 +1,10 @@
 """`bench serving`: one OpenAI-API load, Poisson rates then closed-loop concurrency, against pagedchat and a baseline:
-the HF one-request-at-a-time server started here, or any OpenAI-compatible server (llama.cpp's `llama-server`)."""
+the HF one-request-at-a-time server started here, or any OpenAI-compatible server (llama.cpp's `llama-server`).
+
+With `--step-timing` (an engine flag: the pagedchat started here times its decode steps) or a pagedchat given by --url
+that runs with it, each point also records the decode steps the server ran meanwhile, per batch size, split into
+matmuls, attention and the rest, and the point of one request at a time the client's TPOT less the matmuls and
+attention: what everything else costs a token as served."""
 
 from __future__ import annotations
 
@@ -11,9 +16,21 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import httpx
+
 from bench import loadgen, servers
 from bench.common import print_report, progress, write_results
-from bench.serving_report import HEADERS, RATIOS_MEANING, plot, ratios, table_rows
+from bench.serving_report import (
+    HEADERS,
+    RATIOS_MEANING,
+    STEP_HEADERS,
+    decode_steps,
+    plot,
+    ratios,
+    served_rest_ms,
+    step_rows,
+    table_rows,
+)
 from bench.workload import WORKLOAD_LABEL, chat_requests
 
 DEFAULT_RATES = [0.5, 1.0, 2.0, 4.0, 8.0]
@@ -106,12 +123,15 @@ async def sweep(
     """Every load point against one server, a warm-up request first; no connection is kept alive between requests,
     so every server sees one TCP connection per request."""
     client = loadgen.make_client(url, api_key or "bench", keep_alive=False)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    admin = httpx.AsyncClient(base_url=url, headers={**headers, "Connection": "close"}, timeout=30.0)
     try:
         warm = await loadgen.stream_chat(client, model, requests[0], 0.0)
         if not warm.ok:
             raise RuntimeError(f"{name} at {url} failed the warm-up request: {warm.error}")
         out = []
         for point in points:
+            timings_before = await step_timings(admin)
             with progress(point.num_requests, f"{name} {point.kind}={point.value:g}") as bar:
 
                 async def send(i: int, start_s: float) -> loadgen.RequestResult:
@@ -125,10 +145,30 @@ async def sweep(
                     seed=seed,
                     on_done=lambda: bar.update(1),
                 )
-            out.append({"load": point.kind, "value": point.value, **loadgen.summarise(results, duration)})
+            summary = {"load": point.kind, "value": point.value, **loadgen.summarise(results, duration)}
+            timings_after = await step_timings(admin)
+            if timings_after is not None:
+                summary["decode_steps"] = decode_steps(timings_before or [], timings_after)
+                if point.kind == "concurrency" and point.value == 1:
+                    summary["served_rest_ms"] = served_rest_ms(summary)
+            out.append(summary)
         return out
     finally:
         await client.close()
+        await admin.aclose()
+
+
+async def step_timings(admin: httpx.AsyncClient) -> list[dict[str, Any]] | None:
+    """The server's decode-step timings (pagedchat with --step-timing: /api/admin/state's stats.step_timings), or
+    None where it has none (off, refused, or another server)."""
+    try:
+        resp = await admin.get("/api/admin/state")
+    except httpx.HTTPError:
+        return None
+    if resp.status_code != 200 or "application/json" not in resp.headers.get("content-type", ""):
+        return None
+    timings = (resp.json().get("stats") or {}).get("step_timings")
+    return list(timings) if timings else None
 
 
 def _measure(
@@ -198,5 +238,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         payload["ratios"] = ratios(systems["pagedchat"], systems[baseline])
     paths = write_results("serving", payload, plot(systems), args.results_dir, args.command_line)
     title = f"serving: {args.num_requests} chat requests per load point (closed loop: {CLOSED_LOOP_REQUESTS})"
-    print_report(title, HEADERS, table_rows(systems), (), paths)
+    steps = step_rows(systems["pagedchat"])
+    print_report(title, HEADERS, table_rows(systems), (), () if steps else paths)
+    if steps:
+        print_report(
+            "pagedchat's decode steps, timed inside the served engine", STEP_HEADERS, steps, (), paths
+        )
     return payload

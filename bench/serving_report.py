@@ -80,6 +80,78 @@ def table_rows(systems: dict[str, list[dict[str, Any]]]) -> list[list[Any]]:
     ]
 
 
+STEP_HEADERS = [
+    "load",
+    "batch",
+    "steps",
+    "step ms",
+    "matmul ms",
+    "attention ms",
+    "rest ms (engine)",
+    "TPOT p50 ms",
+    "rest ms (served)",
+]
+
+
+def decode_steps(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The decode-only steps a server timed between two reads of its `step_timings` (EngineStats, --step-timing):
+    per batch size, the number of steps and the mean step and its parts in ms, the busiest batch size first."""
+    old = {t["batch_size"]: t for t in before}
+    out = []
+    for t in after:
+        o = old.get(t["batch_size"], {})
+        n = t["num_steps"] - o.get("num_steps", 0)
+        if n <= 0:
+            continue
+        ms = {k: 1000 * (t[f"{k}_s"] - o.get(f"{k}_s", 0.0)) / n for k in ("step", "matmul", "attention")}
+        out.append(
+            {
+                "batch_size": t["batch_size"],
+                "num_steps": n,
+                "step_ms": ms["step"],
+                "matmul_ms": ms["matmul"],
+                "attention_ms": ms["attention"],
+                "rest_ms": ms["step"] - ms["matmul"] - ms["attention"],
+            }
+        )
+    return sorted(out, key=lambda d: (-d["num_steps"], d["batch_size"]))
+
+
+def served_rest_ms(point: dict[str, Any]) -> float:
+    """At one request at a time: the client's TPOT p50 less the matmuls and attention of a batch-1 decode step, i.e.
+    everything else a token costs as served (Python, small ops, sampling, detokenization, the service's own work);
+    NaN where the point has no timed batch-1 steps."""
+    steps = {d["batch_size"]: d for d in point.get("decode_steps", ())}
+    one = steps.get(1)
+    if one is None or not math.isfinite(point["tpot_ms"]["p50"]):
+        return float("nan")
+    return point["tpot_ms"]["p50"] - one["matmul_ms"] - one["attention_ms"]
+
+
+def step_rows(points: list[dict[str, Any]]) -> list[list[Any]]:
+    """One row per load point that timed decode steps: its busiest batch size; the served rest where it is 1."""
+    rows = []
+    for p in points:
+        if not p.get("decode_steps"):
+            continue
+        d = p["decode_steps"][0]
+        rest = served_rest_ms(p) if d["batch_size"] == 1 else float("nan")
+        rows.append(
+            [
+                point_key(p),
+                d["batch_size"],
+                d["num_steps"],
+                d["step_ms"],
+                d["matmul_ms"],
+                d["attention_ms"],
+                d["rest_ms"],
+                p["tpot_ms"]["p50"],
+                rest if math.isfinite(rest) else "-",
+            ]
+        )
+    return rows
+
+
 def plot(systems: dict[str, list[dict[str, Any]]]):
     """TTFT (p50, p99) and TPOT p50 against output tok/s: one colour per system, one line style per kind of load
     (Poisson rate, closed-loop concurrency), each point labelled r<req/s> or c<in flight>."""

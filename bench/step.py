@@ -1,9 +1,9 @@
 """`bench step`: where a decode step's time goes, at a few batch sizes: the linears (matmuls), attention, and the
 rest (norms, RoPE, activations, sampling, step metadata, detokenization, Python).
 
-Each linear module and the attention backend's forward are wrapped with a timer (~0.2 µs each, ~150 a step); a
-linear's share includes its own Python call. When the fused decode step runs the layers in C, it times its own
-linears and attention (KV store included) the same way. Sequences are all decoding while steps are timed.
+The clock is the engine's own (engine/worker/step_clock.py, the one `--step-timing` uses in a served engine): each
+linear module and the attention backend's forward wrapped with a timer (~0.2 µs each, ~150 a step), a linear's share
+including its own Python call; the fused decode step times its own linears and attention (KV store included) in C. Sequences are all decoding while steps are timed.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import argparse
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 from bench.common import new_figure, positive_ints, print_report, without_disk_tier, write_results
@@ -29,38 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=32, help="decode steps timed per batch size")
 
 
-class _Clock:
-    """Seconds spent inside wrapped callables since the last reset."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - start
-
-        return timed
-
-
-def instrument(engine: Any) -> tuple[_Clock, _Clock]:
-    """Wrap every linear module's forward and the attention backend's forward; returns (matmul, attention) clocks."""
-    from engine.native.onednn import Linear
-    from engine.native.quant_linear import QuantLinear
-
-    matmul, attention = _Clock(), _Clock()
-    runner = engine.runner
-    for module in runner.model.modules():
-        if isinstance(module, (Linear, QuantLinear)):
-            module.forward = matmul.wrap(module.forward)
-    runner.backend.forward = attention.wrap(runner.backend.forward)
-    return matmul, attention
-
-
-def measure(engine: Any, batch_size: int, steps: int, matmul: _Clock, attention: _Clock) -> dict[str, Any]:
+def measure(engine: Any, batch_size: int, steps: int, clock: Any) -> dict[str, Any]:
     """Median step time and its parts over `steps` decode steps of `batch_size` sequences."""
     from engine import SamplingParams
 
@@ -72,17 +40,15 @@ def measure(engine: Any, batch_size: int, steps: int, matmul: _Clock, attention:
         outputs = engine.step()
         if len(outputs) == batch_size and all(o.outputs[0].token_ids for o in outputs):
             break
-    fused = engine.runner.fused
-    inside = fused.seconds if fused is not None else [0.0, 0.0]  # the fused step's own clocks
     rows = []
     for _ in range(steps):
-        matmul.seconds = attention.seconds = inside[0] = inside[1] = 0.0
+        clock.reset()
         start = time.perf_counter()
         outputs = engine.step()
         total = time.perf_counter() - start
         if len(outputs) != batch_size:  # a sequence finished or was preempted: not a full decode step
             break
-        rows.append((total, matmul.seconds + inside[0], attention.seconds + inside[1]))
+        rows.append((total, *clock.read()))
     while engine.has_unfinished_requests():
         engine.step()
     if not rows:
@@ -104,11 +70,12 @@ def measure(engine: Any, batch_size: int, steps: int, matmul: _Clock, attention:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Time decode steps at each batch size; print, write JSON + PNG."""
     from engine import LLM
+    from engine.worker.step_clock import StepClock
 
     llm = LLM(**dataclasses.asdict(without_disk_tier(args.engine_config)))
     engine = llm.engine
-    matmul, attention = instrument(engine)
-    points = [measure(engine, b, args.steps, matmul, attention) for b in args.batch_sizes]
+    clock = StepClock(engine.runner)
+    points = [measure(engine, b, args.steps, clock) for b in args.batch_sizes]
     resolved = engine.config
     payload = {
         "model": resolved.model,

@@ -27,6 +27,7 @@ from engine.worker.kv_cache import KVCacheSpec, num_blocks_for_budget
 from engine.worker.model_runner import ModelRunner
 from engine.worker.profile import profile_peak_bytes
 from engine.worker.sampler import Sampler, SamplingBatch
+from engine.worker.step_clock import StepClock, StepTimings
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,9 @@ class LLMEngine:
         self._generator = torch.Generator().manual_seed(self.config.seed)  # the draws of unseeded rows
         self._seeded_generators: dict[int, torch.Generator] = {}  # seq_id -> its own generator
         self._seq_ids = itertools.count()
+        # step_timing: each decode-only step's linears, attention and the rest, per batch size (stats().step_timings)
+        self._step_clock = StepClock(self.runner) if self.config.step_timing else None
+        self._step_timings = StepTimings()
         logger.info("engine ready: %s", self.config)
 
     # ---- requests -------------------------------------------------------------------------------------------
@@ -195,6 +199,9 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule, run the model, sample, detokenize; outputs of the requests that moved."""
+        started = time.perf_counter()
+        if self._step_clock is not None:
+            self._step_clock.reset()
         out = self.scheduler.schedule()
         for seq_id in out.finished_seq_ids:
             self._seeded_generators.pop(seq_id, None)
@@ -211,7 +218,12 @@ class LLMEngine:
                     self.output_processor.fail(
                         item.seq.request_id, f"engine step failed: {type(exc).__name__}: {exc}"
                     )
-        return self.output_processor.make_outputs()
+        outputs = self.output_processor.make_outputs()
+        if self._step_clock is not None and out.scheduled and out.num_batched_tokens == len(out.scheduled):
+            self._step_timings.add(
+                len(out.scheduled), time.perf_counter() - started, *self._step_clock.read()
+            )
+        return outputs
 
     def _run(self, out: SchedulerOutput) -> list[Sequence]:
         """Run the model, sample the sequences that reached their last token, advance them; those sequences."""
@@ -267,7 +279,12 @@ class LLMEngine:
     # ---- introspection ---------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         """Counters for metrics and the admin page."""
-        return self.scheduler.stats()
+        return self._with_step_timings(self.scheduler.stats())
+
+    def _with_step_timings(self, stats: EngineStats) -> EngineStats:
+        if self._step_clock is None:
+            return stats
+        return dataclasses.replace(stats, step_timings=self._step_timings.snapshot())
 
     def cache_digest(self) -> CacheDigest:
         """The RAM pool's cached hash prefixes and the queue and pool counts a replica router scores against; cheap
@@ -277,7 +294,8 @@ class LLMEngine:
     def snapshot(self, hash_block_ids: range | None = None) -> PoolSnapshot:
         """Every block's state and every live sequence's block table, consistent between steps (block hashes of
         `hash_block_ids` only, when given)."""
-        return self.scheduler.snapshot(hash_block_ids)
+        snap = self.scheduler.snapshot(hash_block_ids)
+        return dataclasses.replace(snap, stats=self._with_step_timings(snap.stats))
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of a chat rendered with the model's template."""

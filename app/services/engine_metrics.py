@@ -113,6 +113,15 @@ def add_engine_samples(out: Families, stats: EngineStats, labels: dict[str, str]
     )
     counter("generation_tokens", "Tokens generated.", stats.num_generation_tokens_total)
     counter("engine_steps", "Engine steps run.", stats.num_steps)
+    # --step-timing: decode-only steps per batch size, and their seconds split into matmul / attention / rest
+    timed = "Decode-only steps timed inside the engine (--step-timing), by batch size."
+    split = "Seconds of timed decode-only steps (--step-timing), by batch size and part: matmul, attention, rest."
+    for t in stats.step_timings:
+        size = str(t.batch_size)
+        counter("decode_steps_timed", timed, t.num_steps, batch_size=size)
+        rest = t.step_s - t.matmul_s - t.attention_s
+        for part, seconds in (("matmul", t.matmul_s), ("attention", t.attention_s), ("rest", rest)):
+            counter("decode_step_seconds", split, seconds, batch_size=size, part=part)
     tier = stats.tier
     # no tier: only that it is off; a tier turned off after an error keeps reporting its counters
     gauge(

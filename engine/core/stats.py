@@ -9,6 +9,19 @@ from engine.core.tier import TierStats
 
 
 @dataclass(frozen=True)
+class StepTiming:
+    """Decode-only steps of one batch size timed inside the engine (EngineConfig.step_timing): totals since start.
+    `step_s` is the whole engine.step() (scheduling, inputs, forward, sampling, detokenization); the linears' and
+    attention's shares are `matmul_s` and `attention_s`, the rest is everything else."""
+
+    batch_size: int
+    num_steps: int
+    step_s: float
+    matmul_s: float
+    attention_s: float
+
+
+@dataclass(frozen=True)
 class EngineStats:
     """Counters and gauges of one engine at one moment."""
 
@@ -35,6 +48,7 @@ class EngineStats:
     disk_hit_tokens: int = 0  # of prefix_hit_tokens, those loaded from the disk tier
     tier: TierStats | None = None  # the disk tier, when there is one
     num_computed_prompt_tokens_total: int = 0  # prompt tokens run through the model, recomputation included
+    step_timings: tuple[StepTiming, ...] = ()  # per decode batch size, with step_timing on; else empty
 
     @property
     def ram_hit_tokens(self) -> int:

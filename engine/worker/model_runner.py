@@ -95,6 +95,7 @@ class ModelRunner:
             hidden = self.model(ids, pos, self.kv_caches, meta, self.backend)
         if not sample_rows:
             return torch.empty(0, 0)
-        rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, rows))
+        if len(sample_rows) != hidden.shape[0]:  # a decode step samples every row, in order: nothing to pick
+            hidden = hidden.index_select(0, torch.tensor(sample_rows, dtype=torch.long, device=self.device))
+        logits = self.model.compute_logits(hidden)
         return logits.float().cpu()

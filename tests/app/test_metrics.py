@@ -12,6 +12,7 @@ from app.cluster.routing_ledger import ReplicaRouting
 from app.services.cluster_metrics import ReplicaHealth, ReplicaSetReport
 from app.services.engine_metrics import TIER_COUNTERS, TIER_GAUGES
 from app.services.metrics import Metrics
+from engine.core.stats import StepTiming
 from engine.core.tier import TierStats
 from tests.app.stats_factories import make_stats, make_tier_stats
 
@@ -45,6 +46,25 @@ def test_prefix_hits_split_into_ram_and_disk_and_the_total_keeps_its_name():
     assert value(scraped, "prefix_cache_hits_by_tier_total", tier="ram") == 192
     assert value(scraped, "prefix_cache_hits_by_tier_total", tier="disk") == 128
     assert value(scraped, "num_requests_loading") == 3
+
+
+def test_step_timings_are_counted_per_batch_size_and_split_into_matmul_attention_and_rest():
+    timings = (
+        StepTiming(batch_size=1, num_steps=100, step_s=1.5, matmul_s=1.25, attention_s=0.125),
+        StepTiming(batch_size=64, num_steps=3, step_s=0.75, matmul_s=0.5, attention_s=0.0625),
+    )
+    scraped = scrape(step_timings=timings)
+    assert value(scraped, "decode_steps_timed_total", batch_size="1") == 100
+    assert value(scraped, "decode_steps_timed_total", batch_size="64") == 3
+    parts = {
+        p: value(scraped, "decode_step_seconds_total", batch_size="1", part=p)
+        for p in ("matmul", "attention")
+    }
+    assert parts == {"matmul": 1.25, "attention": 0.125}
+    assert value(scraped, "decode_step_seconds_total", batch_size="1", part="rest") == 0.125
+    assert value(scraped, "decode_step_seconds_total", batch_size="64", part="rest") == 0.1875
+    # without --step-timing: no such series at all
+    assert not any("decode_step" in name for name, _ in scrape())
 
 
 def test_a_tier_reports_every_gauge_and_counter():

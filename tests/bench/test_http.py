@@ -37,13 +37,14 @@ def tiny_servers(tmp_path_factory):
     # the RAM prefix cache alone, as `bench multiturn` starts its own servers: the bench's runs share user
     # identities, and a disk tier would bring one run's evicted blocks back in the next
     config = EngineConfig(model=model, dtype="float32", kv_cache_bytes=4 * 2**20, kv_disk_bytes=0)
+    timed = dataclasses.replace(config, step_timing=True)  # as `bench serving` starts its own
     (logs / "system.txt").write_text(shared_system_prompt(model, SYSTEM_TOKENS))
     env = {
         "PAGEDCHAT_API_KEYS": f"{API_KEY},{USER_KEYS}",
         "PAGEDCHAT_SHARED_PROMPT_FILES": str(logs / "system.txt"),
     }
     started = [
-        servers.start_pagedchat("caching-on", config, logs, env),
+        servers.start_pagedchat("caching-on", timed, logs, env),
         servers.start_pagedchat(
             "caching-off", dataclasses.replace(config, enable_prefix_caching=False), logs, env
         ),
@@ -74,14 +75,15 @@ def _only_result(folder: Path, name: str) -> dict:
     return json.loads(jsons[0].read_text())
 
 
-def test_serving_bench_against_pagedchat_and_the_hf_baseline(tiny_servers, hf_baseline_url, tmp_path):
+def test_serving_bench_against_pagedchat_and_the_hf_baseline(tiny_servers, hf_baseline_url, tmp_path, capsys):
     model, url, _ = tiny_servers
     argv = shlex.split(
         f"serving --model {model} --dtype float32 --url {url} --api-key {API_KEY} --baseline-url "
-        f"{hf_baseline_url} --baseline-name hf_baseline --rates 50 --concurrency 2 --num-requests 3 "
+        f"{hf_baseline_url} --baseline-name hf_baseline --rates 50 --concurrency 1,2 --num-requests 3 "
         f"--max-tokens 5 --results-dir {tmp_path}"
     )
     assert bench_main(argv) == 0
+    out = capsys.readouterr().out
     doc = _only_result(tmp_path, "serving")
     assert set(doc["systems"]) == {"pagedchat", "hf_baseline"}
     assert doc["baseline"] == {
@@ -94,13 +96,24 @@ def test_serving_bench_against_pagedchat_and_the_hf_baseline(tiny_servers, hf_ba
         # the closed-loop point sends max(3, 2 x 2) requests
         assert [(p["load"], p["value"], p["num_requests"], p["num_failed"]) for p in points] == [
             ("rate", 50.0, 3, 0),
+            ("concurrency", 1, 3, 0),
             ("concurrency", 2, 4, 0),
         ], name
         for point in points:
             assert point["num_requests"] <= point["output_tokens"] <= sum(doc["workload"]["max_tokens"]), name
             assert point["ttft_ms"]["p50"] > 0 and point["e2e_ms"]["p99"] >= point["ttft_ms"]["p99"], name
             assert "server_predicted_per_token_ms" not in point, name
-    assert set(doc["ratios"]) == {"rate=50", "concurrency=2"}
+    assert set(doc["ratios"]) == {"rate=50", "concurrency=1", "concurrency=2"}
+    # the server times its decode steps (--step-timing): per point, the steps it ran then, split into parts
+    assert all("decode_steps" not in p for p in doc["systems"]["hf_baseline"])
+    alone = doc["systems"]["pagedchat"][1]
+    (one,) = alone["decode_steps"]  # one request at a time: every decode step has one sequence
+    assert one["batch_size"] == 1 and one["num_steps"] >= alone["output_tokens"] - 2 * alone["num_requests"]
+    assert one["matmul_ms"] > 0 and one["attention_ms"] > 0 and one["step_ms"] > one["matmul_ms"]
+    assert one["rest_ms"] == pytest.approx(one["step_ms"] - one["matmul_ms"] - one["attention_ms"])
+    rest = alone["served_rest_ms"]
+    assert rest == pytest.approx(alone["tpot_ms"]["p50"] - one["matmul_ms"] - one["attention_ms"])
+    assert "timed inside the served engine" in out
 
 
 def test_multiturn_bench_with_caching_on_and_off(tiny_servers, tmp_path, capsys):

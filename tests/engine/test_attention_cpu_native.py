@@ -157,7 +157,8 @@ def test_metadata_past_the_pool_raises_instead_of_reading_out_of_bounds(past):
     tables = [[1, 9 if past == "block" else 2], [3]]  # a pool of 8 blocks: block 9 does not exist
     meta = make_attention_metadata([1, 1], seq_lens, tables, 16)
     if past == "slot":  # a slot mapping that points past the pool while the tables stay in range
-        meta = dataclasses.replace(meta, slot_mapping=torch.tensor([8 * 16, 3 * 16 + 4]))
+        slots = torch.tensor([8 * 16, 3 * 16 + 4])  # and no host copy of the reach: read from the tensors
+        meta = dataclasses.replace(meta, slot_mapping=slots, host_reach=None)
     gen = torch.Generator().manual_seed(9)
     q, k, v = (torch.randn(2, h, 32, generator=gen) for h in (4, 2, 2))
     k_cache, v_cache = _caches(8, 16, 2, 32, torch.float32, gen)

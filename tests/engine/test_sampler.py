@@ -32,12 +32,13 @@ def make_seq(
     return Sequence(seq_id, f"r{seq_id}", token_ids, num_prompt, params, 0.0, sample_index=sample_index)
 
 
-def test_greedy_equals_argmax_including_ties() -> None:
+def test_greedy_equals_argmax_including_ties_and_nan() -> None:
     gen = torch.Generator().manual_seed(0)
     random_logits = torch.randn(64, 49152, generator=gen)
     tied = torch.randint(0, 3, (64, 1000), generator=gen).float()  # many equal maxima per row
     bf16 = torch.randn(64, 4096, generator=gen).bfloat16().float()
-    for logits in (random_logits, tied, bf16):
+    nan = torch.tensor([[1.0, float("nan"), 3.0, float("nan")], [2.0, 2.0, 1.0, 0.0]])  # the first NaN wins
+    for logits in (random_logits, tied, bf16, nan):
         out = Sampler()(logits, make_batch([SamplingParams(temperature=0.0)] * logits.shape[0]))
         assert out.token_ids == torch.argmax(logits, dim=-1).tolist()
         assert out.logprobs == [None] * logits.shape[0]
