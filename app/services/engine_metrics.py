@@ -115,7 +115,9 @@ def add_engine_samples(out: Families, stats: EngineStats, labels: dict[str, str]
     counter("engine_steps", "Engine steps run.", stats.num_steps)
     # --step-timing: decode-only steps per batch size, and their seconds split into matmul / attention / rest
     timed = "Decode-only steps timed inside the engine (--step-timing), by batch size."
-    split = "Seconds of timed decode-only steps (--step-timing), by batch size and part: matmul, attention, rest."
+    split = (
+        "Seconds of timed decode-only steps (--step-timing), by batch size and part: matmul, attention, rest."
+    )
     for t in stats.step_timings:
         size = str(t.batch_size)
         counter("decode_steps_timed", timed, t.num_steps, batch_size=size)
