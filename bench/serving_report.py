@@ -88,7 +88,7 @@ STEP_HEADERS = [
     "matmul ms",
     "attention ms",
     "rest ms (engine)",
-    "TPOT p50 ms",
+    "TPOT mean ms",
     "rest ms (served)",
 ]
 
@@ -118,14 +118,15 @@ def decode_steps(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> l
 
 
 def served_rest_ms(point: dict[str, Any]) -> float:
-    """At one request at a time: the client's TPOT p50 less the matmuls and attention of a batch-1 decode step, i.e.
-    everything else a token costs as served (Python, small ops, sampling, detokenization, the service's own work);
-    NaN where the point has no timed batch-1 steps."""
+    """At one request at a time: the client's mean TPOT less the mean matmuls and attention of a batch-1 decode step,
+    i.e. everything else a token costs as served (Python, small ops, sampling, detokenization, the service's own
+    work, and whatever the client's own CPU time takes from the machine); NaN where the point has no timed batch-1
+    steps."""
     steps = {d["batch_size"]: d for d in point.get("decode_steps", ())}
     one = steps.get(1)
-    if one is None or not math.isfinite(point["tpot_ms"]["p50"]):
+    if one is None or not math.isfinite(point["tpot_ms"]["mean"]):
         return float("nan")
-    return point["tpot_ms"]["p50"] - one["matmul_ms"] - one["attention_ms"]
+    return point["tpot_ms"]["mean"] - one["matmul_ms"] - one["attention_ms"]
 
 
 def step_rows(points: list[dict[str, Any]]) -> list[list[Any]]:
@@ -145,7 +146,7 @@ def step_rows(points: list[dict[str, Any]]) -> list[list[Any]]:
                 d["matmul_ms"],
                 d["attention_ms"],
                 d["rest_ms"],
-                p["tpot_ms"]["p50"],
+                p["tpot_ms"]["mean"],
                 rest if math.isfinite(rest) else "-",
             ]
         )

@@ -27,6 +27,11 @@ enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* ggml type ids */
 #define QK 32                          /* weights per block */
 #define PASS_ROWS 4                    /* activation rows sharing one decoded weight block */
 #define PARALLEL_MIN_WEIGHTS 65536
+/* Output rows (GEMM: tiles of GEMM_RM rows) are handed to threads a chunk at a time, not split evenly up front: on a
+ * machine whose cores the service's own threads (the event loop streaming every token) also need, a thread that is
+ * preempted mid-call would otherwise hold up the whole call at its end while the other sits idle. Each output is
+ * still computed by one thread the same way, so results do not depend on the schedule. */
+#define ROWS_PER_GRAB 32
 
 static int block_bytes(int qtype) { return qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : qtype == Q8_0 ? 34 : 0; }
 static int threads_for(int64_t weights, int num_threads) {
@@ -319,7 +324,7 @@ static inline __attribute__((always_inline)) void linear_row1_of(int qtype, int 
                                                                  const float *x, const float *sx, ActQ8 a,
                                                                  const float *bias, float *y, int threads) {
     const int bb = block_bytes(qtype);
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(dynamic, ROWS_PER_GRAB) num_threads(threads)
     for (int o = 0; o < out_features; o++) {
         const uint8_t *wrow = w + (int64_t)o * w_row_bytes;
         const float dot = act_q8 ? row1_q8(qtype, wrow, nb, bb, a) : row1_exact(qtype, wrow, nb, bb, x, sx);
@@ -374,7 +379,7 @@ int quant_linear(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, i
         return 0;
     }
 #endif
-#pragma omp parallel for schedule(static) num_threads(threads_for((int64_t)out_features * in_features, num_threads))
+#pragma omp parallel for schedule(dynamic, ROWS_PER_GRAB) num_threads(threads_for((int64_t)out_features * in_features, num_threads))
     for (int o = 0; o < out_features; o++) {
         const uint8_t *wrow = w + (int64_t)o * w_row_bytes;
         const float b = bias ? bias[o] : 0.0f;
@@ -542,7 +547,7 @@ int quant_gemm_q8(int qtype, const uint8_t *w, int64_t w_row_bytes, int out_feat
             status = -2;
         }
         const int tiles = (out_features + GEMM_RM - 1) / GEMM_RM;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
         for (int tile = 0; tile < tiles; tile++) {
             if (!u || !sq || !dm) continue;
             const int o0 = tile * GEMM_RM, ni = out_features - o0 < GEMM_RM ? out_features - o0 : GEMM_RM;
@@ -566,7 +571,7 @@ int dequantize(int qtype, const uint8_t *w, int64_t w_row_bytes, int rows, int c
                int num_threads) {
     const int bb = block_bytes(qtype), nb = cols / QK;
     if (bb == 0 || cols % QK != 0 || w_row_bytes < (int64_t)nb * bb) return -1;
-#pragma omp parallel for schedule(static) num_threads(threads_for((int64_t)rows * cols, num_threads))
+#pragma omp parallel for schedule(dynamic, ROWS_PER_GRAB) num_threads(threads_for((int64_t)rows * cols, num_threads))
     for (int o = 0; o < rows; o++) {
         for (int b = 0; b < nb; b++) {
             const uint8_t *blk = w + (int64_t)o * w_row_bytes + (int64_t)b * bb;
