@@ -216,6 +216,19 @@ def summarise(
     return summary
 
 
+def workload_fields(args: argparse.Namespace, system: str) -> dict[str, Any]:
+    """The shared-prompt workload's settings, as the result JSONs record them."""
+    return {
+        "users": args.users,
+        "turns": args.turns,
+        "system_prompt_chars": len(system),
+        "system_tokens_target": args.system_tokens,
+        "max_tokens": args.max_tokens,
+        "temperature": 0.0,
+        "arrivals": args.arrivals,
+    }
+
+
 def _replicas():
     """bench.replicas, imported when used: it builds on this module's summarise()."""
     from bench import replicas
@@ -319,13 +332,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "model": config.model,
         "workload": {
             "label": "synthetic: templated support-chat conversations",
-            "users": args.users,
-            "turns": args.turns,
-            "system_prompt_chars": len(system),
-            "system_tokens_target": args.system_tokens,
-            "max_tokens": args.max_tokens,
-            "temperature": 0.0,
-            "arrivals": args.arrivals,
+            **workload_fields(args, system),
             "arrivals_meaning": ARRIVALS_MEANING[args.arrivals],
             "warmup": "one /v1 request with the run's system prompt before each run, under its own identity",
             "identities": "one per user (its own API key, else its own cookie or /v1 token): the prefix cache "

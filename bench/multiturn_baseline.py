@@ -17,7 +17,7 @@ from typing import Any
 
 from bench import servers
 from bench.common import new_figure, print_report, write_results
-from bench.multiturn import SYSTEM_PROMPT_FILE, run_mode
+from bench.multiturn import SYSTEM_PROMPT_FILE, run_mode, workload_fields
 from bench.serving import baseline_name
 
 
@@ -76,13 +76,7 @@ def run(args: argparse.Namespace, system: str, bench_keys: tuple[str, ...]) -> d
         "model": config.model,
         "workload": {
             "label": "synthetic: templated support-chat conversations through /v1 (history resent as text)",
-            "users": args.users,
-            "turns": args.turns,
-            "system_prompt_chars": len(system),
-            "system_tokens_target": args.system_tokens,
-            "max_tokens": args.max_tokens,
-            "temperature": 0.0,
-            "arrivals": args.arrivals,
+            **workload_fields(args, system),
             "keep_alive": False,
             "same_scripts": "both servers get the same users' messages (seed 0)",
         },

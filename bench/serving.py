@@ -1,8 +1,8 @@
 """`bench serving`: one OpenAI-API load, Poisson rates then closed-loop concurrency, against pagedchat and a baseline:
 the HF one-request-at-a-time server started here, or any OpenAI-compatible server (llama.cpp's `llama-server`).
 
-With `--step-timing` (an engine flag: the pagedchat started here times its decode steps) or a pagedchat given by --url
-that runs with it, each point also records the decode steps the server ran meanwhile, per batch size, split into
+With `--step-timing` (an engine flag: the pagedchat started here times its decode steps; a pagedchat given by --url
+must run with it), each point also records the decode steps the server ran meanwhile, per batch size, split into
 matmuls, attention and the rest, and the point of one request at a time the client's TPOT less the matmuls and
 attention: what everything else costs a token as served."""
 
@@ -118,10 +118,18 @@ def baseline_name(model_entry: dict[str, Any]) -> str:
 
 
 async def sweep(
-    url: str, name: str, model: str, requests, points: list[LoadPoint], seed: int, api_key: str | None = None
+    url: str,
+    name: str,
+    model: str,
+    requests,
+    points: list[LoadPoint],
+    seed: int,
+    api_key: str | None = None,
+    step_timing: bool = False,
 ) -> list[dict[str, Any]]:
     """Every load point against one server, a warm-up request first; no connection is kept alive between requests,
-    so every server sees one TCP connection per request."""
+    so every server sees one TCP connection per request. `step_timing`: read the server's decode-step timings
+    (pagedchat with --step-timing) before and after each point."""
     client = loadgen.make_client(url, api_key or "bench", keep_alive=False)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     admin = httpx.AsyncClient(base_url=url, headers={**headers, "Connection": "close"}, timeout=30.0)
@@ -131,7 +139,7 @@ async def sweep(
             raise RuntimeError(f"{name} at {url} failed the warm-up request: {warm.error}")
         out = []
         for point in points:
-            timings_before = await step_timings(admin)
+            timings_before = await step_timings(admin) if step_timing else None
             with progress(point.num_requests, f"{name} {point.kind}={point.value:g}") as bar:
 
                 async def send(i: int, start_s: float) -> loadgen.RequestResult:
@@ -146,7 +154,7 @@ async def sweep(
                     on_done=lambda: bar.update(1),
                 )
             summary = {"load": point.kind, "value": point.value, **loadgen.summarise(results, duration)}
-            timings_after = await step_timings(admin)
+            timings_after = await step_timings(admin) if step_timing else None
             if timings_after is not None:
                 summary["decode_steps"] = decode_steps(timings_before or [], timings_after)
                 if point.kind == "concurrency" and point.value == 1:
@@ -179,6 +187,7 @@ def _measure(
     requests,
     points: list[LoadPoint],
     seed: int,
+    step_timing: bool = False,
 ) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
     """Sweep the server at `url`, or one `start()`ed here and stopped after; (name, where and what it served, points).
     A name of None: derived from the server's /v1/models entry."""
@@ -190,7 +199,7 @@ def _measure(
             url = server.base_url
         entry = servers.served_model(url, api_key)
         name = name or baseline_name(entry)
-        pts = asyncio.run(sweep(url, name, entry["id"], requests, points, seed, api_key))
+        pts = asyncio.run(sweep(url, name, entry["id"], requests, points, seed, api_key, step_timing))
     return name, {"url": url, "model": entry["id"], "started_here": started}, pts
 
 
@@ -208,13 +217,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with servers.log_folder(args.keep_logs) as logs:
         targets = [
             ("pagedchat", args.url, args.api_key, partial(servers.start_pagedchat, "pagedchat", config, logs))
-        ]
+        ]  # --step-timing: the pagedchat started here times its decode steps; one given by --url is read for them
         if not args.no_baseline:
             name = args.baseline_name or (None if args.baseline_url else "hf_baseline")
             start = partial(servers.start_hf_baseline, "hf_baseline", config.model, config.dtype, logs)
             targets.append((name, args.baseline_url, None, start))
         for given_name, url, key, start in targets:
-            name, info, pts = _measure(given_name, url, start, key, requests, points, args.seed)
+            timed = config.step_timing and given_name == "pagedchat"
+            name, info, pts = _measure(given_name, url, start, key, requests, points, args.seed, timed)
             served[name], systems[name] = info, pts
     payload: dict[str, Any] = {
         "model": config.model,

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from engine.models.llama import LlamaForCausalLM
+from engine.native.onednn import Linear
 from engine.native.quant_format import QuantType, QuantWeight, dequantize_torch
 from engine.native.quant_linear import QuantLinear
 
@@ -17,10 +18,16 @@ __all__ = [
     "QuantWeight",
     "dequantize_torch",
     "fused_linear_sources",
+    "linear_modules",
     "quantize_linears",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def linear_modules(model: nn.Module) -> list[nn.Module]:
+    """Every linear of the model that multiplies weights: float (the oneDNN-prepacked Linear) or GGUF blocks."""
+    return [m for m in model.modules() if isinstance(m, (Linear, QuantLinear))]
 
 
 def fused_linear_sources(model: LlamaForCausalLM) -> dict[str, list[str]]:

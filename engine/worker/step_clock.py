@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.core.stats import StepTiming
+from engine.models.quantized import linear_modules
 
 
 class _Clock:
@@ -37,13 +38,9 @@ class StepClock:
     """The linears' and attention's seconds of one step, read after it; see the module docstring."""
 
     def __init__(self, runner: Any) -> None:
-        from engine.native.onednn import Linear
-        from engine.native.quant_linear import QuantLinear
-
         self.matmul, self.attention = _Clock(), _Clock()
-        for module in runner.model.modules():
-            if isinstance(module, (Linear, QuantLinear)):
-                module.forward = self.matmul.wrap(module.forward)
+        for module in linear_modules(runner.model):
+            module.forward = self.matmul.wrap(module.forward)
         runner.backend.forward = self.attention.wrap(runner.backend.forward)
         self._fused = (
             runner.fused.seconds if runner.fused is not None else None

@@ -119,6 +119,7 @@ def _non_default_config() -> EngineConfig:
         int8_activations=True,
         batch_gemm="fp32",
         fused_decode=False,
+        step_timing=True,
         attention_backend="torch",
         kv_cache_dtype="int8",
         block_size=32,

@@ -80,7 +80,7 @@ def test_serving_bench_against_pagedchat_and_the_hf_baseline(tiny_servers, hf_ba
     argv = shlex.split(
         f"serving --model {model} --dtype float32 --url {url} --api-key {API_KEY} --baseline-url "
         f"{hf_baseline_url} --baseline-name hf_baseline --rates 50 --concurrency 1,2 --num-requests 3 "
-        f"--max-tokens 5 --results-dir {tmp_path}"
+        f"--max-tokens 5 --step-timing --results-dir {tmp_path}"
     )
     assert bench_main(argv) == 0
     out = capsys.readouterr().out
