@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from engine.models.llama import LlamaForCausalLM
@@ -112,7 +113,9 @@ def _qlinear(module: QuantLinear) -> _QLinear:
 class FusedDecoder:
     """Runs every decoder layer of a decode-only step in C; see the module docstring."""
 
-    def __init__(self, model: LlamaForCausalLM, kv_caches: list[LayerKV], lib: ctypes.CDLL) -> None:
+    def __init__(
+        self, model: LlamaForCausalLM, kv_caches: list[LayerKV], lib: ctypes.CDLL, max_blocks_per_seq: int = 0
+    ) -> None:
         args = model.args
         k0, s0 = kv_caches[0].k, kv_caches[0].k_scale
         self.model = model
@@ -173,10 +176,14 @@ class FusedDecoder:
         # seconds spent in the layers' linears and attention since the last reset (read by `bench step`)
         self.seconds = (ctypes.c_double * 2)()
         self._struct_ptr = ctypes.addressof(self._struct)
+        self._inputs = _DecodeInputs(model, self.max_rows, max_blocks_per_seq) if max_blocks_per_seq else None
 
     @classmethod
-    def build(cls, model: torch.nn.Module, kv_caches: list[LayerKV]) -> FusedDecoder | None:
-        """A decoder for `model`, or None (with the reason logged) when the model or machine does not fit."""
+    def build(
+        cls, model: torch.nn.Module, kv_caches: list[LayerKV], max_blocks_per_seq: int = 0
+    ) -> FusedDecoder | None:
+        """A decoder for `model`, or None (with the reason logged) when the model or machine does not fit.
+        `max_blocks_per_seq` > 0: also keep the persistent inputs of `decode` (block tables up to that wide)."""
         reason = _unsupported(model, kv_caches)
         lib = None if reason else load_library(SOURCE)
         if reason is None and lib is None:
@@ -184,7 +191,7 @@ class FusedDecoder:
         if reason is not None:
             logger.info("fused decode step off: %s", reason)
             return None
-        return cls(model, kv_caches, lib)  # type: ignore[arg-type]
+        return cls(model, kv_caches, lib, max_blocks_per_seq)  # type: ignore[arg-type]
 
     def applies(self, meta: AttentionMetadata) -> bool:
         """Whether a step with this metadata runs here: decode only, and few enough sequences for the GEMV path."""
@@ -221,6 +228,78 @@ class FusedDecoder:
         if status != 0:
             raise RuntimeError(f"decode_layers failed (status {status})")
         return out
+
+    def decode(
+        self, token_ids: list[int], positions: list[int], tables: list[list[int]]
+    ) -> torch.Tensor | None:
+        """`forward` for sequences given as plain lists (each one new token at `positions[i]` with block table
+        `tables[i]`), through persistent input buffers: no torch call before the C step. A torch call gives the GIL
+        up, and in a served engine the event loop then takes it for its whole turn while this thread waits; the
+        C call gives it up too, and there the turn overlaps the layers. The same C call on the same inputs as
+        `forward`: the same result. Returns a view into a buffer the next call overwrites, or None when the step
+        does not fit the buffers (then use `forward`)."""
+        inputs = self._inputs
+        n = len(token_ids)
+        if inputs is None or not 0 < n <= self.max_rows:
+            return None
+        bs = self.block_size
+        max_block = max_slot = 0
+        for i, (token, pos, table) in enumerate(zip(token_ids, positions, tables, strict=True)):
+            if len(table) > inputs.width or pos // bs >= len(table):
+                return None
+            slot = table[pos // bs] * bs + pos % bs
+            inputs.ids[i], inputs.positions[i], inputs.slots[i], inputs.seq_lens[i] = (
+                token,
+                pos,
+                slot,
+                pos + 1,
+            )
+            inputs.tables[i, : len(table)] = table
+            max_block, max_slot = max(max_block, max(table)), max(max_slot, slot)
+        if (
+            max_block >= self.num_blocks or max_slot >= self.num_blocks * bs
+        ):  # C follows raw block ids and slots
+            raise RuntimeError(
+                f"decode inputs name block {max_block} / slot {max_slot}, past a pool of {self.num_blocks} blocks "
+                f"of {bs}"
+            )
+        np.take(inputs.embed, inputs.ids[:n], axis=0, out=inputs.residual[:n])
+        status = self._fn(
+            self._struct_ptr,
+            *inputs.pointers,
+            n,
+            *inputs.pointers_after_n,
+            inputs.width,
+            inputs.threads,
+            self.seconds,
+        )
+        if status != 0:
+            raise RuntimeError(f"decode_layers failed (status {status})")
+        return inputs.out_views[n]
+
+
+class _DecodeInputs:
+    """Persistent host buffers of `FusedDecoder.decode` (numpy, so filling them calls no torch function) and the
+    raw pointers the C step takes, computed once."""
+
+    def __init__(self, model: LlamaForCausalLM, max_rows: int, width: int) -> None:
+        hidden = model.args.hidden_size
+        self.width = width
+        self.ids = np.zeros(max_rows, np.int64)
+        self.positions = np.zeros(max_rows, np.int64)
+        self.slots = np.zeros(max_rows, np.int64)
+        self.seq_lens = np.zeros(max_rows, np.int32)
+        self.rows = np.arange(max_rows, dtype=np.int32)
+        self.tables = np.zeros((max_rows, width), np.int32)
+        self.residual = np.zeros((max_rows, hidden), np.float32)
+        self.embed = model.embed_tokens.weight.detach().numpy()  # a view of the fp32 table
+        out = torch.zeros(max_rows, hidden)
+        self.out_views = [out[:n] for n in range(max_rows + 1)]  # sliced once: no torch call per step
+        self.threads = torch.get_num_threads()  # the engine sets its threads before it builds the runner
+        self.pointers = (self.residual.ctypes.data, out.data_ptr())
+        self.pointers_after_n = tuple(
+            a.ctypes.data for a in (self.positions, self.slots, self.rows, self.seq_lens, self.tables)
+        )
 
 
 def _unsupported(model: torch.nn.Module, kv_caches: list[LayerKV]) -> str | None:

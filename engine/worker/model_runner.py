@@ -36,7 +36,8 @@ class ModelRunner:
         self.kv_caches = spec.layers(self.kv_cache, self.kv_scales)
         self.fused: FusedDecoder | None = None
         if config.fused_decode and self.device.type == "cpu" and config.attention_backend == "torch":
-            self.fused = FusedDecoder.build(model, self.kv_caches)
+            max_blocks_per_seq = -(-config.max_model_len // spec.block_size)
+            self.fused = FusedDecoder.build(model, self.kv_caches, max_blocks_per_seq)
         logger.info(
             "KV cache: %s, %d blocks x %d tokens (%.1f MiB, %d tokens)",
             spec.dtype_name,
@@ -83,16 +84,30 @@ class ModelRunner:
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         return ids, pos, meta, sample_rows
 
+    def _fused_decode(self, out: SchedulerOutput) -> torch.Tensor | None:
+        """A step of one new token per sequence, few enough for the fused C step: its hidden states, computed from
+        plain lists (FusedDecoder.decode); None for any other step."""
+        items = out.scheduled
+        if self.fused is None or not items or any(item.num_new_tokens != 1 for item in items):
+            return None
+        positions = [item.seq.num_computed_tokens for item in items]
+        token_ids = [item.seq.token_ids[p] for item, p in zip(items, positions, strict=True)]
+        return self.fused.decode(token_ids, positions, [item.seq.block_table for item in items])
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
         """Run the step; float32 logits [num_sampling_seqs, vocab] in the order of out.scheduled's sampling items."""
         self.copy_blocks(out.block_copies)
-        ids, pos, meta, sample_rows = self.prepare(out)
-        if self.fused is not None and self.fused.applies(meta):
-            hidden = self.fused.forward(ids, pos, meta)
+        hidden = self._fused_decode(out)
+        if hidden is not None:
+            sample_rows = [i for i, item in enumerate(out.scheduled) if item.samples]
         else:
-            self.backend.prepare(meta)
-            hidden = self.model(ids, pos, self.kv_caches, meta, self.backend)
+            ids, pos, meta, sample_rows = self.prepare(out)
+            if self.fused is not None and self.fused.applies(meta):
+                hidden = self.fused.forward(ids, pos, meta)
+            else:
+                self.backend.prepare(meta)
+                hidden = self.model(ids, pos, self.kv_caches, meta, self.backend)
         if not sample_rows:
             return torch.empty(0, 0)
         if len(sample_rows) != hidden.shape[0]:  # a decode step samples every row, in order: nothing to pick

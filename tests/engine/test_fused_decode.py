@@ -48,8 +48,8 @@ def test_fused_step_equals_the_module_path_bit_for_bit(
     monkeypatch, tiny_gguf, act_q8, kv_cache_dtype, num_prompts
 ):
     calls = []
-    original = FusedDecoder.forward
-    monkeypatch.setattr(FusedDecoder, "forward", lambda self, *a: calls.append(1) or original(self, *a))
+    original = FusedDecoder.decode  # what a decode step calls (`forward` is its tensor twin)
+    monkeypatch.setattr(FusedDecoder, "decode", lambda self, *a: calls.append(1) or original(self, *a))
     llm, fused = _run(tiny_gguf, True, PROMPTS[:num_prompts], act_q8, kv_cache_dtype)
     assert llm.engine.runner.fused is not None and calls, "the fused step should have run"
     assert llm.engine.runner.kv_cache.dtype == (torch.int8 if kv_cache_dtype == "int8" else torch.float32)
@@ -73,3 +73,31 @@ def test_a_block_past_the_pool_is_refused_before_c_follows_it(tiny_gguf):
     meta = make_attention_metadata([1], [3], [[runner.num_blocks]], runner.spec.block_size)
     with pytest.raises(RuntimeError, match="past a pool of"):
         runner.fused.forward(torch.tensor([1]), torch.tensor([2]), meta)
+
+
+def test_decode_from_lists_equals_forward_and_refuses_what_it_cannot_take(tiny_gguf):
+    llm = LLM(model=str(tiny_gguf), quantization="gguf", kv_cache_bytes=KV_BYTES)
+    runner = llm.engine.runner
+    fused, bs = runner.fused, runner.spec.block_size
+    tables = [[3, 5], [7], [1, 2, 4]]
+    positions = [bs + 2, 5, 2 * bs + 9]  # each sequence's new token, inside its last block
+    token_ids = [11, 22, 33]
+    seq_lens = [p + 1 for p in positions]
+    # fill the pool's earlier slots with something, so attention reads real values
+    runner.kv_cache.normal_(generator=torch.Generator().manual_seed(2))
+    snapshot = runner.kv_cache.clone()
+    meta = make_attention_metadata([1, 1, 1], seq_lens, tables, bs)
+    expected = fused.forward(torch.tensor(token_ids), torch.tensor(positions), meta).clone()
+    stored = runner.kv_cache.clone()
+    runner.kv_cache.copy_(snapshot)
+    got = fused.decode(token_ids, positions, tables)
+    assert torch.equal(got, expected) and torch.equal(runner.kv_cache, stored)
+    # more sequences than the fused step takes, or a table wider than the buffers: not taken (None)
+    assert (
+        fused.decode([1] * (fused.max_rows + 1), [0] * (fused.max_rows + 1), [[0]] * (fused.max_rows + 1))
+        is None
+    )
+    wide = list(range(fused._inputs.width + 1))
+    assert fused.decode([1], [0], [wide]) is None
+    with pytest.raises(RuntimeError, match="past a pool of"):
+        fused.decode([1], [2], [[runner.num_blocks]])
