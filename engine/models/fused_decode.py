@@ -4,7 +4,9 @@ on the CPU.
 `FusedDecoder.build` checks once that a model fits (every layer linear a QuantLinear, fp32 weights, fp32 or int8
 caches, the native kernels built) and gathers the pointers the C loop needs; `forward` then runs a decode-only step of up to
 `QuantLinear.gemv_max_rows` sequences with one crossing into C instead of ~300 Python calls. It calls the same kernels as the
-module path with the same arguments, so the two agree bit for bit (tests/engine/test_fused_decode.py).
+module path with the same arguments, so the two agree bit for bit (tests/engine/test_fused_decode.py). `decode` is
+`forward` for inputs given as plain lists, through persistent buffers and without a torch call: what the model runner
+calls for a decode step.
 """
 
 from __future__ import annotations
@@ -248,17 +250,12 @@ class FusedDecoder:
             if len(table) > inputs.width or pos // bs >= len(table):
                 return None
             slot = table[pos // bs] * bs + pos % bs
-            inputs.ids[i], inputs.positions[i], inputs.slots[i], inputs.seq_lens[i] = (
-                token,
-                pos,
-                slot,
-                pos + 1,
-            )
+            inputs.ids[i], inputs.positions[i] = token, pos
+            inputs.slots[i], inputs.seq_lens[i] = slot, pos + 1
             inputs.tables[i, : len(table)] = table
             max_block, max_slot = max(max_block, max(table)), max(max_slot, slot)
-        if (
-            max_block >= self.num_blocks or max_slot >= self.num_blocks * bs
-        ):  # C follows raw block ids and slots
+        # the C step follows raw block ids and slots: refuse any past the pool
+        if max_block >= self.num_blocks or max_slot >= self.num_blocks * bs:
             raise RuntimeError(
                 f"decode inputs name block {max_block} / slot {max_slot}, past a pool of {self.num_blocks} blocks "
                 f"of {bs}"

@@ -10,6 +10,7 @@ from engine.attention.backend import make_attention_backend
 from engine.attention.metadata import AttentionMetadata
 from engine.core.config import EngineConfig
 from engine.core.outputs import SchedulerOutput
+from engine.core.utils import cdiv
 from engine.models.fused_decode import FusedDecoder
 from engine.worker.kv_cache import KVCacheSpec, zeros_on_huge_pages
 
@@ -36,7 +37,7 @@ class ModelRunner:
         self.kv_caches = spec.layers(self.kv_cache, self.kv_scales)
         self.fused: FusedDecoder | None = None
         if config.fused_decode and self.device.type == "cpu" and config.attention_backend == "torch":
-            max_blocks_per_seq = -(-config.max_model_len // spec.block_size)
+            max_blocks_per_seq = cdiv(config.max_model_len, spec.block_size)
             self.fused = FusedDecoder.build(model, self.kv_caches, max_blocks_per_seq)
         logger.info(
             "KV cache: %s, %d blocks x %d tokens (%.1f MiB, %d tokens)",
