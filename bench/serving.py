@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from bench import loadgen, servers
+from bench import session_client as sc
 from bench.common import print_report, progress, write_results
 from bench.serving_report import (
     HEADERS,
@@ -131,8 +132,9 @@ async def sweep(
     so every server sees one TCP connection per request. `step_timing`: read the server's decode-step timings
     (pagedchat with --step-timing) before and after each point."""
     client = loadgen.make_client(url, api_key or "bench", keep_alive=False)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    admin = httpx.AsyncClient(base_url=url, headers={**headers, "Connection": "close"}, timeout=30.0)
+    admin = httpx.AsyncClient(
+        base_url=url, headers={**sc.auth_headers(api_key), "Connection": "close"}, timeout=30.0
+    )
     try:
         warm = await loadgen.stream_chat(client, model, requests[0], 0.0)
         if not warm.ok:
@@ -168,14 +170,8 @@ async def sweep(
 
 async def step_timings(admin: httpx.AsyncClient) -> list[dict[str, Any]] | None:
     """The server's decode-step timings (pagedchat with --step-timing: /api/admin/state's stats.step_timings), or
-    None where it has none (off, refused, or another server)."""
-    try:
-        resp = await admin.get("/api/admin/state")
-    except httpx.HTTPError:
-        return None
-    if resp.status_code != 200 or "application/json" not in resp.headers.get("content-type", ""):
-        return None
-    timings = (resp.json().get("stats") or {}).get("step_timings")
+    None where it has none (off, or the admin surface refused us)."""
+    timings = (await sc.admin_stats(admin) or {}).get("step_timings")
     return list(timings) if timings else None
 
 

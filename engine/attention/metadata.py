@@ -82,13 +82,16 @@ class AttentionMetadata:
     def check_pool(self, num_blocks: int, block_size: int) -> None:
         """Raise RuntimeError when the step names a block or slot past a pool of `num_blocks` blocks: native code
         follows them as raw offsets, unchecked."""
-        max_block, max_slot = self.reach
-        if max_block >= num_blocks or max_slot >= num_blocks * block_size:
-            raise RuntimeError(
-                f"attention metadata names block {max_block} / slot {max_slot}, past a pool of "
-                f"{num_blocks} blocks of {block_size}"
-            )
+        check_reach(*self.reach, num_blocks, block_size, "attention metadata")
 
     @property
     def is_decode_only(self) -> bool:
         return self.max_query_len == 1
+
+
+def check_reach(max_block: int, max_slot: int, num_blocks: int, block_size: int, what: str) -> None:
+    """Raise RuntimeError when `what` names a block or slot past a pool of `num_blocks` blocks of `block_size`."""
+    if max_block >= num_blocks or max_slot >= num_blocks * block_size:
+        raise RuntimeError(
+            f"{what} names block {max_block} / slot {max_slot}, past a pool of {num_blocks} blocks of {block_size}"
+        )

@@ -2,11 +2,10 @@
 on the CPU.
 
 `FusedDecoder.build` checks once that a model fits (every layer linear a QuantLinear, fp32 weights, fp32 or int8
-caches, the native kernels built) and gathers the pointers the C loop needs; `forward` then runs a decode-only step of up to
-`QuantLinear.gemv_max_rows` sequences with one crossing into C instead of ~300 Python calls. It calls the same kernels as the
-module path with the same arguments, so the two agree bit for bit (tests/engine/test_fused_decode.py). `decode` is
-`forward` for inputs given as plain lists, through persistent buffers and without a torch call: what the model runner
-calls for a decode step.
+caches, the native kernels built) and gathers the pointers the C loop needs; `decode` then runs a decode-only step of up
+to `QuantLinear.gemv_max_rows` sequences with one crossing into C instead of ~300 Python calls. It calls the same
+kernels as the module path with the same arguments, so the two agree bit for bit (tests/engine/test_fused_decode.py).
+Its inputs come as plain lists and go through persistent buffers, so a step makes no torch call before the C call.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from engine.attention.metadata import check_reach
 from engine.models.llama import LlamaForCausalLM
 from engine.native import attention, fused_ops, quant_linear
 from engine.native.attention import load_kernel as load_attention
@@ -29,7 +29,6 @@ from engine.native.quant_linear import load_kernel as load_quant_linear
 
 if TYPE_CHECKING:
     from engine.attention.backend import LayerKV
-    from engine.attention.metadata import AttentionMetadata
 
 logger = logging.getLogger(__name__)
 SOURCE = Path(attention.SOURCE).with_name("decode_step.c")
@@ -116,7 +115,7 @@ class FusedDecoder:
     """Runs every decoder layer of a decode-only step in C; see the module docstring."""
 
     def __init__(
-        self, model: LlamaForCausalLM, kv_caches: list[LayerKV], lib: ctypes.CDLL, max_blocks_per_seq: int = 0
+        self, model: LlamaForCausalLM, kv_caches: list[LayerKV], lib: ctypes.CDLL, max_blocks_per_seq: int
     ) -> None:
         args = model.args
         k0, s0 = kv_caches[0].k, kv_caches[0].k_scale
@@ -178,14 +177,14 @@ class FusedDecoder:
         # seconds spent in the layers' linears and attention since the last reset (read by `bench step`)
         self.seconds = (ctypes.c_double * 2)()
         self._struct_ptr = ctypes.addressof(self._struct)
-        self._inputs = _DecodeInputs(model, self.max_rows, max_blocks_per_seq) if max_blocks_per_seq else None
+        self._inputs = _DecodeInputs(model, self.max_rows, max_blocks_per_seq)
 
     @classmethod
     def build(
-        cls, model: torch.nn.Module, kv_caches: list[LayerKV], max_blocks_per_seq: int = 0
+        cls, model: torch.nn.Module, kv_caches: list[LayerKV], max_blocks_per_seq: int
     ) -> FusedDecoder | None:
-        """A decoder for `model`, or None (with the reason logged) when the model or machine does not fit.
-        `max_blocks_per_seq` > 0: also keep the persistent inputs of `decode` (block tables up to that wide)."""
+        """A decoder for `model` whose sequences have block tables of up to `max_blocks_per_seq` blocks, or None (with
+        the reason logged) when the model or machine does not fit."""
         reason = _unsupported(model, kv_caches)
         lib = None if reason else load_library(SOURCE)
         if reason is None and lib is None:
@@ -195,54 +194,18 @@ class FusedDecoder:
             return None
         return cls(model, kv_caches, lib, max_blocks_per_seq)  # type: ignore[arg-type]
 
-    def applies(self, meta: AttentionMetadata) -> bool:
-        """Whether a step with this metadata runs here: decode only, and few enough sequences for the GEMV path."""
-        return meta.max_query_len == 1 and meta.num_seqs <= self.max_rows
-
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
-        """Final-normed hidden states [n, hidden] of a decode-only step (see `applies`)."""
-        n = input_ids.shape[0]
-        slots, seq_lens = meta.slot_mapping, meta.seq_lens.contiguous()
-        tables = meta.block_tables.contiguous()
-        meta.check_pool(self.num_blocks, self.block_size)  # the C side follows raw block ids and slots
-        if meta.max_seq_len > tables.shape[1] * self.block_size:
-            raise RuntimeError(f"block tables of {tables.shape[1]} blocks for {meta.max_seq_len} tokens")
-        residual = self.model.embed_tokens(input_ids)  # [n, hidden] fp32, a new tensor
-        out = torch.empty_like(residual)
-        rows = torch.arange(n, dtype=torch.int32)
-        positions = positions.contiguous()
-        status = self._fn(
-            self._struct_ptr,
-            residual.data_ptr(),
-            out.data_ptr(),
-            n,
-            positions.data_ptr(),
-            slots.data_ptr(),
-            rows.data_ptr(),
-            seq_lens.data_ptr(),
-            tables.data_ptr(),
-            tables.stride(0),
-            torch.get_num_threads(),
-            self.seconds,
-        )
-        if status != 0:
-            raise RuntimeError(f"decode_layers failed (status {status})")
-        return out
-
     def decode(
         self, token_ids: list[int], positions: list[int], tables: list[list[int]]
     ) -> torch.Tensor | None:
-        """`forward` for sequences given as plain lists (each one new token at `positions[i]` with block table
-        `tables[i]`), through persistent input buffers: no torch call before the C step. A torch call gives the GIL
-        up, and in a served engine the event loop then takes it for its whole turn while this thread waits; the
-        C call gives it up too, and there the turn overlaps the layers. The same C call on the same inputs as
-        `forward`: the same result. Returns a view into a buffer the next call overwrites, or None when the step
-        does not fit the buffers (then use `forward`)."""
+        """Final-normed hidden states [n, hidden] of a decode-only step of sequences given as plain lists (each one
+        new token at `positions[i]` with block table `tables[i]`), filled into persistent buffers: no torch call
+        before the C step. A torch call gives the GIL up, and in a served engine the event loop then takes it for its
+        whole turn while this thread waits; the C call gives it up too, and there the turn overlaps the layers.
+        Returns a view into a buffer the next call overwrites, or None when the step is not one this step takes
+        (more sequences than the GEMV path's, a table past `max_blocks_per_seq`): the module path runs it."""
         inputs = self._inputs
         n = len(token_ids)
-        if inputs is None or not 0 < n <= self.max_rows:
+        if not 0 < n <= self.max_rows:
             return None
         bs = self.block_size
         max_block = max_slot = 0
@@ -254,12 +217,7 @@ class FusedDecoder:
             inputs.slots[i], inputs.seq_lens[i] = slot, pos + 1
             inputs.tables[i, : len(table)] = table
             max_block, max_slot = max(max_block, max(table)), max(max_slot, slot)
-        # the C step follows raw block ids and slots: refuse any past the pool
-        if max_block >= self.num_blocks or max_slot >= self.num_blocks * bs:
-            raise RuntimeError(
-                f"decode inputs name block {max_block} / slot {max_slot}, past a pool of {self.num_blocks} blocks "
-                f"of {bs}"
-            )
+        check_reach(max_block, max_slot, self.num_blocks, bs, "the decode step")  # C follows them unchecked
         np.take(inputs.embed, inputs.ids[:n], axis=0, out=inputs.residual[:n])
         status = self._fn(
             self._struct_ptr,

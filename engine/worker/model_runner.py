@@ -104,11 +104,8 @@ class ModelRunner:
             sample_rows = [i for i, item in enumerate(out.scheduled) if item.samples]
         else:
             ids, pos, meta, sample_rows = self.prepare(out)
-            if self.fused is not None and self.fused.applies(meta):
-                hidden = self.fused.forward(ids, pos, meta)
-            else:
-                self.backend.prepare(meta)
-                hidden = self.model(ids, pos, self.kv_caches, meta, self.backend)
+            self.backend.prepare(meta)
+            hidden = self.model(ids, pos, self.kv_caches, meta, self.backend)
         if not sample_rows:
             return torch.empty(0, 0)
         if len(sample_rows) != hidden.shape[0]:  # a decode step samples every row, in order: nothing to pick

@@ -1,6 +1,6 @@
 """Where a served decode step's time goes: its linears (matmuls), attention, and the rest (EngineConfig.step_timing).
 
-`StepClock.install` wraps every linear module's forward and the attention backend's forward with a timer (~0.2 µs
+A `StepClock` wraps every linear module's forward and the attention backend's forward with a timer (~0.2 µs
 each; a linear's share includes its own Python call); the fused decode step times its own linears and attention
 (KV store included) inside C. The engine reads the clock around each decode-only step and keeps totals per batch
 size (`StepTimings`), so the split can be read off a running server (`/api/admin/state`, `/metrics`) under real
@@ -42,9 +42,8 @@ class StepClock:
         for module in linear_modules(runner.model):
             module.forward = self.matmul.wrap(module.forward)
         runner.backend.forward = self.attention.wrap(runner.backend.forward)
-        self._fused = (
-            runner.fused.seconds if runner.fused is not None else None
-        )  # C's own [linears, attention]
+        # the fused C step's own clocks: [linears, attention]
+        self._fused = runner.fused.seconds if runner.fused is not None else None
 
     def reset(self) -> None:
         self.matmul.seconds = self.attention.seconds = 0.0

@@ -70,12 +70,11 @@ def test_fused_step_is_off_where_it_does_not_apply(tiny_gguf, caplog):
 def test_a_block_past_the_pool_is_refused_before_c_follows_it(tiny_gguf):
     llm = LLM(model=str(tiny_gguf), quantization="gguf", kv_cache_bytes=KV_BYTES)
     runner = llm.engine.runner
-    meta = make_attention_metadata([1], [3], [[runner.num_blocks]], runner.spec.block_size)
     with pytest.raises(RuntimeError, match="past a pool of"):
-        runner.fused.forward(torch.tensor([1]), torch.tensor([2]), meta)
+        runner.fused.decode([1], [2], [[runner.num_blocks]])
 
 
-def test_decode_from_lists_equals_forward_and_refuses_what_it_cannot_take(tiny_gguf):
+def test_one_step_equals_the_module_path_and_refuses_what_it_cannot_take(tiny_gguf):
     llm = LLM(model=str(tiny_gguf), quantization="gguf", kv_cache_bytes=KV_BYTES)
     runner = llm.engine.runner
     fused, bs = runner.fused, runner.spec.block_size
@@ -87,7 +86,11 @@ def test_decode_from_lists_equals_forward_and_refuses_what_it_cannot_take(tiny_g
     runner.kv_cache.normal_(generator=torch.Generator().manual_seed(2))
     snapshot = runner.kv_cache.clone()
     meta = make_attention_metadata([1, 1, 1], seq_lens, tables, bs)
-    expected = fused.forward(torch.tensor(token_ids), torch.tensor(positions), meta).clone()
+    runner.backend.prepare(meta)
+    with torch.inference_mode():  # the per-module path on the same step: hidden states and the KV it stores
+        expected = runner.model(
+            torch.tensor(token_ids), torch.tensor(positions), runner.kv_caches, meta, runner.backend
+        )
     stored = runner.kv_cache.clone()
     runner.kv_cache.copy_(snapshot)
     got = fused.decode(token_ids, positions, tables)
@@ -99,5 +102,3 @@ def test_decode_from_lists_equals_forward_and_refuses_what_it_cannot_take(tiny_g
     )
     wide = list(range(fused._inputs.width + 1))
     assert fused.decode([1], [0], [wide]) is None
-    with pytest.raises(RuntimeError, match="past a pool of"):
-        fused.decode([1], [2], [[runner.num_blocks]])
