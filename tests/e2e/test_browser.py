@@ -297,9 +297,10 @@ def test_a_restart_mid_reply_and_a_message_sent_while_the_server_is_down(
     settings = dict(
         PAGEDCHAT_MAX_MODEL_LEN="1024", PAGEDCHAT_DEFAULT_MAX_TOKENS="200", PAGEDCHAT_SHUTDOWN_GRACE_S="1"
     )
-    # 150 tokens at >= 15 ms a step (>= 2.25 s) outlast the 1 s grace period: the shutdown cuts the reply
+    # 150 tokens at >= 40 ms a step (>= 6 s) outlast the 1 s grace period by far (at 15 ms a loaded CI machine once
+    # finished the reply before the cut): the shutdown cuts the reply, and the test waits no longer for it
     slow = start_server(
-        tmp_path, server_env(tmp_path, tiny_model, **settings, **{FAULTS_ENV: "step_delay_ms=15"})
+        tmp_path, server_env(tmp_path, tiny_model, **settings, **{FAULTS_ENV: "step_delay_ms=40"})
     )
     servers = [slow]
     context = chromium.new_context(viewport=WIDE, base_url=slow.base_url)
