@@ -397,105 +397,187 @@ int quant_linear(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, i
 }
 
 #ifdef QL_AVX2
-/* Many rows (prefill, a busy decode step) with int8 activations: a register-tiled GEMM.
+/* Many rows (prefill, a busy decode step) with int8 activations: a register-tiled GEMM over pairs of blocks.
  *
- * The activations are quantized once (per 32-block, as for act_q8). Each thread takes GEMM_RM weight rows at a
- * time, unpacks their blocks once into bytes (Q4: the nibbles 0..15; Q8_0: |q| and q, for maddubs's unsigned x
- * signed) plus the scales d, and multiplies them by every activation row, GEMM_RM x GEMM_RN dot products per block
- * in registers: 8 ymm accumulators, each block one maddubs/madd pair and one FMA with d * dx. The unpacked tile
- * (a few KB) stays in L1 and the quantized activations (rows x in bytes) in L2 while a thread sweeps them.
- * The Q4_1 minimum (Q4_0 offset) term sum_b m_b * sx_b is a separate fp32 dot over blocks.
- * Integer products are exact and so are their 32-bit sums; what differs from dequantize-then-multiply is only the
+ * Weights and activations are laid out so that one 8-lane vector holds two blocks: blocks 2p and 2p + 1 of a row
+ * become two 32-byte vectors, [2p bytes 0..15 | 2p+1 bytes 0..15] and [2p bytes 16..31 | 2p+1 bytes 16..31]. After
+ * maddubs/madd the 8 int32 lanes are then 4 partial dots of block 2p and 4 of block 2p + 1, so one int->float
+ * conversion and one FMA with the lanes' scales [d dx of 2p x4 | d dx of 2p+1 x4] serve two blocks (per block,
+ * they were the kernel's main cost beside the two integer multiplies). The Q4 minimum (Q4_0 offset) term
+ * m_b * sx_b rides in the same accumulator: a quarter of sx_b in each of its block's 4 lanes.
+ *
+ * Each thread takes GEMM_RM weight rows at a time (a tile), unpacks them once into that layout (Q4 nibbles as bytes;
+ * Q8_0 as |q| and q, for maddubs's unsigned x signed) and multiplies them by every activation row, GEMM_RM x GEMM_RN
+ * accumulators in registers; the activations are quantized once (per 32-block, as for act_q8) into the same layout.
+ * The tile stays in L1 and the activations in L2 while a thread sweeps them.
+ * Integer products and their 32-bit sums are exact; what differs from dequantize-then-multiply is only the
  * activations' rounding to int8 (error <= amax / 254 a value) and the fp32 summation order. */
 #define GEMM_RM 4
 #define GEMM_RN 2
 
 typedef struct {
-    uint8_t *u; /* [GEMM_RM][cols]: maddubs's unsigned operand (Q4 nibbles, |q| for Q8_0) */
-    int8_t *s;  /* [GEMM_RM][cols]: Q8_0's signed q (the sign moved onto the activations), else unused */
-    float *d;   /* [GEMM_RM][nb] */
-    float *m;   /* [GEMM_RM][nb]: the minimum (Q4_1) or -8 d (Q4_0) */
+    int8_t *qx;  /* [rows][np * 64] */
+    float *dx8;  /* [rows][np * 8]: each block's dx in its 4 lanes */
+    float *sx8;  /* [rows][np * 8]: each block's dx * sum(qx) / 4 in its 4 lanes */
+} ActPairs;
+
+typedef struct {
+    uint8_t *u; /* [GEMM_RM][np * 64]: maddubs's unsigned operand (Q4 nibbles, |q| for Q8_0) */
+    int8_t *s;  /* [GEMM_RM][np * 64]: Q8_0's signed q (its sign moved onto the activations), else unused */
+    float *d8;  /* [GEMM_RM][np * 8]: each block's d in its 4 lanes */
+    float *m8;  /* [GEMM_RM][np * 8]: the Q4_1 minimum or the Q4_0 -8 d, likewise */
 } WTile;
 
-static void unpack_tile(int qtype, const uint8_t *w, int64_t w_row_bytes, int nr, int nb, int cols, WTile t) {
+/* Block b's 32 bytes to their places in a row of the pair layout; its value in its 4 lanes of the row's scales. */
+static inline void place_block(void *row, int b, __m256i v) {
+    uint8_t *dst = (uint8_t *)row + (b >> 1) * 64 + (b & 1) * 16;
+    _mm_storeu_si128((__m128i *)dst, _mm256_castsi256_si128(v));
+    _mm_storeu_si128((__m128i *)(dst + 32), _mm256_extracti128_si256(v, 1));
+}
+static inline void place_scale(float *row8, int b, float value) {
+    _mm_storeu_ps(row8 + (b >> 1) * 8 + (b & 1) * 4, _mm_set1_ps(value));
+}
+
+/* One 32-block of activations as int8 (rounded half to even, as nearbyintf in the default mode) with
+ * dx = amax / 127, and the sum of its int8 values. */
+static inline __m256i quantize_block(const float *xb, float *dx, int *sum) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4], amax = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_loadu_ps(xb + 8 * k);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float a = _mm_cvtss_f32(m);
+    const __m256 inv = _mm256_set1_ps(a > 0.0f ? 127.0f / a : 0.0f);
+    __m256i q[4];
+    for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], inv)); /* |q| <= 127 */
+    /* int32 -> int16 -> int8; the packs interleave 128-bit lanes, the permute restores the order */
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    const __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    s = _mm_hadd_epi32(s, s);
+    *sum = _mm_cvtsi128_si32(_mm_hadd_epi32(s, s));
+    *dx = a / 127.0f;
+    return _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static void quantize_row_pairs(const float *x, int cols, int np, int8_t *qx, float *dx8, float *sx8) {
+    const int nb = cols / QK;
+    for (int b = 0; b < nb; b++) {
+        float dx;
+        int sum;
+        place_block(qx, b, quantize_block(x + b * QK, &dx, &sum));
+        place_scale(dx8, b, dx);
+        place_scale(sx8, b, 0.25f * dx * (float)sum);
+    }
+    if (nb & 1) { /* an odd row's last pair: a zero partner */
+        place_block(qx, nb, _mm256_setzero_si256());
+        place_scale(dx8, nb, 0.0f);
+        place_scale(sx8, nb, 0.0f);
+    }
+}
+
+static void unpack_tile(int qtype, const uint8_t *w, int64_t w_row_bytes, int nr, int nb, int np, WTile t) {
     const int bb = block_bytes(qtype);
     for (int i = 0; i < nr; i++) {
+        uint8_t *u = t.u + (int64_t)i * np * 64;
+        int8_t *s = t.s + (int64_t)i * np * 64;
+        float *d8 = t.d8 + (int64_t)i * np * 8, *m8 = t.m8 + (int64_t)i * np * 8;
         for (int b = 0; b < nb; b++) {
             const uint8_t *blk = w + (int64_t)i * w_row_bytes + (int64_t)b * bb;
             const float d = fp16_at(blk);
-            t.d[i * nb + b] = d;
-            uint8_t *u = t.u + (int64_t)i * cols + b * QK;
+            place_scale(d8, b, d);
             if (qtype == Q8_0) {
                 const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 2));
-                _mm256_storeu_si256((__m256i *)(t.s + (int64_t)i * cols + b * QK), q);
-                _mm256_storeu_si256((__m256i *)u, _mm256_sign_epi8(q, q));
-                t.m[i * nb + b] = 0.0f;
+                place_block(s, b, q);
+                place_block(u, b, _mm256_sign_epi8(q, q));
+                place_scale(m8, b, 0.0f);
             } else {
                 const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (qtype == Q4_1 ? 4 : 2)));
-                _mm256_storeu_si256((__m256i *)u, q4_nibbles(raw));
-                t.m[i * nb + b] = qtype == Q4_1 ? fp16_at(blk + 2) : -8.0f * d;
+                place_block(u, b, q4_nibbles(raw));
+                place_scale(m8, b, qtype == Q4_1 ? fp16_at(blk + 2) : -8.0f * d);
             }
+        }
+        if (nb & 1) {
+            place_block(u, nb, _mm256_setzero_si256());
+            place_block(s, nb, _mm256_setzero_si256());
+            place_scale(d8, nb, 0.0f);
+            place_scale(m8, nb, 0.0f);
         }
     }
 }
 
-/* y[r][i] for the tile's rows i < NI and activation rows r < NJ (constants after inlining). */
-static inline __attribute__((always_inline)) void gemm_micro(int qtype, WTile t, ActQ8 a, int cols, int nb, int NI,
-                                                             int NJ, float out[GEMM_RN][GEMM_RM]) {
+/* out[j][i] = x row j . weight row i for the tile's rows i < NI and activation rows j < NJ (constants after
+ * inlining), before bias. */
+static inline __attribute__((always_inline)) void gemm_micro(int qtype, WTile t, ActPairs a, int np, int NI, int NJ,
+                                                             float out[GEMM_RN][GEMM_RM]) {
     __m256 acc[GEMM_RM][GEMM_RN];
     const __m256i ones = _mm256_set1_epi16(1);
+    const int64_t cw = (int64_t)np * 64, sw = (int64_t)np * 8;
     for (int i = 0; i < NI; i++)
         for (int j = 0; j < NJ; j++) acc[i][j] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        __m256i xq[GEMM_RN];
-        for (int j = 0; j < NJ; j++) xq[j] = _mm256_loadu_si256((const __m256i *)(a.qx + (int64_t)j * cols + b * QK));
+    for (int p = 0; p < np; p++) {
         for (int i = 0; i < NI; i++) {
-            const __m256i u = _mm256_loadu_si256((const __m256i *)(t.u + (int64_t)i * cols + b * QK));
-            const float d = t.d[i * nb + b];
+            const __m256i u0 = _mm256_load_si256((const __m256i *)(t.u + i * cw + p * 64));
+            const __m256i u1 = _mm256_load_si256((const __m256i *)(t.u + i * cw + p * 64 + 32));
+            const __m256 d = _mm256_load_ps(t.d8 + i * sw + p * 8);
             for (int j = 0; j < NJ; j++) {
-                __m256i xs = xq[j];
-                if (qtype == Q8_0)
-                    xs = _mm256_sign_epi8(xs, _mm256_loadu_si256((const __m256i *)(t.s + (int64_t)i * cols + b * QK)));
-                /* u <= 128 and |x| <= 127: a pair of products sums to at most 2 * 128 * 127 < 2^15 */
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xs), ones);
-                acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.dx[j * nb + b]), _mm256_cvtepi32_ps(p), acc[i][j]);
+                __m256i x0 = _mm256_load_si256((const __m256i *)(a.qx + j * cw + p * 64));
+                __m256i x1 = _mm256_load_si256((const __m256i *)(a.qx + j * cw + p * 64 + 32));
+                __m256i dot;
+                if (qtype == Q8_0) { /* u <= 128, |x| <= 127: a pair sums to at most 2 * 128 * 127 < 2^15 */
+                    x0 = _mm256_sign_epi8(x0, _mm256_load_si256((const __m256i *)(t.s + i * cw + p * 64)));
+                    x1 = _mm256_sign_epi8(x1, _mm256_load_si256((const __m256i *)(t.s + i * cw + p * 64 + 32)));
+                    dot = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u0, x0), ones),
+                                           _mm256_madd_epi16(_mm256_maddubs_epi16(u1, x1), ones));
+                } else { /* nibbles <= 15: two pairs' sums still fit 16 bits (2 * 2 * 15 * 127 < 2^15) */
+                    dot = _mm256_madd_epi16(
+                        _mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1)), ones);
+                }
+                const __m256 scale = _mm256_mul_ps(d, _mm256_load_ps(a.dx8 + j * sw + p * 8));
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[i][j]);
+                if (qtype != Q8_0)
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_load_ps(t.m8 + i * sw + p * 8),
+                                                _mm256_load_ps(a.sx8 + j * sw + p * 8), acc[i][j]);
             }
         }
     }
-    for (int i = 0; i < NI; i++) {
-        for (int j = 0; j < NJ; j++) {
-            float corr = 0.0f;
-            if (qtype != Q8_0) {
-                __m256 c = _mm256_setzero_ps();
-                int b = 0;
-                for (; b + 8 <= nb; b += 8)
-                    c = _mm256_fmadd_ps(_mm256_loadu_ps(t.m + i * nb + b), _mm256_loadu_ps(a.sx + j * nb + b), c);
-                corr = hsum8(c);
-                for (; b < nb; b++) corr += t.m[i * nb + b] * a.sx[j * nb + b];
-            }
-            out[j][i] = hsum8(acc[i][j]) + corr;
-        }
+    if (NI == GEMM_RM && NJ == GEMM_RN) { /* the 8 sums at once: lanes [i0j0 i1j0 i2j0 i3j0 | i0j1 .. i3j1] */
+        const __m256 h0 = _mm256_hadd_ps(acc[0][0], acc[1][0]), h1 = _mm256_hadd_ps(acc[2][0], acc[3][0]);
+        const __m256 h2 = _mm256_hadd_ps(acc[0][1], acc[1][1]), h3 = _mm256_hadd_ps(acc[2][1], acc[3][1]);
+        const __m256 g0 = _mm256_hadd_ps(h0, h1), g1 = _mm256_hadd_ps(h2, h3);
+        float v[8];
+        _mm256_storeu_ps(v, _mm256_add_ps(_mm256_permute2f128_ps(g0, g1, 0x20), _mm256_permute2f128_ps(g0, g1, 0x31)));
+        for (int j = 0; j < GEMM_RN; j++)
+            for (int i = 0; i < GEMM_RM; i++) out[j][i] = v[j * GEMM_RM + i];
+        return;
     }
+    for (int i = 0; i < NI; i++)
+        for (int j = 0; j < NJ; j++) out[j][i] = hsum8(acc[i][j]);
 }
 
-static inline __attribute__((always_inline)) void gemm_tile_of(int qtype, WTile t, ActQ8 a, int cols, int nb,
-                                                               int ni, int rows, int o0, const float *bias, float *y,
+static inline __attribute__((always_inline)) void gemm_tile_of(int qtype, WTile t, ActPairs a, int np, int ni,
+                                                               int rows, int o0, const float *bias, float *y,
                                                                int64_t y_row) {
+    const int64_t cw = (int64_t)np * 64, sw = (int64_t)np * 8;
     for (int r0 = 0; r0 < rows; r0 += GEMM_RN) {
         const int nj = rows - r0 < GEMM_RN ? rows - r0 : GEMM_RN;
-        const ActQ8 ar = {a.qx + (int64_t)r0 * cols, a.dx + (int64_t)r0 * nb, a.sx + (int64_t)r0 * nb};
+        const ActPairs ar = {a.qx + r0 * cw, a.dx8 + r0 * sw, a.sx8 + r0 * sw};
         float out[GEMM_RN][GEMM_RM];
         if (ni == GEMM_RM && nj == GEMM_RN)
-            gemm_micro(qtype, t, ar, cols, nb, GEMM_RM, GEMM_RN, out);
+            gemm_micro(qtype, t, ar, np, GEMM_RM, GEMM_RN, out);
         else if (ni == GEMM_RM)
-            gemm_micro(qtype, t, ar, cols, nb, GEMM_RM, 1, out);
+            gemm_micro(qtype, t, ar, np, GEMM_RM, 1, out);
         else
             for (int i = 0; i < ni; i++) {
-                const WTile ti = {t.u + (int64_t)i * cols, t.s + (int64_t)i * cols, t.d + i * nb, t.m + i * nb};
-                float one[GEMM_RN][GEMM_RM];
+                const WTile ti = {t.u + i * cw, t.s + i * cw, t.d8 + i * sw, t.m8 + i * sw};
                 for (int j = 0; j < nj; j++) {
-                    const ActQ8 aj = {ar.qx + (int64_t)j * cols, ar.dx + j * nb, ar.sx + j * nb};
-                    gemm_micro(qtype, ti, aj, cols, nb, 1, 1, one);
+                    const ActPairs aj = {ar.qx + j * cw, ar.dx8 + j * sw, ar.sx8 + j * sw};
+                    float one[GEMM_RN][GEMM_RM];
+                    gemm_micro(qtype, ti, aj, np, 1, 1, one);
                     out[j][i] = one[0][0];
                 }
             }
@@ -504,12 +586,12 @@ static inline __attribute__((always_inline)) void gemm_tile_of(int qtype, WTile 
     }
 }
 
-static void gemm_tile(int qtype, WTile t, ActQ8 a, int cols, int nb, int ni, int rows, int o0, const float *bias,
-                      float *y, int64_t y_row) {
+static void gemm_tile(int qtype, WTile t, ActPairs a, int np, int ni, int rows, int o0, const float *bias, float *y,
+                      int64_t y_row) {
     switch (qtype) {
-    case Q4_0: gemm_tile_of(Q4_0, t, a, cols, nb, ni, rows, o0, bias, y, y_row); break;
-    case Q4_1: gemm_tile_of(Q4_1, t, a, cols, nb, ni, rows, o0, bias, y, y_row); break;
-    default: gemm_tile_of(Q8_0, t, a, cols, nb, ni, rows, o0, bias, y, y_row); break;
+    case Q4_0: gemm_tile_of(Q4_0, t, a, np, ni, rows, o0, bias, y, y_row); break;
+    case Q4_1: gemm_tile_of(Q4_1, t, a, np, ni, rows, o0, bias, y, y_row); break;
+    default: gemm_tile_of(Q8_0, t, a, np, ni, rows, o0, bias, y, y_row); break;
     }
 }
 #endif
@@ -521,12 +603,13 @@ int quant_gemm_q8(int qtype, const uint8_t *w, int64_t w_row_bytes, int out_feat
                   const float *x, int64_t x_row, int rows, const float *bias, float *y, int64_t y_row,
                   int num_threads) {
 #ifdef QL_AVX2
-    const int bb = block_bytes(qtype), nb = in_features / QK;
+    const int bb = block_bytes(qtype), nb = in_features / QK, np = (nb + 1) / 2;
     if (bb == 0 || in_features % QK != 0 || w_row_bytes < (int64_t)nb * bb) return -1;
-    ActQ8 a = {malloc((size_t)rows * in_features + 32), malloc(sizeof(float) * ((size_t)rows * nb + 8)),
-               malloc(sizeof(float) * ((size_t)rows * nb + 8))};
+    const size_t cw = (size_t)np * 64, sw = (size_t)np * 8;
+    ActPairs a = {aligned_alloc(32, (size_t)rows * cw), aligned_alloc(32, sizeof(float) * rows * sw),
+                  aligned_alloc(32, sizeof(float) * rows * sw)};
     int status = 0;
-    if (!a.qx || !a.dx || !a.sx) {
+    if (!a.qx || !a.dx8 || !a.sx8) {
         status = -2;
         goto done;
     }
@@ -534,31 +617,28 @@ int quant_gemm_q8(int qtype, const uint8_t *w, int64_t w_row_bytes, int out_feat
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
-        for (int r = 0; r < rows; r++) {
-            const ActQ8 ar = {a.qx + (int64_t)r * in_features, a.dx + (int64_t)r * nb, a.sx + (int64_t)r * nb};
-            quantize_act(x + r * x_row, x_row, 1, in_features, ar);
-        }
-        const size_t cols = (size_t)in_features;
-        uint8_t *u = aligned_alloc(32, GEMM_RM * cols);
-        int8_t *sq = aligned_alloc(32, GEMM_RM * cols);
-        float *dm = malloc(sizeof(float) * 2 * GEMM_RM * (size_t)nb);
-        if (!u || !sq || !dm) {
+        for (int r = 0; r < rows; r++)
+            quantize_row_pairs(x + r * x_row, in_features, np, a.qx + r * cw, a.dx8 + r * sw, a.sx8 + r * sw);
+        uint8_t *u = aligned_alloc(32, GEMM_RM * cw);
+        int8_t *sq = aligned_alloc(32, GEMM_RM * cw);
+        float *scales = aligned_alloc(32, sizeof(float) * 2 * GEMM_RM * sw);
+        if (!u || !sq || !scales) {
 #pragma omp atomic write
             status = -2;
         }
         const int tiles = (out_features + GEMM_RM - 1) / GEMM_RM;
 #pragma omp for schedule(dynamic, 1)
         for (int tile = 0; tile < tiles; tile++) {
-            if (!u || !sq || !dm) continue;
+            if (!u || !sq || !scales) continue;
             const int o0 = tile * GEMM_RM, ni = out_features - o0 < GEMM_RM ? out_features - o0 : GEMM_RM;
-            const WTile t = {u, sq, dm, dm + GEMM_RM * nb};
-            unpack_tile(qtype, w + (int64_t)o0 * w_row_bytes, w_row_bytes, ni, nb, in_features, t);
-            gemm_tile(qtype, t, a, in_features, nb, ni, rows, o0, bias, y, y_row);
+            const WTile t = {u, sq, scales, scales + GEMM_RM * sw};
+            unpack_tile(qtype, w + (int64_t)o0 * w_row_bytes, w_row_bytes, ni, nb, np, t);
+            gemm_tile(qtype, t, a, np, ni, rows, o0, bias, y, y_row);
         }
-        free(u), free(sq), free(dm);
+        free(u), free(sq), free(scales);
     }
 done:
-    free(a.qx), free(a.dx), free(a.sx);
+    free(a.qx), free(a.dx8), free(a.sx8);
     return status;
 #else
     return quant_linear(qtype, 1, w, w_row_bytes, out_features, in_features, x, x_row, rows, bias, y, y_row,

@@ -28,7 +28,8 @@ SHAPES = [
     (101, 160),
     (64, 608),
     (5, 32),
-]  # (out, in): in a multiple of 32 but never of 64 except 608
+    (9, 192),
+]  # (out, in): in a multiple of 32; an odd number of blocks but for 192 (the GEMM pairs blocks: a zero partner)
 ROWS = [1, 3, 17, 64]
 U = 2.0**-24
 
@@ -155,7 +156,7 @@ def test_int8_gemm_within_format_bound_and_equal_to_the_q8_rows_kernel(qtype, ro
 @needs_kernel
 @pytest.mark.parametrize("qtype", list(QuantType))
 def test_kernel_extreme_values_do_not_saturate(qtype):
-    """Largest quants against +-amax activations: the 16-bit pair sums of maddubs must not saturate."""
+    """Largest quants against +-amax activations: the 16-bit pair sums of maddubs must not saturate (GEMV and GEMM)."""
     weight, _ = make_weight(qtype, 4, 64, seed=3)
     blocks = weight.blocks.view(4, 2, qtype.block_bytes).clone()
     extreme = 0x80 if qtype is QuantType.Q8_0 else 0xFF  # q = -128, or both nibbles 15
@@ -167,6 +168,8 @@ def test_kernel_extreme_values_do_not_saturate(qtype):
     for act_q8 in (False, True):
         y = KERNEL.linear(x, weight, None, act_q8=act_q8)
         assert_within(y, x @ ref.T, 2 * fp32_bound(x, ref))
+    # the GEMM sums two blocks' maddubs pairs in 16 bits for Q4 (a pair of pairs: 2 * 2 * 15 * 127)
+    assert_within(KERNEL.gemm_q8(x, weight, None), x @ ref.T, 2 * fp32_bound(x, ref))
     assert_within(KERNEL.gemm_q8(x, weight, None), x @ ref.T, 2 * fp32_bound(x, ref))
 
 
