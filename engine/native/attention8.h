@@ -25,22 +25,10 @@
 #include <immintrin.h>
 #endif
 
-typedef float v8 __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
 typedef int8_t v8b __attribute__((vector_size(8)));
-typedef uint16_t v8h __attribute__((vector_size(16)));
-typedef uint32_t v8u __attribute__((vector_size(32)));
 
-#define W8 8
 #define MAX_C8 32 /* head_dim <= 256 */
 
-static inline v8 load8_f32(const float *p) {
-    v8 f;
-    memcpy(&f, p, sizeof f);
-    return f;
-}
-static inline void store8_f32(float *p, v8 x) { memcpy(p, &x, sizeof x); }
-DEFINE_BF16_LOAD_STORE(load8_bf16, store8_bf16, v8, v8u, v8h)
 static inline v8 load8_i8(const int8_t *p) {
 #ifdef __AVX2__ /* GCC lowers the generic conversion to eight scalar ones */
     return (v8)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
@@ -51,20 +39,12 @@ static inline v8 load8_i8(const int8_t *p) {
 #endif
 }
 
-static inline v8 vsel8(v8i mask, v8 a, v8 b) { return (v8)(((v8i)a & mask) | ((v8i)b & ~mask)); }
 static inline float hmax8(v8 x) {
     x = vsel8(x > SHUF(x, x, 4, 5, 6, 7, 0, 1, 2, 3), x, SHUF(x, x, 4, 5, 6, 7, 0, 1, 2, 3));
     x = vsel8(x > SHUF(x, x, 2, 3, 0, 1, 6, 7, 4, 5), x, SHUF(x, x, 2, 3, 0, 1, 6, 7, 4, 5));
     x = vsel8(x > SHUF(x, x, 1, 0, 3, 2, 5, 4, 7, 6), x, SHUF(x, x, 1, 0, 3, 2, 5, 4, 7, 6));
     return x[0];
 }
-static inline float hsum8(v8 x) {
-    x += SHUF(x, x, 4, 5, 6, 7, 0, 1, 2, 3);
-    x += SHUF(x, x, 2, 3, 0, 1, 6, 7, 4, 5);
-    x += SHUF(x, x, 1, 0, 3, 2, 5, 4, 7, 6);
-    return x[0];
-}
-DEFINE_VEXP(vexp8, v8, v8i, vsel8)
 /* Lane t of the result is the sum of the lanes of r[t]: three rounds of pairwise shuffles and adds. */
 static inline v8 reduce8(const v8 *r) {
     v8 a[4], b[2];

@@ -1,4 +1,4 @@
-/* 16-float vectors (GCC/Clang vector extensions) and bf16 conversions shared by the engine's CPU C libraries:
+/* 16- and 8-float vectors (GCC/Clang vector extensions) and bf16 conversions shared by the engine's CPU C libraries:
  * attention.c and fused_ops.c. build.py compiles them with this folder on the include path
  * and hashes this header into each library's build key.
  */
@@ -95,5 +95,31 @@ static inline float hsum(vf x) {
 }
 
 DEFINE_VEXP(vexp, vf, vi, vsel)
+
+/* The same in 8 lanes: what an AVX2 CPU computes well. Compiled for AVX2, GCC turns the comparisons and int
+ * conversions of 16-float vectors (vexp's clamps and floor, vsel's masks) into one scalar compare and branch a lane. */
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+
+#define W8 8
+
+static inline v8 load8_f32(const float *p) {
+    v8 f;
+    memcpy(&f, p, sizeof f);
+    return f;
+}
+static inline void store8_f32(float *p, v8 x) { memcpy(p, &x, sizeof x); }
+DEFINE_BF16_LOAD_STORE(load8_bf16, store8_bf16, v8, v8u, v8h)
+
+static inline v8 vsel8(v8i mask, v8 a, v8 b) { return (v8)(((v8i)a & mask) | ((v8i)b & ~mask)); }
+static inline float hsum8(v8 x) {
+    x += SHUF(x, x, 4, 5, 6, 7, 0, 1, 2, 3);
+    x += SHUF(x, x, 2, 3, 0, 1, 6, 7, 4, 5);
+    x += SHUF(x, x, 1, 0, 3, 2, 5, 4, 7, 6);
+    return x[0];
+}
+DEFINE_VEXP(vexp8, v8, v8i, vsel8)
 
 #endif
