@@ -4,6 +4,10 @@ rest (norms, RoPE, activations, sampling, step metadata, detokenization, Python)
 The clock is the engine's own (engine/worker/step_clock.py, the one `--step-timing` uses in a served engine): each
 linear module and the attention backend's forward wrapped with a timer (~0.2 µs each, ~150 a step), a linear's share
 including its own Python call; the fused decode step times its own linears and attention (KV store included) in C. Sequences are all decoding while steps are timed.
+
+The linears' rate (2 operations per weight and sequence a step, over their time) is set beside the cores' arithmetic
+peak on the same threads (engine/native/peak.py: fp32 FMA and the int8 dot product the quantized kernels use), so a
+step's matmul share reads as "how far from what this machine can compute", not only as milliseconds.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=32, help="decode steps timed per batch size")
 
 
-def measure(engine: Any, batch_size: int, steps: int, clock: Any) -> dict[str, Any]:
-    """Median step time and its parts over `steps` decode steps of `batch_size` sequences."""
+def measure(engine: Any, batch_size: int, steps: int, clock: Any, weights: int) -> dict[str, Any]:
+    """Median step time and its parts over `steps` decode steps of `batch_size` sequences; `weights`: the linears'
+    weights, for their rate in operations a second."""
     from engine import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
@@ -64,18 +69,31 @@ def measure(engine: Any, batch_size: int, steps: int, clock: Any) -> dict[str, A
         "attention_ms": attention_ms,
         "rest_ms": max(0.0, step_ms - matmul_ms - attention_ms),
         "tokens_per_s": 1000 * batch_size / step_ms,
+        "matmul_gops": 2 * weights * batch_size / (matmul_ms / 1000) / 1e9 if matmul_ms > 0 else 0.0,
     }
+
+
+def linear_weights(model: Any) -> int:
+    """Weights in the model's linears: what one token multiplies (embedding lookups excluded)."""
+    from engine.models.quantized import linear_modules
+
+    return sum(m.in_features * m.out_features for m in linear_modules(model))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Time decode steps at each batch size; print, write JSON + PNG."""
+    import torch
+
     from engine import LLM
+    from engine.native.peak import measure_peak
     from engine.worker.step_clock import StepClock
 
     llm = LLM(**dataclasses.asdict(without_disk_tier(args.engine_config)))
     engine = llm.engine
     clock = StepClock(engine.runner)
-    points = [measure(engine, b, args.steps, clock) for b in args.batch_sizes]
+    weights = linear_weights(engine.runner.model)
+    points = [measure(engine, b, args.steps, clock, weights) for b in args.batch_sizes]
+    peak = measure_peak(torch.get_num_threads()) if engine.runner.device.type == "cpu" else None
     resolved = engine.config
     payload = {
         "model": resolved.model,
@@ -88,16 +106,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "fused_decode": engine.runner.fused is not None,
         },
         "workload": {"prompt": PROMPT, "steps": args.steps, "temperature": 0.0},
+        "linear_weights": weights,
+        "compute_peak": dataclasses.asdict(peak) if peak is not None else None,
         "points": points,
         "targets": [],
     }
     paths = write_results("step", payload, _plot(points), args.results_dir, args.command_line)
-    headers = ["batch", "step ms", "matmul ms", "attention ms", "rest ms", "tok/s"]
+    headers = ["batch", "step ms", "matmul ms", "attention ms", "rest ms", "tok/s", "matmul GOP/s"]
     rows = [
         [p["batch_size"], p["step_ms"], p["matmul_ms"], p["attention_ms"], p["rest_ms"], p["tokens_per_s"]]
+        + [p["matmul_gops"]]
         for p in points
     ]
     print_report(f"decode step ({resolved.quantization}, {resolved.dtype})", headers, rows, (), paths)
+    if peak is not None:
+        print(
+            f"the cores' peak on {peak.threads} threads: fp32 FMA {peak.fp32_gflops:.0f} GFLOP/s, "
+            f"int8 dot product {peak.int8_gops:.0f} GOP/s (engine/native/peak.c)"
+        )
     return payload
 
 

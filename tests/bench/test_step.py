@@ -1,4 +1,5 @@
-"""`bench step` on a tiny random GGUF model: every batch size timed, parts that add up to the step."""
+"""`bench step` on a tiny random GGUF model: every batch size timed, parts that add up to the step, the linears'
+rate and the cores' peak beside it."""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ def test_step_breakdown_at_two_batch_sizes(tmp_path):
         parts = point["matmul_ms"] + point["attention_ms"] + point["rest_ms"]
         assert parts == pytest.approx(point["step_ms"], rel=0.05)  # medians of parts: close, not equal
         assert point["tokens_per_s"] == pytest.approx(1000 * point["batch_size"] / point["step_ms"])
+        rate = 2 * doc["linear_weights"] * point["batch_size"] / (point["matmul_ms"] / 1000) / 1e9
+        assert point["matmul_gops"] == pytest.approx(rate)
+    peak = doc["compute_peak"]  # None only where the peak loops have no AVX2 to run
+    assert peak is None or (peak["fp32_gflops"] > 0 and peak["int8_gops"] > 0 and peak["threads"] >= 1)
 
 
 def test_batch_sizes_must_be_positive_whole_numbers():
