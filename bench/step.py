@@ -73,13 +73,6 @@ def measure(engine: Any, batch_size: int, steps: int, clock: Any, weights: int) 
     }
 
 
-def linear_weights(model: Any) -> int:
-    """Weights in the model's linears: what one token multiplies (embedding lookups excluded)."""
-    from engine.models.quantized import linear_modules
-
-    return sum(m.in_features * m.out_features for m in linear_modules(model))
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Time decode steps at each batch size; print, write JSON + PNG."""
     import torch
@@ -91,7 +84,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     llm = LLM(**dataclasses.asdict(without_disk_tier(args.engine_config)))
     engine = llm.engine
     clock = StepClock(engine.runner)
-    weights = linear_weights(engine.runner.model)
+    weights = clock.linear_weights
     points = [measure(engine, b, args.steps, clock, weights) for b in args.batch_sizes]
     peak = measure_peak(torch.get_num_threads()) if engine.runner.device.type == "cpu" else None
     resolved = engine.config

@@ -39,8 +39,11 @@ class StepClock:
 
     def __init__(self, runner: Any) -> None:
         self.matmul, self.attention = _Clock(), _Clock()
-        for module in linear_modules(runner.model):
+        linears = linear_modules(runner.model)
+        for module in linears:
             module.forward = self.matmul.wrap(module.forward)
+        # weights the timed linears multiply per sequence and step (their rate: 2 operations a weight)
+        self.linear_weights = sum(m.in_features * m.out_features for m in linears)
         runner.backend.forward = self.attention.wrap(runner.backend.forward)
         # the fused C step's own clocks: [linears, attention]
         self._fused = runner.fused.seconds if runner.fused is not None else None
