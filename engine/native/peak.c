@@ -24,13 +24,20 @@ static double now_s(void) {
 #define FMA_CHAINS 10
 #define DOT_CHAINS 8
 
+static int team(int num_threads) { return num_threads > 1 ? num_threads : 1; }
+
+/* The rate of `ops_per_thread` operations done by each of `threads` threads since `start`. */
+static double per_second(double ops_per_thread, int threads, double start) {
+    return ops_per_thread * threads / (now_s() - start);
+}
+
 /* fp32 FMA operations a second over `iters` iterations on each of `num_threads` threads (-1 without AVX2/FMA);
  * *checksum gets the accumulators' sum. */
 double peak_fp32(int64_t iters, int num_threads, double *checksum) {
 #ifdef PEAK_AVX2
     double sum = 0.0;
     const double start = now_s();
-#pragma omp parallel num_threads(num_threads > 1 ? num_threads : 1) reduction(+ : sum)
+#pragma omp parallel num_threads(team(num_threads)) reduction(+ : sum)
     {
         __m256 acc[FMA_CHAINS];
         const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
@@ -39,10 +46,9 @@ double peak_fp32(int64_t iters, int num_threads, double *checksum) {
             for (int c = 0; c < FMA_CHAINS; c++) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
         for (int c = 0; c < FMA_CHAINS; c++) sum += _mm256_cvtss_f32(acc[c]);
     }
-    const double seconds = now_s() - start;
+    const double rate = per_second((double)iters * FMA_CHAINS * 8 * 2, team(num_threads), start);
     *checksum = sum;
-    const int threads = num_threads > 1 ? num_threads : 1;
-    return (double)iters * FMA_CHAINS * 8 * 2 * threads / seconds;
+    return rate;
 #else
     (void)iters, (void)num_threads, (void)checksum;
     return -1.0;
@@ -54,7 +60,7 @@ double peak_int8(int64_t iters, int num_threads, double *checksum) {
 #ifdef PEAK_AVX2
     double sum = 0.0;
     const double start = now_s();
-#pragma omp parallel num_threads(num_threads > 1 ? num_threads : 1) reduction(+ : sum)
+#pragma omp parallel num_threads(team(num_threads)) reduction(+ : sum)
     {
         __m256i acc[DOT_CHAINS], u[DOT_CHAINS];
         const __m256i ones = _mm256_set1_epi16(1), step = _mm256_set1_epi8(1), x = _mm256_set1_epi8(3);
@@ -69,10 +75,9 @@ double peak_int8(int64_t iters, int num_threads, double *checksum) {
             }
         for (int c = 0; c < DOT_CHAINS; c++) sum += _mm256_cvtsi256_si32(acc[c]);
     }
-    const double seconds = now_s() - start;
+    const double rate = per_second((double)iters * DOT_CHAINS * 32 * 2, team(num_threads), start);
     *checksum = sum;
-    const int threads = num_threads > 1 ? num_threads : 1;
-    return (double)iters * DOT_CHAINS * 32 * 2 * threads / seconds;
+    return rate;
 #else
     (void)iters, (void)num_threads, (void)checksum;
     return -1.0;
