@@ -32,9 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=32, help="decode steps timed per batch size")
 
 
-def measure(engine: Any, batch_size: int, steps: int, clock: Any, weights: int) -> dict[str, Any]:
-    """Median step time and its parts over `steps` decode steps of `batch_size` sequences; `weights`: the linears'
-    weights, for their rate in operations a second."""
+def measure(engine: Any, batch_size: int, steps: int, clock: Any) -> dict[str, Any]:
+    """Median step time and its parts over `steps` decode steps of `batch_size` sequences, and the linears' rate in
+    operations a second (the clock counts their weights)."""
     from engine import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
@@ -69,7 +69,9 @@ def measure(engine: Any, batch_size: int, steps: int, clock: Any, weights: int) 
         "attention_ms": attention_ms,
         "rest_ms": max(0.0, step_ms - matmul_ms - attention_ms),
         "tokens_per_s": 1000 * batch_size / step_ms,
-        "matmul_gops": 2 * weights * batch_size / (matmul_ms / 1000) / 1e9 if matmul_ms > 0 else 0.0,
+        "matmul_gops": 2 * clock.linear_weights * batch_size / (matmul_ms / 1000) / 1e9
+        if matmul_ms > 0
+        else 0.0,
     }
 
 
@@ -84,8 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     llm = LLM(**dataclasses.asdict(without_disk_tier(args.engine_config)))
     engine = llm.engine
     clock = StepClock(engine.runner)
-    weights = clock.linear_weights
-    points = [measure(engine, b, args.steps, clock, weights) for b in args.batch_sizes]
+    points = [measure(engine, b, args.steps, clock) for b in args.batch_sizes]
     peak = measure_peak(torch.get_num_threads()) if engine.runner.device.type == "cpu" else None
     resolved = engine.config
     payload = {
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "fused_decode": engine.runner.fused is not None,
         },
         "workload": {"prompt": PROMPT, "steps": args.steps, "temperature": 0.0},
-        "linear_weights": weights,
+        "linear_weights": clock.linear_weights,
         "compute_peak": dataclasses.asdict(peak) if peak is not None else None,
         "points": points,
         "targets": [],
