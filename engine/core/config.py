@@ -40,14 +40,16 @@ class EngineConfig:
     device: str = option("auto", "auto: cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
     quantization: str = option(
         "auto",
-        "gguf: keep a GGUF model's Q4_0/Q4_1/Q8_0 blocks and multiply them in fp32 (CPU only); none: float weights "
-        f"in dtype; auto: gguf for a GGUF model ({DEFAULT_MODEL} comes from one) on the CPU, else none",
+        "gguf: keep a GGUF model's Q4_0/Q4_1/Q8_0 blocks and multiply them as they are (CPU only; see "
+        "int8_activations, batch_gemm); none: float weights in dtype; auto: gguf for a GGUF model "
+        f"({DEFAULT_MODEL} comes from one) on the CPU, else none",
         choices=QUANTIZATIONS,
     )
-    int8_activations: bool = option(
-        False,
-        "quantization gguf only: round decode activations to int8 per 32 values, as llama.cpp does "
-        "(faster linears on AVX2, logits move slightly: see `pagedchat bench quality`)",
+    int8_activations: bool | None = option(
+        None,
+        "quantization gguf only: round decode activations to int8 per 32 values, as llama.cpp does (the linears "
+        "read the blocks at up to twice the speed on AVX2; logits move slightly: see `pagedchat bench quality`); "
+        "off: fp32 activations times the blocks, exact up to summation order; unset: on with quantization gguf",
     )
     batch_gemm: str = option(
         "auto",
@@ -149,11 +151,16 @@ class EngineConfig:
         backend = self.attention_backend
         if backend == "auto":
             backend = "triton" if device == "cuda" else "torch"
+        quantization = self.resolve_quantization(device=device, model_is_gguf=model_is_gguf)
+        int8_activations = self.int8_activations
+        if int8_activations is None:
+            int8_activations = quantization == "gguf"
         return dataclasses.replace(
             self,
             device=device,
             dtype=dtype,
-            quantization=self.resolve_quantization(device=device, model_is_gguf=model_is_gguf),
+            quantization=quantization,
+            int8_activations=int8_activations,
             attention_backend=backend,
             max_model_len=max_model_len,
             max_num_batched_tokens=batched,

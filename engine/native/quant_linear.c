@@ -11,7 +11,8 @@
  * Two dot products:
  *   - exact (act_q8 = 0): dequantize the block to fp32 and FMA with the fp32 activations;
  *   - q8 (act_q8 = 1): the activations are first quantized per 32-block to int8 (scale dx = amax / 127, kept in
- *     fp32), then each block's dot is integer math (AVX2 maddubs/madd) scaled once, as llama.cpp does.
+ *     fp32), then each block's dot is integer math (AVX2 maddubs/madd) scaled once, as llama.cpp does; under AVX2
+ *     two blocks at a time (linear_pairs, below, in the batch GEMM's activation layout).
  * AVX2 + FMA + F16C intrinsics when the compiler targets them, a scalar fallback otherwise; OpenMP over output rows.
  */
 #include <stdint.h>
@@ -26,6 +27,8 @@
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* ggml type ids */
 #define QK 32                          /* weights per block */
 #define PASS_ROWS 4                    /* activation rows sharing one decoded weight block */
+#define PAIR_ROWS 4                    /* weight rows the int8 GEMV multiplies at once by one activation row */
+#define PAIR_PREFETCH 1 /* the int8 GEMV prefetches this many tiles of weight rows ahead */
 #define PARALLEL_MIN_WEIGHTS 65536
 /* Output rows (GEMM: tiles of GEMM_RM rows) are handed to threads a chunk at a time, not split evenly up front: on a
  * machine whose cores the service's own threads (the event loop streaming every token) also need, a thread that is
@@ -160,48 +163,10 @@ static void quantize_act(const float *x, int64_t x_row, int rows, int cols, ActQ
     }
 }
 
-#ifdef QL_AVX2
-/* acc[r] += d * dx * dot(q, qx) and corr[r] += the Q4_1 min or Q4_0 offset term, for block b and rows r < nr. */
-static inline __attribute__((always_inline)) void q8_block(int qtype, const uint8_t *blk, ActQ8 a, int cols, int nb,
-                                                           int b, int nr, __m256 *acc, float *corr) {
-    const float d = fp16_at(blk);
-    __m256i w;
-    if (qtype == Q8_0) {
-        w = _mm256_loadu_si256((const __m256i *)(blk + 2));
-    } else {
-        const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (qtype == Q4_1 ? 4 : 2)));
-        w = q4_nibbles(raw);
-    }
-    const __m256i wabs = qtype == Q8_0 ? _mm256_sign_epi8(w, w) : w; /* maddubs wants unsigned x signed */
-    const float m = qtype == Q4_1 ? fp16_at(blk + 2) : qtype == Q4_0 ? -8.0f * d : 0.0f;
-    for (int r = 0; r < nr; r++) {
-        __m256i xq = _mm256_loadu_si256((const __m256i *)(a.qx + (int64_t)r * cols + b * QK));
-        if (qtype == Q8_0) xq = _mm256_sign_epi8(xq, w);
-        /* pairs of u8 * s8 <= 2 * 128 * 127 < 2^15: the 16-bit sums cannot saturate */
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xq), _mm256_set1_epi16(1));
-        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.dx[r * nb + b]), _mm256_cvtepi32_ps(p), acc[r]);
-        corr[r] += m * a.sx[r * nb + b];
-    }
-}
-#endif
-
 /* sums[r] = sum over blocks of d * dx * dot(q, qx) (+ the Q4_1 min or Q4_0 offset term), for r < nr. */
 static inline __attribute__((always_inline)) void dot_q8(int qtype, const uint8_t *wrow, int nb, int bb,
                                                          ActQ8 a, int cols, int nr, float *sums) {
     float corr[PASS_ROWS] = {0};
-#ifdef QL_AVX2
-    /* even and odd blocks accumulate separately: two dependency chains instead of one */
-    __m256 even[PASS_ROWS], odd[PASS_ROWS];
-    float corr_odd[PASS_ROWS] = {0};
-    for (int r = 0; r < nr; r++) even[r] = odd[r] = _mm256_setzero_ps();
-    int b = 0;
-    for (; b + 1 < nb; b += 2) {
-        q8_block(qtype, wrow + (int64_t)b * bb, a, cols, nb, b, nr, even, corr);
-        q8_block(qtype, wrow + (int64_t)(b + 1) * bb, a, cols, nb, b + 1, nr, odd, corr_odd);
-    }
-    if (b < nb) q8_block(qtype, wrow + (int64_t)b * bb, a, cols, nb, b, nr, even, corr);
-    for (int r = 0; r < nr; r++) sums[r] = hsum8(_mm256_add_ps(even[r], odd[r])) + (corr[r] + corr_odd[r]);
-#else
     for (int r = 0; r < nr; r++) sums[r] = 0.0f;
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = wrow + (int64_t)b * bb;
@@ -222,7 +187,6 @@ static inline __attribute__((always_inline)) void dot_q8(int qtype, const uint8_
         }
     }
     for (int r = 0; r < nr; r++) sums[r] += corr[r];
-#endif
 }
 
 /* dot_q8 or dot_f32 for nr rows, specialized on a constant qtype and nr so that accumulators stay in registers. */
@@ -290,56 +254,33 @@ static inline __attribute__((always_inline)) float row1_exact(int qtype, const u
     return hsum8(_mm256_add_ps(acc0, acc1)) + corr;
 }
 
-static inline __attribute__((always_inline)) float row1_q8(int qtype, const uint8_t *wrow, int nb, int bb, ActQ8 a) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float corr = 0.0f;
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = wrow + (int64_t)b * bb;
-        __m256i xq = _mm256_loadu_si256((const __m256i *)(a.qx + b * QK)), w;
-        if (qtype == Q8_0) {
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 2));
-            xq = _mm256_sign_epi8(xq, raw);
-            w = _mm256_sign_epi8(raw, raw); /* maddubs wants unsigned x signed: |w| * (x * sign(w)) */
-        } else {
-            const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (qtype == Q4_1 ? 4 : 2)));
-            w = q4_nibbles(raw);
-        }
-        /* |w| <= 128 and |x| <= 127: a pair of products sums to at most 2 * 128 * 127 < 2^15, no saturation */
-        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, xq), ones));
-        const float d = fp16_at(blk);
-        if (b & 1)
-            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d * a.dx[b]), p, acc1);
-        else
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d * a.dx[b]), p, acc0);
-        if (qtype == Q4_1) corr += fp16_at(blk + 2) * a.sx[b];
-        if (qtype == Q4_0) corr -= 8.0f * d * a.sx[b];
-    }
-    return hsum8(_mm256_add_ps(acc0, acc1)) + corr;
-}
-
 /* y[o] = x . W[o] (+ bias[o]) for one activation row; sx: the per-block sums of x (exact) or a (q8). */
-static inline __attribute__((always_inline)) void linear_row1_of(int qtype, int act_q8, const uint8_t *w,
-                                                                 int64_t w_row_bytes, int out_features, int nb,
-                                                                 const float *x, const float *sx, ActQ8 a,
-                                                                 const float *bias, float *y, int threads) {
+static inline __attribute__((always_inline)) void linear_row1_of(int qtype, const uint8_t *w, int64_t w_row_bytes,
+                                                                 int out_features, int nb, const float *x,
+                                                                 const float *sx, const float *bias, float *y,
+                                                                 int threads) {
     const int bb = block_bytes(qtype);
 #pragma omp parallel for schedule(dynamic, ROWS_PER_GRAB) num_threads(threads)
     for (int o = 0; o < out_features; o++) {
         const uint8_t *wrow = w + (int64_t)o * w_row_bytes;
-        const float dot = act_q8 ? row1_q8(qtype, wrow, nb, bb, a) : row1_exact(qtype, wrow, nb, bb, x, sx);
-        y[o] = dot + (bias ? bias[o] : 0.0f);
+        y[o] = row1_exact(qtype, wrow, nb, bb, x, sx) + (bias ? bias[o] : 0.0f);
     }
 }
 
-static void linear_row1(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, int out_features, int nb,
-                        const float *x, const float *sx, ActQ8 a, const float *bias, float *y, int threads) {
+static void linear_row1(int qtype, const uint8_t *w, int64_t w_row_bytes, int out_features, int nb, const float *x,
+                        const float *sx, const float *bias, float *y, int threads) {
     switch (qtype) {
-    case Q4_0: linear_row1_of(Q4_0, act_q8, w, w_row_bytes, out_features, nb, x, sx, a, bias, y, threads); break;
-    case Q4_1: linear_row1_of(Q4_1, act_q8, w, w_row_bytes, out_features, nb, x, sx, a, bias, y, threads); break;
-    default: linear_row1_of(Q8_0, act_q8, w, w_row_bytes, out_features, nb, x, sx, a, bias, y, threads); break;
+    case Q4_0: linear_row1_of(Q4_0, w, w_row_bytes, out_features, nb, x, sx, bias, y, threads); break;
+    case Q4_1: linear_row1_of(Q4_1, w, w_row_bytes, out_features, nb, x, sx, bias, y, threads); break;
+    default: linear_row1_of(Q8_0, w, w_row_bytes, out_features, nb, x, sx, bias, y, threads); break;
     }
 }
+#endif
+
+#ifdef QL_AVX2
+static int linear_pairs(int qtype, const uint8_t *w, int64_t w_row_bytes, int out_features, int in_features,
+                        const float *x, int64_t x_row, int rows, const float *bias, float *y, int64_t y_row,
+                        int threads);
 #endif
 
 /* y[r, o] = x[r] . W[o] (+ bias[o]) for every row r < rows and output o. 0 on success; -1: a bad type or width;
@@ -349,6 +290,24 @@ int quant_linear(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, i
                  int num_threads) {
     const int bb = block_bytes(qtype), nb = in_features / QK;
     if (bb == 0 || in_features % QK != 0 || w_row_bytes < (int64_t)nb * bb) return -1;
+#ifdef QL_AVX2 /* int8 activations: the pair GEMV; exact single rows: the row kernel */
+    if (act_q8)
+        return linear_pairs(qtype, w, w_row_bytes, out_features, in_features, x, x_row, rows, bias, y, y_row,
+                            threads_for((int64_t)out_features * in_features, num_threads));
+    if (rows == 1) {
+        float sx_stack[256], *sx = nb <= 256 ? sx_stack : malloc(sizeof(float) * (size_t)nb);
+        if (!sx) return -2;
+        for (int b = 0; b < nb; b++) {
+            __m256 s = _mm256_loadu_ps(x + b * QK);
+            for (int k = 1; k < 4; k++) s = _mm256_add_ps(s, _mm256_loadu_ps(x + b * QK + 8 * k));
+            sx[b] = hsum8(s);
+        }
+        linear_row1(qtype, w, w_row_bytes, out_features, nb, x, sx, bias, y,
+                    threads_for((int64_t)out_features * in_features, num_threads));
+        if (sx != sx_stack) free(sx);
+        return 0;
+    }
+#endif
     ActQ8 a = {0};
     if (act_q8) {
         a.qx = malloc((size_t)rows * in_features + 1);
@@ -360,25 +319,6 @@ int quant_linear(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, i
         }
         quantize_act(x, x_row, rows, in_features, a);
     }
-#ifdef QL_AVX2
-    if (rows == 1) {
-        float sx_stack[256], *sx = nb <= 256 ? sx_stack : malloc(sizeof(float) * (size_t)nb);
-        if (!sx) {
-            free(a.qx), free(a.dx), free(a.sx);
-            return -2;
-        }
-        for (int b = 0; !act_q8 && b < nb; b++) {
-            __m256 s = _mm256_loadu_ps(x + b * QK);
-            for (int k = 1; k < 4; k++) s = _mm256_add_ps(s, _mm256_loadu_ps(x + b * QK + 8 * k));
-            sx[b] = hsum8(s);
-        }
-        linear_row1(qtype, act_q8, w, w_row_bytes, out_features, nb, x, sx, a, bias, y,
-                    threads_for((int64_t)out_features * in_features, num_threads));
-        if (sx != sx_stack) free(sx);
-        free(a.qx), free(a.dx), free(a.sx);
-        return 0;
-    }
-#endif
 #pragma omp parallel for schedule(dynamic, ROWS_PER_GRAB) num_threads(threads_for((int64_t)out_features * in_features, num_threads))
     for (int o = 0; o < out_features; o++) {
         const uint8_t *wrow = w + (int64_t)o * w_row_bytes;
@@ -593,6 +533,147 @@ static void gemm_tile(int qtype, WTile t, ActPairs a, int np, int ni, int rows, 
     case Q4_1: gemm_tile_of(Q4_1, t, a, np, ni, rows, o0, bias, y, y_row); break;
     default: gemm_tile_of(Q8_0, t, a, np, ni, rows, o0, bias, y, y_row); break;
     }
+}
+#endif
+
+#ifdef QL_AVX2
+/* The decode GEMV with int8 activations (few rows): the GEMM's pair layout on the activation side only. A weight
+ * row is read once, straight from its GGUF blocks: blocks 2p and 2p + 1 are loaded as one vector [2p | 2p + 1] of
+ * their 16 nibble bytes (Q4; Q8_0: the two halves of each block's 32 bytes), whose low and high nibbles are then
+ * exactly the pair layout, and their fp16 scales [d, m] are converted together into the lanes of each block. Per
+ * pair of blocks that is one int->float conversion and two FMAs a row instead of a scalar scale, a broadcast and a
+ * dependent scalar minimum term per block. An odd row's last block pairs with zeros. */
+static inline __attribute__((always_inline)) void pair_weights(int qtype, const uint8_t *blk0, const uint8_t *blk1,
+                                                               __m256i *u0, __m256i *u1, __m256i *s0, __m256i *s1,
+                                                               __m256 *d, __m256 *m) {
+    uint32_t dm0 = 0, dm1 = 0; /* fp16 d (and Q4_1's fp16 m above it) */
+    memcpy(&dm0, blk0, qtype == Q4_1 ? 4 : 2);
+    if (blk1) memcpy(&dm1, blk1, qtype == Q4_1 ? 4 : 2);
+    const __m256 f = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_setr_epi32((int)dm0, (int)dm1, 0, 0)));
+    *d = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
+    if (qtype == Q4_1) *m = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3));
+    if (qtype == Q4_0) *m = _mm256_mul_ps(*d, _mm256_set1_ps(-8.0f));
+    const __m128i zero = _mm_setzero_si128();
+    if (qtype == Q8_0) {
+        const __m128i a0 = _mm_loadu_si128((const __m128i *)(blk0 + 2)), a1 = _mm_loadu_si128((const __m128i *)(blk0 + 18));
+        const __m128i b0 = blk1 ? _mm_loadu_si128((const __m128i *)(blk1 + 2)) : zero;
+        const __m128i b1 = blk1 ? _mm_loadu_si128((const __m128i *)(blk1 + 18)) : zero;
+        *s0 = _mm256_set_m128i(b0, a0), *s1 = _mm256_set_m128i(b1, a1);
+        *u0 = _mm256_sign_epi8(*s0, *s0), *u1 = _mm256_sign_epi8(*s1, *s1);
+    } else {
+        const int off = qtype == Q4_1 ? 4 : 2;
+        const __m128i a = _mm_loadu_si128((const __m128i *)(blk0 + off));
+        const __m256i v = _mm256_set_m128i(blk1 ? _mm_loadu_si128((const __m128i *)(blk1 + off)) : zero, a);
+        *u0 = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+        *u1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f));
+    }
+}
+
+/* accd[r] += the pair's integer dots times d dx, accm[r] += m sx (Q4), for activation rows r < NR. */
+static inline __attribute__((always_inline)) void pair_step(int qtype, const uint8_t *blk0, const uint8_t *blk1,
+                                                            ActPairs a, int64_t cw, int64_t sw, int p, int NR,
+                                                            __m256 *accd, __m256 *accm) {
+    __m256i u0, u1, s0, s1;
+    __m256 d, m = _mm256_setzero_ps();
+    pair_weights(qtype, blk0, blk1, &u0, &u1, &s0, &s1, &d, &m);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < NR; r++) {
+        __m256i x0 = _mm256_load_si256((const __m256i *)(a.qx + r * cw + p * 64));
+        __m256i x1 = _mm256_load_si256((const __m256i *)(a.qx + r * cw + p * 64 + 32));
+        __m256i dot;
+        if (qtype == Q8_0) { /* as in gemm_micro: |q| x (x sign(q)), pairs within 16 bits */
+            x0 = _mm256_sign_epi8(x0, s0), x1 = _mm256_sign_epi8(x1, s1);
+            dot = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u0, x0), ones),
+                                   _mm256_madd_epi16(_mm256_maddubs_epi16(u1, x1), ones));
+        } else {
+            dot = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1)),
+                                    ones);
+        }
+        const __m256 scale = _mm256_mul_ps(d, _mm256_load_ps(a.dx8 + r * sw + p * 8));
+        accd[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, accd[r]);
+        if (qtype != Q8_0) accm[r] = _mm256_fmadd_ps(m, _mm256_load_ps(a.sx8 + r * sw + p * 8), accm[r]);
+    }
+}
+
+/* sums[i][r] = activation row r . weight row i (before bias) for i < NI weight rows and r < NR activation rows
+ * (constants after inlining): NI x NR independent accumulators, each weight pair loaded once for all rows. */
+static inline __attribute__((always_inline)) void dot_pairs(int qtype, const uint8_t *wrow, int64_t w_row_bytes,
+                                                            int nb, ActPairs a, int64_t cw, int64_t sw, int NI,
+                                                            int NR, float sums[][PASS_ROWS]) {
+    const int bb = block_bytes(qtype);
+    __m256 accd[PAIR_ROWS][PASS_ROWS], accm[PAIR_ROWS][PASS_ROWS];
+    for (int i = 0; i < NI; i++)
+        for (int r = 0; r < NR; r++) accd[i][r] = accm[i][r] = _mm256_setzero_ps();
+    const int full = nb / 2;
+    for (int p = 0; p < full; p++)
+        for (int i = 0; i < NI; i++) {
+            const uint8_t *blk = wrow + i * w_row_bytes + (int64_t)(2 * p) * bb;
+            if (NI > 1) _mm_prefetch((const char *)(blk + PAIR_PREFETCH * NI * w_row_bytes), _MM_HINT_T0);
+            pair_step(qtype, blk, blk + bb, a, cw, sw, p, NR, accd[i], accm[i]);
+        }
+    if (nb & 1)
+        for (int i = 0; i < NI; i++)
+            pair_step(qtype, wrow + i * w_row_bytes + (int64_t)(nb - 1) * bb, NULL, a, cw, sw, full, NR, accd[i],
+                      accm[i]);
+    for (int i = 0; i < NI; i++)
+        for (int r = 0; r < NR; r++) sums[i][r] = hsum8(_mm256_add_ps(accd[i][r], accm[i][r]));
+}
+
+/* dot_pairs for a runtime type and row count (NI weight rows: 4 for one activation row, 2 for two, else 1), each
+ * case compiled with its constants outside the OpenMP-outlined loop (whose body GCC builds before inlining, where
+ * the type is still a variable). */
+static __attribute__((noinline)) void dot_pairs_any(int qtype, int ni, int nr, const uint8_t *wrow,
+                                                    int64_t w_row_bytes, int nb, ActPairs a,
+                                                    float sums[][PASS_ROWS]) {
+    const int64_t cw = (int64_t)((nb + 1) / 2) * 64, sw = (int64_t)((nb + 1) / 2) * 8;
+#define PAIRS_CASE(T, I, N)                                                       \
+    if (ni == I && nr == N) {                                                     \
+        dot_pairs(T, wrow, w_row_bytes, nb, a, cw, sw, I, N, sums);               \
+        return;                                                                   \
+    }
+#define PAIRS_TYPE(T)                                                                                         \
+    PAIRS_CASE(T, 4, 1) PAIRS_CASE(T, 2, 2) PAIRS_CASE(T, 1, 1) PAIRS_CASE(T, 1, 2) PAIRS_CASE(T, 1, 3)      \
+    PAIRS_CASE(T, 1, 4)
+    switch (qtype) {
+    case Q4_0: PAIRS_TYPE(Q4_0) break;
+    case Q4_1: PAIRS_TYPE(Q4_1) break;
+    default: PAIRS_TYPE(Q8_0) break;
+    }
+#undef PAIRS_TYPE
+#undef PAIRS_CASE
+}
+
+/* quant_linear with act_q8 under AVX2: the activations into the pair layout, then the GEMV. 0, or -2 (memory). */
+static int linear_pairs(int qtype, const uint8_t *w, int64_t w_row_bytes, int out_features, int in_features,
+                        const float *x, int64_t x_row, int rows, const float *bias, float *y, int64_t y_row,
+                        int threads) {
+    const int nb = in_features / QK, np = (nb + 1) / 2;
+    const size_t cw = (size_t)np * 64, sw = (size_t)np * 8;
+    ActPairs a = {aligned_alloc(32, (size_t)rows * cw), aligned_alloc(32, sizeof(float) * rows * sw),
+                  aligned_alloc(32, sizeof(float) * rows * sw)};
+    if (a.qx && a.dx8 && a.sx8) {
+        for (int r = 0; r < rows; r++)
+            quantize_row_pairs(x + r * x_row, in_features, np, a.qx + r * cw, a.dx8 + r * sw, a.sx8 + r * sw);
+        /* weight rows a tile at a time: PAIR_ROWS of them for one activation row, 2 for two, else 1 */
+        const int tile = rows == 1 ? PAIR_ROWS : rows == 2 ? 2 : 1, tiles = (out_features + tile - 1) / tile;
+#pragma omp parallel for schedule(dynamic, ROWS_PER_GRAB / PAIR_ROWS) num_threads(threads)
+        for (int t = 0; t < tiles; t++) {
+            const int o0 = t * tile, ni = out_features - o0 < tile ? 1 : tile, end = o0 + (ni == 1 ? tile : ni);
+            for (int o = o0; o < end && o < out_features; o += ni)
+                for (int r0 = 0; r0 < rows; r0 += PASS_ROWS) {
+                    const int nr = rows - r0 < PASS_ROWS ? rows - r0 : PASS_ROWS;
+                    const ActPairs ar = {a.qx + r0 * cw, a.dx8 + r0 * sw, a.sx8 + r0 * sw};
+                    float sums[PAIR_ROWS][PASS_ROWS];
+                    dot_pairs_any(qtype, ni, nr, w + (int64_t)o * w_row_bytes, w_row_bytes, nb, ar, sums);
+                    for (int i = 0; i < ni; i++)
+                        for (int r = 0; r < nr; r++)
+                            y[(r0 + r) * y_row + o + i] = sums[i][r] + (bias ? bias[o + i] : 0.0f);
+                }
+        }
+    }
+    const int status = a.qx && a.dx8 && a.sx8 ? 0 : -2;
+    free(a.qx), free(a.dx8), free(a.sx8);
+    return status;
 }
 #endif
 

@@ -71,9 +71,16 @@ def _greedy(llm: LLM) -> list[list[int]]:
 def test_gguf_file_serves_its_blocks_with_the_float_models_greedy_tokens(tiny_gguf):
     """The exact kernel equals the dequantized model up to fp32 summation order, so greedy tokens match; the
     logits are compared too (teacher-forced on the float model's tokens), so a near-tie cannot hide a difference."""
-    # batch_gemm fp32: a prefill's rows multiply the blocks exactly too (bf16, the default on a CPU with fast bf16,
-    # rounds them: tests/engine/test_quant_linear.py and `pagedchat bench quality` measure it)
-    blocks = LLM(model=str(tiny_gguf), dtype="float32", kv_cache_bytes=KV_BYTES, batch_gemm="fp32")
+    # fp32 activations and batch_gemm fp32: decode rows and a prefill's rows multiply the blocks exactly (the
+    # defaults round activations to int8, or a batch to bf16 on a CPU with fast bf16: tests/engine/test_quant_linear.py
+    # and `pagedchat bench quality` measure it)
+    blocks = LLM(
+        model=str(tiny_gguf),
+        dtype="float32",
+        kv_cache_bytes=KV_BYTES,
+        batch_gemm="fp32",
+        int8_activations=False,
+    )
     engine = blocks.engine
     assert (engine.config.quantization, engine.model_name, engine.config.max_model_len) == (
         "gguf",
@@ -215,9 +222,17 @@ def test_a_gguf_beside_another_tokenizer_keeps_its_own(tmp_path):
 def test_default_model_on_the_cpu_serves_its_gguf_blocks():
     """auto on the CPU: SmolLM2's own Q4_1/Q8_0 blocks, the folder's tokenizer and EOS, and the fp32 folder's greedy
     tokens (bench quality: 16 of 16 prompts identical over 64 tokens; the logits differ by fp32 order only).
-    batch_gemm fp32: the two prompts' prefill has more than 16 rows, which auto would multiply with int8 activations
-    (AVX2) or bf16 (AVX512-BF16), and the first prompt's first token is a near tie (logprobs -1.88 vs -1.96)."""
-    llm = LLM(device="cpu", dtype="float32", kv_cache_bytes=64 * 2**20, max_model_len=512, batch_gemm="fp32")
+    batch_gemm fp32 and fp32 activations: the two prompts' prefill has more than 16 rows, which auto would multiply
+    with int8 activations (AVX2) or bf16 (AVX512-BF16), decode rows would take int8 activations, and the first
+    prompt's first token is a near tie (logprobs -1.88 vs -1.96)."""
+    llm = LLM(
+        device="cpu",
+        dtype="float32",
+        kv_cache_bytes=64 * 2**20,
+        max_model_len=512,
+        batch_gemm="fp32",
+        int8_activations=False,
+    )
     engine = llm.engine
     assert (engine.config.quantization, engine.model_name, engine.eos_token_ids) == (
         "gguf", "smollm2-135m-instruct", frozenset({2}),
