@@ -58,6 +58,8 @@ MODES: dict[str, dict[str, Any]] = {
     "gguf-bf16gemm": {"quantization": "gguf", "int8_activations": False, "batch_gemm": "bf16", **_FLOAT_KV},
     "gguf-int8gemm": {"quantization": "gguf", "int8_activations": False, "batch_gemm": "int8", **_FLOAT_KV},
     "gguf-int8act": {"quantization": "gguf", "int8_activations": True, "batch_gemm": "fp32", **_FLOAT_KV},
+    # int8 activations in decode and in batches: the default with gguf on a CPU without fast bf16 (AVX2), as llama.cpp
+    "gguf-int8": {"quantization": "gguf", "int8_activations": True, "batch_gemm": "int8", **_FLOAT_KV},
     "none-fp32-int8kv": {"quantization": "none", "dtype": "float32", "int8_activations": False, **_INT8_KV},
     "gguf-int8kv": {"quantization": "gguf", "int8_activations": False, "batch_gemm": "fp32", **_INT8_KV},
     "none-bf16": {"quantization": "none", "dtype": "bfloat16", "int8_activations": False, **_FLOAT_KV},

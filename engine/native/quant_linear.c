@@ -656,7 +656,8 @@ static int linear_pairs(int qtype, const uint8_t *w, int64_t w_row_bytes, int ou
             quantize_row_pairs(x + r * x_row, in_features, np, a.qx + r * cw, a.dx8 + r * sw, a.sx8 + r * sw);
         /* weight rows a tile at a time: PAIR_ROWS of them for one activation row, 2 for two, else 1 */
         const int tile = rows == 1 ? PAIR_ROWS : rows == 2 ? 2 : 1, tiles = (out_features + tile - 1) / tile;
-#pragma omp parallel for schedule(dynamic, ROWS_PER_GRAB / PAIR_ROWS) num_threads(threads)
+        const int grab = ROWS_PER_GRAB / tile; /* output rows a grab: 32, whole cache lines of y for each thread */
+#pragma omp parallel for schedule(dynamic, grab) num_threads(threads)
         for (int t = 0; t < tiles; t++) {
             const int o0 = t * tile, ni = out_features - o0 < tile ? 1 : tile, end = o0 + (ni == 1 ? tile : ni);
             for (int o = o0; o < end && o < out_features; o += ni)
