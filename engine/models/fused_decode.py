@@ -3,7 +3,8 @@ on the CPU.
 
 `FusedDecoder.build` checks once that a model fits (every layer linear a QuantLinear, fp32 weights, fp32 or int8
 caches, the native kernels built) and gathers the pointers the C loop needs; `decode` then runs a decode-only step of up
-to `QuantLinear.gemv_max_rows` sequences with one crossing into C instead of ~300 Python calls. It calls the same
+to `QuantLinear.gemv_max_rows` sequences (with batch_gemm int8, whose GEMM is C as well, up to max_num_seqs) with one
+crossing into C instead of ~300 Python calls. It calls the same
 kernels as the module path with the same arguments, so the two agree bit for bit (tests/engine/test_fused_decode.py).
 Its inputs come as plain lists and go through persistent buffers, so a step makes no torch call before the C call.
 """
@@ -63,7 +64,10 @@ class _Layer(ctypes.Structure):
 
 class _Model(ctypes.Structure):
     _fields_ = [
-        *[(name, _ptr) for name in ("linear", "norm", "silu", "rope", "store", "store_q8", "attend")],
+        ("linear", _ptr),
+        ("gemm", _ptr),
+        ("gemm_min_rows", _i32),
+        *[(name, _ptr) for name in ("norm", "silu", "rope", "store", "store_q8", "attend")],
         *[
             (name, _i32)
             for name in (
@@ -115,13 +119,21 @@ class FusedDecoder:
     """Runs every decoder layer of a decode-only step in C; see the module docstring."""
 
     def __init__(
-        self, model: LlamaForCausalLM, kv_caches: list[LayerKV], lib: ctypes.CDLL, max_blocks_per_seq: int
+        self,
+        model: LlamaForCausalLM,
+        kv_caches: list[LayerKV],
+        lib: ctypes.CDLL,
+        max_blocks_per_seq: int,
+        max_seqs: int,
     ) -> None:
         args = model.args
         k0, s0 = kv_caches[0].k, kv_caches[0].k_scale
         self.model = model
-        # the sequences a step may have: the linears' GEMV bound (16; 4 beside batch_gemm's bf16 GEMM)
-        self.max_rows = model.layers[0].self_attn.qkv_proj.gemv_max_rows
+        qkv = model.layers[0].self_attn.qkv_proj
+        # the sequences a step may have: any number with batch_gemm int8, whose GEMM is C too (more rows than the
+        # GEMV bound take it, as in QuantLinear.forward); else the GEMV bound (16; 10 beside the bf16 GEMM in torch)
+        gemm = _fn_address(quant_linear.SOURCE, "quant_gemm_q8") if qkv.batch_gemm == "int8" else None
+        self.max_rows = max(max_seqs, qkv.gemv_max_rows) if gemm is not None else qkv.gemv_max_rows
         self._kv_caches = kv_caches  # kept alive: the struct holds their pointers
         self.num_blocks, self.block_size = k0.shape[0], k0.shape[1]
         layers = []
@@ -144,6 +156,8 @@ class FusedDecoder:
         self._layers = (_Layer * len(layers))(*layers)
         self._struct = _Model(
             _fn_address(quant_linear.SOURCE, "quant_linear"),
+            gemm,
+            qkv.gemv_max_rows + 1,
             _fn_address(fused_ops.SOURCE, "add_rms_norm_f32"),
             _fn_address(fused_ops.SOURCE, "silu_mul_f32"),
             _fn_address(fused_ops.SOURCE, "rope_f32"),
@@ -181,10 +195,10 @@ class FusedDecoder:
 
     @classmethod
     def build(
-        cls, model: torch.nn.Module, kv_caches: list[LayerKV], max_blocks_per_seq: int
+        cls, model: torch.nn.Module, kv_caches: list[LayerKV], max_blocks_per_seq: int, max_seqs: int
     ) -> FusedDecoder | None:
-        """A decoder for `model` whose sequences have block tables of up to `max_blocks_per_seq` blocks, or None (with
-        the reason logged) when the model or machine does not fit."""
+        """A decoder for `model` whose steps have up to `max_seqs` sequences with block tables of up to
+        `max_blocks_per_seq` blocks, or None (with the reason logged) when the model or machine does not fit."""
         reason = _unsupported(model, kv_caches)
         lib = None if reason else load_library(SOURCE)
         if reason is None and lib is None:
@@ -192,7 +206,7 @@ class FusedDecoder:
         if reason is not None:
             logger.info("fused decode step off: %s", reason)
             return None
-        return cls(model, kv_caches, lib, max_blocks_per_seq)  # type: ignore[arg-type]
+        return cls(model, kv_caches, lib, max_blocks_per_seq, max_seqs)  # type: ignore[arg-type]
 
     def decode(
         self, token_ids: list[int], positions: list[int], tables: list[list[int]]

@@ -1,4 +1,5 @@
-/* A decode step's decoder layers in one call: the fp32 CPU path for a few sequences of one new token each.
+/* A decode step's decoder layers in one call: the fp32 CPU path for sequences of one new token each (a few, or with
+ * batch_gemm int8 any number: many rows take the int8 batch GEMM, as QuantLinear.forward does).
  *
  * Built and loaded by engine/models/fused_decode.py. At one token a step, a Llama layer is ~10 small operations; run
  * from Python each costs a module call, argument checks and a ctypes crossing (~15-30 us), which for SmolLM2's 30
@@ -14,6 +15,9 @@
 typedef int (*linear_fn)(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, int out_features,
                          int in_features, const float *x, int64_t x_row, int rows, const float *bias, float *y,
                          int64_t y_row, int num_threads);
+typedef int (*gemm_fn)(int qtype, const uint8_t *w, int64_t w_row_bytes, int out_features, int in_features,
+                       const float *x, int64_t x_row, int rows, const float *bias, float *y, int64_t y_row,
+                       int num_threads);
 typedef void (*norm_fn)(float *residual, int64_t res_row, const float *delta, int64_t delta_row,
                         const float *weight, float *out, int64_t out_row, int rows, int dim, float eps,
                         int num_threads);
@@ -53,6 +57,8 @@ typedef struct {
 
 typedef struct {
     linear_fn linear;
+    gemm_fn gemm;      /* quant_gemm_q8 (batch_gemm int8) for steps of gemm_min_rows or more sequences, or NULL */
+    int gemm_min_rows; /* the rows from which QuantLinear.forward takes the same GEMM */
     norm_fn norm;
     silu_fn silu;
     rope_fn rope;
@@ -92,8 +98,12 @@ int decode_layers(const Model *m, float *residual, float *out, int n, const int6
     double t0;
 #define LINEAR(L, x, y)                                                                                          \
     t0 = now_s();                                                                                                \
-    status |= m->linear((L).qtype, m->act_q8, (L).blocks, (L).row_bytes, (L).out_features, (L).in_features, x, \
-                        (L).in_features, n, (L).bias, y, (L).out_features, num_threads);                        \
+    if (m->gemm != NULL && n >= m->gemm_min_rows)                                                                \
+        status |= m->gemm((L).qtype, (L).blocks, (L).row_bytes, (L).out_features, (L).in_features, x,            \
+                          (L).in_features, n, (L).bias, y, (L).out_features, num_threads);                       \
+    else                                                                                                         \
+        status |= m->linear((L).qtype, m->act_q8, (L).blocks, (L).row_bytes, (L).out_features, (L).in_features, \
+                            x, (L).in_features, n, (L).bias, y, (L).out_features, num_threads);                  \
     seconds[0] += now_s() - t0
     m->norm(residual, hidden, NULL, 0, m->layers[0].input_norm, h, hidden, n, hidden, m->eps, num_threads);
     for (int l = 0; l < m->num_layers && status == 0; l++) {

@@ -38,7 +38,7 @@ class ModelRunner:
         self.fused: FusedDecoder | None = None
         if config.fused_decode and self.device.type == "cpu" and config.attention_backend == "torch":
             max_blocks_per_seq = cdiv(config.max_model_len, spec.block_size)
-            self.fused = FusedDecoder.build(model, self.kv_caches, max_blocks_per_seq)
+            self.fused = FusedDecoder.build(model, self.kv_caches, max_blocks_per_seq, config.max_num_seqs)
         logger.info(
             "KV cache: %s, %d blocks x %d tokens (%.1f MiB, %d tokens)",
             spec.dtype_name,

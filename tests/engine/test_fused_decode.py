@@ -24,7 +24,14 @@ def tiny_gguf(tmp_path_factory) -> Path:
     return write_tiny_chat_gguf(tmp_path_factory.mktemp("fused") / "tiny.gguf", seed=11, num_layers=3)
 
 
-def _run(model: Path, fused: bool, prompts: list[str], act_q8: bool = False, kv_cache_dtype: str = "auto"):
+def _run(
+    model: Path,
+    fused: bool,
+    prompts: list[str],
+    act_q8: bool = False,
+    kv_cache_dtype: str = "auto",
+    batch_gemm: str = "int8",
+):
     llm = LLM(
         model=str(model),
         quantization="gguf",
@@ -32,6 +39,7 @@ def _run(model: Path, fused: bool, prompts: list[str], act_q8: bool = False, kv_
         fused_decode=fused,
         kv_cache_bytes=KV_BYTES,
         kv_cache_dtype=kv_cache_dtype,
+        batch_gemm=batch_gemm,
     )
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)
     outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
@@ -43,18 +51,31 @@ def _run(model: Path, fused: bool, prompts: list[str], act_q8: bool = False, kv_
     [(False, "auto"), (True, "auto"), (False, "int8")],
     ids=["fp32", "q8acts", "int8kv"],
 )
-@pytest.mark.parametrize("num_prompts", [1, 5, GEMV_MAX_ROWS + 4])  # past 16 sequences: the module path runs
+@pytest.mark.parametrize("num_prompts", [1, 5, GEMV_MAX_ROWS + 4])  # past 16 sequences: the int8 batch GEMM
 def test_fused_step_equals_the_module_path_bit_for_bit(
     monkeypatch, tiny_gguf, act_q8, kv_cache_dtype, num_prompts
 ):
-    calls = []
+    rows = []
     original = FusedDecoder.decode  # what a decode step calls (`forward` is its tensor twin)
-    monkeypatch.setattr(FusedDecoder, "decode", lambda self, *a: calls.append(1) or original(self, *a))
+    monkeypatch.setattr(
+        FusedDecoder, "decode", lambda self, ids, *a: rows.append(len(ids)) or original(self, ids, *a)
+    )
     llm, fused = _run(tiny_gguf, True, PROMPTS[:num_prompts], act_q8, kv_cache_dtype)
-    assert llm.engine.runner.fused is not None and calls, "the fused step should have run"
+    assert llm.engine.runner.fused is not None and rows, "the fused step should have run"
+    assert max(rows) == num_prompts, (
+        "every decode step, the batch GEMM's ones too, should reach the fused step"
+    )
     assert llm.engine.runner.kv_cache.dtype == (torch.int8 if kv_cache_dtype == "int8" else torch.float32)
     _, modules = _run(tiny_gguf, False, PROMPTS[:num_prompts], act_q8, kv_cache_dtype)
     assert fused == modules  # tokens and logprobs, exactly
+
+
+def test_past_the_gemv_bound_a_batch_gemm_in_torch_leaves_the_step_to_the_modules(monkeypatch, tiny_gguf):
+    """batch_gemm fp32 multiplies more than 16 rows in torch (dequantized tiles): the fused step stops at 16."""
+    prompts = PROMPTS[: GEMV_MAX_ROWS + 4]
+    llm, fused = _run(tiny_gguf, True, prompts, batch_gemm="fp32")
+    assert llm.engine.runner.fused.max_rows == GEMV_MAX_ROWS
+    assert fused == _run(tiny_gguf, False, prompts, batch_gemm="fp32")[1]
 
 
 def test_fused_step_is_off_where_it_does_not_apply(tiny_gguf, caplog):
