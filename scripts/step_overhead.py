@@ -21,7 +21,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantization", default="auto", choices=("auto", "gguf", "none"))
-    parser.add_argument("--int8-activations", action="store_true")
+    parser.add_argument(
+        "--int8-activations",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="default: the engine's",
+    )
     args = parser.parse_args()
     llm = LLM(
         model=args.model,

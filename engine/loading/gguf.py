@@ -191,9 +191,9 @@ def load_gguf_model(
     """The model of a GGUF file and its config (LlamaConfig or Qwen2Config); eval mode, no grad.
 
     quantization="gguf" keeps Q4_0/Q4_1/Q8_0 linears (and a tied head) in QuantLinear, CPU only; act_q8=True then
-    quantizes decode activations to int8 per 32-block as llama.cpp does (see QuantLinear): on SmolLM2 it moved
-    logits by up to ~0.7 (one top-1 change in 32 positions) for ~1.4x less CPU time in the linears on an AVX2
-    machine, hence off by default. batch_gemm: how batches of more than the GEMV bound multiply the blocks (fp32
+    quantizes decode activations to int8 per 32-block as llama.cpp does (see QuantLinear; the engine's default with
+    gguf): on SmolLM2 the linears at one row take ~1.5x less time on an AVX2 machine, and logits move (`pagedchat
+    bench quality`, mode gguf-int8act); act_q8=False multiplies fp32 activations exactly. batch_gemm: how batches of more than the GEMV bound multiply the blocks (fp32
     tiles, a bf16 copy, or the int8 GEMM: see QuantLinear).
     "none" dequantizes every weight to dtype. Norms, the embedding and biases are always loaded in dtype.
     `reader`: open_gguf(path) when the caller has it already (parsing the metadata takes seconds for a large vocab).

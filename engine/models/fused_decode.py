@@ -216,7 +216,7 @@ class FusedDecoder:
         before the C step. A torch call gives the GIL up, and in a served engine the event loop then takes it for its
         whole turn while this thread waits; the C call gives it up too, and there the turn overlaps the layers.
         Returns a view into a buffer the next call overwrites, or None when the step is not one this step takes
-        (more sequences than the GEMV path's, a table past `max_blocks_per_seq`): the module path runs it."""
+        (more than `max_rows` sequences, a table past `max_blocks_per_seq`): the module path runs it."""
         inputs = self._inputs
         n = len(token_ids)
         if not 0 < n <= self.max_rows:

@@ -254,7 +254,7 @@ static inline __attribute__((always_inline)) float row1_exact(int qtype, const u
     return hsum8(_mm256_add_ps(acc0, acc1)) + corr;
 }
 
-/* y[o] = x . W[o] (+ bias[o]) for one activation row; sx: the per-block sums of x (exact) or a (q8). */
+/* y[o] = x . W[o] (+ bias[o]) for one fp32 activation row (exact); sx: the per-block sums of x. */
 static inline __attribute__((always_inline)) void linear_row1_of(int qtype, const uint8_t *w, int64_t w_row_bytes,
                                                                  int out_features, int nb, const float *x,
                                                                  const float *sx, const float *bias, float *y,
@@ -608,7 +608,8 @@ static inline __attribute__((always_inline)) void dot_pairs(int qtype, const uin
     for (int p = 0; p < full; p++)
         for (int i = 0; i < NI; i++) {
             const uint8_t *blk = wrow + i * w_row_bytes + (int64_t)(2 * p) * bb;
-            if (NI > 1) _mm_prefetch((const char *)(blk + PAIR_PREFETCH * NI * w_row_bytes), _MM_HINT_T0);
+            if (NI > 1) /* past the last tile this names memory it never reads: a prefetch does not fault */
+                _mm_prefetch((const char *)((uintptr_t)blk + (uintptr_t)(PAIR_PREFETCH * NI * w_row_bytes)), _MM_HINT_T0);
             pair_step(qtype, blk, blk + bb, a, cw, sw, p, NR, accd[i], accm[i]);
         }
     if (nb & 1)
@@ -619,7 +620,8 @@ static inline __attribute__((always_inline)) void dot_pairs(int qtype, const uin
         for (int r = 0; r < NR; r++) sums[i][r] = hsum8(_mm256_add_ps(accd[i][r], accm[i][r]));
 }
 
-/* dot_pairs for a runtime type and row count (NI weight rows: 4 for one activation row, 2 for two, else 1), each
+/* dot_pairs for a runtime type and row count (NI weight rows: 4 for one activation row, 2 for two, else 1: the
+ * (ni, nr) pairs linear_pairs makes, each of which needs its case below), each
  * case compiled with its constants outside the OpenMP-outlined loop (whose body GCC builds before inlining, where
  * the type is still a variable). */
 static __attribute__((noinline)) void dot_pairs_any(int qtype, int ni, int nr, const uint8_t *wrow,
@@ -649,6 +651,7 @@ static int linear_pairs(int qtype, const uint8_t *w, int64_t w_row_bytes, int ou
                         int threads) {
     const int nb = in_features / QK, np = (nb + 1) / 2;
     const size_t cw = (size_t)np * 64, sw = (size_t)np * 8;
+    if (rows <= 0) return 0;
     ActPairs a = {aligned_alloc(32, (size_t)rows * cw), aligned_alloc(32, sizeof(float) * rows * sw),
                   aligned_alloc(32, sizeof(float) * rows * sw)};
     if (a.qx && a.dx8 && a.sx8) {

@@ -47,6 +47,13 @@ def test_quantization_resolves_for_model_and_device(quantization, device, is_ggu
         model_max_len=8192, device=device, dtype="float32", model_is_gguf=is_gguf
     )
     assert config.quantization == expected and config.max_model_len == 4096
+    # int8 activations unset: on wherever the blocks are multiplied as they are, off elsewhere; a choice stays
+    assert config.int8_activations is (expected == "gguf")
+    if expected == "gguf":
+        off = EngineConfig(quantization=quantization, int8_activations=False).resolve(
+            model_max_len=8192, device=device, dtype="float32", model_is_gguf=is_gguf
+        )
+        assert off.int8_activations is False
 
 
 def test_impossible_quantizations_raise_value_errors():

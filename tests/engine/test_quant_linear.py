@@ -29,7 +29,10 @@ SHAPES = [
     (64, 608),
     (5, 32),
     (9, 192),
-]  # (out, in): in a multiple of 32; an odd number of blocks but for 192 (the GEMM pairs blocks: a zero partner)
+    (7, 64),
+    (38, 64),
+]  # (out, in): in a multiple of 32; an odd number of blocks but for 192 and 64 (the GEMM pairs blocks: a zero
+# partner); outputs not a multiple of 4 (the int8 GEMV's tile for one row: 1, 2 and 3 left over) or of 2
 ROWS = [1, 2, 3, 17, 64]  # 1 and 2 rows: the int8 GEMV multiplies 4 and 2 weight rows at once
 U = 2.0**-24
 
@@ -132,6 +135,27 @@ def test_kernel_q8_activations_within_format_bound(qtype, rows):
         q8_error = (block_amax(x).double() / 254 * (1 + 1e-6)) @ ref.double().abs().T  # [rows, out]
         assert_within(y, x @ ref.T, q8_error + 2 * fp32_bound(x, ref))
         assert (y - x @ ref.T).abs().max() > 0, "act_q8 should round the activations"
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", list(QuantType))
+def test_kernel_q8_activations_do_not_depend_on_the_thread_count(qtype):
+    """A weight big enough to be split between threads (the shapes above run on one): every output is one thread's
+    whole dot product, so two threads give the very bits of one, at each of the GEMV's tilings (1, 2, 3-4 rows)."""
+    weight, ref = make_weight(qtype, 301, 256, seed=7)  # 77,056 weights: past PARALLEL_MIN_WEIGHTS
+    threads = torch.get_num_threads()
+    try:
+        for rows in (1, 2, 3, GEMV_MAX_ROWS):
+            x = make_x(rows, 256, seed=rows)
+            torch.set_num_threads(1)
+            alone = KERNEL.linear(x, weight, None, act_q8=True)
+            torch.set_num_threads(2)
+            shared = KERNEL.linear(x, weight, None, act_q8=True)
+            assert torch.equal(alone, shared), f"{rows} rows"
+            x_q8 = q8_round(x)
+            assert_within(shared, x_q8 @ ref.T, fp32_bound(x_q8, ref) + fp32_bound(x, ref))
+    finally:
+        torch.set_num_threads(threads)
 
 
 @needs_kernel
