@@ -404,7 +404,7 @@ static inline __m256i quantize_block(const float *xb, float *dx, int *sum) {
     return _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-static void quantize_row_pairs(const float *x, int cols, int np, int8_t *qx, float *dx8, float *sx8) {
+static void quantize_row_pairs(const float *x, int cols, int8_t *qx, float *dx8, float *sx8) {
     const int nb = cols / QK;
     for (int b = 0; b < nb; b++) {
         float dx;
@@ -419,6 +419,15 @@ static void quantize_row_pairs(const float *x, int cols, int np, int8_t *qx, flo
         place_scale(sx8, nb, 0.0f);
     }
 }
+
+/* Room for `rows` activation rows of `np` pairs each in the pair layout (members NULL where memory is short). */
+static ActPairs act_pairs_alloc(int rows, int np) {
+    const size_t cw = (size_t)np * 64, sw = (size_t)np * 8;
+    return (ActPairs){aligned_alloc(32, (size_t)rows * cw), aligned_alloc(32, sizeof(float) * rows * sw),
+                      aligned_alloc(32, sizeof(float) * rows * sw)};
+}
+static int act_pairs_ok(ActPairs a) { return a.qx && a.dx8 && a.sx8; }
+static void act_pairs_free(ActPairs a) { free(a.qx), free(a.dx8), free(a.sx8); }
 
 static void unpack_tile(int qtype, const uint8_t *w, int64_t w_row_bytes, int nr, int nb, int np, WTile t) {
     const int bb = block_bytes(qtype);
@@ -652,11 +661,10 @@ static int linear_pairs(int qtype, const uint8_t *w, int64_t w_row_bytes, int ou
     const int nb = in_features / QK, np = (nb + 1) / 2;
     const size_t cw = (size_t)np * 64, sw = (size_t)np * 8;
     if (rows <= 0) return 0;
-    ActPairs a = {aligned_alloc(32, (size_t)rows * cw), aligned_alloc(32, sizeof(float) * rows * sw),
-                  aligned_alloc(32, sizeof(float) * rows * sw)};
-    if (a.qx && a.dx8 && a.sx8) {
+    const ActPairs a = act_pairs_alloc(rows, np);
+    if (act_pairs_ok(a)) {
         for (int r = 0; r < rows; r++)
-            quantize_row_pairs(x + r * x_row, in_features, np, a.qx + r * cw, a.dx8 + r * sw, a.sx8 + r * sw);
+            quantize_row_pairs(x + r * x_row, in_features, a.qx + r * cw, a.dx8 + r * sw, a.sx8 + r * sw);
         /* weight rows a tile at a time: PAIR_ROWS of them for one activation row, 2 for two, else 1 */
         const int tile = rows == 1 ? PAIR_ROWS : rows == 2 ? 2 : 1, tiles = (out_features + tile - 1) / tile;
         const int grab = ROWS_PER_GRAB / tile; /* output rows a grab: 32, whole cache lines of y for each thread */
@@ -675,8 +683,8 @@ static int linear_pairs(int qtype, const uint8_t *w, int64_t w_row_bytes, int ou
                 }
         }
     }
-    const int status = a.qx && a.dx8 && a.sx8 ? 0 : -2;
-    free(a.qx), free(a.dx8), free(a.sx8);
+    const int status = act_pairs_ok(a) ? 0 : -2;
+    act_pairs_free(a);
     return status;
 }
 #endif
@@ -691,10 +699,9 @@ int quant_gemm_q8(int qtype, const uint8_t *w, int64_t w_row_bytes, int out_feat
     const int bb = block_bytes(qtype), nb = in_features / QK, np = (nb + 1) / 2;
     if (bb == 0 || in_features % QK != 0 || w_row_bytes < (int64_t)nb * bb) return -1;
     const size_t cw = (size_t)np * 64, sw = (size_t)np * 8;
-    ActPairs a = {aligned_alloc(32, (size_t)rows * cw), aligned_alloc(32, sizeof(float) * rows * sw),
-                  aligned_alloc(32, sizeof(float) * rows * sw)};
+    const ActPairs a = act_pairs_alloc(rows, np);
     int status = 0;
-    if (!a.qx || !a.dx8 || !a.sx8) {
+    if (!act_pairs_ok(a)) {
         status = -2;
         goto done;
     }
@@ -703,7 +710,7 @@ int quant_gemm_q8(int qtype, const uint8_t *w, int64_t w_row_bytes, int out_feat
     {
 #pragma omp for schedule(static)
         for (int r = 0; r < rows; r++)
-            quantize_row_pairs(x + r * x_row, in_features, np, a.qx + r * cw, a.dx8 + r * sw, a.sx8 + r * sw);
+            quantize_row_pairs(x + r * x_row, in_features, a.qx + r * cw, a.dx8 + r * sw, a.sx8 + r * sw);
         uint8_t *u = aligned_alloc(32, GEMM_RM * cw);
         int8_t *sq = aligned_alloc(32, GEMM_RM * cw);
         float *scales = aligned_alloc(32, sizeof(float) * 2 * GEMM_RM * sw);
@@ -723,7 +730,7 @@ int quant_gemm_q8(int qtype, const uint8_t *w, int64_t w_row_bytes, int out_feat
         free(u), free(sq), free(scales);
     }
 done:
-    free(a.qx), free(a.dx8), free(a.sx8);
+    act_pairs_free(a);
     return status;
 #else
     return quant_linear(qtype, 1, w, w_row_bytes, out_features, in_features, x, x_row, rows, bias, y, y_row,
