@@ -670,8 +670,10 @@ static int linear_pairs(int qtype, const uint8_t *w, int64_t w_row_bytes, int ou
         const int grab = ROWS_PER_GRAB / tile; /* output rows a grab: 32, whole cache lines of y for each thread */
 #pragma omp parallel for schedule(dynamic, grab) num_threads(threads)
         for (int t = 0; t < tiles; t++) {
-            const int o0 = t * tile, ni = out_features - o0 < tile ? 1 : tile, end = o0 + (ni == 1 ? tile : ni);
-            for (int o = o0; o < end && o < out_features; o += ni)
+            /* a whole tile at once; a last, short one row by row */
+            const int o0 = t * tile, end = o0 + tile < out_features ? o0 + tile : out_features;
+            const int ni = end - o0 == tile ? tile : 1;
+            for (int o = o0; o < end; o += ni)
                 for (int r0 = 0; r0 < rows; r0 += PASS_ROWS) {
                     const int nr = rows - r0 < PASS_ROWS ? rows - r0 : PASS_ROWS;
                     const ActPairs ar = {a.qx + r0 * cw, a.dx8 + r0 * sw, a.sx8 + r0 * sw};
