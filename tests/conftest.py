@@ -1,5 +1,5 @@
 """Suite-wide setup: Triton's interpreter must be chosen before triton is first imported (CPU machines only); the
-suite's split across pytest-xdist workers (`make test` runs two)."""
+cores and the suite split across pytest-xdist workers (`make test` runs two)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,19 @@ import torch
 
 if "triton" not in sys.modules and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _threads_per_worker() -> int | None:
+    """Each xdist worker's share of the cores (None outside xdist). Two workers that each ran torch and the native
+    kernels on every core ran two OpenMP pools of spinning threads on 2 cores: the real-model tests took 2-5x as
+    long as alone (a 10-turn server conversation 141 s instead of ~20)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    return max(1, (os.cpu_count() or 1) // workers) if workers > 1 else None
+
+
+if (_THREADS := _threads_per_worker()) is not None:
+    torch.set_num_threads(_THREADS)
+    os.environ["OMP_NUM_THREADS"] = str(_THREADS)  # the servers and scripts the tests start inherit it
 
 
 # the folders whose modules take longest (real servers, the real model) run first, so that the two workers end

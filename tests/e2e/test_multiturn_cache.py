@@ -48,7 +48,6 @@ def test_ten_turns_hit_the_prefix_cache_for_all_earlier_tokens(server_factory):
         model=str(smollm2_dir()),
         PAGEDCHAT_MAX_MODEL_LEN="2048",
         PAGEDCHAT_KV_CACHE_BYTES=str(4096 * SMOLLM2_KV_BYTES_PER_TOKEN),
-        PAGEDCHAT_NUM_THREADS="2",
     )
     with httpx.Client(base_url=server.base_url, timeout=120, headers={"origin": server.base_url}) as http:
         sid = http.post("/api/sessions", json={"system_prompt": "You are a concise assistant."}).json()["id"]
