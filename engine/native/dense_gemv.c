@@ -9,7 +9,7 @@
 #include "simd.h"
 
 #define GEMV_ROWS 4
-#define ROWS_PER_GRAB 32
+#define ROWS_PER_GRAB 32 /* the shortest run of output rows a thread takes: see quant_linear.c */
 #define PARALLEL_MIN_WEIGHTS 65536
 
 static inline __attribute__((always_inline)) void dot_rows(const float *w, const float *x, int64_t x_row, int in,
@@ -35,7 +35,7 @@ int gemv_f32(const float *w, int64_t w_row, int out_features, int in_features, c
              int rows, const float *bias, float *y, int64_t y_row, int num_threads) {
     if (rows < 1 || rows > GEMV_ROWS) return -1;
     const int threads = (int64_t)out_features * in_features >= PARALLEL_MIN_WEIGHTS && num_threads > 1 ? num_threads : 1;
-#pragma omp parallel for schedule(dynamic, ROWS_PER_GRAB) num_threads(threads)
+#pragma omp parallel for schedule(guided, ROWS_PER_GRAB) num_threads(threads)
     for (int o = 0; o < out_features; o++) {
         float sums[GEMV_ROWS];
         const float *wo = w + (int64_t)o * w_row;
