@@ -1,6 +1,8 @@
-"""Per-step time at batch 1 split into the model (layers + logits) and everything else (scheduling, inputs, sampling,
-detokenization): `python scripts/step_overhead.py [--tokens N] [--repeats R] [--quantization none|gguf]`. Prints one
-JSON line."""
+"""Per-step time at batch 1 split into the model's forward (the layers: the fused C step when it runs, else the
+module forward), the logits matmul, and everything else (scheduling, inputs, sampling, detokenization):
+`python scripts/step_overhead.py [--tokens N] [--repeats R] [--quantization none|gguf]`. With the fused C step, its
+own clocks split the forward further into linears, attention and its small ops. Prints one JSON line (medians, ms).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +10,29 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from engine import LLM, SamplingParams
+
+
+class _Timer:
+    """Seconds spent inside the wrapped callables since the last reset."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def wrap(self, inner: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        return timed
 
 
 def main() -> None:
@@ -36,48 +57,50 @@ def main() -> None:
         kv_cache_bytes=256 * 2**20,
     )
     engine = llm.engine
-    model = engine.runner.model
-    forward_s: list[float] = []  # per step: the layers' forward plus the logits matmul
-
-    def timed(inner):
-        def wrapper(*a, **k):
-            start = time.perf_counter()
-            out = inner(*a, **k)
-            forward_s.append(time.perf_counter() - start)
-            return out
-
-        return wrapper
-
-    model.forward = timed(model.forward)
-    model.compute_logits = timed(model.compute_logits)
+    runner, model = engine.runner, engine.runner.model
+    forward, logits = _Timer(), _Timer()
+    model.forward = forward.wrap(model.forward)  # the module path (prefill, and decode without the fused step)
+    model.compute_logits = logits.wrap(model.compute_logits)
+    fused = runner.fused
+    if fused is not None:
+        fused.decode = forward.wrap(fused.decode)
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
-    prompt = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
-    step_ms, overhead_ms = [], []
+    prompt = engine.apply_chat_template([{"role": "user", "content": "Write a long story about a lighthouse keeper."}])
+    rows: list[tuple[float, ...]] = []  # per decode step: step, forward, logits, fused linears, fused attention
     for r in range(args.repeats + 1):
-        engine.add_request(f"r{r}", engine.apply_chat_template(prompt), params)
-        forward_s.clear()
-        steps = []
+        engine.add_request(f"r{r}", prompt, params)
+        first = True
         while engine.has_unfinished_requests():
+            forward.seconds = logits.seconds = 0.0
+            if fused is not None:
+                fused.seconds[0] = fused.seconds[1] = 0.0
             start = time.perf_counter()
             engine.step()
-            steps.append(time.perf_counter() - start)
-        if r == 0:
-            continue  # warm-up
-        decode = steps[1:]  # the first step is the prefill
-        step_ms.append(1000 * statistics.median(decode))
-        model_s = [a + b for a, b in zip(forward_s[2::2], forward_s[3::2])]  # skip the prefill's pair
-        overhead_ms.append(1000 * statistics.median(s - f for s, f in zip(decode, model_s)))
-    print(
-        json.dumps(
-            {
-                "threads": torch.get_num_threads(),
-                "quantization": engine.config.quantization,
-                "int8_activations": engine.config.int8_activations,
-                "decode_step_ms_p50": round(statistics.median(step_ms), 3),
-                "outside_forward_ms_p50": round(statistics.median(overhead_ms), 3),
-            }
-        )
-    )
+            step = time.perf_counter() - start
+            if first or r == 0:  # the prefill step; the first request warms up
+                first = False
+                continue
+            inside = (fused.seconds[0], fused.seconds[1]) if fused is not None else (0.0, 0.0)
+            rows.append((step, forward.seconds, logits.seconds, *inside))
+
+    def median_ms(fn: Callable[[tuple[float, ...]], float]) -> float:
+        return round(1000 * statistics.median(fn(row) for row in rows), 3)
+
+    result: dict[str, Any] = {
+        "threads": torch.get_num_threads(),
+        "quantization": engine.config.quantization,
+        "int8_activations": engine.config.int8_activations,
+        "fused_decode": fused is not None,
+        "decode_step_ms_p50": median_ms(lambda x: x[0]),
+        "forward_ms_p50": median_ms(lambda x: x[1]),
+        "logits_ms_p50": median_ms(lambda x: x[2]),
+        "outside_forward_ms_p50": median_ms(lambda x: x[0] - x[1] - x[2]),
+    }
+    if fused is not None:
+        result["fused_linears_ms_p50"] = median_ms(lambda x: x[3])
+        result["fused_attention_ms_p50"] = median_ms(lambda x: x[4])
+        result["fused_small_ops_ms_p50"] = median_ms(lambda x: x[1] - x[3] - x[4])
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
