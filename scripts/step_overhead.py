@@ -59,14 +59,18 @@ def main() -> None:
     engine = llm.engine
     runner, model = engine.runner, engine.runner.model
     forward, logits = _Timer(), _Timer()
-    model.forward = forward.wrap(model.forward)  # the module path (prefill, and decode without the fused step)
+    # the module path (prefill, and decode without the fused step)
+    model.forward = forward.wrap(model.forward)
     model.compute_logits = logits.wrap(model.compute_logits)
     fused = runner.fused
     if fused is not None:
         fused.decode = forward.wrap(fused.decode)
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
-    prompt = engine.apply_chat_template([{"role": "user", "content": "Write a long story about a lighthouse keeper."}])
-    rows: list[tuple[float, ...]] = []  # per decode step: step, forward, logits, fused linears, fused attention
+    prompt = engine.apply_chat_template(
+        [{"role": "user", "content": "Write a story about a lighthouse keeper."}]
+    )
+    # per decode step: step, forward, logits, fused linears, fused attention
+    rows: list[tuple[float, ...]] = []
     for r in range(args.repeats + 1):
         engine.add_request(f"r{r}", prompt, params)
         first = True
