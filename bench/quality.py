@@ -62,11 +62,17 @@ MODES: dict[str, dict[str, Any]] = {
     "gguf-int8": {"quantization": "gguf", "int8_activations": True, "batch_gemm": "int8", **_FLOAT_KV},
     "none-fp32-int8kv": {"quantization": "none", "dtype": "float32", "int8_activations": False, **_INT8_KV},
     "gguf-int8kv": {"quantization": "gguf", "int8_activations": False, "batch_gemm": "fp32", **_INT8_KV},
+    "gguf-int8-int8kv": {"quantization": "gguf", "int8_activations": True, "batch_gemm": "int8", **_INT8_KV},
     "none-bf16": {"quantization": "none", "dtype": "bfloat16", "int8_activations": False, **_FLOAT_KV},
     "none-bf16-int8kv": {"quantization": "none", "dtype": "bfloat16", "int8_activations": False, **_INT8_KV},
 }
 # an int8-KV mode -> the same mode with a float KV cache: the int8 cache's own effect is measured against it
-KV_TWINS = {"none-fp32-int8kv": REFERENCE, "gguf-int8kv": "gguf", "none-bf16-int8kv": "none-bf16"}
+KV_TWINS = {
+    "none-fp32-int8kv": REFERENCE,
+    "gguf-int8kv": "gguf",
+    "gguf-int8-int8kv": "gguf-int8",
+    "none-bf16-int8kv": "none-bf16",
+}
 TARGET_GGUF_MEAN_ABS_DLOGPROB = 0.01  # the exact kernel differs from fp32 only in summation order
 DEFAULT_KV_CACHE_BYTES = 256 * 2**20  # SmolLM2 in fp32: ~5.7k tokens; 16 prompts + 64 tokens need ~2k
 DEFAULT_MAX_MODEL_LEN = 1024

@@ -53,6 +53,7 @@ def test_quality_bench_compares_every_mode_with_the_reference(tmp_path, capsys):
     assert {name: p["against"] for name, p in pairs.items()} == {
         "none-fp32-int8kv": REFERENCE,
         "gguf-int8kv": "gguf",
+        "gguf-int8-int8kv": "gguf-int8",
         "none-bf16-int8kv": "none-bf16",
     }
     assert 0 < pairs["none-fp32-int8kv"]["mean_abs_dlogprob"] < 0.5  # rounded KV: small, never zero
@@ -62,6 +63,8 @@ def test_quality_modes_select_their_reference_and_twins():
     from bench.quality import _selected_modes
 
     assert _selected_modes("gguf-int8kv") == [REFERENCE, "gguf", "gguf-int8kv"]
+    # int8 activations and the int8 KV cache: its float-KV twin is the int8-activation mode
+    assert _selected_modes("gguf-int8-int8kv") == [REFERENCE, "gguf-int8", "gguf-int8-int8kv"]
     assert _selected_modes("none-bf16, gguf") == [REFERENCE, "gguf", "none-bf16"]
     with pytest.raises(SystemExit, match="unknown quality modes"):
         _selected_modes("gguf,fp8")
