@@ -9,7 +9,12 @@
  * int8 caches (kernels/reference.py's quantize_kv_ref): one fp16 scale per token and KV head, in scale tensors
  * [num_blocks, block_size, num_kv_heads]. The kernel converts int8 to fp32 and multiplies each chunk's 16 scores by
  * the 16 K scales, and each probability by its token's V scale: two multiplies per token, not one per element.
+ *
+ * Threads take whole sequences; with fewer sequences than threads (one conversation alone) each context is cut into
+ * block-aligned pieces whose softmax states are merged (split_decode), as flash-decoding does on GPUs.
  */
+#include <stdlib.h>
+
 #include "simd.h"
 
 #define MAX_C 16 /* head_dim <= 256 */
@@ -63,14 +68,30 @@ typedef struct {
     int64_t t_row;
     int num_heads, num_kv_heads, head_dim, block_size;
     float scale;
+    /* split decoding (fewer sequences than threads): work item i is piece i % parts of sequence i / parts, tokens
+     * [piece * span, piece * span + span), and writes its unnormalized state to partial (see SPLIT_STATE) */
+    int parts, span;
+    float *partial;
 } job_t;
+
+/* A piece's state per query head in `partial`: its running max m, its sum l, then head_dim unnormalized outputs. */
+#define SPLIT_STATE(head_dim) (2 + (head_dim))
+
+/* Work item -> its sequence and token range [*lo, *hi); the whole sequence unless the job is split. */
+static inline int item_range(const job_t *j, int item, int *lo, int *hi) {
+    const int s = j->parts > 1 ? item / j->parts : item, len = j->seq_lens[s];
+    *lo = j->parts > 1 ? item % j->parts * j->span : 0;
+    *hi = j->parts > 1 && *lo + j->span < len ? *lo + j->span : len;
+    return s;
+}
 
 /* One sequence, every head. NC (vectors per head) and NG (query heads per kv head) are compile-time constants in
  * the specialised copies, so the accumulators of a chunk stay in registers; 0 means "read them from the job". */
 #define DEFINE_SEQUENCE(NAME, T, LOAD, STORE, KT, KLOAD, Q8, NC, NG)                                                         \
-    static void NAME(const job_t *j, int s) {                                                                  \
+    static void NAME(const job_t *j, int item) {                                                               \
         const int nc = (NC) ? (NC) : j->head_dim / W, ng = (NG) ? (NG) : j->num_heads / j->num_kv_heads;     \
-        const int bs = j->block_size, len = j->seq_lens[s];                                                     \
+        int lo, len; /* len: the end of this item's tokens */                                                   \
+        const int s = item_range(j, item, &lo, &len), bs = j->block_size;                                       \
         vf q[j->num_heads][nc], acc[j->num_heads][nc], part[MAX_G][W];                                         \
         float m[j->num_heads], l[j->num_heads], p[MAX_G][W];                                                   \
         for (int hh = 0; hh < j->num_heads; hh++) {                                                            \
@@ -83,7 +104,7 @@ typedef struct {
             l[hh] = 0.f;                                                                                       \
         }                                                                                                      \
         const int32_t *table = j->tables + s * j->t_row;                                                       \
-        for (int t0 = 0, n = 0; t0 < len; t0 += n) {                                                            \
+        for (int t0 = lo, n = 0; t0 < len; t0 += n) {                                                           \
             n = len - t0 < W ? len - t0 : W;                                                                    \
             if (bs - t0 % bs < n) n = bs - t0 % bs; /* a chunk never leaves its block */                        \
             const int64_t base = (int64_t)table[t0 / bs] * j->c_block + (t0 % bs) * j->c_tok;                \
@@ -147,6 +168,12 @@ typedef struct {
             }                                                                                                  \
         }                                                                                                      \
         for (int hh = 0; hh < j->num_heads; hh++) {                                                            \
+            if (j->partial) { /* a piece: its state, merged by paged_decode */                                 \
+                float *pp = j->partial + ((int64_t)item * j->num_heads + hh) * SPLIT_STATE(j->head_dim);        \
+                pp[0] = m[hh], pp[1] = l[hh];                                                                  \
+                for (int c = 0; c < nc; c++) store_f32(pp + 2 + c * W, acc[hh][c]);                            \
+                continue;                                                                                      \
+            }                                                                                                  \
             T *op = (T *)j->out + j->rows[s] * j->o_row + hh * j->o_head;                                     \
             const float inv = 1.f / l[hh];                                                                     \
             for (int c = 0; c < nc; c++) STORE(op + c * W, acc[hh][c] * inv);                                  \
@@ -180,6 +207,52 @@ static sequence_fn pick(int is_bf16, int kv_int8, int nc, int ng) {
 #include "attention8.h" /* AVX2: the same algorithm in 8-float vectors, laid out for sixteen registers */
 #endif
 
+/* Fewer sequences than threads (one conversation decoding alone): each sequence's tokens are cut into block-aligned
+ * pieces, one thread a piece, so that every thread streams part of its KV cache (one thread alone reads DRAM at about
+ * half the rate of two); the pieces' softmax states are then merged exactly as the online softmax would have, up to
+ * summation order. fp32 outputs only; 0 (nothing done) for short contexts, where one pass is cheaper, or without
+ * memory for the states. The pieces depend only on the lengths and the thread count, never on timing. */
+#define SPLIT_MIN_TOKENS 128
+static int split_decode(const job_t *whole, sequence_fn fn, int num_seqs, int num_threads) {
+    job_t piece = *whole, *job = &piece;
+    int longest = 0;
+    for (int s = 0; s < num_seqs; s++) longest = job->seq_lens[s] > longest ? job->seq_lens[s] : longest;
+    const int parts = num_threads / num_seqs, bs = job->block_size;
+    if (parts < 2 || longest < SPLIT_MIN_TOKENS) return 0;
+    const int blocks = (longest + bs - 1) / bs, span = (blocks + parts - 1) / parts * bs;
+    const int hq = job->num_heads, hd = job->head_dim, items = num_seqs * parts;
+    float *partial = malloc(sizeof(float) * (size_t)items * hq * SPLIT_STATE(hd));
+    if (!partial) return 0;
+    job->parts = parts, job->span = span, job->partial = partial;
+    int next = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(num_threads)
+#endif
+    for (int i = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED); i < items; i = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED))
+        fn(job, i);
+    for (int s = 0; s < num_seqs; s++)
+        for (int hh = 0; hh < hq; hh++) {
+            const float *first = partial + ((int64_t)s * parts * hq + hh) * SPLIT_STATE(hd);
+            const int64_t stride = (int64_t)hq * SPLIT_STATE(hd); /* from one piece's state to the next's */
+            float mx = -INFINITY, total = 0.f;
+            for (int p = 0; p < parts; p++)
+                if (first[p * stride + 1] > 0.f && first[p * stride] > mx) mx = first[p * stride];
+            float *op = (float *)job->out + job->rows[s] * job->o_row + hh * job->o_head;
+            for (int c = 0; c < hd; c++) op[c] = 0.f;
+            for (int p = 0; p < parts; p++) {
+                const float *pp = first + p * stride;
+                if (pp[1] <= 0.f) continue; /* a piece past the sequence's end */
+                const float w = expf(pp[0] - mx);
+                total += w * pp[1];
+                for (int c = 0; c < hd; c++) op[c] += w * pp[2 + c];
+            }
+            const float inv = 1.f / total;
+            for (int c = 0; c < hd; c++) op[c] *= inv;
+        }
+    free(partial);
+    return 1;
+}
+
 /* Returns 0, or -1 when the shapes are outside what this kernel handles (the caller then uses torch).
  * kv_int8: the caches are int8 with fp16 scales k_scale / v_scale (strides s_block, s_tok; unit over heads);
  * otherwise they have q's dtype and the scale arguments are unused.
@@ -208,6 +281,7 @@ int paged_decode(int is_bf16, int kv_int8, const void *q, int64_t q_row, int64_t
                        .rows = rows, .seq_lens = seq_lens, .tables = tables, .t_row = t_row,
                        .num_heads = num_heads, .num_kv_heads = num_kv_heads, .head_dim = head_dim,
                        .block_size = block_size, .scale = scale};
+    if (!is_bf16 && num_seqs < num_threads && split_decode(&job, fn, num_seqs, num_threads)) return 0;
     if (num_threads > num_seqs) num_threads = num_seqs;
     if (num_threads <= 1) {
         for (int s = 0; s < num_seqs; s++) fn(&job, s);

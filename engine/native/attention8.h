@@ -69,10 +69,12 @@ static inline v8 broadcast8(const float *p) {
  * NC: head_dim / 8 and NG: query heads per KV head, compile-time in the specialised copies (0: from the job);
  * CH: tokens per chunk, 8 or 16 (shorter where a block ends first). */
 #define DEFINE_SEQUENCE8(NAME, T, LOAD, STORE, KT, KLOAD, Q8, NC, NG, CH)                                       \
-    static void NAME(const job_t *j, int s) {                                                                   \
+    static void NAME(const job_t *j, int item) {                                                                \
         enum { NV = (CH) / W8 }; /* score vectors per chunk */                                                  \
         const int nc = (NC) ? (NC) : j->head_dim / W8, ng = (NG) ? (NG) : j->num_heads / j->num_kv_heads;       \
-        const int hq = j->num_heads, hkv = j->num_kv_heads, bs = j->block_size, len = j->seq_lens[s];           \
+        int lo, len; /* len: the end of this item's tokens */                                                   \
+        const int s = item_range(j, item, &lo, &len);                                                           \
+        const int hq = j->num_heads, hkv = j->num_kv_heads, bs = j->block_size;                                 \
         v8 q[hq][nc], acc[hq][nc];                                                                              \
         float m[hq], l[hq];                                                                                     \
         for (int hh = 0; hh < hq; hh++) {                                                                       \
@@ -86,7 +88,7 @@ static inline v8 broadcast8(const float *p) {
         }                                                                                                       \
         const int32_t *table = j->tables + s * j->t_row;                                                        \
         const v8 lane = {0, 1, 2, 3, 4, 5, 6, 7};                                                               \
-        for (int t0 = 0, n = 0; t0 < len; t0 += n) {                                                            \
+        for (int t0 = lo, n = 0; t0 < len; t0 += n) {                                                           \
             n = len - t0 < (CH) ? len - t0 : (CH); /* a chunk never leaves its block (when bs is no multiple */ \
             if (bs - t0 % bs < n) n = bs - t0 % bs; /* of CH, some chunks are shorter) */                       \
             const int64_t block = table[t0 / bs], off = t0 % bs;                                                \
@@ -201,6 +203,12 @@ static inline v8 broadcast8(const float *p) {
             }                                                                                                   \
         }                                                                                                       \
         for (int hh = 0; hh < hq; hh++) {                                                                       \
+            if (j->partial) { /* a piece: its state, merged by paged_decode */                                  \
+                float *pp = j->partial + ((int64_t)item * hq + hh) * SPLIT_STATE(j->head_dim);                  \
+                pp[0] = m[hh], pp[1] = l[hh];                                                                   \
+                for (int c = 0; c < nc; c++) store8_f32(pp + 2 + c * W8, acc[hh][c]);                           \
+                continue;                                                                                       \
+            }                                                                                                   \
             T *op = (T *)j->out + j->rows[s] * j->o_row + hh * j->o_head;                                       \
             const float inv = 1.f / l[hh];                                                                      \
             for (int c = 0; c < nc; c++) STORE(op + c * W8, acc[hh][c] * inv);                                  \

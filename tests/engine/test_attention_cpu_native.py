@@ -11,8 +11,9 @@ from engine.attention.torch_backend import TorchAttentionBackend
 from engine.core.utils import cdiv
 from engine.native import attention as attention_cpu_native
 from engine.native.attention import load_kernel
-from kernels.reference import paged_attention_ref, store_kv_ref
+from kernels.reference import dequantize_kv_ref, paged_attention_ref, store_kv_ref
 from tests.engine.factories import make_attention_metadata, make_block_tables
+from tests.engine.test_attention_int8 import _int8_pool
 
 KERNEL = load_kernel()
 pytestmark = pytest.mark.skipif(
@@ -172,3 +173,56 @@ def test_disabled_by_environment(monkeypatch):
     assert TorchAttentionBackend(16).kernel is None
     with pytest.raises(RuntimeError, match="native CPU attention was required"):
         TorchAttentionBackend(16, native=True)
+
+
+@pytest.mark.parametrize("kv_int8", [False, True])
+@pytest.mark.parametrize(
+    "seq_lens,threads,block_size",
+    [
+        ([600], 2, 16),  # one conversation on two threads: two pieces of its context
+        ([130], 3, 16),  # three pieces, the last one short
+        ([130], 4, 16),  # four pieces of 48 tokens: the last one starts past the end, empty
+        ([300, 140], 4, 32),  # two sequences, two pieces each (the shorter one's second piece is short)
+        ([127], 2, 16),  # under the split threshold: one pass
+    ],
+)
+def test_fewer_sequences_than_threads_split_their_context_between_threads(
+    seq_lens, threads, block_size, kv_int8
+):
+    """Decoding fewer sequences than threads cuts each context into block-aligned pieces, one thread each, and
+    merges their softmax states: the reference's result (fp32 tolerance), and the one-thread result up to summation
+    order."""
+
+    head_dim, num_heads, num_kv_heads = 64, 9, 3  # SmolLM2's shape
+    num_blocks = sum(cdiv(n, block_size) for n in seq_lens) + 2
+    width = cdiv(max(seq_lens), block_size)
+    tables = torch.tensor(
+        [t + [0] * (width - len(t)) for t in make_block_tables(seq_lens, block_size, num_blocks, seed=2)],
+        dtype=torch.int32,
+    )
+    gen = torch.Generator().manual_seed(len(seq_lens) + threads)
+    if kv_int8:
+        k_cache, v_cache, k_scale, v_scale = _int8_pool(
+            num_blocks, block_size, num_kv_heads, head_dim, seed=7
+        )
+        scales = (k_scale, v_scale)
+        k_read = dequantize_kv_ref(k_cache, k_scale)
+        v_read = dequantize_kv_ref(v_cache, v_scale)
+    else:
+        k_cache, v_cache = _caches(num_blocks, block_size, num_kv_heads, head_dim, torch.float32, gen)
+        scales, k_read, v_read = (), k_cache, v_cache
+    q = torch.randn(len(seq_lens), num_heads, head_dim, generator=gen)
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
+    rows = torch.arange(len(seq_lens), dtype=torch.int32)
+    outs = {}
+    before = torch.get_num_threads()
+    try:
+        for n in (1, threads):
+            torch.set_num_threads(n)
+            outs[n] = torch.full_like(q, float("nan"))
+            KERNEL(q, k_cache, v_cache, rows, seq_lens_t, tables, outs[n], 0.125, *scales)
+    finally:
+        torch.set_num_threads(before)
+    expected = _reference(q, k_read, v_read, tables, rows.long(), seq_lens_t, 0.125)
+    torch.testing.assert_close(outs[threads], expected.float(), **FP32_TOL)
+    torch.testing.assert_close(outs[threads], outs[1], atol=2e-6, rtol=2e-6)
