@@ -16,23 +16,7 @@ from typing import Any
 import torch
 
 from engine import LLM, SamplingParams
-
-
-class _Timer:
-    """Seconds spent inside the wrapped callables since the last reset."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    def wrap(self, inner: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - start
-
-        return timed
+from engine.worker.step_clock import Clock
 
 
 def main() -> None:
@@ -58,7 +42,7 @@ def main() -> None:
     )
     engine = llm.engine
     runner, model = engine.runner, engine.runner.model
-    forward, logits = _Timer(), _Timer()
+    forward, logits = Clock(), Clock()
     # the module path (prefill, and decode without the fused step)
     model.forward = forward.wrap(model.forward)
     model.compute_logits = logits.wrap(model.compute_logits)

@@ -17,7 +17,7 @@ from engine.core.stats import StepTiming
 from engine.models.quantized import linear_modules
 
 
-class _Clock:
+class Clock:
     """Seconds spent inside wrapped callables since the last reset."""
 
     def __init__(self) -> None:
@@ -38,7 +38,7 @@ class StepClock:
     """The linears' and attention's seconds of one step, read after it; see the module docstring."""
 
     def __init__(self, runner: Any) -> None:
-        self.matmul, self.attention = _Clock(), _Clock()
+        self.matmul, self.attention = Clock(), Clock()
         linears = linear_modules(runner.model)
         for module in linears:
             module.forward = self.matmul.wrap(module.forward)
