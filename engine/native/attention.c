@@ -211,15 +211,18 @@ static sequence_fn pick(int is_bf16, int kv_int8, int nc, int ng) {
  * pieces, one thread a piece, so that every thread streams part of its KV cache (one thread alone reads DRAM at about
  * half the rate of two); the pieces' softmax states are then merged exactly as the online softmax would have, up to
  * summation order. fp32 outputs only; 0 (nothing done) for short contexts, where one pass is cheaper, or without
- * memory for the states. The pieces depend only on the lengths and the thread count, never on timing. */
+ * memory for the states. The pieces depend only on the step's lengths and the thread count, never on timing (so a
+ * sequence's last bits may differ with the other sequences of its step, as the linears' kernels do by row count). */
 #define SPLIT_MIN_TOKENS 128
 static int split_decode(const job_t *whole, sequence_fn fn, int num_seqs, int num_threads) {
     job_t piece = *whole, *job = &piece;
+    if (num_seqs < 1) return 0;
     int longest = 0;
     for (int s = 0; s < num_seqs; s++) longest = job->seq_lens[s] > longest ? job->seq_lens[s] : longest;
-    const int parts = num_threads / num_seqs, bs = job->block_size;
+    const int bs = job->block_size, blocks = (longest + bs - 1) / bs;
+    const int parts = num_threads / num_seqs < blocks ? num_threads / num_seqs : blocks; /* no piece of no block */
     if (parts < 2 || longest < SPLIT_MIN_TOKENS) return 0;
-    const int blocks = (longest + bs - 1) / bs, span = (blocks + parts - 1) / parts * bs;
+    const int span = (blocks + parts - 1) / parts * bs;
     const int hq = job->num_heads, hd = job->head_dim, items = num_seqs * parts;
     float *partial = malloc(sizeof(float) * (size_t)items * hq * SPLIT_STATE(hd));
     if (!partial) return 0;
