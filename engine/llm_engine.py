@@ -32,6 +32,9 @@ from engine.worker.step_clock import StepClock, StepTimings
 logger = logging.getLogger(__name__)
 
 LOAD_POLL_S = 0.002  # how long an idle step waits for a disk load, so new requests and aborts are not held up
+# an engine never closed (a script that ends after LLM.generate) writes its disk tier's queue for at most this long when
+# it is collected or the interpreter exits: a writer still copying tensors while Python shut down aborted the process
+TIER_DRAIN_ON_EXIT_S = 10.0
 
 
 class LLMEngine:
@@ -96,7 +99,7 @@ class LLMEngine:
             self.runner.kv_scales,
         )
         if self.tier is not None:  # its threads hold it (and the pool): close it when the engine goes
-            weakref.finalize(self, self.tier.close, 0.0)
+            weakref.finalize(self, self.tier.close, TIER_DRAIN_ON_EXIT_S)
         self.scheduler = Scheduler(
             self.config,
             num_blocks,

@@ -3,6 +3,8 @@ restart give the same greedy tokens as caching off; corrupt files are recomputed
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,3 +157,23 @@ def test_a_request_aborted_while_loading_leaves_an_idle_pool(model_dir, tmp_path
     stats = engine.stats()
     assert (stats.num_used_blocks, stats.num_loading) == (0, 0)
     assert stats.num_free_blocks + stats.num_cached_blocks == stats.num_blocks
+
+
+def test_a_script_that_never_closes_its_engine_writes_the_queue_and_exits_cleanly(model_dir, tmp_path):
+    """`LLM.generate`, then the interpreter exits with the engine open: the finalizer gives the writer time to write
+    what is queued (it closed with no time at all, left blocks unwritten, and the writer could still be copying
+    tensors while Python shut down, which aborted the process about one run in three with the real model)."""
+    script = f"""
+import logging, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+from tests.engine.test_engine_disk_tier import conversation, make_llm, GREEDY
+llm = make_llm({model_dir!r}, __import__("pathlib").Path({str(tmp_path / "kv")!r}))
+llm.generate([conversation(0, 4)], GREEDY)  # 260 prompt tokens + 12: 17 full blocks queued for the tier
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "not written" not in done.stderr and "terminate called" not in done.stderr, done.stderr[-2000:]
+    second = make_llm(model_dir, tmp_path / "kv")
+    got = second.generate([conversation(0, 4) + [5, 6, 7]], GREEDY)[0]
+    assert got.num_cached_tokens == 256  # every full block of the history came back from disk
