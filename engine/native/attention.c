@@ -214,6 +214,22 @@ static sequence_fn pick(int is_bf16, int kv_int8, int nc, int ng) {
  * memory for the states. The pieces depend only on the step's lengths and the thread count, never on timing (so a
  * sequence's last bits may differ with the other sequences of its step, as the linears' kernels do by row count). */
 #define SPLIT_MIN_TOKENS 128
+
+/* fn over work items [0, items), handed out one at a time (their lengths differ) to at most num_threads threads. */
+static void run_items(const job_t *job, sequence_fn fn, int items, int num_threads) {
+    if (num_threads > items) num_threads = items;
+    if (num_threads <= 1) {
+        for (int i = 0; i < items; i++) fn(job, i);
+        return;
+    }
+    int next = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(num_threads)
+#endif
+    for (int i = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED); i < items; i = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED))
+        fn(job, i);
+}
+
 static int split_decode(const job_t *whole, sequence_fn fn, int num_seqs, int num_threads) {
     job_t piece = *whole, *job = &piece;
     if (num_seqs < 1) return 0;
@@ -227,12 +243,7 @@ static int split_decode(const job_t *whole, sequence_fn fn, int num_seqs, int nu
     float *partial = malloc(sizeof(float) * (size_t)items * hq * SPLIT_STATE(hd));
     if (!partial) return 0;
     job->parts = parts, job->span = span, job->partial = partial;
-    int next = 0;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(num_threads)
-#endif
-    for (int i = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED); i < items; i = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED))
-        fn(job, i);
+    run_items(job, fn, items, num_threads);
     for (int s = 0; s < num_seqs; s++)
         for (int hh = 0; hh < hq; hh++) {
             const float *first = partial + ((int64_t)s * parts * hq + hh) * SPLIT_STATE(hd);
@@ -285,18 +296,7 @@ int paged_decode(int is_bf16, int kv_int8, const void *q, int64_t q_row, int64_t
                        .num_heads = num_heads, .num_kv_heads = num_kv_heads, .head_dim = head_dim,
                        .block_size = block_size, .scale = scale};
     if (!is_bf16 && num_seqs < num_threads && split_decode(&job, fn, num_seqs, num_threads)) return 0;
-    if (num_threads > num_seqs) num_threads = num_seqs;
-    if (num_threads <= 1) {
-        for (int s = 0; s < num_seqs; s++) fn(&job, s);
-        return 0;
-    }
-    int next = 0; /* sequences are handed out one at a time: their lengths differ */
-#ifdef _OPENMP
-#pragma omp parallel num_threads(num_threads)
-#endif
-    for (int s = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED); s < num_seqs;
-         s = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED))
-        fn(&job, s);
+    run_items(&job, fn, num_seqs, num_threads); /* a sequence an item */
     return 0;
 }
 

@@ -182,7 +182,7 @@ def test_disabled_by_environment(monkeypatch):
         ([600], 2, 16),  # one conversation on two threads: two pieces of its context
         ([130], 3, 16),  # three pieces, the last one short
         ([130], 4, 16),  # four pieces of 48 tokens: the last one starts past the end, empty
-        ([300, 140], 4, 32),  # two sequences, two pieces each (the shorter one's second piece is short)
+        ([300, 140], 4, 32),  # two sequences, two pieces of 160 each: the shorter one's second is empty
         ([127], 2, 16),  # under the split threshold: one pass
     ],
 )
