@@ -233,18 +233,22 @@ class LLMEngine:
         seqs, rows = out.sampling_rows()
         masks = self.guided.start(seqs)  # constrained rows' grammar masks, computed while the model runs
         try:
-            logits = self.runner.execute(out)
+            step = self.runner.execute(out)
         finally:
             if masks is not None:
                 masks.wait()  # never leave the mask thread holding matchers past this step
+        logits, argmax = step.logits, step.argmax
         token_ids: dict[int, int] = {}
         ended: list[Sequence] = []
         if seqs:
             if len(rows) != logits.shape[0]:  # samples forked this step draw from their first sample's row
                 logits = logits[torch.tensor(rows)]
-            errors = self.guided.apply(logits, masks) if masks is not None else {}
+                argmax = None if argmax is None else [argmax[r] for r in rows]
+            errors = {}
+            if masks is not None:
+                errors, argmax = self.guided.apply(logits, masks), None  # masked in place: argmax is stale
             batch = SamplingBatch.from_sequences(seqs, self._seeded_generators, self._generator)
-            sampled = self.sampler(logits, batch)
+            sampled = self.sampler(logits, batch, argmax)
             if masks is not None:
                 ended, refused = self.guided.accept(seqs, sampled.token_ids)
                 errors.update(refused)

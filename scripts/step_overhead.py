@@ -1,7 +1,9 @@
 """Per-step time at batch 1 split into the model's forward (the layers: the fused C step when it runs, else the
 module forward), the logits matmul, and everything else (scheduling, inputs, sampling, detokenization):
 `python scripts/step_overhead.py [--tokens N] [--repeats R] [--quantization none|gguf]`. With the fused C step, its
-own clocks split the forward further into linears, attention and its small ops. Prints one JSON line (medians, ms).
+own clocks split the forward further into linears (the LM head's too: the fused step runs it, so `logits` is then
+~0), attention and its small ops (argmax and the Python around the call included). Prints one JSON line (medians,
+ms); `rest_ms_p50` is the step minus its linears and attention, the lean step's measure.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ def main() -> None:
         result["fused_linears_ms_p50"] = median_ms(lambda x: x[3])
         result["fused_attention_ms_p50"] = median_ms(lambda x: x[4])
         result["fused_small_ops_ms_p50"] = median_ms(lambda x: x[1] - x[3] - x[4])
+        result["rest_ms_p50"] = median_ms(lambda x: x[0] - x[2] - x[3] - x[4])
     print(json.dumps(result))
 
 

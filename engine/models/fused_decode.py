@@ -4,15 +4,17 @@ on the CPU.
 `FusedDecoder.build` checks once that a model fits (every layer linear a QuantLinear, fp32 weights, fp32 or int8
 caches, the native kernels built) and gathers the pointers the C loop needs; `decode` then runs a decode-only step of up
 to `QuantLinear.gemv_max_rows` sequences (with batch_gemm int8, whose GEMM is C as well, up to max_num_seqs) with one
-crossing into C instead of ~300 Python calls. It calls the same
-kernels as the module path with the same arguments, so the two agree bit for bit (tests/engine/test_fused_decode.py).
-Its inputs come as plain lists and go through persistent buffers, so a step makes no torch call before the C call.
+crossing into C instead of ~300 Python calls; up to the GEMV bound it runs the LM head and each row's argmax too.
+It calls the same kernels as the module path with the same arguments, so the two agree bit for bit
+(tests/engine/test_fused_decode.py). Its inputs come as plain lists and go through persistent buffers, so a step
+makes no torch call before the C call, and a greedy one none after it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -93,7 +95,20 @@ class _Model(ctypes.Structure):
         ("rope_row", _i64),
         ("final_norm", _ptr),
         ("layers", ctypes.POINTER(_Layer)),
+        ("head", _QLinear),
+        ("argmax", _ptr),
     ]
+
+
+@dataclass(frozen=True)
+class FusedStep:
+    """What a fused decode step computed: views into buffers that the next step overwrites."""
+
+    hidden: torch.Tensor  # [n, hidden], final-normed
+    # [n, vocab] fp32 when the step ran the LM head too (see FusedDecoder.head_rows)
+    logits: torch.Tensor | None
+    # with logits: each row's first maximum (a NaN counts as the maximum), as torch.argmax
+    argmax: list[int] | None
 
 
 def _fn_address(source: Path, name: str) -> int:
@@ -101,6 +116,17 @@ def _fn_address(source: Path, name: str) -> int:
     lib = load_library(source)
     assert lib is not None, f"{source.name} is not built"
     return ctypes.cast(getattr(lib, name), _ptr).value
+
+
+def _fusable_head(model: LlamaForCausalLM) -> QuantLinear | None:
+    """The LM head, when it is a QuantLinear that runs as the layers' linears do (the C step then calls the very
+    kernel its forward calls, so its logits are the module path's bit for bit), else None."""
+    head, qkv = model.lm_head, model.layers[0].self_attn.qkv_proj
+    if not isinstance(head, QuantLinear) or head.kernel is None or head.act_q8 != qkv.act_q8:
+        return None
+    if head.bias is not None and head.bias.dtype != torch.float32:
+        return None
+    return head
 
 
 def _qlinear(module: QuantLinear) -> _QLinear:
@@ -154,6 +180,10 @@ class FusedDecoder:
                 )
             )
         self._layers = (_Layer * len(layers))(*layers)
+        head = _fusable_head(model)
+        # steps of up to head_rows sequences run the LM head and greedy's argmax in the same call (the GEMV rows,
+        # where QuantLinear.forward calls the same kernel; more rows leave the head to the module)
+        self.head_rows = min(head.gemv_max_rows, self.max_rows) if head is not None else 0
         self._struct = _Model(
             _fn_address(quant_linear.SOURCE, "quant_linear"),
             gemm,
@@ -184,14 +214,17 @@ class FusedDecoder:
             model.rope_cache.stride(0),
             model.norm.weight.data_ptr(),
             self._layers,
+            _qlinear(head) if head is not None else _QLinear(),
+            _fn_address(fused_ops.SOURCE, "argmax_rows_f32"),
         )
         self._fn = lib.decode_layers
         self._fn.restype = _i32
-        self._fn.argtypes = [_ptr, _ptr, _ptr, _i32, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i32, _ptr]
+        # model, residual, out, n, positions, slots, rows, seq_lens, tables, t_row, threads, seconds, logits, argmax
+        self._fn.argtypes = [_ptr, _ptr, _ptr, _i32, *[_ptr] * 5, _i64, _i32, *[_ptr] * 3]
         # seconds spent in the layers' linears and attention since the last reset (read by `bench step`)
         self.seconds = (ctypes.c_double * 2)()
         self._struct_ptr = ctypes.addressof(self._struct)
-        self._inputs = _DecodeInputs(model, self.max_rows, max_blocks_per_seq)
+        self._inputs = _DecodeInputs(model, self.max_rows, max_blocks_per_seq, self.head_rows)
 
     @classmethod
     def build(
@@ -209,14 +242,15 @@ class FusedDecoder:
         return cls(model, kv_caches, lib, max_blocks_per_seq, max_seqs)  # type: ignore[arg-type]
 
     def decode(
-        self, token_ids: list[int], positions: list[int], tables: list[list[int]]
-    ) -> torch.Tensor | None:
-        """Final-normed hidden states [n, hidden] of a decode-only step of sequences given as plain lists (each one
-        new token at `positions[i]` with block table `tables[i]`), filled into persistent buffers: no torch call
-        before the C step. A torch call gives the GIL up, and in a served engine the event loop then takes it for its
-        whole turn while this thread waits; the C call gives it up too, and there the turn overlaps the layers.
-        Returns a view into a buffer the next call overwrites, or None when the step is not one this step takes
-        (more than `max_rows` sequences, a table past `max_blocks_per_seq`): the module path runs it."""
+        self, token_ids: list[int], positions: list[int], tables: list[list[int]], logits: bool = True
+    ) -> FusedStep | None:
+        """A decode-only step of sequences given as plain lists (each one new token at `positions[i]` with block
+        table `tables[i]`), filled into persistent buffers: no torch call before the C step. A torch call gives the
+        GIL up, and in a served engine the event loop then takes it for its whole turn while this thread waits; the
+        C call gives it up too, and there the turn overlaps the layers. With `logits` and up to `head_rows`
+        sequences the same call runs the LM head and each row's argmax (greedy's token), so a greedy step needs no
+        torch call at all. Returns views into buffers the next call overwrites, or None when the step is not one
+        this step takes (more than `max_rows` sequences, a table past `max_blocks_per_seq`): the module path runs it."""
         inputs = self._inputs
         n = len(token_ids)
         if not 0 < n <= self.max_rows:
@@ -233,6 +267,7 @@ class FusedDecoder:
             max_block, max_slot = max(max_block, max(table)), max(max_slot, slot)
         check_reach(max_block, max_slot, self.num_blocks, bs, "the decode step")  # C follows them unchecked
         np.take(inputs.embed, inputs.ids[:n], axis=0, out=inputs.residual[:n])
+        head = logits and n <= self.head_rows
         status = self._fn(
             self._struct_ptr,
             *inputs.pointers,
@@ -241,17 +276,20 @@ class FusedDecoder:
             inputs.width,
             inputs.threads,
             self.seconds,
+            *(inputs.head_pointers if head else (None, None)),
         )
         if status != 0:
             raise RuntimeError(f"decode_layers failed (status {status})")
-        return inputs.out_views[n]
+        if not head:
+            return FusedStep(inputs.out_views[n], None, None)
+        return FusedStep(inputs.out_views[n], inputs.logits_views[n], inputs.argmax[:n].tolist())
 
 
 class _DecodeInputs:
     """Persistent host buffers of `FusedDecoder.decode` (numpy, so filling them calls no torch function) and the
     raw pointers the C step takes, computed once."""
 
-    def __init__(self, model: LlamaForCausalLM, max_rows: int, width: int) -> None:
+    def __init__(self, model: LlamaForCausalLM, max_rows: int, width: int, head_rows: int) -> None:
         hidden = model.args.hidden_size
         self.width = width
         self.ids = np.zeros(max_rows, np.int64)
@@ -269,6 +307,10 @@ class _DecodeInputs:
         self.pointers_after_n = tuple(
             a.ctypes.data for a in (self.positions, self.slots, self.rows, self.seq_lens, self.tables)
         )
+        logits = torch.zeros(head_rows, model.args.vocab_size)  # the head's output, for up to head_rows rows
+        self.logits_views = [logits[:n] for n in range(head_rows + 1)]
+        self.argmax = np.zeros(head_rows, np.int32)
+        self.head_pointers = (logits.data_ptr(), self.argmax.ctypes.data)
 
 
 def _unsupported(model: torch.nn.Module, kv_caches: list[LayerKV]) -> str | None:

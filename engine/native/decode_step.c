@@ -32,6 +32,7 @@ typedef void (*store_q8_fn)(int is_bf16, const void *k, const void *v, int64_t k
                             int8_t *k_cache, int8_t *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head,
                             uint16_t *k_scale, uint16_t *v_scale, int64_t s_block, int64_t s_tok,
                             const int64_t *slots, int num_tokens, int num_kv_heads, int head_dim, int block_size);
+typedef void (*argmax_fn)(const float *x, int64_t x_row, int rows, int cols, int32_t *out, int num_threads);
 typedef int (*attend_fn)(int is_bf16, int kv_int8, const void *q, int64_t q_row, int64_t q_head, const void *k_cache,
                          const void *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head,
                          const uint16_t *k_scale, const uint16_t *v_scale, int64_t s_block, int64_t s_tok,
@@ -73,6 +74,8 @@ typedef struct {
     int64_t rope_row;
     const float *final_norm;
     const Layer *layers;
+    QLinear head;      /* the LM head as the module path runs it (the same linear or GEMM), or blocks NULL: none */
+    argmax_fn argmax;  /* fused_ops.c's argmax_rows_f32 */
 } Model;
 
 static inline double now_s(void) {
@@ -82,11 +85,13 @@ static inline double now_s(void) {
 }
 
 /* residual [n, hidden] holds the token embeddings and is updated in place; out [n, hidden] gets the final-normed
- * hidden states. seconds[0] and [1] accumulate the time spent in the linears and in attention (KV store included).
+ * hidden states; with `logits` (and the model's head) the head's logits [n, vocab] and in `argmax` [n] each row's
+ * first maximum (greedy sampling's token). seconds[0] and [1] accumulate the time spent in the linears (the head
+ * included) and in attention (KV store included).
  * Returns 0, -1 when a kernel rejects its inputs, -2 when scratch memory cannot be had. */
 int decode_layers(const Model *m, float *residual, float *out, int n, const int64_t *positions,
                   const int64_t *slots, const int32_t *rows, const int32_t *seq_lens, const int32_t *tables,
-                  int64_t t_row, int num_threads, double *seconds) {
+                  int64_t t_row, int num_threads, double *seconds, float *logits, int32_t *argmax) {
     const int hd = m->head_dim, hq = m->num_heads, hkv = m->num_kv_heads, hidden = m->hidden;
     const int qkv_width = (hq + 2 * hkv) * hd, inter = m->intermediate;
     float *scratch = malloc(sizeof(float) * (size_t)n * (hidden + qkv_width + hq * hd + hidden + 3 * inter));
@@ -130,6 +135,10 @@ int decode_layers(const Model *m, float *residual, float *out, int n, const int6
         const float *next = l + 1 < m->num_layers ? m->layers[l + 1].input_norm : m->final_norm;
         m->norm(residual, hidden, delta, hidden, next, l + 1 < m->num_layers ? h : out, hidden, n, hidden, m->eps,
                 num_threads);
+    }
+    if (status == 0 && logits != NULL && m->head.blocks != NULL) {
+        LINEAR(m->head, out, logits);
+        if (status == 0) m->argmax(logits, m->head.out_features, n, m->head.out_features, argmax, num_threads);
     }
 #undef LINEAR
     free(scratch);

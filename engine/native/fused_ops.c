@@ -1,5 +1,5 @@
 /* Fused elementwise ops of the Llama family for the CPU: residual add + RMSNorm, SiLU(gate) * up, RoPE, in bf16
- * and in fp32 (the `_f32` twins).
+ * and in fp32 (the `_f32` twins); and each row's argmax of fp32 logits.
  *
  * Built and loaded by engine/native/fused_ops.py. Each op reads and writes its rows once and, in bf16, rounds once
  * (torch's bf16 ops round after every step and make several passes); at a decode batch one call also replaces
@@ -12,7 +12,9 @@
  * forms of vexp's comparisons become scalar code: SiLU and the norms ran ~2.7x slower at 64 rows). */
 #ifdef __AVX512F__
 typedef vf ov;
+typedef vi ovi;
 #define OW W
+#define ov_sel vsel
 #define ov_load_f32 load_f32
 #define ov_store_f32 store_f32
 #define ov_load_bf16 load_bf16
@@ -21,7 +23,9 @@ typedef vf ov;
 #define ov_hsum hsum
 #else
 typedef v8 ov;
+typedef v8i ovi;
 #define OW W8
+#define ov_sel vsel8
 #define ov_load_f32 load8_f32
 #define ov_store_f32 store8_f32
 #define ov_load_bf16 load8_bf16
@@ -172,4 +176,44 @@ void rope_f32(float *x, int64_t x_row, int64_t x_head, const int64_t *positions,
             }
         }
     }
+}
+
+/* The index of x[:n]'s first maximum, a NaN counting as the maximum (numpy's and torch's argmax): one pass in which
+ * each vector lane keeps its first maximum and that maximum's index, then the lanes' best (ties: the lower index). */
+static int argmax_row_f32(const float *x, int n) {
+    const int vec_end = n - n % OW;
+    int nan = 0, at = 0, i = 1;
+    float m = x[0];
+    if (vec_end) {
+        ov best = ov_load_f32(x);
+        ovi best_i, lane_i, nans = (ovi)(best != best);
+        for (int l = 0; l < OW; l++) best_i[l] = lane_i[l] = l;
+        for (i = OW; i < vec_end; i += OW) {
+            const ov v = ov_load_f32(x + i);
+            const ovi greater = (ovi)(v > best);
+            lane_i += OW;
+            best = ov_sel(greater, v, best);
+            best_i = (greater & lane_i) | (~greater & best_i);
+            nans |= (ovi)(v != v);
+        }
+        m = best[0], at = best_i[0];
+        for (int l = 0; l < OW; l++) {
+            nan |= nans[l] != 0;
+            if (best[l] > m || (best[l] == m && best_i[l] < at)) m = best[l], at = best_i[l];
+        }
+    }
+    for (; i < n; i++) {
+        nan |= x[i] != x[i];
+        if (x[i] > m) m = x[i], at = i;
+    }
+    if (nan || m != m)
+        for (i = 0; i < n; i++)
+            if (x[i] != x[i]) return i;
+    return at;
+}
+
+/* out[r] = argmax of row r of x [rows, cols] (see argmax_row_f32): greedy sampling's pick, beside the logits. */
+void argmax_rows_f32(const float *x, int64_t x_row, int rows, int cols, int32_t *out, int num_threads) {
+#pragma omp parallel for num_threads(threads_for((int64_t)rows * cols, num_threads))
+    for (int r = 0; r < rows; r++) out[r] = cols > 0 ? argmax_row_f32(x + r * x_row, cols) : -1;
 }

@@ -35,6 +35,8 @@ class CpuOps:
                 fn = getattr(lib, name + suffix)
                 fn.argtypes, fn.restype = argtypes, None
                 self._fns[name, dtype] = fn
+        self._argmax = lib.argmax_rows_f32
+        self._argmax.argtypes, self._argmax.restype = [ptr, i64, i32, i32, ptr, i32], None
 
     @staticmethod
     def supports(x: torch.Tensor) -> bool:
@@ -106,6 +108,15 @@ class CpuOps:
             torch.get_num_threads(),
         )
         return x
+
+    def argmax_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Each row's first maximum of fp32 x [N, V], a NaN counting as the maximum: torch.argmax(x, -1) (int32)."""
+        assert x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and x.stride(1) == 1
+        out = torch.empty(x.shape[0], dtype=torch.int32)
+        self._argmax(
+            x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], out.data_ptr(), torch.get_num_threads()
+        )
+        return out
 
 
 def load_cpu_ops() -> CpuOps | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -11,10 +12,20 @@ from engine.attention.metadata import AttentionMetadata
 from engine.core.config import EngineConfig
 from engine.core.outputs import SchedulerOutput
 from engine.core.utils import cdiv
-from engine.models.fused_decode import FusedDecoder
+from engine.models.fused_decode import FusedDecoder, FusedStep
 from engine.worker.kv_cache import KVCacheSpec, zeros_on_huge_pages
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepLogits:
+    """A step's float32 logits [num_sampling_seqs, vocab] in the order of out.scheduled's sampling items, valid until
+    the next step (the fused step's are a buffer it reuses); `argmax`, when the step computed it, is each row's first
+    maximum: greedy's tokens, so the sampler need not search the logits again."""
+
+    logits: torch.Tensor
+    argmax: list[int] | None = None
 
 
 class ModelRunner:
@@ -54,9 +65,10 @@ class ModelRunner:
             return
         src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)
         dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=self.device)
-        self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
-        if self.kv_scales is not None:
-            self.kv_scales[:, :, dst] = self.kv_scales[:, :, src]
+        with torch.inference_mode():
+            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+            if self.kv_scales is not None:
+                self.kv_scales[:, :, dst] = self.kv_scales[:, :, src]
 
     def prepare(
         self, out: SchedulerOutput
@@ -85,30 +97,37 @@ class ModelRunner:
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         return ids, pos, meta, sample_rows
 
-    def _fused_decode(self, out: SchedulerOutput) -> torch.Tensor | None:
-        """A step of one new token per sequence, few enough for the fused C step: its hidden states, computed from
-        plain lists (FusedDecoder.decode); None for any other step."""
+    def _fused_decode(self, out: SchedulerOutput) -> FusedStep | None:
+        """A step of one new token per sequence, few enough for the fused C step: what it computed (the logits too
+        when every sequence samples), from plain lists (FusedDecoder.decode); None for any other step."""
         items = out.scheduled
         if self.fused is None or not items or any(item.num_new_tokens != 1 for item in items):
             return None
         positions = [item.seq.num_computed_tokens for item in items]
         token_ids = [item.seq.token_ids[p] for item, p in zip(items, positions, strict=True)]
-        return self.fused.decode(token_ids, positions, [item.seq.block_table for item in items])
+        tables = [item.seq.block_table for item in items]
+        return self.fused.decode(token_ids, positions, tables, logits=all(item.samples for item in items))
+
+    def execute(self, out: SchedulerOutput) -> StepLogits:
+        """Run the step; the logits of the sequences that sample (see StepLogits)."""
+        self.copy_blocks(out.block_copies)
+        fused = self._fused_decode(out)
+        if fused is not None and fused.logits is not None:  # no torch call at all (not even inference_mode's)
+            return StepLogits(fused.logits, fused.argmax)
+        return self._logits(out, fused)
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Run the step; float32 logits [num_sampling_seqs, vocab] in the order of out.scheduled's sampling items."""
-        self.copy_blocks(out.block_copies)
-        hidden = self._fused_decode(out)
-        if hidden is not None:
+    def _logits(self, out: SchedulerOutput, fused: FusedStep | None) -> StepLogits:
+        """The step's logits through the modules: its forward too, unless the fused step ran it."""
+        if fused is not None:
+            hidden = fused.hidden
             sample_rows = [i for i, item in enumerate(out.scheduled) if item.samples]
         else:
             ids, pos, meta, sample_rows = self.prepare(out)
             self.backend.prepare(meta)
             hidden = self.model(ids, pos, self.kv_caches, meta, self.backend)
         if not sample_rows:
-            return torch.empty(0, 0)
+            return StepLogits(torch.empty(0, 0))
         if len(sample_rows) != hidden.shape[0]:  # a decode step samples every row, in order: nothing to pick
             hidden = hidden.index_select(0, torch.tensor(sample_rows, dtype=torch.long, device=self.device))
-        logits = self.model.compute_logits(hidden)
-        return logits.float().cpu()
+        return StepLogits(self.model.compute_logits(hidden).float().cpu())

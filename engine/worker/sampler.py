@@ -96,8 +96,12 @@ def _argmax(x: torch.Tensor) -> torch.Tensor:
 class Sampler:
     """Turns logits [num_rows, vocab] into one token per row; stateless (generators live in the batch)."""
 
-    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-        """Sample one token per row of float32 `logits` [N, V] under the row's SamplingParams."""
+    def __call__(
+        self, logits: torch.Tensor, batch: SamplingBatch, argmax: list[int] | None = None
+    ) -> SamplerOutput:
+        """Sample one token per row of float32 `logits` [N, V] under the row's SamplingParams. `argmax`, when given,
+        is each row's first maximum of these logits (the fused step computes it): greedy rows without penalties
+        take it instead of searching the logits again."""
         if logits.dim() != 2 or logits.shape[0] != len(batch):
             raise RuntimeError(f"logits {tuple(logits.shape)} do not match a batch of {len(batch)} rows")
         params = batch.params
@@ -108,15 +112,20 @@ class Sampler:
         if penalty_rows:
             x = x.clone()
             self._apply_penalties(x, batch, penalty_rows)
-        tokens = _argmax(x)  # [N]; the answer for greedy rows, overwritten for sampled ones
-        if sample_rows:
-            idx = torch.tensor(sample_rows, device=x.device)
-            tokens[idx] = self._sample(
-                x.index_select(0, idx),
-                [params[i] for i in sample_rows],
-                [batch.generators[i] for i in sample_rows],
-            )
-        token_ids: list[int] = tokens.tolist()
+            argmax = None  # of the logits before the penalties
+        if argmax is not None and not sample_rows:  # all greedy: no tensor work at all
+            token_ids = list(argmax)
+        else:
+            # [N]; the answer for greedy rows, overwritten for sampled ones
+            tokens = _argmax(x) if argmax is None else torch.tensor(argmax, dtype=torch.long)
+            if sample_rows:
+                idx = torch.tensor(sample_rows, device=x.device)
+                tokens[idx] = self._sample(
+                    x.index_select(0, idx),
+                    [params[i] for i in sample_rows],
+                    [batch.generators[i] for i in sample_rows],
+                )
+            token_ids = tokens.tolist()
         logprobs: list[Logprob | None] = [None] * len(params)
         if logprob_rows:
             for i, lp in zip(logprob_rows, self._logprobs(x, logprob_rows, token_ids, params), strict=True):

@@ -31,6 +31,7 @@ def _run(
     act_q8: bool = False,
     kv_cache_dtype: str = "auto",
     batch_gemm: str = "int8",
+    params: SamplingParams | None = None,
 ):
     llm = LLM(
         model=str(model),
@@ -41,7 +42,7 @@ def _run(
         kv_cache_dtype=kv_cache_dtype,
         batch_gemm=batch_gemm,
     )
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)
+    params = params or SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)
     outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
     return llm, [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
 
@@ -58,7 +59,9 @@ def test_fused_step_equals_the_module_path_bit_for_bit(
     rows = []
     original = FusedDecoder.decode  # what a decode step calls (`forward` is its tensor twin)
     monkeypatch.setattr(
-        FusedDecoder, "decode", lambda self, ids, *a: rows.append(len(ids)) or original(self, ids, *a)
+        FusedDecoder,
+        "decode",
+        lambda self, ids, *a, **k: rows.append(len(ids)) or original(self, ids, *a, **k),
     )
     llm, fused = _run(tiny_gguf, True, PROMPTS[:num_prompts], act_q8, kv_cache_dtype)
     assert llm.engine.runner.fused is not None and rows, "the fused step should have run"
@@ -115,7 +118,15 @@ def test_one_step_equals_the_module_path_and_refuses_what_it_cannot_take(tiny_gg
     stored = runner.kv_cache.clone()
     runner.kv_cache.copy_(snapshot)
     got = fused.decode(token_ids, positions, tables)
-    assert torch.equal(got, expected) and torch.equal(runner.kv_cache, stored)
+    assert torch.equal(got.hidden, expected) and torch.equal(runner.kv_cache, stored)
+    # the LM head and greedy's argmax ran in the same call: the module head's logits, torch's argmax
+    assert fused.head_rows == GEMV_MAX_ROWS
+    with torch.inference_mode():
+        logits = runner.model.compute_logits(expected)
+    assert torch.equal(got.logits, logits) and got.argmax == logits.argmax(-1).tolist()
+    runner.kv_cache.copy_(snapshot)
+    without = fused.decode(token_ids, positions, tables, logits=False)
+    assert torch.equal(without.hidden, expected) and without.logits is None and without.argmax is None
     # more sequences than the fused step takes, or a table wider than the buffers: not taken (None)
     assert (
         fused.decode([1] * (fused.max_rows + 1), [0] * (fused.max_rows + 1), [[0]] * (fused.max_rows + 1))
@@ -123,3 +134,31 @@ def test_one_step_equals_the_module_path_and_refuses_what_it_cannot_take(tiny_gg
     )
     wide = list(range(fused._inputs.width + 1))
     assert fused.decode([1], [0], [wide]) is None
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, repetition_penalty=1.5),
+        SamplingParams(temperature=0.9, top_p=0.9, seed=5, max_tokens=10, ignore_eos=True, logprobs=2),
+    ],
+    ids=["greedy", "penalised", "sampled"],
+)
+def test_the_fused_head_and_argmax_serve_greedy_and_step_aside_for_the_rest(monkeypatch, tiny_gguf, params):
+    """Greedy rows take the step's own argmax; a penalty changes the logits first and a sampled row draws from
+    them, so those rows must not: every mode gives the module path's tokens (and logprobs)."""
+    heads = []
+    original = FusedDecoder.decode
+
+    def decode(self, *args, **kwargs):
+        got = original(self, *args, **kwargs)
+        heads.append(got.logits is not None)
+        return got
+
+    monkeypatch.setattr(FusedDecoder, "decode", decode)
+    prompts = PROMPTS[:3]
+    _, fused = _run(tiny_gguf, True, prompts, params=params)
+    assert heads and all(heads), "every decode step of 3 sampling sequences should run the head in C"
+    _, modules = _run(tiny_gguf, False, prompts, params=params)
+    assert fused == modules

@@ -165,3 +165,25 @@ def test_fp32_rope_twin_matches_apply_rope():
     assert OPS.rope_(qk, positions, table) is qk
     torch.testing.assert_close(qk, expected, **FP32_ROUNDING)
     assert torch.equal(qkv[:, 8 * 64 :], before_v)
+
+
+@needs_ops
+@pytest.mark.parametrize("cols", [1, 7, 8, 9, 17, 64, 1000, 49152])
+@pytest.mark.parametrize("kind", ["random", "ties", "nan", "all_minus_inf", "inf"])
+def test_argmax_rows_is_torch_argmax(cols, kind):
+    """The fused step's greedy pick: each row's first maximum, a NaN counting as the maximum, in rows of any width
+    (a vector body and a scalar tail) and a row stride wider than the row."""
+    g = torch.Generator().manual_seed(cols)
+    wide = torch.randint(-3, 4, (5, cols + 3), generator=g).float()  # few values: many ties
+    if kind == "random":
+        wide = torch.randn(5, cols + 3, generator=g)
+    elif kind == "nan":
+        wide[torch.rand(wide.shape, generator=g) < 0.1] = float("nan")
+        wide[0, cols // 2] = float("nan")  # one row surely has one, maybe after a tied maximum
+    elif kind == "all_minus_inf":
+        wide[:] = float("-inf")
+    elif kind == "inf":
+        wide[torch.rand(wide.shape, generator=g) < 0.2] = float("inf")
+    x = wide[:, :cols]  # rows of `cols` floats, `cols + 3` apart
+    got = OPS.argmax_rows(x)
+    assert got.tolist() == x.argmax(-1).tolist() == x.numpy().argmax(-1).tolist()

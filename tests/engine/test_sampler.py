@@ -44,6 +44,23 @@ def test_greedy_equals_argmax_including_ties_and_nan() -> None:
         assert out.logprobs == [None] * logits.shape[0]
 
 
+def test_a_given_argmax_serves_greedy_rows_only_while_the_logits_stay_as_they_were() -> None:
+    """The fused step hands its argmax over: greedy rows take it (a stand-in pick proves they do), sampled rows in
+    the same batch still draw, and a penalty (which changes the logits first) makes the sampler search again."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
+    greedy = SamplingParams(temperature=0.0)
+    stand_in = [7, 8, 9]  # not the argmax: what the rows get shows which pick they took
+    assert Sampler()(logits, make_batch([greedy] * 3), stand_in).token_ids == stand_in
+    sampled = SamplingParams(temperature=1.0, seed=3)
+    gens = [None, make_generator(3), None]
+    mixed = Sampler()(logits, make_batch([greedy, sampled, greedy], gens), stand_in).token_ids
+    alone = Sampler()(logits, make_batch([greedy, sampled, greedy], [None, make_generator(3), None]))
+    assert (mixed[0], mixed[2]) == (7, 9) and mixed[1] == alone.token_ids[1]
+    penalised = SamplingParams(temperature=0.0, repetition_penalty=2.0)
+    batch = make_batch([penalised] * 3, prompts=[[int(logits[i].argmax())] for i in range(3)])
+    assert Sampler()(logits, batch, stand_in).token_ids == Sampler()(logits, batch).token_ids != stand_in
+
+
 def test_top_k_one_equals_greedy() -> None:
     logits = torch.randn(32, 5000, generator=torch.Generator().manual_seed(1))
     batch = make_batch([SamplingParams(temperature=1.5, top_k=1)] * 32, [make_generator(3)] * 32)
