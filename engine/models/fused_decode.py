@@ -97,6 +97,8 @@ class _Model(ctypes.Structure):
         ("layers", ctypes.POINTER(_Layer)),
         ("head", _QLinear),
         ("argmax", _ptr),
+        ("embed", _ptr),
+        ("vocab", _i64),
     ]
 
 
@@ -216,11 +218,14 @@ class FusedDecoder:
             self._layers,
             _qlinear(head) if head is not None else _QLinear(),
             _fn_address(fused_ops.SOURCE, "argmax_rows_f32"),
+            model.embed_tokens.weight.data_ptr(),
+            model.embed_tokens.weight.shape[0],
         )
         self._fn = lib.decode_layers
         self._fn.restype = _i32
-        # model, residual, out, n, positions, slots, rows, seq_lens, tables, t_row, threads, seconds, logits, argmax
-        self._fn.argtypes = [_ptr, _ptr, _ptr, _i32, *[_ptr] * 5, _i64, _i32, *[_ptr] * 3]
+        # model, ids, residual, out, n, positions, slots, rows, seq_lens, tables, t_row, threads, seconds, logits,
+        # argmax
+        self._fn.argtypes = [_ptr, _ptr, _ptr, _ptr, _i32, *[_ptr] * 5, _i64, _i32, *[_ptr] * 3]
         # seconds spent in the layers' linears and attention since the last reset (read by `bench step`)
         self.seconds = (ctypes.c_double * 2)()
         self._struct_ptr = ctypes.addressof(self._struct)
@@ -245,9 +250,10 @@ class FusedDecoder:
         self, token_ids: list[int], positions: list[int], tables: list[list[int]], logits: bool = True
     ) -> FusedStep | None:
         """A decode-only step of sequences given as plain lists (each one new token at `positions[i]` with block
-        table `tables[i]`), filled into persistent buffers: no torch call before the C step. A torch call gives the
-        GIL up, and in a served engine the event loop then takes it for its whole turn while this thread waits; the
-        C call gives it up too, and there the turn overlaps the layers. With `logits` and up to `head_rows`
+        table `tables[i]`), filled into persistent buffers: no torch call before the C step, nor a numpy one (the
+        embedding gather is in C). Such a call may give the GIL up, and in a served engine the event loop then takes
+        it for its whole turn (~0.7 ms at one stream) while this thread waits; the C call gives it up too, and there
+        the turn overlaps the layers. With `logits` and up to `head_rows`
         sequences the same call runs the LM head and each row's argmax (greedy's token), so a greedy step needs no
         torch call at all. Returns views into buffers the next call overwrites, or None when the step is not one
         this step takes (more than `max_rows` sequences, a table past `max_blocks_per_seq`): the module path runs it."""
@@ -266,7 +272,6 @@ class FusedDecoder:
             inputs.tables[i, : len(table)] = table
             max_block, max_slot = max(max_block, max(table)), max(max_slot, slot)
         check_reach(max_block, max_slot, self.num_blocks, bs, "the decode step")  # C follows them unchecked
-        np.take(inputs.embed, inputs.ids[:n], axis=0, out=inputs.residual[:n])
         head = logits and n <= self.head_rows
         status = self._fn(
             self._struct_ptr,
@@ -299,11 +304,10 @@ class _DecodeInputs:
         self.rows = np.arange(max_rows, dtype=np.int32)
         self.tables = np.zeros((max_rows, width), np.int32)
         self.residual = np.zeros((max_rows, hidden), np.float32)
-        self.embed = model.embed_tokens.weight.detach().numpy()  # a view of the fp32 table
         out = torch.zeros(max_rows, hidden)
         self.out_views = [out[:n] for n in range(max_rows + 1)]  # sliced once: no torch call per step
         self.threads = torch.get_num_threads()  # the engine sets its threads before it builds the runner
-        self.pointers = (self.residual.ctypes.data, out.data_ptr())
+        self.pointers = (self.ids.ctypes.data, self.residual.ctypes.data, out.data_ptr())
         self.pointers_after_n = tuple(
             a.ctypes.data for a in (self.positions, self.slots, self.rows, self.seq_lens, self.tables)
         )

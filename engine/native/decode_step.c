@@ -10,6 +10,7 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 typedef int (*linear_fn)(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, int out_features,
@@ -76,6 +77,8 @@ typedef struct {
     const Layer *layers;
     QLinear head;      /* the LM head as the module path runs it (the same linear or GEMM), or blocks NULL: none */
     argmax_fn argmax;  /* fused_ops.c's argmax_rows_f32 */
+    const float *embed; /* the token embeddings [vocab, hidden] */
+    int64_t vocab;
 } Model;
 
 static inline double now_s(void) {
@@ -84,16 +87,22 @@ static inline double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* residual [n, hidden] holds the token embeddings and is updated in place; out [n, hidden] gets the final-normed
+/* residual [n, hidden] gets the embeddings of token `ids` [n] and is updated in place (the gather is here, not a numpy
+ * call before, so a step gives the GIL up once, for all of it); out [n, hidden] gets the final-normed
  * hidden states; with `logits` (and the model's head) the head's logits [n, vocab] and in `argmax` [n] each row's
  * first maximum (greedy sampling's token). seconds[0] and [1] accumulate the time spent in the linears (the head
  * included) and in attention (KV store included).
- * Returns 0, -1 when a kernel rejects its inputs, -2 when scratch memory cannot be had. */
-int decode_layers(const Model *m, float *residual, float *out, int n, const int64_t *positions,
+ * Returns 0, -1 when a kernel rejects its inputs or a token id is outside the vocabulary, -2 when scratch memory
+ * cannot be had. */
+int decode_layers(const Model *m, const int64_t *ids, float *residual, float *out, int n, const int64_t *positions,
                   const int64_t *slots, const int32_t *rows, const int32_t *seq_lens, const int32_t *tables,
                   int64_t t_row, int num_threads, double *seconds, float *logits, int32_t *argmax) {
     const int hd = m->head_dim, hq = m->num_heads, hkv = m->num_kv_heads, hidden = m->hidden;
     const int qkv_width = (hq + 2 * hkv) * hd, inter = m->intermediate;
+    for (int r = 0; r < n; r++) {
+        if (ids[r] < 0 || ids[r] >= m->vocab) return -1;
+        memcpy(residual + (size_t)r * hidden, m->embed + ids[r] * hidden, sizeof(float) * hidden);
+    }
     float *scratch = malloc(sizeof(float) * (size_t)n * (hidden + qkv_width + hq * hd + hidden + 3 * inter));
     if (!scratch) return -2;
     float *h = scratch, *qkv = h + (size_t)n * hidden, *attn = qkv + (size_t)n * qkv_width;

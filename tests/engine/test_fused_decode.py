@@ -98,6 +98,15 @@ def test_a_block_past_the_pool_is_refused_before_c_follows_it(tiny_gguf):
         runner.fused.decode([1], [2], [[runner.num_blocks]])
 
 
+def test_a_token_past_the_vocabulary_is_refused_before_c_reads_its_embedding(tiny_gguf):
+    llm = LLM(model=str(tiny_gguf), quantization="gguf", kv_cache_bytes=KV_BYTES)
+    runner = llm.engine.runner
+    vocab = runner.model.embed_tokens.weight.shape[0]
+    for token in (vocab, -1):
+        with pytest.raises(RuntimeError, match="decode_layers failed"):
+            runner.fused.decode([token], [2], [[0]])
+
+
 def test_one_step_equals_the_module_path_and_refuses_what_it_cannot_take(tiny_gguf):
     llm = LLM(model=str(tiny_gguf), quantization="gguf", kv_cache_bytes=KV_BYTES)
     runner = llm.engine.runner
