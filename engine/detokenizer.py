@@ -12,12 +12,27 @@ string is never emitted and the deltas always concatenate to `text`.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 INITIAL_CONTEXT_TOKENS = 5  # prompt tokens decoded with the first output tokens, for leading-space context
 REPLACEMENT_CHAR = "\ufffd"
+
+
+def ids_decoder(tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool) -> Callable[[list[int]], str]:
+    """`tokenizer.decode(ids, skip_special_tokens=..., clean_up_tokenization_spaces=False)` as one call. For a
+    tokenizer backed by the `tokenizers` library whose `_decode` is transformers' own, that is the Rust tokenizer's
+    decode of the same ids (what `_decode` returns when no clean-up is asked for), without transformers' argument
+    handling around it (`to_py_obj` walks every id): the detokenizer decodes twice a token, on the serving path."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and getattr(type(tokenizer), "_decode", None) is PreTrainedTokenizerFast._decode:
+        return functools.partial(backend.decode, skip_special_tokens=skip_special_tokens)
+    return functools.partial(
+        tokenizer.decode, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
+    )
 
 
 @dataclass
@@ -44,9 +59,8 @@ class IncrementalDetokenizer:
     ) -> None:
         if any(not s for s in stop):
             raise ValueError(f"stop strings must be non-empty, got {stop!r}")
-        self._tokenizer = tokenizer
+        self._decode = ids_decoder(tokenizer, skip_special_tokens)
         self._stop = tuple(stop)
-        self._skip_special_tokens = skip_special_tokens
         self._ids: list[int] = list(prompt_token_ids[-INITIAL_CONTEXT_TOKENS:])  # the decode window and after
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
@@ -79,11 +93,6 @@ class IncrementalDetokenizer:
         if self._done:
             return ""
         return self._release(self._decode_new(final=True), final=True).text_delta
-
-    def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(
-            ids, skip_special_tokens=self._skip_special_tokens, clean_up_tokenization_spaces=False
-        )
 
     def _decode_new(self, final: bool) -> str:
         """Text of the tokens after read_offset, or "" while it ends in an incomplete character (unless final)."""

@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from engine.detokenizer import IncrementalDetokenizer
+from engine.detokenizer import IncrementalDetokenizer, ids_decoder
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CORPUS = [
@@ -221,3 +221,27 @@ def test_smollm2_tokenizer_streams_exact_text() -> None:
     deltas = stream(detok, one_by_one(ids))
     assert all("\ufffd" not in d for d in deltas)
     assert "".join(deltas) == detok.text == MIXED_TEXT + " 🧑‍🚀 日本語の"
+
+
+@pytest.mark.parametrize("skip", [True, False])
+@pytest.mark.parametrize("make", [make_byte_bpe_tokenizer, make_sentencepiece_tokenizer])
+def test_the_direct_decoder_is_the_tokenizers_decode(make, skip) -> None:
+    """The serving path decodes through the Rust tokenizer directly: the very text transformers' decode gives
+    (without clean-up), special tokens, split characters and all; a tokenizer with its own _decode keeps it."""
+    tok = make()
+    ids = encode(tok, MIXED_TEXT + "<|im_end|> 🦀 x<|endoftext|>")
+    rng = random.Random(3)
+    windows = [ids[i : i + rng.randint(0, 9)] for i in range(len(ids))] + [ids, []]
+    direct = ids_decoder(tok, skip)
+    assert direct.func == tok.backend_tokenizer.decode  # the fast path is the one taken
+    for window in windows:
+        assert direct(window) == tok.decode(
+            window, skip_special_tokens=skip, clean_up_tokenization_spaces=False
+        )
+
+    class OwnDecode(type(tok)):
+        def _decode(self, token_ids, **kwargs) -> str:
+            return "own"
+
+    own = OwnDecode(tokenizer_object=tok.backend_tokenizer)
+    assert ids_decoder(own, skip)(ids) == "own"
