@@ -24,11 +24,16 @@ REPLACEMENT_CHAR = "\ufffd"
 
 def ids_decoder(tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool) -> Callable[[list[int]], str]:
     """`tokenizer.decode(ids, skip_special_tokens=..., clean_up_tokenization_spaces=False)` as one call. For a
-    tokenizer backed by the `tokenizers` library whose `_decode` is transformers' own, that is the Rust tokenizer's
-    decode of the same ids (what `_decode` returns when no clean-up is asked for), without transformers' argument
-    handling around it (`to_py_obj` walks every id): the detokenizer decodes twice a token, on the serving path."""
+    tokenizer backed by the `tokenizers` library whose `decode` and `_decode` are transformers' own, that is the Rust
+    tokenizer's decode of the same ids (what `_decode` returns when no clean-up is asked for), without transformers'
+    argument handling around it (`to_py_obj` walks every id): the detokenizer decodes twice a token."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and getattr(type(tokenizer), "_decode", None) is PreTrainedTokenizerFast._decode:
+    kind = type(tokenizer)
+    if (
+        backend is not None
+        and getattr(kind, "_decode", None) is PreTrainedTokenizerFast._decode
+        and getattr(kind, "decode", None) is PreTrainedTokenizerFast.decode
+    ):
         return functools.partial(backend.decode, skip_special_tokens=skip_special_tokens)
     return functools.partial(
         tokenizer.decode, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False

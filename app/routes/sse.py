@@ -92,8 +92,9 @@ async def _until_closing(
     """`events` until they end; once `closing` is set, they get `end_wait_s` to end, then `farewell()` ends it.
 
     Each wait for the source's next event runs under an asyncio timeout with no deadline until `closing` is set,
-    which then gives the wait under way (and every later one) the deadline: a cut is the timeout's cancellation,
-    thrown into the source where it waits, so its finally blocks run. Per event that is one small object, where
+    which then gives the wait under way (and every later one) the deadline: a cut while the source waits is the
+    timeout's cancellation, thrown into the source there, so its finally blocks run before the farewell (a source
+    suspended at its yield is closed after it). Per event that is one small object, where
     racing the source (a task for each event) against the flag with asyncio.wait cost ~40 µs of the event loop a
     token."""
     loop = asyncio.get_running_loop()
@@ -113,7 +114,7 @@ async def _until_closing(
     closed.add_done_callback(on_closing)
     try:
         while deadline is None or loop.time() < deadline:
-            timeout = waiting = asyncio.timeout(deadline)
+            timeout = waiting = asyncio.timeout_at(deadline)  # an absolute loop time, as reschedule takes
             try:
                 async with timeout:
                     event = await anext(source)

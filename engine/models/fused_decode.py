@@ -321,8 +321,11 @@ def _unsupported(model: torch.nn.Module, kv_caches: list[LayerKV]) -> str | None
     """Why the fused step cannot run this model, or None."""
     if not isinstance(model, LlamaForCausalLM):
         return f"{type(model).__name__} is not a LlamaForCausalLM"
-    if model.embed_tokens.weight.dtype != torch.float32 or model.embed_tokens.weight.device.type != "cpu":
+    embed = model.embed_tokens.weight
+    if embed.dtype != torch.float32 or embed.device.type != "cpu":
         return "the model is not fp32 on the CPU"
+    if not embed.is_contiguous():  # the C step gathers its rows by pointer
+        return "the token embedding table is not contiguous"
     if load_attention() is None or load_cpu_ops() is None or load_quant_linear() is None:
         return "a native kernel (attention, fused ops, quantized linear) is not built"
     for layer in model.layers:

@@ -88,6 +88,24 @@ def test_after_closing_a_source_that_keeps_going_streams_until_its_deadline():
     assert got[-2:] == FAREWELL and 3 <= len(got) - 2 < 100  # some events, then the cut
 
 
+def test_a_source_that_stalls_after_an_event_past_closing_is_still_cut_at_the_deadline():
+    """The deadline holds for every wait after closing, not only the one under way when the flag was set."""
+
+    async def main():
+        source, closing = Source(), Flag()
+        stream = _until_closing(source.events(), closing, 0.3, lambda: FAREWELL)
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, closing.set)
+        loop.call_later(0.1, source.queue.put_nowait, {"data": "late"})  # after the flag, then nothing more
+        started = loop.time()
+        got = [e async for e in stream]
+        return got, source.ended, loop.time() - started
+
+    got, ended, waited = _run(main())
+    assert got == [{"data": "late"}, *FAREWELL] and ended == "cancelled"
+    assert 0.3 <= waited < 2.0
+
+
 def test_the_sources_own_timeout_error_is_not_taken_for_the_cut():
     async def failing():
         yield {"data": "one"}

@@ -245,3 +245,9 @@ def test_the_direct_decoder_is_the_tokenizers_decode(make, skip) -> None:
 
     own = OwnDecode(tokenizer_object=tok.backend_tokenizer)
     assert ids_decoder(own, skip)(ids) == "own"
+
+    class OwnPublicDecode(type(tok)):
+        def decode(self, token_ids, **kwargs) -> str:
+            return "own public"
+
+    assert ids_decoder(OwnPublicDecode(tokenizer_object=tok.backend_tokenizer), skip)(ids) == "own public"
