@@ -183,9 +183,10 @@ class FusedDecoder:
             )
         self._layers = (_Layer * len(layers))(*layers)
         head = _fusable_head(model)
-        # steps of up to head_rows sequences run the LM head and greedy's argmax in the same call (the GEMV rows,
-        # where QuantLinear.forward calls the same kernel; more rows leave the head to the module)
-        self.head_rows = min(head.gemv_max_rows, self.max_rows) if head is not None else 0
+        # steps of up to head_rows sequences run the LM head and greedy's argmax in the same call: rows that both the
+        # head's QuantLinear.forward and this loop (the layers' bound) give to the GEMV kernel; more leave the head
+        # to the module
+        self.head_rows = min(head.gemv_max_rows, qkv.gemv_max_rows) if head is not None else 0
         self._struct = _Model(
             _fn_address(quant_linear.SOURCE, "quant_linear"),
             gemm,
@@ -253,9 +254,8 @@ class FusedDecoder:
         table `tables[i]`), filled into persistent buffers: no torch call before the C step, nor a numpy one (the
         embedding gather is in C). Such a call may give the GIL up, and in a served engine the event loop then takes
         it for its whole turn (~0.7 ms at one stream) while this thread waits; the C call gives it up too, and there
-        the turn overlaps the layers. With `logits` and up to `head_rows`
-        sequences the same call runs the LM head and each row's argmax (greedy's token), so a greedy step needs no
-        torch call at all. Returns views into buffers the next call overwrites, or None when the step is not one
+        the turn overlaps the layers. With `logits` and up to `head_rows` sequences the same call runs the LM head
+        and each row's argmax (greedy's token), so a greedy step needs no torch call at all. Returns views into buffers the next call overwrites, or None when the step is not one
         this step takes (more than `max_rows` sequences, a table past `max_blocks_per_seq`): the module path runs it."""
         inputs = self._inputs
         n = len(token_ids)

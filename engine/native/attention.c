@@ -168,7 +168,7 @@ static inline int item_range(const job_t *j, int item, int *lo, int *hi) {
             }                                                                                                  \
         }                                                                                                      \
         for (int hh = 0; hh < j->num_heads; hh++) {                                                            \
-            if (j->partial) { /* a piece: its state, merged by paged_decode */                                 \
+            if (j->partial) { /* a piece: its state, merged by split_decode */                                 \
                 float *pp = j->partial + ((int64_t)item * j->num_heads + hh) * SPLIT_STATE(j->head_dim);        \
                 pp[0] = m[hh], pp[1] = l[hh];                                                                  \
                 for (int c = 0; c < nc; c++) store_f32(pp + 2 + c * W, acc[hh][c]);                            \

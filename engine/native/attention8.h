@@ -203,7 +203,7 @@ static inline v8 broadcast8(const float *p) {
             }                                                                                                   \
         }                                                                                                       \
         for (int hh = 0; hh < hq; hh++) {                                                                       \
-            if (j->partial) { /* a piece: its state, merged by paged_decode */                                  \
+            if (j->partial) { /* a piece: its state, merged by split_decode */                                  \
                 float *pp = j->partial + ((int64_t)item * hq + hh) * SPLIT_STATE(j->head_dim);                  \
                 pp[0] = m[hh], pp[1] = l[hh];                                                                   \
                 for (int c = 0; c < nc; c++) store8_f32(pp + 2 + c * W8, acc[hh][c]);                           \
