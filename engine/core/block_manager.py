@@ -92,13 +92,22 @@ class BlockManager:
         return self.hasher.hash_block(parent_hash, token_ids)
 
     def match_prefix(self, seq: Sequence) -> list[int]:
-        """Cached blocks an admission of `seq` would reuse; the last token is always left to compute."""
+        """Cached blocks an admission of `seq` would reuse; the last token is always left to compute.
+
+        A sequence's pins (the blocks a disk load filled, after the RAM hits it held meanwhile) come first, as they
+        are: the same content may also be cached in other blocks (computed by another sequence during the load),
+        and an admission that took those would leave its own pins idle, holding the very room it lacks.
+        """
         if seq.block_table or seq.num_computed_tokens:
             raise RuntimeError(f"seq {seq.seq_id} already holds blocks; prefix matching is for admission")
         if not self.enable_prefix_caching:
             return []
         block_ids: list[int] = []
-        for i in range(num_cacheable_blocks(len(seq), self.block_size)):
+        for i, block_id in enumerate(seq.pinned_block_ids):
+            if self.blocks[block_id].block_hash != self._block_hash(seq, i):
+                break
+            block_ids.append(block_id)
+        for i in range(len(block_ids), num_cacheable_blocks(len(seq), self.block_size)):
             candidates = self.hash_to_block_ids.get(self._block_hash(seq, i))
             if not candidates:
                 break

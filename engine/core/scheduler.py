@@ -64,6 +64,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         # seq_id -> its load in flight (a finished seq's too, cancelled)
         self.loading: dict[int, LoadJob] = {}
+        # loads picked this step, handed to the tier once the step's block copies have run (see _start_loads)
+        self._unstarted_loads: list[LoadJob] = []
         self.num_disk_hit_tokens = 0
         self.request_to_seqs: dict[str, list[Sequence]] = {}  # unfinished sequences in the queues
         self.unforked: dict[int, list[Sequence]] = {}  # first sample's seq_id -> the samples it forks later
@@ -154,6 +156,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick this step's work: running sequences oldest first, then FCFS admissions if nothing was preempted;
         then fork the other samples of each request whose prompt completes in this step."""
+        self._start_loads()  # the last step's copies have run, or it failed
         if self.loading:
             self._finish_loads()
         out = SchedulerOutput(finished_seq_ids=self._finished_seq_ids)
@@ -163,6 +166,8 @@ class Scheduler:
             self._admit_waiting(out, budget)
         if self.unforked:
             self._fork_samples(out)
+        if not out.block_copies:
+            self._start_loads()
         if out.scheduled:
             self.num_steps += 1
             self.num_computed_prompt_tokens_total += sum(
@@ -255,8 +260,19 @@ class Scheduler:
         job = LoadJob(seq, hashes[:num_held], block_ids, list(cached_block_ids))
         seq.status = SequenceStatus.LOADING
         self.loading[seq.seq_id] = job
-        self.tier.load(job)
+        self._unstarted_loads.append(job)
         return True
+
+    def _start_loads(self) -> None:
+        """Hand this step's loads to the tier. A load writes into its blocks from the tier's thread as soon as it
+        starts, and the blocks it took may include the source of one of this step's copies (a partial block's
+        match is free, only cached): so loads start once the step's copies have run (update), right away when it
+        has none."""
+        if self._unstarted_loads:
+            assert self.tier is not None
+            for job in self._unstarted_loads:
+                self.tier.load(job)
+            self._unstarted_loads = []
 
     def _finish_loads(self) -> None:
         """Take the tier's finished loads: loaded blocks join the prefix cache; their sequences wait again, first."""
@@ -334,6 +350,7 @@ class Scheduler:
         self, output: SchedulerOutput, sampled: dict[int, int], now: float | None = None
     ) -> list[Sequence]:
         """Advance progress, append sampled tokens, finish stopped sequences; returns those that got a token."""
+        self._start_loads()  # the model has run the step's copies
         now = time.monotonic() if now is None else now
         got_token: list[Sequence] = []
         for scheduled in itertools.chain(output.scheduled, output.forked):

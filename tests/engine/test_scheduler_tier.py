@@ -1,5 +1,6 @@
 """The scheduler over a real disk tier: blocks offered at free, the chain continuing from RAM into disk while the
-sequence waits LOADING, tenants' chains kept apart, and random add/step/abort/corrupt/restart runs.
+sequence waits LOADING, tenants' chains kept apart, and random add/step/abort/corrupt/restart runs with a loader
+faster and one slower than the model's step (TimedTier: a run is then the same run every time, as hypothesis needs).
 
 The fake model keeps its "KV" in a torch pool tensor (each slot holds its token id, K and V), the very tensor the
 tier stages from and loads into, and reads every context back from it: a block served from disk that differs from
@@ -12,6 +13,7 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -22,6 +24,7 @@ from engine.core.hash_chain import ChainKey
 from engine.core.outputs import SchedulerOutput
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import SequenceStatus
+from engine.core.tier import LoadJob
 from engine.tiers.disk import DiskTier
 from tests.engine.scheduler_factories import EOS, make_prompt, make_seq, next_token
 
@@ -60,9 +63,44 @@ class PoolModel:
         return ids
 
 
-def make_tiered(num_blocks: int, directory: Path, **overrides) -> tuple[Scheduler, PoolModel, DiskTier]:
+class TimedTier(DiskTier):
+    """A disk tier whose loads finish at a set moment, so that a run is the same run every time (hypothesis replays
+    it): "eager" finishes each load before `load` returns (a loader faster than the model's step, under which a load
+    that starts too early writes its blocks before the step has read them); "late" starts them only when the test
+    settles (a loader slower than the step)."""
+
+    def __init__(self, *args, timing: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.timing, self.delayed = timing, []
+
+    def load(self, job: LoadJob) -> None:
+        if self.timing == "late":
+            self.delayed.append(job)
+        else:
+            self._finish(job)
+
+    def run_delayed(self) -> None:
+        jobs, self.delayed = self.delayed, []
+        for job in jobs:
+            self._finish(job)
+
+    def _finish(self, job: LoadJob) -> None:
+        super().load(job)
+        deadline = time.monotonic() + 4
+        while not job.done:
+            assert time.monotonic() < deadline, "the loader did not finish in 4 s"
+            self.wait_for_load(0.01)
+
+
+def make_tiered(
+    num_blocks: int, directory: Path, *, timing: str = "", **overrides
+) -> tuple[Scheduler, PoolModel, DiskTier]:
+    """A scheduler over a disk tier in `directory`; `timing`: a TimedTier's, or "" for the tier's own threads."""
     model = PoolModel(num_blocks)
-    tier = DiskTier(directory, 1 << 30, FP, model.kv, None)
+    if timing:
+        tier = TimedTier(directory, 1 << 30, FP, model.kv, None, timing=timing)
+    else:
+        tier = DiskTier(directory, 1 << 30, FP, model.kv, None)
     kwargs = dict(block_size=BLOCK_SIZE, max_num_batched_tokens=64, max_model_len=128, max_num_seqs=4)
     kwargs.update(overrides)
     sched = Scheduler(EngineConfig(**kwargs), num_blocks, frozenset({EOS}), tier=tier)
@@ -96,6 +134,8 @@ def step(sched: Scheduler, model: PoolModel) -> None:
 def settle(sched: Scheduler) -> None:
     """Wait until the tier has written every queued block and finished every load in flight."""
     tier = sched.tier
+    if isinstance(tier, TimedTier):
+        tier.run_delayed()
     for _ in range(2000):
         if tier.stats().write_queue_depth == 0 and all(job.done for job in sched.loading.values()):
             return
@@ -188,19 +228,27 @@ def test_abort_while_loading_releases_every_block_once_the_loader_is_done(tmp_pa
 class TierMachine(RuleBasedStateMachine):
     """Random add / step / abort / drain with a disk tier, plus damaged files and restarts of the whole engine."""
 
-    @initialize(num_blocks=st.integers(8, 16), budget=st.sampled_from([8, 13, 32]))
-    def setup(self, num_blocks: int, budget: int) -> None:
+    @initialize(
+        num_blocks=st.integers(8, 16),
+        budget=st.sampled_from([8, 13, 32]),
+        timing=st.sampled_from(["eager", "late"]),
+    )
+    def setup(self, num_blocks: int, budget: int, timing: str) -> None:
         import tempfile
 
         self.dir = Path(tempfile.mkdtemp(prefix="tier-machine-"))
-        self.num_blocks, self.budget = num_blocks, budget
+        self.num_blocks, self.budget, self.timing = num_blocks, budget, timing
         self.next_id = 0
         self.stems = [make_prompt(40, seed) for seed in range(3)]
         self._start()
 
     def _start(self) -> None:
         self.sched, self.model, self.tier = make_tiered(
-            self.num_blocks, self.dir, max_num_batched_tokens=self.budget, max_model_len=128
+            self.num_blocks,
+            self.dir,
+            timing=self.timing,
+            max_num_batched_tokens=self.budget,
+            max_model_len=128,
         )
 
     @rule(
@@ -324,3 +372,40 @@ def test_loads_count_against_max_num_seqs(tmp_path):
     sched.schedule()
     assert len(sched.loading) == 1
     run(sched, model)
+
+
+def replay(num_blocks: int, budget: int, timing: str, rules: list[tuple[str, dict]]) -> None:
+    """Run a fixed sequence of TierMachine rules, checking the pool after each, then its teardown."""
+    machine = TierMachine()
+    machine.setup(num_blocks=num_blocks, budget=budget, timing=timing)
+    for name, kwargs in rules:
+        getattr(machine, name)(**kwargs)
+        machine.pool_is_consistent()
+    machine.teardown()
+
+
+def add(salt: str | None, stem: int, stem_len: int, suffix: int) -> tuple[str, dict]:
+    return "add", dict(salt=salt, stem=stem, stem_len=stem_len, suffix=suffix)
+
+
+def test_a_load_never_fills_a_block_before_its_step_has_copied_from_it():
+    """Found by the machine (shrunk): an admission's partial block is copied from a cached block that is free, and a
+    load picked later in the same step took that very block; a loader faster than the step wrote it before the model
+    copied from it, and the sequence read another prompt's tokens. Loads now start once the step's copies ran."""
+    flood = ("flood", {})
+    rules = [
+        ("restart", dict(crash=False)), flood, add("a", 0, 35, 0), add(None, 0, 25, 0), flood,
+        add(None, 0, 40, 6), add("a", 1, 9, 0), add("a", 0, 14, 0), add(None, 0, 34, 0), add("a", 1, 9, 0),
+    ]  # fmt: skip
+    replay(9, 8, "eager", [*rules, flood])
+
+
+@pytest.mark.parametrize("timing", ["eager", "late"])
+def test_a_loaded_sequence_is_admitted_on_its_own_pins_not_on_copies_of_them(timing):
+    """Found by the machine (shrunk): while a sequence loaded its prefix, another computed the same blocks; admitted,
+    it matched those (found first) and kept its own pins idle, holding the room it lacked: nothing ran again."""
+    rules = [
+        add("a", 0, 33, 2), add(None, 0, 36, 0), add("a", 1, 29, 6), add("a", 2, 33, 5), add("a", 1, 28, 4),
+        add("a", 0, 32, 1), add("a", 0, 33, 1), add("a", 1, 18, 6), add("a", 0, 8, 2), add(None, 0, 16, 2),
+    ]  # fmt: skip
+    replay(8, 13, timing, [*rules, add("a", 2, 36, 6), add("a", 2, 36, 6)])
