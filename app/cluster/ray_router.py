@@ -53,7 +53,8 @@ class KVRequestRouter(RequestRouter):
         self._digests: dict[str, tuple[dict, ReplicaDigest]] = {}  # replica -> (its stats dict, digest)
         # internal request id -> the latest decision for it and its route, until Serve reports where it went
         self._pending: OrderedDict[str, tuple[Decision, RouteKey]] = OrderedDict()
-        self._routed: dict[str, str] = {}  # internal request id -> the replica it is in flight on
+        # internal request id -> the replica it is in flight on, and its chain (credited again at completion)
+        self._routed: dict[str, tuple[str, tuple[bytes, ...]]] = {}
         # (request id, replica) completions that came before their on_request_routed: a send the replica rejected,
         # or a reply done before Serve reported it accepted; such a request is not counted in flight
         self._completed_early: OrderedDict[tuple[str, str], None] = OrderedDict()
@@ -121,15 +122,17 @@ class KVRequestRouter(RequestRouter):
         routing_ledger.LEDGER.record(decision, len(route.chain))
         self.memory.record(name, route, self._get_curr_time_s())
         if self._completed_early.pop((request_id, name), None) is None and request_id not in self._routed:
-            self._routed[request_id] = name
+            self._routed[request_id] = (name, route.chain)
             self.memory.start(name)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         """A send is over (done, failed, cancelled or rejected): the request no longer loads that replica."""
         name = replica_id.unique_id
-        if self._routed.get(internal_request_id) == name:
+        routed = self._routed.get(internal_request_id)
+        if routed is not None and routed[0] == name:
             del self._routed[internal_request_id]
             self.memory.finish(name)
+            self.memory.credit(name, routed[1], self._get_curr_time_s())
         else:
             self._completed_early[internal_request_id, name] = None
             _bound(self._completed_early)
@@ -147,7 +150,7 @@ class KVRequestRouter(RequestRouter):
     def _forget(self, name: str) -> None:
         self._digests.pop(name, None)
         self.memory.forget_replica(name)
-        for request_id in [i for i, n in self._routed.items() if n == name]:
+        for request_id in [i for i, (n, _) in self._routed.items() if n == name]:
             del self._routed[request_id]
 
 

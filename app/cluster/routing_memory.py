@@ -56,14 +56,19 @@ class RouterMemory:
             self._session_to_replica.move_to_end(route.session)
             while len(self._session_to_replica) > self.bounds.session_capacity:
                 self._session_to_replica.popitem(last=False)
+        self.credit(replica, route.chain, now)
+
+    def credit(self, replica: str, chain: tuple[bytes, ...], now: float) -> None:
+        """Credit `chain` to the replica for one staleness period from `now`: at routing, and again when the
+        request completes (its blocks are cached there from then on, and only digests taken after that show
+        them, so a request that ran longer than the period keeps its credit)."""
         recent = self._recent.setdefault(replica, OrderedDict())
         until = now + self.bounds.stale_after_s
-        for block_hash in route.chain:
+        for block_hash in chain:
             recent[block_hash] = until
             recent.move_to_end(block_hash)
-        self.recent_hashes(
-            replica, now
-        )  # drop what expired, so the map stays as small as one lifetime's routes
+        # drop what expired, so the map stays as small as one lifetime's routes
+        self.recent_hashes(replica, now)
 
     def start(self, replica: str) -> None:
         """A request is in flight on `replica`."""

@@ -6,6 +6,7 @@ request), on_request_completed (it is over). The lead's end-to-end test runs the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,10 +41,10 @@ def make_replica(name: str, **digest: Any) -> FakeReplica:
     return FakeReplica(ReplicaID(name, DEPLOYMENT), stats)
 
 
-def make_router(policy: str = "kv") -> KVRequestRouter:
+def make_router(policy: str = "kv", clock: Callable[[], float] = lambda: NOW) -> KVRequestRouter:
     config = replica_router_config(policy, 0.25)
     cls = config.get_request_router_class()  # what the handle does: Serve pickled the class by value
-    router = cls(DEPLOYMENT, DeploymentHandleSource.UNKNOWN, get_curr_time_s=lambda: NOW)
+    router = cls(DEPLOYMENT, DeploymentHandleSource.UNKNOWN, get_curr_time_s=clock)
     router.initialize_state(**config.request_router_kwargs)
     return router
 
@@ -126,6 +127,30 @@ async def test_requests_in_flight_weigh_on_a_replica_before_its_digest_shows_the
         router.on_request_routed(request, ReplicaID(first, DEPLOYMENT), None)
     assert [router.memory.in_flight(n) for n in "ab"] == [2, 1]  # a, b, a: by load, ties by name
     assert {n: s.requests["no_prefix"] for n, s in LEDGER.snapshot().items()} == {"a": 2, "b": 1}
+
+
+async def test_a_request_longer_than_the_staleness_period_is_credited_again_when_it_completes():
+    """No digest shows the blocks (none was pulled): the router's own credit, from routing, runs out while the
+    request still runs, and is renewed for another period when it completes (its blocks are cached from then on)."""
+    now = [NOW]
+    router = make_router(clock=lambda: now[0])
+    replicas, route = [make_replica("a"), make_replica("b")], make_route(20)  # 20 blocks outweigh a request
+    first = make_request("q1", route)
+    assert (await ranks(router, replicas, first))[0] == ["a"]
+    router.on_request_routed(first, replicas[0].replica_id, None)
+    # credited: a despite its load
+    assert (await ranks(router, replicas, make_request("q2", route)))[0] == ["a"]
+    now[0] += router.bounds.stale_after_s + 0.1
+    assert (await ranks(router, replicas, make_request("q3", route)))[0] == ["b"]  # run out: by load
+    router.on_request_completed(replicas[0].replica_id, "q1")
+    now[0] += router.bounds.stale_after_s - 0.1
+    other = make_request("q4", make_route(1, seed=9))
+    assert (await ranks(router, replicas, other))[0] == ["a"]  # loads tie again: by name
+    router.on_request_routed(other, replicas[0].replica_id, None)
+    # credited again, despite q4
+    assert (await ranks(router, replicas, make_request("q5", route)))[0] == ["a"]
+    now[0] += 0.2
+    assert (await ranks(router, replicas, make_request("q6", route)))[0] == ["b"]
 
 
 async def test_calls_without_a_route_go_least_loaded_and_are_not_counted():
