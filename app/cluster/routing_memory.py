@@ -61,7 +61,8 @@ class RouterMemory:
     def credit(self, replica: str, chain: tuple[bytes, ...], now: float) -> None:
         """Credit `chain` to the replica for one staleness period from `now`: at routing, and again when the
         request completes (its blocks are cached there from then on, and only digests taken after that show
-        them, so a request that ran longer than the period keeps its credit)."""
+        them, so a request that ran longer than the period keeps its credit). Serve does not say how a request
+        ended: one that failed before its prefill is credited too, for that one period."""
         recent = self._recent.setdefault(replica, OrderedDict())
         until = now + self.bounds.stale_after_s
         for block_hash in chain:

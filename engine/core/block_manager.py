@@ -102,12 +102,13 @@ class BlockManager:
             raise RuntimeError(f"seq {seq.seq_id} already holds blocks; prefix matching is for admission")
         if not self.enable_prefix_caching:
             return []
+        num_cacheable = num_cacheable_blocks(len(seq), self.block_size)
         block_ids: list[int] = []
-        for i, block_id in enumerate(seq.pinned_block_ids):
+        for i, block_id in enumerate(seq.pinned_block_ids[:num_cacheable]):
             if self.blocks[block_id].block_hash != self._block_hash(seq, i):
                 break
             block_ids.append(block_id)
-        for i in range(len(block_ids), num_cacheable_blocks(len(seq), self.block_size)):
+        for i in range(len(block_ids), num_cacheable):
             candidates = self.hash_to_block_ids.get(self._block_hash(seq, i))
             if not candidates:
                 break

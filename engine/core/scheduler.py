@@ -62,9 +62,9 @@ class Scheduler:
         self.tier = tier if config.enable_prefix_caching else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        # seq_id -> its load in flight (a finished seq's too, cancelled)
+        # seq_id -> its load, in flight or not started yet (a finished seq's too, cancelled)
         self.loading: dict[int, LoadJob] = {}
-        # loads picked this step, handed to the tier once the step's block copies have run (see _start_loads)
+        # loads not handed to the tier yet: they fill a block this step copies from (see _start_loads)
         self._unstarted_loads: list[LoadJob] = []
         self.num_disk_hit_tokens = 0
         self.request_to_seqs: dict[str, list[Sequence]] = {}  # unfinished sequences in the queues
@@ -166,8 +166,7 @@ class Scheduler:
             self._admit_waiting(out, budget)
         if self.unforked:
             self._fork_samples(out)
-        if not out.block_copies:
-            self._start_loads()
+        self._start_loads(frozenset(src for src, _ in out.block_copies))
         if out.scheduled:
             self.num_steps += 1
             self.num_computed_prompt_tokens_total += sum(
@@ -263,16 +262,20 @@ class Scheduler:
         self._unstarted_loads.append(job)
         return True
 
-    def _start_loads(self) -> None:
-        """Hand this step's loads to the tier. A load writes into its blocks from the tier's thread as soon as it
-        starts, and the blocks it took may include the source of one of this step's copies (a partial block's
-        match is free, only cached): so loads start once the step's copies have run (update), right away when it
-        has none."""
-        if self._unstarted_loads:
-            assert self.tier is not None
-            for job in self._unstarted_loads:
+    def _start_loads(self, copy_sources: frozenset[int] = frozenset()) -> None:
+        """Hand loads picked so far to the tier, but those that fill a block in `copy_sources`. A load writes into
+        its blocks from the tier's thread as soon as it starts, and the blocks it took may include the source of
+        one of this step's copies (a partial block's match is free, only cached): such a load starts once the
+        step's copies have run (update, or the next schedule() after a failed step)."""
+        if not self._unstarted_loads:
+            return
+        assert self.tier is not None
+        jobs, self._unstarted_loads = self._unstarted_loads, []
+        for job in jobs:
+            if copy_sources.isdisjoint(job.block_ids):
                 self.tier.load(job)
-            self._unstarted_loads = []
+            else:
+                self._unstarted_loads.append(job)
 
     def _finish_loads(self) -> None:
         """Take the tier's finished loads: loaded blocks join the prefix cache; their sequences wait again, first."""

@@ -2,7 +2,7 @@
 
 The tier moves bytes on its own threads; the scheduler only calls these methods between steps, never waits on a
 load, and keeps the blocks a load writes into referenced (pinned) until the load is done, so no other sequence can
-be given them meanwhile.
+be given them meanwhile. It hands a load over only once no copy of the current step reads a block the load fills.
 """
 
 from __future__ import annotations
