@@ -166,7 +166,7 @@ class Scheduler:
             self._admit_waiting(out, budget)
         if self.unforked:
             self._fork_samples(out)
-        self._start_loads(frozenset(src for src, _ in out.block_copies))
+        self._start_loads(out.block_copies)
         if out.scheduled:
             self.num_steps += 1
             self.num_computed_prompt_tokens_total += sum(
@@ -262,14 +262,15 @@ class Scheduler:
         self._unstarted_loads.append(job)
         return True
 
-    def _start_loads(self, copy_sources: frozenset[int] = frozenset()) -> None:
-        """Hand loads picked so far to the tier, but those that fill a block in `copy_sources`. A load writes into
-        its blocks from the tier's thread as soon as it starts, and the blocks it took may include the source of
-        one of this step's copies (a partial block's match is free, only cached): such a load starts once the
+    def _start_loads(self, copies: list[tuple[int, int]] | None = None) -> None:
+        """Hand loads picked so far to the tier, but those that fill the source of one of `copies`. A load writes
+        into its blocks from the tier's thread as soon as it starts, and the blocks it took may include the source
+        of one of this step's copies (a partial block's match is free, only cached): such a load starts once the
         step's copies have run (update, or the next schedule() after a failed step)."""
         if not self._unstarted_loads:
             return
         assert self.tier is not None
+        copy_sources = {src for src, _ in copies} if copies else set()
         jobs, self._unstarted_loads = self._unstarted_loads, []
         for job in jobs:
             if copy_sources.isdisjoint(job.block_ids):

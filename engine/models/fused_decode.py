@@ -255,8 +255,9 @@ class FusedDecoder:
         embedding gather is in C). Such a call may give the GIL up, and in a served engine the event loop then takes
         it for its whole turn (~0.7 ms at one stream) while this thread waits; the C call gives it up too, and there
         the turn overlaps the layers. With `logits` and up to `head_rows` sequences the same call runs the LM head
-        and each row's argmax (greedy's token), so a greedy step needs no torch call at all. Returns views into buffers the next call overwrites, or None when the step is not one
-        this step takes (more than `max_rows` sequences, a table past `max_blocks_per_seq`): the module path runs it."""
+        and each row's argmax (greedy's token), so a greedy step needs no torch call at all. Returns views into
+        buffers the next call overwrites, or None when the step is not one this step takes (more than `max_rows`
+        sequences, a table past `max_blocks_per_seq`): the module path runs it."""
         inputs = self._inputs
         n = len(token_ids)
         if not 0 < n <= self.max_rows:
