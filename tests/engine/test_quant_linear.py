@@ -31,8 +31,10 @@ SHAPES = [
     (9, 192),
     (7, 64),
     (38, 64),
-]  # (out, in): in a multiple of 32; an odd number of blocks but for 192 and 64 (the GEMM pairs blocks: a zero
-# partner); outputs not a multiple of 4 (the int8 GEMV's tile for one row: 1, 2 and 3 left over) or of 2
+    (11, 256),
+]  # (out, in): in a multiple of 32; the GEMM groups a row's blocks in quads, then pairs: 0-2 quads, no pair or 1-2
+# pairs, and an odd leftover (a zero partner); outputs not a multiple of 4 (the int8 GEMV's tile for one row: 1, 2 and 3
+# left over) or of 2
 ROWS = [1, 2, 3, 17, 64]  # 1 and 2 rows: the int8 GEMV multiplies 4 and 2 weight rows at once
 U = 2.0**-24
 
@@ -180,19 +182,20 @@ def test_int8_gemm_within_format_bound_and_equal_to_the_q8_rows_kernel(qtype, ro
 @needs_kernel
 @pytest.mark.parametrize("qtype", list(QuantType))
 def test_kernel_extreme_values_do_not_saturate(qtype):
-    """Largest quants against +-amax activations: the 16-bit pair sums of maddubs must not saturate (GEMV and GEMM)."""
-    weight, _ = make_weight(qtype, 4, 64, seed=3)
-    blocks = weight.blocks.view(4, 2, qtype.block_bytes).clone()
+    """Largest quants against +-amax activations: the 16-bit pair sums of maddubs must not saturate (GEMV and GEMM;
+    160 inputs: one quad of blocks and one block left over)."""
+    weight, _ = make_weight(qtype, 4, 160, seed=3)
+    blocks = weight.blocks.view(4, 5, qtype.block_bytes).clone()
     extreme = 0x80 if qtype is QuantType.Q8_0 else 0xFF  # q = -128, or both nibbles 15
     blocks[..., qtype.scale_bytes :] = extreme
     blocks[1, :, qtype.scale_bytes :] = 0x81 if qtype is QuantType.Q8_0 else 0x00  # q = -127, or 0
-    weight = QuantWeight(qtype, blocks.reshape(4, -1).contiguous(), 64)
+    weight = QuantWeight(qtype, blocks.reshape(4, -1).contiguous(), 160)
     ref = dequantize_torch(weight)
-    x = torch.tensor([[3.0, -3.0] * 32, [-1.5] * 64, [2.0] * 64])
+    x = torch.tensor([[3.0, -3.0] * 80, [-1.5] * 160, [2.0] * 160])
     for act_q8 in (False, True):
         y = KERNEL.linear(x, weight, None, act_q8=act_q8)
         assert_within(y, x @ ref.T, 2 * fp32_bound(x, ref))
-    # the GEMM sums two blocks' maddubs pairs in 16 bits for Q4 (a pair of pairs: 2 * 2 * 15 * 127)
+    # the GEMM sums four blocks' maddubs pairs in 16 bits for Q4 (4 * 2 * 15 * 127)
     assert_within(KERNEL.gemm_q8(x, weight, None), x @ ref.T, 2 * fp32_bound(x, ref))
     assert_within(KERNEL.gemm_q8(x, weight, None), x @ ref.T, 2 * fp32_bound(x, ref))
 
