@@ -50,6 +50,8 @@ class KvKind:
 KV_KINDS = {
     "bf16": KvKind("bf16", torch.bfloat16, "auto", 0.70),
     "fp32": KvKind("fp32", torch.float32, "auto", None),
+    # fp32 queries over an fp16 pool (--kv-cache-dtype float16, the default with int8 activations)
+    "fp16": KvKind("fp16", torch.float32, "float16", None),
     "int8": KvKind("int8", torch.float32, "int8", 0.55),  # fp32 queries: how this machine serves int8
     "int8-bf16q": KvKind("int8-bf16q", torch.bfloat16, "int8", 0.55),
 }

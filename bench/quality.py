@@ -1,6 +1,6 @@
 """`bench quality`: what quantization does to the model's outputs, against the float reference (quantization none,
 fp32): greedy agreement, |Δ logprob| of the reference's own tokens (teacher-forced), perplexity on a fixed text.
-Each int8-KV-cache mode is also compared with the same mode on a float KV cache (its twin)."""
+Each int8- or fp16-KV-cache mode is also compared with the same mode on a KV cache of the model's dtype (its twin)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ REFERENCE = "none-fp32"
 # mode name -> EngineConfig overrides; the reference first, every other mode is compared with it
 _FLOAT_KV = {"kv_cache_dtype": "auto"}
 _INT8_KV = {"kv_cache_dtype": "int8"}
+_FP16_KV = {"kv_cache_dtype": "float16"}
 MODES: dict[str, dict[str, Any]] = {
     REFERENCE: {"quantization": "none", "dtype": "float32", "int8_activations": False, **_FLOAT_KV},
     # the gguf modes multiply batches in fp32 (exact), but gguf-bf16gemm and gguf-int8gemm: batch_gemm's bf16 copy
@@ -63,15 +64,22 @@ MODES: dict[str, dict[str, Any]] = {
     "none-fp32-int8kv": {"quantization": "none", "dtype": "float32", "int8_activations": False, **_INT8_KV},
     "gguf-int8kv": {"quantization": "gguf", "int8_activations": False, "batch_gemm": "fp32", **_INT8_KV},
     "gguf-int8-int8kv": {"quantization": "gguf", "int8_activations": True, "batch_gemm": "int8", **_INT8_KV},
+    "none-fp32-fp16kv": {"quantization": "none", "dtype": "float32", "int8_activations": False, **_FP16_KV},
+    "gguf-fp16kv": {"quantization": "gguf", "int8_activations": False, "batch_gemm": "fp32", **_FP16_KV},
+    "gguf-int8-fp16kv": {"quantization": "gguf", "int8_activations": True, "batch_gemm": "int8", **_FP16_KV},
     "none-bf16": {"quantization": "none", "dtype": "bfloat16", "int8_activations": False, **_FLOAT_KV},
     "none-bf16-int8kv": {"quantization": "none", "dtype": "bfloat16", "int8_activations": False, **_INT8_KV},
 }
-# an int8-KV mode -> the same mode with a float KV cache: the int8 cache's own effect is measured against it
+# an int8- or fp16-KV mode -> the same mode with a KV cache of the model's dtype: the rounded cache's own effect is
+# measured against it
 KV_TWINS = {
     "none-fp32-int8kv": REFERENCE,
     "gguf-int8kv": "gguf",
     "gguf-int8-int8kv": "gguf-int8",
     "none-bf16-int8kv": "none-bf16",
+    "none-fp32-fp16kv": REFERENCE,
+    "gguf-fp16kv": "gguf",
+    "gguf-int8-fp16kv": "gguf-int8",
 }
 TARGET_GGUF_MEAN_ABS_DLOGPROB = 0.01  # the exact kernel differs from fp32 only in summation order
 DEFAULT_KV_CACHE_BYTES = 256 * 2**20  # SmolLM2 in fp32: ~5.7k tokens; 16 prompts + 64 tokens need ~2k
@@ -89,8 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--modes",
         default=",".join(MODES),
-        help=f"comma-separated, of {', '.join(MODES)} ({REFERENCE} always runs; an int8-KV mode brings its "
-        "float-KV twin)",
+        help=f"comma-separated, of {', '.join(MODES)} ({REFERENCE} always runs; an int8- or fp16-KV "
+        "mode brings its twin on a KV cache of the model's dtype)",
     )
 
 
@@ -217,7 +225,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "load_s": got.load_s,
             "decode_tokens_per_s": got.decode_tokens_per_s,
         }
-    kv_int8 = {  # each int8-KV mode against its float-KV twin: the cache's own effect
+    kv_rounded = {  # each int8- or fp16-KV mode against its twin: the cache's own effect
         name: {
             "against": twin,
             **agreement(runs[twin].greedy, runs[name].greedy),
@@ -247,7 +255,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "text_tokens": len(text_ids),
         },
         "modes": modes,
-        "kv_int8_vs_float_kv": kv_int8,
+        "rounded_kv_vs_model_dtype_kv": kv_rounded,
         "skipped": skipped,
         "greedy_tokens": {name: r.greedy for name, r in runs.items()},
         "targets": targets_payload(targets),
@@ -276,9 +284,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         targets,
         paths,
     )
-    for name, m in kv_int8.items():
+    for name, m in kv_rounded.items():
         print(
-            f"{name} vs {m['against']} (the int8 KV cache alone): {m['identical_outputs']}/{num_prompts} identical, "
+            f"{name} vs {m['against']} (the {MODES[name]['kv_cache_dtype']} KV cache alone): {m['identical_outputs']}/{num_prompts} identical, "
             f"prefix agreement {100 * m['prefix_agreement']:.1f}%, mean |Δlp| {m['mean_abs_dlogprob']:.4f}, "
             f"max |Δlp| {m['max_abs_dlogprob']:.4f}, ΔPPL {m['perplexity_delta']:+.3f}"
         )
@@ -288,7 +296,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _selected_modes(spec: str) -> list[str]:
-    """The modes to run, in MODES order: the reference, those named, and the float-KV twin of each int8-KV one."""
+    """The modes to run, in MODES order: the reference, those named, and the twin of each int8- or fp16-KV one."""
     names = {n.strip() for n in spec.split(",") if n.strip()}
     unknown = names - MODES.keys()
     if unknown:

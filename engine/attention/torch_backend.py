@@ -131,19 +131,21 @@ def _decode_group(meta, tables, starts, seqs: list[int], bs: int, in_order: bool
 
 @dataclass(frozen=True)
 class _Gather:
-    """Reads whole blocks of one layer's pool in the query dtype, dequantizing an int8 pool."""
+    """Reads whole blocks of one layer's pool in the query dtype, dequantizing an int8 pool (an fp16 pool under fp32
+    queries: converted)."""
 
     k_cache: torch.Tensor
     v_cache: torch.Tensor
     k_scale: torch.Tensor | None
     v_scale: torch.Tensor | None
     dtype: torch.dtype
+    exact: bool  # the pool holds K/V as computed (not rounded to int8 or fp16)
 
     def __call__(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of these blocks, [len(block_ids), block_size, Hkv, D] each."""
         keys, values = self.k_cache.index_select(0, block_ids), self.v_cache.index_select(0, block_ids)
         if self.k_scale is None:
-            return keys, values
+            return keys.to(self.dtype), values.to(self.dtype)
         return (
             dequantize_kv_ref(keys, self.k_scale.index_select(0, block_ids)).to(self.dtype),
             dequantize_kv_ref(values, self.v_scale.index_select(0, block_ids)).to(self.dtype),
@@ -154,9 +156,9 @@ class TorchAttentionBackend:
     """CPU paged attention; the caches must hold finite values (allocate them with torch.zeros).
 
     Decode sequences go to the compiled kernel (engine.native.attention) when it is built and supports the dtype and
-    shapes: it reads K/V in place through the block tables. An int8 pool is read dequantized; its prefills read even
-    this step's K/V back from the pool, so a prompt attends to the same int8 values whether it is computed in one
-    step, in chunks, or token by token after a preemption. Otherwise they are attended together in torch: their
+    shapes: it reads K/V in place through the block tables. An int8 pool is read dequantized, an fp16 pool under fp32
+    queries converted; their prefills read even this step's K/V back from the pool, so a prompt attends to the same
+    rounded values whether it is computed in one step, in chunks, or token by token after a preemption. Otherwise they are attended together in torch: their
     blocks are gathered into [n, L, Hkv, D] (padded to the longest context, masked) and fed to SDPA with
     grouped-query heads; very uneven lengths are split into a few groups. Prefill sequences run one SDPA call each,
     reading cached context through their block tables.
@@ -223,10 +225,10 @@ class TorchAttentionBackend:
                 values, row_scales = quantize_kv_ref(x)
                 cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, values)
                 scales.view(-1, num_kv_heads).index_copy_(0, meta.slot_mapping, row_scales)
-        else:
-            k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
-            v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
-        gather = _Gather(k_cache, v_cache, k_scale, v_scale, q.dtype)
+        else:  # (an fp16 pool under fp32 rows: rounded as store_kv_f16 does)
+            k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
+            v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+        gather = _Gather(k_cache, v_cache, k_scale, v_scale, q.dtype, exact=k_cache.dtype == k.dtype)
         if plan.native is not None and self.kernel.supports(q, k_cache):
             n = plan.native
             if meta.max_seq_len > n.block_tables.shape[1] * block_size:
@@ -265,7 +267,7 @@ class TorchAttentionBackend:
     @staticmethod
     def _prefill(q, k, v, gather: _Gather, p: _Prefill, scale: float) -> torch.Tensor:
         query = q[p.row_start : p.row_end].transpose(0, 1).unsqueeze(0)  # [1, Hq, Lq, D]
-        if not p.cached and gather.k_scale is None:  # all context is new: this step's K/V as computed
+        if not p.cached and gather.exact:  # all context is new: this step's K/V as computed (and as stored)
             keys, values = k[p.row_start : p.row_end], v[p.row_start : p.row_end]  # [L, Hkv, D]
         else:
             keys, values = gather(p.block_ids)

@@ -11,7 +11,7 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 CPU_DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
 MAX_MODEL_LEN_CAP = 4096
 QUANTIZATIONS = ("auto", "gguf", "none")
-KV_CACHE_DTYPES = ("auto", "int8")
+KV_CACHE_DTYPES = ("auto", "float16", "int8")
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,11 @@ class EngineConfig:
     )
     kv_cache_dtype: str = option(
         "auto",
-        "auto: the model's dtype; int8: one byte a value with an fp16 scale per token and KV head (about twice the "
-        "tokens per byte of bf16, four times fp32; logits move slightly: see `pagedchat bench quality`)",
+        "auto: float16 where the CPU kernels run fp32 activations that they already round to int8 "
+        "(int8_activations, the default with quantization gguf), else the model's dtype; float16: two bytes a value (half an fp32 "
+        "model's bytes, read by the CPU's decode kernel at half the bandwidth; the values rounded to fp16); int8: one byte a value with an fp16 scale per "
+        "token and KV head (about twice the tokens per byte of bf16, four times fp32; logits move slightly: see "
+        "`pagedchat bench quality`)",
         choices=KV_CACHE_DTYPES,
     )
     block_size: int = option(16, "tokens per KV block", choices=(8, 16, 32, 64, 128))
@@ -135,10 +138,19 @@ class EngineConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least block_size ({self.block_size})"
             )
 
-    def resolve(self, *, model_max_len: int, device: str, dtype: str, model_is_gguf: bool) -> EngineConfig:
+    def resolve(
+        self,
+        *,
+        model_max_len: int,
+        device: str,
+        dtype: str,
+        model_is_gguf: bool,
+        linears_in_blocks: bool = False,
+    ) -> EngineConfig:
         """A copy with `auto` and `None` replaced by concrete values for this model and machine.
 
-        `model_is_gguf`: the weights come from a GGUF file (a .gguf model, or the default model's own file).
+        `model_is_gguf`: the weights come from a GGUF file (a .gguf model, or the default model's own file);
+        `linears_in_blocks`: every layer linear keeps its GGUF blocks (the kernels that round activations to int8).
         """
         max_model_len = self.max_model_len
         if max_model_len is None:
@@ -155,12 +167,19 @@ class EngineConfig:
         int8_activations = self.int8_activations
         if int8_activations is None:
             int8_activations = quantization == "gguf"
+        kv_cache_dtype = self.kv_cache_dtype
+        rounded = int8_activations and linears_in_blocks and quantization == "gguf"
+        if kv_cache_dtype == "auto" and backend == "torch" and dtype == "float32" and rounded:
+            # the fast mode is inexact already; an fp16 pool halves what attention reads and adds less than int8
+            # activations do (`pagedchat bench quality`, modes gguf-int8 and gguf-int8-fp16kv); exact modes stay exact
+            kv_cache_dtype = "float16"
         return dataclasses.replace(
             self,
             device=device,
             dtype=dtype,
             quantization=quantization,
             int8_activations=int8_activations,
+            kv_cache_dtype=kv_cache_dtype,
             attention_backend=backend,
             max_model_len=max_model_len,
             max_num_batched_tokens=batched,

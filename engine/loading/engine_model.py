@@ -111,12 +111,14 @@ def load_engine_model(
     )  # parsed once, for config and weights
     hf_config = gguf_hf_config(reader) if reader is not None else load_hf_config(source.folder)
     quantization = config.resolve_quantization(device=device.type, model_is_gguf=reader is not None)
-    dtype = dtype_for(quantization == "gguf" and layer_linears_in_blocks(reader))
+    in_blocks = quantization == "gguf" and layer_linears_in_blocks(reader)
+    dtype = dtype_for(in_blocks)
     resolved = config.resolve(
         model_max_len=int(hf_config.max_position_embeddings),
         device=str(device.type),
         dtype=str(dtype).removeprefix("torch."),
         model_is_gguf=source.gguf is not None,
+        linears_in_blocks=in_blocks,
     )
     if source.gguf is not None:
         model, hf_config = load_gguf_model(

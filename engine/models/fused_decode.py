@@ -1,8 +1,8 @@
 """The decoder layers of a decode step in one C call (engine/native/decode_step.c), for GGUF-quantized fp32 models
 on the CPU.
 
-`FusedDecoder.build` checks once that a model fits (every layer linear a QuantLinear, fp32 weights, fp32 or int8
-caches, the native kernels built) and gathers the pointers the C loop needs; `decode` then runs a decode-only step of up
+`FusedDecoder.build` checks once that a model fits (every layer linear a QuantLinear, fp32 weights, fp32, fp16 or
+int8 caches, the native kernels built) and gathers the pointers the C loop needs; `decode` then runs a decode-only step of up
 to `QuantLinear.gemv_max_rows` sequences (with batch_gemm int8, whose GEMM is C as well, up to max_num_seqs) with one
 crossing into C instead of ~300 Python calls; up to the GEMV bound it runs the LM head and each row's argmax too.
 It calls the same kernels as the module path with the same arguments, so the two agree bit for bit
@@ -69,7 +69,7 @@ class _Model(ctypes.Structure):
         ("linear", _ptr),
         ("gemm", _ptr),
         ("gemm_min_rows", _i32),
-        *[(name, _ptr) for name in ("norm", "silu", "rope", "store", "store_q8", "attend")],
+        *[(name, _ptr) for name in ("norm", "silu", "rope", "store", "store_q8", "store_f16", "attend")],
         *[
             (name, _i32)
             for name in (
@@ -81,7 +81,7 @@ class _Model(ctypes.Structure):
                 "head_dim",
                 "block_size",
                 "act_q8",
-                "kv_int8",
+                "kv_format",
             )
         ],  # fmt: skip
         ("eps", _f32),
@@ -196,6 +196,7 @@ class FusedDecoder:
             _fn_address(fused_ops.SOURCE, "rope_f32"),
             _fn_address(attention.SOURCE, "store_kv"),
             _fn_address(attention.SOURCE, "store_kv_int8"),
+            _fn_address(attention.SOURCE, "store_kv_f16"),
             _fn_address(attention.SOURCE, "paged_decode"),
             args.num_layers,
             args.hidden_size,
@@ -205,7 +206,7 @@ class FusedDecoder:
             args.head_dim,
             self.block_size,
             int(model.layers[0].self_attn.qkv_proj.act_q8),
-            int(s0 is not None),
+            attention.kv_format(k0.dtype, torch.float32),
             model.layers[0].input_layernorm.eps,
             model.layers[0].self_attn.scale,
             k0.stride(0),
@@ -341,8 +342,9 @@ def _unsupported(model: torch.nn.Module, kv_caches: list[LayerKV]) -> str | None
         if any(m.bias is not None and m.bias.dtype != torch.float32 for m in linears):
             return "a linear bias is not fp32"
     k0, s0 = kv_caches[0].k, kv_caches[0].k_scale
-    if k0.dtype not in (torch.float32, torch.int8) or (k0.dtype == torch.int8) != (s0 is not None):
-        return "the KV caches are neither fp32 nor int8 with scales"
+    scaled = s0 is not None
+    if k0.dtype not in (torch.float32, torch.float16, torch.int8) or (k0.dtype == torch.int8) != scaled:
+        return "the KV caches are neither fp32, fp16 nor int8 with scales"
     if any(
         k.dtype != k0.dtype or k.stride() != k0.stride() or v.stride() != k0.stride()
         for k, v, *_ in kv_caches

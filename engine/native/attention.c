@@ -10,6 +10,9 @@
  * [num_blocks, block_size, num_kv_heads]. The kernel converts int8 to fp32 and multiplies each chunk's 16 scores by
  * the 16 K scales, and each probability by its token's V scale: two multiplies per token, not one per element.
  *
+ * fp16 caches under fp32 queries (kv_format KV_F16): half the bytes of fp32 a token, converted to fp32 as they are
+ * loaded (one F16C conversion per 8 values); everything else as for fp32 caches.
+ *
  * Threads take whole sequences; with fewer sequences than threads (one conversation alone) each context is cut into
  * block-aligned pieces whose softmax states are merged (split_decode), as flash-decoding does on GPUs.
  */
@@ -20,11 +23,20 @@
 #define MAX_C 16 /* head_dim <= 256 */
 
 typedef int8_t vi8 __attribute__((vector_size(16)));
+typedef _Float16 vhf __attribute__((vector_size(32)));
+
+/* What the caches hold (paged_decode's kv_format): q's dtype, int8 with fp16 scales, or fp16 under fp32 queries. */
+enum { KV_SAME = 0, KV_INT8 = 1, KV_F16 = 2 };
 
 static inline vf load_i8(const int8_t *p) {
     vi8 b;
     memcpy(&b, p, sizeof b);
     return __builtin_convertvector(b, vf);
+}
+static inline vf load_f16(const uint16_t *p) {
+    vhf h;
+    memcpy(&h, p, sizeof h);
+    return __builtin_convertvector(h, vf);
 }
 static inline float f16_to_f32(uint16_t x) {
     _Float16 h;
@@ -193,10 +205,14 @@ DEFINE_SEQUENCE(i8bf16_any, bf16, load_bf16, store_bf16, int8_t, load_i8, 1, 0, 
 DEFINE_SEQUENCE(i8bf16_d64_g3, bf16, load_bf16, store_bf16, int8_t, load_i8, 1, 4, 3)
 DEFINE_SEQUENCE(i8f32_any, float, load_f32, store_f32, int8_t, load_i8, 1, 0, 0) /* int8 caches, fp32 q/out */
 DEFINE_SEQUENCE(i8f32_d64_g3, float, load_f32, store_f32, int8_t, load_i8, 1, 4, 3)
+DEFINE_SEQUENCE(h16f32_any, float, load_f32, store_f32, uint16_t, load_f16, 0, 0, 0) /* fp16 caches, fp32 q/out */
+DEFINE_SEQUENCE(h16f32_d64_g3, float, load_f32, store_f32, uint16_t, load_f16, 0, 4, 3)
 
-static sequence_fn pick(int is_bf16, int kv_int8, int nc, int ng) {
+/* The kernel for these dtypes and shapes; NULL for fp16 caches under bf16 queries. */
+static sequence_fn pick(int is_bf16, int kv_format, int nc, int ng) {
     const int smollm = nc == 4 && ng == 3;
-    if (kv_int8) return is_bf16 ? (smollm ? i8bf16_d64_g3 : i8bf16_any) : (smollm ? i8f32_d64_g3 : i8f32_any);
+    if (kv_format == KV_F16) return is_bf16 ? NULL : smollm ? h16f32_d64_g3 : h16f32_any;
+    if (kv_format == KV_INT8) return is_bf16 ? (smollm ? i8bf16_d64_g3 : i8bf16_any) : (smollm ? i8f32_d64_g3 : i8f32_any);
     if (!is_bf16) return smollm ? f32_d64_g3 : f32_any;
     if (smollm) return bf16_d64_g3;
     if (nc == 4 && ng == 4) return bf16_d64_g4;
@@ -267,12 +283,12 @@ static int split_decode(const job_t *whole, sequence_fn fn, int num_seqs, int nu
     return 1;
 }
 
-/* Returns 0, or -1 when the shapes are outside what this kernel handles (the caller then uses torch).
- * kv_int8: the caches are int8 with fp16 scales k_scale / v_scale (strides s_block, s_tok; unit over heads);
- * otherwise they have q's dtype and the scale arguments are unused.
+/* Returns 0, or -1 when the shapes or dtypes are outside what this kernel handles (the caller then uses torch).
+ * kv_format KV_INT8: the caches are int8 with fp16 scales k_scale / v_scale (strides s_block, s_tok; unit over
+ * heads); KV_F16: fp16 caches (fp32 q only); KV_SAME: they have q's dtype. The scale arguments are for int8 only.
  * Threads come from OpenMP: loaded into a torch process, this library binds to torch's own libgomp (the same
  * soname), so its parallel region reuses torch's thread team instead of racing it for the cores. */
-int paged_decode(int is_bf16, int kv_int8, const void *q, int64_t q_row, int64_t q_head, const void *k_cache,
+int paged_decode(int is_bf16, int kv_format, const void *q, int64_t q_row, int64_t q_head, const void *k_cache,
                  const void *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head, const uint16_t *k_scale,
                  const uint16_t *v_scale, int64_t s_block, int64_t s_tok, const int32_t *rows,
                  const int32_t *seq_lens, const int32_t *tables, int64_t t_row, void *out, int64_t o_row,
@@ -283,12 +299,13 @@ int paged_decode(int is_bf16, int kv_int8, const void *q, int64_t q_row, int64_t
         return -1;
     for (int s = 0; s < num_seqs; s++)
         if (seq_lens[s] < 1) return -1;
-    if (kv_int8 && (!k_scale || !v_scale)) return -1;
+    if (kv_format == KV_INT8 && (!k_scale || !v_scale)) return -1;
 #ifdef __AVX512F__
-    const sequence_fn fn = pick(is_bf16, kv_int8, head_dim / W, num_heads / num_kv_heads);
+    const sequence_fn fn = pick(is_bf16, kv_format, head_dim / W, num_heads / num_kv_heads);
 #else
-    const sequence_fn fn = pick8(is_bf16, kv_int8, head_dim / W8, num_heads / num_kv_heads, block_size);
+    const sequence_fn fn = pick8(is_bf16, kv_format, head_dim / W8, num_heads / num_kv_heads, block_size);
 #endif
+    if (!fn) return -1;
     const job_t job = {.q = q, .k = k_cache, .v = v_cache, .k_scale = k_scale, .v_scale = v_scale,
                        .s_block = s_block, .s_tok = s_tok, .out = out, .q_row = q_row, .q_head = q_head,
                        .o_row = o_row, .o_head = o_head, .c_block = c_block, .c_tok = c_tok, .c_head = c_head,
@@ -314,6 +331,33 @@ void store_kv(int elem_size, const void *k, const void *v, int64_t kv_row, int64
             const int64_t src = t * kv_row + h * kv_head, at = dst + h * c_head;
             memcpy((char *)k_cache + at * elem_size, (const char *)k + src * elem_size, row_bytes);
             memcpy((char *)v_cache + at * elem_size, (const char *)v + src * elem_size, row_bytes);
+        }
+    }
+}
+
+/* store_kv for fp16 caches: each token's fp32 K and V rows rounded to fp16 (to nearest even, as torch's
+ * .to(float16)) into the caches at its slot; negative slots are padding and skipped. */
+void store_kv_f16(const float *k, const float *v, int64_t kv_row, int64_t kv_head, uint16_t *k_cache,
+                  uint16_t *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head, const int64_t *slots,
+                  int num_tokens, int num_kv_heads, int head_dim, int block_size) {
+    for (int t = 0; t < num_tokens; t++) {
+        const int64_t slot = slots[t];
+        if (slot < 0) continue;
+        const int64_t dst = (slot / block_size) * c_block + (slot % block_size) * c_tok;
+        for (int h = 0; h < num_kv_heads; h++) {
+            const int64_t src = t * kv_row + h * kv_head, at = dst + h * c_head;
+            for (int which = 0; which < 2; which++) {
+                const float *x = (which ? v : k) + src;
+                uint16_t *out = (which ? v_cache : k_cache) + at;
+                int d = 0;
+                for (; d + W <= head_dim; d += W) { /* head_dim is a multiple of 16 where the kernel runs */
+                    vf f;
+                    memcpy(&f, x + d, sizeof f);
+                    const vhf h16 = __builtin_convertvector(f, vhf);
+                    memcpy(out + d, &h16, sizeof h16);
+                }
+                for (; d < head_dim; d++) out[d] = f32_to_f16(x[d]);
+            }
         }
     }
 }

@@ -16,10 +16,21 @@ import torch
 
 from engine.native.build import DISABLE_ENV, load_library
 
-__all__ = ["DISABLE_ENV", "NativeDecode", "load_kernel"]
+__all__ = ["DISABLE_ENV", "NativeDecode", "kv_format", "load_kernel"]
 
 SOURCE = Path(__file__).with_name("attention.c")
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
+KV_SAME, KV_INT8, KV_F16 = 0, 1, 2  # attention.c's kv_format
+
+
+def kv_format(cache_dtype: torch.dtype, q_dtype: torch.dtype) -> int | None:
+    """attention.c's kv_format for caches of `cache_dtype` read by queries of `q_dtype`; None: not a pair it runs."""
+    if cache_dtype == torch.int8 and q_dtype in SUPPORTED_DTYPES:
+        return KV_INT8
+    if cache_dtype == torch.float16 and q_dtype == torch.float32:
+        return KV_F16
+    return KV_SAME if cache_dtype == q_dtype and q_dtype in SUPPORTED_DTYPES else None
+
 
 _lock = threading.Lock()
 _kernels: dict[int, NativeDecode] = {}
@@ -29,7 +40,8 @@ class NativeDecode:
     """`paged_decode` of the compiled library: decode attention straight from the paged cache.
 
     Caches hold q's dtype, or int8 with fp16 scales [num_blocks, block_size, Hkv] (unit stride over heads) beside
-    them, quantized by `store_kv` exactly as kernels/reference.py's quantize_kv_ref does.
+    them, quantized by `store_kv` exactly as kernels/reference.py's quantize_kv_ref does, or fp16 under fp32 queries
+    (rounded to nearest even by `store_kv`, as torch's .to(float16)).
     """
 
     def __init__(self, lib: ctypes.CDLL) -> None:
@@ -61,17 +73,19 @@ class NativeDecode:
             ptr,
         ]
         self._store_int8.argtypes += [i32] * 4
+        self._store_f16 = lib.store_kv_f16
+        self._store_f16.restype = None
+        self._store_f16.argtypes = [ptr, ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr, i32, i32, i32, i32]
 
     @staticmethod
     def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-        """Whether these inputs fit the kernel: CPU, bf16/fp32 (caches alike, or int8), head_dim a multiple of 16 up
-        to 256, GQA <= 16."""
+        """Whether these inputs fit the kernel: CPU, bf16/fp32 (caches alike, or int8; fp16 under fp32), head_dim a
+        multiple of 16 up to 256, GQA <= 16."""
         num_heads, head_dim = q.shape[1:]
         num_kv_heads = k_cache.shape[2]
         return (
             q.device.type == "cpu"
-            and q.dtype in SUPPORTED_DTYPES
-            and k_cache.dtype in (q.dtype, torch.int8)
+            and kv_format(k_cache.dtype, q.dtype) is not None
             and head_dim % 16 == 0
             and 16 <= head_dim <= 256
             and num_heads % num_kv_heads == 0
@@ -81,10 +95,12 @@ class NativeDecode:
     @staticmethod
     def can_store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
         """Whether store_kv applies: CPU tensors with unit stride over head_dim, k/v alike, caches alike, the caches
-        of k's dtype or int8 (then k is bf16/fp32)."""
+        of k's dtype, int8 (then k is bf16/fp32) or fp16 (then k is fp32)."""
         tensors = (k, v, k_cache, v_cache)
         if k_cache.dtype == torch.int8:
             dtypes_ok = k.dtype in SUPPORTED_DTYPES and v.dtype == k.dtype and v_cache.dtype == torch.int8
+        elif k_cache.dtype == torch.float16 and k.dtype == torch.float32:
+            dtypes_ok = v.dtype == torch.float32 and v_cache.dtype == torch.float16
         else:
             dtypes_ok = all(t.dtype == k.dtype for t in tensors)
         return (
@@ -104,7 +120,8 @@ class NativeDecode:
         k_scale: torch.Tensor | None = None,  # int8 caches: [num_blocks, block_size, Hkv] fp16
         v_scale: torch.Tensor | None = None,
     ) -> None:
-        """Copy (or, into int8 caches, quantize) each token's K/V rows into the caches at its slot."""
+        """Copy (or, into int8 caches, quantize; into fp16 caches under fp32 rows, round) each token's K/V rows into
+        the caches at its slot."""
         assert self.can_store(k, v, k_cache, v_cache), "inputs store_kv does not support (check can_store())"
         assert slot_mapping.dtype == torch.int64 and slot_mapping.is_contiguous()
         assert k.shape[0] == slot_mapping.shape[0] and k.shape[1:] == v.shape[1:] == k_cache.shape[2:]
@@ -120,6 +137,11 @@ class NativeDecode:
             k_cache.stride(1),
             k_cache.stride(2),
         )
+        if k_cache.dtype != k.dtype and k_cache.dtype == torch.float16:
+            self._store_f16(
+                *common, slot_mapping.data_ptr(), num_tokens, num_kv_heads, head_dim, k_cache.shape[1]
+            )
+            return
         if k_cache.dtype != torch.int8:
             self._store(
                 k.element_size(), *common, slot_mapping.data_ptr(), num_tokens, num_kv_heads, head_dim,
@@ -158,7 +180,7 @@ class NativeDecode:
         s_block, s_tok = _check_scales(k_cache, k_scale, v_scale) if kv_int8 else (0, 0)
         status = self._fn(
             int(q.dtype == torch.bfloat16),
-            int(kv_int8),
+            kv_format(k_cache.dtype, q.dtype),
             q.data_ptr(),
             q.stride(0),
             q.stride(1),

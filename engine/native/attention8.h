@@ -39,6 +39,17 @@ static inline v8 load8_i8(const int8_t *p) {
 #endif
 }
 
+typedef _Float16 v8hf __attribute__((vector_size(16)));
+static inline v8 load8_f16(const uint16_t *p) {
+#ifdef __F16C__
+    return (v8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+    v8hf h;
+    memcpy(&h, p, sizeof h);
+    return __builtin_convertvector(h, v8);
+#endif
+}
+
 static inline float hmax8(v8 x) {
     x = vsel8(x > SHUF(x, x, 4, 5, 6, 7, 0, 1, 2, 3), x, SHUF(x, x, 4, 5, 6, 7, 0, 1, 2, 3));
     x = vsel8(x > SHUF(x, x, 2, 3, 0, 1, 6, 7, 4, 5), x, SHUF(x, x, 2, 3, 0, 1, 6, 7, 4, 5));
@@ -229,10 +240,13 @@ DEFINE_FAMILY8(f32, float, load8_f32, store8_f32, float, load8_f32, 0)
 DEFINE_FAMILY8(bf16, bf16, load8_bf16, store8_bf16, bf16, load8_bf16, 0)
 DEFINE_FAMILY8(i8f32, float, load8_f32, store8_f32, int8_t, load8_i8, 1)   /* int8 caches, fp32 q/out */
 DEFINE_FAMILY8(i8bf16, bf16, load8_bf16, store8_bf16, int8_t, load8_i8, 1) /* int8 caches, bf16 q/out */
+DEFINE_FAMILY8(h16f32, float, load8_f32, store8_f32, uint16_t, load8_f16, 0) /* fp16 caches, fp32 q/out */
 
-static sequence_fn pick8(int is_bf16, int kv_int8, int nc8, int ng, int block_size) {
+/* As attention.c's pick: NULL for fp16 caches under bf16 queries. */
+static sequence_fn pick8(int is_bf16, int kv_format, int nc8, int ng, int block_size) {
     const int smollm = nc8 == 8 && ng == 3, ch16 = block_size % 16 == 0;
-    if (kv_int8) return is_bf16 ? i8bf16_pick(smollm, ch16) : i8f32_pick(smollm, ch16);
+    if (kv_format == KV_F16) return is_bf16 ? NULL : h16f32_pick(smollm, ch16);
+    if (kv_format == KV_INT8) return is_bf16 ? i8bf16_pick(smollm, ch16) : i8f32_pick(smollm, ch16);
     return is_bf16 ? bf16_pick(smollm, ch16) : f32_pick(smollm, ch16);
 }
 

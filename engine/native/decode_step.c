@@ -33,8 +33,11 @@ typedef void (*store_q8_fn)(int is_bf16, const void *k, const void *v, int64_t k
                             int8_t *k_cache, int8_t *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head,
                             uint16_t *k_scale, uint16_t *v_scale, int64_t s_block, int64_t s_tok,
                             const int64_t *slots, int num_tokens, int num_kv_heads, int head_dim, int block_size);
+typedef void (*store_f16_fn)(const float *k, const float *v, int64_t kv_row, int64_t kv_head, uint16_t *k_cache,
+                             uint16_t *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head,
+                             const int64_t *slots, int num_tokens, int num_kv_heads, int head_dim, int block_size);
 typedef void (*argmax_fn)(const float *x, int64_t x_row, int rows, int cols, int32_t *out, int num_threads);
-typedef int (*attend_fn)(int is_bf16, int kv_int8, const void *q, int64_t q_row, int64_t q_head, const void *k_cache,
+typedef int (*attend_fn)(int is_bf16, int kv_format, const void *q, int64_t q_row, int64_t q_head, const void *k_cache,
                          const void *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head,
                          const uint16_t *k_scale, const uint16_t *v_scale, int64_t s_block, int64_t s_tok,
                          const int32_t *rows,
@@ -53,7 +56,7 @@ typedef struct {
 typedef struct {
     const float *input_norm, *post_norm; /* RMSNorm weights [hidden] */
     QLinear qkv, o, gate_up, down;
-    void *k_cache, *v_cache; /* [num_blocks, block_size, num_kv_heads, head_dim] fp32, or int8 */
+    void *k_cache, *v_cache; /* [num_blocks, block_size, num_kv_heads, head_dim] fp32, fp16 or int8 */
     uint16_t *k_scale, *v_scale; /* int8 caches: fp16 scales [num_blocks, block_size, num_kv_heads]; else NULL */
 } Layer;
 
@@ -66,8 +69,10 @@ typedef struct {
     rope_fn rope;
     store_fn store;
     store_q8_fn store_q8;
+    store_f16_fn store_f16;
     attend_fn attend;
-    int num_layers, hidden, intermediate, num_heads, num_kv_heads, head_dim, block_size, act_q8, kv_int8;
+    /* kv_format: attention.c's KV_SAME (fp32 caches), KV_INT8 or KV_F16 */
+    int num_layers, hidden, intermediate, num_heads, num_kv_heads, head_dim, block_size, act_q8, kv_format;
     float eps, scale;
     int64_t c_block, c_tok, c_head; /* cache strides in elements, the same for every layer */
     int64_t s_block, s_tok;         /* int8 caches: their scales' strides (unit over heads) */
@@ -125,14 +130,17 @@ int decode_layers(const Model *m, const int64_t *ids, float *residual, float *ou
         LINEAR(layer->qkv, h, qkv);
         m->rope(qkv, qkv_width, hd, positions, m->rope_table, m->rope_row, n, hq + hkv, hd, num_threads);
         t0 = now_s();
-        if (m->kv_int8)
+        if (m->kv_format == 1) /* KV_INT8 */
             m->store_q8(0, qkv + hq * hd, qkv + (hq + hkv) * hd, qkv_width, hd, layer->k_cache, layer->v_cache,
                         m->c_block, m->c_tok, m->c_head, layer->k_scale, layer->v_scale, m->s_block, m->s_tok, slots,
                         n, hkv, hd, m->block_size);
+        else if (m->kv_format == 2) /* KV_F16 */
+            m->store_f16(qkv + hq * hd, qkv + (hq + hkv) * hd, qkv_width, hd, layer->k_cache, layer->v_cache,
+                         m->c_block, m->c_tok, m->c_head, slots, n, hkv, hd, m->block_size);
         else
             m->store(4, qkv + hq * hd, qkv + (hq + hkv) * hd, qkv_width, hd, layer->k_cache, layer->v_cache,
                      m->c_block, m->c_tok, m->c_head, slots, n, hkv, hd, m->block_size);
-        status |= m->attend(0, m->kv_int8, qkv, qkv_width, hd, layer->k_cache, layer->v_cache, m->c_block, m->c_tok,
+        status |= m->attend(0, m->kv_format, qkv, qkv_width, hd, layer->k_cache, layer->v_cache, m->c_block, m->c_tok,
                             m->c_head, layer->k_scale, layer->v_scale, m->s_block, m->s_tok, rows, seq_lens, tables,
                             t_row, attn, hq * hd, hd, n, hq, hkv, hd, m->block_size, m->scale, num_threads);
         seconds[1] += now_s() - t0;

@@ -22,7 +22,8 @@ class KVCacheSpec:
     """Shape of the paged KV pool; one block holds block_size tokens of K and V for every layer.
 
     `dtype` is the model's activation dtype. With kv_cache_dtype "int8" the pool holds int8 values and, beside them,
-    one fp16 scale per token and KV head (kernels/reference.py's quantize_kv_ref): head_dim + 2 bytes a row.
+    one fp16 scale per token and KV head (kernels/reference.py's quantize_kv_ref): head_dim + 2 bytes a row; with
+    "float16" fp16 values (2 bytes each, whatever the activations).
     """
 
     num_layers: int
@@ -39,6 +40,8 @@ class KVCacheSpec:
     @property
     def cache_dtype(self) -> torch.dtype:
         """The element dtype of the pool's K/V values."""
+        if self.kv_cache_dtype == "float16":
+            return torch.float16
         return torch.int8 if self.quantized else self.dtype
 
     @property

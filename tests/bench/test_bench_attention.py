@@ -20,10 +20,11 @@ STREAM_BYTES = 1_000_000
 TOKEN_HEAD_BYTES = {
     "bf16": 2 * 64 * 2,
     "fp32": 2 * 64 * 4,
+    "fp16": 2 * 64 * 2,
     "int8": 2 * 64 + 2 * 2,
     "int8-bf16q": 2 * 64 + 2 * 2,
 }
-TARGETS = {"bf16": 0.70, "fp32": None, "int8": 0.55, "int8-bf16q": 0.55}
+TARGETS = {"bf16": 0.70, "fp32": None, "fp16": None, "int8": 0.55, "int8-bf16q": 0.55}
 
 
 @needs_native
@@ -51,7 +52,7 @@ def test_tiny_run_reports_every_kind_with_exact_bytes(tmp_path):
     assert stream["num_threads"] == doc["config"]["num_threads"]
     points = doc["points"]
     assert [(p["context_len"], p["kv"]) for p in points] == [
-        (ctx, kv) for ctx in (64, 100) for kv in ("bf16", "fp32", "int8", "int8-bf16q")
+        (ctx, kv) for ctx in (64, 100) for kv in ("bf16", "fp32", "fp16", "int8", "int8-bf16q")
     ]
     for p in points:
         assert p["kv_bytes_per_call"] == 4 * p["context_len"] * 3 * TOKEN_HEAD_BYTES[p["kv"]]
@@ -70,6 +71,7 @@ def test_tiny_run_reports_every_kind_with_exact_bytes(tmp_path):
     assert {(p["kv"], p["q_dtype"], p["kv_dtype"]) for p in points} == {
         ("bf16", "bfloat16", "bfloat16"),
         ("fp32", "float32", "float32"),
+        ("fp16", "float32", "float16"),
         ("int8", "float32", "int8"),
         ("int8-bf16q", "bfloat16", "int8"),
     }

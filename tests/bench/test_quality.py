@@ -49,14 +49,21 @@ def test_quality_bench_compares_every_mode_with_the_reference(tmp_path, capsys):
     assert "gguf-int8act" in out and "gguf-int8kv vs gguf (the int8 KV cache alone)" in out
     assert modes["gguf-int8kv"]["kv_cache_dtype"] == "int8" and exact["kv_cache_dtype"] == "float32"
     assert modes["none-bf16"]["dtype"] == "bfloat16" and modes["none-bf16-int8kv"]["kv_cache_dtype"] == "int8"
-    pairs = doc["kv_int8_vs_float_kv"]
+    assert "gguf-fp16kv vs gguf (the float16 KV cache alone)" in out
+    assert modes["gguf-int8-fp16kv"]["kv_cache_dtype"] == "float16"
+    pairs = doc["rounded_kv_vs_model_dtype_kv"]
     assert {name: p["against"] for name, p in pairs.items()} == {
         "none-fp32-int8kv": REFERENCE,
         "gguf-int8kv": "gguf",
         "gguf-int8-int8kv": "gguf-int8",
         "none-bf16-int8kv": "none-bf16",
+        "none-fp32-fp16kv": REFERENCE,
+        "gguf-fp16kv": "gguf",
+        "gguf-int8-fp16kv": "gguf-int8",
     }
     assert 0 < pairs["none-fp32-int8kv"]["mean_abs_dlogprob"] < 0.5  # rounded KV: small, never zero
+    # fp16 keeps 11 bits of each value where int8 keeps ~7: its own effect is far smaller
+    assert pairs["none-fp32-fp16kv"]["mean_abs_dlogprob"] < pairs["none-fp32-int8kv"]["mean_abs_dlogprob"] / 4
 
 
 def test_quality_modes_select_their_reference_and_twins():
@@ -66,5 +73,6 @@ def test_quality_modes_select_their_reference_and_twins():
     # int8 activations and the int8 KV cache: its float-KV twin is the int8-activation mode
     assert _selected_modes("gguf-int8-int8kv") == [REFERENCE, "gguf-int8", "gguf-int8-int8kv"]
     assert _selected_modes("none-bf16, gguf") == [REFERENCE, "gguf", "none-bf16"]
+    assert _selected_modes("gguf-int8-fp16kv") == [REFERENCE, "gguf-int8", "gguf-int8-fp16kv"]
     with pytest.raises(SystemExit, match="unknown quality modes"):
         _selected_modes("gguf,fp8")

@@ -49,8 +49,8 @@ def _run(
 
 @pytest.mark.parametrize(
     ("act_q8", "kv_cache_dtype"),
-    [(False, "auto"), (True, "auto"), (False, "int8")],
-    ids=["fp32", "q8acts", "int8kv"],
+    [(False, "auto"), (True, "auto"), (False, "int8"), (True, "float16")],
+    ids=["fp32", "q8acts", "int8kv", "fp16kv"],
 )
 @pytest.mark.parametrize("num_prompts", [1, 5, GEMV_MAX_ROWS + 1])  # past 16 sequences: the int8 batch GEMM
 def test_fused_step_equals_the_module_path_bit_for_bit(
@@ -68,7 +68,11 @@ def test_fused_step_equals_the_module_path_bit_for_bit(
     assert max(rows) == num_prompts, (
         "every decode step, the batch GEMM's ones too, should reach the fused step"
     )
-    assert llm.engine.runner.kv_cache.dtype == (torch.int8 if kv_cache_dtype == "int8" else torch.float32)
+    # auto: fp16 under int8 activations (EngineConfig.resolve), else the model's fp32
+    pool = {"int8": torch.int8, "float16": torch.float16}.get(
+        kv_cache_dtype, torch.float16 if act_q8 else torch.float32
+    )
+    assert llm.engine.runner.kv_cache.dtype == pool
     _, modules = _run(tiny_gguf, False, PROMPTS[:num_prompts], act_q8, kv_cache_dtype)
     assert fused == modules  # tokens and logprobs, exactly
 

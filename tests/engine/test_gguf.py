@@ -170,7 +170,9 @@ def test_auto_dtype_is_fp32_where_every_layer_linear_keeps_its_blocks(tmp_path, 
     ]
     assert layer_linears_in_blocks(SimpleNamespace(tensors=qwen2))  # float biases beside block weights
     kv = {"kv_cache_bytes": 2**20}
-    assert LLM(model=str(blocks), **kv).engine.runner.kv_cache.dtype == torch.float32
+    # fp32 activations rounded to int8 (the default there): an fp16 pool; exact ones: fp32
+    assert LLM(model=str(blocks), **kv).engine.runner.kv_cache.dtype == torch.float16
+    assert LLM(model=str(blocks), int8_activations=False, **kv).engine.runner.kv_cache.dtype == torch.float32
     assert LLM(model=str(blocks), quantization="none", **kv).engine.runner.kv_cache.dtype == torch.bfloat16
     assert LLM(model=str(mixed), **kv).engine.runner.kv_cache.dtype == torch.bfloat16
     assert LLM(model=str(blocks), dtype="bfloat16", **kv).engine.runner.kv_cache.dtype == torch.bfloat16
