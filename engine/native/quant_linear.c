@@ -348,8 +348,9 @@ int quant_linear(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, i
  * conversion and one FMA with the lanes' scales [d dx of 2p x4 | d dx of 2p+1 x4] serve two blocks.
  *
  * The GEMM goes further for Q4: a row's blocks go in quads (GEMM_QUAD), then the 0..3 left over in pairs as above.
- * Quad q is four vectors; vector k holds bytes 8k..8k+7 of blocks 4q, 4q+1, 4q+2, 4q+3 side by side, so after
- * maddubs and madd lanes 2g and 2g+1 are partial dots of block 4q+g. The four maddubs results are added in 16 bits
+ * Quad q is four vectors; vector k holds bytes 8k..8k+7 of blocks 4q, 4q+2, 4q+1, 4q+3 side by side (that order: the
+ * GEMV builds it from two [block | block] loads with one 64-bit unpack each), so after maddubs and madd lanes 2s and
+ * 2s+1 are partial dots of the block in slot s. The four maddubs results are added in 16 bits
  * first (nibbles <= 15, |x| <= 127: 4 * 2 * 15 * 127 < 2^15), so four blocks cost four maddubs but one madd, one
  * conversion and one FMA (a pair of blocks: two, one, one and one; on AVX2, whose integer multiplies take one port,
  * SmolLM2's Q4_1 linears at 64 rows run 1.1-1.2x the pairs' rate). Q8_0 (|q| up to 128) cannot share the 16-bit
@@ -411,6 +412,9 @@ static inline void place_scale(float *row8, int b, float value) {
     _mm_storeu_ps(row8 + (b >> 1) * 8 + (b & 1) * 4, _mm_set1_ps(value));
 }
 
+/* The slot of block b in its quad: blocks 4q, 4q+1, 4q+2, 4q+3 sit in slots 0, 2, 1, 3. */
+static inline int quad_slot(int b) { return (b & 1) * 2 + ((b >> 1) & 1); }
+
 /* The same for the GEMM's layout: block b's bytes, and its lanes' scale (each of them gets `value`). */
 static inline void gemm_place_block(GemmLayout L, void *row, int b, __m256i v) {
     if (b >= L.nq * GEMM_QUAD) {
@@ -418,7 +422,7 @@ static inline void gemm_place_block(GemmLayout L, void *row, int b, __m256i v) {
         return;
     }
     enum { SLOT = 32 / GEMM_QUAD };
-    uint8_t bytes[32], *dst = (uint8_t *)row + (int64_t)(b / GEMM_QUAD) * GEMM_QUAD * 32 + (b % GEMM_QUAD) * SLOT;
+    uint8_t bytes[32], *dst = (uint8_t *)row + (int64_t)(b / GEMM_QUAD) * GEMM_QUAD * 32 + quad_slot(b) * SLOT;
     _mm256_storeu_si256((__m256i *)bytes, v);
     for (int k = 0; k < GEMM_QUAD; k++) memcpy(dst + 32 * k, bytes + SLOT * k, SLOT);
 }
@@ -428,7 +432,7 @@ static inline void gemm_place_scale(GemmLayout L, float *row8, int b, float valu
         return;
     }
     const int lanes = 8 / GEMM_QUAD;
-    for (int l = 0; l < lanes; l++) row8[(b / GEMM_QUAD) * 8 + (b % GEMM_QUAD) * lanes + l] = value;
+    for (int l = 0; l < lanes; l++) row8[(b / GEMM_QUAD) * 8 + quad_slot(b) * lanes + l] = value;
 }
 
 /* One 32-block of activations as int8 (rounded half to even, as nearbyintf in the default mode) with
@@ -457,37 +461,24 @@ static inline __m256i quantize_block(const float *xb, float *dx, int *sum) {
     return _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-static void quantize_row_pairs(const float *x, int cols, int8_t *qx, float *dx8, float *sx8) {
+/* An activation row into the GEMM's layout: values qx, dx8 in each block's lanes, and each block's dx * sum(qx)
+ * either shared out over its lanes of sx8 (the GEMV's minimum term) or at sums[b * rows8] (the GEMM's); NULL: not
+ * wanted. */
+static void quantize_row_gemm(GemmLayout L, const float *x, int cols, int8_t *qx, float *dx8, float *sx8, float *sums,
+                              int64_t rows8) {
     const int nb = cols / QK;
-    for (int b = 0; b < nb; b++) {
-        float dx;
-        int sum;
-        place_block(qx, b, quantize_block(x + b * QK, &dx, &sum));
-        place_scale(dx8, b, dx);
-        place_scale(sx8, b, 0.25f * dx * (float)sum);
-    }
-    if (nb & 1) { /* an odd row's last pair: a zero partner */
-        place_block(qx, nb, _mm256_setzero_si256());
-        place_scale(dx8, nb, 0.0f);
-        place_scale(sx8, nb, 0.0f);
-    }
-}
-
-/* Activation row r of a into the GEMM's layout. */
-static void quantize_row_gemm(GemmLayout L, const float *x, int cols, ActGemm a, int r) {
-    const int nb = cols / QK;
-    int8_t *qx = a.qx + r * L.cw;
-    float *dx8 = a.dx8 + r * L.sw;
     for (int b = 0; b < nb; b++) {
         float dx;
         int sum;
         gemm_place_block(L, qx, b, quantize_block(x + b * QK, &dx, &sum));
         gemm_place_scale(L, dx8, b, dx);
-        a.sums[b * a.rows8 + r] = dx * (float)sum;
+        if (sx8) gemm_place_scale(L, sx8, b, dx * (float)sum / (b < L.nq * GEMM_QUAD ? 8 / GEMM_QUAD : 4));
+        if (sums) sums[b * rows8] = dx * (float)sum;
     }
     if ((nb - L.nq * GEMM_QUAD) & 1) { /* the last pair's zero partner */
         gemm_place_block(L, qx, nb, _mm256_setzero_si256());
         gemm_place_scale(L, dx8, nb, 0.0f);
+        if (sx8) gemm_place_scale(L, sx8, nb, 0.0f);
     }
 }
 
@@ -676,53 +667,91 @@ static inline __attribute__((always_inline)) void pair_weights(int qtype, const 
     }
 }
 
-/* accd[r] += the pair's integer dots times d dx, accm[r] += m sx (Q4), for activation rows r < NR. */
-static inline __attribute__((always_inline)) void pair_step(int qtype, const uint8_t *blk0, const uint8_t *blk1,
-                                                            ActPairs a, int64_t cw, int64_t sw, int p, int NR,
-                                                            __m256 *accd, __m256 *accm) {
-    __m256i u0, u1, s0, s1;
+/* Four Q4 blocks of a row straight from GGUF in the GEMM's quad layout: [blk0 | blk1] and [blk2 | blk3] loaded as
+ * two vectors of nibble bytes; the 64-bit unpacks of their low (then high) nibbles give vectors whose slots hold
+ * weights 8k..8k+7 of blocks 0, 2, 1, 3 (quad_slot's order). Their scales [d, m] land in the slots' lanes. */
+static inline __attribute__((always_inline)) void quad_weights(int qtype, const uint8_t *blk, int bb, __m256i u[4],
+                                                               __m256 *d, __m256 *m) {
+    const int off = qtype == Q4_1 ? 4 : 2;
+    uint32_t dm[4] = {0, 0, 0, 0}; /* fp16 d (and Q4_1's fp16 m above it) */
+    for (int k = 0; k < 4; k++) memcpy(&dm[k], blk + k * bb, qtype == Q4_1 ? 4 : 2);
+    const __m256 f = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dm)); /* [d0 m0 d1 m1 d2 m2 d3 m3] */
+    *d = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 4, 4, 2, 2, 6, 6));
+    *m = qtype == Q4_1 ? _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(1, 1, 5, 5, 3, 3, 7, 7))
+                       : _mm256_mul_ps(*d, _mm256_set1_ps(-8.0f));
+    const __m256i lo = _mm256_set1_epi8(0x0f);
+    const __m256i a = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(blk + bb + off)),
+                                       _mm_loadu_si128((const __m128i *)(blk + off)));
+    const __m256i b = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(blk + 3 * bb + off)),
+                                       _mm_loadu_si128((const __m128i *)(blk + 2 * bb + off)));
+    const __m256i al = _mm256_and_si256(a, lo), bl = _mm256_and_si256(b, lo);
+    const __m256i ah = _mm256_and_si256(_mm256_srli_epi16(a, 4), lo), bh = _mm256_and_si256(_mm256_srli_epi16(b, 4), lo);
+    u[0] = _mm256_unpacklo_epi64(al, bl), u[1] = _mm256_unpackhi_epi64(al, bl);
+    u[2] = _mm256_unpacklo_epi64(ah, bh), u[3] = _mm256_unpackhi_epi64(ah, bh);
+}
+
+/* accd[r] += a group's integer dots times d dx, accm[r] += m sx (Q4), for activation rows r < NR: a quad of Q4
+ * blocks (blk: the first, G = 4) or a pair (blk0, blk1 or NULL: a zero partner; G = 2); the activations' group at
+ * byte offset `off` of each row, its scales at float offset g * 8. */
+static inline __attribute__((always_inline)) void group_step(int qtype, int G, const uint8_t *blk0,
+                                                             const uint8_t *blk1, ActPairs a, GemmLayout L,
+                                                             int64_t off, int g, int NR, __m256 *accd,
+                                                             __m256 *accm) {
+    __m256i u[4], s0, s1;
     __m256 d, m = _mm256_setzero_ps();
-    pair_weights(qtype, blk0, blk1, &u0, &u1, &s0, &s1, &d, &m);
+    if (G == 4)
+        quad_weights(qtype, blk0, block_bytes(qtype), u, &d, &m);
+    else
+        pair_weights(qtype, blk0, blk1, &u[0], &u[1], &s0, &s1, &d, &m);
     const __m256i ones = _mm256_set1_epi16(1);
     for (int r = 0; r < NR; r++) {
-        __m256i x0 = _mm256_load_si256((const __m256i *)(a.qx + r * cw + p * 64));
-        __m256i x1 = _mm256_load_si256((const __m256i *)(a.qx + r * cw + p * 64 + 32));
+        const int8_t *x = a.qx + r * L.cw + off;
         __m256i dot;
-        if (qtype == Q8_0) { /* as in gemm_micro: |q| x (x sign(q)), pairs within 16 bits */
-            x0 = _mm256_sign_epi8(x0, s0), x1 = _mm256_sign_epi8(x1, s1);
-            dot = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u0, x0), ones),
-                                   _mm256_madd_epi16(_mm256_maddubs_epi16(u1, x1), ones));
-        } else {
-            dot = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1)),
-                                    ones);
+        if (qtype == Q8_0) { /* as in group_dot: |q| x (x sign(q)), pairs within 16 bits */
+            const __m256i x0 = _mm256_sign_epi8(_mm256_load_si256((const __m256i *)x), s0);
+            const __m256i x1 = _mm256_sign_epi8(_mm256_load_si256((const __m256i *)(x + 32)), s1);
+            dot = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u[0], x0), ones),
+                                   _mm256_madd_epi16(_mm256_maddubs_epi16(u[1], x1), ones));
+        } else { /* nibbles: the G maddubs results summed in 16 bits (see the GEMM) */
+            __m256i s16 = _mm256_maddubs_epi16(u[0], _mm256_load_si256((const __m256i *)x));
+            for (int k = 1; k < G; k++)
+                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k], _mm256_load_si256((const __m256i *)(x + 32 * k))));
+            dot = _mm256_madd_epi16(s16, ones);
         }
-        const __m256 scale = _mm256_mul_ps(d, _mm256_load_ps(a.dx8 + r * sw + p * 8));
+        const __m256 scale = _mm256_mul_ps(d, _mm256_load_ps(a.dx8 + r * L.sw + g * 8));
         accd[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, accd[r]);
-        if (qtype != Q8_0) accm[r] = _mm256_fmadd_ps(m, _mm256_load_ps(a.sx8 + r * sw + p * 8), accm[r]);
+        if (qtype != Q8_0) accm[r] = _mm256_fmadd_ps(m, _mm256_load_ps(a.sx8 + r * L.sw + g * 8), accm[r]);
     }
 }
 
 /* sums[i][r] = activation row r . weight row i (before bias) for i < NI weight rows and r < NR activation rows
- * (constants after inlining): NI x NR independent accumulators, each weight pair loaded once for all rows. */
+ * (constants after inlining): NI x NR independent accumulators, each weight group loaded once for all rows. Q4 rows
+ * go in quads of blocks, then pairs; Q8_0 rows in pairs (gemm_layout). */
 static inline __attribute__((always_inline)) void dot_pairs(int qtype, const uint8_t *wrow, int64_t w_row_bytes,
-                                                            int nb, ActPairs a, int64_t cw, int64_t sw, int NI,
-                                                            int NR, float sums[][PASS_ROWS]) {
-    const int bb = block_bytes(qtype);
+                                                            int nb, ActPairs a, GemmLayout L, int NI, int NR,
+                                                            float sums[][PASS_ROWS]) {
+    const int bb = block_bytes(qtype), nq = qtype == Q8_0 ? 0 : L.nq; /* Q8_0: no quads (constant after inlining) */
     __m256 accd[PAIR_ROWS][PASS_ROWS], accm[PAIR_ROWS][PASS_ROWS];
     for (int i = 0; i < NI; i++)
         for (int r = 0; r < NR; r++) accd[i][r] = accm[i][r] = _mm256_setzero_ps();
-    const int full = nb / 2;
-    for (int p = 0; p < full; p++)
+    for (int q = 0; q < nq; q++)
         for (int i = 0; i < NI; i++) {
-            const uint8_t *blk = wrow + i * w_row_bytes + (int64_t)(2 * p) * bb;
-            if (NI > 1) /* past the last tile this names memory it never reads: a prefetch does not fault */
-                _mm_prefetch((const char *)((uintptr_t)blk + (uintptr_t)(PAIR_PREFETCH * NI * w_row_bytes)), _MM_HINT_T0);
-            pair_step(qtype, blk, blk + bb, a, cw, sw, p, NR, accd[i], accm[i]);
+            const uint8_t *blk = wrow + i * w_row_bytes + (int64_t)(4 * q) * bb;
+            if (NI > 1) { /* past the last tile this names memory it never reads: a prefetch does not fault */
+                const uintptr_t ahead = (uintptr_t)blk + (uintptr_t)(PAIR_PREFETCH * NI * w_row_bytes);
+                _mm_prefetch((const char *)ahead, _MM_HINT_T0); /* a quad spans up to 136 bytes: two lines */
+                _mm_prefetch((const char *)(ahead + 64), _MM_HINT_T0);
+            }
+            group_step(qtype, 4, blk, NULL, a, L, (int64_t)q * 128, q, NR, accd[i], accm[i]);
         }
-    if (nb & 1)
-        for (int i = 0; i < NI; i++)
-            pair_step(qtype, wrow + i * w_row_bytes + (int64_t)(nb - 1) * bb, NULL, a, cw, sw, full, NR, accd[i],
-                      accm[i]);
+    for (int b = 4 * nq, p = 0; b < nb; b += 2, p++)
+        for (int i = 0; i < NI; i++) {
+            const uint8_t *blk = wrow + i * w_row_bytes + (int64_t)b * bb;
+            if (NI > 1)
+                _mm_prefetch((const char *)((uintptr_t)blk + (uintptr_t)(PAIR_PREFETCH * NI * w_row_bytes)), _MM_HINT_T0);
+            group_step(qtype, 2, blk, b + 1 < nb ? blk + bb : NULL, a, L, (int64_t)nq * 128 + p * 64, nq + p, NR,
+                       accd[i], accm[i]);
+        }
     for (int i = 0; i < NI; i++)
         for (int r = 0; r < NR; r++) sums[i][r] = hsum8(_mm256_add_ps(accd[i][r], accm[i][r]));
 }
@@ -732,12 +761,11 @@ static inline __attribute__((always_inline)) void dot_pairs(int qtype, const uin
  * case compiled with its constants outside the OpenMP-outlined loop (whose body GCC builds before inlining, where
  * the type is still a variable). */
 static __attribute__((noinline)) void dot_pairs_any(int qtype, int ni, int nr, const uint8_t *wrow,
-                                                    int64_t w_row_bytes, int nb, ActPairs a,
+                                                    int64_t w_row_bytes, int nb, ActPairs a, GemmLayout L,
                                                     float sums[][PASS_ROWS]) {
-    const int64_t cw = (int64_t)((nb + 1) / 2) * 64, sw = (int64_t)((nb + 1) / 2) * 8;
 #define PAIRS_CASE(T, I, N)                                                       \
     if (ni == I && nr == N) {                                                     \
-        dot_pairs(T, wrow, w_row_bytes, nb, a, cw, sw, I, N, sums);               \
+        dot_pairs(T, wrow, w_row_bytes, nb, a, L, I, N, sums);                    \
         return;                                                                   \
     }
 #define PAIRS_TYPE(T)                                                                                         \
@@ -752,17 +780,18 @@ static __attribute__((noinline)) void dot_pairs_any(int qtype, int ni, int nr, c
 #undef PAIRS_CASE
 }
 
-/* quant_linear with act_q8 under AVX2: the activations into the pair layout, then the GEMV. 0, or -2 (memory). */
+/* quant_linear with act_q8 under AVX2: the activations into the GEMM's layout, then the GEMV. 0, or -2 (memory). */
 static int linear_pairs(int qtype, const uint8_t *w, int64_t w_row_bytes, int out_features, int in_features,
                         const float *x, int64_t x_row, int rows, const float *bias, float *y, int64_t y_row,
                         int threads) {
-    const int nb = in_features / QK, np = (nb + 1) / 2;
-    const size_t cw = (size_t)np * 64, sw = (size_t)np * 8;
+    const int nb = in_features / QK;
+    const GemmLayout L = gemm_layout(qtype, nb);
+    const int64_t cw = L.cw, sw = L.sw;
     if (rows <= 0) return 0;
-    const ActPairs a = act_alloc(rows, (int64_t)cw, (int64_t)sw);
+    const ActPairs a = act_alloc(rows, cw, sw);
     if (act_pairs_ok(a)) {
         for (int r = 0; r < rows; r++)
-            quantize_row_pairs(x + r * x_row, in_features, a.qx + r * cw, a.dx8 + r * sw, a.sx8 + r * sw);
+            quantize_row_gemm(L, x + r * x_row, in_features, a.qx + r * cw, a.dx8 + r * sw, a.sx8 + r * sw, NULL, 0);
         /* weight rows a tile at a time: PAIR_ROWS of them for one activation row, 2 for two, else 1 */
         const int tile = rows == 1 ? PAIR_ROWS : rows == 2 ? 2 : 1, tiles = (out_features + tile - 1) / tile;
         const int grab = ROWS_PER_GRAB / tile; /* the shortest run: 32 outputs, whole cache lines of y */
@@ -776,7 +805,7 @@ static int linear_pairs(int qtype, const uint8_t *w, int64_t w_row_bytes, int ou
                     const int nr = rows - r0 < PASS_ROWS ? rows - r0 : PASS_ROWS;
                     const ActPairs ar = {a.qx + r0 * cw, a.dx8 + r0 * sw, a.sx8 + r0 * sw};
                     float sums[PAIR_ROWS][PASS_ROWS];
-                    dot_pairs_any(qtype, ni, nr, w + (int64_t)o * w_row_bytes, w_row_bytes, nb, ar, sums);
+                    dot_pairs_any(qtype, ni, nr, w + (int64_t)o * w_row_bytes, w_row_bytes, nb, ar, L, sums);
                     for (int i = 0; i < ni; i++)
                         for (int r = 0; r < nr; r++)
                             y[(r0 + r) * y_row + o + i] = sums[i][r] + (bias ? bias[o + i] : 0.0f);
@@ -812,10 +841,12 @@ int quant_gemm_q8(int qtype, const uint8_t *w, int64_t w_row_bytes, int out_feat
     {
 #pragma omp for schedule(static)
         for (int r = 0; r < rows; r++)
-            quantize_row_gemm(L, x + r * x_row, in_features, a, r);
+            quantize_row_gemm(L, x + r * x_row, in_features, a.qx + r * L.cw, a.dx8 + r * L.sw, NULL, a.sums + r,
+                              a.rows8);
         uint8_t *u = aligned_alloc(32, GEMM_RM * L.cw);
         int8_t *sq = aligned_alloc(32, GEMM_RM * L.cw);
-        float *scales = aligned_alloc(32, sizeof(float) * GEMM_RM * (L.sw + nb));
+        /* d8 lanes, then the minimum per block; aligned_alloc wants a multiple of the alignment */
+        float *scales = aligned_alloc(32, (sizeof(float) * GEMM_RM * (L.sw + nb) + 31) / 32 * 32);
         if (!u || !sq || !scales) {
 #pragma omp atomic write
             status = -2;

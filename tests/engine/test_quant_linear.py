@@ -32,8 +32,8 @@ SHAPES = [
     (7, 64),
     (38, 64),
     (11, 256),
-]  # (out, in): in a multiple of 32; the GEMM groups a row's blocks in quads, then pairs: 0-2 quads, no pair or 1-2
-# pairs, and an odd leftover (a zero partner); outputs not a multiple of 4 (the int8 GEMV's tile for one row: 1, 2 and 3
+]  # (out, in): in a multiple of 32; the int8 kernels group a row's Q4 blocks in quads, then pairs: 0-4 quads, no
+# pair or 1-2 pairs, and an odd leftover (a zero partner); outputs not a multiple of 4 (the int8 GEMV's tile for one row: 1, 2 and 3
 # left over) or of 2
 ROWS = [1, 2, 3, 17, 64]  # 1 and 2 rows: the int8 GEMV multiplies 4 and 2 weight rows at once
 U = 2.0**-24
