@@ -64,13 +64,19 @@ class LLMEngine:
             dtype=dtype,
             kv_cache_dtype=self.config.kv_cache_dtype,
         )
-        triton = device.type == "cuda" or self.config.attention_backend == "triton"
-        if spec.kv_cache_dtype == "float16" and dtype != torch.float16 and triton:
-            raise ValueError(
-                f"kv_cache_dtype float16 under {str(dtype).removeprefix('torch.')} activations is read by the CPU "
-                "attention kernels only; the Triton kernels take a pool of the model's dtype or int8: use "
-                "kv_cache_dtype auto or int8"
-            )
+        if spec.kv_cache_dtype == "float16" and dtype != torch.float16:
+            activations = str(dtype).removeprefix("torch.")
+            if dtype != torch.float32:
+                raise ValueError(
+                    f"kv_cache_dtype float16 is for float32 activations (it halves their bytes); under {activations} "
+                    "activations it saves nothing and the CPU kernels do not read it: use kv_cache_dtype auto or int8"
+                )
+            if self.config.attention_backend == "triton":
+                raise ValueError(
+                    "kv_cache_dtype float16 under float32 activations is read by the CPU attention kernels and the "
+                    "torch backend only; the Triton kernels take a pool of the model's dtype or int8: use "
+                    "kv_cache_dtype auto or int8, or attention_backend torch"
+                )
         peak = profile_peak_bytes(self.config, model, spec) if device.type == "cuda" else None
         num_blocks = num_blocks_for_budget(self.config, spec, peak)
         max_len = self.config.max_model_len

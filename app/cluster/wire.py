@@ -77,7 +77,7 @@ class EngineInfo:
     num_blocks: int
     kv_block_bytes: int
     kv_int8_block_bytes: int
-    kv_cache_dtype: str  # what the pool stores, resolved ("auto" -> the model's dtype)
+    kv_cache_dtype: str  # what the pool stores, resolved (EngineConfig.resolve's "auto")
     sampling_defaults: Any  # SamplingDefaults of the model
     hasher: Any  # the engine's BlockHasher (block size, pool salt): the router hashes chains with it
 

@@ -35,7 +35,7 @@ class AdviceInputs:
     sequence_lengths: list[int] = field(
         default_factory=list
     )  # prompt + output tokens of sequences that ended
-    kv_cache_dtype: str = ""  # what the pool stores: int8, bfloat16, float32
+    kv_cache_dtype: str = ""  # what the pool stores: int8, float16, bfloat16, float32
     int8_block_bytes: int | None = (
         None  # the block's bytes with an int8 pool; None: already int8 (or unknown)
     )

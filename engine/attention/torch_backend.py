@@ -14,6 +14,7 @@ from engine.native.attention import NativeDecode, load_kernel
 from kernels.reference import dequantize_kv_ref, quantize_kv_ref
 
 MAX_DECODE_GROUPS = 4
+F16_MAX = torch.finfo(torch.float16).max  # an fp16 pool's rows saturate here (store_kv_f16 does the same)
 MIN_SPLIT_SAVING = 32  # padded blocks a length split must save (per layer) to pay for its extra kernel calls
 
 
@@ -225,9 +226,13 @@ class TorchAttentionBackend:
                 values, row_scales = quantize_kv_ref(x)
                 cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, values)
                 scales.view(-1, num_kv_heads).index_copy_(0, meta.slot_mapping, row_scales)
-        else:  # (an fp16 pool under fp32 rows: rounded as store_kv_f16 does)
-            k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-            v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+        else:
+            for x, cache in ((k, k_cache), (v, v_cache)):
+                if (
+                    cache.dtype != x.dtype
+                ):  # an fp16 pool under fp32 rows: saturated and rounded as store_kv_f16
+                    x = x.clamp(-F16_MAX, F16_MAX).to(cache.dtype)
+                cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, x)
         gather = _Gather(k_cache, v_cache, k_scale, v_scale, q.dtype, exact=k_cache.dtype == k.dtype)
         if plan.native is not None and self.kernel.supports(q, k_cache):
             n = plan.native

@@ -145,12 +145,13 @@ class EngineConfig:
         device: str,
         dtype: str,
         model_is_gguf: bool,
-        linears_in_blocks: bool = False,
+        native_int8: bool = False,
     ) -> EngineConfig:
         """A copy with `auto` and `None` replaced by concrete values for this model and machine.
 
         `model_is_gguf`: the weights come from a GGUF file (a .gguf model, or the default model's own file);
-        `linears_in_blocks`: every layer linear keeps its GGUF blocks (the kernels that round activations to int8).
+        `native_int8`: every layer linear keeps its GGUF blocks and the compiled kernels run them (those round the
+        activations to int8 under int8_activations) and the attention kernel is built.
         """
         max_model_len = self.max_model_len
         if max_model_len is None:
@@ -168,7 +169,7 @@ class EngineConfig:
         if int8_activations is None:
             int8_activations = quantization == "gguf"
         kv_cache_dtype = self.kv_cache_dtype
-        rounded = int8_activations and linears_in_blocks and quantization == "gguf"
+        rounded = int8_activations and native_int8 and quantization == "gguf"
         if kv_cache_dtype == "auto" and backend == "torch" and dtype == "float32" and rounded:
             # the fast mode is inexact already; an fp16 pool halves what attention reads and adds less than int8
             # activations do (`pagedchat bench quality`, modes gguf-int8 and gguf-int8-fp16kv); exact modes stay exact

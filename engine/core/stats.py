@@ -42,7 +42,9 @@ class EngineStats:
     num_steps: int
     block_size: int
     max_model_len: int
-    kv_cache_dtype: str = ""  # what the pool stores: int8, bfloat16, float32 ("" where no pool is known)
+    kv_cache_dtype: str = (
+        ""  # what the pool stores: int8, float16, bfloat16, float32 ("" where no pool is known)
+    )
     kv_block_bytes: int = 0  # bytes of one block over every layer, int8 scales included
     num_loading: int = 0  # sequences waiting for their prefix to load from the disk tier
     disk_hit_tokens: int = 0  # of prefix_hit_tokens, those loaded from the disk tier

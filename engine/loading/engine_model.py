@@ -24,6 +24,7 @@ from engine.loading.loader import (
 )
 from engine.loading.provision import DEFAULT_MODEL_NAME, provision_default_gguf
 from engine.models.llama import LlamaForCausalLM
+from engine.models.quantized import native_int8_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ def load_engine_model(
         device=str(device.type),
         dtype=str(dtype).removeprefix("torch."),
         model_is_gguf=source.gguf is not None,
-        linears_in_blocks=in_blocks,
+        native_int8=in_blocks and native_int8_kernels(),
     )
     if source.gguf is not None:
         model, hf_config = load_gguf_model(

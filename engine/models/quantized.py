@@ -8,9 +8,11 @@ import torch
 from torch import nn
 
 from engine.models.llama import LlamaForCausalLM
+from engine.native.attention import load_kernel as load_attention_kernel
 from engine.native.onednn import Linear
 from engine.native.quant_format import QuantType, QuantWeight, dequantize_torch
 from engine.native.quant_linear import QuantLinear
+from engine.native.quant_linear import load_kernel as load_quant_kernel
 
 __all__ = [
     "QuantLinear",
@@ -19,10 +21,17 @@ __all__ = [
     "dequantize_torch",
     "fused_linear_sources",
     "linear_modules",
+    "native_int8_kernels",
     "quantize_linears",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def native_int8_kernels() -> bool:
+    """Whether the compiled kernels that run GGUF blocks with int8 activations (without them the torch twins keep
+    fp32) and the CPU decode attention (which reads an fp16 pool in place) are built here."""
+    return load_quant_kernel() is not None and load_attention_kernel() is not None
 
 
 def linear_modules(model: nn.Module) -> list[nn.Module]:

@@ -11,7 +11,8 @@
  * the 16 K scales, and each probability by its token's V scale: two multiplies per token, not one per element.
  *
  * fp16 caches under fp32 queries (kv_format KV_F16): half the bytes of fp32 a token, converted to fp32 as they are
- * loaded (one F16C conversion per 8 values); everything else as for fp32 caches.
+ * loaded (F16C: one conversion per 8 values, AVX-512 per 16); everything else as for fp32 caches. store_kv_f16
+ * saturates values beyond fp16's range at +-65504 (an infinity would turn attention into NaN).
  *
  * Threads take whole sequences; with fewer sequences than threads (one conversation alone) each context is cut into
  * block-aligned pieces whose softmax states are merged (split_decode), as flash-decoding does on GPUs.
@@ -335,8 +336,10 @@ void store_kv(int elem_size, const void *k, const void *v, int64_t kv_row, int64
     }
 }
 
+#define F16_MAX 65504.0f
+
 /* store_kv for fp16 caches: each token's fp32 K and V rows rounded to fp16 (to nearest even, as torch's
- * .to(float16)) into the caches at its slot; negative slots are padding and skipped. */
+ * .to(float16)), saturated at +-F16_MAX, into the caches at its slot; negative slots are padding and skipped. */
 void store_kv_f16(const float *k, const float *v, int64_t kv_row, int64_t kv_head, uint16_t *k_cache,
                   uint16_t *v_cache, int64_t c_block, int64_t c_tok, int64_t c_head, const int64_t *slots,
                   int num_tokens, int num_kv_heads, int head_dim, int block_size) {
@@ -353,10 +356,12 @@ void store_kv_f16(const float *k, const float *v, int64_t kv_row, int64_t kv_hea
                 for (; d + W <= head_dim; d += W) { /* head_dim is a multiple of 16 where the kernel runs */
                     vf f;
                     memcpy(&f, x + d, sizeof f);
+                    f = vsel(f > F16_MAX, (vf){0} + F16_MAX, f);
+                    f = vsel(f < -F16_MAX, (vf){0} - F16_MAX, f);
                     const vhf h16 = __builtin_convertvector(f, vhf);
                     memcpy(out + d, &h16, sizeof h16);
                 }
-                for (; d < head_dim; d++) out[d] = f32_to_f16(x[d]);
+                for (; d < head_dim; d++) out[d] = f32_to_f16(fminf(fmaxf(x[d], -F16_MAX), F16_MAX));
             }
         }
     }
