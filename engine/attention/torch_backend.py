@@ -142,6 +142,15 @@ class _Gather:
     dtype: torch.dtype
     exact: bool  # the pool holds K/V as computed (not rounded to int8 or fp16)
 
+    def as_stored(self, x: torch.Tensor) -> torch.Tensor | None:
+        """This step's K or V rows as the pool holds them, in the query dtype, without reading the pool back (None
+        for an int8 pool: its rounding depends on the scales it stores)."""
+        if self.exact:
+            return x
+        if self.k_scale is not None:
+            return None
+        return x.clamp(-F16_MAX, F16_MAX).to(self.k_cache.dtype).to(self.dtype)
+
     def __call__(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of these blocks, [len(block_ids), block_size, Hkv, D] each."""
         keys, values = self.k_cache.index_select(0, block_ids), self.v_cache.index_select(0, block_ids)
@@ -271,9 +280,12 @@ class TorchAttentionBackend:
 
     @staticmethod
     def _prefill(q, k, v, gather: _Gather, p: _Prefill, scale: float) -> torch.Tensor:
-        query = q[p.row_start : p.row_end].transpose(0, 1).unsqueeze(0)  # [1, Hq, Lq, D]
-        if not p.cached and gather.exact:  # all context is new: this step's K/V as computed (and as stored)
-            keys, values = k[p.row_start : p.row_end], v[p.row_start : p.row_end]  # [L, Hkv, D]
+        rows = slice(p.row_start, p.row_end)
+        query = q[rows].transpose(0, 1).unsqueeze(0)  # [1, Hq, Lq, D]
+        if (
+            not p.cached and gather.k_scale is None
+        ):  # all context is new: this step's K/V, as the pool holds them
+            keys, values = gather.as_stored(k[rows]), gather.as_stored(v[rows])  # [L, Hkv, D]
         else:
             keys, values = gather(p.block_ids)
             keys, values = keys.flatten(0, 1)[: p.seq_len], values.flatten(0, 1)[: p.seq_len]

@@ -11,7 +11,7 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 CPU_DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
 MAX_MODEL_LEN_CAP = 4096
 QUANTIZATIONS = ("auto", "gguf", "none")
-KV_CACHE_DTYPES = ("auto", "float16", "int8")
+KV_CACHE_DTYPES = ("auto", "model", "float16", "int8")
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,8 @@ class EngineConfig:
     kv_cache_dtype: str = option(
         "auto",
         "auto: float16 where the CPU kernels run fp32 activations that they already round to int8 "
-        "(int8_activations, the default with quantization gguf), else the model's dtype; float16: two bytes a value (half an fp32 "
+        "(int8_activations, the default with quantization gguf), else the model's dtype; model: the model's dtype "
+        "always; float16: two bytes a value (half an fp32 "
         "model's bytes, read by the CPU's decode kernel at half the bandwidth; the values rounded to fp16); int8: one byte a value with an fp16 scale per "
         "token and KV head (about twice the tokens per byte of bf16, four times fp32; logits move slightly: see "
         "`pagedchat bench quality`)",

@@ -23,7 +23,7 @@ class KVCacheSpec:
 
     `dtype` is the model's activation dtype. With kv_cache_dtype "int8" the pool holds int8 values and, beside them,
     one fp16 scale per token and KV head (kernels/reference.py's quantize_kv_ref): head_dim + 2 bytes a row; with
-    "float16" fp16 values (2 bytes each, whatever the activations).
+    "float16" fp16 values (2 bytes each); "auto" (as resolved) and "model" hold the model's dtype.
     """
 
     num_layers: int

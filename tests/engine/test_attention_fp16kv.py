@@ -174,11 +174,15 @@ def test_auto_is_fp16_only_where_the_activations_are_already_rounded_to_int8(tin
         (("int8_activations", False),): "float32",
         (("quantization", "none"),): "float32",
         (("int8_activations", True), ("kv_cache_dtype", "int8")): "int8",
+        (
+            ("kv_cache_dtype", "model"),
+        ): "float32",  # int8 activations over the model's own dtype: one flag away
     }
     for overrides, expected in cases.items():
         llm = LLM(model=str(tiny_gguf), kv_cache_bytes=2**20, **dict(overrides))
         assert llm.engine.kv_cache_dtype == expected, overrides
-        assert llm.engine.config.kv_cache_dtype == ("auto" if expected == "float32" else expected)
+        asked = dict(overrides).get("kv_cache_dtype", "auto")
+        assert llm.engine.config.kv_cache_dtype == (asked if expected == "float32" else expected)
 
 
 def test_bf16_activations_refuse_an_fp16_pool(tiny_gguf):
