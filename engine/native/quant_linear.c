@@ -12,7 +12,7 @@
  *   - exact (act_q8 = 0): dequantize the block to fp32 and FMA with the fp32 activations;
  *   - q8 (act_q8 = 1): the activations are first quantized per 32-block to int8 (scale dx = amax / 127, kept in
  *     fp32), then each block's dot is integer math (AVX2 maddubs/madd) scaled once, as llama.cpp does; under AVX2
- *     two blocks at a time (linear_pairs, below, in the batch GEMM's activation layout).
+ *     four Q4 blocks (two Q8_0) at a time (linear_pairs, below, in the batch GEMM's activation layout).
  * AVX2 + FMA + F16C intrinsics when the compiler targets them, a scalar fallback otherwise; OpenMP over output rows.
  */
 #include <stdint.h>
@@ -342,12 +342,11 @@ int quant_linear(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, i
 #ifdef QL_AVX2
 /* Many rows (prefill, a busy decode step) with int8 activations: a register-tiled GEMM over groups of blocks.
  *
- * The decode GEMV below lays the activations out in pairs of blocks: blocks 2p and 2p + 1 of a row become two
- * 32-byte vectors, [2p bytes 0..15 | 2p+1 bytes 0..15] and [2p bytes 16..31 | 2p+1 bytes 16..31]. After
+ * Pairs of blocks (Q8_0, and a Q4 row's leftover blocks): blocks 2p and 2p + 1 of a row become two 32-byte vectors, [2p bytes 0..15 | 2p+1 bytes 0..15] and [2p bytes 16..31 | 2p+1 bytes 16..31]. After
  * maddubs/madd the 8 int32 lanes are then 4 partial dots of block 2p and 4 of block 2p + 1, so one int->float
  * conversion and one FMA with the lanes' scales [d dx of 2p x4 | d dx of 2p+1 x4] serve two blocks.
  *
- * The GEMM goes further for Q4: a row's blocks go in quads (GEMM_QUAD), then the 0..3 left over in pairs as above.
+ * Q4 goes further: a row's blocks go in quads (GEMM_QUAD), then the 0..3 left over in pairs as above.
  * Quad q is four vectors; vector k holds bytes 8k..8k+7 of blocks 4q, 4q+2, 4q+1, 4q+3 side by side (that order: the
  * GEMV builds it from two [block | block] loads with one 64-bit unpack each), so after maddubs and madd lanes 2s and
  * 2s+1 are partial dots of the block in slot s. The four maddubs results are added in 16 bits
@@ -367,11 +366,11 @@ int quant_linear(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, i
 #define GEMM_RN 2
 #define GEMM_QUAD 4 /* blocks per group */
 
-/* The decode GEMV's activations, in the pair layout. */
+/* The decode GEMV's activations, in the GEMM's layout (GemmLayout: cw bytes and sw scales a row). */
 typedef struct {
-    int8_t *qx;  /* [rows][np * 64] */
-    float *dx8;  /* [rows][np * 8]: each block's dx in its 4 lanes */
-    float *sx8;  /* [rows][np * 8]: each block's dx * sum(qx) / 4 in its 4 lanes */
+    int8_t *qx;  /* [rows][cw] */
+    float *dx8;  /* [rows][sw]: each block's dx in its lanes */
+    float *sx8;  /* [rows][sw]: each block's dx * sum(qx) shared out over its lanes (the minimum term's operand) */
 } ActPairs;
 
 /* The GEMM's activations: values and scales in its layout, and each block's dx * sum(qx) by block, then row (the
@@ -635,12 +634,12 @@ static void gemm_tile(int qtype, WTile t, ActGemm a, GemmLayout L, int nb, int n
 #endif
 
 #ifdef QL_AVX2
-/* The decode GEMV with int8 activations (few rows): the GEMM's pair layout on the activation side only. A weight
- * row is read once, straight from its GGUF blocks: blocks 2p and 2p + 1 are loaded as one vector [2p | 2p + 1] of
- * their 16 nibble bytes (Q4; Q8_0: the two halves of each block's 32 bytes), whose low and high nibbles are then
- * exactly the pair layout, and their fp16 scales [d, m] are converted together into the lanes of each block. Per
- * pair of blocks that is one int->float conversion and two FMAs a row instead of a scalar scale, a broadcast and a
- * dependent scalar minimum term per block. An odd row's last block pairs with zeros. */
+/* The decode GEMV with int8 activations (few rows): the GEMM's layout on the activation side only. A weight row is
+ * read once, straight from its GGUF blocks: blocks 2p and 2p + 1 are loaded as one vector [2p | 2p + 1] of their 16
+ * nibble bytes (Q4; Q8_0: the two halves of each block's 32 bytes), whose low and high nibbles are then exactly the
+ * pair layout, and their fp16 scales [d, m] are converted together into the lanes of each block; Q4 quads come from
+ * two such vectors (quad_weights). Per group of blocks that is one int->float conversion and two FMAs a row instead
+ * of a scalar scale, a broadcast and a dependent scalar minimum term per block. An odd leftover pairs with zeros. */
 static inline __attribute__((always_inline)) void pair_weights(int qtype, const uint8_t *blk0, const uint8_t *blk1,
                                                                __m256i *u0, __m256i *u1, __m256i *s0, __m256i *s1,
                                                                __m256 *d, __m256 *m) {
