@@ -15,6 +15,14 @@ from kernels.reference import dequantize_kv_ref, quantize_kv_ref
 
 MAX_DECODE_GROUPS = 4
 F16_MAX = torch.finfo(torch.float16).max  # an fp16 pool's rows saturate here (store_kv_f16 does the same)
+
+
+def _as_pool_holds(x: torch.Tensor, pool_dtype: torch.dtype) -> torch.Tensor:
+    """K or V rows as a float pool of `pool_dtype` holds them: themselves, or (an fp16 pool under fp32 rows)
+    saturated and rounded as store_kv_f16 does."""
+    return x if x.dtype == pool_dtype else x.clamp(-F16_MAX, F16_MAX).to(pool_dtype)
+
+
 MIN_SPLIT_SAVING = 32  # padded blocks a length split must save (per layer) to pay for its extra kernel calls
 
 
@@ -140,16 +148,6 @@ class _Gather:
     k_scale: torch.Tensor | None
     v_scale: torch.Tensor | None
     dtype: torch.dtype
-    exact: bool  # the pool holds K/V as computed (not rounded to int8 or fp16)
-
-    def as_stored(self, x: torch.Tensor) -> torch.Tensor | None:
-        """This step's K or V rows as the pool holds them, in the query dtype, without reading the pool back (None
-        for an int8 pool: its rounding depends on the scales it stores)."""
-        if self.exact:
-            return x
-        if self.k_scale is not None:
-            return None
-        return x.clamp(-F16_MAX, F16_MAX).to(self.k_cache.dtype).to(self.dtype)
 
     def __call__(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of these blocks, [len(block_ids), block_size, Hkv, D] each."""
@@ -237,12 +235,10 @@ class TorchAttentionBackend:
                 scales.view(-1, num_kv_heads).index_copy_(0, meta.slot_mapping, row_scales)
         else:
             for x, cache in ((k, k_cache), (v, v_cache)):
-                if (
-                    cache.dtype != x.dtype
-                ):  # an fp16 pool under fp32 rows: saturated and rounded as store_kv_f16
-                    x = x.clamp(-F16_MAX, F16_MAX).to(cache.dtype)
-                cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, x)
-        gather = _Gather(k_cache, v_cache, k_scale, v_scale, q.dtype, exact=k_cache.dtype == k.dtype)
+                cache.view(-1, num_kv_heads, head_dim).index_copy_(
+                    0, meta.slot_mapping, _as_pool_holds(x, cache.dtype)
+                )
+        gather = _Gather(k_cache, v_cache, k_scale, v_scale, q.dtype)
         if plan.native is not None and self.kernel.supports(q, k_cache):
             n = plan.native
             if meta.max_seq_len > n.block_tables.shape[1] * block_size:
@@ -282,10 +278,11 @@ class TorchAttentionBackend:
     def _prefill(q, k, v, gather: _Gather, p: _Prefill, scale: float) -> torch.Tensor:
         rows = slice(p.row_start, p.row_end)
         query = q[rows].transpose(0, 1).unsqueeze(0)  # [1, Hq, Lq, D]
-        if (
-            not p.cached and gather.k_scale is None
-        ):  # all context is new: this step's K/V, as the pool holds them
-            keys, values = gather.as_stored(k[rows]), gather.as_stored(v[rows])  # [L, Hkv, D]
+        # all context is new: this step's K/V as a float pool holds them, not read back (an int8 pool's rounding
+        # depends on the scales it stores: read back)
+        if not p.cached and gather.k_scale is None:
+            pool = gather.k_cache.dtype
+            keys, values = (_as_pool_holds(x[rows], pool).to(q.dtype) for x in (k, v))  # [L, Hkv, D]
         else:
             keys, values = gather(p.block_ids)
             keys, values = keys.flatten(0, 1)[: p.seq_len], values.flatten(0, 1)[: p.seq_len]

@@ -517,16 +517,17 @@ static void unpack_tile(int qtype, const uint8_t *w, int64_t w_row_bytes, int nr
     }
 }
 
-/* The integer dots of G consecutive 32-byte vectors of weights (uk, already loaded, and Q8_0's signed s) and
- * activations x: 8 int32 lanes (for Q4 the maddubs sums are added in 16 bits first: see above). */
-static inline __attribute__((always_inline)) __m256i group_dot(int qtype, int G, const __m256i *uk, const int8_t *s,
+/* The integer dots of G consecutive 32-byte vectors of weights (uk; Q8_0: |q|, its signed q in sk, registers or the
+ * GEMM's aligned tile) and activations x: 8 int32 lanes (for Q4 the maddubs sums are added in 16 bits first: see
+ * above). The GEMM and the GEMV both take their dots here. */
+static inline __attribute__((always_inline)) __m256i group_dot(int qtype, int G, const __m256i *uk, const __m256i *sk,
                                                                const int8_t *x) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc16 = _mm256_setzero_si256(), acc32 = _mm256_setzero_si256();
     for (int k = 0; k < G; k++) {
         __m256i xk = _mm256_load_si256((const __m256i *)(x + 32 * k));
         if (qtype == Q8_0) { /* u <= 128, |x| <= 127: a pair sums to at most 2 * 128 * 127 < 2^15 */
-            xk = _mm256_sign_epi8(xk, _mm256_load_si256((const __m256i *)(s + 32 * k)));
+            xk = _mm256_sign_epi8(xk, sk[k]);
             const __m256i dk = _mm256_madd_epi16(_mm256_maddubs_epi16(uk[k], xk), ones);
             acc32 = k ? _mm256_add_epi32(acc32, dk) : dk;
         } else {
@@ -551,7 +552,8 @@ static inline __attribute__((always_inline)) void gemm_group(int qtype, int G, W
         for (int k = 0; k < G; k++) uk[k] = _mm256_load_si256((const __m256i *)(t.u + i * L.cw + off + 32 * k));
         const __m256 d = _mm256_load_ps(t.d8 + i * L.sw + g * 8);
         for (int j = 0; j < NJ; j++) {
-            const __m256i dot = group_dot(qtype, G, uk, t.s + i * L.cw + off, a.qx + j * L.cw + off);
+            const __m256i *sk = (const __m256i *)(t.s + i * L.cw + off);
+            const __m256i dot = group_dot(qtype, G, uk, sk, a.qx + j * L.cw + off);
             const __m256 scale = _mm256_mul_ps(d, _mm256_load_ps(a.dx8 + j * L.sw + g * 8));
             acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[i][j]);
         }
@@ -696,27 +698,14 @@ static inline __attribute__((always_inline)) void group_step(int qtype, int G, c
                                                              const uint8_t *blk1, ActPairs a, GemmLayout L,
                                                              int64_t off, int g, int NR, __m256 *accd,
                                                              __m256 *accm) {
-    __m256i u[4], s0, s1;
+    __m256i u[4], sk[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     __m256 d, m = _mm256_setzero_ps();
     if (G == 4)
         quad_weights(qtype, blk0, block_bytes(qtype), u, &d, &m);
     else
-        pair_weights(qtype, blk0, blk1, &u[0], &u[1], &s0, &s1, &d, &m);
-    const __m256i ones = _mm256_set1_epi16(1);
+        pair_weights(qtype, blk0, blk1, &u[0], &u[1], &sk[0], &sk[1], &d, &m);
     for (int r = 0; r < NR; r++) {
-        const int8_t *x = a.qx + r * L.cw + off;
-        __m256i dot;
-        if (qtype == Q8_0) { /* as in group_dot: |q| x (x sign(q)), pairs within 16 bits */
-            const __m256i x0 = _mm256_sign_epi8(_mm256_load_si256((const __m256i *)x), s0);
-            const __m256i x1 = _mm256_sign_epi8(_mm256_load_si256((const __m256i *)(x + 32)), s1);
-            dot = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u[0], x0), ones),
-                                   _mm256_madd_epi16(_mm256_maddubs_epi16(u[1], x1), ones));
-        } else { /* nibbles: the G maddubs results summed in 16 bits (see the GEMM) */
-            __m256i s16 = _mm256_maddubs_epi16(u[0], _mm256_load_si256((const __m256i *)x));
-            for (int k = 1; k < G; k++)
-                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k], _mm256_load_si256((const __m256i *)(x + 32 * k))));
-            dot = _mm256_madd_epi16(s16, ones);
-        }
+        const __m256i dot = group_dot(qtype, G, u, sk, a.qx + r * L.cw + off);
         const __m256 scale = _mm256_mul_ps(d, _mm256_load_ps(a.dx8 + r * L.sw + g * 8));
         accd[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, accd[r]);
         if (qtype != Q8_0) accm[r] = _mm256_fmadd_ps(m, _mm256_load_ps(a.sx8 + r * L.sw + g * 8), accm[r]);
