@@ -29,6 +29,7 @@ _POSITIVE = (
     "header_timeout_s",
     "account_session_days",
     "invite_hours",
+    "credential_check_interval_s",
 )
 _NON_NEGATIVE = (
     "max_queued_requests",
@@ -193,6 +194,12 @@ class Settings:
     )
     account_session_days: float = option(30.0, "how long a sign-in lasts", group=_ACCOUNTS)
     invite_hours: float = option(72.0, "how long an invite link stays valid", group=_ACCOUNTS)
+    credential_check_interval_s: float = option(
+        2.0,
+        "how often a long-lived stream (chat socket, reply over SSE, streamed /v1 request, admin feed) re-checks the "
+        "sign-in, admin token or key it opened with; it ends within 1.5 times this once that is revoked",
+        group=_ACCOUNTS,
+    )
     first_admin: str = option(
         "",
         "with accounts: at start, create this admin account unless an account of that name exists",

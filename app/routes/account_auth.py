@@ -3,7 +3,8 @@
 The cookie holds a random secret (HttpOnly, SameSite=Lax, Secure with `cookie_secure`); the database keeps its
 SHA-256 with an expiry, so sign-out, a password change or a disabled account end it on the server. The middleware
 puts the account (or the lookup's failure) in the scope's state; `signed_in_account` reads it, synchronously, for
-`session_owner` and every other place that asks who the caller is.
+`session_owner` and every other place that asks who the caller is; a long-lived stream looks its sign-in up again
+every `credential_check_interval_s` (app/routes/credentials.py).
 """
 
 from __future__ import annotations
@@ -84,13 +85,6 @@ def require_account_admin(conn: HTTPConnection) -> Account:
     if not account.user.is_admin:
         raise APIError(403, "only an admin account may manage accounts", code="admin_account_required")
     return account
-
-
-async def check_still_signed_in(conn: HTTPConnection, svc: Any) -> None:
-    """For a long-lived connection (a chat socket): 401 when the sign-in it opened with has ended since."""
-    account = signed_in_account(conn)
-    if account is not None and await svc.store.session_user(account.session_hash) is None:
-        raise not_signed_in("this chat")
 
 
 class AccountMiddleware:

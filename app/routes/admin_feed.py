@@ -30,6 +30,7 @@ from starlette.routing import Route
 from app.routes.admin_auth import check_admin
 from app.routes.admin_sample import EngineSample, FeedSample, is_active, panel_json
 from app.routes.context import SHUTDOWN_MESSAGE, Services, services
+from app.routes.credentials import credential_of, revocation, revoked_error
 from app.routes.errors import error_response
 from app.routes.ops import stats_to_json
 from app.routes.sse import event_stream
@@ -275,6 +276,7 @@ async def admin_stream(request: Request) -> Response:
     try:
         await check_admin(request, svc)
         view = parse_view(request.query_params)
+        credential = await credential_of(request, svc, admin=True)
     except Exception as exc:  # noqa: BLE001 - 401/403, or 400 for a bad view, in the API's error shape
         return error_response(from_exception(exc))
     send_history = request.query_params.get("history") != "0"
@@ -297,8 +299,19 @@ async def admin_stream(request: Request) -> Response:
             {"event": "shutdown", "data": json.dumps({"reason": "shutdown", "message": SHUTDOWN_MESSAGE})}
         ]
 
-    # at shutdown the page watches the pool drain through the grace period, then gets a `shutdown` event
-    return event_stream(events(), svc, farewell, end_wait_s=0.0, headers={"Cache-Control": "no-store"})
+    def revoked_events() -> list[dict[str, str]]:  # the page's reconnect then shows the sign-in
+        return [{"event": "error", "data": json.dumps(revoked_error("this admin feed").to_dict())}]
+
+    # at shutdown the page watches the pool drain through the grace period, then gets a `shutdown` event; an admin
+    # sign-out, demotion or new admin token ends the feed with an `error` event within an interval
+    return event_stream(
+        events(),
+        svc,
+        farewell,
+        end_wait_s=0.0,
+        headers={"Cache-Control": "no-store"},
+        revoked=revocation(request, svc, credential, revoked_events),
+    )
 
 
 routes = [Route("/api/admin/stream", admin_stream, methods=["GET"])]

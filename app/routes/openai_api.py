@@ -17,6 +17,7 @@ from starlette.routing import Route
 from app.routes import openai_format as fmt
 from app.routes.cache_scope import cache_salt
 from app.routes.context import SHUTDOWN_MESSAGE, Services, services
+from app.routes.credentials import credential_of, revocation, revoked_error
 from app.routes.errors import error_response
 from app.routes.openai_input import check_model, requested_cache_salt
 from app.routes.openai_input import prompt_ids as prompt_input
@@ -101,6 +102,7 @@ async def _handle(request: Request, kind: str) -> Response:
     try:
         owner = api_caller(request, svc.settings)
         lease = svc.admit(request, owner)  # shutting down (503) or over a client limit (429)
+        credential = await credential_of(request, svc, owner=owner)  # an account's cookie, a per-user key
         call = await _start(request, svc, kind, owner)
     except Exception as exc:  # noqa: BLE001 - every failure before streaming becomes an API error
         if lease is not None:
@@ -110,7 +112,11 @@ async def _handle(request: Request, kind: str) -> Response:
         return error_response(error)
     if call.streaming:
         return event_stream(
-            _sse(svc, call, lease), svc, _shutdown_events, on_close=lambda: _close(call, lease)
+            _sse(svc, call, lease),
+            svc,
+            _shutdown_events,
+            on_close=lambda: _close(call, lease),
+            revoked=revocation(request, svc, credential, _revoked_events),
         )
     try:
         result = await collect(call.stream, request.receive)
@@ -249,6 +255,11 @@ def _shutdown_events() -> list[dict[str, str]]:
     """How a stream cut by the shutdown ends: an error chunk of type `server_shutdown`, then `[DONE]`."""
     error = from_exception(ServerShuttingDown(SHUTDOWN_MESSAGE))
     return [{"data": json.dumps(error.to_dict())}, {"data": "[DONE]"}]
+
+
+def _revoked_events() -> list[dict[str, str]]:
+    """How a stream ends once the sign-in (or key) it was made with is gone: an error chunk, then `[DONE]`."""
+    return [{"data": json.dumps(revoked_error("this stream").to_dict())}, {"data": "[DONE]"}]
 
 
 def _close(call: _Call, lease: Lease) -> None:

@@ -13,12 +13,14 @@ from starlette.routing import Route
 
 from app.db import MessageStatus, PresetRef, SessionRecord
 from app.routes.context import Services, services
+from app.routes.credentials import credential_of, revocation, revoked_error
 from app.routes.csrf import check_browser_write
 from app.routes.errors import error_response
 from app.routes.openai_format import sse_json
 from app.routes.params import read_json_object
 from app.routes.security import BROWSER_OWNER, session_owner
-from app.routes.sse import event_stream
+from app.routes.sse import Revocation, event_stream
+from app.routes.ws import error_frame
 from app.services.accounts import ACCOUNT_OWNER
 from app.services.branches import path_json, turn_target
 from app.services.chat_reply import SHUTDOWN, Reply
@@ -172,11 +174,12 @@ async def stop_reply(request: Request, svc: Services, owner: str) -> Response:
 async def _turn(request: Request, svc: Services, owner: str, mode: ReplyMode) -> Response:
     body = await read_json_object(request, svc.settings.max_body_bytes, allow_empty=True)
     target = turn_target(mode, body)  # a bad id is a 400 before the client's slot is taken
+    credential = await credential_of(request, svc, owner=owner)
     lease = svc.admit(request, owner)
     reply = await svc.chat.start(
         mode, owner, request.path_params["session_id"], body.get("content"), lease, target=target
     )
-    return _sse(svc, reply)
+    return _sse(svc, reply, revocation(request, svc, credential, _revoked_events))
 
 
 @_api
@@ -207,17 +210,24 @@ async def continue_reply(request: Request, svc: Services, owner: str) -> Respons
     return await _turn(request, svc, owner, ReplyMode.CONTINUE)
 
 
-def _sse(svc: Services, reply: Reply) -> Response:
+def _sse(svc: Services, reply: Reply, revoked: Revocation | None) -> Response:
     async def events() -> AsyncIterator[dict[str, str]]:
         async for event in reply.iter_events():
             yield {"event": event["type"], "data": sse_json(event)}
 
     def on_close() -> None:
         # However the response ends, abort the reply if it still runs: the client went away (even before the first
-        # event), stored as interrupted, as when a WebSocket drops (a shutdown has cut it already, as interrupted).
+        # event) or its sign-in ended, stored as interrupted, as when a WebSocket drops (a shutdown has cut it
+        # already, as interrupted).
         svc.chat.stop_reply(reply, status=MessageStatus.INTERRUPTED)
 
-    return event_stream(events(), svc, _shutdown_events, on_close=on_close)
+    return event_stream(events(), svc, _shutdown_events, on_close=on_close, revoked=revoked)
+
+
+def _revoked_events() -> list[dict[str, str]]:
+    """The last event of a reply stream whose sign-in ended (the reply is stored as interrupted): an error, as the
+    chat socket's frame."""
+    return [{"event": "error", "data": sse_json(error_frame(revoked_error("this reply")))}]
 
 
 def _shutdown_events() -> list[dict[str, str]]:

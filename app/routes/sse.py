@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
@@ -15,6 +16,15 @@ from app.routes.context import END_WAIT_S, Flag, Services
 logger = logging.getLogger(__name__)
 PING_S = 15
 Event = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Revocation:
+    """How a stream ends when its credential does (app/routes/credentials.py): `wait()` returns then, and
+    `farewell()` gives the stream's last events (an error saying why)."""
+
+    wait: Callable[[], Awaitable[None]]
+    farewell: Callable[[], list[Event]]
 
 
 class _EventStream(EventSourceResponse):
@@ -64,6 +74,7 @@ def event_stream(
     *,
     end_wait_s: float = END_WAIT_S,
     headers: dict[str, str] | None = None,
+    revoked: Revocation | None = None,
 ) -> EventSourceResponse:
     """Stream `events` as SSE: pings keep proxies open, a client that takes nothing for `slow_reader_timeout_s` is
     cut off, and `on_close` (idempotent: abort the work unless it finished, release the client's slot) runs however
@@ -71,11 +82,12 @@ def event_stream(
 
     At shutdown, once the grace period is over (`svc.closing`), `events` get `end_wait_s` more to end by
     themselves (a cut reply sends its own last event), then they are closed and `farewell()` events end the
-    stream: a client always learns why its stream ended.
+    stream: a client always learns why its stream ended. With `revoked`, the stream is cut the same way, at once,
+    when its credential is gone, and `revoked.farewell()` ends it.
     """
     settings = svc.settings
     response = _EventStream(
-        _until_closing(events, svc.closing, end_wait_s, farewell),
+        _until_closing(events, svc.closing, end_wait_s, farewell, revoked),
         ping=PING_S,
         headers=headers,
         # sse-starlette's own cut at SIGTERM, a backstop only: the streams end before it
@@ -87,31 +99,55 @@ def event_stream(
 
 
 async def _until_closing(
-    events: AsyncIterator[Event], closing: Flag, end_wait_s: float, farewell: Callable[[], list[Event]]
+    events: AsyncIterator[Event],
+    closing: Flag,
+    end_wait_s: float,
+    farewell: Callable[[], list[Event]],
+    revoked: Revocation | None = None,
 ) -> AsyncIterator[Event]:
-    """`events` until they end; once `closing` is set, they get `end_wait_s` to end, then `farewell()` ends it.
+    """`events` until they end; once `closing` is set, they get `end_wait_s` to end, then `farewell()` ends it;
+    once `revoked.wait()` returns, they are cut at once and `revoked.farewell()` ends it.
 
-    Each wait for the source's next event runs under an asyncio timeout with no deadline until `closing` is set,
-    which then gives the wait under way (and every later one) the deadline: a cut while the source waits is the
+    Each wait for the source's next event runs under an asyncio timeout with no deadline until a cut is due, which
+    then gives the wait under way (and every later one) the deadline: a cut while the source waits is the
     timeout's cancellation, thrown into the source there, so its finally blocks run before the farewell (a source
     suspended at its yield is closed after it). Per event that is one small object, where
     racing the source (a task for each event) against the flag with asyncio.wait cost ~40 µs of the event loop a
-    token."""
+    token; the credential's watcher is one task a stream, asleep between its checks."""
     loop = asyncio.get_running_loop()
     source = aiter(events)
     deadline: float | None = None
     waiting: asyncio.Timeout | None = None  # the timeout around the wait under way, if one is
+    goodbye = farewell  # the last events of a cut stream: the shutdown's or the revocation's
 
-    def on_closing(done: asyncio.Future) -> None:
-        nonlocal deadline
-        if done.cancelled():
+    def cut(at: float, last: Callable[[], list[Event]]) -> None:
+        nonlocal deadline, goodbye
+        if deadline is not None and deadline <= at:  # an earlier cut stands
             return
-        deadline = loop.time() + end_wait_s
+        deadline, goodbye = at, last
         if waiting is not None:
             waiting.reschedule(deadline)
 
+    def on_closing(done: asyncio.Future) -> None:
+        if not done.cancelled():
+            cut(loop.time() + end_wait_s, farewell)
+
+    def on_revoked(done: asyncio.Future) -> None:
+        if done.cancelled():
+            return
+        if done.exception() is not None:  # a bug in a check: fail closed, loudly
+            logger.error("a stream's credential check failed: stream cut", exc_info=done.exception())
+        else:
+            logger.info("a stream's credential was revoked: stream cut")
+        assert revoked is not None
+        cut(loop.time(), revoked.farewell)
+
     closed = asyncio.ensure_future(closing.wait())
     closed.add_done_callback(on_closing)
+    watching = None
+    if revoked is not None:
+        watching = asyncio.ensure_future(revoked.wait())
+        watching.add_done_callback(on_revoked)
     try:
         while deadline is None or loop.time() < deadline:
             timeout = waiting = asyncio.timeout_at(deadline)  # an absolute loop time, as reschedule takes
@@ -127,12 +163,14 @@ async def _until_closing(
             finally:
                 waiting = None
             yield event
-        if end_wait_s:
+        if goodbye is farewell and end_wait_s:
             logger.warning("a stream had not ended %g s after the shutdown's grace period: cut", end_wait_s)
-        for event in farewell():
+        for event in goodbye():
             yield event
     finally:
         closed.cancel()
+        if watching is not None:
+            watching.cancel()
         if isinstance(source, AsyncGenerator):
             # suspended at its yield (a stalled reader was cut off): close it now, not when it is collected
             asyncio.ensure_future(source.aclose())

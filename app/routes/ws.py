@@ -9,7 +9,9 @@ sibling_index, continues} · delta {text} · done {message, usage, timings, reas
 messages} · error {status, code, message, param} · stop_ack {stopped} · pong.
 
 With accounts on, a socket without a sign-in gets an error frame (code `not_signed_in`) and closes with 4401; so does
-a reply frame sent after the socket's sign-in ended (sign-out elsewhere, a password change, a disabled account).
+a socket whose sign-in (or per-user API key) ended while it was open (sign-out elsewhere, a password change, a
+disabled or deleted account): within `credential_check_interval_s`, idle or mid-reply (the reply is stopped, stored
+as interrupted), and at once at a reply frame (app/routes/credentials.py).
 
 At shutdown, once the grace period is over, a running reply ends with its `done` (reason `shutdown`), then an error
 frame with code `server_shutdown` says why, and the socket closes with 1001 (going away).
@@ -27,8 +29,8 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.db import MessageStatus
-from app.routes.account_auth import check_still_signed_in
 from app.routes.context import END_WAIT_S, Services, services
+from app.routes.credentials import Credential, credential_alive, credential_of, revoked_error, until_revoked
 from app.routes.params import check_unicode
 from app.routes.security import origin_allowed, session_owner
 from app.services.branches import turn_target
@@ -43,6 +45,8 @@ CLOSE_TOO_BIG = 1009
 CLOSE_TRY_AGAIN_LATER = 1013
 CLOSE_NOT_SIGNED_IN = 4401  # accounts: the socket's sign-in is missing or ended
 CLOSE_SESSION_NOT_FOUND = 4404
+# a revoked socket's loop ends once the client answers its close, after the reply's abort (up to 5 s)
+SERVE_END_WAIT_S = 10.0
 REPLY_FRAMES = {
     "message": ReplyMode.SEND,
     "regenerate": ReplyMode.REGENERATE,
@@ -75,11 +79,24 @@ class _Socket:
         self.lock = asyncio.Lock()
         self.send_timeout_s = send_timeout_s
         self.pump: asyncio.Task | None = None  # forwards the running reply's events
+        self.signed_out = False  # the not_signed_in frame and 4401 went (once, whoever noticed first)
 
     async def send(self, frame: dict[str, Any]) -> None:
         async with self.lock:
             text = json.dumps(frame, ensure_ascii=False)
             await asyncio.wait_for(self.websocket.send_text(text), self.send_timeout_s)
+
+    async def close_not_signed_in(self, error: APIError) -> None:
+        """The error frame saying the sign-in is gone, then a close with 4401 (once; a gone client is no error)."""
+        if self.signed_out:
+            return
+        self.signed_out = True
+        with contextlib.suppress(Exception):
+            await self.send(error_frame(error))
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                self.websocket.close(code=CLOSE_NOT_SIGNED_IN, reason="not signed in"), self.send_timeout_s
+            )
 
 
 async def chat_socket(websocket: WebSocket) -> None:
@@ -117,18 +134,36 @@ async def chat_socket(websocket: WebSocket) -> None:
         )
         await websocket.close(code=CLOSE_SESSION_NOT_FOUND)
         return
-    await _serve_until_shutdown(socket, svc, owner, session_id)
+    credential = await credential_of(websocket, svc, owner=owner)
+    await _serve_until_shutdown(socket, svc, owner, session_id, credential)
 
 
-async def _serve_until_shutdown(socket: _Socket, svc: Services, owner: str, session_id: str) -> None:
-    """Serve the socket; at the end of a shutdown's grace period, finish it: the reply's `done`, a frame saying
-    why, and a close with 1001."""
-    serving = asyncio.ensure_future(_serve(socket, svc, owner, session_id))
+async def _serve_until_shutdown(
+    socket: _Socket, svc: Services, owner: str, session_id: str, credential: Credential
+) -> None:
+    """Serve the socket; once its credential is gone, close it with 4401 (its reply aborted as at a disconnect);
+    at the end of a shutdown's grace period, finish it: the reply's `done`, a frame saying why, and a close with
+    1001."""
+    serving = asyncio.ensure_future(_serve(socket, svc, owner, session_id, credential))
     closing = asyncio.ensure_future(svc.closing.wait())
+    revoked = (
+        asyncio.ensure_future(until_revoked(socket.websocket, svc, credential))
+        if credential.revocable
+        else None
+    )
     try:
-        await asyncio.wait({serving, closing}, return_when=asyncio.FIRST_COMPLETED)
+        waits = {serving, closing} if revoked is None else {serving, closing, revoked}
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         if serving.done():
             return serving.result()
+        if not closing.done():  # the credential is gone (or its check failed: a bug, and the socket ends)
+            assert revoked is not None and revoked.done(), "one of the three ended"
+            if revoked.exception() is not None:
+                logger.error("a chat socket's credential check failed: closed", exc_info=revoked.exception())
+            await socket.close_not_signed_in(revoked_error("this chat"))
+            # its loop sees the close as a disconnect and aborts the reply (stored as interrupted)
+            await asyncio.wait({serving}, timeout=SERVE_END_WAIT_S)
+            return
         if socket.pump is not None:  # the shutdown has cut the reply: its done comes once it is stored
             await asyncio.wait({socket.pump}, timeout=END_WAIT_S)
         serving.cancel()  # no more frames from the client
@@ -137,6 +172,8 @@ async def _serve_until_shutdown(socket: _Socket, svc: Services, owner: str, sess
     finally:
         closing.cancel()
         serving.cancel()
+        if revoked is not None:
+            revoked.cancel()
 
 
 async def _say_goodbye(socket: _Socket) -> None:
@@ -146,7 +183,7 @@ async def _say_goodbye(socket: _Socket) -> None:
     await socket.websocket.close(code=CLOSE_GOING_AWAY, reason="server shutting down")
 
 
-async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str) -> None:
+async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str, credential: Credential) -> None:
     chat, max_frame_bytes = svc.chat, svc.settings.ws_max_frame_bytes
     assert chat is not None
     pump: asyncio.Task | None = None
@@ -170,13 +207,13 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str) ->
                 elif kind == "stop":
                     await socket.send({"type": "stop_ack", "stopped": chat.stop(session_id)})
                 elif kind == "branch":
-                    await check_still_signed_in(socket.websocket, svc)
+                    await _check_signed_in(socket, svc, credential)
                     await socket.send(
                         {"type": "branch", **await chat.switch_branch(owner, session_id, frame)}
                     )
                 elif kind in REPLY_FRAMES:
                     # signed out since the socket opened (elsewhere, a password change, disabled): 401
-                    await check_still_signed_in(socket.websocket, svc)
+                    await _check_signed_in(socket, svc, credential)
                     mode = REPLY_FRAMES[kind]
                     target = turn_target(mode, frame)
                     # shutting down (503) or over a client limit (429)
@@ -195,11 +232,11 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str) ->
                 raise
             except Exception as exc:  # noqa: BLE001 - bad input or a busy session: an error frame, socket stays open
                 error = from_exception(exc)
+                if error.code == "not_signed_in":
+                    await socket.close_not_signed_in(error)
+                    return
                 try:
                     await socket.send(error_frame(error))
-                    if error.code == "not_signed_in":
-                        await socket.websocket.close(code=CLOSE_NOT_SIGNED_IN, reason="not signed in")
-                        return
                 except Exception:  # noqa: BLE001 - the client is gone (a send on a closed socket raises)
                     return
     except WebSocketDisconnect:
@@ -211,6 +248,12 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str) ->
             chat.stop(session_id, status=MessageStatus.INTERRUPTED)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(pump, timeout=5.0)
+
+
+async def _check_signed_in(socket: _Socket, svc: Services, credential: Credential) -> None:
+    """Before a turn: 401 when the socket's sign-in has ended (looked up now, not the last interval's answer)."""
+    if credential.revocable and not await credential_alive(socket.websocket, svc, credential, fresh=True):
+        raise revoked_error("this chat")
 
 
 def _parse(text: str) -> dict[str, Any]:
