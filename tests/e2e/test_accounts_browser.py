@@ -215,7 +215,7 @@ def test_an_invite_link_made_on_the_account_page_works_once(device):
     again = device(refusal_expected=True)  # the link works once
     again.goto(url)
     expect(again.locator("#invite-error")).to_have_text(
-        "this invite link is not valid: it was used, it expired, or it was mistyped"
+        "this invite link is not valid: it was used, revoked or mistyped, or it expired"
     )
     expect(again.locator("#invite-form")).to_be_hidden()
     admin.reload()
