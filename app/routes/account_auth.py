@@ -87,10 +87,18 @@ def require_account_admin(conn: HTTPConnection) -> Account:
 
 
 async def check_still_signed_in(conn: HTTPConnection, svc: Any) -> None:
-    """For a long-lived connection (a chat socket): 401 when the sign-in it opened with has ended since."""
+    """For a long-lived connection (a chat socket): 401 when the sign-in or the API key it opened with has ended
+    since."""
     account = signed_in_account(conn)
     if account is not None and await svc.store.session_user(account.session_hash) is None:
         raise not_signed_in("this chat")
+    key_id = conn.scope.get("state", {}).get("api_key_id")
+    if key_id is not None and not await svc.store.api_key_live(key_id):
+        raise APIError(
+            401,
+            "the API key this chat was opened with was revoked, or its account disabled or deleted",
+            code="not_signed_in",  # the socket closes with 4401, as for an ended sign-in
+        )
 
 
 class AccountMiddleware:

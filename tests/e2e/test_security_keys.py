@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
 from app.services.login_throttle import FREE_FAILURES
 from bench.servers import stop_server
@@ -273,6 +275,30 @@ def test_revoking_a_key_ends_its_running_streams(server, root):
         wait_pool_idle(server)
         stored = pia.get(f"/api/sessions/{session['id']}/messages").json()["messages"]
         assert [m["status"] for m in stored] == ["complete", "interrupted"]
+
+
+def test_revoking_a_key_stops_its_chat_socket(server, root):
+    add_user(root, "rex")
+    with sign_in(server, "rex") as rex:
+        key = make_key(rex, "socket")
+        auth = {"Authorization": f"Bearer {key['key']}"}
+        session = httpx.post(server.base_url + "/api/sessions", json={"title": "ws"}, headers=auth).json()
+        with connect(f"{server.ws_url}/ws/sessions/{session['id']}", additional_headers=auth) as ws:
+            ws.send(json.dumps({"type": "message", "content": "hi"}))
+            while json.loads(ws.recv(timeout=30))["type"] != "delta":
+                pass
+            assert rex.delete(f"/api/keys/{key['id']}").json() == {"revoked": True, "ended": 1}
+            while (frame := json.loads(ws.recv(timeout=30)))["type"] != "done":
+                pass
+            assert (frame["reason"], frame["message"]["status"]) == ("api_key_revoked", "interrupted")
+            ws.send(json.dumps({"type": "message", "content": "again"}))  # the socket's next turn is refused
+            refused = json.loads(ws.recv(timeout=30))
+            assert (refused["status"], refused["code"]) == (401, "not_signed_in")
+            assert "API key" in refused["message"]
+            with pytest.raises(ConnectionClosed):
+                ws.recv(timeout=30)
+            assert ws.close_code == 4401
+    wait_pool_idle(server)
 
 
 def test_wrong_keys_are_throttled_per_address(server, root):
