@@ -18,7 +18,9 @@ from app.middleware import RequestContextMiddleware
 from app.routes import (
     accounts,
     admin_feed,
+    api_keys,
     export,
+    invites,
     oidc,
     openai_api,
     ops,
@@ -32,6 +34,7 @@ from app.routes.account_auth import AccountMiddleware
 from app.routes.admin_auth import token_fingerprint
 from app.routes.context import Services
 from app.routes.errors import api_error_handler, http_exception_handler, unhandled_error_handler
+from app.routes.key_auth import ApiKeyMiddleware
 from app.routes.oidc import flow_middleware, make_oauth
 from app.routes.security import make_signer
 from app.services.accounts import AccountService
@@ -101,6 +104,8 @@ def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | Non
             *ws.routes,
             *admin_feed.routes,
             *accounts.routes,
+            *invites.routes,
+            *api_keys.routes,
             *oidc.routes,
             *pages.routes,
         ],
@@ -113,6 +118,7 @@ def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | Non
                 browser_identity=settings.auth == "none",
             ),
             Middleware(AccountMiddleware),
+            Middleware(ApiKeyMiddleware),
             *([flow_middleware(settings)] if settings.auth == "oidc" else []),
         ],
         exception_handlers={

@@ -1,10 +1,13 @@
-// The account page: change the password, sign out; for admins, the accounts table, invites and new accounts.
+// The account page: change the password, API keys, sign out; for admins, the accounts table, invites (made, pending,
+// revoked) and new accounts.
 import { bindSignOut, call } from "./account_api.js";
+import { initKeys } from "./account_keys.js";
 
 const $ = (id) => document.getElementById(id);
 const isAdmin = document.querySelector("main").dataset.admin === "true";
 
 bindSignOut($("sign-out"));
+initKeys();
 
 const passwordForm = $("password-form");
 if (passwordForm) {
@@ -35,7 +38,7 @@ function actionButton(label, handler) {
   button.type = "button";
   button.className = "link-btn";
   button.textContent = label;
-  button.addEventListener("click", () => handler().then(loadUsers).catch(showUsersError));
+  button.addEventListener("click", () => handler().then(loadAdmin).catch(showUsersError));
   return button;
 }
 
@@ -71,8 +74,38 @@ async function loadUsers() {
   $("user-rows").replaceChildren(...data.users.map(userRow));
 }
 
+function inviteRow(invite) {
+  const tr = document.createElement("tr");
+  tr.dataset.username = invite.username;
+  tr.append(
+    cell(invite.username),
+    cell(invite.role),
+    cell(invite.created_by || "—"),
+    cell(new Date(invite.expires_at).toLocaleString()),
+  );
+  const actions = document.createElement("td");
+  actions.className = "actions";
+  actions.append(
+    actionButton("Revoke", () => call("DELETE", "/api/users/invites/" + encodeURIComponent(invite.id))),
+  );
+  tr.append(actions);
+  return tr;
+}
+
+// pending invites: a demotion, a disable or a deletion takes the invites of that admin with it
+async function loadInvites() {
+  const data = await call("GET", "/api/users/invites");
+  $("invite-rows").replaceChildren(...data.invites.map(inviteRow));
+  $("invites-empty").hidden = data.invites.length > 0;
+}
+
+async function loadAdmin() {
+  await loadUsers();
+  await loadInvites();
+}
+
 if (isAdmin) {
-  loadUsers().catch(showUsersError);
+  loadAdmin().catch(showUsersError);
   $("invite-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     $("users-error").textContent = "";
@@ -88,6 +121,7 @@ if (isAdmin) {
         invite.expires_at,
       ).toLocaleString()}.`;
       event.target.reset();
+      await loadInvites();
     } catch (e) {
       showUsersError(e);
     }

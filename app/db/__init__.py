@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from app.db.accounts import AccountConflict, InviteRecord, UserRecord
+from app.db.account_invites import InviteRecord
+from app.db.account_keys import ApiKeyRecord
+from app.db.accounts import AccountConflict, UserRecord
 from app.db.models import MessageStatus
 from app.db.presets import PresetRef
 from app.db.quota import QuotaExceeded, StorageQuota
@@ -14,6 +16,7 @@ from app.db.tree import MessageTree, Parent
 
 __all__ = [
     "AccountConflict",
+    "ApiKeyRecord",
     "InviteRecord",
     "MATCH_END",
     "MATCH_START",

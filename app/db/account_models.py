@@ -1,7 +1,7 @@
-"""SQLAlchemy models of accounts (`--auth local|oidc`): users, their sign-ins, and invites.
+"""SQLAlchemy models of accounts (`--auth local|oidc`): users, their sign-ins, invites and API keys.
 
-A sign-in's and an invite's id is the SHA-256 of a random secret that only the browser (cookie) or the invite link
-holds, so the tables alone sign no one in. A user's id is random and never reused: the owner id and prefix-cache
+A sign-in's and an invite's id, and an API key's `secret_hash`, are the SHA-256 of a random secret that only the
+browser (cookie), the invite link or the key's holder has, so the tables alone sign no one in. A user's id is random and never reused: the owner id and prefix-cache
 salt derived from it (`user:<id>`) never pass to a later account.
 """
 
@@ -67,7 +67,26 @@ class Invite(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     username: Mapped[str] = mapped_column(String(64))
     role: Mapped[str] = mapped_column(String(16))
-    created_by: Mapped[str | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), nullable=True)
+    # None once its creator is deleted: such an invite is dead (see app/db/accounts.py `_live_invite`)
+    created_by: Mapped[str | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), nullable=True, index=True
+    )
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class ApiKey(Base):
+    """An account's API key: `Authorization: Bearer pck_...` acts as the account. `prefix` (the key's first
+    characters) tells the owner its keys apart; a revoked key's row stays so that its use is told apart from a
+    guess."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_user_id)  # public, not a secret
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    prefix: Mapped[str] = mapped_column(String(16))
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

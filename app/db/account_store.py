@@ -7,16 +7,18 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from app.db import accounts
-from app.db.accounts import InviteRecord, UserRecord
+from app.db import account_invites, account_keys, accounts
+from app.db.account_invites import InviteRecord
+from app.db.account_keys import ApiKeyRecord
+from app.db.accounts import UserRecord
 from app.db.models import utcnow
 
 T = TypeVar("T")
 
 
 class AccountStore:
-    """Users, sign-ins and invites. Secrets never reach the database: sign-ins and invites are stored by the
-    SHA-256 of their secret (`*_hash`), passwords as argon2id hashes made by the caller."""
+    """Users, sign-ins, invites and API keys. Secrets never reach the database: sign-ins, invites and API keys are
+    stored by the SHA-256 of their secret (`*_hash`), passwords as argon2id hashes made by the caller."""
 
     # provided by Store
     _tx: Callable[..., Any]
@@ -49,11 +51,12 @@ class AccountStore:
     async def update_user(
         self, user_id: str, *, role: str | None = None, disabled: bool | None = None
     ) -> UserRecord | None:
-        """Change the role, disable (ending every sign-in) or enable; None when missing."""
+        """Change the role, disable (ending every sign-in and API key) or enable; None when missing."""
         return await self._tx(accounts.update_user, user_id, role, disabled)
 
     async def delete_user(self, user_id: str, owner: str) -> bool:
-        """Delete the account, its sign-ins and the chats of its owner id; False when missing."""
+        """Delete the account, its sign-ins, API keys and invites, and the chats of its owner id; False when
+        missing."""
         return await self._tx(accounts.delete_user, user_id, owner)
 
     async def create_user_session(
@@ -76,19 +79,51 @@ class AccountStore:
         return await self._tx(accounts.drop_expired)
 
     async def create_invite(
-        self, token_hash: str, username: str, role: str, created_by: str | None, lifetime_s: float
+        self, token_hash: str, username: str, role: str, created_by: str, lifetime_s: float
     ) -> InviteRecord:
         """Record an invite valid for `lifetime_s`; AccountConflict when the username is taken."""
         expires_at = utcnow() + timedelta(seconds=lifetime_s)
-        return await self._tx(accounts.create_invite, token_hash, username, role, created_by, expires_at)
+        return await self._tx(
+            account_invites.create_invite, token_hash, username, role, created_by, expires_at
+        )
 
     async def get_invite(self, token_hash: str) -> InviteRecord | None:
         """A live invite, or None."""
-        return await self._read(accounts.get_invite, token_hash)
+        return await self._read(account_invites.get_invite, token_hash)
 
     async def accept_invite(self, token_hash: str, password_hash: str) -> UserRecord | None:
         """Use a live invite (None otherwise): its account is created with this password."""
-        return await self._tx(accounts.accept_invite, token_hash, password_hash)
+        return await self._tx(account_invites.accept_invite, token_hash, password_hash)
+
+    async def list_invites(self) -> list[InviteRecord]:
+        """The pending invites, soonest to expire first."""
+        return await self._read(account_invites.list_invites)
+
+    async def revoke_invite(self, invite_id: str) -> bool:
+        """Delete an unused invite; False when there is none of that id."""
+        return await self._tx(account_invites.revoke_invite, invite_id)
+
+    async def create_api_key(
+        self, user_id: str, name: str, prefix: str, secret_hash: str, max_keys: int
+    ) -> ApiKeyRecord:
+        """Record an API key; AccountConflict past `max_keys` live keys or for a disabled account."""
+        return await self._tx(account_keys.create_key, user_id, name, prefix, secret_hash, max_keys)
+
+    async def list_api_keys(self, user_id: str) -> list[ApiKeyRecord]:
+        """The account's live API keys, oldest first."""
+        return await self._read(account_keys.list_keys, user_id)
+
+    async def revoke_api_key(self, user_id: str, key_id: str) -> bool:
+        """Revoke one of the account's live keys; False when it has none of that id."""
+        return await self._tx(account_keys.revoke_key, user_id, key_id)
+
+    async def api_key_user(self, secret_hash: str) -> tuple[ApiKeyRecord, UserRecord] | None:
+        """The key of this secret's hash (revoked ones too) and its account, or None."""
+        return await self._read(account_keys.key_user, secret_hash)
+
+    async def api_key_live(self, key_id: str) -> bool:
+        """Whether the key exists, is not revoked, and its account is enabled (for re-checking long streams)."""
+        return await self._read(account_keys.key_live, key_id)
 
     async def oidc_user(self, issuer: str, subject: str, usernames: list[str]) -> UserRecord:
         """The account of an OpenID Connect identity, created on its first sign-in."""

@@ -1,4 +1,5 @@
-"""The synchronous database work behind accounts: users, sign-ins and invites, one function per operation.
+"""The synchronous database work behind accounts: users and sign-ins, one function per operation (invites:
+app/db/account_invites.py; API keys: app/db/account_keys.py).
 
 Used by the async store (app/db/account_store.py) and by `pagedchat users` (app/users_cli.py), which works on the
 database directly. Password hashes come in ready made: hashing belongs to app/services/passwords.py.
@@ -12,7 +13,7 @@ from datetime import datetime
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from app.db.account_models import ACCOUNT_ROLES, Invite, User, UserSession
+from app.db.account_models import ACCOUNT_ROLES, ApiKey, Invite, User, UserSession
 from app.db.models import ChatSession, Preset, utcnow
 from app.db.records import as_utc
 from app.db.usage import forget
@@ -39,16 +40,6 @@ class UserRecord:
         return self.role == "admin"
 
 
-@dataclass(frozen=True)
-class InviteRecord:
-    """An invite as stored (never its token)."""
-
-    username: str
-    role: str
-    created_at: datetime
-    expires_at: datetime
-
-
 def user_record(row: User) -> UserRecord:
     """Copy an ORM user into a record."""
     return UserRecord(
@@ -71,7 +62,7 @@ def _by_name(s: Session, username: str) -> User | None:
     return s.scalar(select(User).where(User.username == username))
 
 
-def _check_new_account(s: Session, username: str, role: str) -> None:
+def check_new_account(s: Session, username: str, role: str) -> None:
     """A new account's (or invite's) role must exist and its username be free (AccountConflict)."""
     _check_role(role)
     if _by_name(s, username) is not None:
@@ -92,6 +83,20 @@ def _revoke_sessions(s: Session, user_id: str) -> int:
     return s.execute(query).rowcount
 
 
+def _revoke_keys(s: Session, user_id: str) -> int:
+    query = (
+        update(ApiKey)
+        .where(ApiKey.user_id == user_id, ApiKey.revoked_at.is_(None))
+        .values(revoked_at=utcnow())
+    )
+    return s.execute(query).rowcount
+
+
+def _drop_pending_invites(s: Session, user_id: str) -> int:
+    """An invite lives only while its creator is an enabled admin: its unused invites go when that ends."""
+    return s.execute(delete(Invite).where(Invite.created_by == user_id, Invite.used_at.is_(None))).rowcount
+
+
 def create_user(
     s: Session,
     username: str,
@@ -100,7 +105,7 @@ def create_user(
     oidc: tuple[str, str] | None = None,
 ) -> UserRecord:
     """Insert an account; AccountConflict when the username is taken."""
-    _check_new_account(s, username, role)
+    check_new_account(s, username, role)
     issuer, subject = oidc or (None, None)
     row = User(
         username=username,
@@ -159,8 +164,9 @@ def set_password(s: Session, user_id: str, password_hash: str, revoke: bool) -> 
 
 
 def update_user(s: Session, user_id: str, role: str | None, disabled: bool | None) -> UserRecord | None:
-    """Change the role and/or disable or enable; disabling ends every sign-in. AccountConflict when no enabled
-    admin would be left. None when the account is missing."""
+    """Change the role and/or disable or enable; disabling ends every sign-in and revokes every API key, and an
+    account that is no longer an enabled admin loses its pending invites. AccountConflict when no enabled admin
+    would be left. None when the account is missing."""
     row = s.get(User, user_id)
     if row is None:
         return None
@@ -172,6 +178,9 @@ def update_user(s: Session, user_id: str, role: str | None, disabled: bool | Non
         row.disabled = disabled
         if disabled:
             _revoke_sessions(s, user_id)
+            _revoke_keys(s, user_id)
+    if row.role != "admin" or row.disabled:
+        _drop_pending_invites(s, user_id)
     s.flush()
     if num_admins and _num_enabled_admins(s) == 0:
         raise AccountConflict("refused: no enabled admin would be left (make another account admin first)")
@@ -179,8 +188,8 @@ def update_user(s: Session, user_id: str, role: str | None, disabled: bool | Non
 
 
 def delete_user(s: Session, user_id: str, owner: str) -> bool:
-    """Delete the account, its sign-ins, and every chat and preset of `owner` (its owner id); AccountConflict for
-    the last enabled admin. False when it is missing."""
+    """Delete the account, its sign-ins, API keys and pending invites, and every chat and preset of `owner` (its
+    owner id); AccountConflict for the last enabled admin. False when it is missing."""
     row = s.get(User, user_id)
     if row is None:
         return False
@@ -189,7 +198,8 @@ def delete_user(s: Session, user_id: str, owner: str) -> bool:
     s.execute(delete(ChatSession).where(ChatSession.owner == owner))  # messages go by ON DELETE CASCADE
     s.execute(delete(Preset).where(Preset.owner == owner))  # system prompts of its own, like its chats
     forget(s, owner)
-    s.delete(row)  # its sign-ins go by ON DELETE CASCADE
+    _drop_pending_invites(s, user_id)
+    s.delete(row)  # its sign-ins and API keys go by ON DELETE CASCADE
     return True
 
 
@@ -229,48 +239,6 @@ def drop_expired(s: Session) -> int:
         gone
         + s.execute(delete(Invite).where((Invite.expires_at <= now) | Invite.used_at.isnot(None))).rowcount
     )
-
-
-def create_invite(
-    s: Session, token_hash: str, username: str, role: str, created_by: str | None, expires_at: datetime
-) -> InviteRecord:
-    """Record an invite for a new account; AccountConflict when the username is taken."""
-    _check_new_account(s, username, role)
-    row = Invite(
-        id=token_hash,
-        username=username,
-        role=role,
-        created_by=created_by,
-        created_at=utcnow(),
-        expires_at=expires_at,
-    )
-    s.add(row)
-    return InviteRecord(username, role, row.created_at, expires_at)
-
-
-def _live_invite(s: Session, token_hash: str) -> Invite | None:
-    row = s.get(Invite, token_hash)
-    if row is None or row.used_at is not None or as_utc(row.expires_at) <= utcnow():
-        return None
-    return row
-
-
-def get_invite(s: Session, token_hash: str) -> InviteRecord | None:
-    """The invite, while unused and unexpired; else None."""
-    row = _live_invite(s, token_hash)
-    if row is None:
-        return None
-    return InviteRecord(row.username, row.role, as_utc(row.created_at), as_utc(row.expires_at))
-
-
-def accept_invite(s: Session, token_hash: str, password_hash: str) -> UserRecord | None:
-    """Use the invite: create its account with this password. None when it is unknown, used or expired;
-    AccountConflict when its username was taken meanwhile."""
-    row = _live_invite(s, token_hash)
-    if row is None:
-        return None
-    row.used_at = utcnow()
-    return create_user(s, row.username, password_hash, row.role)
 
 
 def oidc_user(s: Session, issuer: str, subject: str, usernames: list[str]) -> UserRecord:

@@ -1,5 +1,5 @@
-"""Accounts over HTTP (`--auth local|oidc`): the sign-in, invite and account pages, sign-in/out and passwords as
-JSON, and the admin's account management under /api/users.
+"""Accounts over HTTP (`--auth local|oidc`): the sign-in and account pages, sign-in/out and passwords as JSON, and
+the admin's account management under /api/users (invites: app/routes/invites.py; API keys: app/routes/api_keys.py).
 
 Every write comes from this server's own pages (same origin, JSON body: app/routes/csrf.py), the sign-in too (a
 cross-site sign-in would put the victim's browser in the attacker's account). Wrong passwords are throttled per
@@ -153,24 +153,6 @@ async def change_password(request: Request, svc: Services, accounts: AccountServ
     return signed_in_response(svc, sign_in, {})
 
 
-@_json_api
-async def check_invite(request: Request, svc: Services, accounts: AccountService) -> Response:
-    """POST /auth/invite {token}: whom the invite is for (the token travels in the body, never in a URL)."""
-    invite = await accounts.invite_for((await _body(request)).get("token"))
-    return JSONResponse(
-        {"username": invite.username, "role": invite.role, "expires_at": invite.expires_at.isoformat()},
-        headers=NO_STORE,
-    )
-
-
-@_json_api
-async def accept_invite(request: Request, svc: Services, accounts: AccountService) -> Response:
-    """POST /auth/invite/accept {token, password}: creates the invited account and signs this browser in."""
-    body = await _body(request)
-    sign_in = await accounts.accept_invite(body.get("token"), body.get("password"), client_address(request))
-    return signed_in_response(svc, sign_in, {"next": "/"}, status=201)
-
-
 # ---- the admin's account management ------------------------------------------------------------------------------
 @_json_api
 async def list_users(request: Request, svc: Services, accounts: AccountService) -> Response:
@@ -186,26 +168,6 @@ async def create_user(request: Request, svc: Services, accounts: AccountService)
     body = await _body(request)
     user = await accounts.create_user(body.get("username"), body.get("password"), body.get("role"))
     return JSONResponse({"user": user_json(user)}, status_code=201)
-
-
-@_json_api
-async def create_invite(request: Request, svc: Services, accounts: AccountService) -> Response:
-    """POST /api/users/invites {username, role?} (admin): a one-time link; the invitee sets the password."""
-    admin = require_account_admin(request)
-    body = await _body(request)
-    token, invite = await accounts.invite(admin, body.get("username"), body.get("role"))
-    path = f"/invite#{token}"  # a fragment: the token reaches no server log and no Referer
-    return JSONResponse(
-        {
-            "username": invite.username,
-            "role": invite.role,
-            "expires_at": invite.expires_at.isoformat(),
-            "path": path,
-            "url": str(request.base_url).rstrip("/") + path,
-        },
-        status_code=201,
-        headers=NO_STORE,
-    )
 
 
 @_json_api
@@ -244,13 +206,6 @@ async def login_page(request: Request) -> Response:
     return _page(request, "login.html", {"oidc": svc.settings.auth == "oidc", "error": error})
 
 
-async def invite_page(request: Request) -> Response:
-    """GET /invite#<token>: the invitee sets a password (the page reads the token from the fragment)."""
-    if services(request).settings.auth == "none":
-        return RedirectResponse("/", status_code=303)
-    return _page(request, "invite.html", {})
-
-
 async def account_page(request: Request) -> Response:
     """GET /account: the signed-in account's page (password, sign-out; accounts management for admins)."""
     svc = services(request)
@@ -264,17 +219,13 @@ async def account_page(request: Request) -> Response:
 
 routes = [
     Route("/login", login_page, methods=["GET"]),
-    Route("/invite", invite_page, methods=["GET"]),
     Route("/account", account_page, methods=["GET"]),
     Route("/auth/login", login, methods=["POST"]),
     Route("/auth/logout", logout, methods=["POST"]),
     Route("/auth/me", me, methods=["GET"]),
     Route("/auth/password", change_password, methods=["POST"]),
-    Route("/auth/invite", check_invite, methods=["POST"]),
-    Route("/auth/invite/accept", accept_invite, methods=["POST"]),
     Route("/api/users", list_users, methods=["GET"]),
     Route("/api/users", create_user, methods=["POST"]),
-    Route("/api/users/invites", create_invite, methods=["POST"]),
     Route("/api/users/{user_id}", update_user, methods=["PATCH"]),
     Route("/api/users/{user_id}", delete_user, methods=["DELETE"]),
 ]

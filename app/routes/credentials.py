@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -33,14 +32,12 @@ from app.db import StoreUnavailable
 from app.routes.account_auth import signed_in_account
 from app.routes.admin_auth import ADMIN_COOKIE, admin_cookie_valid, token_matches
 from app.routes.context import Services
+from app.routes.key_auth import API_KEY_ID_STATE
 from app.routes.security import bearer_token
 from app.routes.sse import Event, Revocation
 from app.services.errors import APIError
 
 logger = logging.getLogger(__name__)
-API_KEY_STATE = (
-    "api_key_id"  # scope["state"] key: the id of the per-user API key a request authenticated with
-)
 _PRUNE_AFTER = 256  # cached results kept before the stale ones are dropped
 
 
@@ -66,12 +63,8 @@ async def credential_of(
     """The revocable credential of a connection its route has just let in: for a chat stream, of `owner` (the
     signed-in account when it is that owner, else a per-user API key); for an admin stream, every admin credential
     it showed that is valid now (the admin account, the admin cookie, the admin token)."""
-    key_id = conn.scope.get("state", {}).get(API_KEY_STATE)
+    key_id = conn.scope.get("state", {}).get(API_KEY_ID_STATE)
     if key_id is not None and not admin:
-        if getattr(svc.accounts, "api_key_live", None) is None:
-            raise RuntimeError(
-                f"request state has {API_KEY_STATE} but the account service has no api_key_live"
-            )
         return Credential(api_key_id=str(key_id))
     account = signed_in_account(conn)
     if not admin:
@@ -156,8 +149,8 @@ async def credential_alive(
 
 
 async def _api_key_live(svc: Services, key_id: str) -> bool:
-    live = svc.accounts.api_key_live(key_id)  # type: ignore[union-attr,attr-defined]
-    return bool(await live) if inspect.isawaitable(live) else bool(live)
+    assert svc.store is not None, "a request authenticated by a key was let in before the store was ready"
+    return await svc.store.api_key_live(key_id)
 
 
 async def until_revoked(conn: HTTPConnection, svc: Services, credential: Credential) -> None:

@@ -19,12 +19,14 @@ from app.routes.cache_scope import cache_salt
 from app.routes.context import SHUTDOWN_MESSAGE, Services, services
 from app.routes.credentials import credential_of, revocation, revoked_error
 from app.routes.errors import error_response
+from app.routes.key_auth import end_with_key
 from app.routes.openai_input import check_model, requested_cache_salt
 from app.routes.openai_input import prompt_ids as prompt_input
 from app.routes.params import read_json_object
 from app.routes.security import api_caller
 from app.routes.sse import event_stream
-from app.services.errors import bad_request, from_exception
+from app.services.api_keys import revoked_error as key_revoked
+from app.services.errors import APIError, bad_request, from_exception
 from app.services.limits import Lease
 from app.services.request_fields import check_fields
 from app.services.request_label import api_label
@@ -104,6 +106,13 @@ async def _handle(request: Request, kind: str) -> Response:
         lease = svc.admit(request, owner)  # shutting down (503) or over a client limit (429)
         credential = await credential_of(request, svc, owner=owner)  # an account's cookie, a per-user key
         call = await _start(request, svc, kind, owner)
+        rid = call.response_id
+        end_with_key(  # a revoked key's request ends with an api_key_revoked error
+            request,
+            svc,
+            lambda: svc.engine.is_running(rid),
+            lambda: svc.engine.end_request(rid, key_revoked()),
+        )
     except Exception as exc:  # noqa: BLE001 - every failure before streaming becomes an API error
         if lease is not None:
             lease.release()
@@ -120,7 +129,7 @@ async def _handle(request: Request, kind: str) -> Response:
         )
     try:
         result = await collect(call.stream, request.receive)
-    except (RequestFailed, RequestTimedOut) as exc:
+    except (RequestFailed, RequestTimedOut, APIError) as exc:  # APIError: its API key was revoked
         error = from_exception(exc)
         svc.metrics.observe_error(error.status)
         return error_response(error)

@@ -1,4 +1,5 @@
-"""Who is calling: API keys, the signed browser cookie, the admin token, loopback and WebSocket Origin checks."""
+"""Who is calling: API keys (server-wide `--api-key` values; with accounts, an account's own `pck_` keys), the signed
+browser cookie, the admin token, loopback and WebSocket Origin checks."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from starlette.requests import HTTPConnection
 
 from app.routes.account_auth import require_account, signed_in_account
 from app.routes.csrf import check_browser_write
+from app.routes.key_auth import API_KEY_STATE, key_account, sent_key
+from app.services.accounts import ACCOUNT_OWNER, account_owner
+from app.services.api_keys import KeyAccount
 from app.services.errors import APIError
 from app.settings import Settings
 
@@ -84,8 +88,11 @@ def _matches_any(candidate: str, secrets_: tuple[str, ...]) -> bool:
 
 
 def api_caller(conn: HTTPConnection, settings: Settings) -> str | None:
-    """On /v1: the caller's owner id. With accounts on, an API key (when keys are set and one is sent) or the
-    signed-in account (401 otherwise); without, what `require_api_key` says."""
+    """On /v1: the caller's owner id. With accounts on, an account's own `pck_` key (its account), a server-wide
+    API key (when keys are set and one is sent) or the signed-in account (401 otherwise); without, what
+    `require_api_key` says."""
+    if settings.auth != "none" and (key := key_account(conn)) is not None:
+        return account_owner(key.user.id)
     if settings.auth == "none" or (settings.api_keys and bearer_token(conn) is not None):
         return require_api_key(conn, settings)
     account = signed_in_account(conn)
@@ -114,8 +121,11 @@ def require_api_key(conn: HTTPConnection, settings: Settings) -> str | None:
 
 def session_owner(conn: HTTPConnection, settings: Settings) -> str:
     """THE identity of a caller, for everything keyed on who it is (its chats, quotas, rate limits, prefix-cache
-    salt, presets): its API key if it sends one; else, with accounts on (`--auth local|oidc`), its signed-in
-    account (401 when not signed in); else its browser cookie."""
+    salt, presets): with accounts on (`--auth local|oidc`), the account of its `pck_` key if it sends one; its
+    server-wide API key if it sends one; else, with accounts on, its signed-in account (401 when not signed in);
+    else its browser cookie."""
+    if settings.auth != "none" and (key := key_account(conn)) is not None:
+        return account_owner(key.user.id)
     if settings.api_keys and bearer_token(conn) is not None:
         owner = require_api_key(conn, settings)
         assert owner is not None
@@ -130,6 +140,12 @@ def session_owner(conn: HTTPConnection, settings: Settings) -> str:
             code="no_identity",
         )
     return BROWSER_OWNER + browser_id
+
+
+def cookie_authenticated(conn: HTTPConnection, owner: str) -> bool:
+    """Whether a cookie (the browser's, or an account's sign-in) is what identifies `owner`: its writes must then
+    come from this server's pages (app/routes/csrf.py). An API key in a header is no ambient credential."""
+    return owner.startswith((BROWSER_OWNER, ACCOUNT_OWNER)) and not sent_key(conn)
 
 
 def is_loopback(host: str | None) -> bool:
@@ -178,6 +194,9 @@ def client_identity(conn: HTTPConnection, owner: str | None = None) -> str:
     """Who a limit applies to: the session owner or API key when known, else the browser cookie, else the address."""
     if owner:
         return owner
+    key = conn.scope.get("state", {}).get(API_KEY_STATE)
+    if isinstance(key, KeyAccount):
+        return account_owner(key.user.id)
     if (account := signed_in_account(conn)) is not None:
         return account.owner
     token = bearer_token(conn)

@@ -16,12 +16,13 @@ from app.routes.context import Services, services
 from app.routes.credentials import credential_of, revocation, revoked_error
 from app.routes.csrf import check_browser_write
 from app.routes.errors import error_response
+from app.routes.key_auth import end_with_key
 from app.routes.openai_format import sse_json
 from app.routes.params import read_json_object
-from app.routes.security import BROWSER_OWNER, session_owner
+from app.routes.security import cookie_authenticated, session_owner
 from app.routes.sse import Revocation, event_stream
 from app.routes.ws import error_frame
-from app.services.accounts import ACCOUNT_OWNER
+from app.services.api_keys import REVOKED
 from app.services.branches import path_json, turn_target
 from app.services.chat_reply import SHUTDOWN, Reply
 from app.services.chat_service import ChatService, ReplyMode
@@ -45,7 +46,7 @@ def _api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
                 raise APIError(503, "the service is still starting", headers={"Retry-After": "2"})
             owner = session_owner(request, svc.settings)
             # the cookie authenticates it, whichever page sent the request: refuse writes from other sites
-            if owner.startswith((BROWSER_OWNER, ACCOUNT_OWNER)):
+            if cookie_authenticated(request, owner):
                 check_browser_write(request, svc.settings)
             return await handler(request, svc, owner)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an API error
@@ -178,6 +179,12 @@ async def _turn(request: Request, svc: Services, owner: str, mode: ReplyMode) ->
     lease = svc.admit(request, owner)
     reply = await svc.chat.start(
         mode, owner, request.path_params["session_id"], body.get("content"), lease, target=target
+    )
+    end_with_key(  # a revoked key's reply stops, stored as interrupted
+        request,
+        svc,
+        lambda: reply.task is not None and not reply.task.done(),
+        lambda: svc.chat.stop_reply(reply, MessageStatus.INTERRUPTED, reason=REVOKED),
     )
     return _sse(svc, reply, revocation(request, svc, credential, _revoked_events))
 

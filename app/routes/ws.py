@@ -31,8 +31,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from app.db import MessageStatus
 from app.routes.context import END_WAIT_S, Services, services
 from app.routes.credentials import Credential, credential_alive, credential_of, revoked_error, until_revoked
+from app.routes.key_auth import end_with_key
 from app.routes.params import check_unicode
 from app.routes.security import origin_allowed, session_owner
+from app.services.api_keys import REVOKED
 from app.services.branches import turn_target
 from app.services.chat_reply import Reply
 from app.services.chat_service import ChatService, ReplyMode
@@ -138,6 +140,16 @@ async def chat_socket(websocket: WebSocket) -> None:
     await _serve_until_shutdown(socket, svc, owner, session_id, credential)
 
 
+def _end_with_key(websocket: WebSocket, svc: Services, reply: Reply) -> None:
+    """A socket opened with an API key: its reply stops (stored as interrupted) when the key is revoked."""
+    end_with_key(
+        websocket,
+        svc,
+        lambda: reply.task is not None and not reply.task.done(),
+        lambda: svc.chat.stop_reply(reply, MessageStatus.INTERRUPTED, reason=REVOKED),
+    )
+
+
 async def _serve_until_shutdown(
     socket: _Socket, svc: Services, owner: str, session_id: str, credential: Credential
 ) -> None:
@@ -221,6 +233,7 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str, cr
                     reply = await chat.start(
                         mode, owner, session_id, frame.get("content"), lease, target=target
                     )
+                    _end_with_key(socket.websocket, svc, reply)
                     pump = socket.pump = asyncio.create_task(_forward(socket, chat, reply))
                 else:
                     raise bad_request(

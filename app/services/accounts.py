@@ -1,5 +1,5 @@
 """Accounts (`--auth local|oidc`): sign-in and sign-out, passwords, invites, and what an account's deletion takes
-with it. The signed-in account is the identity everywhere: its owner id `user:<id>` owns its chats, and is the
+with it (its API keys: app/services/api_keys.py, `keys`). The signed-in account is the identity everywhere: its owner id `user:<id>` owns its chats, and is the
 prefix-cache salt, the quota owner and the rate-limit client of its requests.
 
 HTTP lives in app/routes/accounts.py; this module sees plain values and the store.
@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from app.db import AccountConflict, InviteRecord, MessageStatus, Store, UserRecord
+from app.services.api_keys import ApiKeyService
 from app.services.async_engine import AsyncEngine
 from app.services.chat_service import ChatService
 from app.services.errors import APIError
@@ -67,7 +68,7 @@ def conflict(exc: AccountConflict) -> APIError:
 
 class AccountService:
     """Accounts over the store; `chat` and `engine` are told when an account goes (its replies stop, its cached
-    blocks are forgotten)."""
+    blocks are forgotten), `keys` when it is disabled or goes (what its API keys run ends)."""
 
     def __init__(
         self, store: Store, settings: Settings, passwords: Passwords, chat: ChatService, engine: AsyncEngine
@@ -77,6 +78,7 @@ class AccountService:
         self.passwords = passwords
         self.chat = chat
         self.engine = engine
+        self.keys = ApiKeyService(store)
 
     @property
     def session_lifetime_s(self) -> float:
@@ -166,7 +168,8 @@ class AccountService:
         return token, record
 
     async def invite_for(self, token: object) -> InviteRecord:
-        """The live invite of a token; 404 when it is unknown, used or expired."""
+        """The live invite of a token; 404 when it is unknown, used, expired, revoked, or its creator is no longer
+        an enabled admin."""
         record = await self.store.get_invite(secret_hash(token)) if isinstance(token, str) and token else None
         if record is None:
             raise _invite_gone()
@@ -181,12 +184,18 @@ class AccountService:
             user = await self.store.accept_invite(secret_hash(token), password_hash)
         except AccountConflict as exc:
             raise conflict(exc) from None
-        if user is None:  # used by another request while this one hashed
+        if user is None:  # used or revoked meanwhile, or its creator demoted, disabled or deleted
             raise _invite_gone()
         return await self.start_session(user, client)
 
+    async def revoke_invite(self, invite_id: str) -> None:
+        """An admin revokes a pending invite; 404 when there is none of that id."""
+        if not await self.store.revoke_invite(invite_id):
+            raise APIError(404, f"no pending invite {invite_id[:64]!r}", code="not_found")
+
     async def update_user(self, user_id: str, role: object = None, disabled: object = None) -> UserRecord:
-        """An admin changes a role, or disables (ending every sign-in) or enables an account."""
+        """An admin changes a role, or disables (ending every sign-in and API key, and what its keys run) or
+        enables an account. An account that stops being an enabled admin loses its pending invites."""
         if role is not None and role not in ("admin", "user"):
             raise APIError(400, f"role must be admin or user, got {str(role)[:40]!r}", param="role")
         if disabled is not None and not isinstance(disabled, bool):
@@ -197,6 +206,8 @@ class AccountService:
             raise conflict(exc) from None
         if user is None:
             raise APIError(404, f"account {user_id[:40]!r} not found", code="not_found")
+        if user.disabled:
+            self.keys.work.end_user(user_id)
         return user
 
     async def delete_user(self, user_id: str) -> CachePurge:
@@ -211,6 +222,7 @@ class AccountService:
             raise conflict(exc) from None
         if not deleted:
             raise APIError(404, f"account {user_id[:40]!r} not found", code="not_found")
+        self.keys.work.end_user(user_id)  # its /v1 streams (its chat replies stopped above)
         purged = await self.forget_cached_blocks(owner)
         logger.warning(
             "deleted account %s with its chats; its cached blocks went: %d in the RAM pool, %d on the disk tier",
@@ -274,6 +286,6 @@ def _name_and_role(username: object, role: object) -> tuple[str, str]:
 def _invite_gone() -> APIError:
     return APIError(
         404,
-        "this invite link is not valid: it was used, it expired, or it was mistyped",
+        "this invite link is not valid: it was used, revoked or mistyped, or it expired",
         code="invite_not_found",
     )

@@ -83,13 +83,15 @@ class ChatService:
         self.engine.abort(turn.request_id)  # its stream ends as aborted; the reply is stored as stop_status
         return True
 
-    def stop_reply(self, reply: Reply, status: MessageStatus = MessageStatus.STOPPED) -> bool:
+    def stop_reply(
+        self, reply: Reply, status: MessageStatus = MessageStatus.STOPPED, reason: str | None = None
+    ) -> bool:
         """Stop this reply if it is still its session's running reply (never a newer one); False otherwise."""
         if self._turns.get(reply.session_id) is not reply or (
             reply.stream is not None and reply.stream.finished
         ):
             return False
-        return self.stop(reply.session_id, status)
+        return self.stop(reply.session_id, status, reason)
 
     def cut_all(self) -> int:
         """The shutdown's grace period is over: stop every running reply (`interrupted`, its `done` saying

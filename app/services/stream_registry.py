@@ -96,6 +96,20 @@ class StreamRegistry:
             stream.push(ABORTED)
         self._cancel(request_id)
 
+    def is_running(self, request_id: str) -> bool:
+        """Whether the request's stream is still open."""
+        return request_id in self._streams
+
+    def end_request(self, request_id: str, error: BaseException) -> bool:
+        """Fail one running request's stream with `error` (its consumer raises it) and stop the request; False when
+        it was not running."""
+        stream = self._streams.get(request_id)
+        if stream is None or stream.aborted or stream.finished:
+            return False
+        stream.fail(error)
+        self._cancel(request_id)
+        return True
+
     def end_streams(self, error: BaseException) -> int:
         """Fail every stream still running with `error` (shutdown) and stop its request; returns how many."""
         running = [(rid, s) for rid, s in self._streams.items() if not (s.aborted or s.finished)]

@@ -85,3 +85,36 @@ def test_cookie_owned_chats_stay_readable_without_accounts(tmp_path: Path) -> No
             ("assistant", "hello"),
         ]
         assert client.get("/").status_code == 200  # no sign-in page without accounts
+
+
+INSERT_KEY = text(
+    "INSERT INTO api_keys (id, user_id, name, prefix, secret_hash, created_at) "
+    "VALUES (:id, :user_id, 'ci', 'pck_abcdefgh', :hash, :now)"
+)
+
+
+def test_0007_adds_api_keys_that_go_with_their_account_and_keeps_the_invites(empty_db: TestDatabase) -> None:
+    cfg = alembic_config(empty_db.url)
+    command.upgrade(cfg, "0006")
+    empty_db.raw(INSERT_USER.text, dict(id="u1", name="alice", role="admin", now=NOW))
+    empty_db.raw(
+        "INSERT INTO invites (id, username, role, created_by, created_at, expires_at) "
+        "VALUES ('h1', 'bob', 'user', 'u1', :now, :now)",
+        {"now": NOW},
+    )
+    command.upgrade(cfg, "head")
+    assert empty_db.raw("SELECT id, created_by FROM invites") == [("h1", "u1")]
+    engine = create_db_engine(empty_db.url)
+    with engine.begin() as conn:
+        conn.execute(INSERT_KEY, dict(id="k1", user_id="u1", hash="a" * 64, now=NOW))
+    for key_id, user_id, secret_hash in (("k2", "u1", "a" * 64), ("k3", "nobody", "b" * 64)):
+        with pytest.raises(IntegrityError), engine.begin() as conn:  # a hash twice; a key of no account
+            conn.execute(INSERT_KEY, dict(id=key_id, user_id=user_id, hash=secret_hash, now=NOW))
+    with engine.begin() as conn:  # a deleted account's keys go with it (SQLite: foreign_keys=ON)
+        conn.execute(text("DELETE FROM users WHERE id = 'u1'"))
+        assert conn.execute(text("SELECT count(*) FROM api_keys")).scalar() == 0
+        assert conn.execute(text("SELECT created_by FROM invites")).all() == [(None,)]
+    engine.dispose()
+    command.downgrade(cfg, "0006")
+    assert "api_keys" not in empty_db.tables()
+    assert empty_db.raw("SELECT id FROM invites") == [("h1",)]

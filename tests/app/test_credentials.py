@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
 from starlette.requests import Request
 
 from app.db import StoreUnavailable
@@ -19,7 +18,7 @@ from app.db.accounts import UserRecord
 from app.routes.account_auth import ACCOUNT_STATE
 from app.routes.context import Flag
 from app.routes.credentials import (
-    API_KEY_STATE,
+    API_KEY_ID_STATE,
     Credential,
     credential_alive,
     credential_of,
@@ -145,22 +144,16 @@ def test_an_admin_token_stream_dies_with_a_new_admin_token_and_keeps_another_liv
     assert not wrong.revocable  # a token that never matched is no credential (check_admin refused it)
 
 
-@pytest.mark.parametrize("asynchronous", [False, True])
-def test_a_per_user_api_key_stream_lives_as_long_as_its_key(asynchronous):
+def test_a_per_user_api_key_stream_lives_as_long_as_its_key():
     live_keys = {"key-1"}
 
-    def api_key_live(key_id: str) -> Any:
-        if not asynchronous:
+    class KeyStore(FakeStore):
+        async def api_key_live(self, key_id: str) -> bool:
             return key_id in live_keys
-
-        async def answer() -> bool:
-            return key_id in live_keys
-
-        return answer()
 
     async def main():
-        svc = make_svc(FakeStore(None), accounts=SimpleNamespace(api_key_live=api_key_live))
-        conn = make_conn(**{API_KEY_STATE: "key-1"})
+        svc = make_svc(KeyStore(None))
+        conn = make_conn(**{API_KEY_ID_STATE: "key-1"})
         credential = await credential_of(conn, svc, owner="user:u1")
         before = await credential_alive(conn, svc, credential)
         live_keys.clear()  # revoked
@@ -168,12 +161,6 @@ def test_a_per_user_api_key_stream_lives_as_long_as_its_key(asynchronous):
 
     credential, before, after = run(main())
     assert credential == Credential(api_key_id="key-1") and (before, after) == (True, False)
-
-
-def test_a_key_id_without_a_way_to_check_it_is_a_bug_not_a_live_stream():
-    svc = make_svc(FakeStore(None), accounts=SimpleNamespace())
-    with pytest.raises(RuntimeError, match="api_key_live"):
-        run(credential_of(make_conn(**{API_KEY_STATE: "key-1"}), svc, owner="user:u1"))
 
 
 def test_the_watcher_returns_once_the_sign_in_is_gone_and_retries_a_database_that_cannot_answer():

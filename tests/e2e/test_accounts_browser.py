@@ -1,14 +1,16 @@
 """Accounts in a real headless Chromium against `pagedchat serve --auth local`: the sign-in page leads to the chat,
-two devices of one account see the same chats, sign-out ends the sign-in on the server, and an invite link made on
-the account page signs its invitee up once. Every page is checked for
-console errors (a CSP violation fails the test). Screenshots land in test-artifacts/."""
+two devices of one account see the same chats, sign-out ends the sign-in on the server, an invite link made on
+the account page signs its invitee up once, and the page makes and revokes API keys and pending invites. Every page
+is checked for console errors (a CSP violation fails the test). Screenshots land in test-artifacts/."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
 from bench.servers import stop_server
@@ -215,8 +217,48 @@ def test_an_invite_link_made_on_the_account_page_works_once(device):
     again = device(refusal_expected=True)  # the link works once
     again.goto(url)
     expect(again.locator("#invite-error")).to_have_text(
-        "this invite link is not valid: it was used, it expired, or it was mistyped"
+        "this invite link is not valid: it was used, revoked or mistyped, or it expired"
     )
     expect(again.locator("#invite-form")).to_be_hidden()
     admin.reload()
     expect(admin.locator("#user-rows td:first-child")).to_contain_text(["uma", "vic"])
+
+
+def test_the_account_page_makes_and_revokes_api_keys_and_pending_invites(device, accounts_server):
+    page = device()
+    sign_in(page)
+    page.wait_for_selector("body[data-ready=true]")
+    page.goto("/account")
+    expect(page.locator("#keys-empty")).to_be_visible()
+    page.fill("#key-name", "laptop")
+    page.click("#key-form button[type=submit]")
+    expect(page.locator("#key-result")).to_be_visible()
+    key = page.locator("#key-result").inner_text()
+    assert key.startswith("pck_") and len(key) == 47
+    expect(page.locator("#key-rows td:first-child")).to_have_text(["laptop"])
+    expect(page.locator("#key-rows td.mono")).to_have_text(
+        [key[:12] + "…"]
+    )  # the prefix, never the key again
+    expect(page.locator("#key-status")).to_contain_text("it is not shown again")
+    with_key = {"Authorization": f"Bearer {key}"}
+    sessions = httpx.get(accounts_server.base_url + "/api/sessions", headers=with_key)
+    assert sessions.status_code == 200, sessions.text  # the key acts as the account
+    screenshot(page, "accounts-api-keys.png")
+    page.once("dialog", lambda dialog: dialog.accept())  # "Revoke the key laptop?"
+    page.click("#key-rows button")
+    expect(page.locator("#key-rows tr")).to_have_count(0)
+    expect(page.locator("#keys-empty")).to_be_visible()
+    refused = httpx.get(accounts_server.base_url + "/api/sessions", headers=with_key)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "api_key_revoked"
+
+    page.fill("#invite-username", "wes")
+    page.click("#invite-form button[type=submit]")
+    pending = page.locator("#invite-rows tr[data-username=wes]")
+    expect(pending).to_have_count(1)
+    expect(pending.locator("td")).to_have_text(["wes", "user", USER, re.compile(r"\d"), "Revoke"])
+    token = urlsplit(page.locator("#invite-result").inner_text()).fragment
+    pending.locator("button").click()
+    expect(pending).to_have_count(0)
+    origin = {"Origin": accounts_server.base_url}
+    gone = httpx.post(accounts_server.base_url + "/auth/invite", json={"token": token}, headers=origin)
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "invite_not_found"
