@@ -35,6 +35,34 @@ CALLBACK_PATH = "/auth/oidc/callback"
 FLOW_COOKIE = "pagedchat_oidc"
 FLOW_MAX_AGE_S = 600  # a sign-in at the provider must come back within this
 PROVIDER_TIMEOUT_S = 10.0
+# error codes a refusal may name on the page: OAuth 2.0's (RFC 6749 4.1.2.1), OpenID Connect's (Core 3.1.2.6) and
+# authlib's own. A callback's `error` and `error_description` are anyone's to write into a link: an unknown code is
+# not shown, and no description ever is (the log has it)
+SHOWN_ERRORS = frozenset(
+    {
+        "invalid_request",
+        "unauthorized_client",
+        "access_denied",
+        "unsupported_response_type",
+        "invalid_scope",
+        "server_error",
+        "temporarily_unavailable",
+        "interaction_required",
+        "login_required",
+        "account_selection_required",
+        "consent_required",
+        "invalid_request_uri",
+        "invalid_request_object",
+        "request_not_supported",
+        "request_uri_not_supported",
+        "registration_not_supported",
+        "oauth_error",
+        "mismatching_state",
+        "missing_token",
+        "token_expired",
+        "token_invalid",
+    }
+)
 
 
 class SignInRefused(Exception):
@@ -157,8 +185,12 @@ async def _verified_claims(request: Request, settings: Settings) -> dict[str, An
         raise SignInRefused(
             f"the provider's ID token is not valid ({exc.error}: {exc.description})"
         ) from None
-    except AuthlibBaseError as exc:  # the provider's error, a mismatching state, a refused code
-        raise SignInRefused(f"{exc.error}: {exc.description or 'no description'}") from None
+    except AuthlibBaseError as exc:  # the provider's error (from the callback's URL), a mismatching state
+        logger.warning(
+            "OpenID Connect callback error %r: %r", str(exc.error)[:100], str(exc.description)[:300]
+        )
+        shown = exc.error if exc.error in SHOWN_ERRORS else "an error code it does not know"
+        raise SignInRefused(f"{shown} (the server's log has the details)") from None
     except httpx.HTTPStatusError as exc:  # the token endpoint said no: its OAuth error, where it gives one
         raise SignInRefused(
             f"the provider's token endpoint refused the code: {_oauth_error(exc.response)}"

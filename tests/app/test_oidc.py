@@ -77,7 +77,7 @@ def test_sign_in_through_the_provider_makes_one_account_per_identity(server, pro
         ("foreign_key", "signature"),
         ("wrong_issuer", "iss"),
         ("wrong_nonce", "nonce"),
-        ("deny", "access_denied: the user said no"),
+        ("deny", "access_denied"),
     ],
 )
 def test_a_bad_answer_from_the_provider_signs_no_one_in(server, faults, fault, reason):
@@ -95,3 +95,18 @@ def test_a_callback_without_its_flow_is_refused(server, faults):
         forged = client.get("/auth/oidc/callback", params={"code": "stolen", "state": "guessed"})
         assert forged.status_code == 401 and "mismatching_state" in forged.text
         assert "pagedchat_session" not in client.cookies
+
+
+def test_a_callback_shows_no_text_from_its_url(server, faults):
+    """A callback's `error` and `error_description` are anyone's to put in a link: the page names only a known OAuth
+    error code, never the description (it goes to the log)."""
+    with browser(server) as client:
+        lure = "Your account is locked: call +1 555 0100"
+        forged = client.get(
+            "/auth/oidc/callback", params={"error": "access_denied", "error_description": lure}
+        )
+        assert forged.status_code == 401 and "access_denied" in forged.text
+        assert "555" not in forged.text
+        unknown = client.get("/auth/oidc/callback", params={"error": "Call +1 555 0100 now"})
+        assert unknown.status_code == 401 and "555" not in unknown.text
+        assert "an error code it does not know" in unknown.text
