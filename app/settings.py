@@ -97,8 +97,8 @@ class Settings:
     )
     admin_token: str = option(
         "",
-        f"guards /admin, /api/admin and /metrics (at least {ADMIN_TOKEN_MIN_CHARS} characters); unset: they answer "
-        "loopback clients only",
+        f"guards /admin, /api/admin and /metrics (at least {ADMIN_TOKEN_MIN_CHARS} characters), beside admin "
+        "accounts; unset: admin accounts only with --auth local|oidc, else loopback clients (not through a proxy)",
     )
     metrics_public: bool = option(
         False, "serve /metrics to anyone; unset: /metrics is part of the admin surface"
