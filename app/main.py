@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 
 from app.db import StorageQuota, Store
-from app.middleware import RequestContextMiddleware
+from app.middleware import AllowedHostsMiddleware, ProxyMiddleware, RequestContextMiddleware
 from app.routes import (
     accounts,
     admin_feed,
@@ -110,6 +110,9 @@ def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | Non
             *pages.routes,
         ],
         middleware=[
+            # first: a Host the server does not answer (DNS rebinding) reaches nothing, not even the cookie
+            Middleware(AllowedHostsMiddleware, settings=settings),
+            Middleware(ProxyMiddleware, settings=settings),
             # with accounts on, no browser cookie is handed out: it identifies no one
             Middleware(
                 RequestContextMiddleware,

@@ -1,8 +1,10 @@
-"""Per-request context (pure ASGI): a request id for the logs, the browser cookie, security headers."""
+"""Pure ASGI middleware: the allowed-hosts check, the connection's own address and the proxy's forwarding headers,
+and per-request context (a request id for the logs, the browser cookie, security headers)."""
 
 from __future__ import annotations
 
 import contextvars
+import ipaddress
 import logging
 import re
 import uuid
@@ -11,7 +13,10 @@ from http.cookies import SimpleCookie
 from itsdangerous import Signer
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
+from app.routes.errors import error_response
+from app.routes.hosts import PEER_STATE, header, host_matches, parse_host, shown
 from app.routes.security import (
     BROWSER_COOKIE,
     SECURITY_HEADERS,
@@ -19,10 +24,15 @@ from app.routes.security import (
     new_browser_id,
     verify_browser_cookie,
 )
+from app.services.errors import APIError
+from app.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("pagedchat_request_id", default="-")
 _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 _NO_COOKIE_PREFIXES = ("/v1/", "/metrics", "/health")  # machine endpoints: no browser identity to hand out
+MAX_HOSTS_LOGGED = 64  # each refused Host is logged once, up to this many (a scanner cannot flood the log)
 
 
 class RequestIdFilter(logging.Filter):
@@ -102,3 +112,55 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send_with_headers)
         finally:
             REQUEST_ID.reset(token)
+
+
+class AllowedHostsMiddleware:
+    """Every HTTP request and WebSocket upgrade must name an allowed host in its Host header (any port): else a 400
+    naming the Host and the setting, before any route runs (a DNS-rebinding page names its own host)."""
+
+    def __init__(self, app: ASGIApp, *, settings: Settings) -> None:
+        self.app = app
+        self.names = settings.allowed_host_names
+        self.allow_any = settings.any_host_allowed
+        self.logged: set[str] = set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.allow_any or scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        value = header(scope, b"host")
+        host = parse_host(value)
+        if host is not None and host_matches(host, self.names):
+            await self.app(scope, receive, send)
+            return
+        if len(self.logged) < MAX_HOSTS_LOGGED and (value or "") not in self.logged:
+            self.logged.add(value or "")
+            logger.warning("refused %s on %s: not in --allowed-hosts", shown(value), scope["path"][:200])
+        message = (
+            f"{shown(value)} is not a host this server answers: add it to --allowed-hosts "
+            "(PAGEDCHAT_ALLOWED_HOSTS) if clients reach the server by that name"
+        )
+        # on a WebSocket upgrade Starlette sends this as the handshake's HTTP denial response
+        response = error_response(APIError(400, message, code="host_not_allowed"))
+        for name, value_ in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value_)
+        await response(scope, receive, send)
+
+
+class ProxyMiddleware:
+    """Notes the connection's own address (scope state `peer`: loopback admin asks for it), then, for a connection
+    from one of `forwarded_allow_ips`, takes the client's address and scheme from X-Forwarded-For and
+    X-Forwarded-Proto with uvicorn's own middleware (the rightmost address that is not a trusted proxy)."""
+
+    def __init__(self, app: ASGIApp, *, settings: Settings) -> None:
+        self.app = app
+        proxies = settings.proxy_addresses
+        # uvicorn trusts all only for exactly "*", and reads a network with host bits set as a name
+        trusted = "*" if "*" in proxies else [str(ipaddress.ip_network(p, strict=False)) for p in proxies]
+        self.forwarded = ProxyHeadersMiddleware(app, trusted_hosts=trusted) if proxies else app  # type: ignore[arg-type]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            client = scope.get("client")
+            scope.setdefault("state", {})[PEER_STATE] = client[0] if client else None
+        await self.forwarded(scope, receive, send)

@@ -23,7 +23,7 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from app.connection_guard import ConnectionGuard, guarded_protocol
 from app.routes.context import END_WAIT_S, Services
-from app.settings import Settings
+from app.settings import WILDCARD_ADDRESSES, Settings, host_name
 
 logger = logging.getLogger(__name__)
 CLOSE_WAIT_S = END_WAIT_S + 1.0  # after the grace period: streams send their last event, sockets their close
@@ -81,8 +81,40 @@ def one_line_startup_errors(app: Starlette) -> Any:
     return asgi
 
 
+def exposure_warnings(settings: Settings) -> list[str]:
+    """What an operator should know at start about who can reach the admin surface and which hosts are answered."""
+    warnings = []
+    if not settings.admin_token and settings.auth == "none":
+        warnings.append(
+            "the admin surface is open: no PAGEDCHAT_ADMIN_TOKEN and no accounts, so /admin, /api/admin (live chat "
+            "titles included) and /metrics answer anyone on this machine who connects to loopback by the server's "
+            "own name, without a proxy in between; on a shared machine set PAGEDCHAT_ADMIN_TOKEN (or use "
+            "--auth local with admin accounts)"
+        )
+    if settings.any_host_allowed:
+        warnings.append(
+            "--allowed-hosts '*': every Host header is answered, so a web page can reach this server through its "
+            "visitors' browsers (DNS rebinding); list the server's names instead"
+        )
+    elif host_name(settings.host) in WILDCARD_ADDRESSES:
+        warnings.append(
+            f"listening on {settings.host or 'every address'} but answering only the Host names "
+            f"{', '.join(sorted(settings.allowed_host_names))}: add the names clients use to --allowed-hosts"
+        )
+    if "*" in settings.proxy_addresses:
+        warnings.append(
+            "--forwarded-allow-ips '*': any client can set its own address with X-Forwarded-For (rate limits and "
+            "sign-in throttles count per address); list the proxies' addresses instead"
+        )
+    return warnings
+
+
 def build_server(app: Starlette, settings: Settings) -> DrainingServer:
-    """The server for `app`: loopback or `settings.host`, guarded HTTP connections, draining shutdown."""
+    """The server for `app`: loopback or `settings.host`, guarded HTTP connections, draining shutdown. The app
+    reads forwarding headers itself (ProxyMiddleware, `forwarded_allow_ips`): it keeps the connection's own address
+    beside the forwarded one, so a request through a proxy is never taken for a loopback client."""
+    for warning in exposure_warnings(settings):
+        logger.warning(warning)
     guard = ConnectionGuard(settings.client_max_connections, settings.header_timeout_s)
     config = uvicorn.Config(
         one_line_startup_errors(app),
@@ -93,6 +125,6 @@ def build_server(app: Starlette, settings: Settings) -> DrainingServer:
         ws_max_size=settings.ws_max_frame_bytes,
         # what is left to close once the app has drained (see DrainingServer.shutdown)
         timeout_graceful_shutdown=int(CLOSE_WAIT_S) + 2,
-        proxy_headers=False,
+        proxy_headers=False,  # the app's ProxyMiddleware does it (see above)
     )
     return DrainingServer(config, app.state.services)

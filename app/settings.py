@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,6 +56,28 @@ AUTH_MODES = ("none", "local", "oidc")
 _CLUSTER = "replicas"
 ROUTING_POLICIES = ("kv", "round-robin", "least-loaded")
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+WILDCARD_ADDRESSES = ("", "0.0.0.0", "::")  # listen addresses that name no host a client could use
+ANY = "*"
+# a DNS name (letters, digits, -, _ and dots), optionally `*.` for its subdomains; IP addresses are checked apart
+_HOST_NAME = re.compile(r"(\*\.)?[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?")
+
+
+def host_name(value: str) -> str:
+    """A host as the Host check compares it: lower case, no IPv6 brackets, no trailing dot."""
+    return value.strip().lower().removeprefix("[").removesuffix("]").rstrip(".")
+
+
+def _entries(values: tuple[str, ...]) -> tuple[str, ...]:
+    """Repeated flags and comma-separated values alike: `--allowed-hosts a,b --allowed-hosts c`."""
+    return tuple(part.strip() for value in values for part in value.split(",") if part.strip())
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -74,8 +98,8 @@ class Settings:
     )
     admin_token: str = option(
         "",
-        f"guards /admin, /api/admin and /metrics (at least {ADMIN_TOKEN_MIN_CHARS} characters); unset: they answer "
-        "loopback clients only",
+        f"guards /admin, /api/admin and /metrics (at least {ADMIN_TOKEN_MIN_CHARS} characters), beside admin "
+        "accounts; unset: admin accounts only with --auth local|oidc, else loopback clients (not through a proxy)",
     )
     metrics_public: bool = option(
         False, "serve /metrics to anyone; unset: /metrics is part of the admin surface"
@@ -92,6 +116,17 @@ class Settings:
         (),
         "origins allowed besides the server's own, for WebSocket upgrades and browser-cookie writes",
         flag="--allowed-origin",
+    )
+    allowed_hosts: tuple[str, ...] = option(
+        (),
+        "Host header names (any port) answered besides the listen address, localhost, 127.0.0.1 and [::1]; any "
+        "other Host gets a 400, on every route (a DNS-rebinding page names its own host); '*' answers every Host "
+        "(unsafe: a web page can then reach this server through the visitor's browser)",
+    )
+    forwarded_allow_ips: tuple[str, ...] = option(
+        (),
+        "addresses or networks of reverse proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (as "
+        "uvicorn's flag); a request through a proxy is never admin by its address; '*': every peer (unsafe)",
     )
     cookie_secure: bool = option(False, "mark the browser cookie Secure (serve behind HTTPS)")
     prefix_cache_isolation: bool = option(
@@ -256,6 +291,7 @@ class Settings:
                 "(generate one with: python -c 'import secrets; print(secrets.token_urlsafe(24))')"
             )
         self._check_accounts()
+        self._check_hosts()
         if self.replicas < 1:
             raise ValueError(f"replicas must be at least 1, got {self.replicas}")
         if self.routing not in ROUTING_POLICIES:
@@ -288,6 +324,46 @@ class Settings:
             )
         if "openid" not in self.oidc_scopes.split():
             raise ValueError(f"oidc_scopes must include openid, got {self.oidc_scopes!r}")
+
+    def _check_hosts(self) -> None:
+        """Every allowed host is a name or an address without a port; every proxy an address or a network."""
+        for entry in _entries(self.allowed_hosts):
+            name = host_name(entry)
+            if entry != ANY and not (_HOST_NAME.fullmatch(name) or _is_ip(name)):
+                raise ValueError(
+                    f"allowed_hosts: {entry!r} is not a host name or IP address (no scheme, no port: every port "
+                    "of an allowed host is answered), e.g. chat.example.com, *.example.com or 192.0.2.7"
+                )
+        for entry in _entries(self.forwarded_allow_ips):
+            if entry == ANY:
+                continue
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"forwarded_allow_ips: {entry!r} is not an IP address or network (e.g. 127.0.0.1 or "
+                    "10.0.0.0/8), nor *"
+                ) from None
+
+    @property
+    def allowed_host_names(self) -> frozenset[str]:
+        """The hosts the server answers by name (normalised by `host_name`): the listen address unless it is a
+        wildcard, localhost, 127.0.0.1, ::1 and `allowed_hosts`; '*' is not among them (see `any_host_allowed`)."""
+        names = {host_name(entry) for entry in _entries(self.allowed_hosts) if entry != ANY}
+        names.update(LOOPBACK_HOSTS)
+        if host_name(self.host) not in WILDCARD_ADDRESSES:
+            names.add(host_name(self.host))
+        return frozenset(names)
+
+    @property
+    def any_host_allowed(self) -> bool:
+        """True when `allowed_hosts` holds '*': every Host is answered."""
+        return ANY in _entries(self.allowed_hosts)
+
+    @property
+    def proxy_addresses(self) -> tuple[str, ...]:
+        """The peers whose forwarding headers are believed (`forwarded_allow_ips`, commas split)."""
+        return _entries(self.forwarded_allow_ips)
 
     @property
     def sampling_defaults(self) -> SamplingDefaults:

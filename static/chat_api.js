@@ -15,7 +15,7 @@ export class ApiError extends Error {
 
 /** Accounts: the sign-in ended (signed out elsewhere, password changed): go to the sign-in page. */
 function toSignIn() {
-  location.assign("/login?next=" + encodeURIComponent(location.pathname));
+  location.assign("/login?error=session_ended&next=" + encodeURIComponent(location.pathname));
 }
 
 /** fetch() a JSON endpoint; throws ApiError carrying the server's own message. */

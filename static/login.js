@@ -2,7 +2,19 @@
 const form = document.getElementById("login-form");
 const error = document.getElementById("login-error");
 const button = document.getElementById("sign-in");
-const next = new URLSearchParams(location.search).get("next") || "/";
+const next = sameSitePath(new URLSearchParams(location.search).get("next"));
+
+/** `value` when it is a path of this site as the browser reads it (which drops tabs and newlines: `/\t/host` is
+ * `//host`), else "/". The server checks `next` too (safe_next in app/routes/accounts.py). */
+function sameSitePath(value) {
+  if (!value || !value.startsWith("/") || !/^[\x21-\x7e]*$/.test(value) || value.includes("\\")) return "/";
+  try {
+    const url = new URL(value, location.origin);
+    return url.origin === location.origin ? url.pathname + url.search + url.hash : "/";
+  } catch (e) {
+    return "/";
+  }
+}
 
 const oidc = document.getElementById("oidc-sign-in");
 if (oidc) oidc.href = "/auth/oidc/login?next=" + encodeURIComponent(next);
@@ -28,7 +40,7 @@ form.addEventListener("submit", async (event) => {
       form.password.select();
       return;
     }
-    location.assign(data.next || "/");
+    location.assign(sameSitePath(data.next));
   } catch (e) {
     error.textContent = "The server cannot be reached. Is it running?";
   } finally {

@@ -24,7 +24,8 @@ logger = logging.getLogger(__name__)
 ACCOUNT_COOKIE = "pagedchat_session"
 ACCOUNT_STATE = "account"  # scope["state"] key: Account, None (not signed in) or APIError (lookup failed)
 MAX_SECRET_CHARS = 128
-_SKIPPED_PREFIXES = ("/static/", "/health", "/metrics")  # no identity needed: no database read
+# no identity needed: no database read (/metrics needs one: an admin account may read it; a scraper sends no cookie)
+_SKIPPED_PREFIXES = ("/static/", "/health")
 
 
 def not_signed_in(what: str = "this request") -> APIError:

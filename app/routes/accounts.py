@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
@@ -34,12 +36,25 @@ from app.services.errors import APIError, from_exception
 
 logger = logging.getLogger(__name__)
 MAX_ACCOUNT_BODY_BYTES = 16 * 1024
+MAX_NEXT_CHARS = 2000
+SAME_SITE_PATH = re.compile(
+    r"/[\x21-\x5b\x5d-\x7e]*"
+)  # "/" then printable ASCII, no space, no backslash (\x5c)
+# `/login?error=<code>`: the page shows the code's own message, never text from the URL
+LOGIN_ERRORS = {
+    "session_ended": "Your sign-in has ended (signed out, expired, or changed by an admin): sign in again.",
+}
 Handler = Callable[[Request, Services, AccountService], Awaitable[Response]]
 
 
 def safe_next(value: str | None) -> str:
-    """Where to go after signing in: a path of this site (never `//host` or a URL elsewhere), default `/`."""
-    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+    """Where to go after signing in: a path of this site, else `/`. Only printable ASCII without a backslash: a
+    browser drops tabs and newlines from a URL (`/<tab>/host` becomes `//host`, another site) and reads a backslash
+    as `/`; and nothing a URL parser reads with a scheme or a host (`//host`, `http:...`)."""
+    if not value or len(value) > MAX_NEXT_CHARS or not SAME_SITE_PATH.fullmatch(value):
+        return "/"
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc or value.startswith("//"):
         return "/"
     return value
 
@@ -200,9 +215,7 @@ async def login_page(request: Request) -> Response:
     next_path = safe_next(request.query_params.get("next"))
     if svc.settings.auth == "none" or signed_in_account(request) is not None:
         return RedirectResponse(next_path, status_code=303, headers=NO_STORE)
-    error = request.query_params.get("error", "")[
-        :300
-    ]  # a refused provider sign-in comes back with its reason
+    error = LOGIN_ERRORS.get(request.query_params.get("error", ""), "")  # an unknown code shows nothing
     return _page(request, "login.html", {"oidc": svc.settings.auth == "oidc", "error": error})
 
 

@@ -1,7 +1,8 @@
 """Who is admin: the admin token (header or Bearer), exchanged once on the sign-in form for a signed, HttpOnly,
-SameSite=Strict cookie backed by a row in the database (sign-out and a new admin token revoke it, across restarts);
-without a configured token, loopback clients only. With accounts on, a signed-in admin account is an admin here too.
-Wrong tokens are throttled per client address."""
+SameSite=Strict cookie backed by a row in the database (sign-out and a new admin token revoke it, across restarts).
+With accounts on, a signed-in admin account is an admin too, and no address is. Without a token and without
+accounts, loopback clients only (`require_admin` says what loopback means). Wrong tokens are throttled per client
+address."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def token_matches(candidate: str, settings: Settings) -> bool:
 
 
 def client_address(conn: HTTPConnection) -> str:
-    """The peer's address (uvicorn runs without proxy headers: a proxy in front shows as one address)."""
+    """The client's address: the connection's, or X-Forwarded-For's for a connection from `forwarded_allow_ips`."""
     return conn.client.host if conn.client else "unknown"
 
 
@@ -127,14 +128,14 @@ def record_attempt(conn: HTTPConnection, svc: Services, *, ok: bool) -> None:
 
 async def check_admin(conn: HTTPConnection, svc: Services) -> None:
     """Admin access: a signed-in admin account (accounts on), a live admin cookie, else what `require_admin` accepts
-    (the token in X-Admin-Token or as a Bearer token, or loopback when no token is set); an address sending wrong
-    tokens must wait (429)."""
-    account = signed_in_account(conn)
+    (the token in X-Admin-Token or as a Bearer token; without a token, loopback clients when accounts are off, no
+    one by address when they are on); an address sending wrong tokens must wait (429)."""
+    settings = svc.settings
+    account = signed_in_account(conn) if settings.auth != "none" else None
     if account is not None and account.user.is_admin:
         return
-    settings = svc.settings
     if not settings.admin_token:
-        require_admin(conn, settings)  # loopback only
+        require_admin(conn, settings)  # accounts on: 401/403; off: loopback only
         return
     if await admin_cookie_valid(conn, svc):
         return

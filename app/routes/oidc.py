@@ -58,6 +58,35 @@ REFUSALS: dict[str, int] = {
     "oidc_audience": 401,  # the ID token names other audiences besides us
 }
 
+# error codes a refusal may name on the page: OAuth 2.0's (RFC 6749 4.1.2.1), OpenID Connect's (Core 3.1.2.6) and
+# authlib's own. A callback's `error` and `error_description` are anyone's to write into a link: an unknown code is
+# not shown, and no description ever is (the log has it)
+SHOWN_ERRORS = frozenset(
+    {
+        "invalid_request",
+        "unauthorized_client",
+        "access_denied",
+        "unsupported_response_type",
+        "invalid_scope",
+        "server_error",
+        "temporarily_unavailable",
+        "interaction_required",
+        "login_required",
+        "account_selection_required",
+        "consent_required",
+        "invalid_request_uri",
+        "invalid_request_object",
+        "request_not_supported",
+        "request_uri_not_supported",
+        "registration_not_supported",
+        "oauth_error",
+        "mismatching_state",
+        "missing_token",
+        "token_expired",
+        "token_invalid",
+    }
+)
+
 
 class SignInRefused(Exception):
     """The provider's answer does not sign anyone in: `code` (a key of REFUSALS) and what exactly was wrong."""
@@ -213,8 +242,11 @@ async def _verified_claims(request: Request, settings: Settings) -> dict[str, An
     issuer = await _issuer(client, settings)
     flow = await _spend_state(request, client, query.get("state") or "")
     if error := query.get("error"):  # only now: with an unknown state, its description could be anyone's text
+        # the page names only a registered code; the description (the provider's free text) goes to the log
         description = query.get("error_description") or "no description"
-        raise SignInRefused("oidc_provider_error", f"{error[:100]}: {description[:300]}")
+        logger.warning("OpenID Connect provider error %r: %r", error[:100], description[:300])
+        shown = error if error in SHOWN_ERRORS else "an error code it does not know"
+        raise SignInRefused("oidc_provider_error", f"{shown} (the server's log has the details)")
     token = await _exchange(client, query.get("code"), flow)
     claims = await _id_token_claims(client, token, issuer, flow.get("nonce"), settings.oidc_client_id)
     audience = claims["aud"] if isinstance(claims["aud"], list) else [claims["aud"]]

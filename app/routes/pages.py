@@ -78,6 +78,7 @@ async def chat_page(request: Request) -> Response:
         "sampling_source": sampling_source_text(svc.sampling_sources),
         "default_system_prompt": svc.settings.default_system_prompt,
         "setting_rows": setting_rows(svc),
+        "admin": await is_admin(request, svc),  # the admin link shows to admins only
     }
     return _render(request, "chat.html", context)
 
@@ -200,7 +201,8 @@ def disk_tier_rows(engine: Any) -> list[tuple[str, str]]:
 
 
 async def admin_page(request: Request) -> Response:
-    """GET /admin: the live pool page, or the sign-in form (401) when the admin cookie is missing."""
+    """GET /admin: the live pool page, else why not: the token sign-in form (401), the need for an admin account
+    (accounts on, no token: 401 signed out, 403 signed in), or loopback only (no accounts, no token: 403)."""
     svc = services(request)
     if await is_admin(request, svc):
         return _render(
@@ -208,9 +210,14 @@ async def admin_page(request: Request) -> Response:
             "admin.html",
             {"settings_rows": engine_settings_rows(svc), "signed_in": bool(svc.settings.admin_token)},
         )
-    if not svc.settings.admin_token:
-        return _render(request, "admin_login.html", {"loopback_only": True}, status_code=403)
-    return _render(request, "admin_login.html", {"error": None}, status_code=401)
+    accounts = svc.settings.auth != "none"
+    if svc.settings.admin_token:
+        return _render(request, "admin_login.html", {"error": None, "accounts": accounts}, status_code=401)
+    if accounts:
+        account = signed_in_account(request)
+        context = {"account_needed": True, "account": account.user.username if account is not None else None}
+        return _render(request, "admin_login.html", context, status_code=401 if account is None else 403)
+    return _render(request, "admin_login.html", {"loopback_only": True}, status_code=403)
 
 
 async def admin_login(request: Request) -> Response:

@@ -1,19 +1,38 @@
-"""Reading request bodies: size-limited JSON objects whose strings are all valid Unicode."""
+"""Reading request input: size-limited JSON objects whose strings are all valid Unicode, and integer query
+parameters whose errors name the parameter and its range."""
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.requests import Request
 
 from app.services.errors import APIError, bad_request
 
+# ASCII digits only: str.isdigit() and int() also take "²" and "٣", and int() takes " 7" and "1_0"
+DECIMAL = re.compile(r"[0-9]{1,18}")
+MAX_SHOWN_CHARS = 40
+
+
+def query_int(params: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    """Query parameter `name` as an integer in [low, high] (`default` when absent); a 400 naming it otherwise."""
+    raw = params.get(name)
+    if raw is None:
+        return default
+    if not DECIMAL.fullmatch(raw) or not low <= int(raw) <= high:
+        raise bad_request(
+            f"{name} must be an integer from {low} to {high}, got {raw[:MAX_SHOWN_CHARS]!r}", name
+        )
+    return int(raw)
+
 
 async def read_json_object(request: Request, max_bytes: int, *, allow_empty: bool = False) -> dict[str, Any]:
     """The body as a JSON object; 413 past `max_bytes` counting the bytes actually received, 400 if not JSON."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+    if declared is not None and DECIMAL.fullmatch(declared) and int(declared) > max_bytes:
         raise APIError(
             413,
             f"request body of {int(declared)} bytes exceeds the limit of {max_bytes} bytes",

@@ -10,6 +10,7 @@ from app.db import MATCH_END, MATCH_START, SearchHit, SearchUnsupported
 from app.db.search import MAX_SEARCH_LIMIT, MAX_SEARCH_OFFSET
 from app.db.search_query import MAX_SEARCH_CHARS
 from app.routes.context import Services
+from app.routes.params import query_int
 from app.routes.sessions import _api
 from app.services.errors import APIError, bad_request
 
@@ -30,15 +31,6 @@ def hit_json(hit: SearchHit) -> dict[str, object]:
     }
 
 
-def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
-        raise bad_request(f"{name} must be an integer from {low} to {high}, got {raw[:40]!r}", name)
-    return int(raw)
-
-
 @_api
 async def search_chats(request: Request, svc: Services, owner: str) -> Response:
     """GET /api/search?q=...&limit=&offset=: words, "phrases", and the last word as a prefix while typing."""
@@ -47,8 +39,8 @@ async def search_chats(request: Request, svc: Services, owner: str) -> Response:
         raise bad_request("q is empty: give the words to search for, e.g. /api/search?q=kv+cache", "q")
     if len(q) > MAX_SEARCH_CHARS:
         raise bad_request(f"q is {len(q)} characters long, over the limit of {MAX_SEARCH_CHARS}", "q")
-    limit = _int_param(request, "limit", DEFAULT_LIMIT, 1, MAX_SEARCH_LIMIT)
-    offset = _int_param(request, "offset", 0, 0, MAX_SEARCH_OFFSET)
+    limit = query_int(request.query_params, "limit", DEFAULT_LIMIT, 1, MAX_SEARCH_LIMIT)
+    offset = query_int(request.query_params, "offset", 0, 0, MAX_SEARCH_OFFSET)
     try:
         page = await svc.store.search_messages(owner, q, limit=limit, offset=offset)
     except ValueError as exc:  # no word in it, too many terms

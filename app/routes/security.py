@@ -14,6 +14,7 @@ from starlette.requests import HTTPConnection
 
 from app.routes.account_auth import require_account, signed_in_account
 from app.routes.csrf import check_browser_write
+from app.routes.hosts import came_through_proxy, named_host, peer_address, shown
 from app.routes.key_auth import API_KEY_STATE, key_account, sent_key
 from app.services.accounts import ACCOUNT_OWNER, account_owner
 from app.services.api_keys import KeyAccount
@@ -159,21 +160,55 @@ def is_loopback(host: str | None) -> bool:
 
 
 def require_admin(conn: HTTPConnection, settings: Settings) -> None:
-    """Admin surface: the admin token (constant-time compare) if one is set, else loopback clients only."""
+    """Admin surface by token or address (`check_admin` adds admin accounts and the admin cookie): the admin token
+    (constant-time compare) if one is set; else, with accounts on, nothing here (an admin account is needed: 401
+    signed out, 403 signed in); else a loopback client. "Loopback" means: the connection itself comes from
+    127.0.0.0/8 or ::1, not through a proxy (no forwarding header, not from `forwarded_allow_ips`: behind a
+    same-host proxy every visitor would be loopback), naming one of the server's hosts ('*' does not count)."""
     if settings.admin_token:
         token = conn.headers.get("x-admin-token") or bearer_token(conn)
         if token is None:
+            account_hint = " or sign in as an admin account" if settings.auth != "none" else ""
             raise APIError(
-                401, "admin token required: send 'X-Admin-Token: <token>'", code="admin_token_required"
+                401,
+                f"admin token required: send 'X-Admin-Token: <token>'{account_hint}",
+                code="admin_token_required",
             )
         if not hmac.compare_digest(token.encode(), settings.admin_token.encode()):
             raise APIError(403, "invalid admin token", code="invalid_admin_token")
         return
-    client = conn.client.host if conn.client else None
-    if not is_loopback(client):
+    if settings.auth != "none":  # accounts on: admin is an account's role, never an address
+        account = signed_in_account(conn)
+        if account is None:
+            raise APIError(
+                401,
+                "the admin surface needs an admin account here: sign in at /login as an admin "
+                "(or set PAGEDCHAT_ADMIN_TOKEN and send it)",
+                code="admin_account_required",
+            )
+        raise APIError(
+            403,
+            f"account {account.user.username!r} is not an admin: the admin surface needs an admin account",
+            code="admin_account_required",
+        )
+    if not is_loopback(peer_address(conn)):
         raise APIError(
             403,
             "the admin surface is reachable from loopback only unless PAGEDCHAT_ADMIN_TOKEN is set",
+            code="admin_loopback_only",
+        )
+    if came_through_proxy(conn, settings):
+        raise APIError(
+            403,
+            "the admin surface answers loopback clients only, and a request through a proxy (a forwarding header, "
+            "or a connection from --forwarded-allow-ips) is not one: set PAGEDCHAT_ADMIN_TOKEN",
+            code="admin_loopback_only",
+        )
+    if not named_host(conn, settings):
+        raise APIError(
+            403,
+            f"the admin surface answers loopback clients by the server's own names only, not {shown(conn.headers.get('host'))} "
+            "(--allowed-hosts '*' does not count): list the name in --allowed-hosts or set PAGEDCHAT_ADMIN_TOKEN",
             code="admin_loopback_only",
         )
 

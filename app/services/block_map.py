@@ -24,6 +24,7 @@ DEFAULT_CELLS = 2048
 MAX_COUNT = 0xFFFF  # a cell's counts travel as uint16
 DEFAULT_PANEL_CELLS = 256  # a replica panel's map: the whole pool in this many cells at most
 MAX_REPLICA_NAME = 100
+_DECIMAL = re.compile(r"-?[0-9]{1,18}")
 REPLICA_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_REPLICA_NAME}}}")  # Serve's replica ids
 
 
@@ -56,10 +57,9 @@ def _int_param(params: Mapping[str, str], name: str, low: int, high: int | None)
     raw = params.get(name)
     if raw is None or raw == "":
         return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw[:40]!r}") from None
+    if not _DECIMAL.fullmatch(raw):  # ASCII digits: int() also takes "٣", " 7" and "1_0"
+        raise ValueError(f"{name} must be an integer, got {raw[:40]!r}")
+    value = int(raw)
     if value < low or (high is not None and value > high):
         limit = f"at least {low}" if high is None else f"in [{low}, {high}]"
         raise ValueError(f"{name} must be {limit}, got {value}")

@@ -109,6 +109,7 @@ def make_settings(tmp_path: Path, model_dir: Path | str, **overrides: Any) -> Se
         max_num_batched_tokens=256,
         num_threads=1,
         flush_interval_s=0.05,
+        allowed_hosts=("testserver",),  # the TestClient's Host
     )
     values.update(overrides)
     return settings_from_values(values)

@@ -42,7 +42,7 @@ def make_request(
     admin_token: str | None = None,
 ) -> Request:
     """A request from `client` carrying an optional Cookie header, X-Admin-Token header and a body."""
-    headers = [(b"content-type", content_type.encode())]
+    headers = [(b"host", b"127.0.0.1:8000"), (b"content-type", content_type.encode())]
     if cookie is not None:
         headers.append((b"cookie", cookie.encode()))
     if admin_token is not None:

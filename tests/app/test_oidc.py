@@ -88,3 +88,16 @@ def test_a_state_is_spent_once_and_forgotten_when_its_flow_cookie_would_have_exp
     assert spent.spend("c") and len(spent) == 2 and not spent.spend("b")
     now[0] += 600
     assert spent.spend("a") and len(spent) == 1
+
+
+def test_a_callback_shows_no_text_from_its_url(server, faults):
+    """A callback's `error` and `error_description` are anyone's to put in a link: the page names only a known OAuth
+    error code, never the description (it goes to the log)."""
+    with browser(server) as client:
+        lure = "Your account is locked: call +1 555 0100"
+        forged = client.get(
+            "/auth/oidc/callback", params={"error": "access_denied", "error_description": lure}
+        )
+        assert forged.status_code == 401 and "555" not in forged.text
+        unknown = client.get("/auth/oidc/callback", params={"error": "Call +1 555 0100 now"})
+        assert unknown.status_code == 401 and "555" not in unknown.text

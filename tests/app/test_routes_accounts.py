@@ -215,10 +215,11 @@ def test_only_admins_manage_accounts_and_invites_work_once(client, admin):
     assert error_of(last) == (409, "account_conflict")
 
 
-def tier_files(client: TestClient, tier_dir: Path, owner: str) -> list[str]:
-    """The disk tier's block files under an owner's salt, once the tier has written its queue."""
+def tier_files(admin: TestClient, tier_dir: Path, owner: str) -> list[str]:
+    """The disk tier's block files under an owner's salt, once the tier has written its queue (the pool read by an
+    admin account: with accounts on, loopback is no admin)."""
     deadline = time.monotonic() + 10
-    while pool_state(client)["stats"]["tier"]["write_queue_depth"] or pool_state(client)["sequences"]:
+    while pool_state(admin)["stats"]["tier"]["write_queue_depth"] or pool_state(admin)["sequences"]:
         assert time.monotonic() < deadline, "the disk tier did not write its queue"
         time.sleep(0.02)
     tag = salt_tag(owner)
@@ -235,8 +236,8 @@ def test_deleting_an_account_deletes_its_chats_and_purges_its_cached_blocks(clie
         sid = browser.post("/api/sessions", json={"system_prompt": system, **CHAT}).json()["id"]
         session_events(browser, sid, "When are you open?")
     tier_dir = Path(client.app.state.services.settings.engine_config().kv_disk_dir)
-    gus_files = tier_files(client, tier_dir, account_owner(gus["id"]))
-    hal_files = tier_files(client, tier_dir, account_owner(hal["id"]))
+    gus_files = tier_files(admin, tier_dir, account_owner(gus["id"]))
+    hal_files = tier_files(admin, tier_dir, account_owner(hal["id"]))
     assert len(gus_files) >= 4 and len(hal_files) == len(gus_files)  # the same prompt: per-account blocks
     deleted = admin.delete(f"/api/users/{gus['id']}")
     assert deleted.status_code == 200, deleted.text
@@ -246,8 +247,8 @@ def test_deleting_an_account_deletes_its_chats_and_purges_its_cached_blocks(clie
         "purged_ram_blocks": len(gus_files),
         "purged_disk_blocks": len(gus_files),
     }
-    assert tier_files(client, tier_dir, account_owner(gus["id"])) == []
-    assert tier_files(client, tier_dir, account_owner(hal["id"])) == hal_files
+    assert tier_files(admin, tier_dir, account_owner(gus["id"])) == []
+    assert tier_files(admin, tier_dir, account_owner(hal["id"])) == hal_files
     assert error_of(gus_browser.get("/api/sessions")) == (401, "not_signed_in")
     store = client.app.state.services.store
     assert client.portal.call(store.list_sessions, account_owner(gus["id"])) == []
@@ -256,11 +257,15 @@ def test_deleting_an_account_deletes_its_chats_and_purges_its_cached_blocks(clie
 
 
 def test_an_admin_account_is_an_admin_of_the_engine_from_anywhere(client, admin):
-    remote = "203.0.113.9"  # no admin token is set: the admin surface is for loopback, and for admin accounts
+    remote = (
+        "203.0.113.9"  # no admin token is set: with accounts on, the admin surface is for admin accounts only
+    )
     add_user(admin, "eve-user", "eve's password 1")
     add_user(admin, "ada-admin", "ada's password 1", role="admin")
-    assert device(client, remote).get("/api/admin/state").status_code == 403
-    assert sign_in(client, "eve-user", "eve's password 1", remote).get("/api/admin/state").status_code == 403
+    for address in (remote, "127.0.0.1"):  # loopback is no admin either
+        assert error_of(device(client, address).get("/api/admin/state")) == (401, "admin_account_required")
+        eve = sign_in(client, "eve-user", "eve's password 1", address)
+        assert error_of(eve.get("/api/admin/state")) == (403, "admin_account_required")
     ada = sign_in(client, "ada-admin", "ada's password 1", remote)
     state = ada.get("/api/admin/state")
     assert state.status_code == 200, state.text
@@ -268,4 +273,4 @@ def test_an_admin_account_is_an_admin_of_the_engine_from_anywhere(client, admin)
     page = ada.get("/admin")
     assert page.status_code == 200 and 'id="block-map"' in page.text
     ada.post("/auth/logout")
-    assert ada.get("/api/admin/state").status_code == 403  # signed out: an address like any other
+    assert ada.get("/api/admin/state").status_code == 401  # signed out: no admin

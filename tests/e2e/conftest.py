@@ -28,10 +28,17 @@ class Server(ServerProcess):
     """A test server: bench's process handle plus the admin checks the tests assert on."""
 
     def admin_state(self) -> dict[str, Any]:
-        """The block pool (loopback needs no admin token)."""
-        response = httpx.get(self.base_url + "/api/admin/state", timeout=10)
+        """The block pool: with the server's admin token where it has one (a server without accounts or token
+        answers loopback)."""
+        response = httpx.get(self.base_url + "/api/admin/state", headers=self.admin_headers, timeout=10)
         assert response.status_code == 200, response.text
         return response.json()
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """The X-Admin-Token header of a server started with PAGEDCHAT_ADMIN_TOKEN, else none."""
+        token = self.env.get("PAGEDCHAT_ADMIN_TOKEN")
+        return {"X-Admin-Token": token} if token else {}
 
     def wait_pool_idle(self, timeout_s: float = 10.0) -> dict[str, Any]:
         """Poll until no block is in use and no sequence is live."""

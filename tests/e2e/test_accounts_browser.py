@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 import pytest
@@ -180,6 +180,27 @@ def test_sign_out_ends_the_sign_in_on_the_server(device, chromium, accounts_serv
         assert urlsplit(stale.url).path == "/login"
     finally:
         copy.close()
+
+
+def test_next_after_signing_in_never_leaves_the_site(device, accounts_server):
+    """`/login?next=/<tab>/host/phish`: a browser drops the tab and reads `//host/phish`, another site (here: the same
+    server under another origin, so that a landing there would show). The sign-in leads to this site's `/`, from the
+    form and when already signed in."""
+    other = urlsplit(accounts_server.base_url.replace("127.0.0.1", "localhost")).netloc
+    own = urlsplit(accounts_server.base_url).netloc
+    page = device()
+    for lure in (f"/\t/{other}/phish", f"/\\{other}/phish", f"/\n/{other}/phish"):
+        page.context.clear_cookies()
+        page.goto("/login?next=" + quote(lure, safe=""))
+        page.fill("#username", USER)
+        page.fill("#password", PASSWORD)
+        page.click("#sign-in")
+        page.wait_for_url(lambda url: urlsplit(url).path != "/login")
+        assert (urlsplit(page.url).netloc, urlsplit(page.url).path) == (own, "/"), repr(lure)
+        page.goto("/login?next=" + quote(lure, safe=""))  # signed in: the server redirects at once
+        assert (urlsplit(page.url).netloc, urlsplit(page.url).path) == (own, "/"), repr(lure)
+    page.goto("/login?next=/account")  # a path of this site is kept
+    assert (urlsplit(page.url).netloc, urlsplit(page.url).path) == (own, "/account")
 
 
 def test_an_invite_link_made_on_the_account_page_works_once(device):
