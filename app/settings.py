@@ -11,13 +11,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy.engine import make_url
-
 from engine.core.config import EngineConfig
 from engine.core.options import option, options, parse_env, parse_value
-from engine.core.paths import cache_dir
+from engine.core.paths import KV_TIER_KEY_FILE, cache_dir
 from engine.core.sampling_defaults import SamplingDefaults
-from engine.tiers.tier_key import KEY_FILE as TIER_KEY_FILE
 
 API_KEY_ALIAS = "PAGEDCHAT_API_KEY"  # one key: the singular spelling operators reach for
 _POSITIVE = (
@@ -312,16 +309,19 @@ class Settings:
         if not engine.kv_disk_dir:
             engine = dataclasses.replace(engine, kv_disk_dir=str(Path(self.resolved_cache_dir) / "kv"))
         if not engine.kv_disk_key_file:
-            engine = dataclasses.replace(engine, kv_disk_key_file=str(self.kv_tier_key_dir / TIER_KEY_FILE))
+            engine = dataclasses.replace(
+                engine, kv_disk_key_file=str(self.kv_tier_key_dir / KV_TIER_KEY_FILE)
+            )
         return engine
 
     @property
     def kv_tier_key_dir(self) -> Path:
         """Where the tier's key goes by default: a SQLite database's folder (what can read the one reads the
         other), else the cache dir."""
-        url = make_url(self.resolved_database_url)
-        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-            return Path(url.database).expanduser().absolute().parent
+        parts = urlsplit(self.resolved_database_url)
+        database = parts.path[1:]  # sqlite:///relative.db, sqlite:////absolute.db, as SQLAlchemy reads them
+        if parts.scheme.split("+")[0] == "sqlite" and database not in ("", ":memory:"):
+            return Path(database).expanduser().absolute().parent
         return Path(self.resolved_cache_dir)
 
     @property

@@ -12,11 +12,10 @@ import stat
 from pathlib import Path
 
 from engine.core.config import EngineConfig
-from engine.core.paths import cache_dir
+from engine.core.paths import KV_TIER_KEY_FILE, cache_dir
 
 logger = logging.getLogger(__name__)
 
-KEY_FILE = "kv-tier.key"
 KEY_BYTES = 32
 
 
@@ -26,7 +25,11 @@ class BadTierKey(ValueError):
 
 def key_path(config: EngineConfig) -> Path:
     """The configured key file, else <cache dir>/kv-tier.key."""
-    return Path(config.kv_disk_key_file).expanduser() if config.kv_disk_key_file else cache_dir() / KEY_FILE
+    return (
+        Path(config.kv_disk_key_file).expanduser()
+        if config.kv_disk_key_file
+        else cache_dir() / KV_TIER_KEY_FILE
+    )
 
 
 def load_tier_key(path: Path) -> bytes:
