@@ -13,6 +13,7 @@ those blocks are of the unkeyed format, which is never served, and are deleted.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import stat
@@ -156,10 +157,20 @@ def _is_older_tier(directory: Path) -> bool:
 
 
 def _adopt_older_tier(directory: Path) -> int:
-    num_removed = 0
-    for name in os.listdir(directory):
-        if name.endswith(SUFFIX) or name.endswith(TMP_SUFFIX):
-            os.unlink(directory / name)
-            num_removed += name.endswith(SUFFIX)
-    _write_marker(directory)
+    """Delete the older tier's blocks and mark the directory, holding its lock: an older server still running on it
+    keeps its files (BlockingIOError, and this tier stays off)."""
+    lock_fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise BlockingIOError(f"another process uses the KV disk tier at {directory}") from None
+        num_removed = 0
+        for name in os.listdir(directory):
+            if name.endswith(SUFFIX) or name.endswith(TMP_SUFFIX):
+                os.unlink(directory / name)
+                num_removed += name.endswith(SUFFIX)
+        _write_marker(directory)
+    finally:
+        os.close(lock_fd)  # the flock goes with it
     return num_removed

@@ -4,6 +4,7 @@ alone or refused; an older installation's directory is taken over; the key is pr
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import stat
@@ -115,6 +116,18 @@ def test_an_older_installations_tier_directory_is_taken_over_and_its_unkeyed_blo
         (older / name).write_bytes(b"v1")
     assert claim_tier_dir(older) == older
     assert sorted(p.name for p in older.iterdir()) == [".lock", MARKER]
+
+
+def test_an_older_tier_still_in_use_is_not_taken_over(tmp_path):
+    older = tmp_path / "kv"
+    older.mkdir(mode=0o700)
+    for name in (".lock", block_file(1)):
+        (older / name).write_bytes(b"v1")
+    with open(older / ".lock", "rb") as held:  # an older server, still running on it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(BlockingIOError, match="another process uses the KV disk tier"):
+            claim_tier_dir(older)
+    assert sorted(p.name for p in older.iterdir()) == [".lock", block_file(1)]
 
 
 def test_a_private_directory_with_anything_else_in_it_is_not_taken_over(tmp_path):
