@@ -60,6 +60,13 @@ def claim_tier_dir(configured: Path) -> Path:
         "to its own subdirectory %s%s",
         configured, own, " (made now, 0700)" if made else "",
     )  # fmt: skip
+    num_stale = sum(BlockName.parse(name) is not None for name in os.listdir(configured))
+    if num_stale:
+        logger.warning(
+            "KV disk tier: %s holds %d block files an older version wrote beside other files; they are never served "
+            "and the tier leaves them: delete them by hand (rm %s/*%s) to free their space",
+            configured, num_stale, configured, SUFFIX,
+        )  # fmt: skip
     return own
 
 

@@ -130,13 +130,15 @@ def test_an_older_tier_still_in_use_is_not_taken_over(tmp_path):
     assert sorted(p.name for p in older.iterdir()) == [".lock", block_file(1)]
 
 
-def test_a_private_directory_with_anything_else_in_it_is_not_taken_over(tmp_path):
+def test_a_private_directory_with_anything_else_in_it_is_not_taken_over(tmp_path, caplog):
     mine = tmp_path / "kv"
     mine.mkdir(mode=0o700)
     for name in (".lock", block_file(1), "notes.tmp"):
         (mine / name).write_bytes(b"mine")
-    assert claim_tier_dir(mine) == mine / SUBDIR
+    with caplog.at_level(logging.WARNING, logger="engine.tiers.tier_dir"):
+        assert claim_tier_dir(mine) == mine / SUBDIR
     assert sorted(p.name for p in mine.iterdir()) == [".lock", block_file(1), "notes.tmp", SUBDIR]
+    assert f"{mine} holds 1 block files an older version wrote" in caplog.text
 
 
 def test_only_the_writers_own_temporary_names_count_as_temporaries():
