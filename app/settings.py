@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from engine.core.config import EngineConfig
 from engine.core.options import option, options, parse_env, parse_value
-from engine.core.paths import cache_dir
+from engine.core.paths import KV_TIER_KEY_FILE, cache_dir
 from engine.core.sampling_defaults import SamplingDefaults
 
 API_KEY_ALIAS = "PAGEDCHAT_API_KEY"  # one key: the singular spelling operators reach for
@@ -387,10 +387,25 @@ class Settings:
 
     def engine_config(self) -> EngineConfig:
         """The EngineConfig these settings describe; the KV disk tier lives under the service's cache dir unless
-        its own directory is given."""
-        if self.engine.kv_disk_dir:
-            return self.engine
-        return dataclasses.replace(self.engine, kv_disk_dir=str(Path(self.resolved_cache_dir) / "kv"))
+        its own directory is given, and its MAC key beside the database unless its own file is given."""
+        engine = self.engine
+        if not engine.kv_disk_dir:
+            engine = dataclasses.replace(engine, kv_disk_dir=str(Path(self.resolved_cache_dir) / "kv"))
+        if not engine.kv_disk_key_file:
+            engine = dataclasses.replace(
+                engine, kv_disk_key_file=str(self.kv_tier_key_dir / KV_TIER_KEY_FILE)
+            )
+        return engine
+
+    @property
+    def kv_tier_key_dir(self) -> Path:
+        """Where the tier's key goes by default: a SQLite database's folder (what can read the one reads the
+        other), else the cache dir."""
+        parts = urlsplit(self.resolved_database_url)
+        database = parts.path[1:]  # sqlite:///relative.db, sqlite:////absolute.db, as SQLAlchemy reads them
+        if parts.scheme.split("+")[0] == "sqlite" and database not in ("", ":memory:"):
+            return Path(database).expanduser().absolute().parent
+        return Path(self.resolved_cache_dir)
 
     @property
     def resolved_database_url(self) -> str:

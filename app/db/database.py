@@ -4,6 +4,8 @@ it to head with Alembic."""
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +77,8 @@ def create_db_engine(url: str, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
             url = parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
         return _create_postgresql_engine(url, busy_timeout_ms)
     is_sqlite = backend == "sqlite"
+    if is_sqlite:
+        keep_private(parsed.database, parsed.query)
     connect_args: dict[str, Any] = {"timeout": busy_timeout_ms / 1000} if is_sqlite else {}
     engine = create_engine(url, connect_args=connect_args, pool_pre_ping=not is_sqlite)
     if is_sqlite:
@@ -92,6 +96,33 @@ def create_db_engine(url: str, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
                 cursor.close()
 
     return engine
+
+
+def keep_private(database: str | None, query: Any = None) -> None:
+    """A SQLite database file holds every chat and password hash: made 0600 before SQLite opens it (SQLite gives its
+    -wal and -shm files the database's mode), and a looser mode on an existing one is warned about, not changed
+    (an operator may have chosen it)."""
+    if not database or database == ":memory:" or (query and "uri" in query):
+        return
+    path = Path(database).expanduser()
+    try:  # SQLite takes an empty file for a new database
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        return
+    except FileExistsError:
+        pass
+    except OSError:  # a missing folder, a read-only one: SQLite says what is wrong when it opens the file
+        return
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            mode = stat.S_IMODE(file.stat().st_mode)
+        except OSError:
+            continue
+        if mode & 0o077:
+            logger.warning(
+                "database file %s has mode %o: other users of this machine can read every chat and password hash "
+                "in it (chmod 600 it, and its -wal and -shm files)",
+                file, mode,
+            )  # fmt: skip
 
 
 def _create_postgresql_engine(url: str, busy_timeout_ms: int) -> Engine:

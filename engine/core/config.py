@@ -113,7 +113,15 @@ class EngineConfig:
         "the free disk, whichever is smaller; 0: no disk tier",
     )
     kv_disk_dir: str = option(
-        "", "the disk tier's directory (one engine process each); unset: <cache dir>/kv"
+        "",
+        "the disk tier's directory (one engine process each); one the tier did not make (a shared one, say) is "
+        "left as it is and the tier works in its subdirectory pagedchat-kv; unset: <cache dir>/kv",
+    )
+    kv_disk_key_file: str = option(
+        "",
+        "the secret (made 0600 when missing) that keys the disk tier's block MACs: keep it where whoever can write "
+        "the tier's directory cannot read (`pagedchat serve` puts it beside its database); unset: "
+        "<cache dir>/kv-tier.key",
     )
     seed: int = option(0, "random seed of sampling")
     num_threads: int | None = option(None, "CPU torch threads; unset: torch's default")

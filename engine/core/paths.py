@@ -6,6 +6,9 @@ import os
 from pathlib import Path
 
 CACHE_DIR_ENV = "PAGEDCHAT_CACHE_DIR"
+KV_TIER_KEY_FILE = (
+    "kv-tier.key"  # the disk tier's MAC key: in the cache dir, or beside the service's database
+)
 
 
 def cache_dir(configured: str = "") -> Path:

@@ -1,7 +1,7 @@
 """The disk tier: full KV blocks as files under one directory, written and read on background threads.
 
-One tier per engine process: the directory is locked (flock) while an engine uses it; a second process pointed at
-the same directory runs without the tier and says so. Files of every fingerprint share the directory and its byte
+One tier per engine process: the directory (one the tier owns: engine/tiers/tier_dir.py) is locked (flock) while an
+engine uses it; a second process pointed at the same directory runs without the tier and says so. Files of every fingerprint share the directory and its byte
 cap, evicted least recently used first; only this engine's fingerprint is ever read.
 
 Threads: the engine thread calls `lookup`, `offer` (which copies the block to a staging buffer), `load`,
@@ -27,16 +27,15 @@ import torch
 
 from engine.core.tier import LoadJob, TierStats
 from engine.tiers.block_file import (
-    TMP_SUFFIX,
     BlockName,
     CorruptBlock,
     read_block_file,
     write_block_file,
 )
+from engine.tiers.tier_dir import LOCK_FILE, is_block_temporary
 
 logger = logging.getLogger(__name__)
 
-LOCK_FILE = ".lock"
 EVICTED_MEMORY = 1 << 16  # hashes of evicted blocks remembered, to tell "too small" from "never seen"
 NUM_READERS = 4  # block reads in flight per load
 _STOP = object()
@@ -61,32 +60,30 @@ class DiskTier:
         values: torch.Tensor,
         scales: torch.Tensor | None,
         *,
+        key: bytes,
         max_queued_blocks: int = 256,
     ) -> None:
-        """`values` / `scales`: the pool, [num_layers, 2, num_blocks, block_size, Hkv, D] / [..., Hkv] or None.
+        """`directory`: one the tier owns (claim_tier_dir); `values` / `scales`: the pool, [num_layers, 2, num_blocks,
+        block_size, Hkv, D] / [..., Hkv] or None; `key`: the secret of the blocks' MACs (load_tier_key).
 
-        Raises OSError when the directory cannot be made private and writable, or another process holds it.
+        Raises OSError when the directory is not writable, or another process holds it.
         """
         self.directory, self.capacity_bytes, self.fingerprint = directory, capacity_bytes, fingerprint
+        self._key = key
         self._values, self._scales = values, scales
         self._block_shape = values.shape[:2] + values.shape[3:]
         self.payload_bytes = _nbytes(self._block_shape, values.dtype) + (
             _nbytes(scales.shape[:2] + scales.shape[3:], scales.dtype) if scales is not None else 0
         )
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._lock_fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        self._lock_fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(self._lock_fd)
             raise BlockingIOError(f"another process uses the KV disk tier at {directory}") from None
-        try:  # ours now: only this user may read the blocks (a directory made by hand may have been 0755)
-            os.chmod(directory, 0o700)
-            if not os.access(directory, os.W_OK | os.X_OK):
-                raise PermissionError(f"{directory} is not writable")
-        except OSError:
+        if not os.access(directory, os.W_OK | os.X_OK):
             os.close(self._lock_fd)
-            raise
+            raise PermissionError(f"{directory} is not writable")
         self.enabled = True
         self._lock = threading.Lock()  # guards the index and counters below
         self._lru: OrderedDict[str, int] = OrderedDict()  # filename -> bytes, least recently used first
@@ -238,7 +235,7 @@ class DiskTier:
     def _write(self, item: _Staged) -> None:
         payload = _payload(item.values, item.scales)
         try:
-            size = write_block_file(str(self.directory), item.name, payload)
+            size = write_block_file(str(self.directory), item.name, payload, self._key)
         except OSError as exc:
             self._disable(f"writing {item.name.filename} failed: {exc}")
             with self._lock:
@@ -313,7 +310,7 @@ class DiskTier:
             self._lru.move_to_end(name.filename)
         path = self.directory / name.filename
         try:
-            payload = read_block_file(str(path), name, self.payload_bytes)
+            payload = read_block_file(str(path), name, self.payload_bytes, self._key)
             os.utime(path)  # the LRU order survives a restart
         except (OSError, CorruptBlock) as exc:
             logger.warning("KV disk tier: dropping a block (%s); its tokens are recomputed", exc)
@@ -339,7 +336,7 @@ class DiskTier:
         found: list[tuple[int, str, int, BlockName]] = []
         with os.scandir(self.directory) as entries:
             for entry in entries:
-                if entry.name.endswith(TMP_SUFFIX):  # a write cut short; nobody else writes here (the lock)
+                if is_block_temporary(entry.name):  # a write cut short; nobody else writes here (the lock)
                     _unlink(Path(entry.path))
                     continue
                 name = BlockName.parse(entry.name)

@@ -1,5 +1,5 @@
-"""Opening an engine's disk tier: its directory, byte cap and fingerprint from the config; off, with one warning,
-when the directory can't be used."""
+"""Opening an engine's disk tier: its directory (the configured one, or its own subdirectory of it: tier_dir.py), byte
+cap, fingerprint and MAC key from the config; off, with one warning, when the directory or the key can't be used."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from engine.core.config import EngineConfig
 from engine.core.paths import cache_dir
 from engine.tiers.disk import DiskTier
 from engine.tiers.fingerprint import kv_fingerprint, weight_files
+from engine.tiers.tier_dir import claim_tier_dir
+from engine.tiers.tier_key import BadTierKey, key_path, load_tier_key
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +64,10 @@ def open_disk_tier(
             )  # fmt: skip
             return None
         fingerprint = kv_fingerprint(weight_files(*weights), kv_settings)
+        key = load_tier_key(key_path(config))
+        owned = claim_tier_dir(directory)
         max_queued = max(MIN_WRITE_QUEUE_BLOCKS, WRITE_QUEUE_BYTES // block_bytes)
-        return DiskTier(directory, capacity, fingerprint, values, scales, max_queued_blocks=max_queued)
-    except OSError as exc:
+        return DiskTier(owned, capacity, fingerprint, values, scales, key=key, max_queued_blocks=max_queued)
+    except (OSError, BadTierKey) as exc:
         logger.warning("KV disk tier off (serving goes on without it): %s: %s", type(exc).__name__, exc)
         return None

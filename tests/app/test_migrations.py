@@ -43,8 +43,9 @@ TABLES = [
     "user_sessions",
     "users",
 ]
-# migration 0006's FTS5 index over messages and the shadow tables SQLite keeps its data in
+# migration 0006's FTS5 index over messages and the shadow tables SQLite keeps its data in; 0008's owner numbers
 SEARCH_TABLES = [
+    "search_owners",
     "messages_fts",
     "messages_fts_config",
     "messages_fts_data",
@@ -67,8 +68,9 @@ def test_migrations_folder_is_found_with_a_single_head() -> None:
     path = migrations_dir()
     assert path == Path(__file__).resolve().parents[2] / "migrations"
     script = ScriptDirectory.from_config(alembic_config("sqlite://"))
-    assert script.get_heads() == ["0007"]
+    assert script.get_heads() == ["0008"]
     assert [rev.revision for rev in script.walk_revisions()] == [
+        "0008",
         "0007",
         "0006",
         "0005",
@@ -86,13 +88,13 @@ def test_upgrade_from_empty_to_head_creates_the_schema(empty_db: TestDatabase) -
     upgrade_to_head(engine)  # a second start is a no-op
     insp = inspect(engine)
     assert sorted(insp.get_table_names()) == head_tables(empty_db)
-    search_column = [] if empty_db.is_sqlite else ["search_vector"]
+    search_column = ["search_key"] if empty_db.is_sqlite else ["search_vector"]
     assert [c["name"] for c in insp.get_columns("messages")] == [
         c.name for c in Base.metadata.tables["messages"].c
     ] + search_column
     assert [fk["options"] for fk in insp.get_foreign_keys("messages")] == [{"ondelete": "CASCADE"}] * 2
     with engine.connect() as conn:
-        assert MigrationContext.configure(conn).get_current_revision() == "0007"
+        assert MigrationContext.configure(conn).get_current_revision() == "0008"
     engine.dispose()
 
 
@@ -274,4 +276,4 @@ def test_a_process_migrating_postgresql_waits_for_the_one_already_migrating(empt
         holder.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": PG_MIGRATION_LOCK})
         holder.close()
     assert process.wait(timeout=60) == 0, process.stderr.read()
-    assert empty_db.raw("SELECT version_num FROM alembic_version") == [("0007",)]
+    assert empty_db.raw("SELECT version_num FROM alembic_version") == [("0008",)]

@@ -133,6 +133,7 @@ def _non_default_config() -> EngineConfig:
         prefix_cache_salt="tenant-7",
         kv_disk_bytes=2**30,
         kv_disk_dir="/var/cache/kv",
+        kv_disk_key_file="/var/lib/pagedchat/kv-tier.key",
         seed=11,
         num_threads=2,
     )

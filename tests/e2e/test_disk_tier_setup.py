@@ -1,6 +1,7 @@
 """Where the KV disk tier lives, with real `pagedchat serve` processes (tiny model):
 
-- its directory is 0700 and its files 0600, whatever mode the directory had before;
+- a directory made beforehand is left as it is (mode and files): the tier works in its own subdirectory, 0700, its
+  files 0600;
 - one tier per directory: a second server on the same directory serves without one and says so once;
 - a directory that cannot be used (not a directory, read-only) or a cap below one block (a nearly full disk):
   the server starts, serves, warns once, and its stats show no tier;
@@ -21,6 +22,7 @@ import openai
 import pytest
 
 from bench.servers import stop_server
+from engine.tiers.tier_dir import MARKER, SUBDIR
 from tests.e2e.conftest import Server, server_env, start_server
 
 HELLO = "Tell me something about lighthouses and their keepers, please."
@@ -69,23 +71,26 @@ def owner(tmp_path_factory, tiny_model, shared_cache_dir, kv_dir) -> Iterator[Se
 
 
 def test_tier_directory_is_0700_and_its_files_0600(owner, kv_dir):
-    files = sorted(kv_dir.iterdir())
+    own = kv_dir / SUBDIR
+    files = sorted(own.iterdir())
     assert len([f for f in files if f.suffix == ".kvb"]) == owner.admin_state()["stats"]["tier"]["num_files"]
-    assert mode(kv_dir) == 0o700  # tightened from the 0755 it was made with
-    assert {f.name: mode(f) for f in files} == {f.name: 0o600 for f in files}  # blocks and the lock file
+    assert mode(kv_dir) == 0o755 and [p.name for p in kv_dir.iterdir()] == [SUBDIR]  # not the tier's: left so
+    assert mode(own) == 0o700
+    assert {f.name: mode(f) for f in files} == {f.name: 0o600 for f in files}  # blocks, lock and marker
+    assert (own / MARKER).is_file()
 
 
 def test_a_second_server_on_the_same_directory_serves_without_the_tier(
     owner, kv_dir, server_factory, shared_cache_dir
 ):
-    num_files = len(list(kv_dir.iterdir()))
+    num_files = len(list((kv_dir / SUBDIR).iterdir()))
     env = {"PAGEDCHAT_CACHE_DIR": str(shared_cache_dir), "PAGEDCHAT_KV_DISK_DIR": str(kv_dir)}
     second = server_factory(home="second", **env)
     chat(second)
     assert second.admin_state()["stats"]["tier"] is None
     [warning] = tier_warnings(second)
-    assert f"BlockingIOError: another process uses the KV disk tier at {kv_dir}" in warning
-    assert len(list(kv_dir.iterdir())) == num_files  # it wrote nothing there
+    assert f"BlockingIOError: another process uses the KV disk tier at {kv_dir / SUBDIR}" in warning
+    assert len(list((kv_dir / SUBDIR).iterdir())) == num_files  # it wrote nothing there
     assert owner.admin_state()["stats"]["tier"]["enabled"] is True  # the owner keeps its tier
     assert not tier_warnings(owner)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 
 from engine.core.hash_chain import NO_SALT, salt_tag
 from engine.core.sequence import SamplingParams, Sequence
@@ -22,8 +23,10 @@ from engine.tiers.block_file import (
     write_block_file,
 )
 from engine.tiers.disk import DiskTier
+from engine.tiers.tier_dir import claim_tier_dir
 
 FP = bytes(range(16))
+KEY = bytes(range(32))
 OTHER_FP = bytes(range(1, 17))
 SHAPE = (2, 2, 6, 4, 2, 8)  # layers, K/V, blocks, block_size, kv heads, head_dim
 
@@ -42,8 +45,10 @@ def block_hash(i: int) -> bytes:
 
 
 def make_tier(directory: Path, pool, capacity: int = 1 << 30, fingerprint: bytes = FP, **kw) -> DiskTier:
+    """A tier in `directory` (made here; the tier's own, as claim_tier_dir would hand it over)."""
     values, scales = pool
-    return DiskTier(directory, capacity, fingerprint, values, scales, **kw)
+    directory.mkdir(parents=True, exist_ok=True)
+    return DiskTier(directory, capacity, fingerprint, values, scales, **{"key": KEY, **kw})
 
 
 def write_blocks(tier: DiskTier, block_ids: list[int], tag: bytes = NO_SALT) -> None:
@@ -83,26 +88,28 @@ def block_of(pool, block_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
 def test_block_file_round_trip_and_every_kind_of_damage(tmp_path):
     name = BlockName(FP, salt_tag("alice"), block_hash(7))
     payload = os.urandom(1000)
-    size = write_block_file(str(tmp_path), name, payload)
+    size = write_block_file(str(tmp_path), name, payload, KEY)
     path = tmp_path / name.filename
     assert size == path.stat().st_size == HEADER_BYTES + 1000
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert bytes(read_block_file(str(path), name, 1000)) == payload
+    assert bytes(read_block_file(str(path), name, 1000, KEY)) == payload
     assert BlockName.parse(name.filename) == name
     assert BlockName.parse("x.kvb") is None and BlockName.parse(name.filename + ".tmp") is None
 
     with pytest.raises(CorruptBlock, match="another block"):  # the same file asked for by another producer
-        read_block_file(str(path), BlockName(OTHER_FP, name.salt_tag, name.block_hash), 1000)
+        read_block_file(str(path), BlockName(OTHER_FP, name.salt_tag, name.block_hash), 1000, KEY)
     with pytest.raises(CorruptBlock, match="bytes, expected"):
-        read_block_file(str(path), name, 999)
+        read_block_file(str(path), name, 999, KEY)
+    with pytest.raises(CorruptBlock, match="MAC mismatch"):  # another installation's key
+        read_block_file(str(path), name, 1000, bytes(32))
     data = bytearray(path.read_bytes())
     data[HEADER_BYTES + 500] ^= 1  # one flipped bit in the payload
     path.write_bytes(bytes(data))
-    with pytest.raises(CorruptBlock, match="checksum"):
-        read_block_file(str(path), name, 1000)
+    with pytest.raises(CorruptBlock, match="MAC mismatch"):
+        read_block_file(str(path), name, 1000, KEY)
     path.write_bytes(bytes(data[:-10]))  # torn
     with pytest.raises(CorruptBlock, match="bytes, expected"):
-        read_block_file(str(path), name, 1000)
+        read_block_file(str(path), name, 1000, KEY)
 
 
 # ---- write, load, evict ---------------------------------------------------------------------------------------
@@ -191,6 +198,27 @@ def test_a_corrupt_file_is_dropped_at_load_and_the_load_stops_there(tmp_path):
     assert tier.stats().num_load_failures == 1
 
 
+def forge(path: Path, payload: bytes) -> None:
+    """What someone with write access to the directory but not the key can do: keep the header, put their own
+    payload, and recompute the checksum slot as format 1 did (xxh3-128 of the header fields and the payload)."""
+    fields = path.read_bytes()[: HEADER_BYTES - 16]
+    path.write_bytes(fields + xxhash.xxh3_128(fields + payload).digest() + payload)
+
+
+def test_a_block_rewritten_with_a_recomputed_checksum_is_never_served(tmp_path):
+    pool = make_pool()
+    tier = make_tier(tmp_path, pool)
+    write_blocks(tier, [0, 1])
+    path = tmp_path / BlockName(FP, NO_SALT, block_hash(1)).filename
+    forged = bytes(path.stat().st_size - HEADER_BYTES)  # another tenant's KV made all zeros
+    forge(path, forged)
+    before = block_of(pool, 5)[0]
+    job = load(tier, [block_hash(0), block_hash(1)], [4, 5])
+    assert job.num_loaded == 1 and tier.stats().num_load_failures == 1
+    assert torch.equal(block_of(pool, 5)[0], before), "a forged block must not reach the pool"
+    assert not path.exists() and tier.lookup([block_hash(0), block_hash(1)]) == 1
+
+
 def test_another_fingerprint_is_never_read_but_shares_the_cap(tmp_path):
     pool = make_pool()
     first = make_tier(tmp_path, pool, fingerprint=OTHER_FP)
@@ -212,9 +240,12 @@ def test_restart_rebuilds_the_index_in_lru_order_and_removes_leftover_temporarie
     for i, block_id in enumerate((1, 2, 0)):  # block 1 oldest
         path = tmp_path / BlockName(FP, NO_SALT, block_hash(block_id)).filename
         os.utime(path, ns=(10**18 + i * 10**9, 10**18 + i * 10**9))
-    (tmp_path / "cut-short.kvb.123.tmp").write_bytes(b"partial")
+    leftover = tmp_path / (BlockName(FP, NO_SALT, block_hash(4)).filename + ".123.tmp")
+    leftover.write_bytes(b"partial")
+    (tmp_path / "notes.tmp").write_bytes(b"not the tier's")
     again = make_tier(tmp_path, make_pool(seed=1), capacity=2 * file_bytes)
-    assert not (tmp_path / "cut-short.kvb.123.tmp").exists()
+    assert not leftover.exists()
+    assert (tmp_path / "notes.tmp").exists()  # a name the tier's writer never makes is not its own
     assert again.lookup([block_hash(1)]) == 0  # the oldest went to fit the smaller cap
     assert again.lookup([block_hash(2)]) == 1 and again.lookup([block_hash(0)]) == 1
     expected = block_of(pool, 2)[0]
@@ -223,7 +254,8 @@ def test_restart_rebuilds_the_index_in_lru_order_and_removes_leftover_temporarie
 
 
 def test_the_directory_is_private_and_one_process_owns_it(tmp_path):
-    directory = tmp_path / "kv"
+    directory = claim_tier_dir(tmp_path / "kv")
+    assert directory == tmp_path / "kv"  # made by the tier: its own
     tier = make_tier(directory, make_pool())
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     with pytest.raises(BlockingIOError, match="another process"):

@@ -21,16 +21,18 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from engine.core.config import EngineConfig
-from engine.core.hash_chain import ChainKey
+from engine.core.hash_chain import NO_SALT, ChainKey
 from engine.core.outputs import SchedulerOutput
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import SequenceStatus
 from engine.core.tier import LoadJob
+from engine.tiers.block_file import BlockName
 from engine.tiers.disk import DiskTier
 from tests.engine.scheduler_factories import EOS, make_prompt, make_seq, next_token
 
 BLOCK_SIZE = 8
 FP = bytes(16)
+KEY = bytes(32)  # the blocks' MAC key
 
 
 class PoolModel:
@@ -101,9 +103,9 @@ def make_tiered(
     """A scheduler over a disk tier in `directory`; `timing`: a TimedTier's, or "" for the tier's own threads."""
     model = PoolModel(num_blocks)
     if timing:
-        tier = TimedTier(directory, 1 << 30, FP, model.kv, None, timing=timing)
+        tier = TimedTier(directory, 1 << 30, FP, model.kv, None, key=KEY, timing=timing)
     else:
-        tier = DiskTier(directory, 1 << 30, FP, model.kv, None)
+        tier = DiskTier(directory, 1 << 30, FP, model.kv, None, key=KEY)
     kwargs = dict(block_size=BLOCK_SIZE, max_num_batched_tokens=64, max_model_len=128, max_num_seqs=4)
     kwargs.update(overrides)
     sched = Scheduler(EngineConfig(**kwargs), num_blocks, frozenset({EOS}), tier=tier)
@@ -322,7 +324,8 @@ class TierMachine(RuleBasedStateMachine):
         run(self.sched, self.model)
         self.tier.close()
         if crash:
-            (self.dir / f"{os.urandom(4).hex()}.kvb.1.tmp").write_bytes(b"cut short")
+            leftover = BlockName(FP, NO_SALT, os.urandom(16)).filename + ".1.tmp"  # as the writer names them
+            (self.dir / leftover).write_bytes(b"cut short")
         self._start()
         assert not list(self.dir.glob("*.tmp"))
 
