@@ -42,6 +42,7 @@ _NON_NEGATIVE = (
     "max_database_bytes",
     "new_identities_per_minute",
     "client_max_connections",
+    "max_queued_password_checks",
 )
 ADMIN_TOKEN_MIN_CHARS = 16
 SECRET_KEY_FILE = "secret_key"
@@ -193,6 +194,12 @@ class Settings:
     )
     account_session_days: float = option(30.0, "how long a sign-in lasts", group=_ACCOUNTS)
     invite_hours: float = option(72.0, "how long an invite link stays valid", group=_ACCOUNTS)
+    max_queued_password_checks: int = option(
+        8,
+        "password checks (sign-ins, password changes) that may wait for a hashing thread; more are refused at once "
+        "(503), so a flood of guesses cannot make every sign-in wait",
+        group=_ACCOUNTS,
+    )
     first_admin: str = option(
         "",
         "with accounts: at start, create this admin account unless an account of that name exists",
