@@ -69,11 +69,14 @@ def stream_rate(chat: httpx.Client, max_tokens: int) -> dict[str, float]:
 
 
 def flood(base: str, num: int, num_addresses: int, statuses: list[int]) -> list[threading.Thread]:
-    """`num` concurrent wrong sign-ins from `num_addresses` addresses (127.0.2.x), started now."""
+    """`num` concurrent wrong sign-ins from `num_addresses` addresses (127.0.2.x), started now, each for a username
+    of its own (spraying: no account's counter stops them, only the addresses' and the hashing queue)."""
 
     def guess(i: int) -> None:
         with client(base, f"127.0.2.{1 + i % num_addresses}") as c:
-            statuses.append(c.post("/auth/login", json={"username": USER, "password": f"guess {i}"}).status_code)
+            statuses.append(
+                c.post("/auth/login", json={"username": f"user{i}", "password": "a guess 1"}).status_code
+            )
 
     threads = [threading.Thread(target=guess, args=(i,)) for i in range(num)]
     for thread in threads:
@@ -119,7 +122,9 @@ def main() -> None:
     cmd = [sys.executable, "-m", "pagedchat", "serve", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--database-url", f"sqlite:///{home / 'db.sqlite'}"]
     with open(home / "server.log", "wb") as log:
-        server = subprocess.Popen(cmd, env=env, cwd=args.repo, stdout=log, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(
+            cmd, env=env, cwd=args.repo, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
@@ -131,13 +136,24 @@ def main() -> None:
                 pass
             time.sleep(0.5)
         admin = client(base)
-        assert admin.post("/auth/login", json={"username": ADMIN, "password": ADMIN_PASSWORD}).status_code == 200
+        assert (
+            admin.post("/auth/login", json={"username": ADMIN, "password": ADMIN_PASSWORD}).status_code == 200
+        )
         assert admin.post("/api/users", json={"username": USER, "password": PASSWORD}).status_code == 201
         stream_rate(admin, 8)  # warm up
         quiet = measure(base, admin, args, flooded=False)
         flooded = measure(base, admin, args, flooded=True)
-        print(json.dumps({"repo": args.repo, "flood": args.flood, "addresses": args.addresses, "quiet": quiet,
-                          "flooded": flooded}))
+        print(
+            json.dumps(
+                {
+                    "repo": args.repo,
+                    "flood": args.flood,
+                    "addresses": args.addresses,
+                    "quiet": quiet,
+                    "flooded": flooded,
+                }
+            )
+        )
     finally:
         server.terminate()
         server.wait(30)

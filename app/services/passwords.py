@@ -33,7 +33,10 @@ MIN_PASSWORD_CHARS = 8
 MAX_PASSWORD_CHARS = 1024
 MAX_CONCURRENT_HASHES = 2
 DEFAULT_MAX_QUEUED = 8  # app/settings.py's max_queued_password_checks
-HASH_NICENESS = 10  # the hashing threads' nice value: the engine's threads get ~9/10 of a core they share
+# the hashing threads' nice value. Measured on 2 busy cores (a 2-thread torch loop standing in for the engine, one
+# thread hashing without pause): at 0 the loop kept ~1/4 of its pace, at 5 ~1/2, and a lone hash while the loop
+# ran took about as long as at 0; at 10 that lone hash took ~2.5x as long (a sign-in while replies stream)
+HASH_NICENESS = 5
 RETRY_AFTER_S = 1
 USERNAME = re.compile(r"^[a-z0-9][a-z0-9._@-]{0,63}$")
 
