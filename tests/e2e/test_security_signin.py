@@ -8,6 +8,7 @@ addresses and accounts of its own, since the counters live as long as the module
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from bench.servers import stop_server
 from tests.e2e.conftest import Server, server_env, start_server
 
 ADMIN, ADMIN_PASSWORD = "root", "root password 1"
+ADMIN_TOKEN = "signin-test-admin-token-0123"
 PASSWORD = "the right one 1"
 MAX_QUEUED = (
     4  # max_queued_password_checks of the test server: small, so a burst from many addresses fills it
@@ -36,6 +38,7 @@ def server(tmp_path_factory, tiny_model) -> Iterator[Server]:
         PAGEDCHAT_FIRST_ADMIN=ADMIN,
         PAGEDCHAT_FIRST_ADMIN_PASSWORD=ADMIN_PASSWORD,
         PAGEDCHAT_MAX_QUEUED_PASSWORD_CHECKS=str(MAX_QUEUED),
+        PAGEDCHAT_ADMIN_TOKEN=ADMIN_TOKEN,
     )
     running = start_server(tmp_path, env)
     admin = browser(running)
@@ -191,3 +194,24 @@ def test_a_full_hashing_queue_answers_503_at_once(server):
     assert f"max_queued_password_checks = {MAX_QUEUED}" in refused[0].json()["error"]["message"]
     # the refused were not counted as guesses: each address signs in at once
     assert sign_in(clients[0], "bob", PASSWORD).status_code == 200
+
+
+def test_a_burst_of_admin_tokens_with_slow_bodies_is_counted_one_by_one(server):
+    """The admin sign-in form: 12 concurrent wrong tokens from one address whose bodies come only after every
+    request has been let in. The throttle was checked before the body was read, so all 12 were compared (12 x 403);
+    now it is checked after, with no wait before the count: 5 are compared, 7 refused."""
+    num = 12
+    bodies_may_come = threading.Barrier(num)
+
+    def slow_body() -> Iterator[bytes]:
+        bodies_may_come.wait()
+        time.sleep(0.3)  # every request's head has reached the server
+        yield b"token=wrong-token-0123456789"
+
+    def post() -> httpx.Response:
+        with browser(server, "127.0.0.40") as c:
+            headers = {"Content-Type": "application/x-www-form-urlencoded"}
+            return c.post("/admin/login", content=slow_body(), headers=headers)
+
+    statuses = sorted(r.status_code for r in all_at_once([post] * num))
+    assert statuses == [403] * ADDRESS_FREE_FAILURES + [429] * (num - ADDRESS_FREE_FAILURES), statuses
