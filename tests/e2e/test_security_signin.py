@@ -65,8 +65,9 @@ def sign_in(client: httpx.Client, username: str, password: str) -> httpx.Respons
     return client.post("/auth/login", json={"username": username, "password": password})
 
 
-def code_of(response: httpx.Response) -> tuple[int, str]:
-    return response.status_code, response.json()["error"]["code"]
+def code_of(response: httpx.Response) -> tuple[int, str | None]:
+    """The status and the error code (None when the answer is no error)."""
+    return response.status_code, response.json().get("error", {}).get("code")
 
 
 def all_at_once(calls: list[Callable[[], httpx.Response]]) -> list[httpx.Response]:
