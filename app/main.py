@@ -177,7 +177,9 @@ async def _startup(svc: Services) -> None:
         store, svc.engine, settings, builder, fingerprint, svc.public_prefixes, svc.sampling_defaults
     )
     if settings.auth != "none":
-        accounts = AccountService(store, settings, Passwords(), svc.chat, svc.engine)
+        accounts = AccountService(
+            store, settings, Passwords(max_queued=settings.max_queued_password_checks), svc.chat, svc.engine
+        )
         await accounts.bootstrap()  # the first admin (first_admin), and expired sign-ins dropped
         svc.accounts = accounts
     logger.info(

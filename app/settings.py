@@ -45,6 +45,7 @@ _NON_NEGATIVE = (
     "max_database_bytes",
     "new_identities_per_minute",
     "client_max_connections",
+    "max_queued_password_checks",
 )
 ADMIN_TOKEN_MIN_CHARS = 16
 SECRET_KEY_FILE = "secret_key"
@@ -233,6 +234,12 @@ class Settings:
         2.0,
         "how often a long-lived stream (chat socket, reply over SSE, streamed /v1 request, admin feed) re-checks the "
         "sign-in, admin token or key it opened with; it ends within 1.5 times this once that is revoked",
+        group=_ACCOUNTS,
+    )
+    max_queued_password_checks: int = option(
+        8,
+        "password checks (sign-ins, password changes) that may wait for a hashing thread; more are refused at once "
+        "(503), so a flood of guesses cannot make every sign-in wait",
         group=_ACCOUNTS,
     )
     first_admin: str = option(

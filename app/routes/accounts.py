@@ -2,8 +2,10 @@
 the admin's account management under /api/users (invites: app/routes/invites.py; API keys: app/routes/api_keys.py).
 
 Every write comes from this server's own pages (same origin, JSON body: app/routes/csrf.py), the sign-in too (a
-cross-site sign-in would put the victim's browser in the attacker's account). Wrong passwords are throttled per
-client address, as wrong admin tokens are.
+cross-site sign-in would put the victim's browser in the attacker's account). Password attempts (sign-in, password
+change) are counted per client address and per account as they arrive, before their hash (app/services/
+login_throttle.py); a browser that signed in to an account before is recognised by its device cookie
+(app/routes/sign_in_device.py) and is not held back by an attack on that account from elsewhere.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from app.routes.csrf import check_browser_write
 from app.routes.errors import error_response
 from app.routes.pages import NO_STORE, templates
 from app.routes.params import read_json_object
+from app.routes.sign_in_device import account_subject, device_cookie_header, known_device
 from app.services.accounts import AccountService, SignIn
 from app.services.errors import APIError, from_exception
 
@@ -115,21 +118,27 @@ async def _body(request: Request) -> dict[str, Any]:
 @_json_api
 async def login(request: Request, svc: Services, accounts: AccountService) -> Response:
     """POST /auth/login {username, password, next?}: sets the session cookie; 401 for a wrong pair, 429 while the
-    address must wait after too many."""
+    address (or, from a device that never signed in to it, the account) must wait after too many."""
     address = client_address(request)
-    svc.password_throttle.check(address)
     body = await _body(request)
-    try:
-        sign_in = await accounts.sign_in(body.get("username"), body.get("password"), address)
-    except APIError as exc:
-        if exc.status == 401:
-            wait_s = svc.password_throttle.failed(address)
-            logger.warning(
-                "wrong password from %s%s", address, f"; it must wait {wait_s:g} s" if wait_s else ""
-            )
-        raise
-    svc.password_throttle.succeeded(address)
-    return signed_in_response(svc, sign_in, {"next": safe_next(body.get("next"))})
+    username = body.get("username")
+    subject = account_subject(username)
+    device = known_device(request, svc.settings, subject)
+    with svc.password_throttle.begin(address, subject, device=device) as attempt:
+        try:
+            sign_in = await accounts.sign_in(username, body.get("password"), address)
+        except APIError as exc:
+            if exc.status == 401:
+                wait_s = attempt.failed()
+                logger.warning(
+                    "wrong password from %s%s", address, f"; it must wait {wait_s:g} s" if wait_s else ""
+                )
+            raise
+        attempt.succeeded()
+    response = signed_in_response(svc, sign_in, {"next": safe_next(body.get("next"))})
+    if subject is not None:
+        response.headers.append("Set-Cookie", device_cookie_header(svc.settings, subject, device))
+    return response
 
 
 @_json_api
@@ -152,20 +161,32 @@ async def me(request: Request, svc: Services, accounts: AccountService) -> Respo
 @_json_api
 async def change_password(request: Request, svc: Services, accounts: AccountService) -> Response:
     """POST /auth/password {current_password, new_password}: ends every sign-in of the account (other devices
-    sign in again) and signs this browser in afresh."""
+    sign in again) and signs this browser in afresh. A wrong current password counts as a wrong sign-in (a stolen
+    cookie is no way around the throttle)."""
     account = require_account(request, "changing a password")
     address = client_address(request)
-    svc.password_throttle.check(address)
     body = await _body(request)
-    try:
-        sign_in = await accounts.change_password(
-            account, body.get("current_password"), body.get("new_password"), address
-        )
-    except APIError as exc:
-        if exc.status == 403:
-            svc.password_throttle.failed(address)
-        raise
-    return signed_in_response(svc, sign_in, {})
+    subject = account_subject(account.user.username)
+    device = known_device(request, svc.settings, subject)
+    with svc.password_throttle.begin(address, subject, device=device) as attempt:
+        try:
+            sign_in = await accounts.change_password(
+                account, body.get("current_password"), body.get("new_password"), address
+            )
+        except APIError as exc:
+            if exc.status == 403 and exc.code == "invalid_credentials":
+                wait_s = attempt.failed()
+                logger.warning(
+                    "wrong current password from %s%s",
+                    address,
+                    f"; it must wait {wait_s:g} s" if wait_s else "",
+                )
+            raise
+        attempt.succeeded()
+    response = signed_in_response(svc, sign_in, {})
+    if subject is not None:
+        response.headers.append("Set-Cookie", device_cookie_header(svc.settings, subject, device))
+    return response
 
 
 # ---- the admin's account management ------------------------------------------------------------------------------

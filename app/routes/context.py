@@ -86,7 +86,8 @@ class Services:
     limiter: ClientLimiter = field(init=False)
     identities: IdentityLimiter = field(init=False)
     login_throttle: LoginThrottle = field(default_factory=LoginThrottle)
-    # accounts (--auth local|oidc): set at startup; sign-ins with a wrong password are throttled per address
+    # accounts (--auth local|oidc): set at startup; wrong passwords (sign-ins, password changes) are throttled per
+    # address and per account, as attempts arrive (app/services/login_throttle.py)
     accounts: AccountService | None = None
     password_throttle: LoginThrottle = field(
         default_factory=lambda: LoginThrottle(what="wrong usernames or passwords")

@@ -79,23 +79,25 @@ class ApiKeyMiddleware:
 
 
 async def _authenticate(svc: Any, key: str, address: str) -> KeyAccount | APIError:
-    """The key's account, or why not. The one place keys meet the throttle: an address that must wait is refused
-    before the key is looked up, and only a key that is no key (a guess) counts as a failure; a revoked key or a
-    disabled account's is a right secret that no longer works. A right key calls no `throttle.succeeded(address)`:
-    today that clears the address's whole count, so a key of the guesser's own would reset its count of wrong
-    passwords for other accounts (issue #35 item 1)."""
+    """The key's account, or why not. The one place keys meet the throttle: an attempt is reserved for the address
+    before the key is looked up (so concurrent guesses count as they arrive, as passwords do), and only a key that
+    is no key (a guess) counts as a failure; a revoked key or a disabled account's is a right secret that no longer
+    works. A right key forgives nothing: a key of the guesser's own must not clear its count of wrong passwords for
+    other accounts (issue #35 item 1)."""
     if svc.accounts is None:
         return APIError(503, "the service is still starting", headers={"Retry-After": "2"})
-    throttle = svc.password_throttle
     try:
-        throttle.check(address)
-        return await svc.accounts.keys.authenticate(key)
+        with svc.password_throttle.begin(address) as attempt:
+            try:
+                return await svc.accounts.keys.authenticate(key)
+            except APIError as exc:
+                if exc.code == "invalid_api_key":
+                    wait_s = attempt.failed()
+                    logger.warning(
+                        "wrong API key from %s%s", address, f"; it must wait {wait_s:g} s" if wait_s else ""
+                    )
+                raise
     except APIError as exc:
-        if exc.code == "invalid_api_key":
-            wait_s = throttle.failed(address)
-            logger.warning(
-                "wrong API key from %s%s", address, f"; it must wait {wait_s:g} s" if wait_s else ""
-            )
         return exc
     except Exception as exc:  # noqa: BLE001 - the database is down: the request learns it when it asks who
         logger.warning("API key not checked: %s", exc)

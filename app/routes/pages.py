@@ -229,8 +229,9 @@ async def admin_login(request: Request) -> Response:
     if not svc.settings.admin_token:
         return RedirectResponse("/admin", status_code=303)
     try:
-        check_attempts(request, svc)
         token = await read_login_token(request)
+        # checked after the await, with none between it and the count: concurrent tries cannot all slip past
+        check_attempts(request, svc)
         ok = token_matches(token, svc.settings)
         record_attempt(request, svc, ok=ok)
         if not ok:

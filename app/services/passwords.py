@@ -1,24 +1,43 @@
-"""Passwords: argon2id hashes (argon2-cffi, RFC 9106's parameters), computed off the event loop, two at a time.
+"""Passwords: argon2id hashes (argon2-cffi, RFC 9106's parameters), computed off the event loop on a few threads of
+their own, behind a bounded queue.
 
-Each hash takes ~64 MiB and tens of milliseconds by design, so they run on a pool of their own: a burst of sign-ins
-queues there instead of stalling the loop or taking the memory of a hash per request. A sign-in of an unknown user
-still verifies against a dummy hash, so the time taken does not tell which usernames exist.
+Each hash takes ~64 MiB and a fifth of a second of CPU by design (argon2's 4 lanes run as 4 threads), so they run on
+a pool of their own: a burst of sign-ins queues there instead of stalling the loop or taking the memory of a hash
+per request. The queue is bounded: a check that would wait behind more than `max_queued` others is refused at once
+(503), so a flood of guesses from many addresses cannot make other users' sign-ins wait for minutes. The threads
+run at a lower CPU priority (Linux), so that on a small machine the engine's streams keep their pace while hashes
+run. A sign-in of an unknown user still verifies against a dummy hash, so the time taken does not tell which
+usernames exist.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
+import sys
+import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from app.services.errors import APIError
+
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 MIN_PASSWORD_CHARS = 8
 MAX_PASSWORD_CHARS = 1024
 MAX_CONCURRENT_HASHES = 2
+DEFAULT_MAX_QUEUED = 8  # app/settings.py's max_queued_password_checks
+# the hashing threads' nice value. Measured on 2 busy cores (a 2-thread torch loop standing in for the engine, one
+# thread hashing without pause): at 0 the loop kept ~1/4 of its pace, at 5 ~1/2, and a lone hash while the loop
+# ran took about as long as at 0; at 10 that lone hash took ~2.5x as long (a sign-in while replies stream)
+HASH_NICENESS = 5
+RETRY_AFTER_S = 1
 USERNAME = re.compile(r"^[a-z0-9][a-z0-9._@-]{0,63}$")
 
 
@@ -47,14 +66,51 @@ def check_password(value: object) -> str:
     return value
 
 
-class Passwords:
-    """Hashes and verifies passwords with `hasher` (default: argon2id with argon2-cffi's RFC 9106 parameters)."""
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one, as in a container)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
-    def __init__(self, hasher: PasswordHasher | None = None) -> None:
+
+def default_hash_threads(num_cpus: int) -> int:
+    """Hashes run at once: one on a machine of 2 CPUs or fewer (one hash's 4 lanes already fill both), else two."""
+    return 1 if num_cpus <= 2 else MAX_CONCURRENT_HASHES
+
+
+def _lower_priority() -> None:
+    """Run this hashing thread (and the lane threads argon2 starts from it) below the engine's priority."""
+    if sys.platform != "linux":  # elsewhere the nice value is the whole process's
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HASH_NICENESS)
+    except OSError as exc:
+        logger.warning("could not lower the priority of a password hashing thread: %s", exc)
+
+
+class Passwords:
+    """Hashes and verifies passwords with `hasher` (default: argon2id with argon2-cffi's RFC 9106 parameters) on
+    `num_threads` threads (default: `default_hash_threads`); a check that finds `max_queued` others waiting is
+    refused (503)."""
+
+    def __init__(
+        self,
+        hasher: PasswordHasher | None = None,
+        *,
+        max_queued: int = DEFAULT_MAX_QUEUED,
+        num_threads: int = 0,
+    ) -> None:
+        if max_queued < 0:
+            raise ValueError(f"max_queued must be non-negative, got {max_queued}")
         self.hasher = hasher or PasswordHasher()
+        self.num_threads = num_threads or default_hash_threads(usable_cpus())
+        self.max_queued = max_queued
         self._pool = ThreadPoolExecutor(
-            max_workers=MAX_CONCURRENT_HASHES, thread_name_prefix="pagedchat-argon2"
+            max_workers=self.num_threads, thread_name_prefix="pagedchat-argon2", initializer=_lower_priority
         )
+        self._lock = threading.Lock()  # the counts below change on the event loop and on the hashing threads
+        self.num_pending = 0  # hashes and checks given to the pool and not finished (running or queued)
+        self.num_refused = 0  # checks refused because the queue was full
         self._dummy: str | None = None  # verified when the user is unknown
 
     def hash_now(self, password: str) -> str:
@@ -62,13 +118,14 @@ class Passwords:
         return self.hasher.hash(password)
 
     async def hash(self, password: str) -> str:
-        """The hash of a password, off the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self.hasher.hash, password)
+        """The hash of a password, off the event loop. Never refused: every caller has proved who it is (a right
+        password, an invite, an admin), so only checks are bounded."""
+        return await self._run(self.hasher.hash, password)
 
     async def verify(self, stored: str | None, password: str) -> bool:
         """Whether `password` matches the `stored` hash; None (no such user, or no password) is False after the
-        same work as a real check."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._verify, stored, password)
+        same work as a real check. 503 with Retry-After when `max_queued` checks are waiting already."""
+        return await self._run(self._verify, stored, password, bounded=True)
 
     def needs_rehash(self, stored: str) -> bool:
         """Whether a hash was made with other parameters than the hasher's (a sign-in then stores a new one)."""
@@ -76,6 +133,36 @@ class Passwords:
             return self.hasher.check_needs_rehash(stored)
         except InvalidHashError:
             return True
+
+    async def _run(self, fn: Callable[..., T], *args: object, bounded: bool = False) -> T:
+        """`fn(*args)` on the pool, counted as pending until it has finished there (a caller that stops waiting
+        does not free its place while its hash still runs); `bounded`: refused (503) when the queue is full."""
+        with self._lock:
+            num_waiting = self.num_pending - self.num_threads
+            full = bounded and num_waiting >= self.max_queued
+            if full:
+                self.num_refused += 1
+            else:
+                self.num_pending += 1
+        if full:
+            raise APIError(
+                503,
+                f"the server is busy checking passwords: {num_waiting} checks are waiting already, the most it "
+                f"queues (max_queued_password_checks = {self.max_queued}); retry in {RETRY_AFTER_S} s",
+                code="password_queue_full",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        try:
+            future = self._pool.submit(fn, *args)
+        except RuntimeError:  # the pool is shut down (the server is stopping)
+            self._finished(None)
+            raise
+        future.add_done_callback(self._finished)
+        return await asyncio.wrap_future(future)
+
+    def _finished(self, _future: object) -> None:
+        with self._lock:
+            self.num_pending -= 1
 
     def close(self) -> None:
         """Stop the hashing threads (the service is shutting down)."""

@@ -16,7 +16,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from app.services.login_throttle import FREE_FAILURES
+from app.services.login_throttle import ADDRESS
 from bench.servers import stop_server
 from tests.app.factories import pool_is_idle
 from tests.e2e.conftest import Server, server_env, start_server
@@ -315,7 +315,7 @@ def test_wrong_keys_are_throttled_per_address(server, root):
                 break
         assert statuses[-1] == (429, "too_many_attempts"), statuses
         assert statuses[:-1] == [(401, "invalid_api_key")] * (len(statuses) - 1), statuses
-        assert len(statuses) - 1 >= FREE_FAILURES, statuses  # the free failures first
+        assert len(statuses) - 1 >= ADDRESS.free_failures, statuses  # the free failures first
         right = make_key(quinn, "right")["key"]
     with with_key(server, right) as script:  # while the address waits, even a right key is not looked up
         assert error_of(script.get("/api/sessions")) == (429, "too_many_attempts")
