@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -299,6 +301,31 @@ def test_revoking_a_key_stops_its_chat_socket(server, root):
                 ws.recv(timeout=30)
             assert ws.close_code == 4401
     wait_pool_idle(server)
+
+
+def test_a_scripts_concurrent_requests_with_its_right_key_all_get_in(server, root):
+    """A script (an OpenAI client with a pool of connections) sends 20 requests at once with its right key: every
+    one is served. Merged, a key's lookup reserved a password attempt, and past 5 in flight the address had to wait:
+    15 of the 20 got 429 `too_many_attempts` ("too many wrong usernames or passwords") with no wrong secret sent."""
+    add_user(root, "ray")
+    with sign_in(server, "ray") as ray:
+        key = make_key(ray, "pool")["key"]
+    num = 20
+    start = threading.Barrier(num)
+    with httpx.Client(
+        base_url=server.base_url,
+        headers={"Authorization": f"Bearer {key}"},
+        limits=httpx.Limits(max_connections=num),
+        timeout=30,
+    ) as script:
+
+        def call() -> httpx.Response:
+            start.wait()
+            return script.get("/api/sessions")
+
+        with ThreadPoolExecutor(num) as pool:
+            statuses = [r.status_code for r in pool.map(lambda _: call(), range(num))]
+    assert statuses == [200] * num, statuses
 
 
 def test_wrong_keys_are_throttled_per_address(server, root):
