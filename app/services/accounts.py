@@ -133,8 +133,8 @@ class AccountService:
         return await self.store.revoke_user_session(account.session_hash)
 
     async def change_password(self, account: Account, current: object, new: object, client: str) -> SignIn:
-        """Check the current password, store the new one and end every sign-in of the account; the caller gets a
-        fresh one. 403 when the current password is wrong."""
+        """Check the current password, store the new one and end every sign-in and API key of the account; the
+        caller gets a fresh sign-in. 403 when the current password is wrong."""
         if not isinstance(current, str):
             raise APIError(400, "send current_password as a string", code="invalid_request")
         new_password = _checked(new)
@@ -143,6 +143,8 @@ class AccountService:
         if not await self.passwords.verify(stored, current):
             raise APIError(403, "the current password is wrong", code="invalid_credentials")
         await self.store.set_password(account.user.id, await self.passwords.hash(new_password), revoke=True)
+        # its keys were revoked with its sign-ins: what they still run ends now
+        self.keys.work.end_user(account.user.id)
         return await self.start_session(account.user, client)
 
     async def create_user(self, username: object, password: object, role: object) -> UserRecord:

@@ -241,6 +241,26 @@ def test_a_revoked_key_or_a_disabled_accounts_key_gets_401_at_once(server, root)
         assert error_of(chat(script)) == (401, "api_key_revoked")  # disabling revoked it for good
 
 
+def test_a_password_change_revokes_a_key_made_with_a_stolen_cookie(server, root):
+    """A thief with a copy of tom's session cookie makes a key; tom changes his password, the README's remedy that
+    makes the copy worthless. Merged, the key kept working (200): the stolen cookie became a lasting credential."""
+    add_user(root, "tom")
+    with sign_in(server, "tom") as tom, browser(server) as thief:
+        thief.cookies.set("pagedchat_session", tom.cookies["pagedchat_session"])
+        stolen = make_key(thief, "mine")["key"]
+        own = make_key(tom, "own")["key"]
+        changed = tom.post(
+            "/auth/password", json={"current_password": PASSWORD, "new_password": "a new password 2"}
+        )
+        assert changed.status_code == 200, changed.text
+        assert error_of(thief.get("/api/keys")) == (401, "not_signed_in")
+        for key in (stolen, own):
+            with with_key(server, key) as script:
+                assert error_of(script.get("/api/sessions")) == (401, "api_key_revoked")
+        assert tom.get("/api/keys").json()["keys"] == []  # his new sign-in makes new ones
+        assert make_key(tom, "new")["key"].startswith("pck_")
+
+
 def test_revoking_a_key_ends_its_running_streams(server, root):
     add_user(root, "pia")
     with sign_in(server, "pia") as pia, httpx.Client(base_url=server.base_url, timeout=60) as script:
