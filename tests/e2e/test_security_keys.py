@@ -25,6 +25,7 @@ from tests.e2e.conftest import Server, server_env, start_server
 
 ROOT, ROOT_PASSWORD = "root", "root password 1"
 ADMIN_TOKEN = "keys-admin-token-3b9e"
+SERVER_KEY = "team-key-7"  # a server-wide --api-key, as an operator might choose it: short, guessable
 PASSWORD = "a password 1"
 LONG = 900  # tokens a stream may run: long enough to be revoked mid-way on the tiny model
 # a prompt of several full KV blocks (16 tokens each), so that a second request finds it in the prefix cache
@@ -41,6 +42,7 @@ def server(tmp_path_factory, tiny_model) -> Iterator[Server]:
         PAGEDCHAT_FIRST_ADMIN=ROOT,
         PAGEDCHAT_FIRST_ADMIN_PASSWORD=ROOT_PASSWORD,
         PAGEDCHAT_ADMIN_TOKEN=ADMIN_TOKEN,
+        PAGEDCHAT_API_KEYS=SERVER_KEY,
         PAGEDCHAT_DEFAULT_MAX_TOKENS=str(LONG),
         PAGEDCHAT_MAX_MODEL_LEN="1024",
     )
@@ -346,6 +348,27 @@ def test_a_scripts_concurrent_requests_with_its_right_key_all_get_in(server, roo
         with ThreadPoolExecutor(num) as pool:
             statuses = [r.status_code for r in pool.map(lambda _: call(), range(num))]
     assert statuses == [200] * num, statuses
+
+
+def test_guesses_at_a_server_wide_key_are_throttled_per_address(server, root):
+    """Guessing the operator's server-wide --api-key (`team-key-0`, `team-key-1`, ...) from one address: merged,
+    every guess got 401 at full speed, however many. Now the 6th is refused (429) and, while the address waits,
+    even the right key; another address is not held back."""
+    guesser = httpx.HTTPTransport(local_address="127.0.0.7")
+    statuses = []
+    for i in range(8):
+        with httpx.Client(
+            base_url=server.base_url, transport=guesser, headers={"Authorization": f"Bearer team-key-{i}"}
+        ) as client:
+            statuses.append(error_of(client.get("/v1/models")))
+    free = ADDRESS.free_failures
+    assert statuses == [(401, "invalid_api_key")] * free + [(429, "too_many_attempts")] * (8 - free), statuses
+    with httpx.Client(
+        base_url=server.base_url, transport=guesser, headers={"Authorization": f"Bearer {SERVER_KEY}"}
+    ) as client:
+        assert error_of(client.get("/v1/models")) == (429, "too_many_attempts")
+    with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {SERVER_KEY}"}) as client:
+        assert client.get("/v1/models").status_code == 200
 
 
 def test_wrong_keys_are_throttled_per_address(server, root):
