@@ -96,7 +96,7 @@ def users_main(argv: list[str], stdin: TextIO = sys.stdin, stdout: TextIO = sys.
             stdout.write(f"created {user.role} account {user.username}\n")
         else:
             _on_database(settings.resolved_database_url, _set_password, name, password_hash)
-            stdout.write(f"new password set for {name}; its sign-ins ended\n")
+            stdout.write(f"new password set for {name}; its sign-ins ended and its API keys revoked\n")
     except (ValueError, accounts.AccountConflict, LookupError) as exc:
         print(f"pagedchat users: {exc}", file=sys.stderr)
         return 2

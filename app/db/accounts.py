@@ -153,13 +153,15 @@ def list_users(s: Session) -> list[UserRecord]:
 
 
 def set_password(s: Session, user_id: str, password_hash: str, revoke: bool) -> bool:
-    """Replace the password hash; `revoke`: end every sign-in of the account too. False when it is missing."""
+    """Replace the password hash; `revoke`: end every sign-in of the account and revoke its API keys too (a key
+    made with a stolen sign-in must not outlive the password change that ends it). False when it is missing."""
     row = s.get(User, user_id)
     if row is None:
         return False
     row.password_hash = password_hash
     if revoke:
         _revoke_sessions(s, user_id)
+        _revoke_keys(s, user_id)
     return True
 
 

@@ -126,7 +126,9 @@ async def login(request: Request, svc: Services, accounts: AccountService) -> Re
     device = known_device(request, svc.settings, subject)
     with svc.password_throttle.begin(address, subject, device=device) as attempt:
         try:
-            sign_in = await accounts.sign_in(username, body.get("password"), address)
+            sign_in = await accounts.sign_in(
+                username, body.get("password"), address, known_device=device is not None
+            )
         except APIError as exc:
             if exc.status == 401:
                 wait_s = attempt.failed()
@@ -171,7 +173,11 @@ async def change_password(request: Request, svc: Services, accounts: AccountServ
     with svc.password_throttle.begin(address, subject, device=device) as attempt:
         try:
             sign_in = await accounts.change_password(
-                account, body.get("current_password"), body.get("new_password"), address
+                account,
+                body.get("current_password"),
+                body.get("new_password"),
+                address,
+                known_device=device is not None,
             )
         except APIError as exc:
             if exc.status == 403 and exc.code == "invalid_credentials":

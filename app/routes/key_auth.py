@@ -4,7 +4,7 @@ per request, as the session cookie is (app/routes/account_auth.py).
 The middleware puts the key's account (`KeyAccount`) or the refusal (401, or 429 while the address must wait) in
 the scope's state, and the key's id in `scope["state"]["api_key_id"]` (what a long-lived stream re-checks with
 `api_key_live`); `security.session_owner` and `api_caller` read it. Wrong keys are throttled per address with the
-wrong passwords (`password_throttle`), in `_authenticate` only. A bearer token without the `pck_` prefix is left
+wrong passwords (`password_throttle`), in `_authenticate` only (no attempt reserved: see there). A bearer token without the `pck_` prefix is left
 to the server-wide `--api-key` check, as before.
 """
 
@@ -79,25 +79,26 @@ class ApiKeyMiddleware:
 
 
 async def _authenticate(svc: Any, key: str, address: str) -> KeyAccount | APIError:
-    """The key's account, or why not. The one place keys meet the throttle: an attempt is reserved for the address
-    before the key is looked up (so concurrent guesses count as they arrive, as passwords do), and only a key that
-    is no key (a guess) counts as a failure; a revoked key or a disabled account's is a right secret that no longer
-    works. A right key forgives nothing: a key of the guesser's own must not clear its count of wrong passwords for
-    other accounts (issue #35 item 1)."""
+    """The key's account, or why not. The one place keys meet the throttle: a key is not looked up while its
+    address must wait (after wrong passwords or keys), and only a key that is no key (a guess) counts as a
+    failure; a revoked key or a disabled account's is a right secret that no longer works. A right key forgives
+    nothing: a key of the guesser's own must not clear its count of wrong passwords for other accounts (issue #35
+    item 1).
+
+    No attempt is reserved while the key is looked up, as a password's is while it is hashed: a script's
+    concurrent requests with its right key are no burst of guesses (reserving refused all but 5 of them with 429),
+    and a lookup is one indexed read of a 256-bit key's SHA-256, so guesses that overlap it gain nothing."""
     if svc.accounts is None:
         return APIError(503, "the service is still starting", headers={"Retry-After": "2"})
     try:
-        with svc.password_throttle.begin(address) as attempt:
-            try:
-                return await svc.accounts.keys.authenticate(key)
-            except APIError as exc:
-                if exc.code == "invalid_api_key":
-                    wait_s = attempt.failed()
-                    logger.warning(
-                        "wrong API key from %s%s", address, f"; it must wait {wait_s:g} s" if wait_s else ""
-                    )
-                raise
+        svc.password_throttle.check(address)
+        return await svc.accounts.keys.authenticate(key)
     except APIError as exc:
+        if exc.code == "invalid_api_key":
+            wait_s = svc.password_throttle.failed(address)
+            logger.warning(
+                "wrong API key from %s%s", address, f"; it must wait {wait_s:g} s" if wait_s else ""
+            )
         return exc
     except Exception as exc:  # noqa: BLE001 - the database is down: the request learns it when it asks who
         logger.warning("API key not checked: %s", exc)

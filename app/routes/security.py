@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import logging
 import secrets
 from urllib.parse import urlsplit
 
@@ -21,6 +22,7 @@ from app.services.api_keys import KeyAccount
 from app.services.errors import APIError
 from app.settings import Settings
 
+logger = logging.getLogger(__name__)
 BROWSER_COOKIE = "pagedchat_browser"
 BROWSER_OWNER = "browser:"  # owner ids of browser identities start with this (API keys: "key:")
 COOKIE_MAX_AGE_S = 365 * 24 * 3600
@@ -109,13 +111,21 @@ def api_caller(conn: HTTPConnection, settings: Settings) -> str | None:
 
 
 def require_api_key(conn: HTTPConnection, settings: Settings) -> str | None:
-    """On /v1: the caller's owner id when keys are configured (401 otherwise); None when no keys are set."""
+    """On /v1: the caller's owner id when keys are configured (401 otherwise); None when no keys are set. A
+    server-wide key is an operator's string, perhaps a guessable one: wrong keys count against the address as
+    wrong passwords do (`password_throttle`, 429 while it must wait), each as it arrives (nothing is awaited
+    between the check and the count)."""
     if not settings.api_keys:
         return None
     token = bearer_token(conn)
     if token is None:
         raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+    throttle = conn.app.state.services.password_throttle
+    address = conn.client.host if conn.client else "unknown"
+    throttle.check(address)
     if not _matches_any(token, settings.api_keys):
+        wait_s = throttle.failed(address)
+        logger.warning("wrong API key from %s%s", address, f"; it must wait {wait_s:g} s" if wait_s else "")
         raise APIError(401, "invalid API key", code="invalid_api_key")
     return "key:" + key_fingerprint(token)
 

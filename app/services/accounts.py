@@ -100,9 +100,12 @@ class AccountService:
         user = await self.store.session_user(session_hash)
         return None if user is None else Account(user, session_hash)
 
-    async def sign_in(self, username: object, password: object, client: str) -> SignIn:
+    async def sign_in(
+        self, username: object, password: object, client: str, *, known_device: bool = False
+    ) -> SignIn:
         """Check a username and password and record a sign-in; 401 when they do not match (the same answer for
-        an unknown name), 403 for a disabled account."""
+        an unknown name), 403 for a disabled account. `known_device`: the caller signed in to this name before
+        (its check is not refused by a full hashing queue: `Passwords.verify`)."""
         if not isinstance(password, str) or not isinstance(username, str):
             raise APIError(400, "send the username and the password as strings", code="invalid_request")
         try:
@@ -111,7 +114,12 @@ class AccountService:
             name = None
         found = await self.store.user_credentials(name) if name else None
         user, stored = found if found is not None else (None, None)
-        if not await self.passwords.verify(stored, password[: 4 * 1024]) or user is None or stored is None:
+        known = name if known_device else None
+        if (
+            not await self.passwords.verify(stored, password[: 4 * 1024], known_device_of=known)
+            or user is None
+            or stored is None
+        ):
             raise APIError(401, WRONG_CREDENTIALS, code="invalid_credentials")
         if user.disabled:
             raise APIError(403, "this account is disabled: ask an admin", code="account_disabled")
@@ -132,17 +140,22 @@ class AccountService:
         """End this sign-in on the server (a copy of its cookie is worthless from now on)."""
         return await self.store.revoke_user_session(account.session_hash)
 
-    async def change_password(self, account: Account, current: object, new: object, client: str) -> SignIn:
-        """Check the current password, store the new one and end every sign-in of the account; the caller gets a
-        fresh one. 403 when the current password is wrong."""
+    async def change_password(
+        self, account: Account, current: object, new: object, client: str, *, known_device: bool = False
+    ) -> SignIn:
+        """Check the current password, store the new one and end every sign-in and API key of the account; the
+        caller gets a fresh sign-in. 403 when the current password is wrong."""
         if not isinstance(current, str):
             raise APIError(400, "send current_password as a string", code="invalid_request")
         new_password = _checked(new)
         found = await self.store.user_credentials(account.user.username)
         stored = found[1] if found is not None else None
-        if not await self.passwords.verify(stored, current):
+        known = account.user.username if known_device else None
+        if not await self.passwords.verify(stored, current, known_device_of=known):
             raise APIError(403, "the current password is wrong", code="invalid_credentials")
         await self.store.set_password(account.user.id, await self.passwords.hash(new_password), revoke=True)
+        # its keys were revoked with its sign-ins: what they still run ends now
+        self.keys.work.end_user(account.user.id)
         return await self.start_session(account.user, client)
 
     async def create_user(self, username: object, password: object, role: object) -> UserRecord:

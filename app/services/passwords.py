@@ -4,7 +4,10 @@ their own, behind a bounded queue.
 Each hash takes ~64 MiB and a fifth of a second of CPU by design (argon2's 4 lanes run as 4 threads), so they run on
 a pool of their own: a burst of sign-ins queues there instead of stalling the loop or taking the memory of a hash
 per request. The queue is bounded: a check that would wait behind more than `max_queued` others is refused at once
-(503), so a flood of guesses from many addresses cannot make other users' sign-ins wait for minutes. The threads
+(503), so a flood of guesses from many addresses cannot make other users' sign-ins wait for minutes. A check
+from a device that signed in to the account before (its device cookie) is not refused by a full queue, one at a time
+per account: a flood would otherwise keep every real user out, and an attacker holds such a cookie only for
+accounts whose password it knows. The threads
 run at a lower CPU priority (Linux), so that on a small machine the engine's streams keep their pace while hashes
 run. A sign-in of an unknown user still verifies against a dummy hash, so the time taken does not tell which
 usernames exist.
@@ -13,6 +16,7 @@ usernames exist.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
@@ -111,6 +115,7 @@ class Passwords:
         self._lock = threading.Lock()  # the counts below change on the event loop and on the hashing threads
         self.num_pending = 0  # hashes and checks given to the pool and not finished (running or queued)
         self.num_refused = 0  # checks refused because the queue was full
+        self._known: set[str] = set()  # accounts with a known device's check let past a full queue, pending
         self._dummy: str | None = None  # verified when the user is unknown
 
     def hash_now(self, password: str) -> str:
@@ -122,10 +127,11 @@ class Passwords:
         password, an invite, an admin), so only checks are bounded."""
         return await self._run(self.hasher.hash, password)
 
-    async def verify(self, stored: str | None, password: str) -> bool:
+    async def verify(self, stored: str | None, password: str, *, known_device_of: str | None = None) -> bool:
         """Whether `password` matches the `stored` hash; None (no such user, or no password) is False after the
-        same work as a real check. 503 with Retry-After when `max_queued` checks are waiting already."""
-        return await self._run(self._verify, stored, password, bounded=True)
+        same work as a real check. 503 with Retry-After when `max_queued` checks are waiting already, unless it
+        comes from a device known to the account `known_device_of` and no other such check of it is pending."""
+        return await self._run(self._verify, stored, password, bounded=True, known=known_device_of)
 
     def needs_rehash(self, stored: str) -> bool:
         """Whether a hash was made with other parameters than the hasher's (a sign-in then stores a new one)."""
@@ -134,12 +140,19 @@ class Passwords:
         except InvalidHashError:
             return True
 
-    async def _run(self, fn: Callable[..., T], *args: object, bounded: bool = False) -> T:
+    async def _run(
+        self, fn: Callable[..., T], *args: object, bounded: bool = False, known: str | None = None
+    ) -> T:
         """`fn(*args)` on the pool, counted as pending until it has finished there (a caller that stops waiting
-        does not free its place while its hash still runs); `bounded`: refused (503) when the queue is full."""
+        does not free its place while its hash still runs); `bounded`: refused (503) when the queue is full, except
+        for one check at a time of each account in `known` (see `verify`)."""
         with self._lock:
             num_waiting = self.num_pending - self.num_threads
             full = bounded and num_waiting >= self.max_queued
+            past_full = full and known is not None and known not in self._known
+            if past_full:
+                self._known.add(known)  # type: ignore[arg-type]
+                full = False
             if full:
                 self.num_refused += 1
             else:
@@ -152,17 +165,19 @@ class Passwords:
                 code="password_queue_full",
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
+        finished = functools.partial(self._finished, known if past_full else None)
         try:
             future = self._pool.submit(fn, *args)
         except RuntimeError:  # the pool is shut down (the server is stopping)
-            self._finished(None)
+            finished(None)
             raise
-        future.add_done_callback(self._finished)
+        future.add_done_callback(finished)
         return await asyncio.wrap_future(future)
 
-    def _finished(self, _future: object) -> None:
+    def _finished(self, known: str | None, _future: object) -> None:
         with self._lock:
             self.num_pending -= 1
+            self._known.discard(known)  # type: ignore[arg-type]
 
     def close(self) -> None:
         """Stop the hashing threads (the service is shutting down)."""

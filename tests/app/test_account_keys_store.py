@@ -119,6 +119,12 @@ async def test_keys_are_made_listed_revoked_and_found_by_their_hash_only(store: 
         await keys.authenticate(second.secret)
     assert disabled.value.code == "api_key_revoked"
     bobs = await keys.create(bob, "bob's")
+    assert await store.set_password(bob.id, "h2", revoke=False)  # a rehash at sign-in keeps them
+    assert await keys.api_key_live(bobs.record.id)
+    kept = await keys.create(bob, "kept")
+    assert await store.set_password(bob.id, "h3", revoke=True)  # a password change revokes them
+    assert not await keys.api_key_live(bobs.record.id) and not await keys.api_key_live(kept.record.id)
+    bobs = await keys.create(bob, "after")
     assert await store.delete_user(bob.id, f"user:{bob.id}")  # its keys go with it
     with pytest.raises(APIError) as gone:
         await keys.authenticate(bobs.secret)

@@ -1,5 +1,6 @@
 """The password hashing queue: checks beyond `max_queued` waiting are refused at once (503), a waiter that gives up
-keeps its place until its hash has run, hashes of callers who proved who they are are never refused."""
+keeps its place until its hash has run, hashes of callers who proved who they are are never refused, nor one check
+at a time of each account from a device known to it."""
 
 from __future__ import annotations
 
@@ -81,6 +82,31 @@ def test_a_check_whose_caller_gave_up_keeps_its_place_until_it_has_run():
         hasher.gate.set()
         await until(lambda: passwords.num_pending == 0)
         assert await passwords.verify("hash:pw", "pw") is True
+        passwords.close()
+
+    asyncio.run(main())
+
+
+def test_a_known_devices_check_passes_a_full_queue_one_at_a_time_per_account():
+    async def main() -> None:
+        passwords, hasher = make_passwords(max_queued=1)
+        flood = [
+            asyncio.create_task(passwords.verify("hash:pw", "guess")) for _ in range(2)
+        ]  # 1 runs, 1 waits
+        await until(lambda: passwords.num_pending == 2)
+        with pytest.raises(APIError):  # full
+            await passwords.verify("hash:pw", "guess")
+        alice = asyncio.create_task(passwords.verify("hash:pw", "pw", known_device_of="alice"))
+        await until(lambda: passwords.num_pending == 3)
+        with pytest.raises(APIError):  # alice's lane is taken until her check has run
+            await passwords.verify("hash:pw", "pw", known_device_of="alice")
+        bob = asyncio.create_task(passwords.verify("hash:pw", "pw", known_device_of="bob"))
+        await until(lambda: passwords.num_pending == 4)
+        assert passwords.num_refused == 2
+        hasher.gate.set()
+        assert await asyncio.gather(*flood, alice, bob) == [False, False, True, True]
+        await until(lambda: passwords.num_pending == 0)
+        assert passwords._known == set()
         passwords.close()
 
     asyncio.run(main())

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -23,6 +25,7 @@ from tests.e2e.conftest import Server, server_env, start_server
 
 ROOT, ROOT_PASSWORD = "root", "root password 1"
 ADMIN_TOKEN = "keys-admin-token-3b9e"
+SERVER_KEY = "team-key-7"  # a server-wide --api-key, as an operator might choose it: short, guessable
 PASSWORD = "a password 1"
 LONG = 900  # tokens a stream may run: long enough to be revoked mid-way on the tiny model
 # a prompt of several full KV blocks (16 tokens each), so that a second request finds it in the prefix cache
@@ -39,6 +42,7 @@ def server(tmp_path_factory, tiny_model) -> Iterator[Server]:
         PAGEDCHAT_FIRST_ADMIN=ROOT,
         PAGEDCHAT_FIRST_ADMIN_PASSWORD=ROOT_PASSWORD,
         PAGEDCHAT_ADMIN_TOKEN=ADMIN_TOKEN,
+        PAGEDCHAT_API_KEYS=SERVER_KEY,
         PAGEDCHAT_DEFAULT_MAX_TOKENS=str(LONG),
         PAGEDCHAT_MAX_MODEL_LEN="1024",
     )
@@ -239,6 +243,26 @@ def test_a_revoked_key_or_a_disabled_accounts_key_gets_401_at_once(server, root)
         assert error_of(chat(script)) == (401, "api_key_revoked")  # disabling revoked it for good
 
 
+def test_a_password_change_revokes_a_key_made_with_a_stolen_cookie(server, root):
+    """A thief with a copy of tom's session cookie makes a key; tom changes his password, the README's remedy that
+    makes the copy worthless. Merged, the key kept working (200): the stolen cookie became a lasting credential."""
+    add_user(root, "tom")
+    with sign_in(server, "tom") as tom, browser(server) as thief:
+        thief.cookies.set("pagedchat_session", tom.cookies["pagedchat_session"])
+        stolen = make_key(thief, "mine")["key"]
+        own = make_key(tom, "own")["key"]
+        changed = tom.post(
+            "/auth/password", json={"current_password": PASSWORD, "new_password": "a new password 2"}
+        )
+        assert changed.status_code == 200, changed.text
+        assert error_of(thief.get("/api/keys")) == (401, "not_signed_in")
+        for key in (stolen, own):
+            with with_key(server, key) as script:
+                assert error_of(script.get("/api/sessions")) == (401, "api_key_revoked")
+        assert tom.get("/api/keys").json()["keys"] == []  # his new sign-in makes new ones
+        assert make_key(tom, "new")["key"].startswith("pck_")
+
+
 def test_revoking_a_key_ends_its_running_streams(server, root):
     add_user(root, "pia")
     with sign_in(server, "pia") as pia, httpx.Client(base_url=server.base_url, timeout=60) as script:
@@ -299,6 +323,52 @@ def test_revoking_a_key_stops_its_chat_socket(server, root):
                 ws.recv(timeout=30)
             assert ws.close_code == 4401
     wait_pool_idle(server)
+
+
+def test_a_scripts_concurrent_requests_with_its_right_key_all_get_in(server, root):
+    """A script (an OpenAI client with a pool of connections) sends 20 requests at once with its right key: every
+    one is served. Merged, a key's lookup reserved a password attempt, and past 5 in flight the address had to wait:
+    15 of the 20 got 429 `too_many_attempts` ("too many wrong usernames or passwords") with no wrong secret sent."""
+    add_user(root, "ray")
+    with sign_in(server, "ray") as ray:
+        key = make_key(ray, "pool")["key"]
+    num = 20
+    start = threading.Barrier(num)
+    with httpx.Client(
+        base_url=server.base_url,
+        headers={"Authorization": f"Bearer {key}"},
+        limits=httpx.Limits(max_connections=num),
+        timeout=30,
+    ) as script:
+
+        def call() -> httpx.Response:
+            start.wait()
+            return script.get("/api/sessions")
+
+        with ThreadPoolExecutor(num) as pool:
+            statuses = [r.status_code for r in pool.map(lambda _: call(), range(num))]
+    assert statuses == [200] * num, statuses
+
+
+def test_guesses_at_a_server_wide_key_are_throttled_per_address(server, root):
+    """Guessing the operator's server-wide --api-key (`team-key-0`, `team-key-1`, ...) from one address: merged,
+    every guess got 401 at full speed, however many. Now the 6th is refused (429) and, while the address waits,
+    even the right key; another address is not held back."""
+    guesser = httpx.HTTPTransport(local_address="127.0.0.7")
+    statuses = []
+    for i in range(8):
+        with httpx.Client(
+            base_url=server.base_url, transport=guesser, headers={"Authorization": f"Bearer team-key-{i}"}
+        ) as client:
+            statuses.append(error_of(client.get("/v1/models")))
+    free = ADDRESS.free_failures
+    assert statuses == [(401, "invalid_api_key")] * free + [(429, "too_many_attempts")] * (8 - free), statuses
+    with httpx.Client(
+        base_url=server.base_url, transport=guesser, headers={"Authorization": f"Bearer {SERVER_KEY}"}
+    ) as client:
+        assert error_of(client.get("/v1/models")) == (429, "too_many_attempts")
+    with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {SERVER_KEY}"}) as client:
+        assert client.get("/v1/models").status_code == 200
 
 
 def test_wrong_keys_are_throttled_per_address(server, root):

@@ -43,7 +43,7 @@ def server(tmp_path_factory, tiny_model) -> Iterator[Server]:
     running = start_server(tmp_path, env)
     admin = browser(running)
     assert sign_in(admin, ADMIN, ADMIN_PASSWORD).status_code == 200
-    for name in ("bob", "mallory", "carol", "dave", "erin"):
+    for name in ("bob", "mallory", "carol", "dave", "erin", "fay"):
         created = admin.post("/api/users", json={"username": name, "password": PASSWORD})
         assert created.status_code == 201, created.text
     admin.close()
@@ -195,6 +195,40 @@ def test_a_full_hashing_queue_answers_503_at_once(server):
     assert f"max_queued_password_checks = {MAX_QUEUED}" in refused[0].json()["error"]["message"]
     # the refused were not counted as guesses: each address signs in at once
     assert sign_in(clients[0], "bob", PASSWORD).status_code == 200
+
+
+def test_a_flood_that_fills_the_hashing_queue_does_not_keep_a_known_device_out(server):
+    """30 addresses keep the hashing queue full with guesses at names that do not exist (each under its free
+    failures: the 503s count nothing). fay signs in from a new browser: 503. Merged, her own browser, which signed
+    in before, got 503 too, for as long as the flood went on: a handful of addresses kept every user out. Its device
+    cookie now passes a full queue (one check at a time per account)."""
+    own_browser = browser(server, "127.0.0.41")
+    assert sign_in(own_browser, "fay", PASSWORD).status_code == 200  # it gets a device cookie
+    full, stop = threading.Event(), threading.Event()
+
+    def flood(i: int) -> None:
+        with browser(server, f"127.0.3.{i + 1}") as client:
+            for n in range(500):
+                if stop.is_set():
+                    return
+                if sign_in(client, f"flood{i}x{n}", "a guess 123").status_code == 503:
+                    full.set()
+                time.sleep(0.01)
+
+    threads = [threading.Thread(target=flood, args=(i,)) for i in range(30)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert full.wait(60), "the flood never filled the hashing queue"
+        assert code_of(sign_in(browser(server, "127.0.0.42"), "fay", PASSWORD)) == (
+            503,
+            "password_queue_full",
+        )
+        assert code_of(sign_in(own_browser, "fay", PASSWORD)) == (200, None)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
 
 
 def test_a_burst_of_admin_tokens_with_slow_bodies_is_counted_one_by_one(server):
