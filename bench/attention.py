@@ -24,7 +24,14 @@ from typing import Any
 import torch
 
 from bench.bandwidth import LLC_MULTIPLE, StreamResult, last_level_cache, measure_stream
-from bench.common import Target, format_table, new_figure, positive_ints, targets_payload, write_results
+from bench.common.report import (
+    Target,
+    format_table,
+    new_figure,
+    positive_ints,
+    targets_payload,
+    write_results,
+)
 from engine.native.attention import NativeDecode, load_kernel
 from engine.native.stream import load_stream_reader
 from engine.worker.kv_cache import KVCacheSpec, zeros_on_huge_pages

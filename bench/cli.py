@@ -24,6 +24,7 @@ BENCHMARKS = {
     "step": "a decode step's time split into matmuls, attention and the rest, at a few batch sizes",
     "attention": "the CPU decode-attention kernel's KV bandwidth per KV dtype, against the machine's streaming read",
 }
+COMMANDS: dict[str, str] = {}  # a benchmark's module where it is not bench.NAME
 EXTRA = ("tqdm", "matplotlib", "openai")  # the `bench` extra of pyproject.toml
 
 
@@ -41,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _module(name: str):
-    return importlib.import_module(f"bench.{name}")
+    """The module of `pagedchat bench NAME`: its `add_arguments(parser)` and `run(args)`."""
+    return importlib.import_module(COMMANDS.get(name, f"bench.{name}"))
 
 
 def missing_extra() -> list[str]:

@@ -8,7 +8,7 @@ import gc
 from dataclasses import dataclass
 from typing import Any
 
-from bench.common import (
+from bench.common.report import (
     Target,
     kv_run_name,
     mean,
@@ -20,7 +20,7 @@ from bench.common import (
     without_disk_tier,
     write_results,
 )
-from bench.workload import LENGTH_MIX_LABEL, filler_token_ids, length_mix
+from bench.common.workload import LENGTH_MIX_LABEL, filler_token_ids, length_mix
 
 TARGET_WASTE_PCT = 4.0
 TARGET_CONCURRENCY_RATIO = 4.0

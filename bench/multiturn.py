@@ -22,9 +22,11 @@ from typing import Any
 
 import httpx
 
-from bench import loadgen, returning, servers
-from bench import session_client as sc
-from bench.common import (
+from bench import returning
+from bench.common import loadgen, servers
+from bench.common import session_client as sc
+from bench.common.conversations import Conversation, Latch, bearer_tokens, run_user, user_clients
+from bench.common.report import (
     Target,
     mean,
     new_figure,
@@ -34,8 +36,7 @@ from bench.common import (
     targets_payload,
     write_results,
 )
-from bench.conversations import Conversation, Latch, bearer_tokens, run_user, user_clients
-from bench.workload import ChatRequest, system_prompt, user_turns
+from bench.common.workload import ChatRequest, system_prompt, user_turns
 
 TARGET_TTFT_RATIO = 1.5
 TARGET_CACHE_HIT_PCT = 90.0

@@ -15,8 +15,8 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from bench import servers
-from bench.common import new_figure, print_report, write_results
+from bench.common import servers
+from bench.common.report import new_figure, print_report, write_results
 from bench.multiturn import SYSTEM_PROMPT_FILE, run_mode, workload_fields
 from bench.serving import baseline_name
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
+from bench.common.report import (
     Target,
     mean,
     new_figure,

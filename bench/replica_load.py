@@ -1,4 +1,4 @@
-"""`bench multiturn --replicas`' load: every user's /v1 conversation (bench/conversations.py's users, staggered or
+"""`bench multiturn --replicas`' load: every user's /v1 conversation (bench/common/conversations.py's users, staggered or
 together), each request logged with when it was sent and when it ended; in a failover run a failed turn is sent
 once more (a user pressing "retry"), so the conversation goes on."""
 
@@ -11,12 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench import loadgen
-from bench import session_client as sc
-from bench.common import progress
-from bench.conversations import Conversation, Latch, run_user, user_clients
+from bench.common import loadgen
+from bench.common import session_client as sc
+from bench.common.conversations import Conversation, Latch, run_user, user_clients
+from bench.common.report import progress
+from bench.common.workload import ChatRequest
 from bench.replica_scenario import Scenario
-from bench.workload import ChatRequest
 
 WARM_UP_TOKENS = 8
 MAX_ATTEMPTS = 2  # a failed turn of a failover run is sent once more

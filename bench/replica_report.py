@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bench import multiturn
-from bench.common import (
+from bench.common.report import (
     Target,
     format_table,
     mean,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.workload import long_user_turns, system_prompt, user_turns
+from bench.common.workload import long_user_turns, system_prompt, user_turns
 
 DESK_TAG = "[Desk {number}] "  # the start of desk g > 0's system prompt
 

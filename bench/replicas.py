@@ -20,7 +20,8 @@ from typing import Any
 
 import httpx
 
-from bench import replica_report, servers
+from bench import replica_report
+from bench.common import servers
 from bench.failover import ReplicaKiller
 from bench.replica_load import LoadResult, drive, warm_up
 from bench.replica_scenario import Scenario, make_scenario, server_env, write_prompt_files

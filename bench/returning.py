@@ -23,11 +23,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench import servers
-from bench.common import print_report, targets_payload, write_results
+from bench.common import servers
+from bench.common.report import print_report, targets_payload, write_results
+from bench.common.workload import long_user_turns, system_prompt
 from bench.returning_report import HEADERS, make_targets, plot, table_rows, ttft_ratios
 from bench.returning_rounds import RunSpec, Script, play, pool_of
-from bench.workload import long_user_turns, system_prompt
 from engine.core.config import EngineConfig
 
 RUNS = ("in-ram", "no-tier", "tier")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bench.common import Target, new_figure
+from bench.common.report import Target, new_figure
 
 TARGET_HISTORY_REUSED_PCT = 90.0
 TARGET_TTFT_VS_RAM = 2.0

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import session_client as sc
-from bench.common import mean, percentiles
+from bench.common import session_client as sc
+from bench.common.report import mean, percentiles
 
 QUERIES_METRIC = "pagedchat:prefix_cache_queries_total"
 HITS_METRIC = "pagedchat:prefix_cache_hits_total"

@@ -18,9 +18,10 @@ from typing import Any
 
 import httpx
 
-from bench import loadgen, servers
-from bench import session_client as sc
-from bench.common import print_report, progress, write_results
+from bench.common import loadgen, servers
+from bench.common import session_client as sc
+from bench.common.report import print_report, progress, write_results
+from bench.common.workload import WORKLOAD_LABEL, chat_requests
 from bench.serving_report import (
     HEADERS,
     RATIOS_MEANING,
@@ -32,7 +33,6 @@ from bench.serving_report import (
     step_rows,
     table_rows,
 )
-from bench.workload import WORKLOAD_LABEL, chat_requests
 
 DEFAULT_RATES = [0.5, 1.0, 2.0, 4.0, 8.0]
 DEFAULT_CONCURRENCY = [1, 16, 64]

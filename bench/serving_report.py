@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bench.common import new_figure
+from bench.common.report import new_figure
 
 HEADERS = [
     "server",

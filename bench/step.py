@@ -18,7 +18,7 @@ import statistics
 import time
 from typing import Any
 
-from bench.common import new_figure, positive_ints, print_report, without_disk_tier, write_results
+from bench.common.report import new_figure, positive_ints, print_report, without_disk_tier, write_results
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle. Request {i}."
 PARTS = ("matmul_ms", "attention_ms", "rest_ms")

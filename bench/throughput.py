@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
+from bench.common.report import (
     Target,
     kv_run_name,
     mean,
@@ -23,7 +23,7 @@ from bench.common import (
     without_disk_tier,
     write_results,
 )
-from bench.workload import WORKLOAD_LABEL, chat_requests
+from bench.common.workload import WORKLOAD_LABEL, chat_requests
 from engine.core.structured import StructuredOutput
 
 logger = logging.getLogger(__name__)

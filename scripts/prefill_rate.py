@@ -1,6 +1,6 @@
 """How fast the engine prefills the serving benchmark's prompts, split into the linears, attention and the rest:
 `python scripts/prefill_rate.py [--requests N] [--repeats R]`. The prompts are `pagedchat bench serving`'s chat
-requests (bench/workload.py, the same seed), prefilled with max_tokens 1 in steps of max_num_batched_tokens; the
+requests (bench/common/workload.py, the same seed), prefilled with max_tokens 1 in steps of max_num_batched_tokens; the
 step clock (engine/worker/step_clock.py) times every linear and the attention backend. Prints one JSON line: prompt
 tokens, seconds (best of the repeats), tokens/s and the layer linears' rate (2 operations a weight and prompt
 token; the matmul clock includes the LM head of each prompt's last token), beside the cores' int8 peak (engine/native/peak.c) on the same threads.
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from bench.workload import chat_requests
+from bench.common.workload import chat_requests
 from engine import LLM, SamplingParams
 from engine.models.quantized import linear_modules
 from engine.native.peak import measure_peak

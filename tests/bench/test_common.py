@@ -9,10 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench import common, loadgen, memory, multiturn, servers, serving, serving_report, workload
+from bench import memory, multiturn, serving, serving_report
 from bench.cli import build_parser
+from bench.common import loadgen, report, servers, workload
+from bench.common.session_client import TurnResult, iter_sse
 from bench.matmul import flops_per_token, linear_shapes
-from bench.session_client import TurnResult, iter_sse
 from engine.core.config import EngineConfig
 
 SMOLLM2_135M = SimpleNamespace(
@@ -27,28 +28,28 @@ SMOLLM2_135M = SimpleNamespace(
 
 
 def test_percentiles_interpolate_linearly():
-    assert common.percentiles([4.0, 1.0, 3.0, 2.0]) == pytest.approx({"p50": 2.5, "p90": 3.7, "p99": 3.97})
-    assert common.percentiles([7.0]) == {"p50": 7.0, "p90": 7.0, "p99": 7.0}
-    assert all(math.isnan(v) for v in common.percentiles([]).values())
+    assert report.percentiles([4.0, 1.0, 3.0, 2.0]) == pytest.approx({"p50": 2.5, "p90": 3.7, "p99": 3.97})
+    assert report.percentiles([7.0]) == {"p50": 7.0, "p90": 7.0, "p99": 7.0}
+    assert all(math.isnan(v) for v in report.percentiles([]).values())
 
 
 def test_target_verdicts_and_lines():
-    assert common.Target("speedup", 2.0, 2.0).line() == "PASS  speedup: 2.00 (target >= 2.00)"
-    assert common.Target("speedup", 1.99, 2.0).line() == "FAIL  speedup: 1.99 (target >= 2.00)"
-    assert common.Target("waste %", 3.5, 4.0, "<=").passed
-    assert not common.Target("waste %", 4.5, 4.0, "<=").passed
-    assert not common.Target("nan", float("nan"), 0.0).passed
+    assert report.Target("speedup", 2.0, 2.0).line() == "PASS  speedup: 2.00 (target >= 2.00)"
+    assert report.Target("speedup", 1.99, 2.0).line() == "FAIL  speedup: 1.99 (target >= 2.00)"
+    assert report.Target("waste %", 3.5, 4.0, "<=").passed
+    assert not report.Target("waste %", 4.5, 4.0, "<=").passed
+    assert not report.Target("nan", float("nan"), 0.0).passed
 
 
 def test_format_table_aligns_columns():
-    text = common.format_table(["system", "tok/s"], [["ours", 1234.5], ["hf", 0.5]])
+    text = report.format_table(["system", "tok/s"], [["ours", 1234.5], ["hf", 0.5]])
     assert text.splitlines() == ["system  tok/s", "------  -----", "ours     1234", "hf        0.5"]
 
 
 def test_write_results_writes_json_with_nulls_and_a_png(tmp_path):
-    fig, (ax,) = common.new_figure()
+    fig, (ax,) = report.new_figure()
     ax.plot([0, 1], [1, 2])
-    json_path, png_path = common.write_results("demo", {"value": float("nan"), "n": 3}, fig, tmp_path, "cmd")
+    json_path, png_path = report.write_results("demo", {"value": float("nan"), "n": 3}, fig, tmp_path, "cmd")
     doc = json.loads(json_path.read_text())
     assert json_path.name.startswith("demo-") and json_path.suffix == ".json"
     assert (doc["benchmark"], doc["command"], doc["value"], doc["n"]) == ("demo", "cmd", None, 3)

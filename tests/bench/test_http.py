@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import servers
 from bench.cli import bench_main
+from bench.common import servers
 from bench.multiturn import shared_system_prompt
 from bench.replica_scenario import make_scenario
 from bench.replicas import RunSpec, measure
@@ -57,7 +57,7 @@ def tiny_servers(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hf_baseline_url(tiny_servers):
     """The HF baseline server, run in-process on a thread (its subprocess start is what pagedchat's exercises)."""
-    from bench.hf_server import BaselineService, make_handler
+    from bench.common.hf_server import BaselineService, make_handler
 
     service = BaselineService(tiny_servers[0], "float32", model_name="tiny")
     server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(service))

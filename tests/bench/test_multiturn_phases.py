@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from bench import session_client as sc
-from bench.conversations import Latch, run_user
-from bench.workload import user_turns
+from bench.common import session_client as sc
+from bench.common.conversations import Latch, run_user
+from bench.common.workload import user_turns
 
 SEED = 0
 

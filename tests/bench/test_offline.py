@@ -138,7 +138,7 @@ def test_memory_bench_reports_waste_and_concurrency(tiny_model, tmp_path):
 
 
 def test_fifo_lock_serves_waiters_in_arrival_order():
-    from bench.hf_server import FifoLock
+    from bench.common.hf_server import FifoLock
 
     lock, order = FifoLock(), []
     lock.__enter__()
@@ -164,7 +164,7 @@ def test_sse_streamer_sends_deltas_that_add_up_to_the_text(tiny_model):
     import torch
     from transformers import AutoTokenizer
 
-    from bench.hf_server import SSEStreamer
+    from bench.common.hf_server import SSEStreamer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     ids = tokenizer.encode("Explain how a hash table works, then give an example.", add_special_tokens=False)

@@ -10,9 +10,9 @@ import math
 import pytest
 
 from bench import replica_report
+from bench.common.session_client import TurnResult
 from bench.replica_load import LoadResult, RequestRecord
 from bench.replica_scenario import Scenario
-from bench.session_client import TurnResult
 from engine.core.config import EngineConfig
 
 

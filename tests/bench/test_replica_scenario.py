@@ -7,8 +7,8 @@ import pytest
 
 from app.services.public_prefix import published_prompts
 from app.settings import settings_from_env
+from bench.common.workload import system_prompt, user_turns
 from bench.replica_scenario import DESK_TAG, desk_prompts, make_scenario, server_env, write_prompt_files
-from bench.workload import system_prompt, user_turns
 
 
 class WordTokenizer:

@@ -7,8 +7,9 @@ import argparse
 
 import pytest
 
-from bench import replicas, servers
+from bench import replicas
 from bench.cli import bench_main, build_parser
+from bench.common import servers
 from bench.replicas import RunSpec, parse_routings, plan_runs
 from engine.core.config import EngineConfig
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from bench.common.session_client import TurnResult
 from bench.returning_stats import (
     DISK_AFTER_RESTART,
     DISK_FROM_COUNTERS,
@@ -17,7 +18,6 @@ from bench.returning_stats import (
     summarise_run,
     summarise_turn,
 )
-from bench.session_client import TurnResult
 
 METRICS = """\
 # HELP pagedchat:prefix_cache_queries_total Prompt tokens looked up in the prefix cache.

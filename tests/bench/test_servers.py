@@ -1,4 +1,4 @@
-"""bench/servers.py: a port answers for our server only when our process listens on it; each server its own tier."""
+"""bench/common/servers.py: a port answers for our server only when our process listens on it; each server its own tier."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import servers
-from bench.servers import free_port, listens_on
+from bench.common import servers
+from bench.common.servers import free_port, listens_on
 from engine.core.config import EngineConfig
 
 NO_PROC = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")

@@ -9,9 +9,9 @@ import shlex
 
 import pytest
 
-from bench import loadgen
 from bench.cli import bench_main
-from bench.workload import chat_requests
+from bench.common import loadgen
+from bench.common.workload import chat_requests
 from tests.bench.fake_openai import LLAMA_TIMINGS, fake_server
 
 

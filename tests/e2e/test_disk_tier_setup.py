@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from bench.servers import stop_server
+from bench.common.servers import stop_server
 from tests.e2e.conftest import Server, server_env, start_server
 
 HELLO = "Tell me something about lighthouses and their keepers, please."

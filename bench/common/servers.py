@@ -157,9 +157,19 @@ def restart_pagedchat(
 
 
 def start_hf_baseline(name: str, model: str, dtype: str, log_dir: Path) -> ServerProcess:
-    """The one-request-at-a-time HF server (bench/hf_server.py) on a free loopback port."""
+    """The one-request-at-a-time HF server (bench/common/hf_server.py) on a free loopback port."""
     port = free_port()
-    cmd = [sys.executable, "-m", "bench.hf_server", "--model", model, "--dtype", dtype, "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.common.hf_server",
+        "--model",
+        model,
+        "--dtype",
+        dtype,
+        "--port",
+        str(port),
+    ]
     log_path = log_dir / f"{name}.log"
     return ServerProcess(name, f"http://127.0.0.1:{port}", _popen(cmd, {}, log_path, False), log_path)
 

@@ -1,6 +1,6 @@
 """The serving baseline: HF transformers behind an OpenAI-like streaming endpoint, one request at a time (FIFO).
 
-Run as `python -m bench.hf_server --model PATH --port N`; stdlib HTTP only, so it needs no web framework.
+Run as `python -m bench.common.hf_server --model PATH --port N`; stdlib HTTP only, so it needs no web framework.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-logger = logging.getLogger("bench.hf_server")
+logger = logging.getLogger("bench.common.hf_server")
 
 
 class FifoLock:

@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from bench.common import mean, percentiles
-from bench.workload import ChatRequest
+from bench.common.report import mean, percentiles
+from bench.common.workload import ChatRequest
 
 CLIENT_TIMEOUT_S = 1800.0
 R = TypeVar("R")

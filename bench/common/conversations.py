@@ -8,9 +8,9 @@ from typing import Any
 
 import httpx
 
-from bench import loadgen
-from bench import session_client as sc
-from bench.workload import ChatRequest, user_turns
+from bench.common import loadgen
+from bench.common import session_client as sc
+from bench.common.workload import ChatRequest, user_turns
 
 FILLER_SEED = 1_000_003  # conversations outside the measured ones (lead-in, keep-busy) use other scripts
 
