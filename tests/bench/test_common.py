@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from types import SimpleNamespace
 
 import pytest
 
@@ -13,18 +12,8 @@ from bench import memory, multiturn, serving, serving_report
 from bench.cli import build_parser
 from bench.common import loadgen, report, servers, workload
 from bench.common.session_client import TurnResult, iter_sse
-from bench.matmul import flops_per_token, linear_shapes
 from engine.core.config import EngineConfig
-
-SMOLLM2_135M = SimpleNamespace(
-    hidden_size=576,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    head_dim=64,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    vocab_size=49152,
-)
+from tests.bench.helpers import SMOLLM2_135M
 
 
 def test_percentiles_interpolate_linearly():
@@ -77,18 +66,6 @@ def test_user_turns_are_seeded_per_user():
     assert workload.user_turns(0, 10, seed=1) == workload.user_turns(0, 10, seed=1)
     assert workload.user_turns(0, 10, seed=1) != workload.user_turns(1, 10, seed=1)
     assert len(workload.user_turns(5, 10, seed=1)) == 10
-
-
-def test_linear_shapes_of_smollm2_give_its_flops_per_token():
-    shapes = linear_shapes(SMOLLM2_135M)
-    assert [(s.name, s.in_features, s.out_features, s.count) for s in shapes] == [
-        ("qkv", 576, 960, 30),
-        ("o", 576, 576, 30),
-        ("gate_up", 576, 3072, 30),
-        ("down", 1536, 576, 30),
-        ("lm_head", 576, 49152, 1),
-    ]
-    assert flops_per_token(shapes) == 268_959_744
 
 
 def test_kv_bytes_per_token_of_smollm2_in_bf16():

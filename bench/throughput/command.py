@@ -87,10 +87,11 @@ def read_json_schema(path: str) -> StructuredOutput:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark, print the table and targets, write JSON + PNG; returns the JSON payload."""
+    # transformers (the HF baselines) loads when the benchmark runs, not when `pagedchat bench` builds its parser
     import torch
 
-    from bench import hf_baselines as hf
-    from bench.matmul import linear_shapes, measure_matmul
+    from bench.throughput import hf_baselines as hf
+    from bench.throughput.matmul import linear_shapes, measure_matmul
     from engine import LLM, SamplingParams
     from engine.loading.loader import load_hf_config, resolve_config_model
 
@@ -283,7 +284,7 @@ def _generate_with_progress(llm, prompts, params, bar, cache_salt: str | None = 
 
 
 def _run_baseline(name, model, prompts, max_tokens, eos_ids, pad_id, args):
-    from bench import hf_baselines as hf
+    from bench.throughput import hf_baselines as hf
 
     with progress(len(prompts), f"HF {name}") as bar:
         if name == "sequential":
