@@ -24,7 +24,10 @@ BENCHMARKS = {
     "step": "a decode step's time split into matmuls, attention and the rest, at a few batch sizes",
     "attention": "the CPU decode-attention kernel's KV bandwidth per KV dtype, against the machine's streaming read",
 }
-COMMANDS: dict[str, str] = {"throughput": "bench.throughput.command"}  # where not bench.NAME
+COMMANDS: dict[str, str] = {
+    "throughput": "bench.throughput.command",
+    "memory": "bench.memory.command",
+}  # where not bench.NAME
 EXTRA = ("tqdm", "matplotlib", "openai")  # the `bench` extra of pyproject.toml
 
 

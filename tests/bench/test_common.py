@@ -8,12 +8,11 @@ import math
 
 import pytest
 
-from bench import memory, multiturn, serving, serving_report
+from bench import multiturn, serving, serving_report
 from bench.cli import build_parser
 from bench.common import loadgen, report, servers, workload
 from bench.common.session_client import TurnResult, iter_sse
 from engine.core.config import EngineConfig
-from tests.bench.helpers import SMOLLM2_135M
 
 
 def test_percentiles_interpolate_linearly():
@@ -66,39 +65,6 @@ def test_user_turns_are_seeded_per_user():
     assert workload.user_turns(0, 10, seed=1) == workload.user_turns(0, 10, seed=1)
     assert workload.user_turns(0, 10, seed=1) != workload.user_turns(1, 10, seed=1)
     assert len(workload.user_turns(5, 10, seed=1)) == 10
-
-
-def test_kv_bytes_per_token_of_smollm2_in_bf16():
-    assert memory.kv_bytes_per_token(SMOLLM2_135M, element_size=2) == 2 * 30 * 3 * 64 * 2
-
-
-def test_memory_summary_compares_paged_with_contiguous():
-    samples = [
-        memory.StepSample(
-            1,
-            num_running=4,
-            num_waiting=2,
-            num_tokens_stored=90,
-            num_slots_allocated=96,
-            num_used_blocks=6,
-            future_tokens=100,
-        ),
-        memory.StepSample(
-            2,
-            num_running=2,
-            num_waiting=0,
-            num_tokens_stored=30,
-            num_slots_allocated=32,
-            num_used_blocks=2,
-            future_tokens=20,
-        ),
-    ]
-    s = memory.summarise(samples, max_model_len=64, contiguous_capacity=2)
-    assert s["paged_waste_pct"] == pytest.approx(100 * 8 / 128)
-    assert s["contiguous_waste_pct"] == pytest.approx(100 * (384 - 120) / 384)
-    assert s["contiguous_reserved_future_pct"] == pytest.approx(100 * 120 / 384)
-    assert s["mean_running_saturated"] == 4.0  # only the step with a waiting request counts
-    assert (s["peak_running"], s["concurrency_ratio"]) == (4, 2.0)
 
 
 def test_request_result_latencies():

@@ -2,38 +2,8 @@
 
 from __future__ import annotations
 
-import shlex
 import threading
 import time
-
-from bench.cli import bench_main
-from tests.bench.helpers import only_result
-
-
-def test_memory_bench_reports_waste_and_concurrency(tiny_model, tmp_path):
-    argv = shlex.split(
-        f"memory --model {tiny_model} --dtype float32 --max-model-len 64 --budget-seqs 2 "
-        f"--num-requests 6 --results-dir {tmp_path}"
-    )
-    assert bench_main(argv) == 0
-    doc = only_result(tmp_path, "memory")
-    pool, summary = doc["pool"], doc["summary"]
-    assert pool["max_model_len"] == 64 and pool["pool_tokens"] == 128
-    assert summary["contiguous_capacity"] == 2
-    assert 0 <= summary["max_waste_per_seq_tokens"] < pool["block_size"]  # paged waste is under one block
-    assert 0 <= summary["paged_waste_pct"] < summary["contiguous_waste_pct"]
-    assert summary["peak_running"] >= 2 and len(doc["workload"]["lengths"]) == 6
-    assert doc["timeline"] and doc["timeline"][-1]["num_running"] == 0
-    by_dtype = doc["by_kv_cache_dtype"]  # int8 by default beside the float pool, at the same bytes
-    assert list(by_dtype) == ["pagedchat", "pagedchat-int8kv"]
-    int8 = by_dtype["pagedchat-int8kv"]["pool"]
-    assert int8["kv_cache_dtype"] == "int8" and int8["kv_cache_bytes"] == pool["kv_cache_bytes"]
-    assert int8["num_blocks"] == pool["kv_cache_bytes"] // int8["block_bytes"] > pool["num_blocks"]
-    assert by_dtype["pagedchat-int8kv"]["summary"]["peak_running"] >= summary["peak_running"]
-    assert [t["name"] for t in doc["targets"]] == [
-        "paged KV waste %",
-        "concurrency vs contiguous reservation",
-    ]
 
 
 def test_fifo_lock_serves_waiters_in_arrival_order():
