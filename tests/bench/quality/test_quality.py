@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 from bench.cli import bench_main
-from bench.quality import MODES, REFERENCE, agreement, logprob_delta, perplexity
+from bench.quality.command import MODES, REFERENCE, agreement, logprob_delta, perplexity
 from engine.native.quant_linear import load_kernel
 from tests.engine.gguf_factories import write_tiny_chat_gguf
 
@@ -67,7 +67,7 @@ def test_quality_bench_compares_every_mode_with_the_reference(tmp_path, capsys):
 
 
 def test_quality_modes_select_their_reference_and_twins():
-    from bench.quality import _selected_modes
+    from bench.quality.command import _selected_modes
 
     assert _selected_modes("gguf-int8kv") == [REFERENCE, "gguf", "gguf-int8kv"]
     # int8 activations and the int8 KV cache: its float-KV twin is the int8-activation mode
