@@ -24,10 +24,12 @@ BENCHMARKS = {
     "step": "a decode step's time split into matmuls, attention and the rest, at a few batch sizes",
     "attention": "the CPU decode-attention kernel's KV bandwidth per KV dtype, against the machine's streaming read",
 }
-COMMANDS: dict[str, str] = {
+COMMANDS: dict[str, str] = {  # where not bench.NAME
     "throughput": "bench.throughput.command",
     "memory": "bench.memory.command",
-}  # where not bench.NAME
+    "quality": "bench.quality.command",
+    "step": "bench.step.command",
+}
 EXTRA = ("tqdm", "matplotlib", "openai")  # the `bench` extra of pyproject.toml
 
 
