@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {  # where not bench.NAME
     "memory": "bench.memory.command",
     "quality": "bench.quality.command",
     "step": "bench.step.command",
+    "attention": "bench.attention.command",
 }
 EXTRA = ("tqdm", "matplotlib", "openai")  # the `bench` extra of pyproject.toml
 

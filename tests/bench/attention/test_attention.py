@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from bench.bandwidth import FALLBACK_LLC_BYTES, last_level_cache, parse_size
+from bench.attention.bandwidth import FALLBACK_LLC_BYTES, last_level_cache, parse_size
 from bench.cli import bench_main
 from engine.native.attention import load_kernel
 from engine.native.stream import load_stream_reader

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from bench.bandwidth import LLC_MULTIPLE, StreamResult, last_level_cache, measure_stream
+from bench.attention.bandwidth import LLC_MULTIPLE, StreamResult, last_level_cache, measure_stream
 from bench.common.report import (
     Target,
     format_table,
