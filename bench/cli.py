@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {  # where not bench.NAME
     "quality": "bench.quality.command",
     "step": "bench.step.command",
     "attention": "bench.attention.command",
+    "serving": "bench.serving.command",
 }
 EXTRA = ("tqdm", "matplotlib", "openai")  # the `bench` extra of pyproject.toml
 

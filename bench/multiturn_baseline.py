@@ -18,7 +18,6 @@ from typing import Any
 from bench.common import servers
 from bench.common.report import new_figure, print_report, write_results
 from bench.multiturn import SYSTEM_PROMPT_FILE, run_mode, workload_fields
-from bench.serving import baseline_name
 
 
 def ratios(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
@@ -44,7 +43,7 @@ def run(args: argparse.Namespace, system: str, bench_keys: tuple[str, ...]) -> d
     print, write JSON + PNG."""
     config = args.engine_config
     entry = servers.served_model(args.baseline_url)  # fail before the long pagedchat run when it is not up
-    name = args.baseline_name or baseline_name(entry)
+    name = args.baseline_name or servers.baseline_name(entry)
     if name == "pagedchat":
         raise SystemExit("bench multiturn: --baseline-name must differ from pagedchat")
     url_keys = tuple(k.strip() for k in (args.api_key or "").split(",") if k.strip())

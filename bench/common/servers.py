@@ -337,6 +337,11 @@ def served_model(base_url: str, api_key: str | None = None) -> dict:
     return models[0]
 
 
+def baseline_name(model_entry: dict) -> str:
+    """The default name of a baseline given by URL, from its /v1/models entry: llama.cpp's says owned_by llamacpp."""
+    return "llama.cpp" if model_entry.get("owned_by") == "llamacpp" else "baseline"
+
+
 @contextlib.contextmanager
 def log_folder(keep: str | Path | None = None) -> Iterator[Path]:
     """Where server logs and databases go: `keep` if given, else a temporary folder removed afterwards."""

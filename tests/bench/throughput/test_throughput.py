@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from bench.cli import bench_main
+from bench.cli import bench_main, build_parser
 from tests.bench.helpers import only_result
 
 
@@ -94,3 +94,14 @@ def test_throughput_bench_refuses_a_bad_schema_file(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench_main(["throughput", "--json-schema", str(bad)])
     assert "invalid JSON schema: Invalid type: foo" in capsys.readouterr().err
+
+
+def test_bench_parser_checks_baselines_and_loads():
+    parser = build_parser()
+    assert parser.parse_args(["throughput", "--baselines", "none"]).baselines == []
+    assert parser.parse_args(["throughput", "--baselines", "static, sequential"]).baselines == [
+        "static",
+        "sequential",
+    ]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["throughput", "--baselines", "static,vllm"])

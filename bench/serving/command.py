@@ -22,7 +22,7 @@ from bench.common import loadgen, servers
 from bench.common import session_client as sc
 from bench.common.report import print_report, progress, write_results
 from bench.common.workload import WORKLOAD_LABEL, chat_requests
-from bench.serving_report import (
+from bench.serving.report import (
     HEADERS,
     RATIOS_MEANING,
     STEP_HEADERS,
@@ -113,11 +113,6 @@ def load_points(args: argparse.Namespace) -> list[LoadPoint]:
     return points + [LoadPoint("concurrency", c, max(args.num_requests, 2 * c)) for c in args.concurrency]
 
 
-def baseline_name(model_entry: dict[str, Any]) -> str:
-    """The default name of a baseline given by URL, from its /v1/models entry: llama.cpp's says owned_by llamacpp."""
-    return "llama.cpp" if model_entry.get("owned_by") == "llamacpp" else "baseline"
-
-
 async def sweep(
     url: str,
     name: str,
@@ -194,7 +189,7 @@ def _measure(
             stack.enter_context(servers.running([server]))
             url = server.base_url
         entry = servers.served_model(url, api_key)
-        name = name or baseline_name(entry)
+        name = name or servers.baseline_name(entry)
         pts = asyncio.run(sweep(url, name, entry["id"], requests, points, seed, api_key, step_timing))
     return name, {"url": url, "model": entry["id"], "started_here": started}, pts
 
