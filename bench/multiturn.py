@@ -5,7 +5,7 @@ users only what the server publishes: the runs with the shared system prompt reg
 (`--shared-prompt-file`) reuse it across users; the "unpublished" runs send an unregistered variant of it, which each
 user's salted chain must compute once for itself.
 
-`--scenario returning` runs bench/returning.py instead: users who come back after their KV blocks left the RAM pool;
+`--scenario returning` runs bench/returning/command.py instead: users who come back after their KV blocks left the RAM pool;
 `--scenario replicas` (implied by --replicas, --compare-plain, --kill-replica-at) runs bench/replicas.py: replica sets
 on Ray Serve, per routing policy, Ray's overhead and a failover.
 """
@@ -22,7 +22,6 @@ from typing import Any
 
 import httpx
 
-from bench import returning
 from bench.common import loadgen, servers
 from bench.common import session_client as sc
 from bench.common.conversations import Conversation, Latch, bearer_tokens, run_user, user_clients
@@ -37,6 +36,7 @@ from bench.common.report import (
     write_results,
 )
 from bench.common.workload import ChatRequest, system_prompt, user_turns
+from bench.returning import command as returning
 
 TARGET_TTFT_RATIO = 1.5
 TARGET_CACHE_HIT_PCT = 90.0
@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=SCENARIOS,
         default="shared-prompt",
         help="shared-prompt: this module's runs; returning: users who come back after their KV blocks left the RAM "
-        "pool, with the disk tier, without it and all in RAM, and a restart (bench/returning.py); replicas: replica "
+        "pool, with the disk tier, without it and all in RAM, and a restart (bench/returning/command.py); replicas: replica "
         "sets on Ray Serve per routing policy, Ray's overhead, a failover (bench/replicas.py; implied by its options)",
     )
     parser.add_argument(

@@ -16,8 +16,8 @@ from bench.common import loadgen, servers
 from bench.common import session_client as sc
 from bench.common.conversations import user_clients
 from bench.common.report import progress
-from bench.returning_stats import HitCounters, read_hit_counters, read_metrics, summarise_run, summarise_turn
-from bench.tier_files import drop_from_page_cache, wait_until_settled
+from bench.returning.stats import HitCounters, read_hit_counters, read_metrics, summarise_run, summarise_turn
+from bench.returning.tier_files import drop_from_page_cache, wait_until_settled
 
 
 @dataclasses.dataclass(frozen=True)

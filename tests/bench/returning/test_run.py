@@ -7,7 +7,7 @@ import json
 import shlex
 
 from bench.cli import bench_main
-from bench.returning_stats import DISK_FROM_COUNTERS
+from bench.returning.stats import DISK_FROM_COUNTERS
 from tests.engine.bench_helpers import shared_tiny_model
 
 BYTES_PER_TOKEN = 512  # the tiny model in float32: 2 layers x K and V x 2 KV heads x 16 dims x 4 bytes

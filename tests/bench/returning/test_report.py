@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from bench.returning import Plan, make_plan
-from bench.returning_report import make_targets, table_rows, ttft_ratios
+from bench.returning.command import Plan, make_plan
+from bench.returning.report import make_targets, table_rows, ttft_ratios
 from engine.core.config import EngineConfig
 
 CONFIG = EngineConfig(model="unused")

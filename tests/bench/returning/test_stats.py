@@ -1,4 +1,4 @@
-"""bench/returning_stats.py: the RAM / disk / recomputed split of a round, history reuse, and the counters' names."""
+"""bench/returning/stats.py: the RAM / disk / recomputed split of a round, history reuse, and the counters' names."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from bench.common.session_client import TurnResult
-from bench.returning_stats import (
+from bench.returning.stats import (
     DISK_AFTER_RESTART,
     DISK_FROM_COUNTERS,
     HitCounters,

@@ -26,8 +26,8 @@ from typing import Any
 from bench.common import servers
 from bench.common.report import print_report, targets_payload, write_results
 from bench.common.workload import long_user_turns, system_prompt
-from bench.returning_report import HEADERS, make_targets, plot, table_rows, ttft_ratios
-from bench.returning_rounds import RunSpec, Script, play, pool_of
+from bench.returning.report import HEADERS, make_targets, plot, table_rows, ttft_ratios
+from bench.returning.rounds import RunSpec, Script, play, pool_of
 from engine.core.config import EngineConfig
 
 RUNS = ("in-ram", "no-tier", "tier")

@@ -1,4 +1,4 @@
-"""bench/tier_files.py: block files dropped from the page cache (checked with mincore), counted, and waited on."""
+"""bench/returning/tier_files.py: block files dropped from the page cache (checked with mincore), counted, and waited on."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.tier_files import TierFiles, drop_from_page_cache, tier_files, wait_until_settled
+from bench.returning.tier_files import TierFiles, drop_from_page_cache, tier_files, wait_until_settled
 
 PAGE = mmap.PAGESIZE
 
