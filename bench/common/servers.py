@@ -22,7 +22,7 @@ from engine.core.config import EngineConfig
 from engine.core.options import to_env
 
 READY_TIMEOUT_S = 600.0  # the first start may provision the default model
-REPO_ROOT = Path(__file__).resolve().parents[1]  # servers run from here, so `-m pagedchat` is this checkout's
+REPO_ROOT = Path(__file__).resolve().parents[2]  # servers run from here, so `-m pagedchat` is this checkout's
 ROUTINGS = ("kv", "round-robin", "least-loaded")  # `pagedchat serve --routing`
 logger = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ PROMPTS = [
     "Who wrote Romeo and Juliet?",
     "Summarise the water cycle briefly.",
 ]
-TEXT_FILE = Path(__file__).with_name("data") / "pride_and_prejudice_ch1.txt"  # public domain (Austen, 1813)
+TEXT_FILE = Path(__file__).parents[1] / "data" / "pride_and_prejudice_ch1.txt"  # public domain (Austen, 1813)
 REFERENCE = "none-fp32"
 # mode name -> EngineConfig overrides; the reference first, every other mode is compared with it
 _FLOAT_KV = {"kv_cache_dtype": "auto"}

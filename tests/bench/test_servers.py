@@ -158,3 +158,9 @@ def test_reap_session_leaves_a_running_server_alone(tmp_path):
         servers.reap_session(servers.ServerProcess("r", "http://127.0.0.1:1", running, tmp_path / "r.log"))
         == 0
     )
+
+
+def test_servers_start_from_this_checkout():
+    # `python -m pagedchat` runs whatever `pagedchat` the working directory holds: it must be this tree's
+    assert (servers.REPO_ROOT / "pagedchat" / "__main__.py").is_file()
+    assert (servers.REPO_ROOT / "bench" / "common" / "servers.py").samefile(servers.__file__)

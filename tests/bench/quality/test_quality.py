@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 from bench.cli import bench_main
-from bench.quality.command import MODES, REFERENCE, agreement, logprob_delta, perplexity
+from bench.quality.command import MODES, REFERENCE, TEXT_FILE, agreement, logprob_delta, perplexity
 from engine.native.quant_linear import load_kernel
 from tests.engine.gguf_factories import write_tiny_chat_gguf
 
@@ -76,3 +76,7 @@ def test_quality_modes_select_their_reference_and_twins():
     assert _selected_modes("gguf-int8-fp16kv") == [REFERENCE, "gguf-int8", "gguf-int8-fp16kv"]
     with pytest.raises(SystemExit, match="unknown quality modes"):
         _selected_modes("gguf,fp8")
+
+
+def test_the_perplexity_text_ships_with_the_benchmarks():
+    assert TEXT_FILE.is_file() and TEXT_FILE.read_text(encoding="utf-8").startswith("It is a truth")
