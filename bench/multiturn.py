@@ -6,7 +6,7 @@ users only what the server publishes: the runs with the shared system prompt reg
 user's salted chain must compute once for itself.
 
 `--scenario returning` runs bench/returning/command.py instead: users who come back after their KV blocks left the RAM pool;
-`--scenario replicas` (implied by --replicas, --compare-plain, --kill-replica-at) runs bench/replicas.py: replica sets
+`--scenario replicas` (implied by --replicas, --compare-plain, --kill-replica-at) runs bench/replicas/command.py: replica sets
 on Ray Serve, per routing policy, Ray's overhead and a failover.
 """
 
@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="shared-prompt",
         help="shared-prompt: this module's runs; returning: users who come back after their KV blocks left the RAM "
         "pool, with the disk tier, without it and all in RAM, and a restart (bench/returning/command.py); replicas: replica "
-        "sets on Ray Serve per routing policy, Ray's overhead, a failover (bench/replicas.py; implied by its options)",
+        "sets on Ray Serve per routing policy, Ray's overhead, a failover (bench/replicas/command.py; implied by its options)",
     )
     parser.add_argument(
         "--users",
@@ -231,8 +231,8 @@ def workload_fields(args: argparse.Namespace, system: str) -> dict[str, Any]:
 
 
 def _replicas():
-    """bench.replicas, imported when used: it builds on this module's summarise()."""
-    from bench import replicas
+    """bench.replicas.command, imported when used: it builds on this module's summarise()."""
+    from bench.replicas import command as replicas
 
     return replicas
 

@@ -16,8 +16,8 @@ import pytest
 from bench.cli import bench_main
 from bench.common import servers
 from bench.multiturn import shared_system_prompt
-from bench.replica_scenario import make_scenario
-from bench.replicas import RunSpec, measure
+from bench.replicas.command import RunSpec, measure
+from bench.replicas.scenario import make_scenario
 from engine.core.config import EngineConfig
 from engine.loading.loader import load_tokenizer
 from tests.bench.fake_openai import LLAMA_TIMINGS, fake_server
@@ -204,7 +204,7 @@ def test_multiturn_bench_against_a_llama_cpp_baseline(tiny_servers, tmp_path, ca
 
 
 def test_replicas_measure_against_todays_single_process_server(tiny_servers):
-    """bench/replicas.py's one run end to end, on the plain process (the run `--compare-plain` starts first): real
+    """bench/replicas/command.py's one run end to end, on the plain process (the run `--compare-plain` starts first): real
     /v1 conversations, real /metrics text, which routes nothing."""
     model, url, _ = tiny_servers
     # desk 0's prompt is the one the fixture's servers publish

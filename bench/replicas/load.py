@@ -16,7 +16,7 @@ from bench.common import session_client as sc
 from bench.common.conversations import Conversation, Latch, run_user, user_clients
 from bench.common.report import progress
 from bench.common.workload import ChatRequest
-from bench.replica_scenario import Scenario
+from bench.replicas.scenario import Scenario
 
 WARM_UP_TOKENS = 8
 MAX_ATTEMPTS = 2  # a failed turn of a failover run is sent once more

@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from bench.replica_load import RequestRecord
-from bench.replica_metrics import by_replica
+from bench.replicas.load import RequestRecord
+from bench.replicas.metrics import by_replica
 
 POLL_S = 0.25
 ERROR_CHARS = 200

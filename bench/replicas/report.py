@@ -19,16 +19,16 @@ from bench.common.report import (
     targets_payload,
     write_results,
 )
-from bench.failover import sort_requests
-from bench.replica_load import LoadResult, RequestRecord, throughput
-from bench.replica_metrics import (
+from bench.replicas.failover import sort_requests
+from bench.replicas.load import LoadResult, RequestRecord, throughput
+from bench.replicas.metrics import (
     by_replica,
     delta,
     replica_hit_pct,
     routed_counts,
     routing_summary,
 )
-from bench.replica_scenario import Scenario
+from bench.replicas.scenario import Scenario
 
 TARGET_CACHE_HIT_PCT = (
     multiturn.TARGET_CACHE_HIT_PCT

@@ -1,4 +1,4 @@
-"""bench/replica_report.py: a run's summary from its turns, requests and /metrics text, Ray's
+"""bench/replicas/report.py: a run's summary from its turns, requests and /metrics text, Ray's
 overhead, the failover's account, the targets, the tables, and the JSON + PNG written."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import math
 
 import pytest
 
-from bench import replica_report
 from bench.common.session_client import TurnResult
-from bench.replica_load import LoadResult, RequestRecord
-from bench.replica_scenario import Scenario
+from bench.replicas import report as replica_report
+from bench.replicas.load import LoadResult, RequestRecord
+from bench.replicas.scenario import Scenario
 from engine.core.config import EngineConfig
 
 

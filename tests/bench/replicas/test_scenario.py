@@ -1,4 +1,4 @@
-"""bench/replica_scenario.py: desks' system prompts that share no leading text, users at their desks, growing
+"""bench/replicas/scenario.py: desks' system prompts that share no leading text, users at their desks, growing
 conversations, and the published prompt files a server reads back exactly."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from app.services.public_prefix import published_prompts
 from app.settings import settings_from_env
 from bench.common.workload import system_prompt, user_turns
-from bench.replica_scenario import DESK_TAG, desk_prompts, make_scenario, server_env, write_prompt_files
+from bench.replicas.scenario import DESK_TAG, desk_prompts, make_scenario, server_env, write_prompt_files
 
 
 class WordTokenizer:

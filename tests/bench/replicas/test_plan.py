@@ -1,4 +1,4 @@
-"""bench/replicas.py's plan: which servers an invocation starts, with which flags and engine, and the options it
+"""bench/replicas/command.py's plan: which servers an invocation starts, with which flags and engine, and the options it
 refuses before starting any."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import argparse
 
 import pytest
 
-from bench import replicas
 from bench.cli import bench_main, build_parser
 from bench.common import servers
-from bench.replicas import RunSpec, parse_routings, plan_runs
+from bench.replicas import command as replicas
+from bench.replicas.command import RunSpec, parse_routings, plan_runs
 from engine.core.config import EngineConfig
 
 

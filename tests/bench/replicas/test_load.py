@@ -1,4 +1,4 @@
-"""bench/replica_load.py against an OpenAI-compatible fake: every request logged, a failed turn resent with the
+"""bench/replicas/load.py against an OpenAI-compatible fake: every request logged, a failed turn resent with the
 history it had (no empty answer left behind), throughput over the run's wall time."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from bench.replica_load import RequestRecord, drive, throughput, warm_up
-from bench.replica_scenario import Scenario
+from bench.replicas.load import RequestRecord, drive, throughput, warm_up
+from bench.replicas.scenario import Scenario
 from tests.bench.fake_openai import fake_server
 
 SYSTEMS = ("desk one", "desk two")

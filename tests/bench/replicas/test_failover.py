@@ -1,4 +1,4 @@
-"""bench/failover.py: reading /health, choosing and killing a replica, watching the set recover, sorting requests
+"""bench/replicas/failover.py: reading /health, choosing and killing a replica, watching the set recover, sorting requests
 around the kill. The replica set here is a fake on loopback whose replicas are `sleep` processes of this test."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from bench.failover import (
+from bench.replicas.command import drive_and_kill
+from bench.replicas.failover import (
     HealthPoint,
     ReplicaKiller,
     choose_victim,
@@ -26,8 +27,7 @@ from bench.failover import (
     replica_pids,
     sort_requests,
 )
-from bench.replica_load import RequestRecord
-from bench.replicas import drive_and_kill
+from bench.replicas.load import RequestRecord
 
 
 def health_body(status: str, ready: int, replicas: list[tuple[str, int, str]]) -> dict[str, Any]:

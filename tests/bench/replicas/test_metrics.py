@@ -1,4 +1,4 @@
-"""bench/replica_metrics.py: routing decisions and per-replica series out of real Prometheus text."""
+"""bench/replicas/metrics.py: routing decisions and per-replica series out of real Prometheus text."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from app.cluster.routing import OUTCOMES
 from app.cluster.routing_ledger import ReplicaRouting
 from app.services.cluster_metrics import ReplicaHealth, ReplicaSetReport
 from app.services.metrics import Metrics
-from bench.replica_metrics import (
+from bench.replicas.metrics import (
     by_replica,
     delta,
     replica_hit_pct,

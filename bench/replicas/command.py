@@ -4,7 +4,7 @@ prefixes across users, once per routing policy; Ray's own overhead (`--compare-p
 
 Every run starts its own `pagedchat serve` (prefix caching on, the RAM pool alone, the desks' system prompts
 published, one API key per user so each user is its own cache tenant), warms each system prompt once, then drives
-the conversations (bench/replica_load.py) and reads /metrics before and after: the cached share of prompt tokens
+the conversations (bench/replicas/load.py) and reads /metrics before and after: the cached share of prompt tokens
 (usage.prompt_tokens_details.cached_tokens), TTFT per turn, and the router's decisions
 (`pagedchat:routed_requests_total{replica,outcome}`).
 """
@@ -20,11 +20,11 @@ from typing import Any
 
 import httpx
 
-from bench import replica_report
 from bench.common import servers
-from bench.failover import ReplicaKiller
-from bench.replica_load import LoadResult, drive, warm_up
-from bench.replica_scenario import Scenario, make_scenario, server_env, write_prompt_files
+from bench.replicas import report as replica_report
+from bench.replicas.failover import ReplicaKiller
+from bench.replicas.load import LoadResult, drive, warm_up
+from bench.replicas.scenario import Scenario, make_scenario, server_env, write_prompt_files
 from engine.core.config import EngineConfig
 
 DEFAULT_USERS, DEFAULT_TURNS = 8, 6
