@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {  # where not bench.NAME
     "step": "bench.step.command",
     "attention": "bench.attention.command",
     "serving": "bench.serving.command",
+    "multiturn": "bench.multiturn.command",
 }
 EXTRA = ("tqdm", "matplotlib", "openai")  # the `bench` extra of pyproject.toml
 

@@ -8,7 +8,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bench import multiturn
 from bench.common.report import (
     Target,
     format_table,
@@ -19,6 +18,7 @@ from bench.common.report import (
     targets_payload,
     write_results,
 )
+from bench.multiturn import runs as multiturn_runs
 from bench.replicas.failover import sort_requests
 from bench.replicas.load import LoadResult, RequestRecord, throughput
 from bench.replicas.metrics import (
@@ -31,7 +31,7 @@ from bench.replicas.metrics import (
 from bench.replicas.scenario import Scenario
 
 TARGET_CACHE_HIT_PCT = (
-    multiturn.TARGET_CACHE_HIT_PCT
+    multiturn_runs.TARGET_CACHE_HIT_PCT
 )  # issue #19: kv routing keeps >= 90% of prompt tokens cached
 TARGET_RAY_OVERHEAD = 1.10  # issue #19: Ray's own overhead <= 10%
 HEADERS = [
@@ -54,7 +54,7 @@ def summarise_run(
 ) -> dict[str, Any]:
     """One run: multiturn's per-turn TTFT and cache numbers, all measured turns' TTFT, throughput, the routing
     decisions over the run and each replica's prefix hit rate (a restarted replica's counters count from 0)."""
-    summary = multiturn.summarise(load.per_user, num_turns, None, None)
+    summary = multiturn_runs.summarise(load.per_user, num_turns, None, None)
     ttft = [1000 * r.ttft_s for user in load.per_user for r in user if r.ok]
     summary["ttft_ms_all"] = {"mean": mean(ttft), **percentiles(ttft)}
     summary["throughput"] = throughput(load.records)

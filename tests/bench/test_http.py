@@ -15,7 +15,7 @@ import pytest
 
 from bench.cli import bench_main
 from bench.common import servers
-from bench.multiturn import shared_system_prompt
+from bench.multiturn.command import shared_system_prompt
 from bench.replicas.command import RunSpec, measure
 from bench.replicas.scenario import make_scenario
 from engine.core.config import EngineConfig

@@ -1,4 +1,5 @@
-"""`bench multiturn` arrivals: staggered users keep the load steady around their measured conversations."""
+"""bench/common/conversations.py: `bench multiturn` arrivals, staggered users keeping the load steady around their
+measured conversations."""
 
 from __future__ import annotations
 

@@ -5,9 +5,10 @@ users only what the server publishes: the runs with the shared system prompt reg
 (`--shared-prompt-file`) reuse it across users; the "unpublished" runs send an unregistered variant of it, which each
 user's salted chain must compute once for itself.
 
-`--scenario returning` runs bench/returning/command.py instead: users who come back after their KV blocks left the RAM pool;
-`--scenario replicas` (implied by --replicas, --compare-plain, --kill-replica-at) runs bench/replicas/command.py: replica sets
-on Ray Serve, per routing policy, Ray's overhead and a failover.
+`--scenario returning` runs bench/returning/ instead: users who come back after their KV blocks left the RAM pool;
+`--scenario replicas` (implied by --replicas, --compare-plain, --kill-replica-at) runs bench/replicas/: replica sets
+on Ray Serve, per routing policy, Ray's overhead and a failover; `--baseline-url` runs bench/multiturn/baseline.py.
+Each builds on bench/multiturn/runs.py, which imports none of them.
 """
 
 from __future__ import annotations
@@ -15,31 +16,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import functools
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from bench.common import loadgen, servers
-from bench.common import session_client as sc
-from bench.common.conversations import Conversation, Latch, bearer_tokens, run_user, user_clients
-from bench.common.report import (
-    Target,
-    mean,
-    new_figure,
-    percentiles,
-    print_report,
-    progress,
-    targets_payload,
-    write_results,
-)
-from bench.common.workload import ChatRequest, system_prompt, user_turns
+from bench.common import servers
+from bench.common.report import Target, new_figure, print_report, targets_payload, write_results
+from bench.common.workload import system_prompt
+from bench.multiturn import baseline
+from bench.multiturn.runs import SYSTEM_PROMPT_FILE, TARGET_CACHE_HIT_PCT, run_mode, workload_fields
+from bench.replicas import command as replicas
 from bench.returning import command as returning
 
 TARGET_TTFT_RATIO = 1.5
-TARGET_CACHE_HIT_PCT = 90.0
 MODES = ("session", "v1")
 ARRIVALS = ("staggered", "together")
 ARRIVALS_MEANING = {
@@ -52,7 +40,6 @@ BENCH_API_KEY = "pagedchat-bench"
 UNPUBLISHED_PREAMBLE = (
     "(Unpublished draft for {api}.) "  # starts the unregistered variants of the system prompt
 )
-SYSTEM_PROMPT_FILE = "shared-system-prompt.txt"
 SCENARIOS = ("shared-prompt", "returning", "replicas")
 DEFAULT_USERS, DEFAULT_TURNS = 32, 10
 
@@ -64,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=SCENARIOS,
         default="shared-prompt",
         help="shared-prompt: this module's runs; returning: users who come back after their KV blocks left the RAM "
-        "pool, with the disk tier, without it and all in RAM, and a restart (bench/returning/command.py); replicas: replica "
-        "sets on Ray Serve per routing policy, Ray's overhead, a failover (bench/replicas/command.py; implied by its options)",
+        "pool, with the disk tier, without it and all in RAM, and a restart (bench/returning/); replicas: replica "
+        "sets on Ray Serve per routing policy, Ray's overhead, a failover (bench/replicas/; implied by its options)",
     )
     parser.add_argument(
         "--users",
@@ -110,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="any running OpenAI-compatible server (e.g. llama.cpp's llama-server): run the same users' /v1 "
         "conversations against pagedchat (caching on, the system prompt published; --url or started here) and "
-        "against it, and compare wall time, output rate and TTFT per turn (bench/multiturn_baseline.py)",
+        "against it, and compare wall time, output rate and TTFT per turn (bench/multiturn/baseline.py)",
     )
     parser.add_argument(
         "--baseline-name",
@@ -120,121 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--keep-logs", default=None, help="keep server logs and databases in this folder")
     returning.add_arguments(parser)
-    _replicas().add_arguments(parser)
-
-
-async def run_mode(
-    url: str,
-    mode: str,
-    api_keys: tuple[str, ...],
-    system: str,
-    args: argparse.Namespace,
-    label: str,
-    seed: int,
-    *,
-    keep_alive: bool = True,
-) -> dict[str, Any]:
-    """All users' conversations (one task each, one identity each) through one API of one server. `keep_alive=False`:
-    every request on its own TCP connection (llama.cpp's small HTTP thread pool starves on idle kept-alive ones)."""
-    # distinct conversations per run: only the system prompt is shared between runs on one server
-    scripts = [user_turns(u, args.turns, args.seed + seed) for u in range(args.users)]
-    warm_token, tokens = bearer_tokens(api_keys, args.users, mode)
-    admin_headers = None if keep_alive else {"Connection": "close"}
-    async with httpx.AsyncClient(
-        base_url=url, timeout=loadgen.CLIENT_TIMEOUT_S, headers=admin_headers
-    ) as admin:
-        oa = loadgen.make_client(url, warm_token, keep_alive=keep_alive)
-        model = (await oa.models.list()).data[0].id
-        hello = [{"role": "system", "content": system}, {"role": "user", "content": "Hello!"}]
-        warm = await loadgen.stream_chat(oa, model, ChatRequest(hello, 8, "warm"), 0.0)
-        await oa.close()
-        if not warm.ok:
-            raise RuntimeError(f"warm-up request to {url} failed: {warm.error}")
-        before = await sc.admin_stats(admin)
-        async with user_clients(url, tokens, keep_alive=keep_alive) as clients:
-            with progress(args.users * args.turns, label, unit="turn") as bar:
-                tick = functools.partial(bar.update, 1)
-                starts = [
-                    functools.partial(Conversation.open, mode, http, oa, model, system, args.max_tokens)
-                    for http, oa in clients
-                ]
-                measured = Latch(args.users)
-                staggered = args.arrivals == "staggered"
-                started = time.perf_counter()
-                per_user = await asyncio.gather(
-                    *(
-                        run_user(u, starts[u], script, staggered, measured, tick)
-                        for u, script in enumerate(scripts)
-                    )
-                )
-                wall_s = time.perf_counter() - started
-        after = await sc.admin_stats(admin)
-    return {**summarise(list(per_user), args.turns, before, after), "wall_s": wall_s}
-
-
-def summarise(
-    per_user: list[list[sc.TurnResult]], num_turns: int, before: dict | None, after: dict | None
-) -> dict[str, Any]:
-    """Per-turn TTFT and prefill numbers, the overall cache hit rate and the last/first TTFT ratio."""
-    turns = []
-    for k in range(num_turns):
-        results = [user[k] for user in per_user if len(user) > k and user[k].ok]
-        prompt = sum(r.prompt_tokens for r in results)
-        cached = sum(r.cached_tokens for r in results)
-        turns.append(
-            {
-                "turn": k + 1,
-                "num_ok": len(results),
-                "ttft_ms": {
-                    "mean": mean([1000 * r.ttft_s for r in results]),
-                    **percentiles([1000 * r.ttft_s for r in results]),
-                },
-                "server_ttft_ms_p50": percentiles([1000 * r.server_ttft_s for r in results])["p50"],
-                "mean_prompt_tokens": mean([r.prompt_tokens for r in results]),
-                "mean_cached_tokens": mean([r.cached_tokens for r in results]),
-                "mean_prefill_tokens": mean([r.prefill_tokens for r in results]),
-                "cache_hit_pct": 100.0 * cached / prompt if prompt else float("nan"),
-            }
-        )
-    every = [r for user in per_user for r in user]
-    ok = [r for r in every if r.ok]
-    prompt, cached = sum(r.prompt_tokens for r in ok), sum(r.cached_tokens for r in ok)
-    summary: dict[str, Any] = {
-        "completion_tokens": sum(r.completion_tokens for r in ok),
-        "turns": turns,
-        "num_turns_failed": len(every) - len(ok),
-        "errors": sorted({r.error for r in every if not r.ok})[:5],
-        "prompt_tokens": prompt,
-        "cached_tokens": cached,
-        "prefill_tokens": prompt - cached,
-        "cache_hit_pct": 100.0 * cached / prompt if prompt else float("nan"),
-        "ttft_ratio_last_first": turns[-1]["ttft_ms"]["p50"] / turns[0]["ttft_ms"]["p50"],
-    }
-    if before and after:
-        queried = after.get("prefix_query_tokens", 0) - before.get("prefix_query_tokens", 0)
-        hit = after.get("prefix_hit_tokens", 0) - before.get("prefix_hit_tokens", 0)
-        summary["server_prefix_hit_pct"] = 100.0 * hit / queried if queried else float("nan")
-    return summary
-
-
-def workload_fields(args: argparse.Namespace, system: str) -> dict[str, Any]:
-    """The shared-prompt workload's settings, as the result JSONs record them."""
-    return {
-        "users": args.users,
-        "turns": args.turns,
-        "system_prompt_chars": len(system),
-        "system_tokens_target": args.system_tokens,
-        "max_tokens": args.max_tokens,
-        "temperature": 0.0,
-        "arrivals": args.arrivals,
-    }
-
-
-def _replicas():
-    """bench.replicas.command, imported when used: it builds on this module's summarise()."""
-    from bench.replicas import command as replicas
-
-    return replicas
+    replicas.add_arguments(parser)
 
 
 def shared_system_prompt(model: str, system_tokens: int, *, revision: str = "", gguf_file: str = "") -> str:
@@ -264,7 +137,6 @@ def _runs_on(
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Both APIs on a caching and a non-caching server (started here, one after the other, unless URLs are given);
     or the returning or the replicas scenario."""
-    replicas = _replicas()
     if args.scenario == "replicas" or replicas.wants_replicas(args):
         if args.scenario == "returning":
             raise SystemExit(
@@ -297,9 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(
                 "bench multiturn: --baseline-url compares one caching pagedchat: no --url-no-caching"
             )
-        from bench import multiturn_baseline  # it builds on this module's run_mode
-
-        return multiturn_baseline.run(args, system, bench_keys)
+        return baseline.run(args, system, bench_keys)
     runs: dict[str, dict[str, Any]] = {}
     with servers.log_folder(args.keep_logs) as logs:
         prompt_file = logs / SYSTEM_PROMPT_FILE

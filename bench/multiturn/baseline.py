@@ -17,7 +17,7 @@ from typing import Any
 
 from bench.common import servers
 from bench.common.report import new_figure, print_report, write_results
-from bench.multiturn import SYSTEM_PROMPT_FILE, run_mode, workload_fields
+from bench.multiturn.runs import SYSTEM_PROMPT_FILE, run_mode, workload_fields
 
 
 def ratios(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
