@@ -24,15 +24,6 @@ BENCHMARKS = {
     "step": "a decode step's time split into matmuls, attention and the rest, at a few batch sizes",
     "attention": "the CPU decode-attention kernel's KV bandwidth per KV dtype, against the machine's streaming read",
 }
-COMMANDS: dict[str, str] = {  # where not bench.NAME
-    "throughput": "bench.throughput.command",
-    "memory": "bench.memory.command",
-    "quality": "bench.quality.command",
-    "step": "bench.step.command",
-    "attention": "bench.attention.command",
-    "serving": "bench.serving.command",
-    "multiturn": "bench.multiturn.command",
-}
 EXTRA = ("tqdm", "matplotlib", "openai")  # the `bench` extra of pyproject.toml
 
 
@@ -50,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _module(name: str):
-    """The module of `pagedchat bench NAME`: its `add_arguments(parser)` and `run(args)`."""
-    return importlib.import_module(COMMANDS.get(name, f"bench.{name}"))
+    """bench/NAME/command.py: the subcommand's `add_arguments(parser)` and `run(args)`."""
+    return importlib.import_module(f"bench.{name}.command")
 
 
 def missing_extra() -> list[str]:

@@ -164,3 +164,16 @@ def test_servers_start_from_this_checkout():
     # `python -m pagedchat` runs whatever `pagedchat` the working directory holds: it must be this tree's
     assert (servers.REPO_ROOT / "pagedchat" / "__main__.py").is_file()
     assert (servers.REPO_ROOT / "bench" / "common" / "servers.py").samefile(servers.__file__)
+
+
+def test_engine_env_maps_config_to_server_variables():
+    env = servers.engine_env(EngineConfig(model="/m", kv_cache_bytes=1024, enable_prefix_caching=False))
+    assert env["PAGEDCHAT_MODEL"] == "/m" and env["PAGEDCHAT_KV_CACHE_BYTES"] == "1024"
+    assert env["PAGEDCHAT_ENABLE_PREFIX_CACHING"] == "0" and env["PAGEDCHAT_BLOCK_SIZE"] == "16"
+    assert "PAGEDCHAT_MAX_MODEL_LEN" not in env  # None: the server's own default
+    assert 0 < servers.free_port() < 65536
+
+
+def test_a_baseline_given_by_url_is_named_after_its_models_entry():
+    assert servers.baseline_name({"id": "m.gguf", "owned_by": "llamacpp"}) == "llama.cpp"
+    assert servers.baseline_name({"id": "m"}) == "baseline"

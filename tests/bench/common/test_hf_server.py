@@ -1,4 +1,4 @@
-"""`bench throughput` and `bench memory` end to end on a tiny random model: JSON keys, PNG, sane values."""
+"""bench/common/hf_server.py: the FIFO lock that serves one request at a time, and the SSE streamer's deltas."""
 
 from __future__ import annotations
 
