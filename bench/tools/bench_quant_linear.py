@@ -1,6 +1,6 @@
 """Time the quantized linear kernel against torch's fp32 and bf16 F.linear at SmolLM2-135M's shapes.
 
-    PYTHONPATH=. python scripts/bench_quant_linear.py [--rows 1 4 16 32] [--threads 2] [--repeat 20]
+    python -m bench.tools.bench_quant_linear [--rows 1 4 16 32] [--threads 2] [--repeat 20]
 
 Two measurements per row count:
 - one matrix, [rows, 576] x [576, 1536] (an up projection), called back to back: the weights stay in cache;

@@ -6,7 +6,7 @@ ids of a valid instance: per token it computes the allowed-token bitmask and con
 the compile time and the mean / median / p99 microseconds of the mask and of the consume step. Engines that are not
 installed are skipped with a note.
 
-    python scripts/grammar_mask_cost.py [--model PATH] [--repeats 20]
+    python -m bench.tools.grammar_mask_cost [--model PATH] [--repeats 20]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a replica's routing digest costs on a full pool: the engine thread's hash listing, packing, wire size, the
 router's decoding and one decision.
 
-    PYTHONPATH=. python scripts/routing_digest_cost.py [--model smollm2-135m-instruct] [--blocks 250000] [--repeat 20]
+    python -m bench.tools.routing_digest_cost [--model smollm2-135m-instruct] [--blocks 250000] [--repeat 20]
 
 The pool size of the default model with the default CPU budget is read from a real engine (loaded, not run); then a
 BlockManager of that size (and of each --blocks) is filled with cached blocks, as after a long day of chats, and

@@ -1,6 +1,6 @@
 """A branch that forks inside a cached block: copy that block, or recompute the tokens before the fork?
 
-    PYTHONPATH=. python scripts/fork_copy_cost.py [--model smollm2-135m-instruct] [--repeat 5] [--threads 2]
+    python -m bench.tools.fork_copy_cost [--model smollm2-135m-instruct] [--repeat 5] [--threads 2]
 
 Regenerate is the sharpest case: the same prompt again, whose last block the first reply filled. For each number of
 prompt tokens in that block (1..16), the prefill step of the second request (the step that yields its first token)

@@ -2,7 +2,7 @@
 migration 0006 takes to index them, what the index adds on disk, and search latencies for a rare word, a word in
 one message of eight and a word in every message.
 
-    .venv/bin/python scripts/search_cost.py --messages 50000
+    .venv/bin/python -m bench.tools.search_cost --messages 50000
 
 PostgreSQL is a throwaway server (tests/postgres.py: Debian's binaries, a temp dir, 127.0.0.1 only), stopped after.
 """
@@ -13,20 +13,16 @@ import argparse
 import asyncio
 import random
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 from alembic import command
 from sqlalchemy import text
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from app.db import Store  # noqa: E402
-from app.db.database import alembic_config, create_db_engine  # noqa: E402
-from app.db.quota import database_bytes  # noqa: E402
-from tests.postgres import start_postgres  # noqa: E402
+from app.db import Store
+from app.db.database import alembic_config, create_db_engine
+from app.db.quota import database_bytes
+from tests.postgres import start_postgres  # run from a checkout: the tests' throwaway PostgreSQL
 
 NUM_OWNERS = 20
 SEARCHES = {"rare": "zanzibar", "one in eight": "lighthouse", "every message": "common"}

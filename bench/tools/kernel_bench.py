@@ -1,6 +1,6 @@
 """Microbenchmarks of the paged-attention kernels on one CUDA GPU: decode bandwidth, prefill FLOP rate.
 
-    PYTHONPATH=. python scripts/kernel_bench.py [--sweep] [--peak-gbps 4800] [--kv-cache-dtype int8] [--json out.json]
+    python -m bench.tools.kernel_bench [--sweep] [--peak-gbps 4800] [--kv-cache-dtype int8] [--json out.json]
 
 Decode: achieved GB/s of K/V read (the bytes that bound it) against the HBM peak, for batch x context with
 Hq=32, Hkv=8, D=128, block 16, bf16; the split-K variant against the plain one where it applies; torch's SDPA
