@@ -1,6 +1,6 @@
-"""`bench multiturn --replicas`' load: every user's /v1 conversation (bench/common/conversations.py's users, staggered or
-together), each request logged with when it was sent and when it ended; in a failover run a failed turn is sent
-once more (a user pressing "retry"), so the conversation goes on."""
+"""`bench multiturn --replicas`' load: every user's /v1 conversation (bench/common/conversations.py's users,
+staggered or together), each request logged with when it was sent and when it ended; in a failover run a
+failed turn is sent once more (a user pressing "retry"), so the conversation goes on."""
 
 from __future__ import annotations
 

@@ -197,8 +197,8 @@ def test_multiturn_bench_against_a_llama_cpp_baseline(tiny_servers, tmp_path, ca
 
 
 def test_replicas_measure_against_todays_single_process_server(tiny_servers):
-    """bench/replicas/command.py's one run end to end, on the plain process (the run `--compare-plain` starts first): real
-    /v1 conversations, real /metrics text, which routes nothing."""
+    """bench/replicas/command.py's one run end to end, on the plain process (the run `--compare-plain` starts
+    first): real /v1 conversations, real /metrics text, which routes nothing."""
     model, url, _ = tiny_servers
     # desk 0's prompt is the one the fixture's servers publish
     scenario = make_scenario(

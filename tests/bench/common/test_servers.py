@@ -1,4 +1,5 @@
-"""bench/common/servers.py: a port answers for our server only when our process listens on it; each server its own tier."""
+"""bench/common/servers.py: a port answers for our server only when our process listens on it; each server its
+own tier."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""bench/replicas/failover.py: reading /health, choosing and killing a replica, watching the set recover, sorting requests
-around the kill. The replica set here is a fake on loopback whose replicas are `sleep` processes of this test."""
+"""bench/replicas/failover.py: reading /health, choosing and killing a replica, watching the set recover,
+sorting requests around the kill. The replica set here is a fake on loopback whose replicas are `sleep`
+processes of this test."""
 
 from __future__ import annotations
 

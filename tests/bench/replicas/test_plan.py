@@ -1,5 +1,5 @@
-"""bench/replicas/command.py's plan: which servers an invocation starts, with which flags and engine, and the options it
-refuses before starting any."""
+"""bench/replicas/command.py's plan: which servers an invocation starts, with which flags and engine, and the
+options it refuses before starting any."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""bench/returning/tier_files.py: block files dropped from the page cache (checked with mincore), counted, and waited on."""
+"""bench/returning/tier_files.py: block files dropped from the page cache (checked with mincore), counted, and
+waited on."""
 
 from __future__ import annotations
 
