@@ -1,4 +1,4 @@
-"""`pagedchat bench {throughput,memory,serving,multiturn,quality,step,attention}`: argument parsing and dispatch."""
+"""`pagedchat bench {throughput,memory,serving,multiturn,quality,step,prefill,attention}`: parsing and dispatch."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ BENCHMARKS = {
     "--kill-replica-at TURN (a failover)",
     "quality": "quantization vs the fp32 model: greedy agreement, |Δ logprob| (teacher-forced), perplexity",
     "step": "a decode step's time split into matmuls, attention and the rest, at a few batch sizes",
+    "prefill": "bench serving's prompts prefilled offline: tokens/s split into matmuls, attention and the rest",
     "attention": "the CPU decode-attention kernel's KV bandwidth per KV dtype, against the machine's streaming read",
 }
 EXTRA = ("tqdm", "matplotlib", "openai")  # the `bench` extra of pyproject.toml
@@ -41,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _module(name: str):
-    return importlib.import_module(f"bench.{name}")
+    """bench/NAME/command.py: the subcommand's `add_arguments(parser)` and `run(args)`."""
+    return importlib.import_module(f"bench.{name}.command")
 
 
 def missing_extra() -> list[str]:

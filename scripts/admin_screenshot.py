@@ -28,7 +28,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.servers import spawn_pagedchat, stop_server, wait_ready, wait_replicas_ready  # noqa: E402
+from bench.common.servers import spawn_pagedchat, stop_server, wait_ready, wait_replicas_ready  # noqa: E402
 
 CHATS = [
     (

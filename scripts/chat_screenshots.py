@@ -19,7 +19,7 @@ from typing import Any
 
 from playwright.sync_api import expect, sync_playwright
 
-from bench.servers import spawn_pagedchat, stop_server, wait_ready
+from bench.common.servers import spawn_pagedchat, stop_server, wait_ready
 
 REPLY_TIMEOUT_MS = 600_000
 TURNS = [

@@ -30,8 +30,8 @@ part() {  # part NAME LIMIT_SECONDS COMMAND...
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader || true
 "$PYTHON" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 part "1 kernel tests (native CUDA)" 90 "$PYTHON" -m pytest -q -rs -m cuda tests/kernels -p no:cacheprovider
-part "2 kernel microbenchmarks" 80 "$PYTHON" scripts/kernel_bench.py --sweep ${OUT:+--json "$OUT/kernel_bench.json"}
-part "2b int8 KV decode microbenchmark" 40 "$PYTHON" scripts/kernel_bench.py --kv-cache-dtype int8 ${OUT:+--json "$OUT/kernel_bench_int8.json"}
+part "2 kernel microbenchmarks" 80 "$PYTHON" -m bench.tools.kernel_bench --sweep ${OUT:+--json "$OUT/kernel_bench.json"}
+part "2b int8 KV decode microbenchmark" 40 "$PYTHON" -m bench.tools.kernel_bench --kv-cache-dtype int8 ${OUT:+--json "$OUT/kernel_bench_int8.json"}
 part "3 engine throughput" 70 "$PYTHON" scripts/gpu_check.py
 echo "=== gpu_check: $([ "$status" -eq 0 ] && echo ALL PASSED || echo SOME PART FAILED) in ${SECONDS}s"
 exit "$status"

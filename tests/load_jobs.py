@@ -20,7 +20,7 @@ import httpx
 import openai
 from websockets.asyncio.client import connect
 
-from bench.session_client import create_session, iter_sse
+from bench.common.session_client import create_session, iter_sse
 from tests.faults import marker
 
 STEP_FAULT = "engine step failed: InjectedFault: injected step fault"

@@ -1,5 +1,6 @@
 """Rounds of the reliability load against a running server: many concurrent clients mixing SSE, WebSocket and
-plain requests, sent by bench's load generator (bench/loadgen.py), each checking what it got (tests/load_jobs.py).
+plain requests, sent by bench's load generator (bench/common/loadgen.py), each checking what it got
+(tests/load_jobs.py).
 
 One round = `num_streams` streams opened together and held open at once (a barrier: each waits, after its first
 event, until all are open), then a seeded random mix of jobs: /v1 streams (the official openai client), plain /v1
@@ -21,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from bench.loadgen import run_load
+from bench.common.loadgen import run_load
 from tests.app.factories import service_is_idle
 from tests.load_jobs import STEP_FAULT, Hold, Job, LoadConfig
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.servers import stop_server
+from bench.common.servers import stop_server
 from tests.faults import FAULTS_ENV
 from tests.load_round import LoadConfig, faults_injected, rss_bytes, run_round, wait_idle
 

@@ -70,6 +70,20 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
         {"bench", *APP_LAYERS, "engine.core", "engine.native", ENGINE_TOP, "engine.loading", "engine.worker"},
         set(),
     ),
+    # one-off measurements run from a checkout: they may also time the kernels and start the tests' PostgreSQL
+    "bench.tools": (
+        {
+            "bench",
+            *APP_LAYERS,
+            "engine.core",
+            "engine.native",
+            ENGINE_TOP,
+            "engine.loading",
+            "kernels",
+            "tests",
+        },
+        set(),
+    ),
     "pagedchat": ({"pagedchat", *APP_LAYERS, "bench", ENGINE_TOP}, set()),
 }
 
@@ -79,7 +93,7 @@ def layer_of_module(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] not in OURS:
         return None
-    if parts[0] in ("engine", "app") and len(parts) >= 2 and f"{parts[0]}.{parts[1]}" in RULES:
+    if parts[0] in ("engine", "app", "bench") and len(parts) >= 2 and f"{parts[0]}.{parts[1]}" in RULES:
         return f"{parts[0]}.{parts[1]}"
     return parts[0]
 

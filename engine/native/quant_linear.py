@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 SOURCE = Path(__file__).with_name("quant_linear.c")
-GEMV_MAX_ROWS = 16  # rows up to which the kernel beats dequantize + GEMM (scripts/bench_quant_linear.py)
+GEMV_MAX_ROWS = 16  # rows up to which the kernel beats dequantize + GEMM (bench/tools/bench_quant_linear.py)
 # with batch_gemm bf16 (a CPU with fast bf16): rows up to which the kernel beats torch's bf16 GEMM. `pagedchat bench step` on
 # a 2-core AVX512-BF16 EPYC, SmolLM2's decode step: the fused GEMV step takes ~2.7 ms a sequence (8: 21.4 ms, 16:
 # 44.5), the bf16 module path ~28 ms from 5 to 12 sequences (it reads the 2-byte weights: 31.3 ms at 16)
@@ -185,7 +185,7 @@ class QuantLinear(nn.Module):
     """A linear layer whose weight stays in GGUF blocks: y = x @ W^T (+ bias), computed in fp32.
 
     act_q8=True lets the decode path (few rows) quantize activations to int8 per 32-block, as llama.cpp does:
-    ~1.4x less CPU time on AVX2 (scripts/bench_quant_linear.py), with an error bounded by (block amax of x / 254)
+    ~1.4x less CPU time on AVX2 (bench/tools/bench_quant_linear.py), with an error bounded by (block amax of x / 254)
     @ |W|^T (see tests/engine/test_quant_linear.py).
     act_q8=False is exact: fp32 activations times the dequantized weights, up to fp32 summation order.
     batch_gemm, for more rows than the GEMV bound (prefill, a busy decode step):

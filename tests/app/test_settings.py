@@ -10,7 +10,7 @@ import pytest
 
 from app.cli import build_parser
 from app.settings import Settings, ensure_secret_key, load_settings, settings_from_env
-from bench.servers import engine_env
+from bench.common.servers import engine_env
 from engine.cli import build_parser as build_engine_parser
 from engine.cli import config_from_args
 from engine.core.config import EngineConfig

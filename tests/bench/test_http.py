@@ -1,26 +1,26 @@
-"""`bench serving` and `bench multiturn` end to end against real servers (tiny random model, tiny sizes)."""
+"""`bench serving`, `bench multiturn` (caching on and off, against a llama.cpp-like baseline) and a replica run end
+to end against real servers shared by the module (tiny random model, tiny sizes)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import dataclasses
-import json
 import shlex
 import threading
 from http.server import ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
-from bench import servers
 from bench.cli import bench_main
-from bench.multiturn import shared_system_prompt
-from bench.replica_scenario import make_scenario
-from bench.replicas import RunSpec, measure
+from bench.common import servers
+from bench.multiturn.command import shared_system_prompt
+from bench.replicas.command import RunSpec, measure
+from bench.replicas.scenario import make_scenario
 from engine.core.config import EngineConfig
 from engine.loading.loader import load_tokenizer
 from tests.bench.fake_openai import LLAMA_TIMINGS, fake_server
+from tests.bench.helpers import only_result
 from tests.engine.bench_helpers import shared_tiny_model
 
 API_KEY = "test-bench-key"
@@ -57,7 +57,7 @@ def tiny_servers(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hf_baseline_url(tiny_servers):
     """The HF baseline server, run in-process on a thread (its subprocess start is what pagedchat's exercises)."""
-    from bench.hf_server import BaselineService, make_handler
+    from bench.common.hf_server import BaselineService, make_handler
 
     service = BaselineService(tiny_servers[0], "float32", model_name="tiny")
     server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(service))
@@ -66,13 +66,6 @@ def hf_baseline_url(tiny_servers):
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
-
-
-def _only_result(folder: Path, name: str) -> dict:
-    jsons, pngs = sorted(folder.glob(f"{name}-*.json")), sorted(folder.glob(f"{name}-*.png"))
-    assert len(jsons) == 1 and len(pngs) == 1, f"expected one JSON and one PNG, got {jsons + pngs}"
-    assert pngs[0].read_bytes()[:4] == b"\x89PNG"
-    return json.loads(jsons[0].read_text())
 
 
 def test_serving_bench_against_pagedchat_and_the_hf_baseline(tiny_servers, hf_baseline_url, tmp_path, capsys):
@@ -84,7 +77,7 @@ def test_serving_bench_against_pagedchat_and_the_hf_baseline(tiny_servers, hf_ba
     )
     assert bench_main(argv) == 0
     out = capsys.readouterr().out
-    doc = _only_result(tmp_path, "serving")
+    doc = only_result(tmp_path, "serving")
     assert set(doc["systems"]) == {"pagedchat", "hf_baseline"}
     assert doc["baseline"] == {
         "name": "hf_baseline",
@@ -123,7 +116,7 @@ def test_multiturn_bench_with_caching_on_and_off(tiny_servers, tmp_path, capsys)
         f"--users 2 --turns 2 --system-tokens {SYSTEM_TOKENS} --max-tokens 4 --results-dir {tmp_path}"
     )
     assert bench_main(argv) == 0
-    doc = _only_result(tmp_path, "multiturn")
+    doc = only_result(tmp_path, "multiturn")
     runs = doc["runs"]
     assert doc["workload"]["arrivals"] == "staggered"  # the default
     assert set(runs) == {
@@ -179,7 +172,7 @@ def test_multiturn_bench_against_a_llama_cpp_baseline(tiny_servers, tmp_path, ca
             f"--max-tokens 4 --results-dir {tmp_path}"
         )
         assert bench_main(argv) == 0
-    doc = _only_result(tmp_path, "multiturn-baseline")
+    doc = only_result(tmp_path, "multiturn-baseline")
     assert doc["baseline"] == {"name": "llama.cpp", "url": baseline_url, "model": "smollm.gguf"}
     assert set(doc["systems"]) == {"pagedchat", "llama.cpp"}
     for name, run in doc["systems"].items():
@@ -204,8 +197,8 @@ def test_multiturn_bench_against_a_llama_cpp_baseline(tiny_servers, tmp_path, ca
 
 
 def test_replicas_measure_against_todays_single_process_server(tiny_servers):
-    """bench/replicas.py's one run end to end, on the plain process (the run `--compare-plain` starts first): real
-    /v1 conversations, real /metrics text, which routes nothing."""
+    """bench/replicas/command.py's one run end to end, on the plain process (the run `--compare-plain` starts
+    first): real /v1 conversations, real /metrics text, which routes nothing."""
     model, url, _ = tiny_servers
     # desk 0's prompt is the one the fixture's servers publish
     scenario = make_scenario(

@@ -1,6 +1,6 @@
 """A real `pagedchat serve` (uvicorn) in a subprocess on a free loopback port, with a temp SQLite DB.
 
-The process itself is bench's harness (bench/servers.py); here: the test settings and the admin checks.
+The process itself is bench's harness (bench/common/servers.py); here: the test settings and the admin checks.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.servers import ServerProcess, spawn_pagedchat, stop_server, wait_ready
+from bench.common.servers import ServerProcess, spawn_pagedchat, stop_server, wait_ready
 from tests.app.factories import TINY_BLOCK_BYTES, make_tiny_model_dir, pool_is_idle
 from tests.faults import FAULTS_ENV
 

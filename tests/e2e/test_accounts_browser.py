@@ -13,7 +13,7 @@ from urllib.parse import quote, urlsplit
 import httpx
 import pytest
 
-from bench.servers import stop_server
+from bench.common.servers import stop_server
 from tests.e2e.browser_helpers import REPLY_TIMEOUT_MS, expect, last_reply, screenshot, send
 from tests.e2e.conftest import Server, server_env, start_server
 from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS, NARROW, WIDE

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from app.routes.security import key_fingerprint
-from bench.servers import stop_server
+from bench.common.servers import stop_server
 from tests.e2e.browser_helpers import (
     ADMIN_TOKEN,
     REPLY_TIMEOUT_MS,

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import openai
 
-from bench.servers import stop_server
+from bench.common.servers import stop_server
 from tests.e2e.conftest import Server
 from tests.reliability.helpers import session_events
 

@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from bench.servers import stop_server
+from bench.common.servers import stop_server
 from engine.tiers.tier_dir import MARKER, SUBDIR
 from tests.e2e.conftest import Server, server_env, start_server
 

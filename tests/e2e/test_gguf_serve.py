@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import openai
 
-from bench.servers import spawn_pagedchat, stop_server, wait_ready
+from bench.common.servers import spawn_pagedchat, stop_server, wait_ready
 from tests.e2e.conftest import STARTUP_TIMEOUT_S, Server, server_env
 from tests.engine.gguf_factories import T
 from tests.engine.gguf_from_hf import make_chat_gguf

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from bench.servers import stop_server
+from bench.common.servers import stop_server
 from tests.e2e.conftest import server_env, start_server
 
 HELLO = [{"role": "user", "content": "Say something."}]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.servers import stop_server
+from bench.common.servers import stop_server
 from tests.app.factories import sse_events
 from tests.e2e.conftest import server_env, start_server
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.replica_metrics import by_replica, delta, routed_counts
-from bench.servers import stop_server
+from bench.common.servers import stop_server
+from bench.replicas.metrics import by_replica, delta, routed_counts
 from tests.app.factories import sse_events
 from tests.e2e.browser_helpers import chromium_browser, expect
 from tests.e2e.conftest import Server, server_env, start_server

@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from bench.servers import stop_server
+from bench.common.servers import stop_server
 from tests.app.factories import sse_events
 
 

@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from app.services.login_throttle import ADDRESS
-from bench.servers import stop_server
+from bench.common.servers import stop_server
 from tests.app.factories import pool_is_idle
 from tests.e2e.conftest import Server, server_env, start_server
 

@@ -20,7 +20,7 @@ import pytest
 
 from app.routes.account_auth import ACCOUNT_COOKIE
 from app.routes.oidc import FLOW_COOKIE
-from bench.servers import stop_server
+from bench.common.servers import stop_server
 from tests.app.oidc_provider import CLIENT_ID, CLIENT_SECRET, Provider, running_provider
 from tests.e2e.conftest import Server, server_env, start_server
 

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.servers import stop_server
+from bench.common.servers import stop_server
 from tests.e2e.conftest import Server, server_env, start_server
 
 ADMIN, ADMIN_PASSWORD = "root", "root password 1"

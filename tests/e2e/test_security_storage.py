@@ -21,7 +21,7 @@ import openai
 import pytest
 import xxhash
 
-from bench.servers import stop_server
+from bench.common.servers import stop_server
 from engine.tiers.block_file import HEADER_BYTES, MAC_BYTES  # the MAC's slot: format 1's checksum's
 from engine.tiers.tier_dir import SUBDIR
 from tests.e2e.conftest import Server, server_env, start_server

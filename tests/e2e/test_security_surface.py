@@ -19,7 +19,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from bench.servers import stop_server
+from bench.common.servers import stop_server
 from tests.e2e.conftest import Server, server_env, start_server
 
 ROOT, ROOT_PASSWORD = "root", "root password 1"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from bench.servers import stop_server
+from bench.common.servers import stop_server
 from tests.app.factories import make_tiny_model_dir
 from tests.e2e.conftest import Server, server_env, start_server
 

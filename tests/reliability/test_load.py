@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from bench.servers import stop_server
+from bench.common.servers import stop_server
 from tests.e2e.conftest import server_env, start_server
 from tests.load_round import LoadConfig, faults_injected, rss_bytes, run_round, wait_idle
 from tests.soak import server_settings

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.servers import stop_server
+from bench.common.servers import stop_server
 from engine.core.block_manager import BlockManager
 from engine.core.hash_chain import ChainKey, salt_tag
 from engine.core.sequence import SamplingParams, Sequence

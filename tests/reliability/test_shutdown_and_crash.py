@@ -22,7 +22,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from bench.servers import stop_server
+from bench.common.servers import stop_server
 from tests.app.factories import make_tiny_model_dir
 from tests.e2e.conftest import Server, server_env, start_server
 from tests.faults import FAULTS_ENV

@@ -1,0 +1,1 @@
+"""`pagedchat bench memory`: paged KV slots against contiguous max-length reservation."""

@@ -1,0 +1,1 @@
+"""`pagedchat bench throughput`: offline tokens/s of pagedchat against HF transformers on the same requests."""

@@ -1,0 +1,46 @@
+"""`bench prefill` on a tiny random GGUF model: every prompt token computed in each pass, parts that add up to the
+best pass, the layer linears' rate from the weights of every linear but the LM head."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from bench.cli import bench_main
+from bench.common.workload import chat_requests
+from engine import LLM
+from engine.models.quantized import linear_modules
+from tests.engine.gguf_factories import write_tiny_chat_gguf
+
+
+def test_prefill_rate_of_the_serving_prompts(tmp_path):
+    model = write_tiny_chat_gguf(tmp_path / "tiny.gguf", seed=3, context_length=4096)
+    argv = f"prefill --model {model} --num-requests 3 --repeats 2 --results-dir {tmp_path / 'out'}"
+    assert bench_main(shlex.split(argv)) == 0
+    (json_path,) = (tmp_path / "out").glob("prefill-*.json")
+    assert len(list((tmp_path / "out").glob("prefill-*.png"))) == 1
+    doc = json.loads(json_path.read_text())
+
+    engine = LLM(model=str(model), kv_disk_bytes=0).engine
+    prompts = [engine.apply_chat_template(r.messages) for r in chat_requests(3)]
+    assert doc["workload"]["prompt_tokens"] == sum(len(p) for p in prompts)
+    model_ = engine.runner.model
+    weights = sum(m.in_features * m.out_features for m in linear_modules(model_) if m is not model_.lm_head)
+    assert doc["layer_linear_weights"] == weights
+    assert len(doc["passes"]) == 2
+    best = doc["best"]
+    assert best["seconds"] == min(p["seconds"] for p in doc["passes"])
+    assert best["matmul_s"] > 0 and best["attention_s"] > 0
+    assert best["matmul_s"] + best["attention_s"] + best["rest_s"] == pytest.approx(best["seconds"])
+    assert best["tokens_per_s"] == pytest.approx(doc["workload"]["prompt_tokens"] / best["seconds"])
+    rate = 2 * weights * doc["workload"]["prompt_tokens"] / best["matmul_s"] / 1e9
+    assert best["layer_linears_gop_per_s"] == pytest.approx(rate)
+    assert doc["config"]["threads"] >= 1
+
+
+def test_prefill_needs_a_request_and_a_pass(tmp_path):
+    model = write_tiny_chat_gguf(tmp_path / "tiny.gguf", seed=3, context_length=4096)
+    with pytest.raises(SystemExit, match="--num-requests and --repeats must be at least 1, got 0, 3"):
+        bench_main(shlex.split(f"prefill --model {model} --num-requests 0 --results-dir {tmp_path}"))
