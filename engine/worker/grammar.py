@@ -4,7 +4,8 @@ Building llguidance's view of a tokenizer (every token's bytes, a token trie) ta
 vocabulary, so it happens once, on first use, under a lock: whichever thread asks first (the API's check, or the
 engine thread for a direct engine user) builds it. A grammar's first matcher is kept (LRU) and later requests
 with the same grammar get a copy, so repeated schemas compile once. A grammar is compiled with its first mask,
-which must fit MAX_FIRST_MASK_S.
+which must fit MAX_FIRST_MASK_S; a grammar one of whose later masks went over the engine's limit a mask
+(engine/worker/mask_budget.py) is refused from then on, so a costly grammar sent again fails before it runs.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
         self._matchers: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # grammar -> pristine matcher
+        self._refused: OrderedDict[str, str] = OrderedDict()  # grammar -> why its masks are too costly
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
@@ -64,6 +66,11 @@ class GrammarCompiler:
         tokenizer = self.ll_tokenizer
         grammar = structured.grammar
         with self._lock:
+            reason = self._refused.get(grammar)
+            if reason is not None:
+                raise ValueError(
+                    f"structured output: the grammar is too costly: it was stopped before ({reason})"
+                )
             pristine = self._matchers.get(grammar)
             if pristine is not None:
                 self._matchers.move_to_end(grammar)
@@ -86,3 +93,12 @@ class GrammarCompiler:
             while len(self._matchers) > MAX_CACHED_GRAMMARS:
                 self._matchers.popitem(last=False)
         return pristine.deep_copy()
+
+    def refuse(self, grammar: str, reason: str) -> None:
+        """Refuse `grammar` from now on (its masks proved too costly), with `reason` in the error."""
+        with self._lock:
+            self._matchers.pop(grammar, None)
+            self._refused[grammar] = reason
+            self._refused.move_to_end(grammar)
+            while len(self._refused) > MAX_CACHED_GRAMMARS:
+                self._refused.popitem(last=False)
