@@ -8,10 +8,11 @@ it reaches the engine; the engine then builds a token matcher from `grammar` wit
 JSON output has bounded whitespace: at most MAX_JSON_WHITESPACE characters between two tokens of the JSON text,
 and none before or after it, so a model cannot spend its budget on a run of blank lines.
 
-A repetition count above MAX_REPEAT_COUNT (`a{100000}` in a regex, a Lark grammar or a schema's `pattern`; `x ~ n`
-in Lark) is refused up front: llguidance's token masks for such a pattern cost time in proportion to the count
-(a{100000}: ~46 ms each, on every token). Patterns that are costly some other way, e.g. nested counts, are stopped
-by the engine's limits on mask time (engine/worker/mask_budget.py).
+A repetition count above MAX_REPEAT_COUNT is refused up front: `a{100000}` in a regex, a Lark grammar or a schema's
+`pattern` (a count's minimum: llguidance's token masks follow the forced run of a minimum count, so each costs time
+in proportion to it, ~56 ms for a{100000} on a 49k vocabulary, on every token; `a{0,100000}` costs nothing), and
+Lark's `item ~ n..m` (expanded into n..m items). Patterns that are costly some other way, e.g. nested counts, are
+stopped by the engine's limits on mask time (engine/worker/mask_budget.py).
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from typing import Any
 KINDS = ("json_object", "json_schema", "regex", "grammar")
 MAX_JSON_WHITESPACE = 8  # characters of whitespace allowed between two JSON tokens
 MAX_SPEC_CHARS = 64 * 1024  # a schema's JSON text, a regex or a grammar
-MAX_REPEAT_COUNT = 10_000  # a{10000}: ~2.5 ms a mask on a 49k vocabulary; a{100000}: ~46 ms
-# a count `{n}`, `{n,}` or `{n,m}` whose brace is not escaped (an even number of backslashes before it)
-_REGEX_COUNT = re.compile(r"(?<!\\)(?:\\\\)*(\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\})")
-_LARK_COUNT = re.compile(r"(~\s*(\d+)(?:\s*\.\.\s*(\d+))?)")  # Lark's `item ~ n` and `item ~ n..m`
+MAX_REPEAT_COUNT = 2_000  # a{2000}: ~1-2 ms a mask on a 49k vocabulary, under the engine's 10 ms a mask
+# a count `{n}`, `{n,}` or `{n,m}` whose brace is not escaped (an even number of backslashes before it): its minimum n
+_REGEX_COUNT = re.compile(r"(?<!\\)(?:\\\\)*(\{\s*(\d+)\s*(?:,\s*\d*\s*)?\})")
+_LARK_COUNT = re.compile(r"(~\s*(\d+)(?:\s*\.\.\s*(\d+))?)")  # Lark's `item ~ n` and `item ~ n..m`: both
 JSON_OPTIONS = {"whitespace_pattern": f"[\\x20\\x0A\\x0D\\x09]{{0,{MAX_JSON_WHITESPACE}}}"}
 
 
@@ -104,8 +105,8 @@ def _check_counts(what: str, text: str, counts: re.Pattern[str]) -> None:
         numbers = [int(n) for n in match.groups()[1:] if n]
         if max(numbers) > MAX_REPEAT_COUNT:
             raise ValueError(
-                f"the {what} repeats {max(numbers)} times ({match.group(1)!r}), over the limit of {MAX_REPEAT_COUNT} "
-                "repetitions: every token mask would cost time in proportion to it"
+                f"the {what} asks for {max(numbers)} repetitions ({match.group(1)!r}), over the limit of "
+                f"{MAX_REPEAT_COUNT}: every token mask would cost time in proportion to them"
             )
 
 

@@ -69,7 +69,7 @@ class GrammarCompiler:
             reason = self._refused.get(grammar)
             if reason is not None:
                 raise ValueError(
-                    f"structured output: the grammar is too costly: it was stopped before ({reason})"
+                    f"structured output: the grammar is too costly: a request with it was stopped, {reason}"
                 )
             pristine = self._matchers.get(grammar)
             if pristine is not None:
@@ -95,7 +95,7 @@ class GrammarCompiler:
         return pristine.deep_copy()
 
     def refuse(self, grammar: str, reason: str) -> None:
-        """Refuse `grammar` from now on (its masks proved too costly), with `reason` in the error."""
+        """Refuse `grammar` from now on (its masks proved too costly); `reason` (what happened) ends the error."""
         with self._lock:
             self._matchers.pop(grammar, None)
             self._refused[grammar] = reason

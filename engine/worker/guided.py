@@ -51,9 +51,7 @@ class GuidedDecoder:
         self.eos_token_ids = frozenset(compiler.eos_token_ids)
         self.matchers: dict[int, llguidance.LLMatcher] = {}
         self.accounts: dict[int, MaskAccount] = {}  # seq_id -> its request's account (one per request)
-        self._grammars: dict[
-            int, str
-        ] = {}  # seq_id -> its grammar text, to refuse it once it proves too costly
+        self._grammars: dict[int, str] = {}  # seq_id -> its grammar, refused from then on if a mask is over
         self._pool: ThreadPoolExecutor | None = None  # started with the first constrained step
 
     def __contains__(self, seq_id: object) -> bool:
@@ -125,7 +123,8 @@ class GuidedDecoder:
             if account.error is not None:
                 errors[seq_id] = account.error
                 if account.over_ceiling:  # later requests with this grammar are refused before they run
-                    self.compiler.refuse(self._grammars[seq_id], account.error)
+                    reason = account.error.removeprefix("structured output stopped: ")
+                    self.compiler.refuse(self._grammars[seq_id], reason)
             elif matcher.is_error():
                 errors[seq_id] = f"structured output failed: {matcher.get_error().splitlines()[0]}"
             elif not ok[j]:

@@ -25,9 +25,7 @@ class MaskAccount:
     spent_s: float = 0.0
     num_masks: int = 0
     error: str | None = None
-    over_ceiling: bool = (
-        False  # one mask alone took longer than the ceiling: the grammar itself is too costly
-    )
+    over_ceiling: bool = False  # one mask alone was over the ceiling: the grammar itself is too costly
 
 
 class MaskBudget:
@@ -60,7 +58,7 @@ class MaskBudget:
             account.over_ceiling = True
             account.error = (
                 f"structured output stopped: a token mask took {seconds * 1000:.1f} ms, over the limit of "
-                f"{self.max_mask_s * 1000:g} ms a mask (setting guided_mask_max_s); the grammar is too costly"
+                f"{self.max_mask_s * 1000:g} ms a mask (setting guided_mask_max_s)"
             )
         elif account.spent_s > self.budget_s:
             account.error = (
