@@ -108,7 +108,8 @@ class GuidedDecoder:
     @torch.inference_mode()  # the runner's logits are inference tensors
     def apply(self, logits: torch.Tensor, job: MaskJob) -> dict[int, str]:
         """Wait for the job's masks and apply them in place to their rows of float32 `logits` [rows, vocab];
-        the errors by seq_id of rows whose grammar allows no token (those rows are left as they were)."""
+        the errors by seq_id of rows whose request went over a mask limit or whose grammar allows no token (those
+        rows are left as they were: their requests end this step)."""
         job.wait()
         if logits.shape[1] > self.vocab_size:
             raise RuntimeError(
