@@ -125,7 +125,8 @@ class GuidedDecoder:
                 errors[seq_id] = account.error
                 if account.over_ceiling:  # later requests with this grammar are refused before they run
                     reason = account.error.removeprefix("structured output stopped: ")
-                    self.compiler.refuse(self._grammars[seq_id], reason)
+                    message = f"structured output: the grammar is too costly: a request with it was stopped, {reason}"
+                    self.compiler.refuse(self._grammars[seq_id], message)
             elif matcher.is_error():
                 errors[seq_id] = f"structured output failed: {matcher.get_error().splitlines()[0]}"
             elif not ok[j]:
