@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -58,7 +59,8 @@ def attacker(base_url: str, regex: str, stop: threading.Event, outcomes: collect
                 outcomes["200 " + str(response.json()["choices"][0]["finish_reason"])] += 1
             else:
                 error = response.json().get("error", {})
-                outcomes[f"{response.status_code} {error.get('code')}: {error.get('message', '')[:90]}"] += 1
+                message = re.sub(r"[0-9.]+ (ms|s)\b", "N \\1", error.get("message", ""))  # one key per kind
+                outcomes[f"{response.status_code} {error.get('code')}: {message[:110]}"] += 1
 
 
 def main() -> None:
