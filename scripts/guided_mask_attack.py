@@ -6,7 +6,7 @@ Prints the victim's median stream time alone and under attack, and how the attac
 the finish reason / error code of a 200). Run it from the checkout to measure (`cd <checkout> && python
 scripts/guided_mask_attack.py`); the model is the provisioned default unless --model says otherwise.
 
-    python scripts/guided_mask_attack.py [--regex 'a{100000}'] [--attackers 8] [--runs 3] [--model NAME]
+    python scripts/guided_mask_attack.py [--regex 'a{100000}' ...] [--distinct] [--attackers 8] [--runs 3]
 
 `--regex ''` sends unconstrained requests of the same length instead: what 8 more sequences cost the victim anyway.
 """
@@ -67,10 +67,40 @@ def attacker(base_url: str, regex: str, stop: threading.Event, outcomes: collect
                 outcomes[f"{response.status_code} {error.get('code')}: {message[:110]}"] += 1
 
 
+def scenario(base: str, regex: str, args: argparse.Namespace) -> dict:
+    """The victim's stream alone, then beside the attackers; how the attack requests ended."""
+    alone = [victim_stream_s(base, args.victim_tokens) for _ in range(args.runs)]
+    stop, outcomes = threading.Event(), collections.Counter()
+    # --distinct: a grammar of each attacker's own (`|q{i}` changes no mask), so they share no lexer state
+    regexes = [f"{regex}|q{{{i + 1}}}" if args.distinct and regex else regex for i in range(args.attackers)]
+    threads = [
+        threading.Thread(target=attacker, args=(base, one, stop, outcomes), daemon=True) for one in regexes
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)  # the attack requests are in flight
+    attacked = [victim_stream_s(base, args.victim_tokens) for _ in range(args.runs)]
+    stop.set()
+    for thread in threads:
+        thread.join()
+    return {
+        "regex": regex,
+        "attackers": args.attackers,
+        "distinct": args.distinct,
+        "victim_alone_s": round(statistics.median(alone), 3),
+        "victim_attacked_s": round(statistics.median(attacked), 3),
+        "slowdown": round(statistics.median(attacked) / statistics.median(alone), 1),
+        "attack_outcomes": dict(outcomes),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--regex", default="a{100000}")
+    parser.add_argument(
+        "--regex", action="append", help="the attack's guided_regex (repeat: one scenario each)"
+    )
     parser.add_argument("--attackers", type=int, default=8)
+    parser.add_argument("--distinct", action="store_true", help="a different grammar per attacker")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--victim-tokens", type=int, default=32)
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -87,28 +117,8 @@ def main() -> None:
         wait_ready(server)
         base = server.base_url
         victim_stream_s(base, args.victim_tokens)  # warm-up
-        alone = [victim_stream_s(base, args.victim_tokens) for _ in range(args.runs)]
-        stop, outcomes = threading.Event(), collections.Counter()
-        threads = [
-            threading.Thread(target=attacker, args=(base, args.regex, stop, outcomes), daemon=True)
-            for _ in range(args.attackers)
-        ]
-        for thread in threads:
-            thread.start()
-        time.sleep(1.0)  # the attack requests are in flight
-        attacked = [victim_stream_s(base, args.victim_tokens) for _ in range(args.runs)]
-        stop.set()
-        for thread in threads:
-            thread.join()
-        result = {
-            "regex": args.regex,
-            "attackers": args.attackers,
-            "victim_alone_s": round(statistics.median(alone), 3),
-            "victim_attacked_s": round(statistics.median(attacked), 3),
-            "slowdown": round(statistics.median(attacked) / statistics.median(alone), 1),
-            "attack_outcomes": dict(outcomes),
-        }
-        print(json.dumps(result, indent=2))
+        results = [scenario(base, regex, args) for regex in args.regex or ["a{100000}"]]
+        print(json.dumps(results, indent=2))
     finally:
         stop_server(server)
 
