@@ -24,6 +24,7 @@ from engine.worker.device import resolve_batch_gemm, resolve_device, resolve_dty
 from engine.worker.grammar import GrammarCompiler
 from engine.worker.guided import GuidedDecoder
 from engine.worker.kv_cache import KVCacheSpec, num_blocks_for_budget
+from engine.worker.mask_budget import MaskBudget
 from engine.worker.model_runner import ModelRunner
 from engine.worker.profile import profile_peak_bytes
 from engine.worker.sampler import Sampler, SamplingBatch
@@ -123,7 +124,8 @@ class LLMEngine:
         )
         self.sampler = Sampler()
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
-        self.guided = GuidedDecoder(self.grammars)
+        mask_budget = MaskBudget(self.config.guided_mask_max_s, self.config.guided_mask_budget_s)
+        self.guided = GuidedDecoder(self.grammars, mask_budget)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler)
         self._generator = torch.Generator().manual_seed(self.config.seed)  # the draws of unseeded rows
         self._seeded_generators: dict[int, torch.Generator] = {}  # seq_id -> its own generator
@@ -263,7 +265,7 @@ class LLMEngine:
             batch = SamplingBatch.from_sequences(seqs, self._seeded_generators, self._generator)
             sampled = self.sampler(logits, batch, argmax)
             if masks is not None:
-                ended, refused = self.guided.accept(seqs, sampled.token_ids)
+                ended, refused = self.guided.accept(seqs, sampled.token_ids, errors)
                 errors.update(refused)
             for seq in seqs:  # failed before update: the scheduler then appends nothing to them
                 if seq.seq_id in errors:

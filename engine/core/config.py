@@ -123,6 +123,17 @@ class EngineConfig:
         "the tier's directory cannot read (`pagedchat serve` puts it beside its database); unset: "
         "<cache dir>/kv-tier.key",
     )
+    guided_mask_max_s: float = option(
+        0.01,
+        "structured output: the CPU time one token mask of a request may take (its grammar's first mask, built "
+        "when it compiles, has its own 0.25 s limit); a request over it ends with an error: masks are computed "
+        "during the step, so a costly grammar slows every request in the batch",
+    )
+    guided_mask_budget_s: float = option(
+        1.0,
+        "structured output: the CPU time all of a request's token masks may take together (its samples', and "
+        "every mask a step needs); a request over it ends with an error",
+    )
     seed: int = option(0, "random seed of sampling")
     num_threads: int | None = option(None, "CPU torch threads; unset: torch's default")
 
@@ -140,6 +151,9 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}")
         if self.kv_disk_bytes is not None and self.kv_disk_bytes < 0:
             raise ValueError(f"kv_disk_bytes must be 0 (off) or positive, got {self.kv_disk_bytes}")
+        for name in ("guided_mask_max_s", "guided_mask_budget_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be at least 1, got {self.num_threads}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.block_size:

@@ -4,7 +4,9 @@ Building llguidance's view of a tokenizer (every token's bytes, a token trie) ta
 vocabulary, so it happens once, on first use, under a lock: whichever thread asks first (the API's check, or the
 engine thread for a direct engine user) builds it. A grammar's first matcher is kept (LRU) and later requests
 with the same grammar get a copy, so repeated schemas compile once. A grammar is compiled with its first mask,
-which must fit MAX_FIRST_MASK_S.
+which must fit MAX_FIRST_MASK_S of CPU time. A grammar that failed to compile, or whose first mask or a later one
+went over its limit (engine/worker/mask_budget.py), is refused from then on (LRU) with the same error, so a costly
+grammar sent again costs nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
         self._matchers: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # grammar -> pristine matcher
+        self._refused: OrderedDict[str, str] = OrderedDict()  # grammar -> why its masks are too costly
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
@@ -64,25 +67,40 @@ class GrammarCompiler:
         tokenizer = self.ll_tokenizer
         grammar = structured.grammar
         with self._lock:
+            refused = self._refused.get(grammar)
+            if refused is not None:
+                self._refused.move_to_end(grammar)
+                raise ValueError(refused)
             pristine = self._matchers.get(grammar)
             if pristine is not None:
                 self._matchers.move_to_end(grammar)
                 return pristine.deep_copy()
         pristine = llguidance.LLMatcher(tokenizer, grammar, log_level=0)  # drops the GIL while it builds
         if pristine.is_error():
-            raise ValueError(f"structured output: {pristine.get_error().splitlines()[0]}")
-        start = time.perf_counter()
+            raise self.refuse(grammar, f"structured output: {pristine.get_error().splitlines()[0]}")
+        start = time.thread_time()  # CPU time, as the later masks are counted: not the wait for a busy core
         pristine.compute_bitmask()  # drops the GIL; the lexer states it builds are shared by the copies
-        seconds = time.perf_counter() - start
+        seconds = time.thread_time() - start
         if pristine.is_error():
-            raise ValueError(f"structured output: {pristine.get_error().splitlines()[0]}")
+            raise self.refuse(grammar, f"structured output: {pristine.get_error().splitlines()[0]}")
         if seconds > self.max_first_mask_s:
-            raise ValueError(
+            raise self.refuse(
+                grammar,
                 f"structured output: the grammar is too costly: its first token mask took {seconds:.2f} s, over "
-                f"the limit of {self.max_first_mask_s} s (e.g. a very large repetition count)"
+                f"the limit of {self.max_first_mask_s} s (e.g. a very large repetition count)",
             )
         with self._lock:
             self._matchers[grammar] = pristine
             while len(self._matchers) > MAX_CACHED_GRAMMARS:
                 self._matchers.popitem(last=False)
         return pristine.deep_copy()
+
+    def refuse(self, grammar: str, message: str) -> ValueError:
+        """Refuse `grammar` from now on with ValueError(`message`); that error, for a caller to raise now."""
+        with self._lock:
+            self._matchers.pop(grammar, None)
+            self._refused[grammar] = message
+            self._refused.move_to_end(grammar)
+            while len(self._refused) > MAX_CACHED_GRAMMARS:
+                self._refused.popitem(last=False)
+        return ValueError(message)

@@ -1,24 +1,29 @@
 """Constrained sampling: each structured sequence's grammar matcher masks its own row of the step's logits.
 
-Per step: `start` hands the masks of the constrained rows to a worker thread before the model runs (the masks
+Per step: `start` hands the masks of the constrained rows to worker threads before the model runs (the masks
 depend only on tokens already accepted; llguidance computes them with the GIL released, so they overlap the
 forward), `apply` waits for them and sets the disallowed logits of those rows to -inf, and after sampling
 `accept` advances each matcher by its row's token. Rows without a constraint are never touched, and a step
 without constrained rows does no grammar work at all. EOS is allowed by the mask only where the grammar accepts.
+
+Every mask is timed and charged to its request (engine/worker/mask_budget.py): the step waits for the slowest
+mask, so a request whose masks cost more than the limits allow ends with an error instead of slowing everyone.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 import llguidance
 import torch
 
 from engine.core.sequence import Sequence
 from engine.worker.grammar import GrammarCompiler
+from engine.worker.mask_budget import MaskAccount, MaskBudget
 
-MASK_THREADS = 2  # llguidance's threads for a batch of masks (a step rarely has many constrained rows)
+MASK_THREADS = 2  # threads computing a step's masks, one request's masks at a time each
 
 
 @dataclass
@@ -28,23 +33,26 @@ class MaskJob:
     rows: list[int]
     seq_ids: list[int]
     bitmask: torch.Tensor  # [len(rows), ceil(vocab / 32)] int32, bit t of a row set: token t allowed
-    future: Future
+    futures: list[Future]
 
     def wait(self) -> None:
-        """Block until the masks are filled (re-raises a fault of the mask thread)."""
-        self.future.result()
+        """Block until the masks are filled (re-raises a fault of a mask thread)."""
+        for future in self.futures:
+            future.result()
 
 
 class GuidedDecoder:
     """The live matchers of constrained sequences (by seq_id), and the per-step mask work on them."""
 
-    def __init__(self, compiler: GrammarCompiler) -> None:
+    def __init__(self, compiler: GrammarCompiler, budget: MaskBudget) -> None:
         self.compiler = compiler
+        self.budget = budget
         self.vocab_size = compiler.vocab_size
         self.eos_token_ids = frozenset(compiler.eos_token_ids)
         self.matchers: dict[int, llguidance.LLMatcher] = {}
+        self.accounts: dict[int, MaskAccount] = {}  # seq_id -> its request's account (one per request)
+        self._grammars: dict[int, str] = {}  # seq_id -> its grammar, refused from then on if a mask is over
         self._pool: ThreadPoolExecutor | None = None  # started with the first constrained step
-        self._executor: llguidance.LLExecutor | None = None
 
     def __contains__(self, seq_id: object) -> bool:
         return seq_id in self.matchers
@@ -53,13 +61,21 @@ class GuidedDecoder:
         return len(self.matchers)
 
     def add(self, seqs: list[Sequence]) -> None:
-        """A matcher for each constrained sequence (a request's samples); ValueError when its grammar fails."""
+        """A matcher for each constrained sequence of one request (its samples), all charging one mask account;
+        ValueError when the grammar fails."""
         fresh = {s.seq_id: self.compiler.matcher(s.params.structured) for s in seqs if s.params.structured}
+        account = MaskAccount()
+        for seq in seqs:
+            if seq.seq_id in fresh:
+                self.accounts[seq.seq_id] = account
+                self._grammars[seq.seq_id] = seq.params.structured.grammar
         self.matchers.update(fresh)
 
     def release(self, seq_id: int) -> None:
         """Forget a finished sequence's matcher (unknown ids are ignored)."""
         self.matchers.pop(seq_id, None)
+        self.accounts.pop(seq_id, None)
+        self._grammars.pop(seq_id, None)
 
     def start(self, seqs: list[Sequence]) -> MaskJob | None:
         """Begin the masks of the constrained sequences among this step's sampling `seqs` (in logits row order);
@@ -70,21 +86,30 @@ class GuidedDecoder:
         seq_ids = [seqs[i].seq_id for i in rows]
         words = (self.vocab_size + 31) // 32
         bitmask = torch.zeros((len(rows), words), dtype=torch.int32)
-        pairs = [(self.matchers[seq_id], j) for j, seq_id in enumerate(seq_ids)]
+        # one task per request: its masks in turn, each charged to its account before the next is started
+        by_request: dict[int, tuple[MaskAccount, list[tuple[llguidance.LLMatcher, int]]]] = {}
+        for j, seq_id in enumerate(seq_ids):
+            account = self.accounts[seq_id]
+            by_request.setdefault(id(account), (account, []))[1].append((self.matchers[seq_id], j))
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
-            self._executor = llguidance.LLExecutor(num_threads=MASK_THREADS)
-        future = self._pool.submit(self._fill, pairs, bitmask)
-        return MaskJob(rows, seq_ids, bitmask, future)
+            self._pool = ThreadPoolExecutor(max_workers=MASK_THREADS, thread_name_prefix="grammar-mask")
+        futures = [self._pool.submit(self._fill, *work, bitmask) for work in by_request.values()]
+        return MaskJob(rows, seq_ids, bitmask, futures)
 
-    def _fill(self, pairs: list[tuple[llguidance.LLMatcher, int]], bitmask: torch.Tensor) -> None:
-        assert self._executor is not None, "the mask executor starts with the pool"
-        self._executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), bitmask.shape[1] * 4, len(pairs))
+    def _fill(
+        self, account: MaskAccount, pairs: list[tuple[llguidance.LLMatcher, int]], bitmask: torch.Tensor
+    ) -> None:
+        row_bytes = bitmask.shape[1] * 4
+        for matcher, j in pairs:
+            row = bitmask.data_ptr() + j * row_bytes
+            if not self.budget.timed(account, partial(matcher.unsafe_compute_mask_ptr, row, row_bytes)):
+                return  # over a limit: the request ends this step, its other masks are not worth computing
 
     @torch.inference_mode()  # the runner's logits are inference tensors
     def apply(self, logits: torch.Tensor, job: MaskJob) -> dict[int, str]:
         """Wait for the job's masks and apply them in place to their rows of float32 `logits` [rows, vocab];
-        the errors by seq_id of rows whose grammar allows no token (those rows are left as they were)."""
+        the errors by seq_id of rows whose request went over a mask limit or whose grammar allows no token (those
+        rows are left as they were: their requests end this step)."""
         job.wait()
         if logits.shape[1] > self.vocab_size:
             raise RuntimeError(
@@ -95,7 +120,14 @@ class GuidedDecoder:
         ok = allowed.any(dim=1).tolist()
         for j, seq_id in enumerate(job.seq_ids):
             matcher = self.matchers[seq_id]
-            if matcher.is_error():
+            account = self.accounts[seq_id]
+            if account.error is not None:
+                errors[seq_id] = account.error
+                if account.over_ceiling:  # later requests with this grammar are refused before they run
+                    reason = account.error.removeprefix("structured output stopped: ")
+                    message = f"structured output: the grammar is too costly: a request with it was stopped, {reason}"
+                    self.compiler.refuse(self._grammars[seq_id], message)
+            elif matcher.is_error():
                 errors[seq_id] = f"structured output failed: {matcher.get_error().splitlines()[0]}"
             elif not ok[j]:
                 errors[seq_id] = "structured output failed: the grammar allows no token here"
@@ -107,15 +139,17 @@ class GuidedDecoder:
             logits[rows] = logits.index_select(0, rows).masked_fill_(~mask, float("-inf"))
         return errors
 
-    def accept(self, seqs: list[Sequence], token_ids: list[int]) -> tuple[list[Sequence], dict[int, str]]:
-        """Advance each constrained sequence's matcher by its sampled token. Returns the sequences whose grammar
-        is complete with no way to go on (they stop now, without spending a step on EOS), and the errors by seq_id
-        of those whose token the grammar refused."""
+    def accept(
+        self, seqs: list[Sequence], token_ids: list[int], failed: dict[int, str]
+    ) -> tuple[list[Sequence], dict[int, str]]:
+        """Advance each constrained sequence's matcher by its sampled token, except those `failed` already (their
+        row was not masked). Returns the sequences whose grammar is complete with no way to go on (they stop now,
+        without spending a step on EOS), and the errors by seq_id of those whose token the grammar refused."""
         ended: list[Sequence] = []
         errors: dict[int, str] = {}
         for seq, token_id in zip(seqs, token_ids, strict=True):
             matcher = self.matchers.get(seq.seq_id)
-            if matcher is None:
+            if matcher is None or seq.seq_id in failed:
                 continue
             if not matcher.consume_token(token_id):
                 errors[seq.seq_id] = f"structured output failed: {matcher.get_error().splitlines()[0]}"

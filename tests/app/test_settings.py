@@ -134,6 +134,8 @@ def _non_default_config() -> EngineConfig:
         kv_disk_bytes=2**30,
         kv_disk_dir="/var/cache/kv",
         kv_disk_key_file="/var/lib/pagedchat/kv-tier.key",
+        guided_mask_max_s=0.02,
+        guided_mask_budget_s=3.0,
         seed=11,
         num_threads=2,
     )

@@ -127,6 +127,11 @@ def test_text_response_format_is_unconstrained(client):
         ),
         ({"response_format": "json"}, "response_format", "response_format must be an object"),
         ({"guided_regex": "a(b"}, "guided_regex", "unclosed group"),
+        (
+            {"guided_regex": "a{100000}"},
+            "guided_regex",
+            "asks for 100000 repetitions ('{100000}'), over the limit of 2000",
+        ),
         ({"guided_grammar": "start: foo"}, "guided_grammar", 'unknown name: "foo"'),
         ({"guided_json": "{bad"}, "guided_json", "guided_json is not valid JSON"),
         (

@@ -11,6 +11,7 @@ from engine import LLM, SamplingParams
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.core.utils import cdiv
 from engine.native.attention import load_kernel
+from engine.worker.device import cpu_has_fast_bf16
 from kernels.reference import paged_attention_ref
 from tests.engine.factories import make_attention_metadata, make_block_tables
 from tests.engine.gguf_factories import write_tiny_chat_gguf
@@ -168,11 +169,13 @@ def test_an_engine_on_an_fp16_pool_fits_twice_the_blocks_and_generates(tiny_gguf
 
 
 def test_auto_is_fp16_only_where_the_activations_are_already_rounded_to_int8(tiny_gguf):
-    """The default GGUF mode (int8 activations in the blocks' kernels) takes an fp16 pool; exact modes keep fp32."""
+    """The default GGUF mode (int8 activations in the blocks' kernels) takes an fp16 pool; exact modes keep the
+    activations' dtype (fp32 with GGUF blocks; without them, bf16 where the CPU has fast bf16, as dtype auto picks)."""
+    dense = "bfloat16" if cpu_has_fast_bf16() else "float32"
     cases = {
         (): "float16",  # quantization auto -> gguf, int8 activations by default
         (("int8_activations", False),): "float32",
-        (("quantization", "none"),): "float32",
+        (("quantization", "none"),): dense,
         (("int8_activations", True), ("kv_cache_dtype", "int8")): "int8",
         (
             ("kv_cache_dtype", "model"),
@@ -182,7 +185,7 @@ def test_auto_is_fp16_only_where_the_activations_are_already_rounded_to_int8(tin
         llm = LLM(model=str(tiny_gguf), kv_cache_bytes=2**20, **dict(overrides))
         assert llm.engine.kv_cache_dtype == expected, overrides
         asked = dict(overrides).get("kv_cache_dtype", "auto")
-        assert llm.engine.config.kv_cache_dtype == (asked if expected == "float32" else expected)
+        assert llm.engine.config.kv_cache_dtype == (asked if expected in ("float32", dense) else expected)
 
 
 def test_bf16_activations_refuse_an_fp16_pool(tiny_gguf):

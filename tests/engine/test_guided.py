@@ -66,11 +66,44 @@ def test_unpack_bitmask_reads_bit_t_of_word_t_div_32() -> None:
         ("grammar", "start: foo", 'unknown name: "foo"'),
         ("yaml", "x", "structured output kind must be one of json_object, json_schema, regex, grammar"),
         ("regex", "", "a regex constraint needs a non-empty spec"),
+        ("regex", "a{100000}", "the regex asks for 100000 repetitions ('{100000}'), over the limit of 2000"),
+        ("regex", "x{3}(ab){2500,9000}", "the regex asks for 2500 repetitions ('{2500,9000}')"),
+        ("regex", r"\\{2001,}", "the regex asks for 2001 repetitions"),  # an escaped backslash, then a count
+        ("grammar", "start: /a{50000}/", "the Lark grammar asks for 50000 repetitions"),
+        ("grammar", 'start: "a" ~ 5..20000', "the Lark grammar asks for 20000 repetitions ('~ 5..20000')"),
+        (
+            "json_schema",
+            '{"type": "object", "patternProperties": {"^k{99999}$": {"pattern": "a{2}"}}}',
+            "the JSON schema's pattern asks for 99999 repetitions",
+        ),
+        (
+            "json_schema",
+            '{"type": "array", "items": {"type": "string", "pattern": "^a{100000}$"}}',
+            "the JSON schema's pattern asks for 100000 repetitions",
+        ),
     ],
 )
 def test_a_bad_constraint_is_a_value_error_naming_the_problem(kind: str, spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         StructuredOutput(kind, spec)
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec"),
+    [
+        ("regex", "a{2000}"),
+        ("regex", "a{0,100000}"),  # only a minimum count makes masks costly
+        ("regex", r"a\{100000}"),  # an escaped brace: the text "{100000}", not a count
+        ("regex", "[0-9]{3}-[a-z]{2}"),
+        ("grammar", 'start: "a" ~ 3..2000'),
+        (
+            "json_schema",
+            '{"type": "string", "description": "{100000} is not a pattern", "maxLength": 100000}',
+        ),
+    ],
+)
+def test_counts_up_to_the_limit_upper_bounds_and_escaped_braces_are_accepted(kind: str, spec: str) -> None:
+    assert StructuredOutput(kind, spec).grammar
 
 
 @pytest.mark.parametrize(
@@ -202,12 +235,18 @@ def test_an_abort_releases_the_matchers_at_once_even_when_the_engine_goes_idle(l
 
 
 def test_a_grammar_whose_first_mask_is_too_costly_is_refused_before_it_runs(llm: LLM, monkeypatch) -> None:
-    # a limit 5x below what this grammar's first mask takes here (~0.5 s) and far above a plain grammar's (~2 ms)
+    # a limit 6x below what this grammar's first mask takes here (~0.65 s) and far above a plain grammar's (~2 ms);
+    # nested counts, each under MAX_REPEAT_COUNT, which refuses a{200000} before it compiles
     monkeypatch.setattr(llm.engine.grammars, "max_first_mask_s", 0.1)
     llm.engine.check_structured(StructuredOutput("regex", "[0-9]{3}-x"))
-    costly = StructuredOutput("regex", "a{1000000}")
-    with pytest.raises(ValueError, match=r"too costly: its first token mask took .* over the limit of 0.1 s"):
+    costly = StructuredOutput("regex", "(a{100}){2000}")
+    with pytest.raises(
+        ValueError, match=r"too costly: its first token mask took .* over the limit of 0.1 s"
+    ) as info:
         llm.engine.check_structured(costly)
-    with pytest.raises(ValueError, match="too costly"):  # never cached: refused again, not handed out
+    # remembered as refused: the same error again, without compiling it again (it would fit this limit now)
+    monkeypatch.setattr(llm.engine.grammars, "max_first_mask_s", 100.0)
+    with pytest.raises(ValueError) as again:
         llm.engine.add_request("costly", "hello", constrained(0.0, structured=costly))
+    assert str(again.value) == str(info.value)
     assert llm.engine.scheduler.get_sequences("costly") == []

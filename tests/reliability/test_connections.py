@@ -58,7 +58,7 @@ def test_slowloris_connections_are_closed_after_the_head_timeout(guarded):
     slow = [open_socket(guarded) for _ in range(NUM_SLOWLORIS)]
     silent = open_socket(guarded)  # connects and sends nothing at all
     for sock in slow:
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
     began = time.monotonic()
     served = False
     while time.monotonic() - began < HEADER_TIMEOUT_S - 1:
@@ -77,7 +77,7 @@ def test_slowloris_connections_are_closed_after_the_head_timeout(guarded):
     assert time.monotonic() - began < HEADER_TIMEOUT_S + 5
     # a kept-alive connection whose next request head trickles in is closed too
     kept = open_socket(guarded)
-    kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    kept.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     first = b""
     while not first.endswith(b'"database":"ok"}'):  # the whole first response, headers and body
         first += kept.recv(4096)
@@ -105,7 +105,7 @@ def test_one_address_cannot_hold_more_than_its_connections(guarded):
         with contextlib.suppress(httpx.TransportError):  # the refusal, if read before the server closed
             assert httpx.get(guarded.base_url + "/health", timeout=5).status_code == 503
         other = open_socket(guarded, source="127.0.0.2")  # another address has its own share
-        other.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        other.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         assert read_to_eof(other).startswith(b"HTTP/1.1 200")
         held_socket.send(json.dumps({"type": "ping"}))
         assert json.loads(held_socket.recv(timeout=10)) == {"type": "pong"}  # held past the head timeout

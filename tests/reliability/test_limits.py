@@ -286,6 +286,7 @@ def vanish_before_the_first_event(client, path: str, body: dict) -> None:
         "query_string": b"",
         "root_path": "",
         "headers": [
+            (b"host", b"testserver"),  # an allowed host (tests' settings), as TestClient sends
             (b"content-type", b"application/json"),
             (b"content-length", str(len(payload)).encode()),
             (b"authorization", b"Bearer sk-one"),
