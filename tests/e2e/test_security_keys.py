@@ -5,7 +5,6 @@ once when revoked or its account disabled, ends its running streams when revoked
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
@@ -21,12 +20,19 @@ from websockets.sync.client import connect
 from app.services.login_throttle import ADDRESS
 from bench.common.servers import stop_server
 from tests.app.factories import pool_is_idle
-from tests.e2e.conftest import Server, server_env, start_server
+from tests.e2e.accounts_helpers import (
+    PASSWORD,
+    ROOT,
+    ROOT_PASSWORD,
+    add_user,
+    browser,
+    signed_in,
+    start_accounts_server,
+)
+from tests.e2e.conftest import Server
 
-ROOT, ROOT_PASSWORD = "root", "root password 1"
 ADMIN_TOKEN = "keys-admin-token-3b9e"
 SERVER_KEY = "team-key-7"  # a server-wide --api-key, as an operator might choose it: short, guessable
-PASSWORD = "a password 1"
 LONG = 900  # tokens a stream may run: long enough to be revoked mid-way on the tiny model
 # a prompt of several full KV blocks (16 tokens each), so that a second request finds it in the prefix cache
 PROMPT = "Tell me everything about the history of paged attention, block tables and prefix caching. " * 3
@@ -34,35 +40,16 @@ PROMPT = "Tell me everything about the history of paged attention, block tables 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_model) -> Iterator[Server]:
-    tmp_path = tmp_path_factory.mktemp("keys-server")
-    env = server_env(
-        tmp_path,
+    running = start_accounts_server(
+        tmp_path_factory.mktemp("keys-server"),
         tiny_model,
-        PAGEDCHAT_AUTH="local",
-        PAGEDCHAT_FIRST_ADMIN=ROOT,
-        PAGEDCHAT_FIRST_ADMIN_PASSWORD=ROOT_PASSWORD,
         PAGEDCHAT_ADMIN_TOKEN=ADMIN_TOKEN,
         PAGEDCHAT_API_KEYS=SERVER_KEY,
         PAGEDCHAT_DEFAULT_MAX_TOKENS=str(LONG),
         PAGEDCHAT_MAX_MODEL_LEN="1024",
     )
-    running = start_server(tmp_path, env)
     yield running
     stop_server(running)
-
-
-def browser(server: Server) -> httpx.Client:
-    """A client with a cookie jar that writes as the server's own pages do (same Origin)."""
-    return httpx.Client(base_url=server.base_url, headers={"Origin": server.base_url}, timeout=30)
-
-
-@contextlib.contextmanager
-def sign_in(server: Server, username: str, password: str = PASSWORD) -> Iterator[httpx.Client]:
-    """A browser signed in as `username`."""
-    with browser(server) as client:
-        response = client.post("/auth/login", json={"username": username, "password": password})
-        assert response.status_code == 200, response.text
-        yield client
 
 
 def with_key(server: Server, key: str) -> httpx.Client:
@@ -72,14 +59,8 @@ def with_key(server: Server, key: str) -> httpx.Client:
 
 @pytest.fixture(scope="module")
 def root(server) -> Iterator[httpx.Client]:
-    with sign_in(server, ROOT, ROOT_PASSWORD) as client:
+    with signed_in(server, ROOT, ROOT_PASSWORD) as client:
         yield client
-
-
-def add_user(root: httpx.Client, username: str, role: str = "user") -> dict[str, Any]:
-    response = root.post("/api/users", json={"username": username, "password": PASSWORD, "role": role})
-    assert response.status_code == 201, response.text
-    return response.json()["user"]
 
 
 def make_key(client: httpx.Client, name: str) -> dict[str, Any]:
@@ -117,7 +98,7 @@ def wait_pool_idle(server: Server, timeout_s: float = 10.0) -> None:
 def test_an_admins_invite_dies_when_the_admin_is_demoted_disabled_or_deleted(server, root):
     for change in ("demote", "disable", "delete"):
         eve = add_user(root, f"eve-{change}", role="admin")
-        with sign_in(server, eve["username"]) as eve_browser:
+        with signed_in(server, eve["username"]) as eve_browser:
             invite = eve_browser.post(
                 "/api/users/invites", json={"username": f"sock-{change}", "role": "admin"}
             )
@@ -152,7 +133,7 @@ def test_admins_list_and_revoke_pending_invites(server, root):
     assert (pending["ivy"]["role"], pending["ivy"]["created_by"]) == ("user", ROOT)
     assert pending["ivy"]["id"] == made["ivy"]["id"]
     assert made["ivy"]["path"].split("#", 1)[1] not in listed.text  # the token is never listed
-    with sign_in(server, add_user(root, "una")["username"]) as una:  # not an admin
+    with signed_in(server, add_user(root, "una")["username"]) as una:  # not an admin
         assert error_of(una.get("/api/users/invites")) == (403, "admin_account_required")
         assert error_of(una.delete(f"/api/users/invites/{pending['ivy']['id']}")) == (
             403,
@@ -175,7 +156,7 @@ def test_admins_list_and_revoke_pending_invites(server, root):
 def test_an_account_makes_lists_and_revokes_its_own_keys(server, root):
     add_user(root, "kim")
     add_user(root, "lee")
-    with sign_in(server, "kim") as kim, sign_in(server, "lee") as lee:
+    with signed_in(server, "kim") as kim, signed_in(server, "lee") as lee:
         first = make_key(kim, "laptop")
         second = make_key(kim, "ci")
         assert first["key"].startswith("pck_") and first["prefix"] == first["key"][:12]
@@ -201,7 +182,7 @@ def test_an_account_makes_lists_and_revokes_its_own_keys(server, root):
 def test_a_key_acts_as_its_account_for_chats_and_the_prefix_cache(server, root):
     add_user(root, "max")
     add_user(root, "ned")
-    with sign_in(server, "max") as max_browser, sign_in(server, "ned") as ned_browser:
+    with signed_in(server, "max") as max_browser, signed_in(server, "ned") as ned_browser:
         max_key = make_key(max_browser, "script")["key"]
         ned_key = make_key(ned_browser, "script")["key"]
         with with_key(server, max_key) as script:
@@ -227,7 +208,7 @@ def test_a_key_acts_as_its_account_for_chats_and_the_prefix_cache(server, root):
 
 def test_a_revoked_key_or_a_disabled_accounts_key_gets_401_at_once(server, root):
     ola = add_user(root, "ola")
-    with sign_in(server, "ola") as ola_browser:
+    with signed_in(server, "ola") as ola_browser:
         revoked = make_key(ola_browser, "old")
         kept = make_key(ola_browser, "kept")
         ola_browser.delete(f"/api/keys/{revoked['id']}")
@@ -247,7 +228,7 @@ def test_a_password_change_revokes_a_key_made_with_a_stolen_cookie(server, root)
     """A thief with a copy of tom's session cookie makes a key; tom changes his password, the README's remedy that
     makes the copy worthless. Merged, the key kept working (200): the stolen cookie became a lasting credential."""
     add_user(root, "tom")
-    with sign_in(server, "tom") as tom, browser(server) as thief:
+    with signed_in(server, "tom") as tom, browser(server) as thief:
         thief.cookies.set("pagedchat_session", tom.cookies["pagedchat_session"])
         stolen = make_key(thief, "mine")["key"]
         own = make_key(tom, "own")["key"]
@@ -265,7 +246,7 @@ def test_a_password_change_revokes_a_key_made_with_a_stolen_cookie(server, root)
 
 def test_revoking_a_key_ends_its_running_streams(server, root):
     add_user(root, "pia")
-    with sign_in(server, "pia") as pia, httpx.Client(base_url=server.base_url, timeout=60) as script:
+    with signed_in(server, "pia") as pia, httpx.Client(base_url=server.base_url, timeout=60) as script:
         key = make_key(pia, "long")
         auth = {"Authorization": f"Bearer {key['key']}"}
         session = script.post("/api/sessions", json={"title": "long"}, headers=auth).json()
@@ -303,7 +284,7 @@ def test_revoking_a_key_ends_its_running_streams(server, root):
 
 def test_revoking_a_key_stops_its_chat_socket(server, root):
     add_user(root, "rex")
-    with sign_in(server, "rex") as rex:
+    with signed_in(server, "rex") as rex:
         key = make_key(rex, "socket")
         auth = {"Authorization": f"Bearer {key['key']}"}
         session = httpx.post(server.base_url + "/api/sessions", json={"title": "ws"}, headers=auth).json()
@@ -330,7 +311,7 @@ def test_a_scripts_concurrent_requests_with_its_right_key_all_get_in(server, roo
     one is served. Merged, a key's lookup reserved a password attempt, and past 5 in flight the address had to wait:
     15 of the 20 got 429 `too_many_attempts` ("too many wrong usernames or passwords") with no wrong secret sent."""
     add_user(root, "ray")
-    with sign_in(server, "ray") as ray:
+    with signed_in(server, "ray") as ray:
         key = make_key(ray, "pool")["key"]
     num = 20
     start = threading.Barrier(num)
@@ -374,7 +355,7 @@ def test_guesses_at_a_server_wide_key_are_throttled_per_address(server, root):
 def test_wrong_keys_are_throttled_per_address(server, root):
     """Last in the module: it leaves 127.0.0.1 waiting."""
     add_user(root, "quinn")
-    with sign_in(server, "quinn") as quinn:  # signed in before the address has to wait
+    with signed_in(server, "quinn") as quinn:  # signed in before the address has to wait
         statuses = []
         for i in range(8):
             with with_key(server, f"pck_{i:02d}" + "x" * 41) as guesser:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -18,10 +17,16 @@ from websockets.sync.client import connect
 
 from bench.common.servers import stop_server
 from tests.app.factories import pool_is_idle
-from tests.e2e.conftest import Server, server_env, start_server
+from tests.e2e.accounts_helpers import (
+    ROOT,
+    ROOT_PASSWORD,
+    add_user,
+    browser,
+    signed_in,
+    start_accounts_server,
+)
+from tests.e2e.conftest import Server
 
-ROOT, ROOT_PASSWORD = "root", "root password 1"
-PASSWORD = "a password 1"
 ADMIN_TOKEN = "streams-admin-token-0123456789"
 CHECK_INTERVAL_S = 0.2
 END_WITHIN_S = 15.0  # generous for two shared cores; the figure seen is about one interval (see the report)
@@ -30,46 +35,21 @@ LONG_REPLY = 900  # tokens: a reply still running when its credential goes
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_model) -> Iterator[Server]:
-    tmp_path = tmp_path_factory.mktemp("streams-server")
-    env = server_env(
-        tmp_path,
+    running = start_accounts_server(
+        tmp_path_factory.mktemp("streams-server"),
         tiny_model,
-        PAGEDCHAT_AUTH="local",
-        PAGEDCHAT_FIRST_ADMIN=ROOT,
-        PAGEDCHAT_FIRST_ADMIN_PASSWORD=ROOT_PASSWORD,
         PAGEDCHAT_ADMIN_TOKEN=ADMIN_TOKEN,
         PAGEDCHAT_CREDENTIAL_CHECK_INTERVAL_S=str(CHECK_INTERVAL_S),
         PAGEDCHAT_MAX_MODEL_LEN="1024",
     )
-    running = start_server(tmp_path, env)
     yield running
     stop_server(running)
-
-
-def browser(server: Server) -> httpx.Client:
-    """A client as the server's own pages send requests (same-origin Origin)."""
-    return httpx.Client(base_url=server.base_url, timeout=30, headers={"origin": server.base_url})
-
-
-@contextmanager
-def signed_in(server: Server, username: str, password: str = PASSWORD) -> Iterator[httpx.Client]:
-    """A browser signed in as `username`."""
-    with browser(server) as client:
-        response = client.post("/auth/login", json={"username": username, "password": password})
-        assert response.status_code == 200, response.text
-        yield client
 
 
 @pytest.fixture(scope="module")
 def root(server) -> Iterator[httpx.Client]:
     with signed_in(server, ROOT, ROOT_PASSWORD) as client:
         yield client
-
-
-def add_user(root: httpx.Client, username: str, role: str = "user") -> str:
-    response = root.post("/api/users", json={"username": username, "password": PASSWORD, "role": role})
-    assert response.status_code == 201, response.text
-    return response.json()["user"]["id"]
 
 
 def revoke(root: httpx.Client, user_id: str, change: str) -> float:
@@ -145,7 +125,7 @@ def stream_error(event: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("change", ["demoted", "disabled", "deleted"])
 def test_the_admin_feed_of_an_admin_account_ends_when_it_stops_being_one(server, root, change):
-    frank_id = add_user(root, f"frank-{change}", role="admin")
+    frank_id = add_user(root, f"frank-{change}", role="admin")["id"]
     with signed_in(server, f"frank-{change}") as frank:
         with frank.stream("GET", "/api/admin/stream?history=0") as response:
             assert response.status_code == 200
@@ -207,7 +187,7 @@ def frames_until_closed(ws: Any, since: float) -> tuple[list[dict[str, Any]], in
 
 
 def test_a_chat_socket_mid_reply_closes_with_4401_when_its_account_is_disabled(server, root):
-    user_id = add_user(root, "wes")
+    user_id = add_user(root, "wes")["id"]
     with signed_in(server, "wes") as wes:
         sid = new_session(wes)
         with open_socket(server, wes, sid) as ws:
@@ -234,7 +214,7 @@ def test_an_idle_chat_socket_closes_with_4401_at_its_sign_out(server, root):
 
 
 def test_a_reply_over_sse_ends_with_an_error_event_when_its_account_is_disabled(server, root):
-    user_id = add_user(root, "sue")
+    user_id = add_user(root, "sue")["id"]
     with signed_in(server, "sue") as sue:
         sid = new_session(sue)
         with sue.stream("POST", f"/api/sessions/{sid}/messages", json={"content": "Ramble on"}) as response:
@@ -250,7 +230,7 @@ def test_a_reply_over_sse_ends_with_an_error_event_when_its_account_is_disabled(
 
 
 def test_a_streamed_v1_request_on_an_account_cookie_ends_when_the_account_is_disabled(server, root):
-    user_id = add_user(root, "vic")
+    user_id = add_user(root, "vic")["id"]
     body = {
         "messages": [{"role": "user", "content": "Count to a thousand"}],
         "max_tokens": LONG_REPLY,
