@@ -31,6 +31,7 @@ from app.routes.account_auth import (
 from app.routes.context import Services, services
 from app.routes.csrf import check_browser_write
 from app.routes.errors import error_response
+from app.routes.hosts import client_address
 from app.routes.pages import NO_STORE, templates
 from app.routes.params import read_json_object
 from app.routes.sign_in_device import account_subject, device_cookie_header, known_device
@@ -60,11 +61,6 @@ def safe_next(value: str | None) -> str:
     if parts.scheme or parts.netloc or value.startswith("//"):
         return "/"
     return value
-
-
-def client_address(request: Request) -> str:
-    """The peer's address (what sign-ins record and throttling counts)."""
-    return request.client.host if request.client else "unknown"
 
 
 def user_json(user: UserRecord) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from starlette.requests import HTTPConnection, Request
 from app.db import StoreUnavailable
 from app.routes.account_auth import signed_in_account
 from app.routes.context import Services
+from app.routes.hosts import client_address
 from app.routes.security import bearer_token, require_admin
 from app.services.errors import APIError
 from app.settings import Settings
@@ -48,11 +49,6 @@ def token_matches(candidate: str, settings: Settings) -> bool:
     if not settings.admin_token:
         return False
     return hmac.compare_digest(candidate.encode(), settings.admin_token.encode())
-
-
-def client_address(conn: HTTPConnection) -> str:
-    """The client's address: the connection's, or X-Forwarded-For's for a connection from `forwarded_allow_ips`."""
-    return conn.client.host if conn.client else "unknown"
 
 
 def admin_cookie_header(settings: Settings, secret: str = "", *, clear: bool = False) -> str:

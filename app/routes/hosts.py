@@ -83,6 +83,12 @@ def shown(value: str | None) -> str:
     return "no Host header" if value is None else f"Host {value[:MAX_SHOWN_CHARS]!r}"
 
 
+def client_address(conn: HTTPConnection) -> str:
+    """The client's address, what sign-ins record and the throttles count: the connection's, or X-Forwarded-For's
+    for a connection from `forwarded_allow_ips` (uvicorn's ProxyHeadersMiddleware has replaced it by then)."""
+    return conn.client.host if conn.client else "unknown"
+
+
 def peer_address(conn: HTTPConnection) -> str | None:
     """The address of the TCP connection itself (a proxy's, when one is in front), whatever X-Forwarded-For says."""
     state = conn.scope.get("state", {})

@@ -15,7 +15,7 @@ from starlette.requests import HTTPConnection
 
 from app.routes.account_auth import require_account, signed_in_account
 from app.routes.csrf import check_browser_write
-from app.routes.hosts import came_through_proxy, named_host, peer_address, shown
+from app.routes.hosts import came_through_proxy, client_address, named_host, peer_address, shown
 from app.routes.key_auth import API_KEY_STATE, key_account, sent_key
 from app.services.accounts import ACCOUNT_OWNER, account_owner
 from app.services.api_keys import KeyAccount
@@ -121,7 +121,7 @@ def require_api_key(conn: HTTPConnection, settings: Settings) -> str | None:
     if token is None:
         raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
     throttle = conn.app.state.services.password_throttle
-    address = conn.client.host if conn.client else "unknown"
+    address = client_address(conn)
     throttle.check(address)
     if not _matches_any(token, settings.api_keys):
         wait_s = throttle.failed(address)
