@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -68,19 +70,29 @@ class _Work:
     end: Callable[[], None]
 
 
+# how long a key revoked in this process is remembered by KeyWork (a request authenticated just before its
+# revocation registers its work within this)
+REMEMBER_REVOKED_S = 60.0
+
+
 class KeyWork:
     """What each key started and still runs, so that its revocation can end it. Event-loop only.
 
     Entries are dropped as they finish (checked whenever the key starts something else) or when their key ends; a
-    key revoked in this process stays known, so work that registers after the revocation (it was authenticated
-    just before) ends at once."""
+    key revoked in this process stays known for REMEMBER_REVOKED_S, so work that registers after the revocation (it
+    was authenticated just before) ends at once; later than that, a request with the key is refused when it is
+    authenticated, and the streams' periodic credential check (app/routes/credentials.py) covers the rest."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._by_key: dict[str, list[_Work]] = {}
-        self._revoked: set[str] = set()
+        self._revoked: OrderedDict[str, float] = OrderedDict()  # key id -> when, oldest first
 
     def track(self, key: KeyAccount, running: Callable[[], bool], end: Callable[[], None]) -> None:
         """`end()` this work (while `running()`) when `key` is revoked."""
+        now = self._clock()
+        while self._revoked and next(iter(self._revoked.values())) < now - REMEMBER_REVOKED_S:
+            self._revoked.popitem(last=False)
         if key.key_id in self._revoked:
             end()
             return
@@ -94,7 +106,8 @@ class KeyWork:
 
     def end_key(self, key_id: str) -> int:
         """The key was revoked: end its running work; returns how much."""
-        self._revoked.add(key_id)
+        self._revoked.pop(key_id, None)
+        self._revoked[key_id] = self._clock()
         return _end(self._by_key.pop(key_id, []))
 
     def end_user(self, user_id: str) -> int:

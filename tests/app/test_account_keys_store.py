@@ -14,6 +14,7 @@ from app.services.accounts import secret_hash
 from app.services.api_keys import (
     KEY_PREFIX,
     MAX_KEYS_PER_ACCOUNT,
+    REMEMBER_REVOKED_S,
     ApiKeyService,
     KeyAccount,
     KeyWork,
@@ -156,7 +157,8 @@ async def test_key_names_and_the_number_of_keys_are_limited(store: Store) -> Non
 
 
 async def test_key_work_ends_what_a_revoked_key_runs_and_what_starts_after() -> None:
-    work = KeyWork()
+    now = [0.0]
+    work = KeyWork(clock=lambda: now[0])
     alice = KeyAccount(user=_user("a"), key_id="k1")
     other = KeyAccount(user=_user("a"), key_id="k2")
     ended: list[str] = []
@@ -175,6 +177,9 @@ async def test_key_work_ends_what_a_revoked_key_runs_and_what_starts_after() -> 
     assert ended == ["r1", "r2", "r1"]
     assert work.end_user("a") == 1 and ended[-1] == "r4"
     assert work.end_key("k2") == 0
+    now[0] += REMEMBER_REVOKED_S + 1  # forgotten: the periodic credential check covers a stream this late
+    track(alice, "r2")
+    assert ended == ["r1", "r2", "r1", "r4"] and work.num_running("k1") == 1
 
 
 def _user(user_id: str) -> UserRecord:
