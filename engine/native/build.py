@@ -23,7 +23,7 @@ from engine.core.paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
-CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared")
+CFLAGS = ("-O3", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared")  # and -march: this CPU unless a test asks
 INCLUDE_DIR = Path(__file__).parent  # the shared headers (simd.h) every library may include
 DISABLE_ENV = "PAGEDCHAT_NATIVE"  # "0": never build or load native libraries
 
@@ -31,23 +31,28 @@ _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
 
 
-def load_library(source: Path) -> ctypes.CDLL | None:
-    """The compiled `source` for this machine, built on first use; None when disabled or it cannot be built."""
+def load_library(source: Path, march: str = "native") -> ctypes.CDLL | None:
+    """The compiled `source` for this machine, built on first use; None when disabled or it cannot be built.
+
+    `march`: the instruction set to compile for; tests build "x86-64-v3" (AVX2, no AVX-512) and "x86-64" (no SIMD
+    paths) to run the other machine kinds' code paths on this CPU."""
     if os.environ.get(DISABLE_ENV, "1") == "0":
         return None
-    key = f"{source.stem}_{_build_key(source)}"
+    key = f"{source.stem}_{_build_key(source, march)}"
     with _lock:
         if key not in _loaded:
-            _loaded[key] = _build_and_load(source, key)
+            _loaded[key] = _build_and_load(source, key, march)
         return _loaded[key]
 
 
-def _build_key(source: Path) -> str:
+def _build_key(source: Path, march: str) -> str:
     """Hash of everything the binary depends on: source, shared headers, flags, compiler, this CPU's instruction set."""
     digest = hashlib.sha256(source.read_bytes() if source.exists() else b"")
-    for header in sorted(INCLUDE_DIR.glob("*.h")):
-        digest.update(header.read_bytes())
-    digest.update(" ".join((_compiler() or "", *CFLAGS, platform.machine(), _cpu_flags())).encode())
+    for part in sorted(
+        INCLUDE_DIR.rglob("*.h")
+    ):  # the shared headers and the sources' included parts (quant/)
+        digest.update(part.read_bytes())
+    digest.update(" ".join((_compiler() or "", *CFLAGS, march, platform.machine(), _cpu_flags())).encode())
     return digest.hexdigest()[:16]
 
 
@@ -63,7 +68,7 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
-def _build_and_load(source: Path, key: str) -> ctypes.CDLL | None:
+def _build_and_load(source: Path, key: str, march: str) -> ctypes.CDLL | None:
     compiler = _compiler()
     if not source.exists() or compiler is None:
         logger.info("%s: no %s; using the torch path", source.name, "source" if compiler else "C compiler")
@@ -74,7 +79,16 @@ def _build_and_load(source: Path, key: str) -> ctypes.CDLL | None:
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
                 built = Path(tmp) / target.name
-                cmd = [compiler, *CFLAGS, f"-I{INCLUDE_DIR}", str(source), "-o", str(built), "-lm"]
+                cmd = [
+                    compiler,
+                    *CFLAGS,
+                    f"-march={march}",
+                    f"-I{INCLUDE_DIR}",
+                    str(source),
+                    "-o",
+                    str(built),
+                    "-lm",
+                ]
                 subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
                 os.replace(built, target)  # atomic: concurrent builders each publish a complete file
             logger.info("built %s", target)

@@ -1,8 +1,10 @@
-"""GGUF's 32-weight block formats (Q4_0, Q4_1, Q8_0) as torch tensors, with a pure-torch dequantize and linear.
+"""GGUF's block formats as torch tensors, with a dequantize and linear in torch (the compiled kernels' twins).
 
 A quantized weight [out, in] is kept as its raw GGUF bytes, one row of blocks per output feature:
-`blocks` is uint8 [out, in / 32 * block_bytes]. Rows are independent, so rows can be permuted, sliced and
-concatenated (q/k un-permutation, fused qkv and gate/up) without touching a block.
+`blocks` is uint8 [out, in / block_weights * block_bytes]. Rows are independent, so rows can be permuted, sliced and
+concatenated (q/k un-permutation, fused qkv and gate/up) without touching a block. Q4_0/Q4_1/Q8_0 are dequantized
+here in torch; the other formats (Q5_0, Q5_1, IQ4_NL of 32 weights; the K-quants and IQ4_XS of 256) by
+gguf.quants.dequantize, the reference the kernels are tested against.
 """
 
 from __future__ import annotations
@@ -13,20 +15,39 @@ from enum import IntEnum
 import torch
 import torch.nn.functional as F
 
-BLOCK_SIZE = 32  # weights per block in every supported format
+BLOCK_SIZE = 32  # weights per block of Q4_0/Q4_1/Q8_0 (and Q5_0/Q5_1/IQ4_NL)
+SUPER_BLOCK_SIZE = 256  # weights per super-block of the K-quants and IQ4_XS
 
 
 class QuantType(IntEnum):
-    """The supported block formats, numbered as ggml numbers them (gguf.GGMLQuantizationType)."""
+    """The block formats the kernels multiply, numbered as ggml numbers them (gguf.GGMLQuantizationType)."""
 
     Q4_0 = 2  # fp16 d, 16 bytes of nibbles: w = d * (q - 8)
     Q4_1 = 3  # fp16 d, fp16 m, 16 bytes of nibbles: w = d * q + m
+    Q5_0 = 6  # fp16 d, 4 bytes of fifth bits, 16 of nibbles: w = d * (q - 16)
+    Q5_1 = 7  # Q5_0 with an fp16 minimum: w = d * q + m
     Q8_0 = 8  # fp16 d, 32 int8: w = d * q
+    Q3_K = 11  # 256 weights: 3 bits, 16 6-bit scales, fp16 d
+    Q4_K = 12  # 256 weights: 4 bits, 8 sub-blocks with 6-bit scale and minimum, fp16 d and dmin
+    Q5_K = 13  # Q4_K plus a fifth bit
+    Q6_K = 14  # 256 weights: 6 bits, 16 int8 scales, fp16 d
+    IQ4_NL = 20  # fp16 d, 16 bytes of nibbles indexing 16 non-uniform levels
+    IQ4_XS = 23  # 256 weights: IQ4_NL's levels, 8 sub-blocks with 6-bit scales
+
+    @property
+    def block_weights(self) -> int:
+        """Weights per block: 32, or 256 for the super-block formats."""
+        return BLOCK_SIZE if self in _BLOCKS_OF_32 else SUPER_BLOCK_SIZE
 
     @property
     def block_bytes(self) -> int:
-        """Bytes per block of 32 weights."""
-        return {QuantType.Q4_0: 18, QuantType.Q4_1: 20, QuantType.Q8_0: 34}[self]
+        """Bytes per block of block_weights weights."""
+        return _BLOCK_BYTES[self]
+
+    @property
+    def legacy(self) -> bool:
+        """Q4_0/Q4_1/Q8_0: the formats with kernels of their own (and an int8 GEMM tuned for them)."""
+        return self in (QuantType.Q4_0, QuantType.Q4_1, QuantType.Q8_0)
 
     @property
     def scale_bytes(self) -> int:
@@ -34,20 +55,39 @@ class QuantType(IntEnum):
         return 4 if self is QuantType.Q4_1 else 2
 
 
+_BLOCKS_OF_32 = frozenset(
+    (QuantType.Q4_0, QuantType.Q4_1, QuantType.Q5_0, QuantType.Q5_1, QuantType.Q8_0, QuantType.IQ4_NL)
+)
+_BLOCK_BYTES = {
+    QuantType.Q4_0: 18,
+    QuantType.Q4_1: 20,
+    QuantType.Q5_0: 22,
+    QuantType.Q5_1: 24,
+    QuantType.Q8_0: 34,
+    QuantType.Q3_K: 110,
+    QuantType.Q4_K: 144,
+    QuantType.Q5_K: 176,
+    QuantType.Q6_K: 210,
+    QuantType.IQ4_NL: 18,
+    QuantType.IQ4_XS: 136,
+}
+
+
 @dataclass(frozen=True)
 class QuantWeight:
     """A [out_features, in_features] weight in one block format: raw GGUF blocks, one row per output feature."""
 
     qtype: QuantType
-    blocks: torch.Tensor  # [out_features, in_features / 32 * block_bytes] uint8, contiguous
+    blocks: torch.Tensor  # [out_features, in_features / block_weights * block_bytes] uint8, contiguous
     in_features: int
 
     def __post_init__(self) -> None:
-        if self.in_features % BLOCK_SIZE != 0:
+        per_block = self.qtype.block_weights
+        if self.in_features % per_block != 0:
             raise ValueError(
-                f"in_features ({self.in_features}) must be a multiple of {BLOCK_SIZE} for {self.qtype.name}"
+                f"in_features ({self.in_features}) must be a multiple of {per_block} for {self.qtype.name}"
             )
-        row_bytes = self.in_features // BLOCK_SIZE * self.qtype.block_bytes
+        row_bytes = self.in_features // per_block * self.qtype.block_bytes
         assert self.blocks.dtype == torch.uint8 and self.blocks.dim() == 2, "blocks must be 2-D uint8"
         assert self.blocks.shape[1] == row_bytes, (
             f"{self.blocks.shape[1]} bytes per row, expected {row_bytes}"
@@ -80,6 +120,11 @@ class QuantWeight:
 def dequantize_torch(weight: QuantWeight) -> torch.Tensor:
     """The weight as fp32 [out, in], computed as gguf.quants.dequantize does."""
     qtype, rows = weight.qtype, weight.out_features
+    if not qtype.legacy:
+        from gguf import GGMLQuantizationType, quants
+
+        values = quants.dequantize(weight.blocks.numpy(), GGMLQuantizationType(int(qtype)))
+        return torch.from_numpy(values).float().reshape(rows, weight.in_features)
     blocks = weight.blocks.view(rows, -1, qtype.block_bytes)  # [out, num_blocks, block_bytes]
     d = blocks[..., :2].contiguous().view(torch.float16).float()  # [out, num_blocks, 1]
     quants = blocks[..., qtype.scale_bytes :]

@@ -170,9 +170,10 @@ class NativeQuantLinear:
         return y
 
 
-def load_kernel() -> NativeQuantLinear | None:
-    """The kernels for this machine, compiled on first use; None when disabled or they cannot be built."""
-    lib = load_library(SOURCE)
+def load_kernel(march: str = "native") -> NativeQuantLinear | None:
+    """The kernels for this machine (or the instruction set `march`: see build.load_library), compiled on first use;
+    None when disabled or they cannot be built."""
+    lib = load_library(SOURCE, march)
     if lib is None:
         return None
     with _lock:

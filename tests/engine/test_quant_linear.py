@@ -37,6 +37,7 @@ SHAPES = [
 # left over) or of 2
 ROWS = [1, 2, 3, 17, 64]  # 1 and 2 rows: the int8 GEMV multiplies 4 and 2 weight rows at once
 U = 2.0**-24
+LEGACY_TYPES = [q for q in QuantType if q.legacy]  # the other formats: test_kquant_kernels.py
 
 
 def make_weight(
@@ -82,14 +83,14 @@ def assert_within(y: torch.Tensor, y_ref: torch.Tensor, bound: torch.Tensor) -> 
     )
 
 
-@pytest.mark.parametrize("qtype", list(QuantType))
+@pytest.mark.parametrize("qtype", LEGACY_TYPES)
 def test_torch_dequantize_is_gguf_bit_for_bit(qtype):
     weight, ref = make_weight(qtype, 37, 160, seed=1)
     assert torch.equal(dequantize_torch(weight), ref)
 
 
 @needs_kernel
-@pytest.mark.parametrize("qtype", list(QuantType))
+@pytest.mark.parametrize("qtype", LEGACY_TYPES)
 def test_kernel_dequantize_is_gguf_up_to_one_rounding(qtype):
     weight, ref = make_weight(qtype, 101, 608, seed=2)
     out = KERNEL.dequantize(weight)
@@ -97,7 +98,7 @@ def test_kernel_dequantize_is_gguf_up_to_one_rounding(qtype):
     torch.testing.assert_close(KERNEL.dequantize(weight, 7, 40), out[7:40], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("qtype", list(QuantType))
+@pytest.mark.parametrize("qtype", LEGACY_TYPES)
 @pytest.mark.parametrize("rows", ROWS)
 def test_torch_twin_equals_fp32_matmul(qtype, rows):
     for i, (out_features, in_features) in enumerate(SHAPES):
@@ -108,7 +109,7 @@ def test_torch_twin_equals_fp32_matmul(qtype, rows):
 
 
 @needs_kernel
-@pytest.mark.parametrize("qtype", list(QuantType))
+@pytest.mark.parametrize("qtype", LEGACY_TYPES)
 @pytest.mark.parametrize("rows", ROWS)
 def test_kernel_exact_paths_equal_fp32_matmul(qtype, rows):
     for i, (out_features, in_features) in enumerate(SHAPES):
@@ -124,7 +125,7 @@ def test_kernel_exact_paths_equal_fp32_matmul(qtype, rows):
 
 
 @needs_kernel
-@pytest.mark.parametrize("qtype", list(QuantType))
+@pytest.mark.parametrize("qtype", LEGACY_TYPES)
 @pytest.mark.parametrize("rows", ROWS)
 def test_kernel_q8_activations_within_format_bound(qtype, rows):
     for i, (out_features, in_features) in enumerate(SHAPES):
@@ -140,7 +141,7 @@ def test_kernel_q8_activations_within_format_bound(qtype, rows):
 
 
 @needs_kernel
-@pytest.mark.parametrize("qtype", list(QuantType))
+@pytest.mark.parametrize("qtype", LEGACY_TYPES)
 def test_kernel_q8_activations_do_not_depend_on_the_thread_count(qtype):
     """A weight big enough to be split between threads (the shapes above run on one): every output is one thread's
     whole dot product, so two threads give the very bits of one, at each of the GEMV's tilings (1, 2, 3-4 rows)."""
@@ -161,7 +162,7 @@ def test_kernel_q8_activations_do_not_depend_on_the_thread_count(qtype):
 
 
 @needs_kernel
-@pytest.mark.parametrize("qtype", list(QuantType))
+@pytest.mark.parametrize("qtype", LEGACY_TYPES)
 @pytest.mark.parametrize("rows", ROWS)
 def test_int8_gemm_within_format_bound_and_equal_to_the_q8_rows_kernel(qtype, rows):
     """quant_gemm_q8 (batch_gemm int8): the same int8 rounding of the activations as act_q8, the same exact integer
@@ -180,7 +181,7 @@ def test_int8_gemm_within_format_bound_and_equal_to_the_q8_rows_kernel(qtype, ro
 
 
 @needs_kernel
-@pytest.mark.parametrize("qtype", list(QuantType))
+@pytest.mark.parametrize("qtype", LEGACY_TYPES)
 def test_kernel_extreme_values_do_not_saturate(qtype):
     """Largest quants against +-amax activations: the 16-bit pair sums of maddubs must not saturate (GEMV and GEMM;
     160 inputs: one quad of blocks and one block left over)."""
@@ -242,7 +243,7 @@ def test_quant_linear_module(monkeypatch, use_kernel, rows):
 
 
 @needs_kernel
-@pytest.mark.parametrize("qtype", list(QuantType))
+@pytest.mark.parametrize("qtype", LEGACY_TYPES)
 @pytest.mark.parametrize("act_q8", [False, True])
 @pytest.mark.parametrize("rows", [1, 3])
 def test_module_decode_path_equals_the_checked_kernel_call(qtype, act_q8, rows):
@@ -256,7 +257,7 @@ def test_module_decode_path_equals_the_checked_kernel_call(qtype, act_q8, rows):
     assert torch.equal(layer(strided), KERNEL.linear(strided.contiguous(), weight, bias, act_q8=act_q8))
 
 
-@pytest.mark.parametrize("qtype", list(QuantType))
+@pytest.mark.parametrize("qtype", LEGACY_TYPES)
 def test_select_rows_and_cat_move_whole_blocks(qtype):
     a, ref_a = make_weight(qtype, 12, 96, seed=6)
     b, ref_b = make_weight(qtype, 5, 96, seed=7)
@@ -275,7 +276,7 @@ def test_weight_width_must_be_whole_blocks():
 
 
 @needs_kernel
-@pytest.mark.parametrize("qtype", list(QuantType))
+@pytest.mark.parametrize("qtype", LEGACY_TYPES)
 @pytest.mark.parametrize("rows", ROWS)
 def test_bf16_batch_gemm_is_within_bf16_rounding_and_few_rows_stay_exact(qtype, rows):
     """batch_gemm bf16: more than GEMV_MAX_ROWS rows multiply a bf16 copy of the weight by bf16 activations (fp32

@@ -1,0 +1,160 @@
+"""The formats beyond Q4_0/Q4_1/Q8_0 (Q5_0, Q5_1, IQ4_NL, the K-quants Q3_K..Q6_K, IQ4_XS) in the compiled kernels,
+against gguf.quants.dequantize and an fp32 matmul, for this CPU's build and the other machine kinds' code paths
+(x86-64-v3: AVX2 without AVX-512; x86-64: no SIMD).
+
+gguf-py cannot quantize the K-quants, and speed and correctness do not depend on how the blocks were chosen, so the
+blocks are random bytes with finite fp16 scales. Bounds, with n = in_features and u = 2^-24: exact paths within the
+fp32 bound of two dot products summed in different orders (2 (n + 2) u |x| @ |W|^T); int8 activations (each block of
+32, or 256 for the super-block formats, rounded to d * round(x / d), d = amax / 127) additionally within
+(amax / 254) @ |W|^T.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from engine.native.quant_format import QuantType, QuantWeight, dequantize_torch, quant_linear_torch
+from engine.native.quant_linear import load_kernel
+
+NEW_TYPES = [q for q in QuantType if not q.legacy]
+MARCHES = ["native", "x86-64-v3", "x86-64"]  # this CPU; AVX2 only; scalar
+# byte offsets of each format's fp16 fields (d, and dmin / m where it has one) inside a block
+FP16_FIELDS = {
+    QuantType.Q5_0: (0,),
+    QuantType.Q5_1: (0, 2),
+    QuantType.IQ4_NL: (0,),
+    QuantType.Q3_K: (108,),
+    QuantType.Q4_K: (0, 2),
+    QuantType.Q5_K: (0, 2),
+    QuantType.Q6_K: (208,),
+    QuantType.IQ4_XS: (0,),
+}
+ROWS = [
+    1,
+    2,
+    3,
+    4,
+    5,
+    9,
+    17,
+]  # the dots take up to 4 rows a pass; 5 and 9 leave one over; 17 is past the GEMV bound
+U = 2.0**-24
+
+
+def shapes(qtype: QuantType) -> list[tuple[int, int]]:
+    """(out, in) with odd output counts and 1..3 blocks (and more) a row."""
+    bw = qtype.block_weights
+    return [(5, bw), (37, 3 * bw), (11, 2 * bw), (64, 576 if bw == 32 else 768)]
+
+
+def random_weight(qtype: QuantType, out_features: int, in_features: int, seed: int) -> QuantWeight:
+    """Random blocks whose fp16 fields are finite scales of either sign (minimums of either sign too)."""
+    gen = np.random.default_rng(seed)
+    nb = in_features // qtype.block_weights
+    raw = gen.integers(0, 256, (out_features, nb, qtype.block_bytes), dtype=np.uint8)
+    for offset in FP16_FIELDS[qtype]:
+        scale = (
+            gen.uniform(0.002, 0.05, (out_features, nb)) * gen.choice([-1, 1], (out_features, nb))
+        ).astype(np.float16)
+        raw[:, :, offset : offset + 2] = scale.view(np.uint8).reshape(out_features, nb, 2)
+    return QuantWeight(qtype, torch.from_numpy(raw.reshape(out_features, -1)), in_features)
+
+
+def reference(weight: QuantWeight) -> torch.Tensor:
+    values = gguf.quants.dequantize(weight.blocks.numpy(), gguf.GGMLQuantizationType(int(weight.qtype)))
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(weight.shape)
+
+
+def make_x(rows: int, in_features: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, in_features, generator=gen) * torch.rand(rows, 1, generator=gen) * 4
+
+
+def fp32_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return 2 * (x.shape[1] + 2) * U * (x.double().abs() @ w.double().abs().T)
+
+
+def q8_bound(x: torch.Tensor, w: torch.Tensor, block: int) -> torch.Tensor:
+    amax = x.reshape(x.shape[0], -1, block).abs().amax(-1, keepdim=True).expand(-1, -1, block)
+    return (amax.reshape(x.shape).double() / 254 * (1 + 1e-6)) @ w.double().abs().T
+
+
+def assert_within(y: torch.Tensor, y_ref: torch.Tensor, bound: torch.Tensor) -> None:
+    excess = (y.double() - y_ref.double()).abs() - bound
+    assert excess.max().item() <= 0, (
+        f"off by {excess.max().item():.3g} beyond the bound at {excess.argmax().item()}"
+    )
+
+
+def kernel(march: str):
+    k = load_kernel(march)
+    if k is None:
+        pytest.skip(f"the native kernel cannot be built here for {march}")
+    return k
+
+
+@pytest.mark.parametrize("qtype", NEW_TYPES, ids=lambda q: q.name)
+def test_torch_twin_is_gguf(qtype):
+    weight = random_weight(qtype, 7, 2 * qtype.block_weights, seed=1)
+    ref = reference(weight)
+    assert torch.isfinite(ref).all()
+    assert torch.equal(dequantize_torch(weight), ref)
+    x = make_x(3, weight.in_features, seed=2)
+    assert_within(quant_linear_torch(x, weight), x @ ref.T, fp32_bound(x, ref))
+
+
+@pytest.mark.parametrize("march", MARCHES)
+@pytest.mark.parametrize("qtype", NEW_TYPES, ids=lambda q: q.name)
+def test_kernel_dequantize_is_gguf(qtype, march):
+    k = kernel(march)
+    weight = random_weight(qtype, 13, 3 * qtype.block_weights, seed=3)
+    ref = reference(weight)
+    out = k.dequantize(weight)
+    torch.testing.assert_close(out, ref, rtol=0, atol=4 * U * ref.abs().max().item())
+    assert torch.equal(k.dequantize(weight, 2, 9), out[2:9])
+
+
+@pytest.mark.parametrize("march", MARCHES)
+@pytest.mark.parametrize("qtype", NEW_TYPES, ids=lambda q: q.name)
+def test_kernel_products_equal_fp32_matmul(qtype, march):
+    """The exact GEMV within the fp32 bound; int8 activations (GEMV and GEMM) within the rounding bound; the GEMV's
+    few-row passes give each row what it gives that row alone."""
+    k = kernel(march)
+    act_block = qtype.block_weights
+    for i, (out_features, in_features) in enumerate(shapes(qtype)):
+        weight = random_weight(qtype, out_features, in_features, seed=10 + i)
+        ref = reference(weight)
+        bias = torch.randn(out_features)
+        for rows in ROWS:
+            x = make_x(rows, in_features, seed=100 * i + rows)
+            y_ref = x @ ref.T + bias
+            exact = fp32_bound(x, ref) + 2 * U * bias.abs()
+            assert_within(k.linear(x, weight, bias, act_q8=False), y_ref, exact)
+            rounded = q8_bound(x, ref, act_block) + 2 * exact
+            y8 = k.linear(x, weight, bias, act_q8=True)
+            assert_within(y8, y_ref, rounded)
+            assert_within(k.gemm_q8(x, weight, bias), y_ref, rounded)
+            alone = k.linear(x[rows - 1 :], weight, bias, act_q8=True)
+            assert_within(y8[rows - 1 :], alone, 2 * exact)
+
+
+@pytest.mark.parametrize("qtype", NEW_TYPES, ids=lambda q: q.name)
+def test_kernel_results_do_not_depend_on_the_thread_count(qtype):
+    k = kernel("native")
+    weight = random_weight(
+        qtype, 301, 4 * qtype.block_weights if qtype.block_weights == 256 else 1024, seed=7
+    )
+    threads = torch.get_num_threads()
+    try:
+        for rows in (1, 5):
+            x = make_x(rows, weight.in_features, seed=rows)
+            results = []
+            for n in (1, 2):
+                torch.set_num_threads(n)
+                results.append([k.linear(x, weight, None, act_q8=a) for a in (False, True)])
+            assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+    finally:
+        torch.set_num_threads(threads)
