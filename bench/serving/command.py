@@ -20,13 +20,16 @@ import httpx
 
 from bench.common import loadgen, servers
 from bench.common import session_client as sc
+from bench.common.process_memory import process_memory
 from bench.common.report import print_report, progress, write_results
 from bench.common.workload import WORKLOAD_LABEL, chat_requests
 from bench.serving.report import (
     HEADERS,
+    MEMORY_HEADERS,
     RATIOS_MEANING,
     STEP_HEADERS,
     decode_steps,
+    memory_rows,
     plot,
     ratios,
     served_rest_ms,
@@ -81,6 +84,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the baseline's name in the report and JSON (default: hf_baseline for the one started here; for "
         "--baseline-url, llama.cpp when its /v1/models says owned_by llamacpp, else baseline)",
+    )
+    parser.add_argument(
+        "--baseline-pid",
+        type=int,
+        default=None,
+        help="the process id of the server at --baseline-url: its resident memory (now and at peak) is read after the "
+        "sweep and put beside pagedchat's",
+    )
+    parser.add_argument(
+        "--pid",
+        type=int,
+        default=None,
+        help="the process id of the pagedchat at --url, for the same memory figures",
     )
     parser.add_argument("--no-baseline", action="store_true", help="measure pagedchat only")
     parser.add_argument(
@@ -179,19 +195,22 @@ def _measure(
     points: list[LoadPoint],
     seed: int,
     step_timing: bool = False,
+    pid: int | None = None,
 ) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
     """Sweep the server at `url`, or one `start()`ed here and stopped after; (name, where and what it served, points).
-    A name of None: derived from the server's /v1/models entry."""
+    A name of None: derived from the server's /v1/models entry. The server's memory after the sweep is read from
+    process `pid` (or the one started here) where it can be."""
     with contextlib.ExitStack() as stack:
         started = url is None
         if started:
             server = start()
             stack.enter_context(servers.running([server]))
-            url = server.base_url
+            url, pid = server.base_url, server.process.pid
         entry = servers.served_model(url, api_key)
         name = name or servers.baseline_name(entry)
         pts = asyncio.run(sweep(url, name, entry["id"], requests, points, seed, api_key, step_timing))
-    return name, {"url": url, "model": entry["id"], "started_here": started}, pts
+        memory = None if pid is None else process_memory(pid)
+    return name, {"url": url, "model": entry["id"], "started_here": started, "memory": memory}, pts
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -207,15 +226,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     served: dict[str, dict[str, Any]] = {}
     with servers.log_folder(args.keep_logs) as logs:
         targets = [
-            ("pagedchat", args.url, args.api_key, partial(servers.start_pagedchat, "pagedchat", config, logs))
+            (
+                "pagedchat",
+                args.url,
+                args.api_key,
+                partial(servers.start_pagedchat, "pagedchat", config, logs),
+                args.pid,
+            )
         ]  # --step-timing: the pagedchat started here times its decode steps; one given by --url is read for them
         if not args.no_baseline:
             name = args.baseline_name or (None if args.baseline_url else "hf_baseline")
             start = partial(servers.start_hf_baseline, "hf_baseline", config.model, config.dtype, logs)
-            targets.append((name, args.baseline_url, None, start))
-        for given_name, url, key, start in targets:
+            targets.append((name, args.baseline_url, None, start, args.baseline_pid))
+        for given_name, url, key, start, pid in targets:
             timed = config.step_timing and given_name == "pagedchat"
-            name, info, pts = _measure(given_name, url, start, key, requests, points, args.seed, timed)
+            name, info, pts = _measure(given_name, url, start, key, requests, points, args.seed, timed, pid)
             served[name], systems[name] = info, pts
     payload: dict[str, Any] = {
         "model": config.model,
@@ -237,10 +262,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         payload["baseline"] = {"name": baseline, **served[baseline]}
         payload["ratios_meaning"] = RATIOS_MEANING
         payload["ratios"] = ratios(systems["pagedchat"], systems[baseline])
+        ours, theirs = served["pagedchat"]["memory"], served[baseline]["memory"]
+        if ours and theirs:  # pagedchat / baseline, as the memory targets are stated
+            payload["memory_ratios"] = {key: ours[key] / theirs[key] for key in ours}
     paths = write_results("serving", payload, plot(systems), args.results_dir, args.command_line)
     title = f"serving: {args.num_requests} chat requests per load point (closed loop: {CLOSED_LOOP_REQUESTS})"
-    steps = step_rows(systems["pagedchat"])
-    print_report(title, HEADERS, table_rows(systems), (), () if steps else paths)
+    steps, memory = step_rows(systems["pagedchat"]), memory_rows(served)
+    print_report(title, HEADERS, table_rows(systems), (), () if steps or memory else paths)
+    if memory:
+        print_report("server memory after the sweep", MEMORY_HEADERS, memory, (), () if steps else paths)
     if steps:
         print_report(
             "pagedchat's decode steps, timed inside the served engine", STEP_HEADERS, steps, (), paths

@@ -31,6 +31,18 @@ RATIOS_MEANING = (
 STYLES = {"rate": ("o-", "x:"), "concurrency": ("s--", "+:")}  # (p50, p99) line styles per kind of load
 
 
+MEMORY_HEADERS = ["server", "RSS MB", "peak RSS MB"]
+
+
+def memory_rows(served: dict[str, dict[str, Any]]) -> list[list[Any]]:
+    """One row per server whose memory was read (the one started here, or a --pid / --baseline-pid)."""
+    return [
+        [name, round(m["rss_bytes"] / 1e6), round(m["peak_rss_bytes"] / 1e6)]
+        for name, info in served.items()
+        if (m := info.get("memory"))
+    ]
+
+
 def point_key(point: dict[str, Any]) -> str:
     """`rate=2` or `concurrency=16`: how ratios and the report name a load point."""
     return f"{point['load']}={point['value']:g}"

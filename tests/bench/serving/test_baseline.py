@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
 
 import pytest
@@ -40,8 +41,9 @@ def test_serving_bench_runs_rates_and_concurrency_against_a_llama_cpp_baseline(t
     ):
         argv = shlex.split(
             f"serving --model unused --url {url} --baseline-url {baseline_url} --rates 100 --concurrency 4 "
-            f"--num-requests 3 --max-tokens 4 --results-dir {tmp_path}"
-        )
+            f"--num-requests 3 --max-tokens 4 --results-dir {tmp_path} --pid {os.getpid()} --baseline-pid {os.getpid()}"
+        )  # both fakes serve from this process: its memory stands for both servers'
+
         assert bench_main(argv) == 0
     (json_path,) = tmp_path.glob("serving-*.json")
     doc = json.loads(json_path.read_text())
@@ -50,7 +52,12 @@ def test_serving_bench_runs_rates_and_concurrency_against_a_llama_cpp_baseline(t
         "url": baseline_url,
         "model": "qwen.gguf",
         "started_here": False,
+        "memory": doc["servers"]["llama.cpp"]["memory"],
     }
+    for name in ("pagedchat", "llama.cpp"):
+        memory = doc["servers"][name]["memory"]
+        assert 0 < memory["rss_bytes"] <= memory["peak_rss_bytes"], name
+    assert set(doc["memory_ratios"]) == {"rss_bytes", "peak_rss_bytes"}
     assert doc["workload"]["keep_alive"] is False
     assert set(doc["systems"]) == {"pagedchat", "llama.cpp"}
     for name, points in doc["systems"].items():
@@ -71,6 +78,6 @@ def test_serving_bench_runs_rates_and_concurrency_against_a_llama_cpp_baseline(t
         assert (stats.requests, stats.connections, stats.peak_in_flight) == (13, 13, 4)
         assert set(stats.models_asked) == {model}  # the id read from /v1/models
     out = capsys.readouterr().out
-    assert "server ms/tok" in out
+    assert "server ms/tok" in out and "peak RSS MB" in out
     rows = {line.split()[0] + " " + line.split()[1]: line.split() for line in out.splitlines() if "=" in line}
     assert rows["llama.cpp concurrency=4"][-2] == "4.20" and rows["pagedchat concurrency=4"][-2] == "-"
