@@ -196,7 +196,7 @@ def write_tiny_chat_gguf(path: Path, seed: int = 0, **overrides: Any) -> Path:
 
 def teacher_forced_logits(model, tokens: list[int], prefill_len: int) -> torch.Tensor:
     """Logits of every token: one prefill of prefill_len tokens, then one decode step per remaining token."""
-    caches = make_kv_caches(model.args, NUM_BLOCKS, BLOCK_SIZE, dtype=model.embed_tokens.weight.dtype)
+    caches = make_kv_caches(model.args, NUM_BLOCKS, BLOCK_SIZE, dtype=model.norm.weight.dtype)
     table = make_block_tables([len(tokens)], BLOCK_SIZE, NUM_BLOCKS, seed=1)
     backend, rows, done = TorchAttentionBackend(BLOCK_SIZE), [], 0
     for n in [prefill_len] + [1] * (len(tokens) - prefill_len):
