@@ -15,6 +15,7 @@ import ctypes
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -329,9 +330,12 @@ class QuantLinear(nn.Module):
         self.qtypes = tuple(int(s.qtype) for s in segments)  # each segment's format
         self.act_q8 = act_q8
         # segment 0 is `blocks` (a one-format weight's only one), segment i > 0 `blocks{i}`
-        self.register_buffer("blocks", segments[0].blocks)
-        for i, segment in enumerate(segments[1:], 1):
-            self.register_buffer(f"blocks{i}", segment.blocks)
+        self._buffer_names = tuple(f"blocks{i}" if i else "blocks" for i in range(len(segments)))
+        for name, segment in zip(self._buffer_names, segments, strict=True):
+            self.register_buffer(name, segment.blocks)
+        self._args: tuple[tuple[torch.Tensor, int, int], ...] | None = (
+            None  # segment_args of the buffers, cached
+        )
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.kernel = load_kernel()
 
@@ -339,9 +343,19 @@ class QuantLinear(nn.Module):
     def segments(self) -> tuple[QuantWeight, ...]:
         """The weight's segments in row order (one for a one-format weight)."""
         return tuple(
-            QuantWeight(QuantType(q), getattr(self, f"blocks{i}" if i else "blocks"), self.in_features)
-            for i, q in enumerate(self.qtypes)
+            QuantWeight(QuantType(q), getattr(self, name), self.in_features)
+            for name, q in zip(self._buffer_names, self.qtypes, strict=True)
         )
+
+    def _segment_args(self) -> tuple[tuple[torch.Tensor, int, int], ...]:
+        """segment_args of the buffers, made once (a decode step calls each linear once a token)."""
+        if self._args is None:
+            self._args = segment_args(self.segments)
+        return self._args
+
+    def _apply(self, *args: Any, **kwargs: Any) -> QuantLinear:
+        self._args = None  # .to() and the like may replace the buffers
+        return super()._apply(*args, **kwargs)
 
     @property
     def weight_q(self) -> QuantWeight:
@@ -375,7 +389,7 @@ class QuantLinear(nn.Module):
                     x, self.blocks, self.qtype, self.in_features, self.bias, self.act_q8
                 )
             return self.kernel.linear_segments(
-                x, segment_args(self.segments), self.in_features, self.out_features, self.bias, self.act_q8
+                x, self._segment_args(), self.in_features, self.out_features, self.bias, self.act_q8
             )
         segments = self.segments
         if self.kernel is None or x.device.type != "cpu":
