@@ -29,7 +29,14 @@ from engine.loading.gguf_config import (
     gguf_hf_config,
 )
 from engine.models.llama import LlamaForCausalLM, ModelArgs
-from engine.models.quantized import QuantType, QuantWeight, dequantize_torch, quantize_linears
+from engine.models.quantized import (
+    EMBEDDING,
+    QuantType,
+    QuantWeight,
+    dequantize_torch,
+    quantize_embedding,
+    quantize_linears,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +171,7 @@ def log_tensor_formats(reader: Any, in_blocks: set[str], dtype: torch.dtype) -> 
         elif kind in FLOAT_TYPES:
             why = "float in the file"
         else:
-            why = "the embedding, quantization none, or a fused linear of mixed formats"
+            why = "quantization none, or a fused linear with a part in float"
         logger.info(
             "GGUF %s: %d tensors kept in blocks, %d loaded as %s%s",
             kind, num_blocks, num_float, dtype, f" ({why})" if num_float else "",
@@ -195,7 +202,8 @@ def load_gguf_model(
     gguf): on SmolLM2 the linears at one row take ~1.5x less time on an AVX2 machine, and logits move (`pagedchat
     bench quality`, mode gguf-int8act); act_q8=False multiplies fp32 activations exactly. batch_gemm: how batches of more than the GEMV bound multiply the blocks (fp32
     tiles, a bf16 copy, or the int8 GEMM: see QuantLinear).
-    "none" dequantizes every weight to dtype. Norms, the embedding and biases are always loaded in dtype.
+    "none" dequantizes every weight to dtype. Norms and biases are always loaded in dtype; with "gguf" an embedding
+    in blocks stays in them (QuantEmbedding, shared with a tied head).
     `reader`: open_gguf(path) when the caller has it already (parsing the metadata takes seconds for a large vocab).
     """
     if quantization not in QUANTIZATIONS:
@@ -215,6 +223,9 @@ def load_gguf_model(
     if quantization == "gguf":
         quant = {name: t for name, t in tensors.items() if isinstance(t, QuantWeight)}
         in_blocks = quantize_linears(model, quant, act_q8=act_q8, batch_gemm=batch_gemm)
+        if EMBEDDING in quant:  # kept in blocks, shared with a tied head: no float copy of the table
+            quantize_embedding(model, quant[EMBEDDING])
+            in_blocks.add(EMBEDDING)
     model.load_weights((name, as_float(t)) for name, t in tensors.items() if name not in in_blocks)
     model.eval().requires_grad_(False)
     log_tensor_formats(reader, in_blocks, dtype)

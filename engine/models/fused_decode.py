@@ -23,6 +23,7 @@ import torch
 
 from engine.attention.metadata import check_reach
 from engine.models.llama import LlamaForCausalLM
+from engine.models.quantized import QuantEmbedding
 from engine.native import attention, fused_ops, quant_linear
 from engine.native.attention import load_kernel as load_attention
 from engine.native.build import load_library
@@ -38,11 +39,17 @@ SOURCE = Path(attention.SOURCE).with_name("decode_step.c")
 _i32, _i64, _f32, _ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
+MAX_SEGMENTS = 3  # decode_step.c's: a fused linear's formats (q, k, v each its own at most)
+
+
+class _QSegment(ctypes.Structure):
+    _fields_ = [("blocks", _ptr), ("row_bytes", _i64), ("qtype", _i32), ("out_features", _i32)]
+
+
 class _QLinear(ctypes.Structure):
     _fields_ = [
-        ("blocks", _ptr),
-        ("row_bytes", _i64),
-        ("qtype", _i32),
+        ("segments", _QSegment * MAX_SEGMENTS),
+        ("num_segments", _i32),
         ("out_features", _i32),
         ("in_features", _i32),
         ("bias", _ptr),
@@ -99,6 +106,10 @@ class _Model(ctypes.Structure):
         ("argmax", _ptr),
         ("embed", _ptr),
         ("vocab", _i64),
+        ("embed_blocks", _ptr),
+        ("embed_row_bytes", _i64),
+        ("embed_qtype", _i32),
+        ("gather", _ptr),
     ]
 
 
@@ -132,15 +143,30 @@ def _fusable_head(model: LlamaForCausalLM) -> QuantLinear | None:
 
 
 def _qlinear(module: QuantLinear) -> _QLinear:
+    segments = module.segments
+    assert len(segments) <= MAX_SEGMENTS, f"{len(segments)} segments (the C step takes {MAX_SEGMENTS})"
+    parts = [
+        _QSegment(s.blocks.data_ptr(), s.blocks.shape[1], int(s.qtype), s.out_features) for s in segments
+    ]
     bias = module.bias
     return _QLinear(
-        module.blocks.data_ptr(),
-        module.blocks.shape[1],
-        module.qtype,
+        (_QSegment * MAX_SEGMENTS)(*parts),
+        len(parts),
         module.out_features,
         module.in_features,
         None if bias is None else bias.data_ptr(),
     )
+
+
+def _embedding_fields(model: LlamaForCausalLM) -> tuple:
+    """The Model struct's embed .. gather fields: the fp32 table, or (a QuantEmbedding) its blocks and the gather
+    that QuantEmbedding.forward calls."""
+    embed = model.embed_tokens
+    if isinstance(embed, QuantEmbedding):
+        blocks = embed.blocks
+        gather = _fn_address(quant_linear.SOURCE, "dequantize_gather")
+        return None, embed.num_embeddings, blocks.data_ptr(), blocks.shape[1], embed.qtype, gather
+    return embed.weight.data_ptr(), embed.weight.shape[0], None, 0, 0, None
 
 
 class FusedDecoder:
@@ -220,8 +246,7 @@ class FusedDecoder:
             self._layers,
             _qlinear(head) if head is not None else _QLinear(),
             _fn_address(fused_ops.SOURCE, "argmax_rows_f32"),
-            model.embed_tokens.weight.data_ptr(),
-            model.embed_tokens.weight.shape[0],
+            *_embedding_fields(model),
         )
         self._fn = lib.decode_layers
         self._fn.restype = _i32
@@ -323,11 +348,14 @@ def _unsupported(model: torch.nn.Module, kv_caches: list[LayerKV]) -> str | None
     """Why the fused step cannot run this model, or None."""
     if not isinstance(model, LlamaForCausalLM):
         return f"{type(model).__name__} is not a LlamaForCausalLM"
-    embed = model.embed_tokens.weight
-    if embed.dtype != torch.float32 or embed.device.type != "cpu":
+    embed = model.embed_tokens
+    if model.norm.weight.dtype != torch.float32 or model.norm.weight.device.type != "cpu":
         return "the model is not fp32 on the CPU"
-    if not embed.is_contiguous():  # the C step gathers its rows by pointer
-        return "the token embedding table is not contiguous"
+    if isinstance(embed, QuantEmbedding):
+        if embed.dtype != torch.float32:
+            return "the token embedding's rows are not fp32"
+    elif embed.weight.dtype != torch.float32 or not embed.weight.is_contiguous():  # gathered by pointer
+        return "the token embedding table is not a contiguous fp32 one"
     if load_attention() is None or load_cpu_ops() is None or load_quant_linear() is None:
         return "a native kernel (attention, fused ops, quantized linear) is not built"
     for layer in model.layers:
@@ -341,6 +369,8 @@ def _unsupported(model: torch.nn.Module, kv_caches: list[LayerKV]) -> str | None
             return "its layer linears are not GGUF blocks (it needs --quantization gguf)"
         if any(m.bias is not None and m.bias.dtype != torch.float32 for m in linears):
             return "a linear bias is not fp32"
+        if any(len(m.qtypes) > MAX_SEGMENTS for m in linears):
+            return f"a linear has more than {MAX_SEGMENTS} block formats"
     k0, s0 = kv_caches[0].k, kv_caches[0].k_scale
     scaled = s0 is not None
     if k0.dtype not in (torch.float32, torch.float16, torch.int8) or (k0.dtype == torch.int8) != scaled:

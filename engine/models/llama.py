@@ -238,7 +238,9 @@ class LlamaForCausalLM(nn.Module):
 
     def retie_and_rebuild_rope(self) -> None:
         """Re-tie lm_head and recompute the RoPE table from `args` (after `materialize`, or a change of args)."""
-        if self.args.tie_word_embeddings:  # materialize replaces each module's parameter separately
+        # materialize replaces each module's parameter separately; an embedding in GGUF blocks (QuantEmbedding) has
+        # its head over the same blocks already
+        if self.args.tie_word_embeddings and isinstance(self.embed_tokens, nn.Embedding):
             self.lm_head.weight = self.embed_tokens.weight
         self.rope_cache = rope_cos_sin(self.args).to(self.rope_cache.device, self.rope_cache.dtype)
 
@@ -266,7 +268,7 @@ class LlamaForCausalLM(nn.Module):
         own); the fused ops serve bf16 and fp32 activations alike.
         """
         num_packed = sum(m.pack() for m in self.modules() if isinstance(m, Linear))
-        ops = load_cpu_ops() if self.embed_tokens.weight.dtype in SUPPORTED_DTYPES else None
+        ops = load_cpu_ops() if self.norm.weight.dtype in SUPPORTED_DTYPES else None  # the model's dtype
         for module in self.modules():
             if isinstance(module, (RMSNorm, Attention, MLP)):
                 module.ops = ops

@@ -45,11 +45,23 @@ typedef int (*attend_fn)(int is_bf16, int kv_format, const void *q, int64_t q_ro
                          int64_t o_head, int num_seqs, int num_heads, int num_kv_heads, int head_dim,
                          int block_size, float scale, int num_threads);
 
-/* One quantized linear: GGUF blocks, [out_features, row_bytes], and an optional fp32 bias. */
+typedef int (*gather_fn)(int qtype, const uint8_t *w, int64_t w_row_bytes, int64_t num_rows, const int64_t *index,
+                         int n, int cols, float *out, int64_t out_row, int num_threads);
+
+#define MAX_SEGMENTS 3 /* q, k, v each in its own format at most */
+
+/* Rows of a quantized linear in one GGUF format: blocks [out_features, row_bytes]. */
 typedef struct {
     const uint8_t *blocks;
     int64_t row_bytes;
-    int qtype, out_features, in_features;
+    int qtype, out_features;
+} QSegment;
+
+/* One quantized linear: segments stacked by output rows (one unless its fused parts differ in format, as
+ * llama-quantize's Q4_K_M mixes Q4_K q/k with a Q6_K v), and an optional fp32 bias [out_features]. */
+typedef struct {
+    QSegment segments[MAX_SEGMENTS];
+    int num_segments, out_features, in_features;
     const float *bias;
 } QLinear;
 
@@ -80,16 +92,39 @@ typedef struct {
     int64_t rope_row;
     const float *final_norm;
     const Layer *layers;
-    QLinear head;      /* the LM head as the module path runs it (the same linear or GEMM), or blocks NULL: none */
+    QLinear head;      /* the LM head as the module path runs it (the same linear or GEMM), or no segments: none */
     argmax_fn argmax;  /* fused_ops.c's argmax_rows_f32 */
-    const float *embed; /* the token embeddings [vocab, hidden] */
+    const float *embed; /* the token embeddings [vocab, hidden] fp32, or NULL: in blocks (embed_blocks) */
     int64_t vocab;
+    const uint8_t *embed_blocks; /* the embedding's GGUF blocks [vocab, embed_row_bytes] (a tied head's too) */
+    int64_t embed_row_bytes;
+    int embed_qtype;
+    gather_fn gather; /* quant_linear.c's dequantize_gather: the rows a step needs, as QuantEmbedding gathers them */
 } Model;
 
 static inline double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* y [n, L.out_features] = x [n, L.in_features] @ W^T (+ bias), as QuantLinear.forward runs it: each segment by the
+ * GEMV (or, from gemm_min_rows rows, the int8 GEMM) into its columns of y, with its slice of the bias. The status
+ * of the calls, or-ed. */
+static int run_linear(const Model *m, const QLinear *L, const float *x, float *y, int n, int num_threads) {
+    int status = 0, column = 0;
+    for (int s = 0; s < L->num_segments; s++) {
+        const QSegment *g = &L->segments[s];
+        const float *bias = L->bias ? L->bias + column : NULL;
+        if (m->gemm != NULL && n >= m->gemm_min_rows)
+            status |= m->gemm(g->qtype, g->blocks, g->row_bytes, g->out_features, L->in_features, x, L->in_features,
+                              n, bias, y + column, L->out_features, num_threads);
+        else
+            status |= m->linear(g->qtype, m->act_q8, g->blocks, g->row_bytes, g->out_features, L->in_features, x,
+                                L->in_features, n, bias, y + column, L->out_features, num_threads);
+        column += g->out_features;
+    }
+    return status;
 }
 
 /* residual [n, hidden] gets the embeddings of token `ids` [n] and is updated in place (the gather is here, not a numpy
@@ -104,9 +139,15 @@ int decode_layers(const Model *m, const int64_t *ids, float *residual, float *ou
                   int64_t t_row, int num_threads, double *seconds, float *logits, int32_t *argmax) {
     const int hd = m->head_dim, hq = m->num_heads, hkv = m->num_kv_heads, hidden = m->hidden;
     const int qkv_width = (hq + 2 * hkv) * hd, inter = m->intermediate;
-    for (int r = 0; r < n; r++) {
-        if (ids[r] < 0 || ids[r] >= m->vocab) return -1;
-        memcpy(residual + (size_t)r * hidden, m->embed + ids[r] * hidden, sizeof(float) * hidden);
+    if (m->embed_blocks != NULL) {
+        if (m->gather(m->embed_qtype, m->embed_blocks, m->embed_row_bytes, m->vocab, ids, n, hidden, residual, hidden,
+                      num_threads) != 0)
+            return -1;
+    } else {
+        for (int r = 0; r < n; r++) {
+            if (ids[r] < 0 || ids[r] >= m->vocab) return -1;
+            memcpy(residual + (size_t)r * hidden, m->embed + ids[r] * hidden, sizeof(float) * hidden);
+        }
     }
     float *scratch = malloc(sizeof(float) * (size_t)n * (hidden + qkv_width + hq * hd + hidden + 3 * inter));
     if (!scratch) return -2;
@@ -117,12 +158,7 @@ int decode_layers(const Model *m, const int64_t *ids, float *residual, float *ou
     double t0;
 #define LINEAR(L, x, y)                                                                                          \
     t0 = now_s();                                                                                                \
-    if (m->gemm != NULL && n >= m->gemm_min_rows)                                                                \
-        status |= m->gemm((L).qtype, (L).blocks, (L).row_bytes, (L).out_features, (L).in_features, x,            \
-                          (L).in_features, n, (L).bias, y, (L).out_features, num_threads);                       \
-    else                                                                                                         \
-        status |= m->linear((L).qtype, m->act_q8, (L).blocks, (L).row_bytes, (L).out_features, (L).in_features, \
-                            x, (L).in_features, n, (L).bias, y, (L).out_features, num_threads);                  \
+    status |= run_linear(m, &(L), x, y, n, num_threads);                                                         \
     seconds[0] += now_s() - t0
     m->norm(residual, hidden, NULL, 0, m->layers[0].input_norm, h, hidden, n, hidden, m->eps, num_threads);
     for (int l = 0; l < m->num_layers && status == 0; l++) {
@@ -153,7 +189,7 @@ int decode_layers(const Model *m, const int64_t *ids, float *residual, float *ou
         m->norm(residual, hidden, delta, hidden, next, l + 1 < m->num_layers ? h : out, hidden, n, hidden, m->eps,
                 num_threads);
     }
-    if (status == 0 && logits != NULL && m->head.blocks != NULL) {
+    if (status == 0 && logits != NULL && m->head.num_segments > 0) {
         LINEAR(m->head, out, logits);
         if (status == 0) m->argmax(logits, m->head.out_features, n, m->head.out_features, argmax, num_threads);
     }

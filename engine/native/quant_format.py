@@ -9,6 +9,7 @@ gguf.quants.dequantize, the reference the kernels are tested against.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -117,6 +118,21 @@ class QuantWeight:
         return QuantWeight(first.qtype, torch.cat([p.blocks for p in parts]), first.in_features)
 
 
+def stack_segments(parts: list[QuantWeight]) -> tuple[QuantWeight, ...]:
+    """The parts stacked along the output dimension as segments: each run of one format concatenated into one
+    QuantWeight (llama-quantize's Q4_K_M gives q/k Q4_K and v Q6_K in some layers: two segments).
+    One segment when every part has the same format."""
+    if any(p.in_features != parts[0].in_features for p in parts):
+        raise ValueError(f"cannot stack widths {[p.in_features for p in parts]}: in_features differ")
+    runs: list[list[QuantWeight]] = []
+    for part in parts:
+        if runs and runs[-1][0].qtype == part.qtype:
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    return tuple(run[0] if len(run) == 1 else QuantWeight.cat(run) for run in runs)
+
+
 def dequantize_torch(weight: QuantWeight) -> torch.Tensor:
     """The weight as fp32 [out, in], computed as gguf.quants.dequantize does."""
     qtype, rows = weight.qtype, weight.out_features
@@ -138,9 +154,20 @@ def dequantize_torch(weight: QuantWeight) -> torch.Tensor:
     return (d * q + m).view(rows, -1)
 
 
+def dequantize_rows_torch(weight: QuantWeight, index: torch.Tensor) -> torch.Tensor:
+    """Rows `index` (int64 [n]) of the weight as fp32 [n, in]: the twin of the compiled `dequantize_gather` (the
+    embedding's rows of a step, gathered from its blocks)."""
+    return dequantize_torch(weight.select_rows(index))
+
+
 def quant_linear_torch(
-    x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None
+    x: torch.Tensor, weight: QuantWeight | Sequence[QuantWeight], bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x @ dequantize(weight)^T (+ bias) in fp32, returned in x's dtype: the twin of the compiled kernel."""
-    y = F.linear(x.float(), dequantize_torch(weight), None if bias is None else bias.float())
+    """x @ dequantize(weight)^T (+ bias) in fp32, returned in x's dtype: the twin of the compiled kernel (a weight
+    of segments: theirs stacked by rows)."""
+    if isinstance(weight, QuantWeight):
+        w = dequantize_torch(weight)
+    else:
+        w = torch.cat([dequantize_torch(s) for s in weight])
+    y = F.linear(x.float(), w, None if bias is None else bias.float())
     return y.to(x.dtype)

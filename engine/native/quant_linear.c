@@ -159,3 +159,17 @@ int dequantize(int qtype, const uint8_t *w, int64_t w_row_bytes, int rows, int c
     }
     return 0;
 }
+
+/* out[r, :] = the dequantized weight row index[r], for r < n (the embedding's rows a step needs, gathered from its
+ * blocks: each row is `dequantize` of one row, so the values are bit for bit those of dequantizing the whole matrix).
+ * 0 on success; -1: a bad type or width, or an index outside [0, num_rows). */
+int dequantize_gather(int qtype, const uint8_t *w, int64_t w_row_bytes, int64_t num_rows, const int64_t *index, int n,
+                      int cols, float *out, int64_t out_row, int num_threads) {
+    for (int r = 0; r < n; r++)
+        if (index[r] < 0 || index[r] >= num_rows) return -1;
+    int status = 0;
+#pragma omp parallel for schedule(static) reduction(| : status) num_threads(threads_for((int64_t)n * cols, num_threads))
+    for (int r = 0; r < n; r++)
+        status |= dequantize(qtype, w + index[r] * w_row_bytes, w_row_bytes, 1, cols, out + r * out_row, out_row, 1);
+    return status;
+}

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -60,24 +62,30 @@ class NativeQuantLinear:
         self._dequantize = lib.dequantize
         self._dequantize.restype = i32
         self._dequantize.argtypes = [i32, ptr, i64, i32, i32, ptr, i64, i32]
+        self._gather = lib.dequantize_gather
+        self._gather.restype = i32
+        self._gather.argtypes = [i32, ptr, i64, i64, ptr, i32, i32, ptr, i64, i32]
 
     def linear(
         self,
         x: torch.Tensor,  # [rows, in] fp32, unit stride over in
-        weight: QuantWeight,
+        weight: QuantWeight | Sequence[QuantWeight],  # one format, or segments stacked by output rows
         bias: torch.Tensor | None,  # [out] fp32 or None
         *,
         act_q8: bool,
     ) -> torch.Tensor:
         """x @ W^T (+ bias) as [rows, out] fp32; act_q8 quantizes x per 32-block to int8 first (faster, inexact)."""
-        in_features = x.shape[1]
+        segments = _segments(weight)
+        in_features, out_features = x.shape[1], sum(s.out_features for s in segments)
         assert x.dtype == torch.float32 and x.device.type == "cpu" and x.stride(1) == 1, "fp32 CPU rows only"
-        assert in_features == weight.in_features, f"x has {in_features} features, weight {weight.in_features}"
+        assert all(in_features == s.in_features for s in segments), (
+            f"x has {in_features} features, weight not"
+        )
         if bias is not None:
-            assert (
-                bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (weight.out_features,)
-            )
-        return self.linear_rows(x, weight.blocks, int(weight.qtype), in_features, bias, act_q8)
+            assert bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (out_features,)
+        if len(segments) == 1:
+            return self.linear_rows(x, segments[0].blocks, int(segments[0].qtype), in_features, bias, act_q8)
+        return self.linear_segments(x, segment_args(segments), in_features, out_features, bias, act_q8)
 
     def linear_rows(
         self,
@@ -94,6 +102,52 @@ class NativeQuantLinear:
         if status != 0:
             raise RuntimeError(f"quant_linear rejected its inputs (status {status})")
         return y
+
+    def linear_segments(
+        self,
+        x: torch.Tensor,  # [rows, in] fp32 on the CPU, unit stride over in (the caller checked)
+        segments: Sequence[
+            tuple[torch.Tensor, int, int]
+        ],  # (blocks [seg out, row bytes], qtype, first column)
+        in_features: int,
+        out_features: int,
+        bias: torch.Tensor | None,  # [out] fp32 or None
+        act_q8: bool,
+    ) -> torch.Tensor:
+        """`linear_rows` for a weight of several formats stacked by output rows: each segment's kernel call writes
+        its own columns of one y (the kernels take y's row stride), with its slice of the bias."""
+        y = torch.empty((x.shape[0], out_features), dtype=torch.float32)
+        for blocks, qtype, start in segments:
+            if self._into(self._linear, (qtype, act_q8), x, blocks, in_features, bias, y, start) != 0:
+                raise RuntimeError(f"quant_linear rejected its inputs (type {qtype})")
+        return y
+
+    @staticmethod
+    def _into(
+        fn: ctypes._CFuncPtr,
+        leading: tuple[int, ...],
+        x: torch.Tensor,
+        blocks: torch.Tensor,
+        in_features: int,
+        bias: torch.Tensor | None,  # [y's columns] fp32 or None
+        y: torch.Tensor,  # [rows, columns] fp32, contiguous
+        start: int,  # the first column of y (and element of bias) that this weight's rows give
+    ) -> int:
+        """fn(*leading, the blocks, x's rows, bias from start, y from column start): its status."""
+        return fn(
+            *leading,
+            blocks.data_ptr(),
+            blocks.shape[1],
+            blocks.shape[0],
+            in_features,
+            x.data_ptr(),
+            x.stride(0),
+            x.shape[0],
+            None if bias is None else bias.data_ptr() + 4 * start,
+            y.data_ptr() + 4 * start,
+            y.shape[1],
+            torch.get_num_threads(),
+        )
 
     @staticmethod
     def _rows(
@@ -124,16 +178,44 @@ class NativeQuantLinear:
         )
         return status, y
 
-    def gemm_q8(self, x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    def gemm_q8(
+        self, x: torch.Tensor, weight: QuantWeight | Sequence[QuantWeight], bias: torch.Tensor | None
+    ) -> torch.Tensor:
         """x @ W^T (+ bias) for many rows with int8 activations (quant_gemm_q8: a register-tiled integer GEMM on
-        AVX2, the q8 row kernel elsewhere)."""
-        assert x.dtype == torch.float32 and x.stride(1) == 1 and x.shape[1] == weight.in_features
-        status, y = self._rows(
-            self._gemm_q8, (int(weight.qtype),), x, weight.blocks, weight.in_features, bias
+        AVX2, the q8 row kernel elsewhere), each segment into its columns."""
+        segments = _segments(weight)
+        in_features = segments[0].in_features
+        assert x.dtype == torch.float32 and x.stride(1) == 1 and x.shape[1] == in_features
+        y = torch.empty((x.shape[0], sum(s.out_features for s in segments)), dtype=torch.float32)
+        for blocks, qtype, start in segment_args(segments):
+            status = self._into(self._gemm_q8, (qtype,), x, blocks, in_features, bias, y, start)
+            if status != 0:
+                raise RuntimeError(f"quant_gemm_q8 rejected its inputs (status {status})")
+        return y
+
+    def gather(self, weight: QuantWeight, index: torch.Tensor) -> torch.Tensor:
+        """Rows `index` (int64 [n]) of the weight as fp32 [n, in] (dequantize_gather): an embedding's rows from its
+        blocks, each equal to `dequantize` of that row. IndexError for an index outside the rows."""
+        index = index.contiguous()
+        assert index.dtype == torch.int64 and index.dim() == 1, "index must be int64 [n]"
+        out = torch.empty((index.shape[0], weight.in_features), dtype=torch.float32)
+        status = self._gather(
+            int(weight.qtype),
+            weight.blocks.data_ptr(),
+            weight.blocks.shape[1],
+            weight.out_features,
+            index.data_ptr(),
+            index.shape[0],
+            weight.in_features,
+            out.data_ptr(),
+            weight.in_features,
+            torch.get_num_threads(),
         )
         if status != 0:
-            raise RuntimeError(f"quant_gemm_q8 rejected its inputs (status {status})")
-        return y
+            raise IndexError(
+                f"a row index outside [0, {weight.out_features}) or a bad format (status {status})"
+            )
+        return out
 
     def dequantize(self, weight: QuantWeight, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Rows [start, stop) of the weight as fp32 [stop - start, in]."""
@@ -155,19 +237,39 @@ class NativeQuantLinear:
             raise RuntimeError(f"dequantize rejected its inputs (status {status})")
         return out
 
-    def gemm(self, x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
-        """x @ W^T (+ bias) for many rows: fp32 tiles of W dequantized in turn, each multiplied by torch's GEMM."""
-        out_features = weight.out_features
-        tile_rows = max(1, TILE_WEIGHTS // weight.in_features)
-        if tile_rows >= out_features:
-            return F.linear(x, self.dequantize(weight), bias)
-        y = torch.empty((x.shape[0], out_features), dtype=torch.float32)
-        for start in range(0, out_features, tile_rows):
-            stop = min(start + tile_rows, out_features)
-            torch.mm(x, self.dequantize(weight, start, stop).t(), out=y[:, start:stop])
+    def gemm(
+        self, x: torch.Tensor, weight: QuantWeight | Sequence[QuantWeight], bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """x @ W^T (+ bias) for many rows: fp32 tiles of W dequantized in turn (segment by segment), each multiplied
+        by torch's GEMM."""
+        segments = _segments(weight)
+        tile_rows = max(1, TILE_WEIGHTS // segments[0].in_features)
+        if len(segments) == 1 and tile_rows >= segments[0].out_features:
+            return F.linear(x, self.dequantize(segments[0]), bias)
+        y = torch.empty((x.shape[0], sum(s.out_features for s in segments)), dtype=torch.float32)
+        column = 0
+        for segment in segments:
+            for start in range(0, segment.out_features, tile_rows):
+                stop = min(start + tile_rows, segment.out_features)
+                tile = self.dequantize(segment, start, stop)
+                torch.mm(x, tile.t(), out=y[:, column + start : column + stop])
+            column += segment.out_features
         if bias is not None:
             y += bias
         return y
+
+
+def _segments(weight: QuantWeight | Sequence[QuantWeight]) -> tuple[QuantWeight, ...]:
+    return (weight,) if isinstance(weight, QuantWeight) else tuple(weight)
+
+
+def segment_args(segments: Sequence[QuantWeight]) -> tuple[tuple[torch.Tensor, int, int], ...]:
+    """(blocks, qtype, first output column) of each segment, as `linear_segments` takes them."""
+    args, start = [], 0
+    for segment in segments:
+        args.append((segment.blocks, int(segment.qtype), start))
+        start += segment.out_features
+    return tuple(args)
 
 
 def load_kernel(march: str = "native") -> NativeQuantLinear | None:
@@ -185,6 +287,9 @@ def load_kernel(march: str = "native") -> NativeQuantLinear | None:
 class QuantLinear(nn.Module):
     """A linear layer whose weight stays in GGUF blocks: y = x @ W^T (+ bias), computed in fp32.
 
+    The weight is one QuantWeight, or several stacked by output rows ("segments", each in its own format, one width):
+    llama-quantize's Q4_K_M keeps q/k in Q4_K and v in Q6_K in some layers, which one fused qkv_proj still runs,
+    each segment's kernel writing its columns of y.
     act_q8=True lets the decode path (few rows) quantize activations to int8 per 32-block, as llama.cpp does:
     ~1.4x less CPU time on AVX2 (bench/tools/bench_quant_linear.py), with an error bounded by (block amax of x / 254)
     @ |W|^T (see tests/engine/test_quant_linear.py).
@@ -200,7 +305,7 @@ class QuantLinear(nn.Module):
 
     def __init__(
         self,
-        weight: QuantWeight,
+        weight: QuantWeight | Sequence[QuantWeight],
         bias: torch.Tensor | None = None,
         *,
         act_q8: bool = False,
@@ -209,30 +314,63 @@ class QuantLinear(nn.Module):
         super().__init__()
         if batch_gemm not in BATCH_GEMMS:
             raise ValueError(f"batch_gemm must be one of {BATCH_GEMMS}, got {batch_gemm!r}")
+        segments = _segments(weight)
+        if not segments or any(s.in_features != segments[0].in_features for s in segments):
+            raise ValueError(f"segments must share in_features, got {[s.shape for s in segments]}")
         self.batch_gemm = batch_gemm
         # rows up to which the exact GEMV kernel runs (the fused decode step takes the same bound)
         self.gemv_max_rows = BF16_GEMV_MAX_ROWS if batch_gemm == "bf16" else GEMV_MAX_ROWS
         # batch_gemm bf16's copy, made on first use; not a buffer: the blocks are the weight
         self._weight_bf16: torch.Tensor | None = None
-        self.in_features, self.out_features = weight.in_features, weight.out_features
-        self.qtype = int(weight.qtype)  # a plain int: passed to the kernel on every call
+        self.in_features = segments[0].in_features
+        self.out_features = sum(s.out_features for s in segments)
+        self.qtype = int(
+            segments[0].qtype
+        )  # a plain int: passed to the kernel on every call (the first segment's)
+        self.qtypes = tuple(int(s.qtype) for s in segments)  # each segment's format
         self.act_q8 = act_q8
-        self.register_buffer("blocks", weight.blocks)
+        # segment 0 is `blocks` (a one-format weight's only one), segment i > 0 `blocks{i}`
+        self._buffer_names = tuple(f"blocks{i}" if i else "blocks" for i in range(len(segments)))
+        for name, segment in zip(self._buffer_names, segments, strict=True):
+            self.register_buffer(name, segment.blocks)
+        self._args: tuple[tuple[torch.Tensor, int, int], ...] | None = (
+            None  # segment_args of the buffers, cached
+        )
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.kernel = load_kernel()
 
     @property
+    def segments(self) -> tuple[QuantWeight, ...]:
+        """The weight's segments in row order (one for a one-format weight)."""
+        return tuple(
+            QuantWeight(QuantType(q), getattr(self, name), self.in_features)
+            for name, q in zip(self._buffer_names, self.qtypes, strict=True)
+        )
+
+    def _segment_args(self) -> tuple[tuple[torch.Tensor, int, int], ...]:
+        """segment_args of the buffers, made once (a decode step calls each linear once a token)."""
+        if self._args is None:
+            self._args = segment_args(self.segments)
+        return self._args
+
+    def _apply(self, *args: Any, **kwargs: Any) -> QuantLinear:
+        self._args = None  # .to() and the like may replace the buffers
+        return super()._apply(*args, **kwargs)
+
+    @property
     def weight_q(self) -> QuantWeight:
-        """The weight's blocks, as a QuantWeight."""
+        """The weight's blocks, as a QuantWeight (a one-format weight only: see `segments`)."""
+        assert len(self.qtypes) == 1, f"{len(self.qtypes)} segments: use .segments"
         return QuantWeight(QuantType(self.qtype), self.blocks, self.in_features)
 
     def dequantized_weight(self) -> torch.Tensor:
         """The weight as fp32 [out, in] (for checks and fallbacks)."""
-        return dequantize_torch(self.weight_q)
+        return torch.cat([dequantize_torch(s) for s in self.segments])
 
     def extra_repr(self) -> str:
+        formats = "+".join(QuantType(q).name for q in self.qtypes)
         return (
-            f"in_features={self.in_features}, out_features={self.out_features}, qtype={QuantType(self.qtype).name}, "
+            f"in_features={self.in_features}, out_features={self.out_features}, qtype={formats}, "
             f"bias={self.bias is not None}, act_q8={self.act_q8}, batch_gemm={self.batch_gemm}"
         )
 
@@ -246,25 +384,30 @@ class QuantLinear(nn.Module):
             and not x.is_cuda
             and (self.bias is None or self.bias.dtype == torch.float32)
         ):
-            return self.kernel.linear_rows(
-                x, self.blocks, self.qtype, self.in_features, self.bias, self.act_q8
+            if len(self.qtypes) == 1:  # the decode step's ~120 calls: no Python work beyond the kernel call
+                return self.kernel.linear_rows(
+                    x, self.blocks, self.qtype, self.in_features, self.bias, self.act_q8
+                )
+            return self.kernel.linear_segments(
+                x, self._segment_args(), self.in_features, self.out_features, self.bias, self.act_q8
             )
-        weight = self.weight_q
+        segments = self.segments
         if self.kernel is None or x.device.type != "cpu":
-            return quant_linear_torch(x, weight, self.bias)
+            return quant_linear_torch(x, segments, self.bias)
         x2 = x.reshape(-1, self.in_features)  # [rows, in]
         x2 = x2.float() if x2.stride(-1) == 1 else x2.float().contiguous()
         bias = None if self.bias is None else self.bias.float()
         if x2.shape[0] <= self.gemv_max_rows:
-            y = self.kernel.linear(x2, weight, bias, act_q8=self.act_q8)
+            y = self.kernel.linear(x2, segments, bias, act_q8=self.act_q8)
         elif self.batch_gemm == "bf16":
             if self._weight_bf16 is None:
-                self._weight_bf16 = self.kernel.dequantize(weight).to(torch.bfloat16)
+                parts = [self.kernel.dequantize(s).to(torch.bfloat16) for s in segments]
+                self._weight_bf16 = parts[0] if len(parts) == 1 else torch.cat(parts)
             y = F.linear(x2.to(torch.bfloat16), self._weight_bf16).float()
             if bias is not None:
                 y += bias
         elif self.batch_gemm == "int8":
-            y = self.kernel.gemm_q8(x2, weight, bias)
+            y = self.kernel.gemm_q8(x2, segments, bias)
         else:
-            y = self.kernel.gemm(x2, weight, bias)
+            y = self.kernel.gemm(x2, segments, bias)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)

@@ -89,7 +89,45 @@ def encode(w: np.ndarray, kind: T) -> np.ndarray:
         return w
     if kind == T.F16:
         return w.astype(np.float16)
+    if kind in RANDOM_BLOCK_TYPES:  # random blocks of w's shape (seeded by it): w's values are not kept
+        return random_blocks(kind, w.shape[0], w.shape[1], seed=int(abs(w[0, :4]).sum() * 1e4), scale=0.001)
     return gguf.quants.quantize(w, kind)
+
+
+# byte offsets of each block format's fp16 fields (d, and dmin / m where it has one) inside a block
+FP16_FIELDS = {
+    T.Q4_0: (0,),
+    T.Q4_1: (0, 2),
+    T.Q5_0: (0,),
+    T.Q5_1: (0, 2),
+    T.Q8_0: (0,),
+    T.IQ4_NL: (0,),
+    T.Q3_K: (108,),
+    T.Q4_K: (0, 2),
+    T.Q5_K: (0, 2),
+    T.Q6_K: (208,),
+    T.IQ4_XS: (0,),
+}
+RANDOM_BLOCK_TYPES = (
+    T.Q3_K,
+    T.Q4_K,
+    T.Q5_K,
+    T.Q6_K,
+    T.IQ4_XS,
+)  # gguf-py cannot quantize these: random blocks
+
+
+def random_blocks(kind: T, rows: int, cols: int, seed: int, scale: float = 0.05) -> np.ndarray:
+    """uint8 [rows, row bytes]: random blocks of `kind` whose fp16 fields are finite scales (and minimums) of either
+    sign up to `scale` (speed and the kernels' agreement do not depend on how blocks were chosen)."""
+    block_weights, block_bytes = gguf.GGML_QUANT_SIZES[kind]
+    gen = np.random.default_rng(seed)
+    nb = cols // block_weights
+    raw = gen.integers(0, 256, (rows, nb, block_bytes), dtype=np.uint8)
+    for offset in FP16_FIELDS[kind]:
+        values = gen.uniform(scale / 25, scale, (rows, nb)) * gen.choice([-1, 1], (rows, nb))
+        raw[:, :, offset : offset + 2] = values.astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+    return raw.reshape(rows, -1)
 
 
 def expected_dequantized(w: np.ndarray, kind: T) -> torch.Tensor:
@@ -196,7 +234,7 @@ def write_tiny_chat_gguf(path: Path, seed: int = 0, **overrides: Any) -> Path:
 
 def teacher_forced_logits(model, tokens: list[int], prefill_len: int) -> torch.Tensor:
     """Logits of every token: one prefill of prefill_len tokens, then one decode step per remaining token."""
-    caches = make_kv_caches(model.args, NUM_BLOCKS, BLOCK_SIZE, dtype=model.embed_tokens.weight.dtype)
+    caches = make_kv_caches(model.args, NUM_BLOCKS, BLOCK_SIZE, dtype=model.norm.weight.dtype)
     table = make_block_tables([len(tokens)], BLOCK_SIZE, NUM_BLOCKS, seed=1)
     backend, rows, done = TorchAttentionBackend(BLOCK_SIZE), [], 0
     for n in [prefill_len] + [1] * (len(tokens) - prefill_len):

@@ -206,11 +206,15 @@ def test_gguf_quantization_of_a_float_folder_is_refused(tmp_path):
     assert LLM(model=str(folder), kv_cache_bytes=KV_BYTES).engine.config.quantization == "none"
 
 
-def test_mixed_block_formats_still_load(tmp_path):
+def test_mixed_block_formats_serve_the_float_models_greedy_tokens(tmp_path):
+    """A fused linear whose parts differ in format runs as segments: exact multiplies give the dequantized model's
+    greedy tokens."""
     path = write_tiny_chat_gguf(tmp_path / "mixed.gguf", type_overrides={"blk.0.attn_k.weight": T.Q8_0})
-    llm = LLM(model=str(path), dtype="float32", kv_cache_bytes=KV_BYTES)
-    assert not isinstance(llm.engine.runner.model.layers[0].self_attn.qkv_proj, QuantLinear)
-    assert len(_greedy(llm)[0]) == 24
+    exact = {"dtype": "float32", "kv_cache_bytes": KV_BYTES, "batch_gemm": "fp32", "int8_activations": False}
+    llm = LLM(model=str(path), **exact)
+    assert llm.engine.runner.model.layers[0].self_attn.qkv_proj.qtypes == (T.Q4_1, T.Q8_0, T.Q4_1)
+    dense = LLM(model=str(path), dtype="float32", kv_cache_bytes=KV_BYTES, quantization="none")
+    assert _greedy(llm) == _greedy(dense)
 
 
 def test_a_gguf_beside_another_tokenizer_keeps_its_own(tmp_path):

@@ -11,9 +11,10 @@ import torch
 from engine import LLM, SamplingParams
 from engine.models import fused_decode
 from engine.models.fused_decode import FusedDecoder
+from engine.models.quantized import QuantEmbedding
 from engine.native.quant_linear import BF16_GEMV_MAX_ROWS, GEMV_MAX_ROWS
 from tests.engine.factories import make_attention_metadata
-from tests.engine.gguf_factories import write_tiny_chat_gguf
+from tests.engine.gguf_factories import T, write_tiny_chat_gguf
 
 KV_BYTES = 8 * 2**20
 PROMPTS = [f"prompt number {i}: tell me about {word}" for i, word in enumerate("abcdefghijklmnopqrstuvwx")]
@@ -22,6 +23,25 @@ PROMPTS = [f"prompt number {i}: tell me about {word}" for i, word in enumerate("
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory) -> Path:
     return write_tiny_chat_gguf(tmp_path_factory.mktemp("fused") / "tiny.gguf", seed=11, num_layers=3)
+
+
+@pytest.fixture(scope="module")
+def mixed_gguf(tmp_path_factory) -> Path:
+    """Q4_K_M's mix in small: q/k/o/gate/up Q4_K, v and down Q6_K (layer 1's k Q5_K: three formats in one qkv), a
+    tied Q6_K embedding; widths whole super-blocks of 256."""
+    overrides = {f"blk.{n}.{part}.weight": T.Q6_K for n in range(2) for part in ("attn_v", "ffn_down")}
+    overrides["blk.1.attn_k.weight"] = T.Q5_K
+    return write_tiny_chat_gguf(
+        tmp_path_factory.mktemp("fused") / "mixed.gguf",
+        seed=5,
+        hidden_size=256,
+        intermediate_size=512,
+        num_heads=4,
+        num_kv_heads=2,
+        linear_type=T.Q4_K,
+        embed_type=T.Q6_K,
+        type_overrides=overrides,
+    )
 
 
 def _run(
@@ -77,6 +97,25 @@ def test_fused_step_equals_the_module_path_bit_for_bit(
     assert fused == modules  # tokens and logprobs, exactly
 
 
+@pytest.mark.parametrize(
+    ("act_q8", "num_prompts"),
+    [(False, 1), (True, 5), (True, GEMV_MAX_ROWS + 1)],
+    ids=["fp32-1", "q8-5", "q8-gemm"],
+)
+def test_a_model_of_mixed_formats_is_fused_bit_for_bit(mixed_gguf, act_q8, num_prompts):
+    """Segments of several formats in one linear and the embedding gathered from its blocks: the C step calls what
+    the modules call, per segment into the same columns."""
+    llm, fused = _run(mixed_gguf, True, PROMPTS[:num_prompts], act_q8)
+    model = llm.engine.runner.model
+    assert llm.engine.runner.fused is not None, "the fused step should take a model of mixed formats"
+    assert model.layers[0].self_attn.qkv_proj.qtypes == (T.Q4_K, T.Q6_K)
+    assert model.layers[1].self_attn.qkv_proj.qtypes == (T.Q4_K, T.Q5_K, T.Q6_K)
+    assert isinstance(model.embed_tokens, QuantEmbedding)
+    assert model.lm_head.blocks.data_ptr() == model.embed_tokens.blocks.data_ptr()  # one copy of the bytes
+    _, modules = _run(mixed_gguf, False, PROMPTS[:num_prompts], act_q8)
+    assert fused == modules and len(fused[0][0]) == 12
+
+
 def test_past_the_gemv_bound_a_batch_gemm_in_torch_leaves_the_step_to_the_modules(monkeypatch, tiny_gguf):
     """batch_gemm fp32 multiplies more than 16 rows in torch (dequantized tiles): the fused step stops at 16."""
     prompts = PROMPTS[: GEMV_MAX_ROWS + 4]
@@ -105,7 +144,7 @@ def test_a_block_past_the_pool_is_refused_before_c_follows_it(tiny_gguf):
 def test_a_token_past_the_vocabulary_is_refused_before_c_reads_its_embedding(tiny_gguf):
     llm = LLM(model=str(tiny_gguf), quantization="gguf", kv_cache_bytes=KV_BYTES)
     runner = llm.engine.runner
-    vocab = runner.model.embed_tokens.weight.shape[0]
+    vocab = runner.model.args.vocab_size
     for token in (vocab, -1):
         with pytest.raises(RuntimeError, match="decode_layers failed"):
             runner.fused.decode([token], [2], [[0]])

@@ -23,7 +23,7 @@ from engine.loading.gguf import (
     unpermute_index,
 )
 from engine.models.llama import Linear, ModelArgs
-from engine.models.quantized import QuantLinear, QuantType, QuantWeight, dequantize_torch
+from engine.models.quantized import QuantEmbedding, QuantLinear, QuantType, QuantWeight, dequantize_torch
 from tests.engine.gguf_factories import (
     T,
     TinyLlama,
@@ -133,15 +133,45 @@ def test_quantized_model_matches_dequantized_model(tmp_path, linear_type):
         assert decode_error > 0, "act_q8 should round the decode activations"
 
 
-def test_mixed_formats_keep_that_linear_in_float(tmp_path):
+@pytest.mark.parametrize("embed_type", [T.Q8_0, T.Q6_K])
+def test_a_tied_embedding_and_head_share_one_blocks_tensor(tmp_path, embed_type):
+    """The embedding stays in its blocks (no float [vocab, hidden] copy) and the tied head reads the same bytes."""
+    cfg = TinyLlama(hidden_size=256, num_heads=4, embed_type=embed_type)
+    path, weights = make_gguf(tmp_path, cfg)
+    model, _ = load_gguf_model(path, torch.float32, CPU, quantization="gguf", act_q8=False)
+    embed, head = model.embed_tokens, model.lm_head
+    assert isinstance(embed, QuantEmbedding) and isinstance(head, QuantLinear)
+    assert embed.blocks.data_ptr() == head.blocks.data_ptr() and embed.qtype == head.qtype == int(embed_type)
+    assert not any(t.numel() >= cfg.vocab_size * cfg.hidden_size for t in model.parameters())
+    file_rows = dequantize_torch(QuantWeight(QuantType(int(embed_type)), embed.blocks, cfg.hidden_size))
+    ids = torch.tensor([0, 7, 127, 7])
+    torch.testing.assert_close(embed(ids), file_rows[ids], rtol=0, atol=1e-6 * file_rows.abs().max().item())
+    reference, _ = load_gguf_model(path, torch.float32, CPU, quantization="none")
+    assert torch.equal(reference.embed_tokens.weight, file_rows)  # the same rows, from the float path
+    tokens = list(range(3, 24))
+    torch.testing.assert_close(
+        teacher_forced_logits(model, tokens, 18),
+        teacher_forced_logits(reference, tokens, 18),
+        atol=1e-4,
+        rtol=3e-5,
+    )
+
+
+def test_mixed_block_formats_fuse_into_segments_and_a_float_part_keeps_float(tmp_path):
+    """q and v Q4_1 around a Q8_0 k: one QuantLinear of three segments; a part in F16 leaves its linear in float."""
     cfg = TinyLlama(type_overrides={"blk.0.attn_k.weight": T.Q8_0, "blk.1.ffn_up.weight": T.F16})
     path, _ = make_gguf(tmp_path, cfg)
     model, _ = load_gguf_model(path, torch.float32, CPU, quantization="gguf", act_q8=False)
     reference, _ = load_gguf_model(path, torch.float32, CPU, quantization="none")
-    assert (
-        type(model.layers[0].self_attn.qkv_proj) is Linear
-        and type(model.layers[1].mlp.gate_up_proj) is Linear
-    )
+    qkv = model.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv, QuantLinear) and qkv.qtypes == (T.Q4_1, T.Q8_0, T.Q4_1)
+    assert [s.out_features for s in qkv.segments] == [
+        cfg.num_heads * cfg.head_dim,
+        cfg.head_dim,
+        cfg.head_dim,
+    ]
+    assert torch.equal(qkv.dequantized_weight(), reference.layers[0].self_attn.qkv_proj.weight)
+    assert type(model.layers[1].mlp.gate_up_proj) is Linear
     assert isinstance(model.layers[0].mlp.gate_up_proj, QuantLinear)
     tokens = list(range(3, 24))
     torch.testing.assert_close(
@@ -181,7 +211,7 @@ def test_auto_dtype_is_fp32_where_every_layer_linear_keeps_its_blocks(tmp_path, 
 def test_bf16_model_from_gguf(tmp_path):
     path, _ = make_gguf(tmp_path, dataclasses.replace(TinyLlama(), linear_type=T.Q4_1))
     model, _ = load_gguf_model(path, torch.bfloat16, CPU, quantization="gguf")
-    assert model.embed_tokens.weight.dtype == torch.bfloat16
+    assert isinstance(model.embed_tokens, QuantEmbedding) and model.embed_tokens.dtype == torch.bfloat16
     logits = teacher_forced_logits(model, list(range(5, 25)), 18)
     assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
 

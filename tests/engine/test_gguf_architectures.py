@@ -13,7 +13,7 @@ import torch
 
 from engine.loading.gguf import gguf_hf_config, iter_gguf_tensors, load_gguf_model, open_gguf
 from engine.models.llama import Linear, ModelArgs
-from engine.models.quantized import QuantLinear, dequantize_torch
+from engine.models.quantized import QuantEmbedding, QuantLinear, dequantize_torch
 from engine.models.rope import rope_inv_freq
 from tests.engine.factories import make_hf_model
 from tests.engine.gguf_factories import T, teacher_forced_logits
@@ -96,17 +96,23 @@ def test_logits_match_transformers(tmp_path, caplog, kind, quantization):
     torch.testing.assert_close(
         teacher_forced_logits(model, tokens, prefill_len=20), expected, atol=2e-4, rtol=0
     )
-    # K formats are dequantized once; Q8_0 linears stay in blocks with quantization gguf
-    in_blocks = quantization == "gguf" and kind == "mistral"
+    # with quantization gguf every linear stays in blocks (qwen2's q/k Q4_K beside a Q6_K v: segments of one
+    # QuantLinear), and so does an embedding in a block format (llama3's Q2_K is dequantized: no kernel)
+    in_blocks = quantization == "gguf"
     qkv = model.layers[0].self_attn.qkv_proj
     assert isinstance(qkv, QuantLinear) if in_blocks else type(qkv) is Linear
     assert (qkv.bias is not None) == (kind == "qwen2")
+    if in_blocks and kind == "qwen2":
+        assert model.layers[1].self_attn.qkv_proj.qtypes == (T.Q4_K, T.Q6_K)
+        assert isinstance(model.embed_tokens, QuantEmbedding)
+        assert model.embed_tokens.blocks.data_ptr() == model.lm_head.blocks.data_ptr()
     for kind_name in {k.name for k in kinds.values()}:
         assert f"GGUF {kind_name}: " in caplog.text
     num_q4_k = sum(k == T.Q4_K for k in kinds.values())
     if kind == "qwen2":
+        kept = num_q4_k if in_blocks else 0
         assert (
-            f"GGUF Q4_K: 0 tensors kept in blocks, {num_q4_k} loaded as torch.float32 (dequantized"
+            f"GGUF Q4_K: {kept} tensors kept in blocks, {num_q4_k - kept} loaded as torch.float32"
             in caplog.text
         )
 
