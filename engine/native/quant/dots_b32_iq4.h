@@ -97,40 +97,68 @@ static inline __m256 b32_fp16_splat(const uint8_t *p) {
     return _mm256_cvtph_ps(_mm_set1_epi16(h));
 }
 
-/* One block's step for NR activation rows: acc[r] += its integer dot times d dx; mins[r] += m s (Q5_1). */
+/* Row r's integer dot with the block (w its weights, u = |w|, or w for Q5_1): 8 int32 partial sums. */
+static inline __attribute__((always_inline)) __m256i b32_row_dot(int fmt, __m256i w, __m256i u, const ActBlock32 *a) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)a->qs);
+    return b32_udot(u, fmt == Q5_1 ? x : _mm256_sign_epi8(x, w));
+}
+
+/* One block's step for NR activation rows: acc[r / 2] += its integer dots times d dx, two rows a vector (hadd puts
+ * row r's partial sums in lanes 0, 1, 4, 5 and row r + 1's in 2, 3, 6, 7: one conversion, scale and FMA for both);
+ * mins[r] += m s (Q5_1). */
 static inline __attribute__((always_inline)) void b32_q8_step(int fmt, const uint8_t *blk, const ActBlock32 *a,
                                                               int64_t act_row, int NR, __m256 *acc, float *mins) {
     const __m256i w = b32_weights(fmt, blk);
     const __m256i u = fmt == Q5_1 ? w : _mm256_sign_epi8(w, w);
     const __m256 d = b32_fp16_splat(blk);
     const float m = fmt == Q5_1 ? fp16_at(blk + 2) : 0.0f;
-    for (int r = 0; r < NR; r++) {
-        const ActBlock32 *ar = a + r * act_row;
-        __m256i x = _mm256_loadu_si256((const __m256i *)ar->qs);
-        if (fmt != Q5_1) x = _mm256_sign_epi8(x, w);
-        const __m256 scale = _mm256_mul_ps(d, _mm256_broadcast_ss(&ar->d));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b32_udot(u, x)), scale, acc[r]);
-        if (fmt == Q5_1) mins[r] += m * ar->s;
+    int r = 0;
+    for (; r + 1 < NR; r += 2) {
+        const ActBlock32 *a0 = a + r * act_row, *a1 = a0 + act_row;
+        const __m256i p = _mm256_hadd_epi32(b32_row_dot(fmt, w, u, a0), b32_row_dot(fmt, w, u, a1));
+        const __m256 dx = _mm256_shuffle_ps(_mm256_broadcast_ss(&a0->d), _mm256_broadcast_ss(&a1->d), 0);
+        acc[r / 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(d, dx), acc[r / 2]);
     }
+    if (r < NR) {
+        const ActBlock32 *ar = a + r * act_row;
+        const __m256 scale = _mm256_mul_ps(d, _mm256_broadcast_ss(&ar->d));
+        acc[r / 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b32_row_dot(fmt, w, u, ar)), scale, acc[r / 2]);
+    }
+    if (fmt == Q5_1)
+        for (r = 0; r < NR; r++) mins[r] += m * a[r * act_row].s;
 }
 
-/* dot_q8 for NR rows (a constant after inlining): blocks in pairs, each of a pair into its own accumulators (two
- * FMA chains a row, so that one row's dot is not bound by the FMA's latency). */
+/* dot_q8 for NR rows (a constant after inlining): blocks in pairs, for one or two rows each of a pair into its own
+ * accumulators (two FMA chains, so that the dot is not bound by the FMA's latency; more rows have chains enough). */
 static inline __attribute__((always_inline)) void b32_dot_q8_rows(int fmt, const uint8_t *wrow, int nb,
                                                                   const ActBlock32 *act, int64_t act_row, int NR,
                                                                   float *sums) {
-    const int bb = b32_block_bytes(fmt);
-    __m256 acc0[KQ_ROWS], acc1[KQ_ROWS];
+    const int bb = b32_block_bytes(fmt), NV = (NR + 1) / 2;
+    __m256 acc0[KQ_ROWS / 2], acc1[KQ_ROWS / 2];
     float mins[KQ_ROWS];
-    for (int r = 0; r < NR; r++) acc0[r] = acc1[r] = _mm256_setzero_ps(), mins[r] = 0.0f;
+    for (int v = 0; v < NV; v++) acc0[v] = acc1[v] = _mm256_setzero_ps();
+    for (int r = 0; r < NR; r++) mins[r] = 0.0f;
     int b = 0;
     for (; b + 1 < nb; b += 2) {
         _mm_prefetch((const char *)(wrow + (int64_t)b * bb + B32_PREFETCH), _MM_HINT_T0);
         b32_q8_step(fmt, wrow + (int64_t)b * bb, act + b, act_row, NR, acc0, mins);
-        b32_q8_step(fmt, wrow + (int64_t)(b + 1) * bb, act + b + 1, act_row, NR, acc1, mins);
+        if (NR <= 2)
+            b32_q8_step(fmt, wrow + (int64_t)(b + 1) * bb, act + b + 1, act_row, NR, acc1, mins);
+        else
+            b32_q8_step(fmt, wrow + (int64_t)(b + 1) * bb, act + b + 1, act_row, NR, acc0, mins);
     }
     if (b < nb) b32_q8_step(fmt, wrow + (int64_t)b * bb, act + b, act_row, NR, acc0, mins);
-    for (int r = 0; r < NR; r++) sums[r] = hsum8(_mm256_add_ps(acc0[r], acc1[r])) + mins[r];
+    for (int v = 0; v < NV; v++) {
+        const __m256 t = _mm256_add_ps(acc0[v], acc1[v]);
+        if (2 * v + 1 < NR) { /* lanes 0, 1 (and 4, 5): row 2v; 2, 3 (6, 7): row 2v + 1 */
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+            h = _mm_hadd_ps(h, h);
+            sums[2 * v] = _mm_cvtss_f32(h) + mins[2 * v];
+            sums[2 * v + 1] = _mm_cvtss_f32(_mm_movehdup_ps(h)) + mins[2 * v + 1];
+        } else {
+            sums[2 * v] = hsum8(t) + mins[2 * v];
+        }
+    }
 }
 
 /* The 32 weights of a block of integers w (b32_weights's) as fp32: d * w (+ m), as the reference computes them. */
