@@ -174,10 +174,10 @@ static inline __attribute__((always_inline)) void b32_to_f32(__m256i w, int is_s
 }
 
 /* acc[r][k % NA] += w[k] * x row r's 32 floats, for NR rows; NA accumulators a row (4 for one or two rows: short
- * FMA chains; 2 for more, within the 16 registers). */
+ * FMA chains; fewer for more, within the 16 registers). */
 static inline __attribute__((always_inline)) void f32_block_fma(const __m256 w[4], const float *x, int64_t x_row,
                                                                 int NR, __m256 acc[][4]) {
-    const int NA = NR <= 2 ? 4 : 2;
+    const int NA = NR <= 2 ? 4 : NR <= 4 ? 2 : 1;
     for (int r = 0; r < NR; r++)
         for (int k = 0; k < 4; k++)
             acc[r][k % NA] = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(x + r * x_row + 8 * k), acc[r][k % NA]);
@@ -348,13 +348,25 @@ static inline void iq4xs_dot_f32_rows(const uint8_t *wrow, int nb, const float *
 }
 #endif
 
-/* The QFormat entry points: each row count its own specialization (accumulators in registers). */
+/* The QFormat entry points: each row count its own specialization (accumulators in registers); ready for a
+ * KQ_ROWS of 8 (whose passes of 5..8 rows the pairs of rows keep in registers, AVX2's 16 included). */
+_Static_assert(KQ_ROWS == 4 || KQ_ROWS == 8, "the dots specialize 1..4 or 1..8 rows");
+#if KQ_ROWS > 4
+#define B32_WIDE(CALL)                                                                                              \
+    case 5: CALL(5); break;                                                                                         \
+    case 6: CALL(6); break;                                                                                         \
+    case 7: CALL(7); break;                                                                                         \
+    case 4: CALL(4); break;
+#else
+#define B32_WIDE(CALL)
+#endif
 #define B32_BY_ROWS(CALL)                                                                                           \
     switch (nr) {                                                                                                   \
     case 1: CALL(1); break;                                                                                         \
     case 2: CALL(2); break;                                                                                         \
     case 3: CALL(3); break;                                                                                         \
-    default: CALL(4); break;                                                                                        \
+    B32_WIDE(CALL)                                                                                                  \
+    default: CALL(KQ_ROWS); break;                                                                                  \
     }
 #define B32_DEFINE(NAME)                                                                                            \
     static void NAME##_dot_q8(const uint8_t *wrow, int nb, const void *act, int64_t act_row, int nr, float *sums) { \
