@@ -342,8 +342,10 @@ static inline void iq4xs_dot_f32_rows(const uint8_t *wrow, int nb, const float *
         for (int ib = 0; ib < QK_K / 32; ib++) {
             const float dl = d * (float)iq4xs_scale(blk, ib);
             float w[32];
-            for (int j = 0; j < 16; j++)
-                w[j] = dl * (float)IQ4_LEVELS[qs[16 * ib + j] & 15], w[j + 16] = dl * (float)IQ4_LEVELS[qs[16 * ib + j] >> 4];
+            for (int j = 0; j < 16; j++) {
+                w[j] = dl * (float)IQ4_LEVELS[qs[16 * ib + j] & 15];
+                w[j + 16] = dl * (float)IQ4_LEVELS[qs[16 * ib + j] >> 4];
+            }
             for (int r = 0; r < nr; r++) {
                 float s = 0.0f;
                 for (int j = 0; j < 32; j++) s += w[j] * x[r * x_row + (int64_t)b * QK_K + 32 * ib + j];
