@@ -7,6 +7,7 @@
 #include "quant/dots_q4k_q5k.h"
 #include "quant/dots_q6k_q3k.h"
 #include "quant/dots_b32_iq4.h"
+#include "quant/gemm_b32.h"
 
 #define KQ_TILE 16 /* weight rows the GEMM keeps in cache while it sweeps every activation row */
 
@@ -145,6 +146,11 @@ static int kq_gemm(const QFormat *f, const uint8_t *w, int64_t w_row_bytes, int 
                    int num_threads) {
     const int nb = in_features / f->block_weights;
     if (in_features % f->block_weights != 0 || w_row_bytes < (int64_t)nb * f->block_bytes) return -1;
+#ifdef QL_AVX2 /* Q5_0, Q5_1, IQ4_NL: the legacy formats' tiled GEMM over their unpacked blocks (quant/gemm_b32.h) */
+    if (f->qtype == Q5_0 || f->qtype == Q5_1 || f->qtype == IQ4_NL)
+        return b32_gemm(f->qtype, w, w_row_bytes, out_features, in_features, x, x_row, rows, bias, y, y_row,
+                        num_threads);
+#endif
     int64_t act_row;
     int failed;
     void *act = kq_activations(f, 1, x, x_row, rows, in_features, &act_row, &failed);
