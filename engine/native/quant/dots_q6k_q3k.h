@@ -133,9 +133,15 @@ static inline __attribute__((always_inline)) __m256i k63_chunk(int qtype, const 
 /* The 16 int8 scales of a block. */
 static inline __attribute__((always_inline)) __m128i k63_scales(int qtype, const uint8_t *blk) {
     if (qtype == Q6_K) return _mm_loadu_si128((const __m128i *)(blk + 192));
-    int8_t sc[16];
-    q3k_scales_fast(blk + 96, sc);
-    return _mm_loadu_si128((const __m128i *)sc);
+    /* q3k_scales_fast in lanes (no round trip through memory): words [a0, a1, a0 >> 4, a1 >> 4] hold the low
+     * nibbles, a2 >> [0, 2, 4, 6] the high pairs */
+    uint32_t a[3];
+    memcpy(a, blk + 96, 12);
+    const __m128i lo = _mm_srlv_epi32(_mm_setr_epi32((int)a[0], (int)a[1], (int)a[0], (int)a[1]), _mm_setr_epi32(0, 0, 4, 4));
+    const __m128i hi = _mm_srlv_epi32(_mm_set1_epi32((int)a[2]), _mm_setr_epi32(0, 2, 4, 6));
+    const __m128i v = _mm_or_si128(_mm_and_si128(lo, _mm_set1_epi8(0x0f)),
+                                   _mm_slli_epi32(_mm_and_si128(hi, _mm_set1_epi8(0x03)), 4));
+    return _mm_sub_epi8(v, _mm_set1_epi8(32));
 }
 
 /* Sub-blocks 2c and 2c + 1's scales as int16 lanes 0..7 and 8..15: the pairs maddubs makes of chunk c. */
@@ -217,8 +223,113 @@ static inline __attribute__((always_inline)) void k63_dot_f32_avx2(int qtype, co
         sums[r] = hsum8(t);
     }
 }
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define K63_AVX512 1
+/* AVX-512 (this Xeon): two chunks a 512-bit vector, so a row's share of a block (the part that grows with the rows)
+ * is 4 maddubs + 4 vpdpwssd instead of 8 + 8 (or 8 + 16 without VNNI). Chunks 2p and 2p + 1 of a block as 64
+ * unsigned bytes (Q6_K: both from one 64-byte load of ql; Q3_K: one 32-byte half of qs in both halves). */
+static inline __attribute__((always_inline)) __m512i k63_chunk_pair(int qtype, const uint8_t *blk, int p) {
+    const int n = p / 2, j = p % 2; /* chunks 4n + 2j, 4n + 2j + 1 */
+    if (qtype == Q6_K) {
+        const __m512i ql = _mm512_loadu_si512((const void *)(blk + 64 * n));
+        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n)));
+        /* halves k = 2j and 2j + 1: low nibbles (j = 0) or high ones, the pair bits 2k, 2k + 1 to bits 4, 5 */
+        const __m512i low = _mm512_and_si512(j == 0 ? ql : _mm512_srli_epi16(ql, 4), _mm512_set1_epi8(0x0f));
+        const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(j == 0 ? 4 : 0), _mm256_set1_epi16(j == 0 ? 2 : 0), 1);
+        const __m512i pair = j == 0 ? _mm512_sllv_epi16(qh, shift)
+                                    : _mm512_srlv_epi16(qh, _mm512_inserti64x4(_mm512_setzero_si512(),
+                                                                               _mm256_set1_epi16(2), 1));
+        return _mm512_or_si512(low, _mm512_and_si512(pair, _mm512_set1_epi8(0x30)));
+    }
+    const int c = 4 * n + 2 * j;
+    const __m512i qs = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * n)));
+    const __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)blk));
+    const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(4 * j), _mm256_set1_epi16(4 * j + 2), 1);
+    const __m512i two = _mm512_and_si512(_mm512_srlv_epi16(qs, shift), _mm512_set1_epi8(3));
+    const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << c)), _mm256_set1_epi8((char)(1 << (c + 1))), 1);
+    return _mm512_mask_add_epi8(two, _mm512_test_epi8_mask(hm, bit), two, _mm512_set1_epi8(4)); /* + 4 where set */
+}
+
+static inline __attribute__((always_inline)) void k63_dot_q8_avx512(int qtype, const uint8_t *wrow, int nb,
+                                                                    const ActBlockK *act, int64_t act_row, int NR,
+                                                                    float *sums) {
+    __m512 accf[KQ_ROWS];
+    for (int r = 0; r < NR; r++) accf[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = wrow + (int64_t)b * K63_BYTES(qtype);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(k63_scales(qtype, blk));
+        const __m256i sc_off = _mm256_slli_epi16(sc16, qtype == Q6_K ? 5 : 2);
+        __m512i acc[KQ_ROWS][2]; /* two chains a row: even and odd chunk pairs */
+        for (int r = 0; r < NR; r++) {
+            const __m256i bsums = _mm256_loadu_si256((const __m256i *)act[r * act_row + b].bsums);
+            acc[r][0] = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(bsums, sc_off)));
+            acc[r][1] = _mm512_setzero_si512();
+        }
+        for (int p = 0; p < 4; p++) {
+            const __m512i u = k63_chunk_pair(qtype, blk, p);
+            /* scales 4p .. 4p + 3, each over the 8 int16 pairs of its 16 weights */
+            const __m512i pick = _mm512_add_epi16(_mm512_set1_epi16((short)(4 * p)),
+                                                  _mm512_set_epi64(0x0003000300030003ll, 0x0003000300030003ll,
+                                                                   0x0002000200020002ll, 0x0002000200020002ll,
+                                                                   0x0001000100010001ll, 0x0001000100010001ll, 0, 0));
+            const __m512i s = _mm512_permutexvar_epi16(pick, _mm512_castsi256_si512(sc16));
+            for (int r = 0; r < NR; r++) {
+                const __m512i a = _mm512_loadu_si512((const void *)(act[r * act_row + b].qs + 64 * p));
+                acc[r][p & 1] = _mm512_dpwssd_epi32(acc[r][p & 1], _mm512_maddubs_epi16(u, a), s);
+            }
+        }
+        const float d = fp16_at(blk + K63_D(qtype));
+        for (int r = 0; r < NR; r++)
+            accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc[r][0], acc[r][1])),
+                                      _mm512_set1_ps(d * act[r * act_row + b].d), accf[r]);
+    }
+    for (int r = 0; r < NR; r++) sums[r] = _mm512_reduce_add_ps(accf[r]);
+}
+
+/* Exact: a sub-block of 16 weights is one 512-bit vector of fp32, (d sc) * u - off (d sc) by one fma. */
+static inline __attribute__((always_inline)) void k63_dot_f32_avx512(int qtype, const uint8_t *wrow, int nb,
+                                                                     const float *x, int64_t x_row, int NR,
+                                                                     float *sums) {
+    enum { ACC = 4 };
+    const int acc_n = NR <= 2 ? ACC : 2;
+    __m512 acc[KQ_ROWS][ACC];
+    for (int r = 0; r < NR; r++)
+        for (int j = 0; j < ACC; j++) acc[r][j] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = wrow + (int64_t)b * K63_BYTES(qtype);
+        float s[16], neg[16]; /* d sc and -off d sc per sub-block, read back as broadcasts */
+        const __m512 ds = _mm512_mul_ps(_mm512_set1_ps(fp16_at(blk + K63_D(qtype))),
+                                        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(k63_scales(qtype, blk))));
+        _mm512_storeu_ps(s, ds);
+        _mm512_storeu_ps(neg, _mm512_mul_ps(ds, _mm512_set1_ps(-(float)K63_OFF(qtype)))); /* exact: 2^k */
+        for (int c = 0; c < 8; c++) {
+            const __m256i u = k63_chunk(qtype, blk, c);
+            const __m128i halves[2] = {_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1)};
+            __m512 w[2];
+            for (int h = 0; h < 2; h++)
+                w[h] = _mm512_fmadd_ps(_mm512_set1_ps(s[2 * c + h]), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(halves[h])),
+                                       _mm512_set1_ps(neg[2 * c + h]));
+            for (int r = 0; r < NR; r++) {
+                const float *xc = x + r * x_row + (int64_t)b * QK_K + 32 * c;
+                for (int h = 0; h < 2; h++) {
+                    __m512 *t = &acc[r][acc_n == 4 ? 2 * (c & 1) + h : h];
+                    *t = _mm512_fmadd_ps(w[h], _mm512_loadu_ps(xc + 16 * h), *t);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++) {
+        __m512 t = _mm512_add_ps(acc[r][0], acc[r][1]);
+        if (acc_n == 4) t = _mm512_add_ps(t, _mm512_add_ps(acc[r][2], acc[r][3]));
+        sums[r] = _mm512_reduce_add_ps(t);
+    }
+}
+#define K63_DOT_Q8 k63_dot_q8_avx512
+#define K63_DOT_F32 k63_dot_f32_avx512
+#else
 #define K63_DOT_Q8 k63_dot_q8_avx2
 #define K63_DOT_F32 k63_dot_f32_avx2
+#endif
 #else
 #define K63_DOT_Q8 k63_dot_q8_scalar
 #define K63_DOT_F32 k63_dot_f32_scalar
