@@ -20,6 +20,9 @@
 #define K63_BYTES(t) ((t) == Q6_K ? 210 : 110)
 #define K63_OFF(t) ((t) == Q6_K ? 32 : 4)
 #define K63_D(t) ((t) == Q6_K ? 208 : 108) /* byte offset of the fp16 d */
+#ifndef K63_ROWS
+#define K63_ROWS 4 /* activation rows a pass of these kernels multiplies (the driver passes KQ_ROWS) */
+#endif
 
 /* Q3_K's 16 scales (each less 32) from its 12 bytes: sub-blocks 0..7 have their low nibble in bytes 0..7's low
  * nibbles, 8..15 in their high nibbles; the two high bits of sub-block j are bits 2 (j / 4) of byte 8 + j % 4. Four
@@ -137,7 +140,8 @@ static inline __attribute__((always_inline)) __m128i k63_scales(int qtype, const
      * nibbles, a2 >> [0, 2, 4, 6] the high pairs */
     uint32_t a[3];
     memcpy(a, blk + 96, 12);
-    const __m128i lo = _mm_srlv_epi32(_mm_setr_epi32((int)a[0], (int)a[1], (int)a[0], (int)a[1]), _mm_setr_epi32(0, 0, 4, 4));
+    const __m128i words = _mm_setr_epi32((int)a[0], (int)a[1], (int)a[0], (int)a[1]);
+    const __m128i lo = _mm_srlv_epi32(words, _mm_setr_epi32(0, 0, 4, 4));
     const __m128i hi = _mm_srlv_epi32(_mm_set1_epi32((int)a[2]), _mm_setr_epi32(0, 2, 4, 6));
     const __m128i v = _mm_or_si128(_mm_and_si128(lo, _mm_set1_epi8(0x0f)),
                                    _mm_slli_epi32(_mm_and_si128(hi, _mm_set1_epi8(0x03)), 4));
@@ -154,14 +158,14 @@ static inline __attribute__((always_inline)) __m256i k63_chunk_scales(__m128i sc
 static inline __attribute__((always_inline)) void k63_dot_q8_avx2(int qtype, const uint8_t *wrow, int nb,
                                                                   const ActBlockK *act, int64_t act_row, int NR,
                                                                   float *sums) {
-    __m256 accf[KQ_ROWS];
+    __m256 accf[K63_ROWS];
     for (int r = 0; r < NR; r++) accf[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = wrow + (int64_t)b * K63_BYTES(qtype);
         const __m128i sc8 = k63_scales(qtype, blk);
         /* off * sc, the weight of each sub-block's activation sum (|.| <= 4096 * 2032: no overflow) */
         const __m256i sc_off = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc8), qtype == Q6_K ? 5 : 2);
-        __m256i acc[KQ_ROWS];
+        __m256i acc[K63_ROWS];
         for (int r = 0; r < NR; r++) {
             const __m256i bsums = _mm256_loadu_si256((const __m256i *)act[r * act_row + b].bsums);
             acc[r] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(bsums, sc_off));
@@ -189,7 +193,7 @@ static inline __attribute__((always_inline)) void k63_dot_f32_avx2(int qtype, co
                                                                    float *sums) {
     enum { ACC = 4 };
     const int acc_n = NR <= 2 ? ACC : 2;
-    __m256 acc[KQ_ROWS][ACC];
+    __m256 acc[K63_ROWS][ACC];
     for (int r = 0; r < NR; r++)
         for (int j = 0; j < ACC; j++) acc[r][j] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -235,10 +239,9 @@ static inline __attribute__((always_inline)) __m512i k63_chunk_pair(int qtype, c
         const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n)));
         /* halves k = 2j and 2j + 1: low nibbles (j = 0) or high ones, the pair bits 2k, 2k + 1 to bits 4, 5 */
         const __m512i low = _mm512_and_si512(j == 0 ? ql : _mm512_srli_epi16(ql, 4), _mm512_set1_epi8(0x0f));
-        const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(j == 0 ? 4 : 0), _mm256_set1_epi16(j == 0 ? 2 : 0), 1);
-        const __m512i pair = j == 0 ? _mm512_sllv_epi16(qh, shift)
-                                    : _mm512_srlv_epi16(qh, _mm512_inserti64x4(_mm512_setzero_si512(),
-                                                                               _mm256_set1_epi16(2), 1));
+        /* left by 4 and 2 (j = 0), right by 0 and 2 (j = 1) */
+        const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(j == 0 ? 4 : 0), _mm256_set1_epi16(2), 1);
+        const __m512i pair = j == 0 ? _mm512_sllv_epi16(qh, shift) : _mm512_srlv_epi16(qh, shift);
         return _mm512_or_si512(low, _mm512_and_si512(pair, _mm512_set1_epi8(0x30)));
     }
     const int c = 4 * n + 2 * j;
@@ -246,23 +249,26 @@ static inline __attribute__((always_inline)) __m512i k63_chunk_pair(int qtype, c
     const __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)blk));
     const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(4 * j), _mm256_set1_epi16(4 * j + 2), 1);
     const __m512i two = _mm512_and_si512(_mm512_srlv_epi16(qs, shift), _mm512_set1_epi8(3));
-    const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << c)), _mm256_set1_epi8((char)(1 << (c + 1))), 1);
+    const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << c)), _mm256_set1_epi8((char)(2 << c)), 1);
     return _mm512_mask_add_epi8(two, _mm512_test_epi8_mask(hm, bit), two, _mm512_set1_epi8(4)); /* + 4 where set */
 }
 
 static inline __attribute__((always_inline)) void k63_dot_q8_avx512(int qtype, const uint8_t *wrow, int nb,
                                                                     const ActBlockK *act, int64_t act_row, int NR,
                                                                     float *sums) {
-    __m512 accf[KQ_ROWS];
+    __m512 accf[K63_ROWS];
     for (int r = 0; r < NR; r++) accf[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = wrow + (int64_t)b * K63_BYTES(qtype);
         const __m256i sc16 = _mm256_cvtepi8_epi16(k63_scales(qtype, blk));
         const __m256i sc_off = _mm256_slli_epi16(sc16, qtype == Q6_K ? 5 : 2);
-        __m512i acc[KQ_ROWS][2]; /* two chains a row: even and odd chunk pairs */
+        const __m256i neg_off = _mm256_sub_epi16(_mm256_setzero_si256(), sc_off);
+        /* two chains a row (even and odd chunk pairs) where few rows leave the dpwssd latency exposed */
+        const int chains = NR <= 2 ? 2 : 1;
+        __m512i acc[K63_ROWS][2];
         for (int r = 0; r < NR; r++) {
             const __m256i bsums = _mm256_loadu_si256((const __m256i *)act[r * act_row + b].bsums);
-            acc[r][0] = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(bsums, sc_off)));
+            acc[r][0] = _mm512_zextsi256_si512(_mm256_madd_epi16(bsums, neg_off));
             acc[r][1] = _mm512_setzero_si512();
         }
         for (int p = 0; p < 4; p++) {
@@ -275,13 +281,15 @@ static inline __attribute__((always_inline)) void k63_dot_q8_avx512(int qtype, c
             const __m512i s = _mm512_permutexvar_epi16(pick, _mm512_castsi256_si512(sc16));
             for (int r = 0; r < NR; r++) {
                 const __m512i a = _mm512_loadu_si512((const void *)(act[r * act_row + b].qs + 64 * p));
-                acc[r][p & 1] = _mm512_dpwssd_epi32(acc[r][p & 1], _mm512_maddubs_epi16(u, a), s);
+                const int i = chains == 2 ? p & 1 : 0;
+                acc[r][i] = _mm512_dpwssd_epi32(acc[r][i], _mm512_maddubs_epi16(u, a), s);
             }
         }
         const float d = fp16_at(blk + K63_D(qtype));
-        for (int r = 0; r < NR; r++)
-            accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc[r][0], acc[r][1])),
-                                      _mm512_set1_ps(d * act[r * act_row + b].d), accf[r]);
+        for (int r = 0; r < NR; r++) {
+            const __m512i sum = chains == 2 ? _mm512_add_epi32(acc[r][0], acc[r][1]) : acc[r][0];
+            accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(d * act[r * act_row + b].d), accf[r]);
+        }
     }
     for (int r = 0; r < NR; r++) sums[r] = _mm512_reduce_add_ps(accf[r]);
 }
@@ -292,7 +300,7 @@ static inline __attribute__((always_inline)) void k63_dot_f32_avx512(int qtype, 
                                                                      float *sums) {
     enum { ACC = 4 };
     const int acc_n = NR <= 2 ? ACC : 2;
-    __m512 acc[KQ_ROWS][ACC];
+    __m512 acc[K63_ROWS][ACC];
     for (int r = 0; r < NR; r++)
         for (int j = 0; j < ACC; j++) acc[r][j] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -306,9 +314,10 @@ static inline __attribute__((always_inline)) void k63_dot_f32_avx512(int qtype, 
             const __m256i u = k63_chunk(qtype, blk, c);
             const __m128i halves[2] = {_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1)};
             __m512 w[2];
-            for (int h = 0; h < 2; h++)
-                w[h] = _mm512_fmadd_ps(_mm512_set1_ps(s[2 * c + h]), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(halves[h])),
-                                       _mm512_set1_ps(neg[2 * c + h]));
+            for (int h = 0; h < 2; h++) {
+                const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(halves[h]));
+                w[h] = _mm512_fmadd_ps(_mm512_set1_ps(s[2 * c + h]), q, _mm512_set1_ps(neg[2 * c + h]));
+            }
             for (int r = 0; r < NR; r++) {
                 const float *xc = x + r * x_row + (int64_t)b * QK_K + 32 * c;
                 for (int h = 0; h < 2; h++) {
@@ -335,25 +344,46 @@ static inline __attribute__((always_inline)) void k63_dot_f32_avx512(int qtype, 
 #define K63_DOT_F32 k63_dot_f32_scalar
 #endif
 
-/* The QFormat entry points: each row count compiled on its own, so that the accumulators stay in registers. */
+/* The QFormat entry points: passes of up to K63_ROWS rows, each row count compiled on its own so that the
+ * accumulators stay in registers (and correct for any KQ_ROWS). */
+#define K63_CASES(CALL)                                                                                               \
+    switch (n) {                                                                                                      \
+    case 1: CALL(1); break;                                                                                           \
+    case 2: CALL(2); break;                                                                                           \
+    case 3: CALL(3); break;                                                                                           \
+    K63_WIDE_CASES(CALL)                                                                                              \
+    default: CALL(K63_ROWS); break;                                                                                   \
+    }
+#if K63_ROWS == 8
+#define K63_WIDE_CASES(CALL)                                                                                          \
+    case 4: CALL(4); break;                                                                                           \
+    case 5: CALL(5); break;                                                                                           \
+    case 6: CALL(6); break;                                                                                           \
+    case 7: CALL(7); break;
+#else
+#define K63_WIDE_CASES(CALL)
+#endif
 #define K63_ENTRY(NAME, T)                                                                                            \
     static void NAME##_dot_q8(const uint8_t *wrow, int nb, const void *act, int64_t act_row, int nr, float *sums) { \
-        const ActBlockK *a = (const ActBlockK *)act;                                                                \
-        switch (nr) {                                                                                               \
-        case 1: K63_DOT_Q8(T, wrow, nb, a, act_row, 1, sums); break;                                                \
-        case 2: K63_DOT_Q8(T, wrow, nb, a, act_row, 2, sums); break;                                                \
-        case 3: K63_DOT_Q8(T, wrow, nb, a, act_row, 3, sums); break;                                                \
-        default: K63_DOT_Q8(T, wrow, nb, a, act_row, 4, sums); break;                                               \
+        for (int r0 = 0; r0 < nr; r0 += K63_ROWS) {                                                                 \
+            const ActBlockK *a = (const ActBlockK *)act + r0 * act_row;                                             \
+            const int n = nr - r0 < K63_ROWS ? nr - r0 : K63_ROWS;                                                  \
+            float *s = sums + r0;                                                                                   \
+            K63_CASES(NAME##_Q8_CALL)                                                                               \
         }                                                                                                           \
     }                                                                                                               \
     static void NAME##_dot_f32(const uint8_t *wrow, int nb, const float *x, int64_t x_row, int nr, float *sums) {  \
-        switch (nr) {                                                                                               \
-        case 1: K63_DOT_F32(T, wrow, nb, x, x_row, 1, sums); break;                                                 \
-        case 2: K63_DOT_F32(T, wrow, nb, x, x_row, 2, sums); break;                                                 \
-        case 3: K63_DOT_F32(T, wrow, nb, x, x_row, 3, sums); break;                                                 \
-        default: K63_DOT_F32(T, wrow, nb, x, x_row, 4, sums); break;                                                \
+        for (int r0 = 0; r0 < nr; r0 += K63_ROWS) {                                                                 \
+            const float *xr = x + r0 * x_row;                                                                       \
+            const int n = nr - r0 < K63_ROWS ? nr - r0 : K63_ROWS;                                                  \
+            float *s = sums + r0;                                                                                   \
+            K63_CASES(NAME##_F32_CALL)                                                                              \
         }                                                                                                           \
     }
+#define q6k_Q8_CALL(N) K63_DOT_Q8(Q6_K, wrow, nb, a, act_row, N, s)
+#define q6k_F32_CALL(N) K63_DOT_F32(Q6_K, wrow, nb, xr, x_row, N, s)
+#define q3k_Q8_CALL(N) K63_DOT_Q8(Q3_K, wrow, nb, a, act_row, N, s)
+#define q3k_F32_CALL(N) K63_DOT_F32(Q3_K, wrow, nb, xr, x_row, N, s)
 K63_ENTRY(q6k, Q6_K)
 K63_ENTRY(q3k, Q3_K)
 #undef K63_ENTRY
