@@ -111,6 +111,17 @@ static inline __attribute__((always_inline)) void k63_dot_f32_scalar(int qtype, 
 #define K63_DPWSSD(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
 #endif
 
+/* The block K63_PREFETCH bytes ahead requested now: a weight row is one sequential stream, but the hardware
+ * prefetcher alone left the 1-row GEMV ~15% below the Q8_0 kernel (which prefetches) from memory on this Xeon;
+ * with it, level. Past the last row this names memory it never reads: a prefetch does not fault. */
+#ifndef K63_PREFETCH
+#define K63_PREFETCH 4096
+#endif
+static inline __attribute__((always_inline)) void k63_prefetch(int qtype, const uint8_t *blk) {
+    const uintptr_t ahead = (uintptr_t)blk + K63_PREFETCH;
+    for (int l = 0; l < K63_BYTES(qtype); l += 64) _mm_prefetch((const char *)(ahead + (uintptr_t)l), _MM_HINT_T0);
+}
+
 /* Chunk c of a block as 32 unsigned bytes u (Q6_K: 0..63; Q3_K: 0..7), from the layouts above. */
 static inline __attribute__((always_inline)) __m256i k63_chunk(int qtype, const uint8_t *blk, int c) {
     const int n = c / 4, k = c % 4;
@@ -162,6 +173,7 @@ static inline __attribute__((always_inline)) void k63_dot_q8_avx2(int qtype, con
     for (int r = 0; r < NR; r++) accf[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = wrow + (int64_t)b * K63_BYTES(qtype);
+        k63_prefetch(qtype, blk);
         const __m128i sc8 = k63_scales(qtype, blk);
         /* off * sc, the weight of each sub-block's activation sum (|.| <= 4096 * 2032: no overflow) */
         const __m256i sc_off = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc8), qtype == Q6_K ? 5 : 2);
@@ -198,6 +210,7 @@ static inline __attribute__((always_inline)) void k63_dot_f32_avx2(int qtype, co
         for (int j = 0; j < ACC; j++) acc[r][j] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = wrow + (int64_t)b * K63_BYTES(qtype);
+        k63_prefetch(qtype, blk);
         int8_t sc[16];
         _mm_storeu_si128((__m128i *)sc, k63_scales(qtype, blk));
         const float d = fp16_at(blk + K63_D(qtype));
@@ -260,6 +273,7 @@ static inline __attribute__((always_inline)) void k63_dot_q8_avx512(int qtype, c
     for (int r = 0; r < NR; r++) accf[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = wrow + (int64_t)b * K63_BYTES(qtype);
+        k63_prefetch(qtype, blk);
         const __m256i sc16 = _mm256_cvtepi8_epi16(k63_scales(qtype, blk));
         const __m256i sc_off = _mm256_slli_epi16(sc16, qtype == Q6_K ? 5 : 2);
         const __m256i neg_off = _mm256_sub_epi16(_mm256_setzero_si256(), sc_off);
@@ -305,6 +319,7 @@ static inline __attribute__((always_inline)) void k63_dot_f32_avx512(int qtype, 
         for (int j = 0; j < ACC; j++) acc[r][j] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = wrow + (int64_t)b * K63_BYTES(qtype);
+        k63_prefetch(qtype, blk);
         float s[16], neg[16]; /* d sc and -off d sc per sub-block, read back as broadcasts */
         const __m512 ds = _mm512_mul_ps(_mm512_set1_ps(fp16_at(blk + K63_D(qtype))),
                                         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(k63_scales(qtype, blk))));
