@@ -198,13 +198,13 @@ static inline __attribute__((always_inline)) void k63_dot_q8_avx2(int qtype, con
     for (int r = 0; r < NR; r++) sums[r] = hsum8(accf[r]);
 }
 
-/* Exact: each chunk's 32 weights dequantized into 4 vectors once, then FMAs into every row; ACC accumulators a row
- * (more for fewer rows: the FMA latency chains, not the FMA count, bound one row). */
+/* Exact: each chunk's 32 weights dequantized into 4 vectors once, then FMAs into every row; 2 accumulators a row
+ * (4 for one row, whose FMA latency chains, not their count, would bound it). */
 static inline __attribute__((always_inline)) void k63_dot_f32_avx2(int qtype, const uint8_t *wrow, int nb,
                                                                    const float *x, int64_t x_row, int NR,
                                                                    float *sums) {
     enum { ACC = 4 };
-    const int acc_n = NR <= 2 ? ACC : 2;
+    const int acc_n = NR == 1 ? ACC : 2;
     __m256 acc[K63_ROWS][ACC];
     for (int r = 0; r < NR; r++)
         for (int j = 0; j < ACC; j++) acc[r][j] = _mm256_setzero_ps();
@@ -313,7 +313,7 @@ static inline __attribute__((always_inline)) void k63_dot_f32_avx512(int qtype, 
                                                                      const float *x, int64_t x_row, int NR,
                                                                      float *sums) {
     enum { ACC = 4 };
-    const int acc_n = NR <= 2 ? ACC : 2;
+    const int acc_n = NR == 1 ? ACC : 2;
     __m512 acc[K63_ROWS][ACC];
     for (int r = 0; r < NR; r++)
         for (int j = 0; j < ACC; j++) acc[r][j] = _mm512_setzero_ps();
