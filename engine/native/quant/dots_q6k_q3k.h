@@ -241,7 +241,6 @@ static inline __attribute__((always_inline)) void k63_dot_f32_avx2(int qtype, co
     }
 }
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
-#define K63_AVX512 1
 /* AVX-512 (this Xeon): two chunks a 512-bit vector, so a row's share of a block (the part that grows with the rows)
  * is 4 maddubs + 4 vpdpwssd instead of 8 + 8 (or 8 + 16 without VNNI). Chunks 2p and 2p + 1 of a block as 64
  * unsigned bytes (Q6_K: both from one 64-byte load of ql; Q3_K: one 32-byte half of qs in both halves). */
