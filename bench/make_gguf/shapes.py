@@ -71,10 +71,10 @@ SHAPES = {
         # 1408 (no multiple of 256) so llama-quantize's Q5_0/Q5_1/Q8_0 fallbacks show, 8 layers so "use more bits"
         # picks some layers and not others
         ModelShape(
-            "tiny", "llama", 512, 8, 8, 4, 1408, 8192, True, 500000.0, 1e-5, 8192,
+            "tiny", "llama", 512, 8, 8, 4, 1408, 4096, True, 500000.0, 1e-5, 8192,
             rope_scaling=Llama3RopeScaling(factor=32.0),
         ),
-        ModelShape("tiny-qwen2", "qwen2", 512, 4, 8, 2, 1408, 8192, True, 1000000.0, 1e-6, 8192,
+        ModelShape("tiny-qwen2", "qwen2", 512, 4, 8, 2, 1408, 4096, True, 1000000.0, 1e-6, 8192,
                    qkv_bias=True, num_unused_tokens=32),
     )
 }  # fmt: skip
