@@ -1,9 +1,9 @@
 """Random tensor bytes of any GGUF type, made chunk by chunk: random blocks whose fp16 scales are small and finite.
 
 Speed does not depend on the weights' values, so a block is random bytes (quants, packed sub-block scales) with its
-fp16 scale fields (d, and dmin or m where the format has one) overwritten by small positive values: a random fp16
-could be NaN or infinite, or huge. The scales are picked so that typical weights are a few hundredths, as in a
-trained model. Generating bytes this way runs at ~1 GB/s, so an 8B file is bound by the disk, not by this.
+fp16 scale fields (d, and dmin or m where the format has one) overwritten by small values: a random fp16 could be
+NaN or infinite, or huge. The ranges are picked so that weights spread by ~0.015-0.03, as in a trained model (some
+K-quant d values then lie below fp16's normal range, as llama-quantize's own often do).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ SCALE_FIELDS: dict[GGMLQuantizationType, tuple[tuple[int, float, float], ...]] =
     T.Q5_0: ((0, 1e-3, 2e-3),),  # w = d * (q - 16)
     T.Q5_1: ((0, 1e-3, 2e-3), (2, -3e-2, -1.5e-2)),
     T.Q8_0: ((0, 1.5e-4, 3e-4),),  # w = d * q, q int8
-    T.Q2_K: ((80, 1e-4, 2e-4), (82, 1e-4, 2e-4)),  # d, dmin after scales[16] and qs[64]
-    T.Q3_K: ((108, 1e-4, 2e-4),),  # d last
-    T.Q4_K: ((0, 1e-4, 2e-4), (2, 1e-4, 2e-4)),  # d, dmin, then 6-bit sub-block scales and mins
-    T.Q5_K: ((0, 1e-4, 2e-4), (2, 1e-4, 2e-4)),
-    T.Q6_K: ((208, 1e-4, 2e-4),),  # ql[128], qh[64], int8 scales[16], then d
+    T.Q2_K: ((80, 1e-3, 2e-3), (82, 1e-3, 2e-3)),  # d, dmin after scales[16] and qs[64]
+    T.Q3_K: ((108, 3e-4, 6e-4),),  # d last
+    T.Q4_K: ((0, 5e-5, 1e-4), (2, 5e-5, 1e-4)),  # d, dmin, then 6-bit sub-block scales and mins
+    T.Q5_K: ((0, 2.5e-5, 5e-5), (2, 5e-5, 1e-4)),
+    T.Q6_K: ((208, 1.5e-5, 3e-5),),  # ql[128], qh[64], int8 scales[16], then d
 }
 CHUNK_BYTES = 32 << 20  # bytes generated at a time: memory stays flat however big the tensor
 
@@ -44,7 +44,10 @@ def tensor_nbytes(kind: GGMLQuantizationType, shape: tuple[int, ...]) -> int:
 def random_blocks(kind: GGMLQuantizationType, num_blocks: int, rng: np.random.Generator) -> np.ndarray:
     """`num_blocks` random blocks of `kind` as uint8 [num_blocks, block_bytes], every fp16 scale small and finite."""
     block_bytes = GGML_QUANT_SIZES[kind][1]
-    blocks = rng.integers(0, 256, size=(num_blocks, block_bytes), dtype=np.uint8)
+    num_bytes = num_blocks * block_bytes
+    # the generator's raw 64-bit words: about twice as fast as integers(0, 256) bytes
+    raw = rng.bit_generator.random_raw(-(-num_bytes // 8)).view(np.uint8)
+    blocks = raw[:num_bytes].reshape(num_blocks, block_bytes)
     for offset, low, high in SCALE_FIELDS[kind]:
         values = rng.uniform(low, high, num_blocks).astype(np.float16)
         blocks[:, offset : offset + 2] = values.view(np.uint8).reshape(num_blocks, 2)

@@ -7,8 +7,10 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import gguf
 import numpy as np
@@ -20,6 +22,7 @@ from bench.make_gguf.vocab import Vocab, make_vocab
 
 logger = logging.getLogger(__name__)
 T = gguf.GGMLQuantizationType
+ALIGNMENT = gguf.GGUF_DEFAULT_ALIGNMENT  # the writer's: no general.alignment key is written
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,35 @@ def add_metadata(writer: gguf.GGUFWriter, shape: ModelShape, file_type: str, voc
     writer.add_chat_template(vocab.chat_template)
 
 
+class OverlappedWriter:
+    """Writes to a file on one thread while the caller makes the next chunk (a file write releases the GIL).
+
+    A write waits for the one before it: at most two chunks exist at a time, and the file stays in order."""
+
+    def __init__(self, fout: BinaryIO) -> None:
+        self.fout = fout
+        self.pool = ThreadPoolExecutor(max_workers=1)
+        self.pending: Future | None = None
+
+    def write(self, data: np.ndarray | bytes) -> None:
+        self.wait()
+        self.pending = self.pool.submit(self.fout.write, data)
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
+
+    def __enter__(self) -> OverlappedWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.wait()  # a failed write raises here
+        finally:
+            self.pool.shutdown()
+
+
 def small_tensor(spec: TensorSpec, shape: ModelShape, rng: np.random.Generator) -> np.ndarray:
     """A 1-D F32 tensor: the rope divisors, a norm's weights near 1, or a bias."""
     if spec.name == "rope_freqs.weight":
@@ -102,20 +134,23 @@ def write_gguf(
     fout = writer.fout[0]
     by_type: dict[str, list[int]] = {}
     try:
-        writer.write_padding(fout, fout.tell())  # tensor data starts aligned
-        for spec in plan:
-            nbytes = tensor_nbytes(spec.type, spec.shape)
-            if len(spec.shape) == 1:
-                small_tensor(spec, shape, rng).tofile(fout)
-            else:
-                for chunk in random_chunks(spec.type, spec.shape, rng):
-                    chunk.tofile(fout)
-            writer.write_padding(fout, nbytes)
-            counts = by_type.setdefault(spec.type.name, [0, 0])
-            counts[0] += 1
-            counts[1] += nbytes
-            if on_tensor is not None:
-                on_tensor(spec, nbytes)
+        with OverlappedWriter(fout) as background:
+            background.write(
+                bytes(writer.ggml_pad(fout.tell(), ALIGNMENT) - fout.tell())
+            )  # data starts aligned
+            for spec in plan:
+                nbytes = tensor_nbytes(spec.type, spec.shape)
+                if len(spec.shape) == 1:
+                    background.write(small_tensor(spec, shape, rng))
+                else:
+                    for chunk in random_chunks(spec.type, spec.shape, rng):
+                        background.write(chunk)
+                background.write(bytes(writer.ggml_pad(nbytes, ALIGNMENT) - nbytes))
+                counts = by_type.setdefault(spec.type.name, [0, 0])
+                counts[0] += 1
+                counts[1] += nbytes
+                if on_tensor is not None:
+                    on_tensor(spec, nbytes)
         writer.close()
         os.replace(partial, out)
     except BaseException:
