@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,16 +106,27 @@ def small_tensor(spec: TensorSpec, shape: ModelShape, rng: np.random.Generator) 
     return rng.standard_normal(spec.shape, dtype=np.float32) * FLOAT_STD
 
 
+def tensor_chunks(spec: TensorSpec, shape: ModelShape, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """A tensor's bytes in file order: a 1-D tensor whole, a weight in chunks."""
+    if len(spec.shape) == 1:
+        yield small_tensor(spec, shape, rng)
+    else:
+        yield from random_chunks(spec.type, spec.shape, rng)
+
+
 def write_gguf(
     shape: ModelShape,
     file_type: str,
     out: str | Path,
     seed: int = 0,
     on_tensor: Callable[[TensorSpec, int], None] | None = None,
+    weights: bool = True,
 ) -> WrittenFile:
     """Write a random `shape` model in `file_type` to `out` (through a .part file renamed at the end).
 
-    `on_tensor(spec, nbytes)` is called after each tensor (a progress bar)."""
+    `on_tensor(spec, nbytes)` is called after each tensor (a progress bar). weights=False leaves the tensor data a
+    hole of the right size (a sparse file, instant): for tools that read only the metadata, such as
+    `llama-quantize --dry-run`."""
     start = time.monotonic()
     out = Path(out).expanduser()
     plan = tensor_plan(shape, file_type)
@@ -135,22 +146,22 @@ def write_gguf(
     by_type: dict[str, list[int]] = {}
     try:
         with OverlappedWriter(fout) as background:
-            background.write(
-                bytes(writer.ggml_pad(fout.tell(), ALIGNMENT) - fout.tell())
-            )  # data starts aligned
+            data_end = writer.ggml_pad(fout.tell(), ALIGNMENT)
+            background.write(bytes(data_end - fout.tell()))  # tensor data starts aligned
             for spec in plan:
                 nbytes = tensor_nbytes(spec.type, spec.shape)
-                if len(spec.shape) == 1:
-                    background.write(small_tensor(spec, shape, rng))
-                else:
-                    for chunk in random_chunks(spec.type, spec.shape, rng):
+                padded = writer.ggml_pad(nbytes, ALIGNMENT)
+                if weights:
+                    for chunk in tensor_chunks(spec, shape, rng):
                         background.write(chunk)
-                background.write(bytes(writer.ggml_pad(nbytes, ALIGNMENT) - nbytes))
+                    background.write(bytes(padded - nbytes))
+                data_end += padded
                 counts = by_type.setdefault(spec.type.name, [0, 0])
                 counts[0] += 1
                 counts[1] += nbytes
                 if on_tensor is not None:
                     on_tensor(spec, nbytes)
+        fout.truncate(data_end)  # weights=False: the data is a hole
         writer.close()
         os.replace(partial, out)
     except BaseException:
