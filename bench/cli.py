@@ -1,4 +1,5 @@
-"""`pagedchat bench {throughput,memory,serving,multiturn,quality,step,prefill,attention}`: parsing and dispatch."""
+"""`pagedchat bench {throughput,memory,serving,multiturn,quality,step,prefill,attention,make-gguf}`: parsing and
+dispatch."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ BENCHMARKS = {
     "prefill": "bench serving's prompts prefilled offline: tokens/s split into matmuls, attention and the rest",
     "attention": "the CPU decode-attention kernel's KV bandwidth per KV dtype, against the machine's streaming read",
 }
+# helpers that make inputs for the benchmarks: no engine, no model to fetch, no bench extra needed
+TOOLS = {
+    "make-gguf": "write a random-weight GGUF of a real model's shape (Llama-3.2-1B/3B, Llama-3.1-8B, Qwen2.5-1.5B) "
+    "in a llama-quantize file type (Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q4_0), with a tokenizer of its vocabulary size",
+}
 EXTRA = ("tqdm", "matplotlib", "openai")  # the `bench` extra of pyproject.toml
 
 
@@ -38,12 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--strict", action="store_true", help="exit with status 1 when a target fails")
         add_engine_args(p)
         _module(name).add_arguments(p)
+    for name, help_text in TOOLS.items():
+        _module(name).add_arguments(sub.add_parser(name, help=help_text, description=help_text))
     return parser
 
 
 def _module(name: str):
-    """bench/NAME/command.py: the subcommand's `add_arguments(parser)` and `run(args)`."""
-    return importlib.import_module(f"bench.{name}.command")
+    """bench/NAME/command.py (make-gguf: bench/make_gguf/): the subcommand's `add_arguments(parser)` and `run(args)`."""
+    return importlib.import_module(f"bench.{name.replace('-', '_')}.command")
 
 
 def missing_extra() -> list[str]:
@@ -55,6 +63,9 @@ def bench_main(argv: list[str]) -> int:
     """Parse `argv` (after `bench`) and run the chosen benchmark; with --strict, 1 when a target failed."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.benchmark in TOOLS:
+        _module(args.benchmark).run(args)
+        return 0
     missing = missing_extra()
     if missing:
         print(

@@ -10,7 +10,7 @@ USAGE = """usage: pagedchat {serve,users,generate,chat,bench} ...
   users      accounts of `serve --auth local|oidc`: add (the first admin), list, passwd, role
   generate   generate replies to prompts with the engine
   chat       interactive terminal chat
-  bench      benchmarks: throughput, memory, serving, multiturn, quality, step, prefill, attention
+  bench      benchmarks: throughput, memory, serving, multiturn, quality, step, prefill, attention; make-gguf
 
 Run `pagedchat COMMAND --help` for the options of each."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from bench.cli import BENCHMARKS
+from bench.cli import BENCHMARKS, TOOLS
 from tests.test_import_rules import ROOT, imported_modules, module_of
 
 BENCH = ROOT / "bench"
@@ -57,10 +57,11 @@ def test_find_cycle_sees_a_cycle_through_a_lazy_import():
 
 
 def test_every_subcommand_is_a_package_with_a_command_module():
-    for name in BENCHMARKS:
-        command = importlib.import_module(f"bench.{name}.command")
+    for name in [*BENCHMARKS, *TOOLS]:
+        package = name.replace("-", "_")  # make-gguf lives in bench/make_gguf/
+        command = importlib.import_module(f"bench.{package}.command")
         assert callable(command.add_arguments) and callable(command.run), name
-        assert Path(command.__file__).parent == BENCH / name
+        assert Path(command.__file__).parent == BENCH / package
 
 
 def test_modules_sit_in_packages_only():
