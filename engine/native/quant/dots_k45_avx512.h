@@ -1,0 +1,67 @@
+/* Q4_K / Q5_K's int8 dot on AVX-512 (BW; VNNI's vpdpwssd when there): the AVX2 dot's arithmetic (quant/dots_q4k_q5k.h)
+ * at twice the width, included by it. A 64-byte load of nibbles holds sub-blocks [2k | 2k + 2] in its low nibbles
+ * and [2k + 1 | 2k + 3] in its high ones, whereas 64 activations are [2k | 2k + 1]: two 128-bit-lane shuffles per
+ * 128 weights put the weights in the activations' order, once for every row, so each row costs one maddubs and one
+ * vpdpwssd (madd + add) per 64 weights, half the AVX2 dot's instructions. */
+#if defined(__AVX512BW__) && defined(__AVX512VL__) && defined(QL_AVX2)
+#define K45_ZMM 1
+
+/* int16 element s of each 128-bit lane of the lower half, s + 1 in the upper (vpshufb indexes within lanes). */
+static inline __m512i k45_pick(int s) {
+    const long long lo = (long long)(0x0001000100010001ull * (uint64_t)((2 * s) | (2 * s + 1) << 8));
+    const long long hi = (long long)(0x0001000100010001ull * (uint64_t)((2 * s + 2) | (2 * s + 3) << 8));
+    return _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo);
+}
+
+static inline __m512i k45_madd_acc(__m512i acc, __m512i p, __m512i s) {
+#ifdef __AVX512VNNI__
+    return _mm512_dpwssd_epi32(acc, p, s);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(p, s));
+#endif
+}
+
+static inline __attribute__((always_inline)) void k45_dot_q8_zmm(int five, const uint8_t *wrow, int nb,
+                                                                 const ActBlockK *act, int64_t act_row, int NR,
+                                                                 float *sums) {
+    const __m512i nib = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
+    __m256 acc[KQ_ROWS];
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = wrow + (int64_t)b * (five ? 176 : 144), *ql = blk + (five ? 48 : 16);
+        uint64_t sc8, mn8;
+        k45_scales(blk + 4, &sc8, &mn8);
+        const __m512i scales = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
+        __m512i w[4]; /* w[k]: sub-blocks [2k | 2k + 1] as bytes */
+        for (int half = 0; half < 2; half++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(ql + 64 * half));
+            const __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            w[2 * half] = _mm512_shuffle_i64x2(lo, hi, 0x44);     /* lanes lo0 lo1 hi0 hi1 */
+            w[2 * half + 1] = _mm512_shuffle_i64x2(lo, hi, 0xee); /* lanes lo2 lo3 hi2 hi3 */
+        }
+        if (five) { /* sub-block s's fifth bits: bit s of the 32 qh bytes, repeated in both halves */
+            const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)));
+            for (int k = 0; k < 4; k++) {
+                const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * k))),
+                                                        _mm256_set1_epi8((char)(1 << (2 * k + 1))), 1);
+                w[k] = _mm512_mask_add_epi8(w[k], _mm512_test_epi8_mask(h, bits), w[k], bit4);
+            }
+        }
+        __m512i s[4];
+        for (int k = 0; k < 4; k++) s[k] = _mm512_shuffle_epi8(scales, k45_pick(2 * k));
+        const __m256i mins = k45_pair_mins(mn8);
+        const __m256 d = _mm256_set1_ps(fp16_at(blk)), dmin = _mm256_set1_ps(fp16_at(blk + 2));
+        for (int r = 0; r < NR; r++) {
+            const ActBlockK *a = act + r * act_row + b;
+            __m512i isum = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++) {
+                const __m512i p = _mm512_maddubs_epi16(w[k], _mm512_loadu_si512((const void *)(a->qs + 64 * k)));
+                isum = k45_madd_acc(isum, p, s[k]);
+            }
+            const __m256i isum8 = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
+            acc[r] = k45_block_end(acc[r], isum8, a, mins, d, dmin);
+        }
+    }
+    for (int r = 0; r < NR; r++) sums[r] = hsum8(acc[r]);
+}
+#endif
