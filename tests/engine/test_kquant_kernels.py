@@ -181,7 +181,13 @@ def test_int8_dots_agree_across_instruction_sets(qtype):
     scale and minimum terms taken apart (|dx qx| <= |x| + amax / 254), far inside the int8 rounding."""
     weight = random_weight(qtype, 37, 3 * QK_K, seed=21)
     mag = magnitudes(weight)
-    for rows in (1, 3, 5):
+    for rows in (
+        1,
+        3,
+        5,
+        7,
+        14,
+    ):  # AVX-512 passes of up to 8 rows (K45_Q8_ROWS): 7 and 14 = 8 + 6 take each width
         x = make_x(rows, weight.in_features, seed=rows)
         amax = x.reshape(rows, -1, QK_K).abs().amax(-1, keepdim=True).expand(-1, -1, QK_K).reshape(x.shape)
         bound = 2 * (weight.in_features // QK_K + 10) * U * ((x.abs() + amax / 127).double() @ mag.double().T)

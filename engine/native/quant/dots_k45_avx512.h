@@ -5,6 +5,10 @@
  * vpdpwssd (madd + add) per 64 weights, half the AVX2 dot's instructions. */
 #if defined(__AVX512BW__) && defined(__AVX512VL__) && defined(QL_AVX2)
 #define K45_ZMM 1
+/* Rows a dot_q8 call may take (generic.h's kq_pass_rows), past kformat.h's KQ_ROWS: only acc stays in a register
+ * per row (isum lives for one row's block), so 8 rows fit AVX-512's 32 registers beside the block's 8 vectors of
+ * weights and scales; a pass of 8 unpacks a block once where two passes of 4 would unpack it twice. */
+#define K45_Q8_ROWS 8
 
 /* int16 element s of each 128-bit lane of the lower half, s + 1 in the upper (vpshufb indexes within lanes). */
 static inline __m512i k45_pick(int s) {
@@ -13,19 +17,21 @@ static inline __m512i k45_pick(int s) {
     return _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo);
 }
 
-static inline __m512i k45_madd_acc(__m512i acc, __m512i p, __m512i s) {
 #ifdef __AVX512VNNI__
-    return _mm512_dpwssd_epi32(acc, p, s);
-#else
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(p, s));
-#endif
+/* int16 elements [e x4, e + 2 x4] in each 128-bit lane of the lower half, [e + 1 x4, e + 3 x4] in the upper. */
+static inline __m512i k45_pick_packed(int e) {
+#define K45_Q(e) (long long)(0x0001000100010001ull * (uint64_t)((2 * (e)) | (2 * (e) + 1) << 8))
+    return _mm512_set_epi64(K45_Q(e + 3), K45_Q(e + 1), K45_Q(e + 3), K45_Q(e + 1), K45_Q(e + 2), K45_Q(e),
+                             K45_Q(e + 2), K45_Q(e));
+#undef K45_Q
 }
+#endif
 
 static inline __attribute__((always_inline)) void k45_dot_q8_zmm(int five, const uint8_t *wrow, int nb,
                                                                  const ActBlockK *act, int64_t act_row, int NR,
                                                                  float *sums) {
     const __m512i nib = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
-    __m256 acc[KQ_ROWS];
+    __m256 acc[K45_Q8_ROWS];
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = wrow + (int64_t)b * (five ? 176 : 144), *ql = blk + (five ? 48 : 16);
@@ -47,17 +53,35 @@ static inline __attribute__((always_inline)) void k45_dot_q8_zmm(int five, const
                 w[k] = _mm512_mask_add_epi8(w[k], _mm512_test_epi8_mask(h, bits), w[k], bit4);
             }
         }
+#ifdef __AVX512VNNI__
+        /* vpdpbusd sums 4 products a lane (<= 4 * 31 * 127: exact in 16 bits), so two sub-blocks' lanes pack into one
+         * vector of int16 and one vpdpwssd applies the scales of both: 6 multiplies a row per block, not 8. Packed
+         * [2k | 2k+1] and [2k+2 | 2k+3] hold, in each 128-bit lane, 4 sums of 2k then 4 of 2k+2 (lower half; upper:
+         * 2k+1, 2k+3), whose scales k45_pick_packed lays out. */
+        const __m512i s01 = _mm512_shuffle_epi8(scales, k45_pick_packed(0));
+        const __m512i s23 = _mm512_shuffle_epi8(scales, k45_pick_packed(4));
+#else
         __m512i s[4];
         for (int k = 0; k < 4; k++) s[k] = _mm512_shuffle_epi8(scales, k45_pick(2 * k));
+#endif
         const __m256i mins = k45_pair_mins(mn8);
         const __m256 d = _mm256_set1_ps(fp16_at(blk)), dmin = _mm256_set1_ps(fp16_at(blk + 2));
         for (int r = 0; r < NR; r++) {
             const ActBlockK *a = act + r * act_row + b;
+#ifdef __AVX512VNNI__
+            const __m512i zero = _mm512_setzero_si512();
+            __m512i dots[4];
+            for (int k = 0; k < 4; k++)
+                dots[k] = _mm512_dpbusd_epi32(zero, w[k], _mm512_loadu_si512((const void *)(a->qs + 64 * k)));
+            __m512i isum = _mm512_dpwssd_epi32(zero, _mm512_packs_epi32(dots[0], dots[1]), s01);
+            isum = _mm512_dpwssd_epi32(isum, _mm512_packs_epi32(dots[2], dots[3]), s23);
+#else
             __m512i isum = _mm512_setzero_si512();
             for (int k = 0; k < 4; k++) {
                 const __m512i p = _mm512_maddubs_epi16(w[k], _mm512_loadu_si512((const void *)(a->qs + 64 * k)));
-                isum = k45_madd_acc(isum, p, s[k]);
+                isum = _mm512_add_epi32(isum, _mm512_madd_epi16(p, s[k]));
             }
+#endif
             const __m256i isum8 = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
             acc[r] = k45_block_end(acc[r], isum8, a, mins, d, dmin);
         }

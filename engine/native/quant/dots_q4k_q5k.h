@@ -75,9 +75,8 @@ static inline __m256i k45_pair_mins(uint64_t mn8) {
 /* acc += dx * (d * isum - dmin * msum) lane by lane; msum's lanes: the minimums times the activations' bsums. */
 static inline __m256 k45_block_end(__m256 acc, __m256i isum, const ActBlockK *a, __m256i mins, __m256 d, __m256 dmin) {
     const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), mins);
-    const __m256 dx = _mm256_broadcast_ss(&a->d);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dx, d), acc);
-    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dx, dmin), acc);
+    const __m256 t = _mm256_fmsub_ps(_mm256_cvtepi32_ps(isum), d, _mm256_mul_ps(_mm256_cvtepi32_ps(msum), dmin));
+    return _mm256_fmadd_ps(t, _mm256_broadcast_ss(&a->d), acc);
 }
 
 /* The AVX2 int8 dot for NR rows (a constant after inlining): per 64 weights c, one 32-byte load gives sub-block 2c
@@ -168,13 +167,29 @@ static inline __attribute__((always_inline)) void k45_dot_f32_avx2(int five, con
 
 #include "quant/dots_k45_avx512.h"
 
-/* The dots for a runtime row count, each case compiled with its constants (nr <= KQ_ROWS). */
-#define K45_CASES(CALL) \
-    switch (nr) {       \
+#ifndef K45_Q8_ROWS
+#define K45_Q8_ROWS KQ_ROWS /* AVX2's 16 registers: 4 rows' accumulators beside the block's */
+#endif
+
+/* The dots for a runtime row count, each case compiled with its constants (nr <= KQ_ROWS; the int8 dot's up to
+ * K45_Q8_ROWS). */
+#define K45_CASES(CALL)     \
+    switch (nr) {           \
     case 1: CALL(1); break; \
     case 2: CALL(2); break; \
     case 3: CALL(3); break; \
     default: CALL(4); break; \
+    }
+#define K45_WIDE_CASES(CALL) \
+    switch (nr) {            \
+    case 1: CALL(1); break;  \
+    case 2: CALL(2); break;  \
+    case 3: CALL(3); break;  \
+    case 4: CALL(4); break;  \
+    case 5: CALL(5); break;  \
+    case 6: CALL(6); break;  \
+    case 7: CALL(7); break;  \
+    default: CALL(8); break; \
     }
 
 static inline __attribute__((always_inline)) void k45_dot_q8(int five, const uint8_t *wrow, int nb, const void *act,
@@ -182,7 +197,7 @@ static inline __attribute__((always_inline)) void k45_dot_q8(int five, const uin
     const ActBlockK *a = (const ActBlockK *)act;
 #if defined(K45_ZMM)
 #define K45_Q8(N) k45_dot_q8_zmm(five, wrow, nb, a, act_row, N, sums)
-    K45_CASES(K45_Q8)
+    K45_WIDE_CASES(K45_Q8)
 #elif defined(QL_AVX2)
 #define K45_Q8(N) k45_dot_q8_avx2(five, wrow, nb, a, act_row, N, sums)
     K45_CASES(K45_Q8)
