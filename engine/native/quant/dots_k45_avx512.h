@@ -1,5 +1,5 @@
-/* Q4_K / Q5_K's int8 dot on AVX-512 (BW; VNNI's vpdpwssd when there): the AVX2 dot's arithmetic (quant/dots_q4k_q5k.h)
- * at twice the width, included by it. A 64-byte load of nibbles holds sub-blocks [2k | 2k + 2] in its low nibbles
+/* Q4_K / Q5_K's dots on AVX-512 (BW, VL; VNNI when there), included by quant/dots_q4k_q5k.h. The int8 dot: the
+ * AVX2 dot's arithmetic at twice the width. A 64-byte load of nibbles holds sub-blocks [2k | 2k + 2] in its low nibbles
  * and [2k + 1 | 2k + 3] in its high ones, whereas 64 activations are [2k | 2k + 1]: two 128-bit-lane shuffles per
  * 128 weights put the weights in the activations' order, once for every row, so each row costs one maddubs and one
  * vpdpwssd (madd + add) per 64 weights, half the AVX2 dot's instructions. */
@@ -87,5 +87,49 @@ static inline __attribute__((always_inline)) void k45_dot_q8_zmm(int five, const
         }
     }
     for (int r = 0; r < NR; r++) sums[r] = hsum8(acc[r]);
+}
+/* The exact dot on AVX-512: a sub-block's 16 (Q5_K: 32) possible weights, d sc q - dmin m for every q, computed once
+ * as the reference computes each weight, then 16 weights at a time are a vpermps (vpermt2ps) lookup by their quants:
+ * 3 to 6 instructions per 16 weights for every row, then one FMA per row. */
+static inline __attribute__((always_inline)) void k45_dot_f32_zmm(int five, const uint8_t *wrow, int nb,
+                                                                  const float *x, int64_t x_row, int NR,
+                                                                  float *sums) {
+    const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 levels16 = _mm512_add_ps(levels, _mm512_set1_ps(16.0f));
+    const __m512i nib = _mm512_set1_epi32(15), one = _mm512_set1_epi32(1);
+    __m512 acc[KQ_ROWS];
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = wrow + (int64_t)b * (five ? 176 : 144), *qh = blk + 16, *ql = blk + (five ? 48 : 16);
+        uint8_t sc[8], mn[8];
+        uint64_t sc8, mn8;
+        k45_scales(blk + 4, &sc8, &mn8);
+        memcpy(sc, &sc8, 8);
+        memcpy(mn, &mn8, 8);
+        const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
+        const float *xb = x + (int64_t)b * QK_K;
+        __m512i h[2];
+        for (int g = 0; g < 2 && five; g++) h[g] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + 16 * g)));
+        for (int s = 0; s < 8; s++) { /* sub-block s: the low (s even) or high nibbles of 32 bytes */
+            const __m512 d1 = _mm512_set1_ps(d * (float)sc[s]), m1 = _mm512_set1_ps(dmin * (float)mn[s]);
+            const __m512 table = _mm512_sub_ps(_mm512_mul_ps(d1, levels), m1);
+            const __m512 table16 = five ? _mm512_sub_ps(_mm512_mul_ps(d1, levels16), m1) : table;
+            for (int g = 0; g < 2; g++) {
+                const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + 32 * (s / 2) + 16 * g)));
+                __m512i q = s % 2 ? _mm512_srli_epi32(v, 4) : v; /* vpermps reads the low 4 bits only */
+                __m512 w;
+                if (five) {
+                    q = _mm512_and_si512(q, nib);
+                    q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h[g], s), one), 4));
+                    w = _mm512_permutex2var_ps(table, q, table16);
+                } else {
+                    w = _mm512_permutexvar_ps(q, table);
+                }
+                for (int r = 0; r < NR; r++)
+                    acc[r] = _mm512_fmadd_ps(w, _mm512_loadu_ps(xb + r * x_row + 32 * s + 16 * g), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++) sums[r] = _mm512_reduce_add_ps(acc[r]);
 }
 #endif

@@ -9,7 +9,8 @@
  * (no saturation), each madd with a scale <= 2 * 7874 * 63, a block's isum <= 256 * 31 * 127 * 63 < 2^31.
  *
  * The exact dot (fp32 activations) dequantizes a block once for every row, as the reference does (d * sc first,
- * then times q, less dmin * m), and FMAs it with each row; without AVX2 the driver's own dequantizing dot runs. */
+ * then times q, less dmin * m), and FMAs it with each row (AVX-512: by table lookup, quant/dots_k45_avx512.h);
+ * without AVX2 the driver's own dequantizing dot runs. */
 #ifndef QUANT_DOTS_Q4K_Q5K_H
 #define QUANT_DOTS_Q4K_Q5K_H
 #include "quant/kformat.h"
@@ -215,7 +216,11 @@ static void q5_k_dot_q8(const uint8_t *w, int nb, const void *act, int64_t act_r
 #define Q5_K_DOT_Q8 q5_k_dot_q8
 
 #ifdef QL_AVX2
+#ifdef K45_ZMM
+#define K45_F32(N) k45_dot_f32_zmm(five, wrow, nb, x, x_row, N, sums)
+#else
 #define K45_F32(N) k45_dot_f32_avx2(five, wrow, nb, x, x_row, N, sums)
+#endif
 static inline __attribute__((always_inline)) void k45_dot_f32(int five, const uint8_t *wrow, int nb, const float *x,
                                                               int64_t x_row, int nr, float *sums) {
     K45_CASES(K45_F32)
