@@ -35,6 +35,7 @@ static inline __attribute__((always_inline)) void k45_dot_q8_zmm(int five, const
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = wrow + (int64_t)b * (five ? 176 : 144), *ql = blk + (five ? 48 : 16);
+        k45_prefetch(blk);
         uint64_t sc8, mn8;
         k45_scales(blk + 4, &sc8, &mn8);
         const __m512i scales = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
@@ -101,6 +102,7 @@ static inline __attribute__((always_inline)) void k45_dot_f32_zmm(int five, cons
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = wrow + (int64_t)b * (five ? 176 : 144), *qh = blk + 16, *ql = blk + (five ? 48 : 16);
+        k45_prefetch(blk);
         uint8_t sc[8], mn[8];
         uint64_t sc8, mn8;
         k45_scales(blk + 4, &sc8, &mn8);

@@ -67,6 +67,14 @@ static __attribute__((unused)) void k45_dot_q8_scalar(int five, const uint8_t *w
 }
 
 #ifdef QL_AVX2
+/* The weight row K45_PREFETCH bytes ahead of block blk (past its end: the next row's start, which the thread most often
+ * takes next; a prefetch does not fault). The hardware prefetcher alone kept one thread's 1-row Q4_K stream at ~6.8
+ * GB/s, this ~10 (48 distinct 2048 x 8192 matrices, one thread, this Xeon); 1 to 3 KB ahead measured alike. */
+#define K45_PREFETCH 2048
+static inline void k45_prefetch(const uint8_t *blk) {
+    for (int l = 0; l < 3; l++) _mm_prefetch((const char *)(blk + K45_PREFETCH + 64 * l), _MM_HINT_T0);
+}
+
 /* Each scale (minimum) as the int16 pair that multiplies the activations' bsums 2s and 2s + 1. */
 static inline __m256i k45_pair_mins(uint64_t mn8) {
     const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
@@ -91,6 +99,7 @@ static inline __attribute__((always_inline)) void k45_dot_q8_avx2(int five, cons
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = wrow + (int64_t)b * (five ? 176 : 144), *ql = blk + (five ? 48 : 16);
+        k45_prefetch(blk);
         uint64_t sc8, mn8;
         k45_scales(blk + 4, &sc8, &mn8);
         const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
@@ -133,6 +142,7 @@ static inline __attribute__((always_inline)) void k45_dot_f32_avx2(int five, con
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = wrow + (int64_t)b * (five ? 176 : 144), *qh = blk + 16, *ql = blk + (five ? 48 : 16);
+        k45_prefetch(blk);
         uint8_t sc[8], mn[8];
         uint64_t sc8, mn8;
         k45_scales(blk + 4, &sc8, &mn8);
