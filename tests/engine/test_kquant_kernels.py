@@ -42,6 +42,7 @@ ROWS = [
     17,
 ]  # the dots take up to 4 rows a pass; 5 and 9 leave one over; 17 is past the GEMV bound
 U = 2.0**-24
+QK_K = 256  # weights per super-block
 
 
 def shapes(qtype: QuantType) -> list[tuple[int, int]]:
@@ -158,3 +159,63 @@ def test_kernel_results_do_not_depend_on_the_thread_count(qtype):
             assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
     finally:
         torch.set_num_threads(threads)
+
+
+K45_TYPES = [QuantType.Q4_K, QuantType.Q5_K]
+
+
+def magnitudes(weight: QuantWeight) -> torch.Tensor:
+    """|d sc q| + |dmin m| for each Q4_K / Q5_K weight: the reference of the blocks with d > 0 and dmin < 0."""
+    raw = weight.blocks.numpy().reshape(weight.out_features, -1, weight.qtype.block_bytes).copy()
+    raw[:, :, 1] &= 0x7F  # d's sign bit (fp16 little-endian: bit 15 is in byte 1)
+    raw[:, :, 3] |= 0x80  # dmin's
+    return reference(
+        QuantWeight(weight.qtype, torch.from_numpy(raw.reshape(weight.out_features, -1)), weight.in_features)
+    )
+
+
+@pytest.mark.parametrize("qtype", K45_TYPES, ids=lambda q: q.name)
+def test_int8_dots_agree_across_instruction_sets(qtype):
+    """The AVX-512, AVX2 and scalar int8 dots compute the same integers per block and only then go to fp32 (a few
+    roundings a block, then a sum over the nb blocks): their results differ by fp32 rounding of that length over the
+    scale and minimum terms taken apart (|dx qx| <= |x| + amax / 254), far inside the int8 rounding."""
+    weight = random_weight(qtype, 37, 3 * QK_K, seed=21)
+    mag = magnitudes(weight)
+    for rows in (
+        1,
+        3,
+        5,
+        7,
+        14,
+    ):  # AVX-512 passes of up to 8 rows (K45_Q8_ROWS): 7 and 14 = 8 + 6 take each width
+        x = make_x(rows, weight.in_features, seed=rows)
+        amax = x.reshape(rows, -1, QK_K).abs().amax(-1, keepdim=True).expand(-1, -1, QK_K).reshape(x.shape)
+        bound = 2 * (weight.in_features // QK_K + 10) * U * ((x.abs() + amax / 127).double() @ mag.double().T)
+        results = [kernel(march).linear(x, weight, None, act_q8=True) for march in MARCHES]
+        for y in results[1:]:
+            assert_within(y, results[0], bound)
+
+
+def extreme_weight(qtype: QuantType, out_features: int, in_features: int) -> QuantWeight:
+    """Every quant at its largest (15, Q5_K 31), every scale and minimum 63, d = dmin = 1."""
+    nb = in_features // QK_K
+    raw = np.full((out_features, nb, qtype.block_bytes), 0xFF, dtype=np.uint8)
+    raw[:, :, 0:4] = np.array([1.0, 1.0], dtype=np.float16).view(np.uint8)
+    return QuantWeight(qtype, torch.from_numpy(raw.reshape(out_features, -1)), in_features)
+
+
+@pytest.mark.parametrize("march", MARCHES)
+@pytest.mark.parametrize("qtype", K45_TYPES, ids=lambda q: q.name)
+def test_int8_dots_do_not_saturate(qtype, march):
+    """Largest quants and scales against activations rounded to +-127: maddubs's 16-bit pair sums (2 * 31 * 127) and
+    the 32-bit block sums stay exact, so the int8 result is the fp32 matmul's up to fp32 rounding (the activations
+    are +-1 and +-0.5, d = 1 / 127 or 0.5 / 127, whose rounding to int8 is exact)."""
+    k = kernel(march)
+    weight = extreme_weight(qtype, 9, 4 * QK_K)
+    ref = reference(weight)
+    assert ref.max().item() == (31 if qtype == QuantType.Q5_K else 15) * 63 - 63
+    signs = torch.tensor([1.0, -1.0]).repeat(2 * QK_K)
+    x = torch.stack([torch.ones(4 * QK_K), -torch.ones(4 * QK_K), signs, 0.5 * signs.roll(1)])
+    y_ref = x.double() @ ref.double().T
+    for y in (k.linear(x, weight, None, act_q8=True), k.gemm_q8(x, weight, None)):
+        assert_within(y, y_ref, 4 * fp32_bound(x, ref) + 1e-6 * y_ref.abs())
