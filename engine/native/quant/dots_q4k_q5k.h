@@ -180,20 +180,25 @@ static inline __attribute__((always_inline)) void k45_dot_f32_avx2(int five, con
 #include "quant/dots_k45_avx512.h"
 
 #ifndef K45_Q8_ROWS
-#define K45_Q8_ROWS KQ_ROWS /* AVX2's 16 registers: 4 rows' accumulators beside the block's */
+#define K45_Q8_ROWS 4 /* AVX2's 16 registers: 4 rows' accumulators beside the block's */
 #endif
 
-/* The dots for a runtime row count, each case compiled with its constants (nr <= KQ_ROWS; the int8 dot's up to
- * K45_Q8_ROWS). */
+/* The dots for a runtime row count nr <= KQ_ROWS, in passes of 4 rows (8 for the AVX-512 int8 dot: K45_Q8_ROWS),
+ * each row count compiled with its constants so that the accumulators stay in registers. */
+#define K45_PASSES(WIDTH, CASES, CALL)                                    \
+    for (int r0 = 0; r0 < nr; r0 += (WIDTH)) {                            \
+        const int n = nr - r0 < (WIDTH) ? nr - r0 : (WIDTH);              \
+        CASES(CALL)                                                       \
+    }
 #define K45_CASES(CALL)     \
-    switch (nr) {           \
+    switch (n) {            \
     case 1: CALL(1); break; \
     case 2: CALL(2); break; \
     case 3: CALL(3); break; \
     default: CALL(4); break; \
     }
 #define K45_WIDE_CASES(CALL) \
-    switch (nr) {            \
+    switch (n) {             \
     case 1: CALL(1); break;  \
     case 2: CALL(2); break;  \
     case 3: CALL(3); break;  \
@@ -208,11 +213,11 @@ static inline __attribute__((always_inline)) void k45_dot_q8(int five, const uin
                                                              int64_t act_row, int nr, float *sums) {
     const ActBlockK *a = (const ActBlockK *)act;
 #if defined(K45_ZMM)
-#define K45_Q8(N) k45_dot_q8_zmm(five, wrow, nb, a, act_row, N, sums)
-    K45_WIDE_CASES(K45_Q8)
+#define K45_Q8(N) k45_dot_q8_zmm(five, wrow, nb, a + r0 * act_row, act_row, N, sums + r0)
+    K45_PASSES(K45_Q8_ROWS, K45_WIDE_CASES, K45_Q8)
 #elif defined(QL_AVX2)
-#define K45_Q8(N) k45_dot_q8_avx2(five, wrow, nb, a, act_row, N, sums)
-    K45_CASES(K45_Q8)
+#define K45_Q8(N) k45_dot_q8_avx2(five, wrow, nb, a + r0 * act_row, act_row, N, sums + r0)
+    K45_PASSES(4, K45_CASES, K45_Q8)
 #else
     k45_dot_q8_scalar(five, wrow, nb, a, act_row, nr, sums);
 #endif
@@ -228,13 +233,13 @@ static void q5_k_dot_q8(const uint8_t *w, int nb, const void *act, int64_t act_r
 
 #ifdef QL_AVX2
 #ifdef K45_ZMM
-#define K45_F32(N) k45_dot_f32_zmm(five, wrow, nb, x, x_row, N, sums)
+#define K45_F32(N) k45_dot_f32_zmm(five, wrow, nb, x + r0 * x_row, x_row, N, sums + r0)
 #else
-#define K45_F32(N) k45_dot_f32_avx2(five, wrow, nb, x, x_row, N, sums)
+#define K45_F32(N) k45_dot_f32_avx2(five, wrow, nb, x + r0 * x_row, x_row, N, sums + r0)
 #endif
 static inline __attribute__((always_inline)) void k45_dot_f32(int five, const uint8_t *wrow, int nb, const float *x,
                                                               int64_t x_row, int nr, float *sums) {
-    K45_CASES(K45_F32)
+    K45_PASSES(4, K45_CASES, K45_F32)
 }
 static void q4_k_dot_f32(const uint8_t *w, int nb, const float *x, int64_t x_row, int nr, float *sums) {
     k45_dot_f32(0, w, nb, x, x_row, nr, sums);

@@ -1,6 +1,6 @@
 /* The driver for the formats described by a QFormat (quant/kformat.h): the GEMV for few rows, the GEMM for many,
  * dequantizing rows (included by quant_linear.c). Each output row is computed by one thread, a weight row at a time;
- * its blocks are read once for every pass of KQ_ROWS activation rows (kq_pass_rows), and stay in L1 for the next. */
+ * its blocks are read once for every pass of KQ_ROWS activation rows , and stay in L1 for the next. */
 #ifndef QUANT_GENERIC_H
 #define QUANT_GENERIC_H
 #include "quant/reference.h"
@@ -22,14 +22,6 @@ static const QFormat FORMAT_Q6_K = {Q6_K, QK_K, 210, ACT_K, deq_q6_k, Q6_K_DOT_F
 static const QFormat FORMAT_IQ4_XS = {IQ4_XS, QK_K, 136, ACT_K, deq_iq4_xs, IQ4_XS_DOT_F32, IQ4_XS_DOT_Q8};
 
 /* The format of a ggml type id, or NULL (Q4_0 / Q4_1 / Q8_0 have kernels of their own; others are not supported). */
-/* Rows one dot call takes (the driver's pass): KQ_ROWS, or more for a dot whose accumulators fit more rows in
- * registers; each pass unpacks the weight row's blocks again. */
-#define KQ_PASS_MAX 8
-static int kq_pass_rows(const QFormat *f, int int8) {
-    if (int8 && (f->qtype == Q4_K || f->qtype == Q5_K)) return K45_Q8_ROWS;
-    return KQ_ROWS;
-}
-
 static const QFormat *qformat(int qtype) {
     switch (qtype) {
     case Q5_0: return &FORMAT_Q5_0;
@@ -132,14 +124,14 @@ static int kq_linear(const QFormat *f, int act_q8, const uint8_t *w, int64_t w_r
     int failed;
     void *act = kq_activations(f, act_q8, x, x_row, rows, in_features, &act_row, &failed);
     if (failed) return -2;
-    const int pass = kq_pass_rows(f, act != NULL);
+    const int pass = KQ_ROWS;
 #pragma omp parallel for schedule(guided, ROWS_PER_GRAB) num_threads(threads_for((int64_t)out_features * in_features, num_threads))
     for (int o = 0; o < out_features; o++) {
         const uint8_t *wrow = w + (int64_t)o * w_row_bytes;
         const float b = bias ? bias[o] : 0.0f;
         for (int r0 = 0; r0 < rows; r0 += pass) {
             const int nr = rows - r0 < pass ? rows - r0 : pass;
-            float sums[KQ_PASS_MAX];
+            float sums[KQ_ROWS];
             kq_dot(f, wrow, nb, x, x_row, act, act_row, r0, nr, sums);
             for (int r = 0; r < nr; r++) y[(r0 + r) * y_row + o] = sums[r] + b;
         }
@@ -164,14 +156,14 @@ static int kq_gemm(const QFormat *f, const uint8_t *w, int64_t w_row_bytes, int 
     int failed;
     void *act = kq_activations(f, 1, x, x_row, rows, in_features, &act_row, &failed);
     if (failed) return -2;
-    const int tiles = (out_features + KQ_TILE - 1) / KQ_TILE, pass = kq_pass_rows(f, act != NULL);
+    const int tiles = (out_features + KQ_TILE - 1) / KQ_TILE, pass = KQ_ROWS;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for((int64_t)out_features * in_features * rows, num_threads))
     for (int t = 0; t < tiles; t++) {
         const int o0 = t * KQ_TILE, o1 = o0 + KQ_TILE < out_features ? o0 + KQ_TILE : out_features;
         for (int r0 = 0; r0 < rows; r0 += pass) {
             const int nr = rows - r0 < pass ? rows - r0 : pass;
             for (int o = o0; o < o1; o++) {
-                float sums[KQ_PASS_MAX];
+                float sums[KQ_ROWS];
                 kq_dot(f, w + (int64_t)o * w_row_bytes, nb, x, x_row, act, act_row, r0, nr, sums);
                 for (int r = 0; r < nr; r++) y[(r0 + r) * y_row + o] = sums[r] + (bias ? bias[o] : 0.0f);
             }

@@ -9,7 +9,7 @@
 #define QUANT_KFORMAT_H
 #include "quant/common.h"
 
-#define KQ_ROWS 4 /* activation rows one dot call multiplies at most */
+#define KQ_ROWS 8 /* activation rows one dot call takes at most; a dot splits them into the passes its registers hold */
 
 /* Activations rounded to int8 for the formats of 256-weight super-blocks (llama.cpp's Q8_K): x ~= d * qs. */
 typedef struct {
