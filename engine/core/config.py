@@ -40,8 +40,8 @@ class EngineConfig:
     device: str = option("auto", "auto: cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
     quantization: str = option(
         "auto",
-        "gguf: keep a GGUF model's Q4_0/Q4_1/Q8_0 blocks and multiply them as they are (CPU only; see "
-        "int8_activations, batch_gemm); none: float weights in dtype; auto: gguf for a GGUF model "
+        "gguf: keep a GGUF model's blocks (Q4_0/Q4_1/Q8_0, Q5_0/Q5_1, IQ4_NL/IQ4_XS, Q3_K..Q6_K) and multiply "
+        "them as they are (CPU only; see int8_activations, batch_gemm); none: float weights in dtype; auto: gguf for a GGUF model "
         f"({DEFAULT_MODEL} comes from one) on the CPU, else none",
         choices=QUANTIZATIONS,
     )
