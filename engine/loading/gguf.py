@@ -1,12 +1,12 @@
 """Llama-family GGUF files read directly: tensors by HF name, quantized blocks kept where our kernels run them.
 
-Q4_0/Q4_1/Q8_0 tensors stay in their blocks (`QuantWeight`); F32/F16/BF16 tensors become torch tensors; the other
-supported formats (Q5_0/Q5_1 and the K-quants Q2_K..Q6_K) are dequantized once with gguf.quants, to the model's
-dtype. No K-quant maps exactly onto a kernel layout: a Q4_K sub-block's scale is fp16 d times a 6-bit integer (up
-to 17 significant bits), which Q4_1's fp16 scale cannot hold, and Q6_K's per-16 scales times 6-bit weights do not
-fit Q8_0's int8. llama.cpp's converter permutes the rows of llama's q/k projections so that RoPE rotates adjacent
-pairs; the HF layout rotates halves, so those rows are moved back. Each row is whole blocks, so the permutation
-moves blocks and never re-quantizes. The metadata -> config mapping is in gguf_config.py.
+Every format of QuantType (Q4_0/Q4_1/Q8_0, Q5_0/Q5_1, IQ4_NL, the K-quants Q3_K..Q6_K, IQ4_XS) stays in its blocks
+(`QuantWeight`) for the linears; F32/F16/BF16 tensors become torch tensors; a format without a block kernel (Q2_K)
+is dequantized with gguf.quants, with a warning stating its cost (gguf_weights.py). `load_gguf_model` reads the file
+without any float copy of a linear in blocks: the model is built on the meta device and only what stays float gets
+storage (gguf_weights.py, gguf_read.py). llama.cpp's converter permutes the rows of llama's q/k projections so that
+RoPE rotates adjacent pairs; the HF layout rotates halves, so those rows are moved back. Each row is whole blocks, so
+the permutation moves blocks and never re-quantizes. The metadata -> config mapping is in gguf_config.py.
 """
 
 from __future__ import annotations
@@ -28,15 +28,31 @@ from engine.loading.gguf_config import (
     gguf_field,
     gguf_hf_config,
 )
+from engine.loading.gguf_read import FileTensor, file_tensors, read_float_into
+from engine.loading.gguf_weights import (
+    check_fits,
+    float_copies,
+    float_loads,
+    linear_block_parts,
+    read_linear_blocks,
+    report_float_copies,
+)
+from engine.loading.memory import human_bytes, weight_memory
 from engine.models.llama import LlamaForCausalLM, ModelArgs
-from engine.models.quantized import QuantType, QuantWeight, dequantize_torch, quantize_linears
+from engine.models.quantized import (
+    QuantType,
+    QuantWeight,
+    dequantize_torch,
+    fused_linear_sources,
+    quantize_linears,
+)
 
 logger = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("gguf", "none")  # keep the GGUF blocks in QuantLinear, or dequantize every weight to dtype
 FLOAT_TYPES = ("F32", "F16", "BF16")
 BLOCK_TYPES = tuple(q.name for q in QuantType)  # kept in blocks with quantization "gguf"
-DEQUANTIZED_TYPES = ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # no exact kernel layout
+DEQUANTIZED_TYPES = ("Q2_K",)  # no block kernel: dequantized to float, with a warning stating the cost
 SUPPORTED_TENSOR_TYPES = FLOAT_TYPES + BLOCK_TYPES + DEQUANTIZED_TYPES
 SKIPPED_TENSORS = ("rope_freqs.weight",)  # read into the config (gguf_config.py), not a model weight
 
@@ -160,7 +176,7 @@ def log_tensor_formats(reader: Any, in_blocks: set[str], dtype: torch.dtype) -> 
         counts.setdefault(kind, [0, 0])[hf_tensor_name(tensor.name) not in in_blocks] += 1
     for kind, (num_blocks, num_float) in sorted(counts.items()):
         if kind in DEQUANTIZED_TYPES:
-            why = "dequantized: no exact block layout in our kernels"
+            why = "dequantized: no block kernel for it"
         elif kind in FLOAT_TYPES:
             why = "float in the file"
         else:
@@ -207,22 +223,72 @@ def load_gguf_model(
     hf_config = gguf_hf_config(reader)
     check_tensor_types(reader)
     args = ModelArgs.from_hf_config(hf_config, max_model_len=max_model_len)
-    with torch.device("meta"):  # no random init: every weight is overwritten by the file's
+    with torch.device("meta"):  # no storage yet: only what stays float gets any (below)
         model = LlamaForCausalLM(args).to(dtype)
-    model = model.materialize(device)
-    tensors = dict(iter_gguf_tensors(reader, hf_config, dtype))
-    in_blocks: set[str] = set()
-    if quantization == "gguf":
-        quant = {name: t for name, t in tensors.items() if isinstance(t, QuantWeight)}
-        in_blocks = quantize_linears(model, quant, act_q8=act_q8, batch_gemm=batch_gemm)
-    model.load_weights((name, as_float(t)) for name, t in tensors.items() if name not in in_blocks)
+    tensors = {
+        hf_tensor_name(t.name): t for t in file_tensors(reader).values() if t.name not in SKIPPED_TENSORS
+    }
+    orders = qk_row_orders(reader, hf_config, tensors)
+    linears = {
+        t.name for name, t in tensors.items() if any(name in s for s in fused_linear_sources(model).values())
+    }
+    with open(Path(path).expanduser(), "rb") as file:
+        in_blocks: set[str] = set()
+        blocks: dict[str, QuantWeight] = {}
+        if quantization == "gguf":
+            groups = linear_block_parts(model, tensors)
+            block_bytes = sum(tensors[n].nbytes for g in groups for n in g)
+            check_fits(block_bytes, f"the {sum(map(len, groups))} weights in blocks")
+            blocks = read_linear_blocks(file.fileno(), groups, tensors, orders)
+            in_blocks = quantize_linears(model, blocks, act_q8=act_q8, batch_gemm=batch_gemm)
+        loads = float_loads(model, tensors, in_blocks)
+        copies = float_copies(loads, dtype, linears)
+        report_float_copies(copies, dtype, warn=quantization == "gguf")
+        float_bytes = sum(load.nbytes(dtype) for load in loads)
+        check_fits(
+            float_bytes, f"the weights in float ({'; '.join(c.describe(dtype) for c in copies) or 'norms'})"
+        )
+        model.materialize(device)  # only the parameters still on the meta device: those of `loads`
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for load in loads:
+                param = params[load.param]
+                target = param if load.rows is None else param[load.offset : load.offset + load.rows]
+                if load.hf_name in blocks:  # read in blocks already (a tied embedding, a linear not taken)
+                    dequantize_into(blocks[load.hf_name], target)
+                else:
+                    read_float_into(file.fileno(), load.tensor, target, orders.get(load.hf_name))
+    del blocks
     model.eval().requires_grad_(False)
     log_tensor_formats(reader, in_blocks, dtype)
+    memory = weight_memory(model)
     logger.info(
-        "loaded %s (%s, %s, quantization=%s: %d weights in blocks) in %.1f s",
-        path, dtype, device, quantization, len(in_blocks), time.monotonic() - start,
+        "loaded %s (%s, %s, quantization=%s: %d weights in blocks, %s; %s in float) in %.1f s",
+        path, dtype, device, quantization, len(in_blocks), human_bytes(memory.blocks), human_bytes(memory.float),
+        time.monotonic() - start,
     )  # fmt: skip
     return model, hf_config
+
+
+def qk_row_orders(reader: Any, hf_config: Any, tensors: dict[str, FileTensor]) -> dict[str, torch.Tensor]:
+    """HF name -> the file's row for each HF row, for llama's permuted q/k weights and biases."""
+    if gguf_architecture(reader) not in PERMUTED_QK_ARCHITECTURES:
+        return {}
+    heads = {"q_proj": hf_config.num_attention_heads, "k_proj": hf_config.num_key_value_heads}
+    orders = {}
+    for name, tensor in tensors.items():
+        proj = name.split(".")[-2]
+        if ".self_attn." in name and proj in heads:
+            orders[name] = unpermute_index(tensor.shape[0], heads[proj])
+    return orders
+
+
+def dequantize_into(weight: QuantWeight, target: torch.Tensor, rows_per_step: int = 4096) -> None:
+    """The blocks dequantized into `target` [out, in] a slice of rows at a time (no whole fp32 temporary)."""
+    for start in range(0, weight.out_features, rows_per_step):
+        stop = min(weight.out_features, start + rows_per_step)
+        part = QuantWeight(weight.qtype, weight.blocks[start:stop], weight.in_features)
+        target[start:stop].copy_(dequantize_torch(part))
 
 
 def gguf_chat_template(reader: Any) -> str | None:

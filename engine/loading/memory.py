@@ -1,0 +1,71 @@
+"""What the weights take in memory, and what the machine has left: for the loader's refusal and the start-up report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class WeightMemory:
+    """Bytes of the model's weights: kept in quantized blocks, and in float (norms, biases, float linears...)."""
+
+    blocks: int
+    float: int
+
+    @property
+    def total(self) -> int:
+        return self.blocks + self.float
+
+
+def weight_memory(model: nn.Module) -> WeightMemory:
+    """The model's weight bytes: uint8 buffers are quantized blocks, parameters are float; each storage counted once
+    (a tied head, the rows of one fused buffer)."""
+    seen: set[int] = set()
+    blocks = floats = 0
+    tensors = [(b, True) for b in model.buffers() if b.dtype == torch.uint8]
+    tensors += [(p, False) for p in model.parameters()]
+    for tensor, is_blocks in tensors:
+        if tensor.is_meta:
+            continue
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() in seen:
+            continue
+        seen.add(storage.data_ptr())
+        if is_blocks:
+            blocks += storage.nbytes()
+        else:
+            floats += storage.nbytes()
+    return WeightMemory(blocks, floats)
+
+
+def available_memory_bytes() -> int | None:
+    """Memory the machine can still give without swapping: psutil's `available`, else /proc/meminfo's MemAvailable;
+    None where neither is known."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def human_bytes(num_bytes: int | float) -> str:
+    """Bytes in decimal units: '1.07 GB', '12.6 MB', '512 kB'."""
+    if num_bytes >= 0.1 * GB:
+        return f"{num_bytes / GB:.2f} GB"
+    if num_bytes >= 1e6:
+        return f"{num_bytes / 1e6:.1f} MB"
+    return f"{num_bytes / 1e3:.0f} kB"
