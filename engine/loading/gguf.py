@@ -28,7 +28,7 @@ from engine.loading.gguf_config import (
     gguf_field,
     gguf_hf_config,
 )
-from engine.loading.gguf_read import FileTensor, file_tensors, read_float_into
+from engine.loading.gguf_read import FileTensor, dequantize_into, file_tensors, read_float_into
 from engine.loading.gguf_weights import (
     check_fits,
     float_copies,
@@ -281,14 +281,6 @@ def qk_row_orders(reader: Any, hf_config: Any, tensors: dict[str, FileTensor]) -
         if ".self_attn." in name and proj in heads:
             orders[name] = unpermute_index(tensor.shape[0], heads[proj])
     return orders
-
-
-def dequantize_into(weight: QuantWeight, target: torch.Tensor, rows_per_step: int = 4096) -> None:
-    """The blocks dequantized into `target` [out, in] a slice of rows at a time (no whole fp32 temporary)."""
-    for start in range(0, weight.out_features, rows_per_step):
-        stop = min(weight.out_features, start + rows_per_step)
-        part = QuantWeight(weight.qtype, weight.blocks[start:stop], weight.in_features)
-        target[start:stop].copy_(dequantize_torch(part))
 
 
 def gguf_chat_template(reader: Any) -> str | None:
