@@ -28,6 +28,7 @@ from engine.loading.gguf_config import (
     gguf_field,
     gguf_hf_config,
 )
+from engine.loading.gguf_file import GGUFFile, read_gguf_file
 from engine.loading.gguf_read import FileTensor, dequantize_into, file_tensors, read_float_into
 from engine.loading.gguf_weights import (
     check_fits,
@@ -80,11 +81,9 @@ def is_gguf_file(path: str | Path) -> bool:
         return f.read(4) == b"GGUF"
 
 
-def open_gguf(path: str | Path) -> Any:
-    """A gguf.GGUFReader over the file (memory-mapped: tensors are read when used)."""
-    from gguf import GGUFReader
-
-    return GGUFReader(Path(path).expanduser())
+def open_gguf(path: str | Path) -> GGUFFile:
+    """The file's metadata and tensor table (gguf_file.py: a fast parse; tensors are read when used)."""
+    return read_gguf_file(path)
 
 
 def hf_tensor_name(gguf_name: str) -> str:

@@ -24,12 +24,12 @@ _MISSING = object()
 
 def gguf_field(reader: Any, key: str, default: Any = _MISSING) -> Any:
     """A metadata value (scalar, string or list); `default` when absent, else ValueError."""
-    field = reader.get_field(key)
-    if field is None:
+    value = reader.value(key, _MISSING)
+    if value is _MISSING:
         if default is _MISSING:
             raise ValueError(f"GGUF file has no metadata key {key!r}")
         return default
-    return field.contents()
+    return value
 
 
 def gguf_architecture(reader: Any) -> str:
