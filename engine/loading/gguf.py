@@ -55,7 +55,12 @@ FLOAT_TYPES = ("F32", "F16", "BF16")
 BLOCK_TYPES = tuple(q.name for q in QuantType)  # kept in blocks with quantization "gguf"
 DEQUANTIZED_TYPES = ("Q2_K",)  # no block kernel: dequantized to float, with a warning stating the cost
 SUPPORTED_TENSOR_TYPES = FLOAT_TYPES + BLOCK_TYPES + DEQUANTIZED_TYPES
-SKIPPED_TENSORS = ("rope_freqs.weight",)  # read into the config (gguf_config.py), not a model weight
+SKIPPED_TENSORS = ("rope_freqs.weight",)
+# the tokenizer class AutoTokenizer chooses for a GGUF file of each architecture (tests/engine/test_gguf_loading.py)
+TOKENIZER_CLASSES = {
+    "llama": "TokenizersBackend",
+    "qwen2": "Qwen2Tokenizer",
+}  # read into the config (gguf_config.py), not a model weight
 
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 LAYER_NAMES = {
@@ -287,13 +292,17 @@ def gguf_chat_template(reader: Any) -> str | None:
     return gguf_field(reader, "tokenizer.chat_template", None)
 
 
-def load_gguf_tokenizer(path: str | Path) -> Any:
-    """The tokenizer (with its chat template) that transformers builds from the file's metadata."""
-    from transformers import AutoTokenizer
+def load_gguf_tokenizer(path: str | Path, reader: GGUFFile | None = None) -> Any:
+    """The tokenizer (with its chat template) that transformers builds from the file's metadata: the class that
+    AutoTokenizer picks for the architecture, built directly (AutoTokenizer first builds the file's model config,
+    for llama/qwen2 with gguf.GGUFReader: 10-25 s for a 128k vocabulary)."""
+    import transformers
 
     path = Path(path).expanduser().resolve()
+    arch = gguf_architecture(open_gguf(path) if reader is None else reader)
+    tokenizer_class = getattr(transformers, TOKENIZER_CLASSES[arch])
     # from_pretrained(folder, gguf_file=...) also reads the folder's tokenizer_config.json, which then overrides the
     # file's chat template (the provisioned default-model folder keeps its GGUF beside such files): a folder of one
     with tempfile.TemporaryDirectory(prefix="pagedchat-gguf-") as alone:
         os.symlink(path, Path(alone) / path.name)
-        return AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
+        return tokenizer_class.from_pretrained(alone, gguf_file=path.name)
