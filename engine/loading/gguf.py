@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.core.memory import human_bytes
 from engine.loading.gguf_config import (
     PERMUTED_QK_ARCHITECTURES,
     gguf_architecture,
@@ -38,7 +39,7 @@ from engine.loading.gguf_weights import (
     read_linear_blocks,
     report_float_copies,
 )
-from engine.loading.memory import human_bytes, weight_memory
+from engine.loading.memory import weight_memory
 from engine.models.llama import LlamaForCausalLM, ModelArgs
 from engine.models.quantized import (
     QuantType,

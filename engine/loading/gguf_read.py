@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.native.quant_format import QuantType, QuantWeight, dequantize_torch
-from engine.native.quant_linear import load_kernel as load_quant_kernel
+from engine.models.quantized import QuantType, QuantWeight, dequantize_torch, load_quant_kernel
 
 FLOAT_FILE_DTYPES = {
     "F32": np.float32,

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.core.memory import available_memory_bytes, human_bytes
 from engine.loading.gguf_read import FLOAT_FILE_DTYPES, FileTensor, read_block_group
-from engine.loading.memory import available_memory_bytes, human_bytes
 from engine.models.llama import LlamaForCausalLM
 from engine.models.quantized import QuantWeight, fused_linear_sources
 

@@ -1,25 +1,15 @@
-"""What the weights take in memory, and what the machine has left: for the loader's refusal and the start-up report."""
+"""What the model's weights take in memory, and the start-up line that reports it beside the KV pool."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
 
 import torch
 from torch import nn
 
-GB = 1e9
+from engine.core.memory import WeightMemory, available_memory_bytes, human_bytes
 
-
-@dataclass(frozen=True)
-class WeightMemory:
-    """Bytes of the model's weights: kept in quantized blocks, and in float (norms, biases, float linears...)."""
-
-    blocks: int
-    float: int
-
-    @property
-    def total(self) -> int:
-        return self.blocks + self.float
+logger = logging.getLogger(__name__)
 
 
 def weight_memory(model: nn.Module) -> WeightMemory:
@@ -43,29 +33,11 @@ def weight_memory(model: nn.Module) -> WeightMemory:
     return WeightMemory(blocks, floats)
 
 
-def available_memory_bytes() -> int | None:
-    """Memory the machine can still give without swapping: psutil's `available`, else /proc/meminfo's MemAvailable;
-    None where neither is known."""
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        pass
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def human_bytes(num_bytes: int | float) -> str:
-    """Bytes in decimal units: '1.07 GB', '12.6 MB', '512 kB'."""
-    if num_bytes >= 0.1 * GB:
-        return f"{num_bytes / GB:.2f} GB"
-    if num_bytes >= 1e6:
-        return f"{num_bytes / 1e6:.1f} MB"
-    return f"{num_bytes / 1e3:.0f} kB"
+def log_memory(weights: WeightMemory, kv_pool_bytes: int, num_blocks: int) -> None:
+    """The start-up line: the weights' bytes (in blocks, in float), the KV pool's and what the machine has left."""
+    available = available_memory_bytes()
+    logger.info(
+        "memory: weights %s (%s in blocks, %s in float), KV pool %s (%d blocks), %s of the machine's memory left",
+        human_bytes(weights.total), human_bytes(weights.blocks), human_bytes(weights.float),
+        human_bytes(kv_pool_bytes), num_blocks, "unknown" if available is None else human_bytes(available),
+    )  # fmt: skip
