@@ -305,15 +305,16 @@ class LLMEngine:
     # ---- introspection ---------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         """Counters for metrics and the admin page: the scheduler's, the weights' bytes and the memory left."""
+        return self._with_engine_figures(self.scheduler.stats())
+
+    def _with_engine_figures(self, stats: EngineStats) -> EngineStats:
+        """The scheduler's stats with the weights' bytes, the memory left and (step_timing on) the step timings."""
         stats = dataclasses.replace(
-            self.scheduler.stats(),
+            stats,
             weight_bytes_blocks=self.weight_memory.blocks,
             weight_bytes_float=self.weight_memory.float,
             memory_available_bytes=available_memory_bytes() or 0,
         )
-        return self._with_step_timings(stats)
-
-    def _with_step_timings(self, stats: EngineStats) -> EngineStats:
         if self._step_clock is None:
             return stats
         return dataclasses.replace(stats, step_timings=self._step_timings.snapshot())
@@ -327,7 +328,7 @@ class LLMEngine:
         """Every block's state and every live sequence's block table, consistent between steps (block hashes of
         `hash_block_ids` only, when given)."""
         snap = self.scheduler.snapshot(hash_block_ids)
-        return dataclasses.replace(snap, stats=self._with_step_timings(snap.stats))
+        return dataclasses.replace(snap, stats=self._with_engine_figures(snap.stats))
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of a chat rendered with the model's template."""
