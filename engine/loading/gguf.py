@@ -211,7 +211,10 @@ def load_gguf_model(
 ) -> tuple[LlamaForCausalLM, Any]:
     """The model of a GGUF file and its config (LlamaConfig or Qwen2Config); eval mode, no grad.
 
-    quantization="gguf" keeps Q4_0/Q4_1/Q8_0 linears (and a tied head) in QuantLinear, CPU only; act_q8=True then
+    quantization="gguf" keeps the linears (and a tied head) of every QuantType format in QuantLinear, CPU only: their
+    blocks are read from the file straight into one buffer per (fused) linear and never exist in float; a linear in a
+    format without a block kernel is dequantized with a WARNING stating its cost, and loading is refused
+    (NotEnoughMemory) when the machine's available memory would not hold the weights. act_q8=True then
     quantizes decode activations to int8 per 32-block as llama.cpp does (see QuantLinear; the engine's default with
     gguf): on SmolLM2 the linears at one row take ~1.5x less time on an AVX2 machine, and logits move (`pagedchat
     bench quality`, mode gguf-int8act); act_q8=False multiplies fp32 activations exactly. batch_gemm: how batches of more than the GEMV bound multiply the blocks (fp32

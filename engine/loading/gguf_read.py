@@ -81,11 +81,16 @@ def pread_into(fd: int, offset: int, out: torch.Tensor) -> None:
 
 
 def read_block_group(
-    fd: int, parts: list[FileTensor], row_orders: list[torch.Tensor | None]
+    fd: int,
+    parts: list[FileTensor],
+    row_orders: list[torch.Tensor | None],
+    staging: torch.Tensor | None = None,
 ) -> list[QuantWeight]:
     """Parts of one block format read into one [rows, row bytes] buffer, each into its rows (in `row_orders[i]`'s
-    order when given: HF row r is the file's row order[r]); the returned weights are views of that buffer, so
-    QuantWeight.cat of them in order takes the buffer as is."""
+    order when given: HF row r is the file's row order[r], read first into `staging`, flat uint8 of at least the
+    part's bytes); the returned weights are views of that buffer, so QuantWeight.cat of them in order takes the
+    buffer as is. One staging buffer for the whole load: a temporary per q/k, freed between the buffers that stay,
+    would leave that many holes in the heap that malloc cannot give back (~0.3 GB at 8B)."""
     qtype = parts[0].qtype
     assert qtype is not None and all(p.qtype is qtype and p.row_bytes == parts[0].row_bytes for p in parts)
     buffer = torch.empty(sum(p.rows for p in parts), parts[0].row_bytes, dtype=torch.uint8)
@@ -95,7 +100,9 @@ def read_block_group(
         if order is None:
             pread_into(fd, part.offset, rows)
         else:
-            staged = torch.empty_like(rows)  # one part: q is hidden x hidden at most
+            if staging is None or staging.numel() < rows.numel():
+                staging = torch.empty(rows.numel(), dtype=torch.uint8)
+            staged = staging[: rows.numel()].view(rows.shape)
             pread_into(fd, part.offset, staged)
             torch.index_select(staged, 0, order, out=rows)
         weights.append(QuantWeight(qtype, rows, part.shape[-1]))
@@ -159,8 +166,13 @@ def read_float_into(
         target.copy_(values.view(target.shape))
         return
     step = max(1, CHUNK_FLOAT_BYTES // max(1, 4 * flat.shape[1]))
+    kernel = load_quant_kernel() if tensor.qtype is not None and flat.dtype == torch.float32 else None
+    raw = torch.empty(min(rows, step), row_bytes, dtype=torch.uint8)  # one staging buffer for every slice
     for start in range(0, rows, step):
         stop = min(rows, start + step)
-        raw = torch.empty(stop - start, row_bytes, dtype=torch.uint8)
-        pread_into(fd, tensor.offset + start * row_bytes, raw)
-        flat[start:stop].copy_(_rows_as_float(tensor, raw).view(stop - start, -1))
+        part = raw[: stop - start]
+        pread_into(fd, tensor.offset + start * row_bytes, part)
+        if kernel is not None and flat.device.type == "cpu":  # dequantized straight into the parameter's rows
+            kernel.dequantize(QuantWeight(tensor.qtype, part, tensor.shape[-1]), out=flat[start:stop])
+        else:
+            flat[start:stop].copy_(_rows_as_float(tensor, part).view(stop - start, -1))

@@ -63,8 +63,10 @@ def read_linear_blocks(
 ) -> dict[str, QuantWeight]:
     """The blocks of every group, read from the file into one buffer per group, by HF name."""
     weights: dict[str, QuantWeight] = {}
+    reordered = [tensors[n].nbytes for names in groups for n in names if n in row_orders]
+    staging = torch.empty(max(reordered, default=0), dtype=torch.uint8)  # for every q/k: see read_block_group
     for names in groups:
-        parts = read_block_group(fd, [tensors[n] for n in names], [row_orders.get(n) for n in names])
+        parts = read_block_group(fd, [tensors[n] for n in names], [row_orders.get(n) for n in names], staging)
         weights.update(zip(names, parts, strict=True))
     return weights
 
