@@ -12,12 +12,14 @@ import torch
 
 from engine.core.config import EngineConfig
 from engine.core.hash_chain import ChainKey, salt_tag
+from engine.core.memory import available_memory_bytes
 from engine.core.outputs import CachePurge, RequestOutput, SchedulerOutput
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import FinishReason, SamplingParams, Sequence
 from engine.core.stats import CacheDigest, EngineStats, PoolSnapshot
 from engine.core.structured import StructuredOutput
 from engine.loading.engine_model import load_engine_model
+from engine.loading.memory import log_memory, weight_memory
 from engine.output_processor import OutputProcessor
 from engine.tiers.setup import open_disk_tier
 from engine.worker.device import resolve_batch_gemm, resolve_device, resolve_dtype
@@ -94,7 +96,9 @@ class LLMEngine:
             None if spec.quantized else dataclasses.replace(spec, kv_cache_dtype="int8").block_bytes
         )
         self.num_blocks = num_blocks
+        self.weight_memory = weight_memory(model)
         self.runner = ModelRunner(self.config, model, spec, num_blocks)
+        log_memory(self.weight_memory, num_blocks * spec.block_bytes, num_blocks)
         kv_settings = {
             "dtype": str(dtype),
             "kv_cache_dtype": spec.dtype_name,
@@ -300,10 +304,17 @@ class LLMEngine:
 
     # ---- introspection ---------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
-        """Counters for metrics and the admin page."""
-        return self._with_step_timings(self.scheduler.stats())
+        """Counters for metrics and the admin page: the scheduler's, the weights' bytes and the memory left."""
+        return self._with_engine_figures(self.scheduler.stats())
 
-    def _with_step_timings(self, stats: EngineStats) -> EngineStats:
+    def _with_engine_figures(self, stats: EngineStats) -> EngineStats:
+        """The scheduler's stats with the weights' bytes, the memory left and (step_timing on) the step timings."""
+        stats = dataclasses.replace(
+            stats,
+            weight_bytes_blocks=self.weight_memory.blocks,
+            weight_bytes_float=self.weight_memory.float,
+            memory_available_bytes=available_memory_bytes() or 0,
+        )
         if self._step_clock is None:
             return stats
         return dataclasses.replace(stats, step_timings=self._step_timings.snapshot())
@@ -317,7 +328,7 @@ class LLMEngine:
         """Every block's state and every live sequence's block table, consistent between steps (block hashes of
         `hash_block_ids` only, when given)."""
         snap = self.scheduler.snapshot(hash_block_ids)
-        return dataclasses.replace(snap, stats=self._with_step_timings(snap.stats))
+        return dataclasses.replace(snap, stats=self._with_engine_figures(snap.stats))
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of a chat rendered with the model's template."""

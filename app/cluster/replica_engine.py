@@ -384,7 +384,14 @@ class ReplicaSetEngine(StreamRegistry):
         self.replicas = {status.name: status for status in found}
 
 
-_SAME_ON_EVERY_REPLICA = {"block_size", "max_model_len", "kv_cache_dtype", "kv_block_bytes"}
+# memory_available_bytes: the machine's, which the replicas share
+_SAME_ON_EVERY_REPLICA = {
+    "block_size",
+    "max_model_len",
+    "kv_cache_dtype",
+    "kv_block_bytes",
+    "memory_available_bytes",
+}
 
 
 def merge_stats(parts: list[EngineStats]) -> EngineStats:

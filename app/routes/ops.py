@@ -84,8 +84,9 @@ def service_state(svc: Services) -> dict[str, Any]:
 
 
 def stats_to_json(stats: EngineStats) -> dict[str, Any]:
-    """The stats as a JSON object: every field (the tier's as a nested object, or null) and `ram_hit_tokens`."""
-    return {**asdict(stats), "ram_hit_tokens": stats.ram_hit_tokens}
+    """The stats as a JSON object: every field (the tier's as a nested object, or null), `ram_hit_tokens` and
+    `kv_pool_bytes`."""
+    return {**asdict(stats), "ram_hit_tokens": stats.ram_hit_tokens, "kv_pool_bytes": stats.kv_pool_bytes}
 
 
 def snapshot_to_json(snap: PoolSnapshot) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from app.services.advice import format_bytes
 from app.services.chat_settings import CHAT_TEMPERATURE_RANGE, chat_max_tokens
 from app.services.errors import APIError, from_exception
 from app.services.tier_view import configured_tier_dir, tier_configured
+from engine.core.memory import available_memory_bytes
 
 logger = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the supported install is the repo itself (editable)
@@ -160,6 +161,7 @@ def engine_settings_rows(svc: Services) -> list[tuple[str, str]]:
             f"{engine.num_blocks} blocks · {engine.num_blocks * cfg.block_size} tokens · "
             f"{format_bytes(pool_bytes)}",
         ),
+        *memory_rows(engine),
         ("KV cache dtype", KV_DTYPE_LABELS.get(engine.kv_cache_dtype, engine.kv_cache_dtype)),
         ("Bytes per block", format_bytes(engine.kv_block_bytes)),
         ("Max model length", f"{cfg.max_model_len} tokens"),
@@ -168,6 +170,24 @@ def engine_settings_rows(svc: Services) -> list[tuple[str, str]]:
         ("Prefix caching", "on" if cfg.enable_prefix_caching else "off"),
         *(disk_tier_rows(engine) if svc.engine.health() is None else replica_rows(svc)),
     ]
+
+
+def memory_rows(engine: Any) -> list[tuple[str, str]]:
+    """The weights' bytes (in quantized blocks, in float) and what the machine's memory has left, as the engine's
+    start-up line logs them (a replica set's front engine holds no weights of its own: no weights row)."""
+    rows = []
+    weights = getattr(engine, "weight_memory", None)
+    if weights is not None:
+        rows.append(
+            (
+                "Weights",
+                f"{format_bytes(weights.total)} · {format_bytes(weights.blocks)} in blocks · "
+                f"{format_bytes(weights.float)} in float",
+            )
+        )
+    available = available_memory_bytes()
+    rows.append(("Memory available", "unknown" if available is None else format_bytes(available)))
+    return rows
 
 
 def replica_rows(svc: Services) -> list[tuple[str, str]]:

@@ -84,6 +84,15 @@ def add_engine_samples(out: Families, stats: EngineStats, labels: dict[str, str]
             "Bytes of KV one token takes over every layer (scales included).",
             stats.kv_block_bytes / stats.block_size,
         )
+    gauge("kv_cache_pool_bytes", "Bytes of the whole KV pool.", stats.kv_pool_bytes)
+    weights = "Bytes of the model's weights: in quantized blocks, or in float."
+    gauge("model_weight_bytes", weights, stats.weight_bytes_blocks, kind="blocks")
+    gauge("model_weight_bytes", weights, stats.weight_bytes_float, kind="float")
+    gauge(
+        "memory_available_bytes",
+        "Memory the machine can still give (MemAvailable).",
+        stats.memory_available_bytes,
+    )
     gauge("kv_cache_blocks_free", "Free blocks holding no cached prefix.", stats.num_free_blocks)
     gauge(
         "kv_cache_blocks_cached",

@@ -51,11 +51,21 @@ class EngineStats:
     tier: TierStats | None = None  # the disk tier, when there is one
     num_computed_prompt_tokens_total: int = 0  # prompt tokens run through the model, recomputation included
     step_timings: tuple[StepTiming, ...] = ()  # per decode batch size, with step_timing on; else empty
+    weight_bytes_blocks: int = 0  # the model's weights kept in quantized blocks (GGUF)
+    weight_bytes_float: int = 0  # the model's weights in float (norms, biases, embedding, float linears)
+    memory_available_bytes: int = (
+        0  # what the machine can still give (MemAvailable) when the stats were taken
+    )
 
     @property
     def ram_hit_tokens(self) -> int:
         """Prompt tokens whose KV was still in the RAM pool at admission."""
         return self.prefix_hit_tokens - self.disk_hit_tokens
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        """Bytes of the whole KV pool."""
+        return self.num_blocks * self.kv_block_bytes
 
     @property
     def capacity_tokens(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,8 +122,25 @@ def load_engine_model(
         model_is_gguf=source.gguf is not None,
         native_int8=in_blocks and native_int8_kernels(),
     )
+    # the tokenizer is built on a thread while the weights load: its Python (transformers' parse of a 128k vocabulary,
+    # ~3 s) overlaps the weights' file reads and dequantization, which release the GIL
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as pool:
+        tokenizer_job = pool.submit(load_tokenizer, source.meta_path)
+        model, hf_config = _load_weights(source, resolved, dtype, device, reader)
+        tokenizer = tokenizer_job.result()
+    generation_config = load_generation_config(source.meta_path)
+    eos = eos_token_ids(hf_config, generation_config, tokenizer)
+    sampling = from_generation_config(generation_config)
+    logger.info("sampling defaults of %s: %s", source.name, sampling.given() or "none (built-in)")
+    return EngineModel(resolved, dtype, model, hf_config, tokenizer, eos, source.name, source, sampling)
+
+
+def _load_weights(
+    source: ModelSource, resolved: EngineConfig, dtype: torch.dtype, device: torch.device, reader: Any
+) -> tuple[LlamaForCausalLM, Any]:
+    """The model from the source's GGUF file or folder, and its config."""
     if source.gguf is not None:
-        model, hf_config = load_gguf_model(
+        return load_gguf_model(
             source.gguf,
             dtype,
             device,
@@ -132,11 +150,4 @@ def load_engine_model(
             batch_gemm=resolved.batch_gemm,
             reader=reader,
         )
-    else:
-        model, hf_config = load_model(source.folder, dtype, device, max_model_len=resolved.max_model_len)
-    tokenizer = load_tokenizer(source.meta_path)
-    generation_config = load_generation_config(source.meta_path)
-    eos = eos_token_ids(hf_config, generation_config, tokenizer)
-    sampling = from_generation_config(generation_config)
-    logger.info("sampling defaults of %s: %s", source.name, sampling.given() or "none (built-in)")
-    return EngineModel(resolved, dtype, model, hf_config, tokenizer, eos, source.name, source, sampling)
+    return load_model(source.folder, dtype, device, max_model_len=resolved.max_model_len)

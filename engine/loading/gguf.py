@@ -1,12 +1,12 @@
 """Llama-family GGUF files read directly: tensors by HF name, quantized blocks kept where our kernels run them.
 
-Q4_0/Q4_1/Q8_0 tensors stay in their blocks (`QuantWeight`); F32/F16/BF16 tensors become torch tensors; the other
-supported formats (Q5_0/Q5_1 and the K-quants Q2_K..Q6_K) are dequantized once with gguf.quants, to the model's
-dtype. No K-quant maps exactly onto a kernel layout: a Q4_K sub-block's scale is fp16 d times a 6-bit integer (up
-to 17 significant bits), which Q4_1's fp16 scale cannot hold, and Q6_K's per-16 scales times 6-bit weights do not
-fit Q8_0's int8. llama.cpp's converter permutes the rows of llama's q/k projections so that RoPE rotates adjacent
-pairs; the HF layout rotates halves, so those rows are moved back. Each row is whole blocks, so the permutation
-moves blocks and never re-quantizes. The metadata -> config mapping is in gguf_config.py.
+Every format of QuantType (Q4_0/Q4_1/Q8_0, Q5_0/Q5_1, IQ4_NL, the K-quants Q3_K..Q6_K, IQ4_XS) stays in its blocks
+(`QuantWeight`) for the linears; F32/F16/BF16 tensors become torch tensors; a format without a block kernel (Q2_K)
+is dequantized with gguf.quants, with a warning stating its cost (gguf_weights.py). `load_gguf_model` reads the file
+without any float copy of a linear in blocks: the model is built on the meta device and only what stays float gets
+storage (gguf_weights.py, gguf_read.py). llama.cpp's converter permutes the rows of llama's q/k projections so that
+RoPE rotates adjacent pairs; the HF layout rotates halves, so those rows are moved back. Each row is whole blocks, so
+the permutation moves blocks and never re-quantizes. The metadata -> config mapping is in gguf_config.py.
 """
 
 from __future__ import annotations
@@ -22,18 +22,31 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.core.memory import human_bytes
 from engine.loading.gguf_config import (
     PERMUTED_QK_ARCHITECTURES,
     gguf_architecture,
     gguf_field,
     gguf_hf_config,
 )
+from engine.loading.gguf_file import GGUFFile, read_gguf_file
+from engine.loading.gguf_read import FileTensor, dequantize_into, file_tensors, read_float_into
+from engine.loading.gguf_weights import (
+    check_fits,
+    float_copies,
+    float_loads,
+    linear_block_parts,
+    read_linear_blocks,
+    report_float_copies,
+)
+from engine.loading.memory import weight_memory
 from engine.models.llama import LlamaForCausalLM, ModelArgs
 from engine.models.quantized import (
     EMBEDDING,
     QuantType,
     QuantWeight,
     dequantize_torch,
+    fused_linear_sources,
     quantize_embedding,
     quantize_linears,
 )
@@ -43,9 +56,14 @@ logger = logging.getLogger(__name__)
 QUANTIZATIONS = ("gguf", "none")  # keep the GGUF blocks in QuantLinear, or dequantize every weight to dtype
 FLOAT_TYPES = ("F32", "F16", "BF16")
 BLOCK_TYPES = tuple(q.name for q in QuantType)  # kept in blocks with quantization "gguf"
-DEQUANTIZED_TYPES = ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # no exact kernel layout
+DEQUANTIZED_TYPES = ("Q2_K",)  # no block kernel: dequantized to float, with a warning stating the cost
 SUPPORTED_TENSOR_TYPES = FLOAT_TYPES + BLOCK_TYPES + DEQUANTIZED_TYPES
-SKIPPED_TENSORS = ("rope_freqs.weight",)  # read into the config (gguf_config.py), not a model weight
+SKIPPED_TENSORS = ("rope_freqs.weight",)
+# the tokenizer class AutoTokenizer chooses for a GGUF file of each architecture (tests/engine/test_gguf_loading.py)
+TOKENIZER_CLASSES = {
+    "llama": "TokenizersBackend",
+    "qwen2": "Qwen2Tokenizer",
+}  # read into the config (gguf_config.py), not a model weight
 
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 LAYER_NAMES = {
@@ -71,11 +89,9 @@ def is_gguf_file(path: str | Path) -> bool:
         return f.read(4) == b"GGUF"
 
 
-def open_gguf(path: str | Path) -> Any:
-    """A gguf.GGUFReader over the file (memory-mapped: tensors are read when used)."""
-    from gguf import GGUFReader
-
-    return GGUFReader(Path(path).expanduser())
+def open_gguf(path: str | Path) -> GGUFFile:
+    """The file's metadata and tensor table (gguf_file.py: a fast parse; tensors are read when used)."""
+    return read_gguf_file(path)
 
 
 def hf_tensor_name(gguf_name: str) -> str:
@@ -167,7 +183,7 @@ def log_tensor_formats(reader: Any, in_blocks: set[str], dtype: torch.dtype) -> 
         counts.setdefault(kind, [0, 0])[hf_tensor_name(tensor.name) not in in_blocks] += 1
     for kind, (num_blocks, num_float) in sorted(counts.items()):
         if kind in DEQUANTIZED_TYPES:
-            why = "dequantized: no exact block layout in our kernels"
+            why = "dequantized: no block kernel for it"
         elif kind in FLOAT_TYPES:
             why = "float in the file"
         else:
@@ -197,7 +213,10 @@ def load_gguf_model(
 ) -> tuple[LlamaForCausalLM, Any]:
     """The model of a GGUF file and its config (LlamaConfig or Qwen2Config); eval mode, no grad.
 
-    quantization="gguf" keeps Q4_0/Q4_1/Q8_0 linears (and a tied head) in QuantLinear, CPU only; act_q8=True then
+    quantization="gguf" keeps the linears (and a tied head) of every QuantType format in QuantLinear, CPU only: their
+    blocks are read from the file straight into one buffer per (fused) linear and never exist in float; a linear in a
+    format without a block kernel is dequantized with a WARNING stating its cost, and loading is refused
+    (NotEnoughMemory) when the machine's available memory would not hold the weights. act_q8=True then
     quantizes decode activations to int8 per 32-block as llama.cpp does (see QuantLinear; the engine's default with
     gguf): on SmolLM2 the linears at one row take ~1.5x less time on an AVX2 machine, and logits move (`pagedchat
     bench quality`, mode gguf-int8act); act_q8=False multiplies fp32 activations exactly. batch_gemm: how batches of more than the GEMV bound multiply the blocks (fp32
@@ -215,25 +234,67 @@ def load_gguf_model(
     hf_config = gguf_hf_config(reader)
     check_tensor_types(reader)
     args = ModelArgs.from_hf_config(hf_config, max_model_len=max_model_len)
-    with torch.device("meta"):  # no random init: every weight is overwritten by the file's
+    with torch.device("meta"):  # no storage yet: only what stays float gets any (below)
         model = LlamaForCausalLM(args).to(dtype)
-    model = model.materialize(device)
-    tensors = dict(iter_gguf_tensors(reader, hf_config, dtype))
-    in_blocks: set[str] = set()
-    if quantization == "gguf":
-        quant = {name: t for name, t in tensors.items() if isinstance(t, QuantWeight)}
-        in_blocks = quantize_linears(model, quant, act_q8=act_q8, batch_gemm=batch_gemm)
-        if EMBEDDING in quant:  # kept in blocks, shared with a tied head: no float copy of the table
-            quantize_embedding(model, quant[EMBEDDING])
-            in_blocks.add(EMBEDDING)
-    model.load_weights((name, as_float(t)) for name, t in tensors.items() if name not in in_blocks)
+    tensors = {
+        hf_tensor_name(t.name): t for t in file_tensors(reader).values() if t.name not in SKIPPED_TENSORS
+    }
+    orders = qk_row_orders(reader, hf_config, tensors)
+    linears = {
+        t.name for name, t in tensors.items() if any(name in s for s in fused_linear_sources(model).values())
+    }
+    with open(Path(path).expanduser(), "rb") as file:
+        in_blocks: set[str] = set()
+        blocks: dict[str, QuantWeight] = {}
+        if quantization == "gguf":
+            groups = linear_block_parts(model, tensors)
+            block_bytes = sum(tensors[n].nbytes for g in groups for n in g)
+            check_fits(block_bytes, f"the {sum(map(len, groups))} weights in blocks")
+            blocks = read_linear_blocks(file.fileno(), groups, tensors, orders)
+            in_blocks = quantize_linears(model, blocks, act_q8=act_q8, batch_gemm=batch_gemm)
+            if EMBEDDING in blocks:  # kept in blocks (shared with a tied head): no float copy of the table
+                quantize_embedding(model, blocks[EMBEDDING])
+                in_blocks.add(EMBEDDING)
+        loads = float_loads(model, tensors, in_blocks)
+        copies = float_copies(loads, dtype, linears)
+        report_float_copies(copies, dtype, warn=quantization == "gguf")
+        float_bytes = sum(load.nbytes(dtype) for load in loads)
+        check_fits(
+            float_bytes, f"the weights in float ({'; '.join(c.describe(dtype) for c in copies) or 'norms'})"
+        )
+        model.materialize(device)  # only the parameters still on the meta device: those of `loads`
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for load in loads:
+                param = params[load.param]
+                target = param if load.rows is None else param[load.offset : load.offset + load.rows]
+                if load.hf_name in blocks:  # read in blocks already (a tied embedding, a linear not taken)
+                    dequantize_into(blocks[load.hf_name], target)
+                else:
+                    read_float_into(file.fileno(), load.tensor, target, orders.get(load.hf_name))
+    del blocks
     model.eval().requires_grad_(False)
     log_tensor_formats(reader, in_blocks, dtype)
+    memory = weight_memory(model)
     logger.info(
-        "loaded %s (%s, %s, quantization=%s: %d weights in blocks) in %.1f s",
-        path, dtype, device, quantization, len(in_blocks), time.monotonic() - start,
+        "loaded %s (%s, %s, quantization=%s: %d weights in blocks, %s; %s in float) in %.1f s",
+        path, dtype, device, quantization, len(in_blocks), human_bytes(memory.blocks), human_bytes(memory.float),
+        time.monotonic() - start,
     )  # fmt: skip
     return model, hf_config
+
+
+def qk_row_orders(reader: Any, hf_config: Any, tensors: dict[str, FileTensor]) -> dict[str, torch.Tensor]:
+    """HF name -> the file's row for each HF row, for llama's permuted q/k weights and biases."""
+    if gguf_architecture(reader) not in PERMUTED_QK_ARCHITECTURES:
+        return {}
+    heads = {"q_proj": hf_config.num_attention_heads, "k_proj": hf_config.num_key_value_heads}
+    orders = {}
+    for name, tensor in tensors.items():
+        proj = name.split(".")[-2]
+        if ".self_attn." in name and proj in heads:
+            orders[name] = unpermute_index(tensor.shape[0], heads[proj])
+    return orders
 
 
 def gguf_chat_template(reader: Any) -> str | None:
@@ -241,13 +302,17 @@ def gguf_chat_template(reader: Any) -> str | None:
     return gguf_field(reader, "tokenizer.chat_template", None)
 
 
-def load_gguf_tokenizer(path: str | Path) -> Any:
-    """The tokenizer (with its chat template) that transformers builds from the file's metadata."""
-    from transformers import AutoTokenizer
+def load_gguf_tokenizer(path: str | Path, reader: GGUFFile | None = None) -> Any:
+    """The tokenizer (with its chat template) that transformers builds from the file's metadata: the class that
+    AutoTokenizer picks for the architecture, built directly (AutoTokenizer first builds the file's model config,
+    for llama/qwen2 with gguf.GGUFReader: 10-25 s for a 128k vocabulary)."""
+    import transformers
 
     path = Path(path).expanduser().resolve()
+    arch = gguf_architecture(open_gguf(path) if reader is None else reader)
+    tokenizer_class = getattr(transformers, TOKENIZER_CLASSES[arch])
     # from_pretrained(folder, gguf_file=...) also reads the folder's tokenizer_config.json, which then overrides the
     # file's chat template (the provisioned default-model folder keeps its GGUF beside such files): a folder of one
     with tempfile.TemporaryDirectory(prefix="pagedchat-gguf-") as alone:
         os.symlink(path, Path(alone) / path.name)
-        return AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
+        return tokenizer_class.from_pretrained(alone, gguf_file=path.name)

@@ -24,12 +24,12 @@ _MISSING = object()
 
 def gguf_field(reader: Any, key: str, default: Any = _MISSING) -> Any:
     """A metadata value (scalar, string or list); `default` when absent, else ValueError."""
-    field = reader.get_field(key)
-    if field is None:
+    value = reader.value(key, _MISSING)
+    if value is _MISSING:
         if default is _MISSING:
             raise ValueError(f"GGUF file has no metadata key {key!r}")
         return default
-    return field.contents()
+    return value
 
 
 def gguf_architecture(reader: Any) -> str:
@@ -113,13 +113,19 @@ def gguf_hf_config(reader: Any) -> Any:
         tie_word_embeddings="output.weight" not in names,
         **{k: None if v is None else int(v) for k, v in token_id.items()},
     )
-    from transformers import LlamaConfig, Qwen2Config  # imported only where needed: see light_config
-
     if arch == "qwen2":  # q/k/v biases are part of the architecture; no o/mlp bias, no sliding window in GGUF
+        from transformers import Qwen2Config
+
         return Qwen2Config(use_sliding_window=False, **fields)
     factors = _rope_freq_factors(reader, head_dim)
     if factors is not None:
         fields["rope_freq_factors"] = factors  # read by ModelArgs.from_hf_config
     fields.update(attention_bias="blk.0.attn_q.bias" in names, mlp_bias="blk.0.ffn_up.bias" in names)
-    # every value named: the light config reads the same as LlamaConfig (light_config), unless the file scales RoPE
-    return light_llama_config({"model_type": "llama", **fields}) or LlamaConfig(**fields)
+    # every value named: the light config reads the same as LlamaConfig (light_config), unless the file scales RoPE;
+    # transformers' config module is imported only when it is needed (its import takes seconds: light_config.py)
+    light = light_llama_config({"model_type": "llama", **fields})
+    if light is not None:
+        return light
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**fields)

@@ -238,9 +238,13 @@ class LlamaForCausalLM(nn.Module):
 
     def retie_and_rebuild_rope(self) -> None:
         """Re-tie lm_head and recompute the RoPE table from `args` (after `materialize`, or a change of args)."""
-        # materialize replaces each module's parameter separately; an embedding in GGUF blocks (QuantEmbedding) has
-        # its head over the same blocks already
-        if self.args.tie_word_embeddings and isinstance(self.embed_tokens, nn.Embedding):
+        # materialize replaces each module's parameter separately; a head in GGUF blocks has no float weight to tie, and
+        # an embedding in blocks (QuantEmbedding) shares its blocks with a tied head already
+        if (
+            self.args.tie_word_embeddings
+            and isinstance(self.lm_head, nn.Linear)
+            and isinstance(self.embed_tokens, nn.Embedding)
+        ):
             self.lm_head.weight = self.embed_tokens.weight
         self.rope_cache = rope_cos_sin(self.args).to(self.rope_cache.device, self.rope_cache.dtype)
 
@@ -278,10 +282,13 @@ class LlamaForCausalLM(nn.Module):
         """Logits [N, vocab] in fp32 for the selected hidden rows [N, hidden]."""
         return self.lm_head(hidden).float()
 
-    @torch.no_grad()
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors in, fusing q/k/v and gate/up; every parameter must be covered."""
-        params = dict(self.named_parameters())
+    def weight_slot(self, hf_name: str) -> tuple[str, int, int | None] | None:
+        """Where an HF-named checkpoint tensor goes: (parameter name, first row, rows or None for all of it), with
+        q/k/v and gate/up fused; None for a tensor the model does not keep (a tied head, rotary tables). The name
+        need not be a parameter of this model (the caller checks)."""
+        name = hf_name.removeprefix("model.")
+        if "rotary_emb." in name or (name == "lm_head.weight" and self.args.tie_word_embeddings):
+            return None
         args = self.args
         q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
         shards = {
@@ -291,16 +298,22 @@ class LlamaForCausalLM(nn.Module):
             "gate_proj": ("gate_up_proj", 0, args.intermediate_size),
             "up_proj": ("gate_up_proj", args.intermediate_size, args.intermediate_size),
         }
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in shards:
+            fused, offset, rows = shards[parts[-2]]
+            return ".".join([*parts[:-2], fused, parts[-1]]), offset, rows
+        return name, 0, None
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors in, fusing q/k/v and gate/up; every parameter must be covered."""
+        params = dict(self.named_parameters())
         loaded: dict[str, int] = {}  # parameter name -> rows filled
         for hf_name, tensor in named_tensors:
-            name = hf_name.removeprefix("model.")
-            if "rotary_emb." in name or (name == "lm_head.weight" and args.tie_word_embeddings):
+            slot = self.weight_slot(hf_name)
+            if slot is None:
                 continue
-            parts = name.split(".")
-            offset, rows = 0, None
-            if len(parts) >= 2 and parts[-2] in shards:
-                fused, offset, rows = shards[parts[-2]]
-                name = ".".join([*parts[:-2], fused, parts[-1]])
+            name, offset, rows = slot
             if name not in params:
                 raise ValueError(f"checkpoint tensor {hf_name!r} has no place in this model")
             target = params[name] if rows is None else params[name][offset : offset + rows]

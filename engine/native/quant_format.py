@@ -115,7 +115,22 @@ class QuantWeight:
         first = parts[0]
         if any(p.qtype != first.qtype or p.in_features != first.in_features for p in parts):
             raise ValueError(f"cannot fuse {[(p.qtype.name, p.in_features) for p in parts]}: formats differ")
-        return QuantWeight(first.qtype, torch.cat([p.blocks for p in parts]), first.in_features)
+        whole = _adjacent_rows(parts)
+        blocks = torch.cat([p.blocks for p in parts]) if whole is None else whole
+        return QuantWeight(first.qtype, blocks, first.in_features)
+
+
+def _adjacent_rows(parts: list[QuantWeight]) -> torch.Tensor | None:
+    """The rows of one buffer that `parts` are, in order, back to back (the loader reads a fused linear's parts
+    into one buffer: fusing them then copies nothing), else None."""
+    first = parts[0].blocks
+    storage, end = first.untyped_storage(), first.data_ptr()
+    for part in parts:
+        if part.blocks.untyped_storage().data_ptr() != storage.data_ptr() or part.blocks.data_ptr() != end:
+            return None
+        end += part.blocks.numel()
+    rows = sum(p.out_features for p in parts)
+    return first.new_empty(0).set_(storage, first.storage_offset(), (rows, first.shape[1]))
 
 
 def stack_segments(parts: list[QuantWeight]) -> tuple[QuantWeight, ...]:

@@ -217,11 +217,20 @@ class NativeQuantLinear:
             )
         return out
 
-    def dequantize(self, weight: QuantWeight, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """Rows [start, stop) of the weight as fp32 [stop - start, in]."""
+    def dequantize(
+        self, weight: QuantWeight, start: int = 0, stop: int | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Rows [start, stop) of the weight as fp32 [stop - start, in] (into `out` when given: fp32 CPU rows of unit
+        stride, e.g. the rows of a float parameter being loaded)."""
         stop = weight.out_features if stop is None else stop
         assert 0 <= start <= stop <= weight.out_features, f"rows [{start}, {stop}) of {weight.out_features}"
-        out = torch.empty((stop - start, weight.in_features), dtype=torch.float32)
+        if out is None:
+            out = torch.empty((stop - start, weight.in_features), dtype=torch.float32)
+        assert (
+            out.dtype == torch.float32
+            and out.shape == (stop - start, weight.in_features)
+            and out.stride(1) == 1
+        )
         blocks = weight.blocks[start:stop]
         status = self._dequantize(
             int(weight.qtype),

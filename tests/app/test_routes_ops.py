@@ -70,6 +70,23 @@ def test_metrics_have_vllm_style_names_and_count_requests(client):
         text, "pagedchat:prefix_cache_hits_total"
     )
     assert metric(text, "pagedchat:num_preemptions_total") == 0
+    # the memory the start-up line reports: a float model (safetensors) holds no blocks; the pool's bytes
+    stats = client.get("/api/admin/state").json()["stats"]
+    floats = metric(text, "pagedchat:model_weight_bytes", kind="float")
+    assert (
+        floats == stats["weight_bytes_float"] > 0
+        and metric(text, "pagedchat:model_weight_bytes", kind="blocks") == 0
+    )
+    assert (
+        metric(text, "pagedchat:kv_cache_pool_bytes") == stats["kv_pool_bytes"] == 256 * 16 * TINY_BLOCK_BYTES
+    )
+    assert metric(text, "pagedchat:memory_available_bytes") > 0 and stats["memory_available_bytes"] > 0
+    page = client.get("/admin").text
+    assert re.search(
+        r'<th scope="row">Weights</th><td>[\d.]+ [KMG]?i?B · 0 B in blocks · [\d.]+ [KMG]iB in float</td>',
+        page,
+    )
+    assert re.search(r'<th scope="row">Memory available</th><td>[\d.]+ [KMG]iB</td>', page)
 
 
 def test_admin_state_shows_a_running_request_and_then_an_idle_pool(client):

@@ -96,14 +96,18 @@ def test_cli_chat_with_a_k_quant_gguf_in_one_command(tmp_path, monkeypatch, caps
 
 def test_unsupported_tensor_format_is_a_one_line_error(tmp_path, capsys):
     _, path = make_chat_gguf(
-        tmp_path / "iq4.gguf", "llama", linear_type=T.F16, type_overrides={"blk.1.ffn_up.weight": T.IQ4_NL}
+        tmp_path / "tq1.gguf",
+        "llama",
+        wide=True,
+        linear_type=T.F16,
+        type_overrides={"blk.1.ffn_up.weight": T.TQ1_0},
     )
     message = (
-        "GGUF tensor 'blk.1.ffn_up.weight' has type IQ4_NL, which is not supported; supported: F32, F16, BF16"
+        "GGUF tensor 'blk.1.ffn_up.weight' has type TQ1_0, which is not supported; supported: F32, F16, BF16"
     )
     with pytest.raises(ValueError, match=message + ".*Q4_K, Q5_K, Q6_K"):
         LLM(model=str(path), kv_cache_bytes=KV_BYTES)
     assert cli_main(["generate", "--model", str(path), "--kv-disk-bytes", "0", "hi"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: GGUF tensor 'blk.1.ffn_up.weight' has type IQ4_NL")
+    assert err[-1].startswith("error: GGUF tensor 'blk.1.ffn_up.weight' has type TQ1_0")
     assert "Traceback" not in "\n".join(err)
