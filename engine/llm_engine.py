@@ -47,10 +47,12 @@ class LLMEngine:
         device = resolve_device(config.device)
         if config.num_threads is not None and device.type == "cpu":
             torch.set_num_threads(config.num_threads)
-        config = dataclasses.replace(config, batch_gemm=resolve_batch_gemm(config.batch_gemm, device))
         # auto: fp32 beside GGUF blocks (their kernels take fp32), else bf16 where the hardware computes it fast
         loaded = load_engine_model(
-            config, device, lambda gguf_blocks: resolve_dtype(config.dtype, device, gguf_blocks=gguf_blocks)
+            config,
+            device,
+            lambda gguf_blocks: resolve_dtype(config.dtype, device, gguf_blocks=gguf_blocks),
+            lambda linear_weights: resolve_batch_gemm(config.batch_gemm, device, linear_weights),
         )
         dtype = loaded.dtype
         self.config, self.model_name = loaded.config, loaded.model_name

@@ -58,7 +58,8 @@ class EngineConfig:
         "bf16 copy of the weights, +2 bytes a weight in RAM, torch's bf16 GEMM: several times faster where the CPU "
         "has AVX512-BF16 or AMX, logits move at bf16 rounding) or int8 (more than 16 rows: activations rounded to "
         "int8 per 32 values as llama.cpp does, integer dot products with the blocks themselves: faster on AVX2, "
-        "logits move slightly); fewer rows take the GEMV kernel (see int8_activations); auto: bf16 on such a CPU, else int8",
+        "logits move slightly); fewer rows take the GEMV kernel (see int8_activations); auto: bf16 on such a CPU for a model whose copy "
+        "is at most 512 MiB (~250M weights: the memory of a bigger model stays its file's), else int8",
         choices=("auto", "fp32", "bf16", "int8"),
     )
     fused_decode: bool = option(

@@ -3,6 +3,7 @@ its tokenizer, EOS ids and sampling defaults."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,7 @@ from engine.loading.loader import (
     resolve_model_path,
 )
 from engine.loading.provision import DEFAULT_MODEL_NAME, provision_default_gguf
-from engine.models.llama import LlamaForCausalLM
+from engine.models.llama import LlamaForCausalLM, ModelArgs
 from engine.models.quantized import native_int8_kernels
 
 logger = logging.getLogger(__name__)
@@ -101,17 +102,23 @@ def resolve_model_source(config: EngineConfig, device: torch.device) -> ModelSou
 
 
 def load_engine_model(
-    config: EngineConfig, device: torch.device, dtype_for: Callable[[bool], torch.dtype]
+    config: EngineConfig,
+    device: torch.device,
+    dtype_for: Callable[[bool], torch.dtype],
+    batch_gemm_for: Callable[[int], str],
 ) -> EngineModel:
     """Resolve the model's source and `config` for this machine, then load the model, tokenizer and EOS ids.
 
-    `dtype_for(gguf_blocks)`: the model's dtype, told whether every layer linear keeps its GGUF blocks.
+    `dtype_for(gguf_blocks)`: the model's dtype, told whether every layer linear keeps its GGUF blocks;
+    `batch_gemm_for(linear_weights)`: config.batch_gemm resolved, told how many weights the model's matmuls hold.
     """
     source = resolve_model_source(config, device)
     reader = (
         open_gguf(source.gguf) if source.gguf is not None else None
     )  # parsed once, for config and weights
     hf_config = gguf_hf_config(reader) if reader is not None else load_hf_config(source.folder)
+    batch_gemm = batch_gemm_for(ModelArgs.from_hf_config(hf_config).linear_weights)
+    config = dataclasses.replace(config, batch_gemm=batch_gemm)
     quantization = config.resolve_quantization(device=device.type, model_is_gguf=reader is not None)
     in_blocks = quantization == "gguf" and layer_linears_in_blocks(reader)
     dtype = dtype_for(in_blocks)

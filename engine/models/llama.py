@@ -55,6 +55,17 @@ class ModelArgs:
     mlp_bias: bool = False
     tie_word_embeddings: bool = False
 
+    @property
+    def linear_weights(self) -> int:
+        """Weights of every matmul of a token: the layers' linears and the LM head (the embedding only where tied)."""
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        layer = (
+            self.hidden_size * (q + 2 * kv)
+            + q * self.hidden_size
+            + 3 * self.hidden_size * self.intermediate_size
+        )
+        return self.num_layers * layer + self.vocab_size * self.hidden_size
+
     @classmethod
     def from_hf_config(cls, hf_config: Any, max_model_len: int | None = None) -> ModelArgs:
         """Read a transformers config (4.x `rope_scaling` or 5.x `rope_parameters`)."""

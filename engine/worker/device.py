@@ -31,16 +31,24 @@ def cpu_has_fast_bf16() -> bool:
     return bool(cpu_flags(text) & CPU_BF16_FLAGS)
 
 
-def resolve_batch_gemm(name: str, device: torch.device) -> str:
-    """`auto` -> bf16 on a CPU that computes bf16 fast, int8 on another CPU, fp32 on a GPU (where the setting has no
-    use: the blocks are multiplied on the CPU only); see EngineConfig.batch_gemm."""
+# the largest bf16 copy of a model's linears that batch_gemm auto makes (SmolLM2-135M's is 0.27 GB); a bigger model
+# multiplies its batches in the blocks themselves (int8), so its memory stays the file's: at 1B a bf16 copy is ~3x the
+# Q4_K_M file (measured: 8.65 GB RSS beside llama.cpp's 6.46 at equal KV, 4.4 GB of it KV)
+BF16_COPY_MAX_BYTES = 512 << 20
+
+
+def resolve_batch_gemm(name: str, device: torch.device, linear_weights: int | None = None) -> str:
+    """`auto` -> bf16 on a CPU that computes bf16 fast when the copy of the model's `linear_weights` it makes is small
+    (<= BF16_COPY_MAX_BYTES; unknown counts as small), int8 on another CPU or for a bigger model, fp32 on a GPU
+    (where the setting has no use: the blocks are multiplied on the CPU only); see EngineConfig.batch_gemm."""
     if name not in ("auto", "fp32", "bf16", "int8"):
         raise ValueError(f"batch_gemm must be 'auto', 'fp32', 'bf16' or 'int8', got {name!r}")
     if name != "auto":
         return name
     if device.type != "cpu":
         return "fp32"
-    return "bf16" if cpu_has_fast_bf16() else "int8"
+    small = linear_weights is None or 2 * linear_weights <= BF16_COPY_MAX_BYTES
+    return "bf16" if cpu_has_fast_bf16() and small else "int8"
 
 
 def resolve_device(name: str) -> torch.device:

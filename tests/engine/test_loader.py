@@ -154,6 +154,10 @@ def test_dtype_and_device_resolution(monkeypatch):
     assert resolve_dtype("auto", cpu, gguf_blocks=True) is torch.float32
     assert resolve_dtype("bfloat16", cpu, gguf_blocks=True) is torch.bfloat16
     assert resolve_batch_gemm("auto", cpu) == "bf16"  # batches of GGUF blocks multiply by a bf16 copy
+    assert resolve_batch_gemm("auto", cpu, 135_000_000) == "bf16"  # a small model's copy: 0.27 GB
+    assert (
+        resolve_batch_gemm("auto", cpu, 1_200_000_000) == "int8"
+    )  # at 1B a copy would be ~3x the Q4_K_M file
     assert resolve_batch_gemm("auto", torch.device("cuda")) == "fp32"
     monkeypatch.setattr(dtype_mod, "cpu_has_fast_bf16", lambda: False)
     assert resolve_dtype("auto", cpu) is torch.float32
