@@ -84,6 +84,7 @@ def test_serving_bench_against_pagedchat_and_the_hf_baseline(tiny_servers, hf_ba
         "url": hf_baseline_url,
         "model": "tiny",
         "started_here": False,
+        "memory": None,  # no --baseline-pid: a server given by URL is not measured
     }
     for name, points in doc["systems"].items():
         # the closed-loop point sends max(3, 2 x 2) requests

@@ -13,7 +13,7 @@ from bench.cli import bench_main
 from bench.make_gguf.blocks import SCALE_FIELDS, random_blocks, random_chunks, tensor_nbytes
 from bench.make_gguf.shapes import SHAPES, rope_freq_factors
 from bench.make_gguf.tensor_types import tensor_plan
-from engine.loading.gguf import load_gguf_tokenizer
+from engine.loading.gguf import load_gguf_tokenizer, open_gguf
 from engine.loading.gguf_config import gguf_field, gguf_hf_config
 
 T = GGMLQuantizationType
@@ -38,16 +38,19 @@ def test_file_is_laid_out_as_planned(tiny_files, shape, file_type, arch):
     for tensor, spec in zip(reader.tensors, plan, strict=True):
         assert tuple(int(d) for d in reversed(tensor.shape.tolist())) == spec.shape
         assert tensor.n_bytes == tensor_nbytes(spec.type, spec.shape)
-    assert gguf_field(reader, "general.architecture") == arch
-    assert gguf_field(reader, "general.file_type") == file_type
-    assert gguf_field(reader, f"{arch}.block_count") == SHAPES[shape].num_layers
-    assert gguf_field(reader, "tokenizer.ggml.model") == "gpt2"
-    tokens = gguf_field(reader, "tokenizer.ggml.tokens")
+    meta = open_gguf(
+        tiny_files[shape]
+    )  # the metadata as the engine reads it (gguf-py reads the tensors above)
+    assert gguf_field(meta, "general.architecture") == arch
+    assert gguf_field(meta, "general.file_type") == file_type
+    assert gguf_field(meta, f"{arch}.block_count") == SHAPES[shape].num_layers
+    assert gguf_field(meta, "tokenizer.ggml.model") == "gpt2"
+    tokens = gguf_field(meta, "tokenizer.ggml.tokens")
     assert len(tokens) == len(set(tokens)) == SHAPES[shape].vocab_size
-    merges = gguf_field(reader, "tokenizer.ggml.merges")
+    merges = gguf_field(meta, "tokenizer.ggml.merges")
     known = set(tokens)
     assert all(a in known and b in known and a + b in known for a, b in (m.split(" ") for m in merges))
-    config = gguf_hf_config(reader)
+    config = gguf_hf_config(meta)
     assert (config.vocab_size, config.hidden_size, config.num_key_value_heads) == (
         SHAPES[shape].vocab_size,
         512,
