@@ -92,44 +92,8 @@ int quant_gemm_q8(int qtype, const uint8_t *w, int64_t w_row_bytes, int out_feat
 #ifdef QL_AVX2
     const int bb = block_bytes(qtype), nb = in_features / QK;
     if (bb == 0 || in_features % QK != 0 || w_row_bytes < (int64_t)nb * bb) return -1;
-    const GemmLayout L = gemm_layout(qtype, nb);
-    const int64_t rows8 = (rows + 7) / 8 * 8;
-    const ActGemm a = {aligned_alloc(32, (size_t)rows * L.cw), aligned_alloc(32, sizeof(float) * rows * L.sw),
-                       calloc((size_t)nb * rows8, sizeof(float)), rows8};
-    int status = 0;
-    if (!a.qx || !a.dx8 || !a.sums) {
-        status = -2;
-        goto done;
-    }
-    const int threads = threads_for((int64_t)out_features * in_features * rows, num_threads);
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(static)
-        for (int r = 0; r < rows; r++)
-            quantize_row_gemm(L, x + r * x_row, in_features, a.qx + r * L.cw, a.dx8 + r * L.sw, NULL, a.sums + r,
-                              a.rows8);
-        uint8_t *u = aligned_alloc(32, GEMM_RM * L.cw);
-        int8_t *sq = aligned_alloc(32, GEMM_RM * L.cw);
-        /* d8 lanes, then the minimum per block; aligned_alloc wants a multiple of the alignment */
-        float *scales = aligned_alloc(32, (sizeof(float) * GEMM_RM * (L.sw + nb) + 31) / 32 * 32);
-        if (!u || !sq || !scales) {
-#pragma omp atomic write
-            status = -2;
-        }
-        const int tiles = (out_features + GEMM_RM - 1) / GEMM_RM;
-#pragma omp for schedule(dynamic, 1)
-        for (int tile = 0; tile < tiles; tile++) {
-            if (!u || !sq || !scales) continue;
-            const int o0 = tile * GEMM_RM, ni = out_features - o0 < GEMM_RM ? out_features - o0 : GEMM_RM;
-            const WTile t = {u, sq, scales, scales + GEMM_RM * L.sw};
-            unpack_tile(qtype, w + (int64_t)o0 * w_row_bytes, w_row_bytes, ni, nb, L, t);
-            gemm_tile(qtype, t, a, L, nb, ni, rows, o0, bias, y, y_row);
-        }
-        free(u), free(sq), free(scales);
-    }
-done:
-    free(a.qx), free(a.dx8), free(a.sums);
-    return status;
+    return tiled_gemm(qtype, unpack_tile, qtype, w, w_row_bytes, out_features, in_features, x, x_row, rows, bias, y,
+                      y_row, num_threads);
 #else
     return quant_linear(qtype, 1, w, w_row_bytes, out_features, in_features, x, x_row, rows, bias, y, y_row,
                         num_threads);

@@ -293,4 +293,54 @@ static void gemm_tile(int qtype, WTile t, ActGemm a, GemmLayout L, int nb, int n
     default: gemm_tile_of(Q8_0, t, a, L, nb, ni, rows, o0, bias, y, y_row); break;
     }
 }
+
+/* Puts weight rows [0, ni) of a tile into the GEMM's layout; `kind` says what the blocks are (a ggml type id). */
+typedef void (*unpack_fn)(int kind, const uint8_t *w, int64_t w_row_bytes, int ni, int nb, GemmLayout L, WTile t);
+
+/* The tiled int8 GEMM: the activations quantized once into the GEMM's layout, then tiles of GEMM_RM weight rows
+ * unpacked by `unpack(kind, ...)` and multiplied as the legacy type `qtype`'s by every activation row (quant_gemm_q8's
+ * Q4_0 / Q4_1 / Q8_0, and the formats that unpack into them: quant/gemm_b32.h). 0, or -2 (memory). */
+static int tiled_gemm(int qtype, unpack_fn unpack, int kind, const uint8_t *w, int64_t w_row_bytes, int out_features,
+                      int in_features, const float *x, int64_t x_row, int rows, const float *bias, float *y,
+                      int64_t y_row, int num_threads) {
+    const int nb = in_features / QK;
+    const GemmLayout L = gemm_layout(qtype, nb);
+    const int64_t rows8 = (rows + 7) / 8 * 8;
+    const ActGemm a = {aligned_alloc(32, (size_t)rows * L.cw), aligned_alloc(32, sizeof(float) * rows * L.sw),
+                       calloc((size_t)nb * rows8, sizeof(float)), rows8};
+    int status = 0;
+    if (!a.qx || !a.dx8 || !a.sums) {
+        status = -2;
+        goto done;
+    }
+    const int threads = threads_for((int64_t)out_features * in_features * rows, num_threads);
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int r = 0; r < rows; r++)
+            quantize_row_gemm(L, x + r * x_row, in_features, a.qx + r * L.cw, a.dx8 + r * L.sw, NULL, a.sums + r,
+                              a.rows8);
+        uint8_t *u = aligned_alloc(32, GEMM_RM * L.cw);
+        int8_t *sq = aligned_alloc(32, GEMM_RM * L.cw);
+        /* d8 lanes, then the minimum per block; aligned_alloc wants a multiple of the alignment */
+        float *scales = aligned_alloc(32, (sizeof(float) * GEMM_RM * (L.sw + nb) + 31) / 32 * 32);
+        if (!u || !sq || !scales) {
+#pragma omp atomic write
+            status = -2;
+        }
+        const int tiles = (out_features + GEMM_RM - 1) / GEMM_RM;
+#pragma omp for schedule(dynamic, 1)
+        for (int tile = 0; tile < tiles; tile++) {
+            if (!u || !sq || !scales) continue;
+            const int o0 = tile * GEMM_RM, ni = out_features - o0 < GEMM_RM ? out_features - o0 : GEMM_RM;
+            const WTile t = {u, sq, scales, scales + GEMM_RM * L.sw};
+            unpack(kind, w + (int64_t)o0 * w_row_bytes, w_row_bytes, ni, nb, L, t);
+            gemm_tile(qtype, t, a, L, nb, ni, rows, o0, bias, y, y_row);
+        }
+        free(u), free(sq), free(scales);
+    }
+done:
+    free(a.qx), free(a.dx8), free(a.sums);
+    return status;
+}
 #endif
