@@ -45,7 +45,6 @@ from engine.models.quantized import (
     EMBEDDING,
     QuantType,
     QuantWeight,
-    dequantize_torch,
     fused_linear_sources,
     quantize_embedding,
     quantize_linears,
@@ -135,7 +134,8 @@ def check_tensor_types(reader: Any) -> None:
 
 
 def read_tensor(tensor: Any, dtype: torch.dtype | None = None) -> torch.Tensor | QuantWeight:
-    """One GGUF tensor: blocks kept for Q4_0/Q4_1/Q8_0, else a torch tensor (in `dtype` when given)."""
+    """One GGUF tensor through gguf-py's memory map: blocks kept for every QuantType, else a torch tensor (in `dtype`
+    when given). The loader reads with gguf_read.py instead; this independent path is the tests' reference."""
     from gguf import GGMLQuantizationType, quants
 
     kind = tensor.tensor_type
@@ -195,11 +195,6 @@ def log_tensor_formats(reader: Any, in_blocks: set[str], dtype: torch.dtype) -> 
     return {kind: (n[0], n[1]) for kind, n in counts.items()}
 
 
-def as_float(value: torch.Tensor | QuantWeight) -> torch.Tensor:
-    """A tensor as is, or a quantized weight dequantized to fp32."""
-    return dequantize_torch(value) if isinstance(value, QuantWeight) else value
-
-
 def load_gguf_model(
     path: str | Path,
     dtype: torch.dtype,
@@ -240,9 +235,8 @@ def load_gguf_model(
         hf_tensor_name(t.name): t for t in file_tensors(reader).values() if t.name not in SKIPPED_TENSORS
     }
     orders = qk_row_orders(reader, hf_config, tensors)
-    linears = {
-        t.name for name, t in tensors.items() if any(name in s for s in fused_linear_sources(model).values())
-    }
+    linear_names = {name for names in fused_linear_sources(model).values() for name in names}
+    linears = {t.name for name, t in tensors.items() if name in linear_names}
     with open(Path(path).expanduser(), "rb") as file:
         in_blocks: set[str] = set()
         blocks: dict[str, QuantWeight] = {}

@@ -12,17 +12,16 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from itertools import groupby
 
 import torch
 
 from engine.core.memory import available_memory_bytes, human_bytes
 from engine.loading.gguf_read import FLOAT_FILE_DTYPES, FileTensor, read_block_group
 from engine.models.llama import LlamaForCausalLM
-from engine.models.quantized import QuantWeight, fused_linear_sources
+from engine.models.quantized import EMBEDDING, QuantWeight, fused_linear_sources
 
 logger = logging.getLogger(__name__)
-
-EMBEDDING = "model.embed_tokens.weight"
 
 
 class NotEnoughMemory(ValueError):
@@ -53,12 +52,8 @@ def linear_block_parts(model: LlamaForCausalLM, tensors: dict[str, FileTensor]) 
         parts = [tensors.get(name) for name in hf_names]
         if any(p is None or p.qtype is None for p in parts):
             continue
-        for i, (name, part) in enumerate(zip(hf_names, parts, strict=True)):
-            previous = parts[i - 1] if i else None
-            if previous is not None and (previous.qtype, previous.row_bytes) == (part.qtype, part.row_bytes):
-                groups[-1].append(name)
-            else:
-                groups.append([name])
+        runs = groupby(zip(hf_names, parts, strict=True), key=lambda item: (item[1].qtype, item[1].row_bytes))
+        groups.extend([name for name, _ in run] for _, run in runs)
     embedding = tensors.get(EMBEDDING)
     if embedding is not None and embedding.qtype is not None and not any(EMBEDDING in g for g in groups):
         groups.append([EMBEDDING])

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from itertools import groupby
 
 import torch
 import torch.nn.functional as F
@@ -139,12 +140,7 @@ def stack_segments(parts: list[QuantWeight]) -> tuple[QuantWeight, ...]:
     One segment when every part has the same format."""
     if any(p.in_features != parts[0].in_features for p in parts):
         raise ValueError(f"cannot stack widths {[p.in_features for p in parts]}: in_features differ")
-    runs: list[list[QuantWeight]] = []
-    for part in parts:
-        if runs and runs[-1][0].qtype == part.qtype:
-            runs[-1].append(part)
-        else:
-            runs.append([part])
+    runs = [list(run) for _, run in groupby(parts, key=lambda p: p.qtype)]
     return tuple(run[0] if len(run) == 1 else QuantWeight.cat(run) for run in runs)
 
 
