@@ -13,7 +13,15 @@ import pytest
 import torch
 
 from engine.native.quant_format import QuantType, QuantWeight
-from tests.engine.test_kquant_kernels import U, assert_within, fp32_bound, kernel, random_weight, reference
+from tests.engine.test_kquant_kernels import (
+    U,
+    assert_within,
+    fp32_bound,
+    int8_inverse_scale,
+    kernel,
+    random_weight,
+    reference,
+)
 
 TYPES = [QuantType.Q5_0, QuantType.Q5_1, QuantType.IQ4_NL, QuantType.IQ4_XS]
 MARCHES = ["native", "x86-64-v3", "x86-64"]
@@ -42,7 +50,7 @@ def rounded(x: torch.Tensor, block: int) -> torch.Tensor:
     as float64 d * q."""
     xb = x.reshape(x.shape[0], -1, block)
     amax = xb.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    inv = int8_inverse_scale(amax)
     q = torch.round(xb * inv)
     assert q.abs().max() <= 127
     return (q.double() * (amax / 127.0).double()).reshape(x.shape)

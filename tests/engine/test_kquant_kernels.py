@@ -69,6 +69,13 @@ def reference(weight: QuantWeight) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(weight.shape)
 
 
+def int8_inverse_scale(amax: torch.Tensor) -> torch.Tensor:
+    """127 / amax as the kernels' quantizer computes it: one correctly rounded fp32 division (0 where amax is 0).
+    Not torch's `127 / amax`: a scalar over a tensor is a reciprocal times 127, 1 ulp off for some amax, and an
+    activation that lands on a tie (45.5) under one and off it (45.499996) under the other rounds apart."""
+    return torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+
+
 def make_x(rows: int, in_features: int, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(rows, in_features, generator=gen) * torch.rand(rows, 1, generator=gen) * 4

@@ -19,6 +19,7 @@ from tests.engine.test_kquant_kernels import (
     U,
     assert_within,
     fp32_bound,
+    int8_inverse_scale,
     kernel,
     random_weight,
     reference,
@@ -61,7 +62,7 @@ def int8_rows(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """x rounded to int8 per 256 as the kernels' quantizer does: (qs int64 [rows, nb, 256], d float32 [rows, nb])."""
     xb = x.reshape(x.shape[0], -1, 256)
     amax = xb.abs().amax(-1)
-    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    inv = int8_inverse_scale(amax)
     qs = (xb * inv[..., None]).round()
     return qs.numpy().astype(np.int64), (amax / 127).numpy()
 

@@ -18,6 +18,7 @@ import torch
 from engine.native import quant_linear as quant_linear_module
 from engine.native.quant_format import QuantType, QuantWeight, dequantize_torch, quant_linear_torch
 from engine.native.quant_linear import BF16_GEMV_MAX_ROWS, GEMV_MAX_ROWS, QuantLinear, load_kernel
+from tests.engine.test_kquant_kernels import int8_inverse_scale
 
 KERNEL = load_kernel()
 needs_kernel = pytest.mark.skipif(
@@ -72,7 +73,7 @@ def block_amax(x: torch.Tensor) -> torch.Tensor:
 def q8_round(x: torch.Tensor) -> torch.Tensor:
     """x as the kernel sees it with act_q8: dx * round(x / dx) per 32-block, dx = amax / 127."""
     amax = block_amax(x)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    inv = int8_inverse_scale(amax)
     return torch.round(x * inv) * (amax / 127.0)
 
 
