@@ -5,9 +5,7 @@ The process itself is bench's harness (bench/common/servers.py); here: the test 
 
 from __future__ import annotations
 
-import os
 import signal
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +15,7 @@ import httpx
 import pytest
 
 from bench.common.servers import ServerProcess, spawn_pagedchat, stop_server, wait_ready
+from engine.core import paths
 from tests.app.factories import TINY_BLOCK_BYTES, make_tiny_model_dir, pool_is_idle
 from tests.faults import FAULTS_ENV
 
@@ -86,11 +85,13 @@ def server_env(tmp_path: Path, model: str, **env: str) -> dict[str, str]:
 
 
 def share_kernels(cache_dir: Path) -> None:
-    """Point a server cache dir's kernels/ at one folder for the whole run: the native kernels are compiled once
-    (~13 s on 2 cores), not at every server's first start. Safe to share: a library's name is a digest of its
-    source and flags, and builders publish it with an atomic rename."""
-    shared = Path(tempfile.gettempdir()) / f"pagedchat-test-kernels-{os.getuid()}"
-    shared.mkdir(exist_ok=True)
+    """Point a server cache dir's kernels/ at the folder this test process builds its own into (the default cache
+    dir's, engine.core.paths): each native kernel is compiled once for the whole run, by whichever test needs it
+    first, in process or in a server (~7 s each for quant_linear and attention on 2 cores, several times that
+    under the suite's load). Safe to share: a library's name is a digest of its source and flags, and builders
+    publish it with an atomic rename."""
+    shared = paths.cache_dir() / "kernels"
+    shared.mkdir(parents=True, exist_ok=True)
     cache_dir.mkdir(parents=True, exist_ok=True)
     link = cache_dir / "kernels"
     if not link.exists():
@@ -143,7 +144,9 @@ def shared_cache_dir(tmp_path_factory) -> Path:
     """A cache dir (PAGEDCHAT_CACHE_DIR) for servers to share: the native kernels are compiled once, not at every
     server's first start (seconds each). A test that uses it for its disk tier's default place (<cache dir>/kv)
     owns that place: the others give their servers a PAGEDCHAT_KV_DISK_DIR of their own."""
-    return tmp_path_factory.mktemp("cache")
+    path = tmp_path_factory.mktemp("cache")
+    share_kernels(path)
+    return path
 
 
 @pytest.fixture
