@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytest_plugins = ["tests.budget"]  # a time budget per test, and the slowest tests in the summary
+
 if "triton" not in sys.modules and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
