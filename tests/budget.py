@@ -97,7 +97,8 @@ class BudgetRecorder:
         write = terminalreporter.write_line
         terminalreporter.write_sep("=", "test time budget")
         num_tests = len(self.nodeid_to_seconds)
-        write(f"suite wall time {time.monotonic() - self.started_at:.1f} s ({num_tests} tests)")
+        plural = "" if num_tests == 1 else "s"
+        write(f"suite wall time {time.monotonic() - self.started_at:.1f} s ({num_tests} test{plural})")
         slowest = sorted(self.nodeid_to_seconds.items(), key=lambda item: item[1], reverse=True)[:NUM_SLOWEST]
         if slowest:
             write(f"slowest {len(slowest)} (setup + call + teardown):")

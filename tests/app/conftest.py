@@ -1,6 +1,5 @@
 """Fixtures of the history tests (SmolLM2's tokenizer where provisioned, and a tiny ChatML one), and the databases
-of the store and migration tests: `db_backend` runs a test on SQLite and on PostgreSQL; after every test, no app
-made by make_client may hold a block."""
+of the store and migration tests: `db_backend` runs a test on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ import pytest
 
 from tests.app.conversation_factories import SMOLLM2_PATH, make_chatml_tokenizer
 from tests.app.databases import TestDatabase, make_test_database
-from tests.app.live_clients import check_live_clients
 
 BACKENDS = ["sqlite", "postgresql"]
 
@@ -71,11 +69,3 @@ def db(make_db: Callable[..., TestDatabase]) -> TestDatabase:
 def empty_db(make_db: Callable[..., TestDatabase]) -> TestDatabase:
     """A fresh database without any schema on this test's backend (for the migration tests)."""
     return make_db(empty=True)
-
-
-@pytest.fixture(autouse=True)
-def _no_block_stays_in_use() -> Iterator[None]:
-    """After every test, each app make_client has open (module-scoped ones included) must hold no block: a leak
-    fails the test that caused it, as a teardown error naming what stayed in use."""
-    yield
-    check_live_clients()

@@ -10,7 +10,7 @@ from typing import Any
 from starlette.testclient import TestClient
 
 # make_client is a plain context manager, not a fixture: it leaves its clients here for the autouse fixture of
-# tests/app/conftest.py to find. Only make_client adds and removes entries.
+# tests/conftest.py to find. Only make_client adds and removes entries.
 LIVE_CLIENTS: list[TestClient] = []
 
 
