@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytest_plugins = ["tests.budget"]  # a time budget per test, and the slowest tests in the summary
+
 if "triton" not in sys.modules and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -61,6 +63,16 @@ def _private_kv_disk_tiers(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(engine.tiers.setup, "tier_dir", fresh_dir)
         yield
+
+
+@pytest.fixture(autouse=True)
+def _no_block_stays_in_use():
+    """After every test, each app that make_client (tests/app/factories.py) has open, module-scoped ones included,
+    must hold no block: a leak fails the test that caused it, as a teardown error naming what stayed in use. Suite
+    wide because tests/reliability makes such apps too; the tests that never imported make_client pay nothing."""
+    yield
+    if (live_clients := sys.modules.get("tests.app.live_clients")) is not None:
+        live_clients.check_live_clients()
 
 
 @pytest.fixture(scope="session")

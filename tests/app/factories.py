@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 
 from app.settings import Settings, settings_from_values
 from engine.core.sampling_defaults import FIELDS
+from tests.app.live_clients import LIVE_CLIENTS, check_pool_idle
 from tests.faults import FaultPlan, faulty_engine_factory
 
 TOKENIZER_FILES = (
@@ -133,7 +134,9 @@ def make_client(tmp_path: Path, faults: FaultPlan | None = None, **overrides: An
     """A TestClient (from loopback, sending the app's own Origin as the chat page does) on a fresh app with the
     tiny model, running the app's lifespan.
 
-    With `faults`, the app's engine injects them (tests/faults.py); `faults.injected` counts what fired.
+    With `faults`, the app's engine injects them (tests/faults.py); `faults.injected` counts what fired. While it
+    is open, every test's teardown checks that its pool holds no block (tests/app/live_clients.py), and so does
+    its exit.
     """
     from app.main import create_app
 
@@ -141,7 +144,12 @@ def make_client(tmp_path: Path, faults: FaultPlan | None = None, **overrides: An
     factory = None if faults is None else faulty_engine_factory(make_engine_factory(settings), faults)
     app = create_app(settings, engine_factory=factory)
     with TestClient(app, client=LOOPBACK_CLIENT, headers=SAME_ORIGIN) as client:
-        yield client
+        LIVE_CLIENTS.append(client)
+        try:
+            yield client
+        finally:
+            LIVE_CLIENTS.remove(client)
+        check_pool_idle(client)  # once more before shutdown (not after an error: that would hide it)
 
 
 def pool_state(client: TestClient) -> dict[str, Any]:

@@ -249,8 +249,3 @@ def test_unknown_route_and_method_use_the_error_shape(client):
     response = client.get("/v1/chat/completions")
     assert response.status_code == 405
     assert response.json()["error"]["message"] == "method GET not allowed on /v1/chat/completions"
-
-
-def test_no_block_stays_in_use(client):
-    state = wait_pool_idle(client)
-    assert state["stats"]["num_used_blocks"] == 0

@@ -10,7 +10,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.app.factories import make_client, make_tiny_model_dir, sse_events, wait_pool_idle
+from tests.app.factories import make_client, make_tiny_model_dir, sse_events
 
 MODEL = make_tiny_model_dir().name
 HELLO = [{"role": "user", "content": "Give me a color as JSON."}]
@@ -169,7 +169,3 @@ def test_session_replies_follow_the_session_response_format(app_client):
     response = app_client.patch(f"/api/sessions/{sid}", json={"settings": bad})
     assert response.status_code == 400
     assert "Invalid type: foo" in response.json()["error"]["message"]
-
-
-def test_no_block_stays_in_use(app_client):
-    wait_pool_idle(app_client)
