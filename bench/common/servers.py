@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +26,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]  # servers run from here, so `-m
 ROUTINGS = ("kv", "round-robin", "least-loaded")  # `pagedchat serve --routing`
 logger = logging.getLogger(__name__)
 
+# starts a server: (command, environment, working directory, log file) -> a subprocess.Popen, or a handle with its
+# pid, returncode, poll, wait, send_signal and kill
+Launcher = Callable[[list[str], dict[str, str], Path, Path], "subprocess.Popen"]
+
 
 @dataclass
 class ServerProcess:
@@ -33,7 +37,7 @@ class ServerProcess:
 
     name: str
     base_url: str
-    process: subprocess.Popen
+    process: subprocess.Popen  # or a launcher's handle with the same methods (see Launcher)
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     db_path: Path | None = None
@@ -123,10 +127,14 @@ def spawn_pagedchat(
     server_type: type[ServerProcess] = ServerProcess,
     command: tuple[str, ...] = ("pagedchat", "serve"),
     database_url: str | None = None,
+    launch: Launcher | None = None,
 ) -> ServerProcess:
     """`pagedchat serve` with `env` on 127.0.0.1:`port` (default: a free one), not waited for.
 
     `command` is the module (and its arguments) `python -m` runs: tests run the same server under a wrapper.
+    `launch` starts the process instead of subprocess.Popen (the tests fork theirs from a process that has
+    imported the server already: tests/e2e/zygote.py); it gets the command, the whole environment, the working
+    directory and the log file.
 
     Its output is appended to `log_dir/<name>.log`, its database is `db_path` (default `log_dir/<name>.db`), or
     `database_url` when given (then `db_path` is None): a server started again under the same name keeps both.
@@ -138,7 +146,10 @@ def spawn_pagedchat(
     cmd = [sys.executable, "-m", *command, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--database-url", database_url or f"sqlite:///{db_path}"]
     log_path = log_dir / f"{name}.log"
-    process = _popen(cmd, env, log_path, isolated)
+    if launch is None:
+        process = _popen(cmd, env, log_path, isolated)
+    else:
+        process = launch(cmd, _child_env(env, isolated), REPO_ROOT, log_path)
     return server_type(name, f"http://127.0.0.1:{port}", process, log_path, env, db_path)
 
 
@@ -174,12 +185,17 @@ def start_hf_baseline(name: str, model: str, dtype: str, log_dir: Path) -> Serve
     return ServerProcess(name, f"http://127.0.0.1:{port}", _popen(cmd, {}, log_path, False), log_path)
 
 
-def _popen(cmd: list[str], env: dict[str, str], log_path: Path, isolated: bool) -> subprocess.Popen:
+def _child_env(env: dict[str, str], isolated: bool) -> dict[str, str]:
+    """This process's environment (less its PAGEDCHAT_* variables if `isolated`) with `env` over it."""
     inherited = {k: v for k, v in os.environ.items() if not (isolated and k.startswith("PAGEDCHAT_"))}
+    return {**inherited, **env}
+
+
+def _popen(cmd: list[str], env: dict[str, str], log_path: Path, isolated: bool) -> subprocess.Popen:
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             cmd,
-            env={**inherited, **env},
+            env=_child_env(env, isolated),
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=REPO_ROOT,
