@@ -55,7 +55,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     item.user_properties.append((BUDGET_PROPERTY, float(seconds)))
 
 
-@dataclass
+@dataclass(eq=False)  # a plugin must hash by identity (pluggy keeps plugins in sets)
 class BudgetRecorder:
     """Sums each test's phase durations as reports arrive, and judges them against the budgets at the end."""
 
