@@ -12,6 +12,9 @@ from tests.engine.bench_helpers import make_tiny_model_folder
 from tests.engine.test_engine_lifecycle import assert_pool_idle, greedy, prompts
 
 BUDGET = 3 * 2**20
+# 4096 blocks of 16 tokens (2304 bytes each in int8): room for every prompt here. Without a budget an engine takes
+# 90% of the machine's free memory, ~900,000 blocks on 24 GiB, ~7 s to allocate and index each time.
+ROOMY = 4096 * 2304
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +23,9 @@ def model_dir(tmp_path_factory) -> str:
 
 
 def run(model_dir: str, **overrides) -> tuple[list[list[int]], LLM]:
-    llm = LLM(model=model_dir, dtype="float32", kv_cache_dtype="int8", **overrides)
+    llm = LLM(
+        model=model_dir, dtype="float32", kv_cache_dtype="int8", **{"kv_cache_bytes": ROOMY, **overrides}
+    )
     outs = llm.generate(prompts(8), greedy())
     return [o.outputs[0].token_ids for o in outs], llm
 
@@ -55,7 +60,7 @@ def test_pool_capacity_at_one_budget_grows_by_the_ratio(model_dir):
 
 
 def test_preemption_and_chunking_produce_the_unconstrained_int8_tokens(model_dir):
-    reference, _ = run(model_dir, kv_cache_bytes=4096 * 2304)
+    reference, _ = run(model_dir)
     tight, llm = run(model_dir, kv_cache_bytes=16 * 2304, max_model_len=256)  # 16 blocks: preemption
     assert llm.engine.stats().num_preemptions > 0
     assert tight == reference
@@ -67,7 +72,7 @@ def test_preemption_and_chunking_produce_the_unconstrained_int8_tokens(model_dir
 
 def test_prefix_hits_over_int8_blocks_reproduce_the_uncached_reply(model_dir):
     cold, _ = run(model_dir, enable_prefix_caching=False)
-    llm = LLM(model=model_dir, dtype="float32", kv_cache_dtype="int8")
+    llm = LLM(model=model_dir, dtype="float32", kv_cache_dtype="int8", kv_cache_bytes=ROOMY)
     first = llm.generate(prompts(8), greedy())
     again = llm.generate(prompts(8), greedy())
     assert [o.outputs[0].token_ids for o in first] == cold == [o.outputs[0].token_ids for o in again]
@@ -76,7 +81,7 @@ def test_prefix_hits_over_int8_blocks_reproduce_the_uncached_reply(model_dir):
 
 
 def test_forked_sequences_share_blocks_and_copy_their_scales_on_write(model_dir):
-    llm = LLM(model=model_dir, dtype="float32", kv_cache_dtype="int8")
+    llm = LLM(model=model_dir, dtype="float32", kv_cache_dtype="int8", kv_cache_bytes=ROOMY)
     prompt = prompts(3)[2]  # ends mid-block: the shared tail block is copied when the children diverge
     assert len(prompt) % 16
     single = llm.generate([prompt], greedy())[0].outputs[0].token_ids

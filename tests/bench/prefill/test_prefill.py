@@ -17,13 +17,13 @@ from tests.engine.gguf_factories import write_tiny_chat_gguf
 
 def test_prefill_rate_of_the_serving_prompts(tmp_path):
     model = write_tiny_chat_gguf(tmp_path / "tiny.gguf", seed=3, context_length=4096)
-    argv = f"prefill --model {model} --num-requests 3 --repeats 2 --results-dir {tmp_path / 'out'}"
+    argv = f"prefill --model {model} --kv-cache-bytes {2**24} --num-requests 3 --repeats 2 --results-dir {tmp_path / 'out'}"
     assert bench_main(shlex.split(argv)) == 0
     (json_path,) = (tmp_path / "out").glob("prefill-*.json")
     assert len(list((tmp_path / "out").glob("prefill-*.png"))) == 1
     doc = json.loads(json_path.read_text())
 
-    engine = LLM(model=str(model), kv_disk_bytes=0).engine
+    engine = LLM(model=str(model), kv_cache_bytes=2**24, kv_disk_bytes=0).engine  # a pool the prompts fit
     prompts = [engine.apply_chat_template(r.messages) for r in chat_requests(3)]
     assert doc["workload"]["prompt_tokens"] == sum(len(p) for p in prompts)
     model_ = engine.runner.model

@@ -14,7 +14,7 @@ from tests.engine.gguf_factories import write_tiny_chat_gguf
 
 def test_step_breakdown_at_two_batch_sizes(tmp_path):
     model = write_tiny_chat_gguf(tmp_path / "tiny.gguf", seed=3)
-    argv = f"step --model {model} --batch-sizes 1,3 --steps 4 --results-dir {tmp_path / 'out'}"
+    argv = f"step --model {model} --kv-cache-bytes {2**24} --batch-sizes 1,3 --steps 4 --results-dir {tmp_path / 'out'}"
     assert bench_main(shlex.split(argv)) == 0
     (json_path,) = (tmp_path / "out").glob("step-*.json")
     assert len(list((tmp_path / "out").glob("step-*.png"))) == 1
