@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 # starts a server: (command, environment, working directory, log file) -> a subprocess.Popen, or a handle with its
 # pid, returncode, poll, wait, send_signal and kill
 Launcher = Callable[[list[str], dict[str, str], Path, Path], "subprocess.Popen"]
+# what spawn_pagedchat starts servers with when its caller names no launcher (None: subprocess.Popen); the test suite
+# sets its zygote's here for the benchmarks it runs
+default_launcher: Launcher | None = None
 
 
 @dataclass
@@ -146,6 +149,7 @@ def spawn_pagedchat(
     cmd = [sys.executable, "-m", *command, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--database-url", database_url or f"sqlite:///{db_path}"]
     log_path = log_dir / f"{name}.log"
+    launch = launch or default_launcher
     if launch is None:
         process = _popen(cmd, env, log_path, isolated)
     else:

@@ -9,6 +9,7 @@ import openai
 
 from bench.common.servers import spawn_pagedchat, stop_server, wait_ready
 from tests.e2e.conftest import STARTUP_TIMEOUT_S, Server, server_env
+from tests.e2e.zygote import fork_server
 from tests.engine.gguf_factories import T
 from tests.engine.gguf_from_hf import make_chat_gguf
 
@@ -23,7 +24,9 @@ def serve_gguf(tmp_path, cache_dir, path) -> Server:
         PAGEDCHAT_KV_DISK_BYTES="0",
     )
     command = ("pagedchat", "serve", "--model", str(path))
-    return spawn_pagedchat("server", env, tmp_path, isolated=True, server_type=Server, command=command)
+    return spawn_pagedchat(
+        "server", env, tmp_path, isolated=True, server_type=Server, command=command, launch=fork_server
+    )
 
 
 def test_serve_a_k_quant_qwen2_gguf_file(tmp_path, shared_cache_dir):
