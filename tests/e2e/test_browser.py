@@ -1364,6 +1364,10 @@ def test_admin_block_map_at_256_blocks_charts_and_map_helpers(open_page):
     assert checks["runs"] == [[0, 0.5, 1], [40], [41, 50]] and checks["drawn"] == "3"
 
 
+@pytest.mark.budget(
+    seconds=60,
+    why="a server of its own with 250,000 blocks, watched through a 480-token reply at 15 ms a step",
+)
 def test_admin_block_map_at_250k_blocks_zooms_and_names_who_runs(open_page, chromium, slow_ui_server):
     server = slow_ui_server
     context = chromium.new_context(viewport=WIDE, base_url=server.base_url)

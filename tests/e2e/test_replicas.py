@@ -78,6 +78,9 @@ def is_loopback(address: str) -> bool:
     return host.is_loopback or (host.version == 6 and bool(host.ipv4_mapped) and host.ipv4_mapped.is_loopback)
 
 
+@pytest.mark.budget(
+    seconds=60, why="the module's replica set starts here: a Ray head node and two engine actors"
+)
 def test_every_listener_of_the_server_and_its_ray_processes_is_on_loopback(replicas):
     body = health(replicas)
     assert body["status"] == "ok", body
@@ -181,6 +184,7 @@ def test_v1_conversations_turns_go_where_their_history_is_cached(replicas):
             assert cached >= before - block_size, usage
 
 
+@pytest.mark.budget(seconds=60, why="each replica's engine is rebuilt in turn while requests keep running")
 def test_sighup_restarts_the_replicas_one_at_a_time_while_requests_keep_succeeding(replicas):
     before = {r["pid"] for r in health(replicas)["replicas"]["replicas"]}
     replicas.process.send_signal(signal.SIGHUP)

@@ -36,6 +36,9 @@ def tiny_model():
     return str(make_tiny_model_dir())
 
 
+@pytest.mark.budget(
+    seconds=60, why="two full rounds of 64 streams and mixed jobs on a faulty server: the load is the test"
+)
 def test_two_identical_rounds_hold_64_streams_and_leave_nothing_behind(server, tiny_model):
     cfg = LoadConfig(
         base_url=server.base_url, model=tiny_model.rsplit("/", 1)[-1], num_streams=STREAMS, faults=True
