@@ -8,9 +8,7 @@ Without a compiler, or with PAGEDCHAT_NATIVE=0, `load_library` returns None and 
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import fcntl
 import hashlib
 import logging
 import os
@@ -20,6 +18,8 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+
+from filelock import FileLock
 
 from engine.core.paths import cache_dir
 
@@ -79,7 +79,10 @@ def _build_and_load(source: Path, key: str, march: str) -> ctypes.CDLL | None:
     try:
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
-            with _one_builder(target):
+            # one builder per library across processes (as provision.py's for models): processes that start
+            # together on a machine without it (servers, test workers) compile it once and the others load it,
+            # instead of each spending the ~7 s quant_linear.c takes on 2 cores at once
+            with FileLock(str(target) + ".lock"):
                 if not target.exists():  # another process built it while this one waited
                     _compile(compiler, source, march, target)
         return ctypes.CDLL(str(target))
@@ -87,19 +90,6 @@ def _build_and_load(source: Path, key: str, march: str) -> ctypes.CDLL | None:
         detail = getattr(exc, "stderr", "") or exc
         logger.warning("%s could not be built (%s); using the torch path", source.name, detail)
         return None
-
-
-@contextlib.contextmanager
-def _one_builder(target: Path):
-    """Hold `target`'s build lock (a file lock beside it): processes that start together on a machine without the
-    library (servers, test workers) compile it once, the others wait and load it, instead of each spending the
-    seconds a compile takes (~7 s for quant_linear.c on 2 cores) at once."""
-    with open(target.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _compile(compiler: str, source: Path, march: str, target: Path) -> None:
