@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -150,8 +149,14 @@ class Zygote:
         assert cmd[1] == "-m", cmd
         with self.changed:
             tag, self.next_tag = self.next_tag, self.next_tag + 1
-            request = {"tag": tag, "module": cmd[2], "args": cmd[3:], "env": env, "cwd": str(cwd)}
-            request["log"] = str(log_path)
+            request = {
+                "tag": tag,
+                "module": cmd[2],
+                "args": cmd[3:],
+                "env": env,
+                "cwd": str(cwd),
+                "log": str(log_path),
+            }
             assert self.process.stdin is not None
             self.process.stdin.write((json.dumps(request) + "\n").encode())
             self.process.stdin.flush()
@@ -212,13 +217,9 @@ def fork_server(cmd: list[str], env: dict[str, str], cwd: Path, log_path: Path) 
             _zygote = Zygote(cwd, dict(os.environ))
         zygote = _zygote
     with zygote.changed:
-        deadline = time.monotonic() + 120
-        while not zygote.ready:
-            if zygote.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the test server zygote did not start: {zygote.log_path.read_text()[-4000:]}"
-                )
-            zygote.changed.wait(0.5)
+        zygote.changed.wait_for(lambda: zygote.ready or zygote.process.poll() is not None, 120)
+        if not zygote.ready:
+            raise RuntimeError(f"the test server zygote did not start: {zygote.log_path.read_text()[-4000:]}")
     return zygote.spawn(cmd, env, cwd, log_path)
 
 
