@@ -35,7 +35,7 @@ static inline __attribute__((always_inline)) void k45_dot_q8_zmm(int five, const
     __m256 acc[K45_Q8_ROWS];
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = wrow + (int64_t)b * (five ? 176 : 144), *ql = blk + (five ? 48 : 16);
+        const uint8_t *blk = wrow + (int64_t)b * K45_BYTES(five), *ql = blk + K45_QL(five);
         k45_prefetch(blk);
         uint64_t sc8, mn8;
         k45_scales(blk + 4, &sc8, &mn8);
@@ -102,13 +102,10 @@ static inline __attribute__((always_inline)) void k45_dot_f32_zmm(int five, cons
     __m512 acc[KQ_ROWS];
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = wrow + (int64_t)b * (five ? 176 : 144), *qh = blk + 16, *ql = blk + (five ? 48 : 16);
+        const uint8_t *blk = wrow + (int64_t)b * K45_BYTES(five), *qh = blk + 16, *ql = blk + K45_QL(five);
         k45_prefetch(blk);
         uint8_t sc[8], mn[8];
-        uint64_t sc8, mn8;
-        k45_scales(blk + 4, &sc8, &mn8);
-        memcpy(sc, &sc8, 8);
-        memcpy(mn, &mn8, 8);
+        k45_scale_bytes(blk, sc, mn);
         const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
         const float *xb = x + (int64_t)b * QK_K;
         __m512i h[2];

@@ -15,6 +15,9 @@
 #define QUANT_DOTS_Q4K_Q5K_H
 #include "quant/kformat.h"
 
+#define K45_BYTES(five) ((five) ? 176 : 144) /* a block: d, dmin, 12 scale bytes, (Q5_K: 32 qh bytes), 128 of nibbles */
+#define K45_QL(five) ((five) ? 48 : 16)      /* byte offset of its nibbles */
+
 /* The 8 scales and 8 minimums of a super-block (k4_scale_min's 6 bits each) from its 12 scale bytes, as bytes of a
  * word each, four lanes at a time: sc 0..3 and m 0..3 are the low 6 bits of bytes 0..3 and 4..7; sc and m 4..7 take
  * their low 4 bits from bytes 8..11 and their top 2 from the top bits of bytes 0..3 and 4..7. */
@@ -28,10 +31,18 @@ static inline void k45_scales(const uint8_t *raw, uint64_t *sc, uint64_t *mn) {
     *mn = (uint64_t)(u1 & low6) | (uint64_t)(((u2 >> 4) & low4) | (((u1 >> 6) & top2) << 4)) << 32;
 }
 
+/* The same as 8 bytes each, for the paths that take one scale at a time. */
+static inline void k45_scale_bytes(const uint8_t *blk, uint8_t sc[8], uint8_t mn[8]) {
+    uint64_t sc8, mn8;
+    k45_scales(blk + 4, &sc8, &mn8);
+    memcpy(sc, &sc8, 8);
+    memcpy(mn, &mn8, 8);
+}
+
 /* The 256 quants of a block in weight order: each 64 weights c are the low then the high nibbles of 32 bytes, plus
  * (Q5_K) bits 2c and 2c + 1 of the 32 qh bytes as their fifth bits. */
 static inline void k45_quants(int five, const uint8_t *blk, uint8_t q[QK_K]) {
-    const uint8_t *qh = blk + 16, *ql = blk + (five ? 48 : 16);
+    const uint8_t *qh = blk + 16, *ql = blk + K45_QL(five);
     for (int c = 0; c < 4; c++)
         for (int l = 0; l < 32; l++) {
             q[64 * c + l] = (uint8_t)((ql[32 * c + l] & 15) | (five ? ((qh[l] >> (2 * c)) & 1) << 4 : 0));
@@ -45,11 +56,8 @@ static __attribute__((unused)) void k45_dot_q8_scalar(int five, const uint8_t *w
     uint8_t q[QK_K], sc[8], mn[8];
     for (int r = 0; r < nr; r++) sums[r] = 0.0f;
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = wrow + (int64_t)b * (five ? 176 : 144);
-        uint64_t sc8, mn8;
-        k45_scales(blk + 4, &sc8, &mn8);
-        memcpy(sc, &sc8, 8);
-        memcpy(mn, &mn8, 8);
+        const uint8_t *blk = wrow + (int64_t)b * K45_BYTES(five);
+        k45_scale_bytes(blk, sc, mn);
         k45_quants(five, blk, q);
         const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
         for (int r = 0; r < nr; r++) {
@@ -99,7 +107,7 @@ static inline __attribute__((always_inline)) void k45_dot_q8_avx2(int five, cons
     __m256 acc[KQ_ROWS];
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = wrow + (int64_t)b * (five ? 176 : 144), *ql = blk + (five ? 48 : 16);
+        const uint8_t *blk = wrow + (int64_t)b * K45_BYTES(five), *ql = blk + K45_QL(five);
         k45_prefetch(blk);
         uint64_t sc8, mn8;
         k45_scales(blk + 4, &sc8, &mn8);
@@ -142,13 +150,10 @@ static inline __attribute__((always_inline)) void k45_dot_f32_avx2(int five, con
     __m256 acc[KQ_ROWS];
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = wrow + (int64_t)b * (five ? 176 : 144), *qh = blk + 16, *ql = blk + (five ? 48 : 16);
+        const uint8_t *blk = wrow + (int64_t)b * K45_BYTES(five), *qh = blk + 16, *ql = blk + K45_QL(five);
         k45_prefetch(blk);
         uint8_t sc[8], mn[8];
-        uint64_t sc8, mn8;
-        k45_scales(blk + 4, &sc8, &mn8);
-        memcpy(sc, &sc8, 8);
-        memcpy(mn, &mn8, 8);
+        k45_scale_bytes(blk, sc, mn);
         const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
         const float *xb = x + (int64_t)b * QK_K;
         for (int c = 0; c < 4; c++) {
