@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def configure_logging(level: str) -> None:
     """Root logging with the request id in every line."""
-    from app.middleware import RequestIdFilter
+    from app.http.middleware import RequestIdFilter
 
     root = logging.getLogger()
     if not root.handlers:
@@ -42,9 +42,9 @@ def configure_logging(level: str) -> None:
 
 def run(settings: Settings) -> None:
     """Serve until SIGINT/SIGTERM: admit nothing new from then on; running replies get `shutdown_grace_s`, then
-    every stream ends with a final event saying why (app/server.py)."""
+    every stream ends with a final event saying why (app/http/server.py)."""
+    from app.http.server import build_server
     from app.main import create_app
-    from app.server import build_server
 
     build_server(create_app(settings), settings).run()
 

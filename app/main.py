@@ -5,68 +5,53 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.routing import Mount
+from starlette.staticfiles import StaticFiles
 
+from app.accounts import invite_routes, key_routes, oidc
+from app.accounts import routes as account_routes
+from app.accounts.oidc import flow_middleware, make_oauth
+from app.accounts.passwords import Passwords
+from app.accounts.service import AccountService
+from app.admin import feed as admin_feed
+from app.admin import ops
+from app.admin import pages as admin_pages
+from app.chat import export_routes, page, preset_routes, search_routes, ws
+from app.chat import routes as session_routes
+from app.chat.conversation import ConversationBuilder, template_end_of_turn_ids, tokenizer_fingerprint
+from app.chat.service import ChatService
 from app.db import StorageQuota, Store
-from app.middleware import AllowedHostsMiddleware, ProxyMiddleware, RequestContextMiddleware
-from app.routes import (
-    accounts,
-    admin_feed,
-    api_keys,
-    export,
-    invites,
-    oidc,
-    openai_api,
-    ops,
-    pages,
-    presets,
-    search,
-    sessions,
-    ws,
-)
-from app.routes.account_auth import AccountMiddleware
-from app.routes.admin_auth import token_fingerprint
-from app.routes.context import Services
-from app.routes.errors import api_error_handler, http_exception_handler, unhandled_error_handler
-from app.routes.key_auth import ApiKeyMiddleware
-from app.routes.oidc import flow_middleware, make_oauth
-from app.routes.security import make_signer
-from app.services.accounts import AccountService
-from app.services.async_engine import AsyncEngine
-from app.services.chat_service import ChatService
-from app.services.conversation import ConversationBuilder, template_end_of_turn_ids, tokenizer_fingerprint
-from app.services.errors import APIError
-from app.services.metrics import Metrics
-from app.services.passwords import Passwords
-from app.services.public_prefix import PublicPrefixes, published_prompts
+from app.engine_client.async_engine import AsyncEngine, EngineFactory
+from app.engine_client.async_engine import engine_factory as engine_factory_of
+from app.http.account_auth import AccountMiddleware
+from app.http.admin_auth import token_fingerprint
+from app.http.error_handlers import api_error_handler, http_exception_handler, unhandled_error_handler
+from app.http.errors import APIError
+from app.http.key_auth import ApiKeyMiddleware
+from app.http.middleware import AllowedHostsMiddleware, ProxyMiddleware, RequestContextMiddleware
+from app.http.public_prefix import PublicPrefixes, published_prompts
+from app.http.security import make_signer
+from app.http.services import Services
+from app.http.templates import STATIC_DIR
+from app.metrics.metrics import Metrics
+from app.openai import routes as openai_routes
 from app.settings import Settings, ensure_secret_key
 from engine.core.sampling_defaults import default_sources, effective_defaults
 
 if TYPE_CHECKING:
     from app.cluster.replica_engine import ReplicaSetEngine
-    from engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 
 
-def default_engine_factory(settings: Settings) -> Callable[[], LLMEngine]:
-    """Builds the real engine from the settings' EngineConfig (imported lazily: torch loads on the engine thread)."""
-
-    def build() -> LLMEngine:
-        from engine.llm_engine import LLMEngine
-
-        return LLMEngine(settings.engine_config())
-
-    return build
-
-
-def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | None = None) -> Starlette:
+def create_app(settings: Settings, engine_factory: EngineFactory | None = None) -> Starlette:
     """A new app with its own engine bridge, metrics registry and store; nothing starts before the lifespan."""
     settings = ensure_secret_key(settings)
     metrics = Metrics(model_name=settings.model)
@@ -77,7 +62,7 @@ def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | Non
         engine = ReplicaSetEngine(settings, metrics=metrics)
     else:
         engine = AsyncEngine(
-            engine_factory or default_engine_factory(settings),
+            engine_factory or engine_factory_of(settings.engine_config()),
             max_queued_requests=settings.max_queued_requests,
             request_timeout_s=settings.request_timeout_s,
             metrics=metrics,
@@ -96,18 +81,20 @@ def create_app(settings: Settings, engine_factory: Callable[[], LLMEngine] | Non
     app = Starlette(
         routes=[
             *ops.routes,
-            *openai_api.routes,
-            *sessions.routes,
-            *presets.routes,
-            *export.routes,
-            *search.routes,
+            *openai_routes.routes,
+            *session_routes.routes,
+            *preset_routes.routes,
+            *export_routes.routes,
+            *search_routes.routes,
             *ws.routes,
             *admin_feed.routes,
-            *accounts.routes,
-            *invites.routes,
-            *api_keys.routes,
+            *account_routes.routes,
+            *invite_routes.routes,
+            *key_routes.routes,
             *oidc.routes,
-            *pages.routes,
+            *page.routes,
+            *admin_pages.routes,
+            Mount("/static", app=StaticFiles(directory=str(STATIC_DIR)), name="static"),
         ],
         middleware=[
             # first: a Host the server does not answer (DNS rebinding) reaches nothing, not even the cookie

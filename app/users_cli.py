@@ -20,9 +20,10 @@ from typing import Any, TextIO, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.accounts.passwords import Passwords, check_password
 from app.db import accounts
 from app.db.database import create_db_engine, upgrade_to_head
-from app.services.passwords import Passwords, check_password, normalize_username
+from app.http.identity import normalize_username
 from app.settings import settings_from_env
 
 T = TypeVar("T")

@@ -1,5 +1,5 @@
 // The block map: the pool, or a zoomed range of it, as cells of k blocks each (the server sums them: see
-// app/services/block_map.py). A cell of one block takes its state's colour; a cell of many is a small stacked bar of
+// app/admin/block_map.py). A cell of one block takes its state's colour; a cell of many is a small stacked bar of
 // its mix (shared, in use, cached from the bottom; free the rest), so 256 blocks and 250,000 both read at a glance.
 // Drag across cells (or pick one and press Enter) to zoom in; hover, click or arrow keys tell a cell's contents; a
 // selected sequence's cells are outlined and the rest dimmed. A little over 300 lines: drawing, the pointer and keys,

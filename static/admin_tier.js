@@ -12,7 +12,7 @@ function setText(id, text) {
   if (node.textContent !== text) node.textContent = text;
 }
 
-/** 1536 -> "1.5 KiB": binary units, one decimal below 100 (as app/services/advice.py's format_bytes). */
+/** 1536 -> "1.5 KiB": binary units, one decimal below 100 (as app/admin/advice.py's format_bytes). */
 export function formatBytes(numBytes) {
   let value = numBytes;
   for (const unit of ["B", "KiB", "MiB", "GiB"]) {

@@ -13,7 +13,7 @@ import { CONNECTION_LOST, refreshSessions, reloadConversation, showBlankChat } f
 import * as view from "./chat_view.js";
 import { ReplyStatus, ServerFrame } from "./protocol.js";
 
-// error codes of the server going away (app/routes/context.py, app/routes/ws.py): the reconnect answers them
+// error codes of the server going away (app/http/services.py, app/chat/ws.py): the reconnect answers them
 const SHUTTING_DOWN = "shutting_down";
 const SERVER_SHUTDOWN = "server_shutdown";
 

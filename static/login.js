@@ -5,7 +5,7 @@ const button = document.getElementById("sign-in");
 const next = sameSitePath(new URLSearchParams(location.search).get("next"));
 
 /** `value` when it is a path of this site as the browser reads it (which drops tabs and newlines: `/\t/host` is
- * `//host`), else "/". The server checks `next` too (safe_next in app/routes/accounts.py). */
+ * `//host`), else "/". The server checks `next` too (safe_next in app/accounts/routes.py). */
 function sameSitePath(value) {
   if (!value || !value.startsWith("/") || !/^[\x21-\x7e]*$/.test(value) || value.includes("\\")) return "/";
   try {

@@ -1,4 +1,4 @@
-// The values the chat page and the server exchange, named once: the session socket's frames (app/routes/ws.py),
+// The values the chat page and the server exchange, named once: the session socket's frames (app/chat/ws.py),
 // how a stored reply ended (app/db/models.py) and why generation finished (engine/core/sequence.py FinishReason).
 
 /** Client → server frames. MESSAGE, REGENERATE, EDIT and CONTINUE each start a reply (the server's REPLY_FRAMES);

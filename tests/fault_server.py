@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from app import main as app_main
+from app.engine_client.async_engine import engine_factory as build_engine
 from app.settings import Settings
 from tests.faults import FAULTS_ENV, FaultPlan, faulty_engine_factory
 
@@ -26,7 +27,7 @@ def faulty_create_app(plan: FaultPlan) -> Callable[..., Starlette]:
     product_create_app = app_main.create_app
 
     def create_app(settings: Settings, engine_factory: Callable | None = None) -> Starlette:
-        factory = engine_factory or app_main.default_engine_factory(settings)
+        factory = engine_factory or build_engine(settings.engine_config())
         served = product_create_app(settings, faulty_engine_factory(factory, plan))
 
         async def injected(request: Request) -> JSONResponse:

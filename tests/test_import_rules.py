@@ -1,8 +1,10 @@
 """The layers of the tree, checked: each folder imports only the layers below it, and the engine never the web.
 
-A file's layer is its folder (engine/core, engine/worker, app/db, app/services, app/routes, ...; the modules directly
-under engine/ or app/ are that package's top layer, except app/settings.py, which everything in the app may read). Imports are read from the source (every `import` and `from` anywhere in the file, relative imports
-resolved), so a lazy import inside a function is a breach too.
+A file's layer is its folder (engine/core, engine/worker, app/db, app/http, app/chat, ...; the modules directly
+under engine/ or app/ are that package's top layer, except app/settings.py, which everything in the app may read).
+The app is shared layers (settings, db, metrics, engine_client, http) and feature folders (chat, openai, accounts,
+admin, cluster) on top of them; a feature never imports another. Imports are read from the source (every `import`
+and `from` anywhere in the file, relative imports resolved), so a lazy import inside a function is a breach too.
 """
 
 from __future__ import annotations
@@ -32,8 +34,17 @@ NUMERIC = {"torch", "triton", "numpy", "transformers", "safetensors", "gguf", "t
 HTTP = {"starlette", "sse_starlette", "jinja2", "uvicorn", "websockets", "httpx"}
 SQL = {"sqlalchemy", "alembic"}
 ENGINE_TOP = "engine"  # llm_engine, llm, output_processor, detokenizer, cli
-APP_TOP = "app"  # main (the app factory), cli, middleware
-APP_LAYERS = {"app.settings", "app.db", "app.services", "app.cluster", "app.routes", APP_TOP}
+APP_TOP = "app"  # main (the app factory), cli, pages: where the features are put together
+# the app's shared layers, bottom up; every feature folder sits on all of them and never imports another feature
+APP_SHARED = {"app.settings", "app.db", "app.metrics", "app.engine_client", "app.http"}
+APP_FEATURES = {"app.chat", "app.openai", "app.accounts", "app.admin", "app.cluster"}
+APP_LAYERS = APP_SHARED | APP_FEATURES | {APP_TOP}
+
+
+def feature(name: str, *, web: bool = True) -> tuple[set[str], set[str]]:
+    """A feature's rule: itself and the shared layers (no SQL: the store does that; `web=False`: no HTTP either)."""
+    return {name, *APP_SHARED, "engine.core"}, (SQL if web else HTTP | SQL)
+
 
 # layer -> (our layers it may import, third-party top-level packages it must not import)
 RULES: dict[str, tuple[set[str], set[str]]] = {
@@ -58,14 +69,27 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
         WEB,
     ),
     "kernels": ({"kernels"}, WEB),
-    # the app, bottom up: settings, the store, the services (no HTTP objects, no SQL), the HTTP routes, the factory
+    # the app's shared layers: settings, the database, the metrics registry, the engine client (the only door to
+    # the engine: no other app module imports engine/'s top layer), and what every HTTP feature shares
     "app.settings": ({"app.settings", "engine.core"}, WEB),
     "app.db": ({"app.db"}, HTTP),
-    "app.services": ({"app.services", "app.db", "app.settings", "engine.core", ENGINE_TOP}, HTTP | SQL),
-    # engine replicas on Ray Serve: below the routes, beside the services (whose bridge they reuse)
-    "app.cluster": ({"app.cluster", "app.services", "app.settings", "engine.core", ENGINE_TOP}, HTTP | SQL),
-    "app.routes": ({"app.routes", "app.services", "app.db", "app.settings", "engine.core"}, SQL),
-    APP_TOP: (APP_LAYERS | {"engine.core", ENGINE_TOP, "engine.loading"}, set()),
+    "app.metrics": ({"app.metrics", "app.settings", "engine.core"}, HTTP | SQL),
+    "app.engine_client": (
+        {"app.engine_client", "app.metrics", "app.settings", "engine.core", ENGINE_TOP},
+        HTTP | SQL,
+    ),
+    "app.http": (
+        {"app.http", "app.engine_client", "app.metrics", "app.db", "app.settings", "engine.core"},
+        SQL,
+    ),
+    # the features: each one folder, on the shared layers only
+    "app.chat": feature("app.chat"),
+    "app.openai": feature("app.openai"),
+    "app.accounts": feature("app.accounts"),
+    "app.admin": feature("app.admin"),
+    # engine replicas on Ray Serve: another implementation of the engine client, without HTTP
+    "app.cluster": feature("app.cluster", web=False),
+    APP_TOP: (APP_LAYERS | {"engine.core", ENGINE_TOP}, set()),
     "bench": (
         {"bench", *APP_LAYERS, "engine.core", "engine.native", ENGINE_TOP, "engine.loading", "engine.worker"},
         set(),
@@ -189,6 +213,24 @@ def test_a_breach_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert breaches(fake) == ["engine.worker", "engine.worker.sampler", "torch"]
 
 
+THE_ENGINE = (
+    "engine.llm_engine",
+    "engine.llm",
+)  # the engine object itself (the app reaches it through EngineClient)
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "app").rglob("*.py")), ids=lambda p: p.relative_to(ROOT).as_posix()
+)
+def test_only_the_engine_client_imports_the_engine(path: Path) -> None:
+    """The app sees the engine as `EngineClient` and `EngineInfo` (app/engine_client/protocol.py): only the engine
+    client's own modules build and call an `LLMEngine`."""
+    if path.parent.name == "engine_client":
+        return
+    names = imported_modules(path.read_text(), module_of(path), path.name == "__init__.py")
+    assert sorted(n for n in names if n.startswith(THE_ENGINE)) == []
+
+
 BENCH_EXTRA = {"matplotlib", "tqdm", "openai"}  # pyproject's `bench` extra: `pagedchat serve` runs without it
 
 
@@ -207,28 +249,28 @@ def test_only_the_benchmarks_import_the_bench_extra(top: str) -> None:
     ("path", "source", "expected"),
     [
         (
-            "app/services/chat_service.py",
-            "from app.routes.params import read_json_object\nimport starlette\nfrom app import main\n",
-            ["app", "app.main", "app.routes.params", "app.routes.params.read_json_object", "starlette"],
+            "app/chat/service.py",
+            "from app.accounts.service import AccountService\nimport sqlalchemy\nfrom app import main\n",
+            ["app", "app.accounts.service", "app.accounts.service.AccountService", "app.main", "sqlalchemy"],
         ),
         (
             "app/db/store.py",
-            "from app.services.errors import APIError\nfrom app.settings import Settings\n",
+            "from app.http.errors import APIError\nfrom app.settings import Settings\n",
             [
-                "app.services.errors",
-                "app.services.errors.APIError",
+                "app.http.errors",
+                "app.http.errors.APIError",
                 "app.settings",
                 "app.settings.Settings",
             ],
         ),
         (
-            "app/routes/ws.py",
+            "app/chat/ws.py",
             "from sqlalchemy import select\nfrom app.main import create_app\n",
             ["app.main", "app.main.create_app", "sqlalchemy", "sqlalchemy.select"],
         ),
     ],
 )
-def test_the_app_layers_import_downwards_only(
+def test_the_app_layers_import_downwards_and_features_never_each_other(
     path: str, source: str, expected: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: source)

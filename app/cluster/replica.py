@@ -20,8 +20,8 @@ from typing import Any
 from app.cluster.digest import ReplicaDigest
 from app.cluster.loopback import bind_serve_grpc_to_loopback
 from app.cluster.wire import DELTA_INTERVAL_S, Accepted, EngineInfo, Failed, Rejected, slim
-from app.services.async_engine import AsyncEngine, EngineOverloaded, EngineUnavailable
-from app.services.request_stream import RequestTimedOut
+from app.engine_client.async_engine import AsyncEngine, EngineOverloaded, EngineUnavailable, engine_factory
+from app.engine_client.request_stream import RequestTimedOut
 from engine.core.config import EngineConfig
 from engine.core.sequence import SamplingParams
 from engine.core.stats import EngineStats
@@ -54,8 +54,6 @@ class EngineReplica:
         bind_serve_grpc_to_loopback()  # before Serve starts this replica's gRPC server, which follows __init__
         from ray import serve
 
-        from engine.llm_engine import LLMEngine
-
         self._refresher: asyncio.Task | None = None
         context = serve.get_replica_context()
         self.name = context.replica_id.unique_id
@@ -63,7 +61,7 @@ class EngineReplica:
         self.pid = os.getpid()
         config = replica_config(config, self.rank)
         self.bridge = AsyncEngine(
-            lambda: LLMEngine(config),
+            engine_factory(config),
             max_queued_requests=options.max_queued_requests,
             request_timeout_s=options.request_timeout_s,
             drain_s=options.drain_s,

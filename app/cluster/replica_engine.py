@@ -25,17 +25,17 @@ from app.cluster import ray_runtime
 from app.cluster.routing import OUTCOMES, RouteKey
 from app.cluster.routing_ledger import LEDGER, ReplicaRouting
 from app.cluster.wire import Accepted, EngineInfo, Failed, Rejected, with_prompt
-from app.services.async_engine import EngineUnavailable
-from app.services.cluster_metrics import ReplicaHealth, ReplicaSetReport
-from app.services.request_label import RequestLabel
-from app.services.request_stream import ReplicaLost, RequestFailed, RequestStream
-from app.services.stream_registry import StreamRegistry
+from app.engine_client.async_engine import EngineUnavailable
+from app.engine_client.request_label import RequestLabel
+from app.engine_client.request_stream import ReplicaLost, RequestFailed, RequestStream
+from app.engine_client.stream_registry import StreamRegistry
+from app.metrics.cluster_metrics import ReplicaHealth, ReplicaSetReport
 from engine.core.hash_chain import ChainKey, num_cacheable_blocks
 from engine.core.sequence import SamplingParams
 from engine.core.stats import EngineStats
 
 if TYPE_CHECKING:
-    from app.services.metrics import Metrics
+    from app.metrics.metrics import Metrics
     from app.settings import Settings
 
 logger = logging.getLogger(__name__)

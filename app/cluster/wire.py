@@ -12,8 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from app.services.async_engine import EngineOverloaded, EngineUnavailable
-from app.services.request_stream import RequestFailed, RequestTimedOut
+from app.engine_client.async_engine import EngineOverloaded, EngineUnavailable
+from app.engine_client.request_stream import RequestFailed, RequestTimedOut
 from engine.core.outputs import RequestOutput
 
 DELTA_INTERVAL_S = 0.05  # 20 messages a second at most per reply; the first token goes at once

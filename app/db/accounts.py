@@ -2,7 +2,7 @@
 app/db/account_invites.py; API keys: app/db/account_keys.py).
 
 Used by the async store (app/db/account_store.py) and by `pagedchat users` (app/users_cli.py), which works on the
-database directly. Password hashes come in ready made: hashing belongs to app/services/passwords.py.
+database directly. Password hashes come in ready made: hashing belongs to app/accounts/passwords.py.
 """
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ class AdminSession(Base):
     __tablename__ = "admin_sessions"
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    # a keyed digest of the admin token it was signed in with (app/routes/admin_auth.py), never the token
+    # a keyed digest of the admin token it was signed in with (app/http/admin_auth.py), never the token
     token_fingerprint: Mapped[str] = mapped_column(String(64))
     client: Mapped[str] = mapped_column(String(64))  # the address that signed in
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

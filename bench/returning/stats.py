@@ -39,7 +39,7 @@ class HitCounters:
 
 def hit_counters(admin: dict[str, Any] | None, metrics: dict[str, float] | None) -> HitCounters | None:
     """The one place that maps the server's names to counters: the admin API's `stats` (EngineStats' fields), else
-    the Prometheus metrics (app/services/metrics.py)."""
+    the Prometheus metrics (app/metrics/metrics.py)."""
     if admin and "prefix_hit_tokens" in admin:
         disk = admin.get("disk_hit_tokens")
         return HitCounters(

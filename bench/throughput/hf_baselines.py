@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from app.services.conversation import common_prefix_len
+from app.chat.conversation import common_prefix_len
 
 
 @dataclass

@@ -16,7 +16,7 @@ host name and drop the second as a tag). Adding the column computes it for the m
 databases get nothing: their search answers "not supported on this database" (app/db/search.py).
 
 A later migration that rebuilds `messages` in SQLite's batch mode (copy, drop, rename) drops these triggers with the
-old table: it must create them again (tests/app/test_search_store.py checks the index at head).
+old table: it must create them again (tests/app/db/test_search_store.py checks the index at head).
 
 Revision ID: 0006
 Revises: 0005

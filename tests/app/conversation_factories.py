@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from app.services.conversation import (
+from app.chat.conversation import (
     ConversationBuilder,
     Turn,
     template_end_of_turn_ids,

@@ -125,7 +125,7 @@ def make_engine_factory(settings: Settings):
 
 LOOPBACK_CLIENT = ("127.0.0.1", 50000)
 # The TestClient's requests go to http://testserver; a browser on the server's own page sends its origin with every
-# write, and cookie-authenticated writes without it are refused as cross-site (app/routes/csrf.py).
+# write, and cookie-authenticated writes without it are refused as cross-site (app/http/csrf.py).
 SAME_ORIGIN = {"origin": "http://testserver"}
 
 

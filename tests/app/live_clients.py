@@ -18,7 +18,7 @@ def engine_state(client: TestClient) -> dict[str, Any]:
     """What /api/admin/state returns, read on the client's own event loop instead of over HTTP: no admin token or
     sign-in is needed (clients with accounts on have neither), and no request lands in the metrics, the logs or the
     admin rate limiter that a test may be counting."""
-    from app.routes.ops import replicas_state, service_state, snapshot_to_json
+    from app.admin.ops import replicas_state, service_state, snapshot_to_json
 
     svc = client.app.state.services
     assert client.portal is not None, "the client's lifespan is not running (outside its `with` block)"

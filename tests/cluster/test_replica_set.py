@@ -20,8 +20,8 @@ from app.cluster.replica import replica_config
 from app.cluster.replica_engine import EngineFacade, ReplicaSetEngine, ReplicaStatus, merge_stats
 from app.cluster.routing import RouteKey
 from app.cluster.wire import Accepted, EngineInfo, Failed, Rejected, slim, with_prompt
-from app.services.async_engine import EngineOverloaded, EngineUnavailable
-from app.services.request_stream import ReplicaLost, RequestFailed, RequestTimedOut
+from app.engine_client.async_engine import EngineOverloaded, EngineUnavailable
+from app.engine_client.request_stream import ReplicaLost, RequestFailed, RequestTimedOut
 from app.settings import Settings
 from engine.core.config import EngineConfig
 from engine.core.hash_chain import BlockHasher, ChainKey
@@ -280,8 +280,8 @@ def test_joining_presents_this_machines_ray_token(tmp_path, env, mode, ray_rule)
 
 def test_refusals_and_failures_cross_the_wire_as_the_same_exceptions():
     from app.cluster.wire import Failed, Rejected
-    from app.services.async_engine import EngineOverloaded, EngineUnavailable
-    from app.services.request_stream import RequestFailed, RequestTimedOut
+    from app.engine_client.async_engine import EngineOverloaded, EngineUnavailable
+    from app.engine_client.request_stream import RequestFailed, RequestTimedOut
 
     for exc in (ValueError("prompt too long"), EngineOverloaded("busy", 7), EngineUnavailable("stopped")):
         again = Rejected.from_error(exc).to_error()

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.routes.security import key_fingerprint
+from app.http.security import key_fingerprint
 from bench.common.servers import stop_server
 from tests.e2e.browser_helpers import (
     ADMIN_TOKEN,

@@ -17,7 +17,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from app.services.login_throttle import ADDRESS
+from app.http.login_throttle import ADDRESS
 from bench.common.servers import stop_server
 from tests.app.factories import pool_is_idle
 from tests.e2e.accounts_helpers import (

@@ -4,7 +4,7 @@ One provider (tests/app/oidc_provider.py, in this process on 127.0.0.1) and one 
 switches the provider's faults. An httpx client plays the browser, one redirect at a time, so a test can hold the
 callback URL and the flow cookie: replay them, hand them to another browser, forge them. Every refusal is checked the
 same way (`assert_refused`): no session cookie, no account for the identity, a refusal (the sign-in page or a
-redirect to /login?error=) and the server's log naming the reason's code (app/routes/oidc.py REFUSALS).
+redirect to /login?error=) and the server's log naming the reason's code (app/accounts/oidc.py REFUSALS).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import httpx
 import pytest
 
-from app.routes.account_auth import ACCOUNT_COOKIE
-from app.routes.oidc import FLOW_COOKIE
+from app.accounts.oidc import FLOW_COOKIE
+from app.http.account_auth import ACCOUNT_COOKIE
 from bench.common.servers import stop_server
 from tests.app.oidc_provider import CLIENT_ID, CLIENT_SECRET, Provider, running_provider
 from tests.e2e.conftest import Server, server_env, start_server

@@ -24,7 +24,7 @@ PASSWORD = "the right one 1"
 MAX_QUEUED = (
     4  # max_queued_password_checks of the test server: small, so a burst from many addresses fills it
 )
-ACCOUNT_FREE_FAILURES = 10  # app/services/login_throttle.py ACCOUNT
+ACCOUNT_FREE_FAILURES = 10  # app/http/login_throttle.py ACCOUNT
 ADDRESS_FREE_FAILURES = 5  # ADDRESS
 
 

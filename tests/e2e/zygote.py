@@ -31,7 +31,14 @@ from pathlib import Path
 from typing import Any
 
 # what `pagedchat serve` imports on its way up (the rest it imports is small)
-PRELOAD = ("pagedchat.cli", "app.main", "app.server", "engine.llm_engine", "tests.fault_server", "uvicorn")
+PRELOAD = (
+    "pagedchat.cli",
+    "app.main",
+    "app.http.server",
+    "engine.llm_engine",
+    "tests.fault_server",
+    "uvicorn",
+)
 
 
 # ---- the zygote ----------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from app.services.chat_settings import SESSION_SAMPLING_KEYS
+from app.chat.chat_settings import SESSION_SAMPLING_KEYS
 from tests.app.factories import make_tiny_model_dir
 
 MAX_CHARS = 2000

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.routes.admin_auth import ADMIN_COOKIE
+from app.http.admin_auth import ADMIN_COOKIE
 from tests.app.factories import make_client
 from tests.reliability.helpers import peer
 

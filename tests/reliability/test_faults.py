@@ -147,7 +147,7 @@ def test_a_faulty_session_turn_is_stored_failed_and_the_socket_goes_on(client, s
 
 
 def test_a_dead_engine_thread_is_logged_reported_and_refuses_work(tmp_path, caplog):
-    caplog.set_level(logging.CRITICAL, logger="app.services.async_engine")
+    caplog.set_level(logging.CRITICAL, logger="app.engine_client.async_engine")
     with make_client(tmp_path, faults=FaultPlan(markers=True)) as client:
         dying = chat(client, faulty("die"))
         reason = "engine thread died: InjectedFault: injected die fault"

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from app.services.chat_reply import Reply
-from app.services.limits import ClientLimiter
-from app.services.request_stream import RequestStream
+from app.chat.reply import Reply
+from app.engine_client.request_stream import RequestStream
+from app.http.limits import ClientLimiter
 from engine.core.outputs import CompletionOutput, RequestOutput
 from engine.core.sequence import MAX_N, MAX_STOP_STRING_LEN, MAX_STOP_STRINGS
 from tests.app.factories import make_client, sse_events
@@ -84,7 +84,7 @@ def test_concurrent_requests_per_client_are_capped_and_released(client):
 
 
 def _fp(key: str) -> str:
-    from app.routes.security import key_fingerprint
+    from app.http.security import key_fingerprint
 
     return key_fingerprint(key)
 
@@ -238,7 +238,7 @@ def test_a_reader_stalled_past_the_timeout_is_cut_off_and_its_request_aborted(tm
 
 
 def test_a_stalled_websocket_reader_is_closed_and_its_reply_interrupted():
-    from app.routes.ws import CLOSE_TRY_AGAIN_LATER, _forward, _Socket
+    from app.chat.ws import CLOSE_TRY_AGAIN_LATER, _forward, _Socket
 
     class StalledSocket:
         closed_with: int | None = None

@@ -9,7 +9,7 @@ import pytest
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
-import app.routes.security
+import app.http.security
 from tests.app.factories import make_client
 from tests.reliability.helpers import HELLO, peer, session_events, wait_service_idle
 
@@ -123,9 +123,9 @@ def test_websocket_origin_is_checked(client):
 
 def test_admin_needs_the_token_compared_in_constant_time(keyed, monkeypatch):
     compared = []
-    real = app.routes.security.hmac.compare_digest
+    real = app.http.security.hmac.compare_digest
     monkeypatch.setattr(
-        app.routes.security.hmac, "compare_digest", lambda a, b: compared.append(1) or real(a, b)
+        app.http.security.hmac, "compare_digest", lambda a, b: compared.append(1) or real(a, b)
     )
     remote = peer(keyed, client=("203.0.113.7", 4000))
     assert remote.get("/api/admin/state").status_code == 401

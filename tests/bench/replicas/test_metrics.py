@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from app.cluster.routing import OUTCOMES
 from app.cluster.routing_ledger import ReplicaRouting
-from app.services.cluster_metrics import ReplicaHealth, ReplicaSetReport
-from app.services.metrics import Metrics
+from app.metrics.cluster_metrics import ReplicaHealth, ReplicaSetReport
+from app.metrics.metrics import Metrics
 from bench.replicas.metrics import (
     by_replica,
     delta,

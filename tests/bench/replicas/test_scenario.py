@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.services.public_prefix import published_prompts
+from app.http.public_prefix import published_prompts
 from app.settings import settings_from_env
 from bench.common.workload import system_prompt, user_turns
 from bench.replicas.scenario import DESK_TAG, desk_prompts, make_scenario, server_env, write_prompt_files

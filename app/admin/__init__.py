@@ -1,0 +1,1 @@
+"""Operating the server: /health, /metrics, the admin page's live feed of the block pool, and plain-words advice."""

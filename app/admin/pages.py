@@ -1,0 +1,194 @@
+"""The admin page (`/admin`): the engine's settings, memory and disk tier, and its token-for-cookie sign-in."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from app.admin.advice import format_bytes
+from app.admin.tier_view import configured_tier_dir, tier_configured
+from app.http.account_auth import signed_in_account
+from app.http.admin_auth import (
+    admin_cookie_header,
+    check_attempts,
+    is_admin,
+    read_login_token,
+    record_attempt,
+    sign_in,
+    sign_out,
+    token_matches,
+)
+from app.http.csrf import cross_origin_reason
+from app.http.error_handlers import error_response
+from app.http.errors import APIError, from_exception
+from app.http.services import Services, services
+from app.http.templates import NO_STORE, render
+from engine.core.memory import available_memory_bytes
+
+logger = logging.getLogger(__name__)
+
+KV_DTYPE_LABELS = {"int8": "int8 (an fp16 scale per token and KV head)"}
+
+
+def engine_settings_rows(svc: Services) -> list[tuple[str, str]]:
+    """The engine's settings as (label, value) rows for the admin page."""
+    engine = svc.engine.engine
+    if engine is None:
+        return [("Engine", "not started")]
+    cfg = engine.config
+    pool_bytes = engine.num_blocks * engine.kv_block_bytes
+    return [
+        ("Model", engine.model_name),
+        ("Device / dtype", f"{cfg.device} / {cfg.dtype}"),
+        ("Attention backend", cfg.attention_backend),
+        ("Block size", f"{cfg.block_size} tokens"),
+        (
+            "KV pool",
+            f"{engine.num_blocks} blocks · {engine.num_blocks * cfg.block_size} tokens · "
+            f"{format_bytes(pool_bytes)}",
+        ),
+        *memory_rows(engine),
+        ("KV cache dtype", KV_DTYPE_LABELS.get(engine.kv_cache_dtype, engine.kv_cache_dtype)),
+        ("Bytes per block", format_bytes(engine.kv_block_bytes)),
+        ("Max model length", f"{cfg.max_model_len} tokens"),
+        ("Max sequences", str(cfg.max_num_seqs)),
+        ("Max batched tokens", str(cfg.max_num_batched_tokens)),
+        ("Prefix caching", "on" if cfg.enable_prefix_caching else "off"),
+        *(disk_tier_rows(engine) if svc.engine.health() is None else replica_rows(svc)),
+    ]
+
+
+def memory_rows(engine: Any) -> list[tuple[str, str]]:
+    """The weights' bytes (in quantized blocks, in float) and what the machine's memory has left, as the engine's
+    start-up line logs them (a replica set's front engine holds no weights of its own: no weights row)."""
+    rows = []
+    weights = getattr(engine, "weight_memory", None)
+    if weights is not None:
+        rows.append(
+            (
+                "Weights",
+                f"{format_bytes(weights.total)} · {format_bytes(weights.blocks)} in blocks · "
+                f"{format_bytes(weights.float)} in float",
+            )
+        )
+    available = available_memory_bytes()
+    rows.append(("Memory available", "unknown" if available is None else format_bytes(available)))
+    return rows
+
+
+def replica_rows(svc: Services) -> list[tuple[str, str]]:
+    """With replicas: how many, how requests pick one, and where their disk tiers are (each its own)."""
+    settings, cfg = svc.settings, svc.engine.engine.config
+    n = settings.threads_per_replica
+    threads = f"{n} thread{'s' if n != 1 else ''}" if n else "threads as the engine's setting"
+    rows = [
+        ("Replicas", f"{settings.replicas} on Ray Serve · {threads} each"),
+        ("Routing", settings.routing),
+    ]
+    if tier_configured(cfg):
+        rows.append(("KV disk tier", "one per replica: see the Disk tier card of each replica"))
+    return rows
+
+
+def disk_tier_rows(engine: Any) -> list[tuple[str, str]]:
+    """The disk tier's rows: its resolved cap and directory, or why there is none."""
+    cfg, tier = engine.config, engine.tier
+    if tier is not None:
+        cap = f"{format_bytes(tier.capacity_bytes)} cap" + (" (auto)" if cfg.kv_disk_bytes is None else "")
+        state = "" if tier.enabled else " · turned off after an error (see the log)"
+        return [("KV disk tier", cap + state), ("KV disk directory", str(tier.directory))]
+    if not tier_configured(cfg):
+        why = "kv_disk_bytes 0" if cfg.kv_disk_bytes == 0 else "needs prefix caching"
+        return [("KV disk tier", f"off ({why})")]
+    return [
+        ("KV disk tier", "off: could not be opened (see the log)"),
+        ("KV disk directory", configured_tier_dir(cfg)),
+    ]
+
+
+async def admin_page(request: Request) -> Response:
+    """GET /admin: the live pool page, else why not: the token sign-in form (401), the need for an admin account
+    (accounts on, no token: 401 signed out, 403 signed in), or loopback only (no accounts, no token: 403)."""
+    svc = services(request)
+    if await is_admin(request, svc):
+        return render(
+            request,
+            "admin.html",
+            {"settings_rows": engine_settings_rows(svc), "signed_in": bool(svc.settings.admin_token)},
+        )
+    accounts = svc.settings.auth != "none"
+    if svc.settings.admin_token:
+        return render(request, "admin_login.html", {"error": None, "accounts": accounts}, status_code=401)
+    if accounts:
+        account = signed_in_account(request)
+        context = {"account_needed": True, "account": account.user.username if account is not None else None}
+        return render(request, "admin_login.html", context, status_code=401 if account is None else 403)
+    return render(request, "admin_login.html", {"loopback_only": True}, status_code=403)
+
+
+async def admin_login(request: Request) -> Response:
+    """POST /admin/login (form field `token`): a correct token records a sign-in, sets its cookie and redirects to
+    /admin; an address that sent too many wrong tokens must wait (429 with Retry-After) before trying again."""
+    svc = services(request)
+    if (refused := _cross_origin(request, svc)) is not None:
+        return refused
+    if not svc.settings.admin_token:
+        return RedirectResponse("/admin", status_code=303)
+    try:
+        token = await read_login_token(request)
+        # checked after the await, with none between it and the count: concurrent tries cannot all slip past
+        check_attempts(request, svc)
+        ok = token_matches(token, svc.settings)
+        record_attempt(request, svc, ok=ok)
+        if not ok:
+            return render(request, "admin_login.html", {"error": "That token is not valid."}, status_code=403)
+        cookie = await sign_in(request, svc)
+    except Exception as exc:  # noqa: BLE001 - throttled (429) or the sign-in could not be recorded (503)
+        error = from_exception(exc)
+        return render(request, "admin_login.html", {"error": error.message}, error.status, error.headers)
+    response = RedirectResponse("/admin", status_code=303, headers=NO_STORE)
+    response.headers.append("Set-Cookie", cookie)
+    return response
+
+
+async def admin_logout(request: Request) -> Response:
+    """POST /admin/logout: revoke the sign-in (on the server: a copy of the cookie is worthless) and forget it."""
+    svc = services(request)
+    if (refused := _cross_origin(request, svc)) is not None:
+        return refused
+    try:
+        await sign_out(request, svc)
+    except Exception as exc:  # noqa: BLE001 - not revoked: say so rather than pretend
+        error = from_exception(exc)
+        logger.error("admin sign-out not recorded: %s", error.message)
+        response: Response = render(
+            request, "admin_login.html", {"error": f"Sign-out failed: {error.message}"}, error.status
+        )
+    else:
+        response = RedirectResponse("/admin", status_code=303, headers=NO_STORE)
+    response.headers.append("Set-Cookie", admin_cookie_header(svc.settings, clear=True))
+    return response
+
+
+def _cross_origin(request: Request, svc: Services) -> Response | None:
+    """403 for a sign-in or sign-out form posted from another origin (login CSRF, forced logout); else None."""
+    reason = cross_origin_reason(request, svc.settings)
+    if reason is None:
+        return None
+    logger.warning("admin %s refused: %s", request.url.path, reason)
+    message = (
+        f"cross-origin request refused: {request.url.path} must be posted from this server's own admin page, "
+        f"but {reason}"
+    )
+    return error_response(APIError(403, message, code="cross_origin_request"))
+
+
+routes = [
+    Route("/admin", admin_page, methods=["GET"]),
+    Route("/admin/login", admin_login, methods=["POST"]),
+    Route("/admin/logout", admin_logout, methods=["POST"]),
+]

@@ -1,0 +1,306 @@
+"""Session chat: store the user turn, stream the reply from the engine, keep its token ids for the next turn."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from typing import Any
+
+from app.chat.branches import Fork, ReplyMode, Target, locate, message_id_value, path_json, with_siblings
+from app.chat.chat_settings import (
+    chat_max_tokens,
+    effective_settings,
+    effective_system_prompt,
+)
+from app.chat.conversation import ConversationBuilder, PromptPlan, Turn, turns_from_messages
+from app.chat.reply import CUT_STATUSES, SHUTDOWN, Reply, ReplyPlace, ReplyWriter
+from app.db import MessageRecord, MessageStatus, MessageTree, Parent, Store, StoreUnavailable
+from app.engine_client.async_engine import AsyncEngine
+from app.engine_client.request_label import chat_label
+from app.http.errors import APIError, bad_request, from_exception, not_found
+from app.http.limits import Lease
+from app.http.public_prefix import PublicPrefixes
+from app.http.sampling import sampling_params
+from app.settings import Settings
+from engine.core.sampling_defaults import BUILTIN, SamplingDefaults
+from engine.core.sequence import SamplingParams
+
+logger = logging.getLogger(__name__)
+__all__ = ["ChatService", "ReplyMode"]
+
+
+class ChatService:
+    """Runs session turns: one reply at a time per session, each reply an independent task."""
+
+    def __init__(
+        self,
+        store: Store,
+        engine: AsyncEngine,
+        settings: Settings,
+        builder: ConversationBuilder,
+        fingerprint: str,
+        public_prefixes: PublicPrefixes | None = None,
+        sampling_defaults: SamplingDefaults = BUILTIN,
+    ) -> None:
+        self.sampling_defaults = sampling_defaults  # for the settings a session leaves unset
+        self.store = store
+        self.public_prefixes = public_prefixes
+        self.engine = engine
+        self.settings = settings
+        self.builder = builder
+        self.fingerprint = fingerprint
+        self.writer = ReplyWriter(store, fingerprint, settings.flush_interval_s, settings.store_retry_s)
+        self._turns: dict[str, Reply | None] = {}  # None: reserved while the turn is being set up
+        self._cut_all = False  # set at shutdown: a reply that starts from then on is cut at once
+
+    @property
+    def num_streaming(self) -> int:
+        """Sessions with a reply being set up or streamed."""
+        return len(self._turns)
+
+    def is_streaming(self, session_id: str) -> bool:
+        return session_id in self._turns
+
+    def stop(
+        self, session_id: str, status: MessageStatus = MessageStatus.STOPPED, reason: str | None = None
+    ) -> bool:
+        """Abort the session's streaming reply, stored with `status`; False when idle.
+
+        `stopped`: the user asked (Stop button, POST …/stop); `interrupted`: the client went away or stopped
+        reading, or the server shut down (`reason` SHUTDOWN). The first reason given wins: a Stop followed by the
+        tab closing stays `stopped`.
+        """
+        assert status in CUT_STATUSES, f"a stopped reply is stored as one of {CUT_STATUSES}, not {status!r}"
+        turn = self._turns.get(session_id)
+        if turn is None:
+            return False
+        if not turn.stop_requested:
+            turn.stop_requested = True
+            turn.stop_status = status
+            turn.stop_reason = reason
+        self.engine.abort(turn.request_id)  # its stream ends as aborted; the reply is stored as stop_status
+        return True
+
+    def stop_reply(
+        self, reply: Reply, status: MessageStatus = MessageStatus.STOPPED, reason: str | None = None
+    ) -> bool:
+        """Stop this reply if it is still its session's running reply (never a newer one); False otherwise."""
+        if self._turns.get(reply.session_id) is not reply or (
+            reply.stream is not None and reply.stream.finished
+        ):
+            return False
+        return self.stop(reply.session_id, status, reason)
+
+    def cut_all(self) -> int:
+        """The shutdown's grace period is over: stop every running reply (`interrupted`, its `done` saying
+        `shutdown`), and any that starts later at once; returns how many were stopped."""
+        self._cut_all = True
+        return sum(self.stop(sid, MessageStatus.INTERRUPTED, SHUTDOWN) for sid in list(self._turns))
+
+    async def shutdown(self, timeout_s: float, store_wait_s: float = 5.0) -> None:
+        """Let running replies finish up to `timeout_s`, then cut them; waits up to `store_wait_s` more for them
+        to be stored."""
+        tasks = [t.task for t in self._turns.values() if t is not None and t.task is not None]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+            self.cut_all()
+            if pending:
+                await asyncio.wait(pending, timeout=store_wait_s)
+
+    async def start(
+        self,
+        mode: ReplyMode,
+        owner: str,
+        session_id: str,
+        content: Any = None,
+        lease: Lease | None = None,
+        target: Target = Parent.ACTIVE_LEAF,
+    ) -> Reply:
+        """Start a reply (app/chat/branches.py): SEND stores `content` as a new user message after `target`
+        (a reply; None: a new first message) and answers it; EDIT stores `content` beside the user message
+        `target`; REGENERATE answers the user message of `target` again, beside its replies; CONTINUE extends the
+        reply `target`. `target` defaults to the active leaf. `lease` (a client limit's slot) is released when the
+        reply ends."""
+        try:
+            if session_id in self._turns:
+                raise APIError(
+                    409,
+                    "a reply is still streaming in this session: stop it or wait for it to finish",
+                    code="reply_in_progress",
+                )
+            # reserved before the first await, so a racing second send sees 409
+            self._turns[session_id] = None
+            try:
+                reply = await self._setup(owner, session_id, mode, content, target)
+            except BaseException:
+                self._turns.pop(session_id, None)
+                raise
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        if lease is not None:
+            assert reply.task is not None
+            reply.task.add_done_callback(lambda _task: lease.release())
+        return reply
+
+    async def switch_branch(self, owner: str, session_id: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """Show the branch through `fields["message_id"]` (its newest continuation); the new active path as
+        `path_json` shows it. 409 while a reply streams in the session (it is growing the branch on show)."""
+        message_id = message_id_value(fields, "message_id")
+        if session_id in self._turns:
+            raise APIError(
+                409,
+                "a reply is still streaming in this session: switch branches once it has ended",
+                code="reply_in_progress",
+            )
+        try:
+            tree = await self.store.switch_branch(owner, session_id, message_id)
+        except ValueError as exc:
+            raise bad_request(str(exc), "message_id") from None
+        if tree is None:
+            raise not_found(f"session {session_id[:64]!r}")
+        return path_json(tree)
+
+    # ---- setup ----------------------------------------------------------------------------------------------
+    async def _setup(
+        self, owner: str, session_id: str, mode: ReplyMode, content: Any, target: Target
+    ) -> Reply:
+        if mode in (ReplyMode.SEND, ReplyMode.EDIT):
+            content = self._check_content(content)
+        session = await self.store.get_session(owner, session_id)
+        tree = await self.store.get_tree(owner, session_id)
+        if session is None or tree is None:
+            raise not_found(f"session {session_id[:64]!r}")
+        preset = await self.store.get_preset(owner, session.preset_id) if session.preset_id else None
+        params, max_tokens = self._params(effective_settings(session, preset))
+        fork = locate(mode, tree, target)
+        if (
+            mode is ReplyMode.REGENERATE
+        ):  # the old reply stays as a version: one more message, as a new turn's
+            await self.store.check_reply_room(session_id)
+        text = content if fork.user is None else fork.user.content
+        turns = turns_from_messages(fork.history, self.fingerprint)
+        system_prompt = effective_system_prompt(session, preset, self.settings.default_system_prompt)
+        (plan, prior_ids), public_prefix_len = await self.engine.tokenize(
+            lambda _tok: self._plan(system_prompt, turns, text, fork.continued, max_tokens)
+        )
+        if fork.user is None:  # SEND, EDIT: the new user message (a refused write, quota, changes nothing)
+            user = await self.store.add_message(
+                session_id, "user", text, token_ids=plan.new_user_token_ids, parent_id=fork.user_parent_id
+            )
+            user_json = with_siblings(user, (*tree.child_ids(user.parent_id), user.id))
+        else:
+            user = fork.user
+            user_json = with_siblings(user, tree.sibling_ids(user.id))
+        place = self._place(tree, fork, user, prior_ids)
+        turn = Reply(session_id, "chat-" + uuid.uuid4().hex)
+        try:
+            turn.stream = await self.engine.add_request(
+                turn.request_id,
+                plan.token_ids,
+                params,
+                cache_salt=owner if self.settings.prefix_cache_isolation else None,
+                public_prefix_len=public_prefix_len,
+                label=chat_label(session.title, owner),
+                session=session_id,
+            )
+        except Exception as exc:  # a new user message keeps its turn: record the failed reply, then report
+            if fork.user is None:
+                with contextlib.suppress(StoreUnavailable):
+                    await self.writer.store_unstarted(session_id, plan, place, from_exception(exc).message)
+            raise
+        logger.info(
+            "session %s turn %s (%s): %d prompt tokens (%d turns left out, exact=%s), max_tokens %d",
+            session_id,
+            turn.request_id,
+            mode,
+            len(plan.token_ids),
+            plan.truncated_turns,
+            plan.exact_extension,
+            max_tokens,
+        )
+        turn.emit(
+            {
+                "type": "start",
+                "session_id": session_id,
+                "request_id": turn.request_id,
+                "mode": mode.value,
+                "user_message": user_json,
+                "prompt_tokens": len(plan.token_ids),
+                "truncated_turns": plan.truncated_turns,
+                "exact_extension": plan.exact_extension,
+            }
+        )
+        self._turns[session_id] = turn
+        turn.task = asyncio.create_task(self._drive(turn, plan, place), name=f"turn-{turn.request_id}")
+        if self._cut_all:  # set up while the shutdown cut the others
+            self.stop(session_id, MessageStatus.INTERRUPTED, SHUTDOWN)
+        return turn
+
+    @staticmethod
+    def _place(tree: MessageTree, fork: Fork, user: MessageRecord, prior_ids: list[int]) -> ReplyPlace:
+        """Where the reply goes: a new version among the user message's replies, or into the continued one."""
+        if fork.continued is None:
+            return ReplyPlace(user.id, tree.child_ids(user.id) if fork.user is not None else ())
+        continued = fork.continued
+        return ReplyPlace(
+            user.id,
+            tree.sibling_ids(continued.id),
+            resumed=continued.id,
+            prior_text=continued.content,
+            prior_token_ids=tuple(prior_ids),
+        )
+
+    def _plan(
+        self,
+        system_prompt: str,
+        turns: list[Turn],
+        content: str,
+        continued: MessageRecord | None,
+        max_tokens: int,
+    ) -> tuple[tuple[PromptPlan, list[int]], int]:
+        """The turn's prompt (continuing: and the ids of the reply so far) and its public prefix length (on the
+        tokenizer thread)."""
+        if continued is None:
+            plan, prior_ids = self.builder.build_prompt(system_prompt, turns, content, max_tokens), []
+        else:
+            ids = continued.token_ids if continued.tokenizer_fingerprint in (None, self.fingerprint) else None
+            answer = Turn("assistant", continued.content, ids)
+            plan, prior_ids = self.builder.build_continuation(
+                system_prompt, turns, content, answer, max_tokens
+            )
+        public = self.public_prefixes
+        public_len = public.session_length(system_prompt, plan.token_ids) if public is not None else 0
+        return (plan, prior_ids), public_len
+
+    def _check_content(self, content: Any) -> str:
+        if not isinstance(content, str) or not content.strip():
+            raise bad_request("content must be a non-empty string", "content")
+        if len(content) > self.settings.max_message_chars:
+            raise bad_request(
+                f"content is {len(content)} characters, over the limit of {self.settings.max_message_chars}",
+                "content",
+            )
+        return content
+
+    def _params(self, settings: dict[str, Any]) -> tuple[SamplingParams, int]:
+        max_tokens = settings.get("max_tokens") or self.settings.default_max_tokens
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise bad_request(
+                f"session setting max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens"
+            )
+        assert self.engine.engine is not None
+        max_tokens = chat_max_tokens(max_tokens, self.engine.engine.config.max_model_len)
+        params = sampling_params(
+            settings, max_tokens=max_tokens, logprobs=None, defaults=self.sampling_defaults.given()
+        )
+        return params, max_tokens
+
+    async def _drive(self, reply: Reply, plan: PromptPlan, place: ReplyPlace) -> None:
+        try:
+            await self.writer.run(reply, plan, place)
+        finally:
+            self._turns.pop(reply.session_id, None)

@@ -1,0 +1,86 @@
+"""What /metrics says of a replica set beside each replica's engine series: how many replicas were asked for and
+serve, whether each one is up, and the ingress's routing decisions per replica and outcome."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from app.metrics.engine_metrics import Families
+from engine.core.stats import EngineStats
+
+
+class RoutingCounts(Protocol):
+    """What the services read of one replica's routing counts (app/cluster/routing_ledger.py's ReplicaRouting)."""
+
+    requests: Mapping[str, int]  # outcome -> requests routed to the replica with it
+    matched_blocks: int  # leading blocks the replica held, summed over those requests
+    route_blocks: int  # the requests' full blocks, summed
+
+
+@dataclass(frozen=True)
+class ReplicaHealth:
+    """One replica as the ingress's census last saw it."""
+
+    name: str
+    up: bool  # serving (answered the last census, its engine healthy)
+
+
+@dataclass(frozen=True)
+class ReplicaSetReport:
+    """A replica set for one scrape: plain data the cluster layer fills, the services render."""
+
+    asked: int
+    replicas: Sequence[ReplicaHealth]
+    stats: Sequence[tuple[str, EngineStats]]  # (replica, its engine stats) of each serving replica
+    routing: Mapping[str, RoutingCounts]  # replica -> its routing counts (gone replicas kept: totals)
+
+
+class ClusterCollector(Collector):
+    """The replica set's own series, from the last report set (none before one is)."""
+
+    def __init__(self) -> None:
+        self.report: ReplicaSetReport | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        report = self.report
+        if report is None:
+            return
+        out = Families()
+        out.add("gauge", "replicas_asked", "Engine replicas asked for (--replicas).", {}, report.asked)
+        up = sum(1 for r in report.replicas if r.up)
+        out.add("gauge", "replicas_ready", "Engine replicas serving.", {}, up)
+        for replica in report.replicas:
+            doc = "Whether an engine replica serves (1) or is starting or unreachable (0)."
+            out.add("gauge", "replica_up", doc, {"replica": replica.name}, int(replica.up))
+        for name, counts in sorted(report.routing.items()):
+            for outcome, num in counts.requests.items():
+                out.add(
+                    "counter",
+                    "routed_requests",
+                    "Requests the ingress routed to a replica, by the router's outcome (longest_prefix, "
+                    "load_fallback, no_prefix, session, round_robin, least_loaded).",
+                    {"replica": name, "outcome": outcome},
+                    num,
+                )
+        for name, counts in sorted(report.routing.items()):
+            out.add(
+                "counter",
+                "routed_matched_blocks",
+                "Leading blocks of the routed requests that their replica held in its cache when routed.",
+                {"replica": name},
+                counts.matched_blocks,
+            )
+        for name, counts in sorted(report.routing.items()):
+            out.add(
+                "counter",
+                "routed_route_blocks",
+                "Full blocks of the requests routed to the replica (what a perfect cache would have held).",
+                {"replica": name},
+                counts.route_blocks,
+            )
+        yield from out

@@ -1,1 +1,0 @@
-"""The service layer: the engine bridge, session chat and replies, limits, metrics; no HTTP objects, no SQL."""
