@@ -29,6 +29,7 @@ lint: $(STAMP)
 test: $(STAMP)
 	bash scripts/setup_test_deps.sh
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 clean:

@@ -6,9 +6,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from itsdangerous import Signer
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -30,8 +31,10 @@ from app.chat.service import ChatService
 from app.db import StorageQuota, Store
 from app.engine_client.async_engine import AsyncEngine, EngineFactory
 from app.engine_client.async_engine import engine_factory as engine_factory_of
+from app.engine_client.protocol import EngineClient
 from app.http.account_auth import AccountMiddleware
 from app.http.admin_auth import token_fingerprint
+from app.http.admission import Admission
 from app.http.error_handlers import api_error_handler, http_exception_handler, unhandled_error_handler
 from app.http.errors import APIError
 from app.http.key_auth import ApiKeyMiddleware
@@ -39,23 +42,33 @@ from app.http.middleware import AllowedHostsMiddleware, ProxyMiddleware, Request
 from app.http.public_prefix import PublicPrefixes, published_prompts
 from app.http.security import make_signer
 from app.http.services import Services
+from app.http.shutdown import Shutdown
 from app.http.templates import STATIC_DIR
 from app.metrics.metrics import Metrics
 from app.openai import routes as openai_routes
 from app.settings import Settings, ensure_secret_key
 from engine.core.sampling_defaults import default_sources, effective_defaults
 
-if TYPE_CHECKING:
-    from app.cluster.replica_engine import ReplicaSetEngine
-
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What `create_app` makes before anything starts; the lifespan builds the services around them."""
+
+    settings: Settings
+    engine: EngineClient
+    metrics: Metrics
+    signer: Signer
+    admission: Admission
+    shutdown: Shutdown
 
 
 def create_app(settings: Settings, engine_factory: EngineFactory | None = None) -> Starlette:
     """A new app with its own engine bridge, metrics registry and store; nothing starts before the lifespan."""
     settings = ensure_secret_key(settings)
     metrics = Metrics(model_name=settings.model)
-    engine: AsyncEngine | ReplicaSetEngine
+    engine: EngineClient
     if settings.uses_ray and engine_factory is None:
         from app.cluster.replica_engine import ReplicaSetEngine  # Ray loads only when replicas are asked for
 
@@ -68,11 +81,15 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None) 
             metrics=metrics,
             drain_s=settings.shutdown_grace_s,
         )
-    svc = Services(settings=settings, engine=engine, metrics=metrics, signer=make_signer(settings.secret_key))
+    shutdown = Shutdown()
+    parts = Parts(
+        settings, engine, metrics, make_signer(settings.secret_key), Admission(settings, shutdown), shutdown
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await _startup(svc)
+        svc = await _startup(parts)
+        app.state.services = svc
         try:
             yield
         finally:
@@ -103,7 +120,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None) 
             # with accounts on, no browser cookie is handed out: it identifies no one
             Middleware(
                 RequestContextMiddleware,
-                signer=svc.signer,
+                signer=parts.signer,
                 cookie_secure=settings.cookie_secure,
                 browser_identity=settings.auth == "none",
             ),
@@ -118,7 +135,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None) 
         },
         lifespan=lifespan,
     )
-    app.state.services = svc
+    app.state.shutdown = shutdown  # the server drains through it, started or not (app.http.server)
     app.state.oidc = make_oauth(settings) if settings.auth == "oidc" else None
     return app
 
@@ -133,58 +150,66 @@ def storage_quota(settings: Settings) -> StorageQuota:
     )
 
 
-async def _startup(svc: Services) -> None:
-    settings = svc.settings
+async def _startup(parts: Parts) -> Services:
+    """Start the store and the engine together, then build the services whole."""
+    settings, engine = parts.settings, parts.engine
     published = published_prompts(settings)  # a missing shared prompt file stops the start here
     url = settings.resolved_database_url
     if url.startswith("sqlite:///") and not settings.database_url:
         Path(settings.resolved_cache_dir).mkdir(parents=True, exist_ok=True)
     store = Store(url, busy_timeout_ms=settings.db_busy_timeout_ms, quota=storage_quota(settings))
-    results = await asyncio.gather(store.start(), svc.engine.start(), return_exceptions=True)
+    results = await asyncio.gather(store.start(), engine.start(), return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]
     if failures:
-        await svc.engine.stop()
+        await engine.stop()
         await store.close()
         raise failures[0]
     # sign-ins made with another admin token (or any, when none is set now) end here, for good
     num_revoked = await store.revoke_admin_sessions_except(token_fingerprint(settings))
     if num_revoked:
         logger.warning("the admin token changed: revoked %d admin sign-ins", num_revoked)
-    engine = svc.engine.engine
-    assert engine is not None
-    svc.metrics.set_model_name(engine.model_name)
-    svc.sampling_defaults = effective_defaults(settings.sampling_defaults, engine.sampling_defaults)
-    svc.sampling_sources = default_sources(settings.sampling_defaults, engine.sampling_defaults)
-    end_of_turn = await svc.engine.tokenize(template_end_of_turn_ids)
-    fingerprint = await svc.engine.tokenize(tokenizer_fingerprint)
-    builder = ConversationBuilder(svc.engine.tokenizer, engine.config.max_model_len, end_of_turn)
-    svc.store = store
-    svc.public_prefixes = PublicPrefixes(svc.engine.tokenizer, published)
-    svc.chat = ChatService(
-        store, svc.engine, settings, builder, fingerprint, svc.public_prefixes, svc.sampling_defaults
-    )
+    info = engine.info
+    parts.metrics.set_model_name(info.model_name)
+    sampling_defaults = effective_defaults(settings.sampling_defaults, info.sampling_defaults)
+    end_of_turn = await engine.tokenize(template_end_of_turn_ids)
+    fingerprint = await engine.tokenize(tokenizer_fingerprint)
+    builder = ConversationBuilder(engine.tokenizer, info.max_model_len, end_of_turn)
+    public_prefixes = PublicPrefixes(engine.tokenizer, published)
+    chat = ChatService(store, engine, settings, builder, fingerprint, public_prefixes, sampling_defaults)
+    accounts = None
     if settings.auth != "none":
-        accounts = AccountService(
-            store, settings, Passwords(max_queued=settings.max_queued_password_checks), svc.chat, svc.engine
-        )
+        passwords = Passwords(max_queued=settings.max_queued_password_checks)
+        accounts = AccountService(store, settings, passwords, chat, engine)
         await accounts.bootstrap()  # the first admin (first_admin), and expired sign-ins dropped
-        svc.accounts = accounts
     logger.info(
         "serving %s: %d KV blocks of %d tokens, max_model_len %d, sampling defaults %s",
-        engine.model_name,
-        engine.num_blocks,
-        engine.config.block_size,
-        engine.config.max_model_len,
-        svc.sampling_defaults.given(),
+        info.model_name,
+        info.num_blocks,
+        info.block_size,
+        info.max_model_len,
+        sampling_defaults.given(),
+    )
+    return Services(
+        settings=settings,
+        engine=engine,
+        metrics=parts.metrics,
+        signer=parts.signer,
+        store=store,
+        chat=chat,
+        public_prefixes=public_prefixes,
+        sampling_defaults=sampling_defaults,
+        sampling_sources=default_sources(settings.sampling_defaults, info.sampling_defaults),
+        accounts=accounts,
+        admission=parts.admission,
+        shutdown=parts.shutdown,
     )
 
 
 async def _shutdown(svc: Services) -> None:
     await svc.drain()  # served by `pagedchat serve`, the server has drained already: this returns at once
-    if svc.chat is not None:
-        await svc.chat.shutdown(0.0)  # the replies it cut are stored before the store closes
+    chat: ChatService = svc.chat  # type: ignore[assignment]  # built as one by _startup
+    await chat.shutdown(0.0)  # the replies it cut are stored before the store closes
     await svc.engine.stop()
     if svc.accounts is not None:
         svc.accounts.passwords.close()
-    if svc.store is not None:
-        await svc.store.close()
+    await svc.store.close()

@@ -89,10 +89,10 @@ def _json_api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
                     "accounts are off on this server: start it with --auth local (or oidc)",
                     code="accounts_off",
                 )
-            if svc.accounts is None:
-                raise APIError(503, "the service is still starting", headers={"Retry-After": "2"})
+            accounts = svc.accounts
+            assert accounts is not None  # made at startup whenever accounts are on
             check_browser_write(request, svc.settings)
-            return await handler(request, svc, svc.accounts)
+            return await handler(request, svc, accounts)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an API error
             return error_response(from_exception(exc))
 
@@ -120,7 +120,7 @@ async def login(request: Request, svc: Services, accounts: AccountService) -> Re
     username = body.get("username")
     subject = account_subject(username)
     device = known_device(request, svc.settings, subject)
-    with svc.password_throttle.begin(address, subject, device=device) as attempt:
+    with svc.admission.password_throttle.begin(address, subject, device=device) as attempt:
         try:
             sign_in = await accounts.sign_in(
                 username, body.get("password"), address, known_device=device is not None
@@ -166,7 +166,7 @@ async def change_password(request: Request, svc: Services, accounts: AccountServ
     body = await _body(request)
     subject = account_subject(account.user.username)
     device = known_device(request, svc.settings, subject)
-    with svc.password_throttle.begin(address, subject, device=device) as attempt:
+    with svc.admission.password_throttle.begin(address, subject, device=device) as attempt:
         try:
             sign_in = await accounts.change_password(
                 account,

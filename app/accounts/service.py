@@ -18,7 +18,7 @@ from typing import Protocol
 from app.accounts.api_keys import ApiKeyService
 from app.accounts.passwords import Passwords, check_password
 from app.db import AccountConflict, InviteRecord, MessageStatus, Store, UserRecord
-from app.engine_client.async_engine import AsyncEngine
+from app.engine_client.protocol import EngineClient
 from app.http.errors import APIError
 from app.http.identity import Account, account_owner, normalize_username
 from app.settings import Settings
@@ -58,7 +58,7 @@ class AccountService:
     blocks are forgotten), `keys` when it is disabled or goes (what its API keys run ends)."""
 
     def __init__(
-        self, store: Store, settings: Settings, passwords: Passwords, chat: ReplyStopper, engine: AsyncEngine
+        self, store: Store, settings: Settings, passwords: Passwords, chat: ReplyStopper, engine: EngineClient
     ) -> None:
         self.store = store
         self.settings = settings
@@ -239,14 +239,14 @@ class AccountService:
 
         (With engine replicas, every replica purges; one that is restarting comes back with an empty RAM pool and
         purges nothing from its disk tier: see README "Replicas".)"""
-        purges = [purge for _, purge in await self.engine.call_each(lambda e: e.purge_cache_salt(owner))]
+        purges = await self.engine.purge_cache_salt(owner)
         deadline = time.monotonic() + PURGE_WAIT_S
         while time.monotonic() < deadline:
-            tiers = [tier for _, tier in await self.engine.call_each(lambda e: e.stats().tier)]
+            tiers = [stats.tier for _, stats in await self.engine.stats_each()]
             if all(tier is None or tier.write_queue_depth == 0 for tier in tiers):
                 break
             await asyncio.sleep(0.02)
-        purges += [purge for _, purge in await self.engine.call_each(lambda e: e.purge_cache_salt(owner))]
+        purges += await self.engine.purge_cache_salt(owner)
         return CachePurge(sum(p.ram_blocks for p in purges), sum(p.disk_blocks for p in purges))
 
     async def oidc_account(self, issuer: str, subject: str, claims: dict[str, object]) -> UserRecord:

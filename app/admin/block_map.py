@@ -188,13 +188,3 @@ def _block_details(
             detail["hash"] = hash_prefixes.get(block_id)  # None: partial, or never full
         details[str(block_id)] = detail
     return details
-
-
-def take_pool_sample(engine: Any, views: list[MapView]) -> tuple[Any, range, int, str | None]:
-    """On the engine thread (of this process or of a replica): the pool snapshot with the hashes of the blocks a
-    view shows one by one (and which those are), how many waiting sequences were preempted, and the disk tier's
-    directory (None: no tier)."""
-    hashed = detail_range(views, engine.num_blocks)
-    snap = engine.snapshot(hashed)
-    num_preempted = sum(1 for seq in engine.scheduler.waiting if seq.num_preemptions > 0)
-    return snap, hashed, num_preempted, str(engine.tier.directory) if engine.tier is not None else None

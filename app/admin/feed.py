@@ -28,7 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from app.admin.advice import AdviceInputs, advise
-from app.admin.block_map import MapView, parse_view, take_pool_sample
+from app.admin.block_map import MapView, detail_range, parse_view
 from app.admin.ops import stats_to_json
 from app.admin.sample import EngineSample, FeedSample, is_active, panel_json
 from app.admin.tier_advice import tier_advice
@@ -38,7 +38,8 @@ from app.http.admin_auth import check_admin
 from app.http.credentials import credential_of, revocation, revoked_error
 from app.http.error_handlers import error_response
 from app.http.errors import from_exception
-from app.http.services import SHUTDOWN_MESSAGE, Services, services
+from app.http.services import Services, services
+from app.http.shutdown import SHUTDOWN_MESSAGE
 from app.http.sse import event_stream
 from engine.core.stats import EngineStats
 
@@ -118,19 +119,26 @@ class AdminFeed:
         views = list(self._subscribers.values()) or [MapView()]
         # the panels' maps show whole pools: their hashes too when a pool fits one block a cell
         wanted = views + [MapView(cells=cells) for cells in {v.panel_cells for v in views}]
-        taken = await engine.call_each(lambda e: take_pool_sample(e, wanted))
+        taken = await engine.pool_sample_each(detail_range(wanted, engine.info.num_blocks))
         now = time.monotonic()
         database_bytes = await self._database_size(now)
         engines: dict[str, EngineSample] = {}
         rates: dict[str, float | None] = {}
         active = False
-        for name, (snap, hashed, num_preempted, directory) in taken:
+        for name, sample in taken:
+            snap = sample.snapshot
             active = active or is_active(snap.stats)
             recorder = self._recorder(name)
             state = self._engine_state(
-                snap, recorder, now, num_preempted, directory, database_bytes, resumed=resumed
+                snap,
+                recorder,
+                now,
+                sample.num_preempted,
+                sample.tier_directory,
+                database_bytes,
+                resumed=resumed,
             )
-            engines[name] = EngineSample(state, snap, hashed)
+            engines[name] = EngineSample(state, snap, sample.hashed)
             rates[name] = state["point"]["prefix_hit_rate"]
         replicas = None
         health = engine.health()
@@ -162,21 +170,20 @@ class AdminFeed:
         resumed: bool,
     ) -> dict[str, Any]:
         """One engine's state for the page: its pool and sequences, chart point, advice and disk tier panel."""
-        engine = self.svc.engine
+        info = self.svc.engine.info
         stats: EngineStats = snap.stats
         if self.sample_lengths or self.replicated:
             recorder.observe_live_sequences(snap.sequences, now)
         point = recorder.observe_stats(stats, now, num_preempted=num_preempted, resumed=resumed)
-        assert engine.engine is not None
         advice = advise(
             AdviceInputs(
                 block_size=stats.block_size,
                 num_blocks=stats.num_blocks,
-                block_bytes=engine.engine.kv_block_bytes,
+                block_bytes=info.kv_block_bytes,
                 kv_cache_dtype=stats.kv_cache_dtype,
-                int8_block_bytes=engine.engine.kv_int8_block_bytes,
+                int8_block_bytes=info.kv_int8_block_bytes,
                 max_model_len=stats.max_model_len,
-                max_num_seqs=engine.engine.config.max_num_seqs,
+                max_num_seqs=info.config.max_num_seqs,
                 num_running=stats.num_running,
                 num_tokens_stored=stats.num_tokens_stored,
                 num_slots_allocated=stats.num_slots_allocated,
@@ -189,7 +196,7 @@ class AdminFeed:
                 max_database_bytes=self.svc.settings.max_database_bytes,
             )
         )
-        cfg = engine.engine.config
+        cfg = info.config
         configured = tier_configured(cfg)
         advice = replace(advice, items=[*advice.items, *tier_advice(stats.tier, configured=configured)])
         if directory is None and configured:
@@ -255,16 +262,11 @@ class AdminFeed:
 
 
 def admin_feed(app: Starlette) -> AdminFeed:
-    """The app's feed, made on first use.
-
-    When the service keeps a `traffic` recorder (fed with every finished sequence's exact length), the feed uses it;
-    otherwise the feed keeps its own and learns lengths from the snapshots it takes while a page listens.
-    """
+    """The app's feed, made on first use: it keeps its own traffic recorder, which learns sequence lengths from
+    the snapshots it takes while a page listens."""
     feed = getattr(app.state, "admin_feed", None)
     if feed is None:
-        svc = app.state.services
-        recorder = getattr(svc, "traffic", None)
-        feed = AdminFeed(svc, recorder or TrafficRecorder(), sample_lengths=recorder is None)
+        feed = AdminFeed(app.state.services, TrafficRecorder(), sample_lengths=True)
         app.state.admin_feed = feed
     return feed
 

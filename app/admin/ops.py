@@ -23,20 +23,19 @@ async def health(request: Request) -> Response:
     """200 once the model is loaded and warmed up and the engine thread runs; 503 with the reason otherwise."""
     svc = services(request)
     engine = svc.engine
-    if svc.draining_since is not None:
+    if svc.shutdown.draining_since is not None:
         body = {"status": "draining", "reason": "the server is shutting down"}
         return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
     replicas = engine.health()
     if engine.healthy:
         store_ok = True
-        if svc.store is not None:
-            try:
-                await svc.store.ping()
-            except Exception:  # noqa: BLE001 - reported in the body, the engine still serves /v1
-                store_ok = False
+        try:
+            await svc.store.ping()
+        except Exception:  # noqa: BLE001 - reported in the body, the engine still serves /v1
+            store_ok = False
         body: dict[str, Any] = {
             "status": "ok",
-            "model": engine.engine.model_name if engine.engine else None,
+            "model": engine.info.model_name,
             "database": "ok" if store_ok else "unavailable",
         }
         if replicas is not None:  # replicas on Ray Serve: degraded (still serving) while some are not ready
@@ -77,9 +76,9 @@ def service_state(svc: Services) -> dict[str, Any]:
     return {
         "in_flight_requests": svc.engine.num_in_flight,
         "pending_outputs": svc.engine.num_pending_outputs,
-        "streaming_replies": svc.chat.num_streaming if svc.chat is not None else 0,
-        "client_limit_rejections": svc.limiter.num_rejected,
-        "draining": svc.draining_since is not None,
+        "streaming_replies": svc.chat.num_streaming,
+        "client_limit_rejections": svc.admission.limiter.num_rejected,
+        "draining": svc.shutdown.draining_since is not None,
     }
 
 
@@ -128,7 +127,7 @@ async def replicas_state(svc: Services) -> dict[str, Any]:
     """Every replica the census knows (name, state, pid, rank, in flight) with the pool snapshot of each that
     answered, and the routing decisions per replica."""
     engine = svc.engine
-    snaps = dict(await engine.call_each(lambda e: e.snapshot()))
+    snaps = dict(await engine.snapshot_each())
     health = engine.health()
     replicas = [
         {**replica, **(snapshot_to_json(snaps[replica["name"]]) if replica["name"] in snaps else {})}
@@ -150,7 +149,8 @@ async def admin_state(request: Request) -> Response:
     try:
         await check_admin(request, svc)
         if svc.engine.health() is None:
-            state = snapshot_to_json(await svc.engine.snapshot())
+            [(_, snap)] = await svc.engine.snapshot_each()
+            state = snapshot_to_json(snap)
         else:
             state = await replicas_state(svc)
     except Exception as exc:  # noqa: BLE001 - auth and engine failures become API errors

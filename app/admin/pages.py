@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -11,6 +10,7 @@ from starlette.routing import Route
 
 from app.admin.advice import format_bytes
 from app.admin.tier_view import configured_tier_dir, tier_configured
+from app.engine_client.protocol import EngineInfo
 from app.http.account_auth import signed_in_account
 from app.http.admin_auth import (
     admin_cookie_header,
@@ -28,45 +28,46 @@ from app.http.errors import APIError, from_exception
 from app.http.services import Services, services
 from app.http.templates import NO_STORE, render
 from engine.core.memory import available_memory_bytes
+from engine.core.tier import TierStats
 
 logger = logging.getLogger(__name__)
 
 KV_DTYPE_LABELS = {"int8": "int8 (an fp16 scale per token and KV head)"}
 
 
-def engine_settings_rows(svc: Services) -> list[tuple[str, str]]:
+async def engine_settings_rows(svc: Services) -> list[tuple[str, str]]:
     """The engine's settings as (label, value) rows for the admin page."""
-    engine = svc.engine.engine
-    if engine is None:
-        return [("Engine", "not started")]
-    cfg = engine.config
-    pool_bytes = engine.num_blocks * engine.kv_block_bytes
+    info = svc.engine.info
+    cfg = info.config
+    pool_bytes = info.num_blocks * info.kv_block_bytes
+    one_engine = svc.engine.health() is None
+    tier_rows = disk_tier_rows(info, (await svc.engine.stats()).tier) if one_engine else replica_rows(svc)
     return [
-        ("Model", engine.model_name),
+        ("Model", info.model_name),
         ("Device / dtype", f"{cfg.device} / {cfg.dtype}"),
         ("Attention backend", cfg.attention_backend),
         ("Block size", f"{cfg.block_size} tokens"),
         (
             "KV pool",
-            f"{engine.num_blocks} blocks · {engine.num_blocks * cfg.block_size} tokens · "
+            f"{info.num_blocks} blocks · {info.num_blocks * cfg.block_size} tokens · "
             f"{format_bytes(pool_bytes)}",
         ),
-        *memory_rows(engine),
-        ("KV cache dtype", KV_DTYPE_LABELS.get(engine.kv_cache_dtype, engine.kv_cache_dtype)),
-        ("Bytes per block", format_bytes(engine.kv_block_bytes)),
+        *memory_rows(info),
+        ("KV cache dtype", KV_DTYPE_LABELS.get(info.kv_cache_dtype, info.kv_cache_dtype)),
+        ("Bytes per block", format_bytes(info.kv_block_bytes)),
         ("Max model length", f"{cfg.max_model_len} tokens"),
         ("Max sequences", str(cfg.max_num_seqs)),
         ("Max batched tokens", str(cfg.max_num_batched_tokens)),
         ("Prefix caching", "on" if cfg.enable_prefix_caching else "off"),
-        *(disk_tier_rows(engine) if svc.engine.health() is None else replica_rows(svc)),
+        *tier_rows,
     ]
 
 
-def memory_rows(engine: Any) -> list[tuple[str, str]]:
+def memory_rows(info: EngineInfo) -> list[tuple[str, str]]:
     """The weights' bytes (in quantized blocks, in float) and what the machine's memory has left, as the engine's
     start-up line logs them (a replica set's front engine holds no weights of its own: no weights row)."""
     rows = []
-    weights = getattr(engine, "weight_memory", None)
+    weights = info.weight_memory
     if weights is not None:
         rows.append(
             (
@@ -82,7 +83,7 @@ def memory_rows(engine: Any) -> list[tuple[str, str]]:
 
 def replica_rows(svc: Services) -> list[tuple[str, str]]:
     """With replicas: how many, how requests pick one, and where their disk tiers are (each its own)."""
-    settings, cfg = svc.settings, svc.engine.engine.config
+    settings, cfg = svc.settings, svc.engine.info.config
     n = settings.threads_per_replica
     threads = f"{n} thread{'s' if n != 1 else ''}" if n else "threads as the engine's setting"
     rows = [
@@ -94,13 +95,13 @@ def replica_rows(svc: Services) -> list[tuple[str, str]]:
     return rows
 
 
-def disk_tier_rows(engine: Any) -> list[tuple[str, str]]:
+def disk_tier_rows(info: EngineInfo, tier: TierStats | None) -> list[tuple[str, str]]:
     """The disk tier's rows: its resolved cap and directory, or why there is none."""
-    cfg, tier = engine.config, engine.tier
-    if tier is not None:
+    cfg = info.config
+    if tier is not None and info.tier_directory is not None:
         cap = f"{format_bytes(tier.capacity_bytes)} cap" + (" (auto)" if cfg.kv_disk_bytes is None else "")
         state = "" if tier.enabled else " · turned off after an error (see the log)"
-        return [("KV disk tier", cap + state), ("KV disk directory", str(tier.directory))]
+        return [("KV disk tier", cap + state), ("KV disk directory", info.tier_directory)]
     if not tier_configured(cfg):
         why = "kv_disk_bytes 0" if cfg.kv_disk_bytes == 0 else "needs prefix caching"
         return [("KV disk tier", f"off ({why})")]
@@ -118,7 +119,7 @@ async def admin_page(request: Request) -> Response:
         return render(
             request,
             "admin.html",
-            {"settings_rows": engine_settings_rows(svc), "signed_in": bool(svc.settings.admin_token)},
+            {"settings_rows": await engine_settings_rows(svc), "signed_in": bool(svc.settings.admin_token)},
         )
     accounts = svc.settings.auth != "none"
     if svc.settings.admin_token:

@@ -22,10 +22,9 @@ async def chat_page(request: Request) -> Response:
     account = signed_in_account(request) if svc.settings.auth != "none" else None
     if svc.settings.auth != "none" and account is None:
         return RedirectResponse("/login", status_code=303, headers=NO_STORE)
-    model = svc.engine.engine.model_name if svc.engine.engine is not None else svc.settings.model
     context = {
         "account": account.user.username if account is not None else None,
-        "model_name": model,
+        "model_name": svc.engine.info.model_name,
         "sampling_defaults": svc.sampling_defaults,
         "sampling_source": sampling_source_text(svc.sampling_sources),
         "default_system_prompt": svc.settings.default_system_prompt,
@@ -55,12 +54,7 @@ class SettingField:
 def setting_rows(svc: Services) -> list[list[SettingField]]:
     """The chat settings form's number fields, two to a row; their bounds are the ones the server holds chats to."""
     d, sources = svc.sampling_defaults, svc.sampling_sources
-    engine = svc.engine.engine
-    max_tokens = (
-        chat_max_tokens(svc.settings.default_max_tokens, engine.config.max_model_len)
-        if engine is not None
-        else svc.settings.default_max_tokens
-    )
+    max_tokens = chat_max_tokens(svc.settings.default_max_tokens, svc.engine.info.max_model_len)
     low, high = CHAT_TEMPERATURE_RANGE
 
     def field(name: str, label: str, bounds: tuple[float | None, float | None], step: float) -> SettingField:

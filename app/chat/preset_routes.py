@@ -74,7 +74,7 @@ async def list_presets(request: Request, svc: Services, owner: str) -> Response:
 @owner_api
 async def create_preset(request: Request, svc: Services, owner: str) -> Response:
     """POST /api/presets {name, system_prompt?, settings?, is_default?}: 409 when the name is taken."""
-    svc.admit_new_identity(request, owner)
+    svc.admission.admit_new_identity(request, owner)
     body = await read_json_object(request, svc.settings.max_body_bytes)
     fields = _fields(body, svc)
     if "name" not in fields:

@@ -20,7 +20,7 @@ from app.db import MessageStatus, PresetRef, SessionRecord
 from app.http.credentials import credential_of, revocation, revoked_error
 from app.http.csrf import check_browser_write
 from app.http.error_handlers import error_response
-from app.http.errors import APIError, bad_request, from_exception, not_found
+from app.http.errors import bad_request, from_exception, not_found
 from app.http.identity import REVOKED
 from app.http.key_auth import end_with_key
 from app.http.params import read_json_object
@@ -41,8 +41,6 @@ def _api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         svc = services(request)
         try:
-            if svc.store is None or svc.chat is None:
-                raise APIError(503, "the service is still starting", headers={"Retry-After": "2"})
             owner = session_owner(request, svc.settings)
             # the cookie authenticates it, whichever page sent the request: refuse writes from other sites
             if cookie_authenticated(request, owner):
@@ -105,7 +103,7 @@ async def list_sessions(request: Request, svc: Services, owner: str) -> Response
 async def create_session(request: Request, svc: Services, owner: str) -> Response:
     """POST /api/sessions {title?, system_prompt?, settings?, preset_id?}: without preset_id, the caller's default
     preset (if any)."""
-    svc.admit_new_identity(request, owner)
+    svc.admission.admit_new_identity(request, owner)
     body = await read_json_object(request, svc.settings.max_body_bytes, allow_empty=True)
     session = await svc.store.create_session(owner, **await _fields(body, svc, owner, creating=True))
     return JSONResponse(session_json(session, svc.chat), status_code=201)
@@ -175,7 +173,7 @@ async def _turn(request: Request, svc: Services, owner: str, mode: ReplyMode) ->
     body = await read_json_object(request, svc.settings.max_body_bytes, allow_empty=True)
     target = turn_target(mode, body)  # a bad id is a 400 before the client's slot is taken
     credential = await credential_of(request, svc, owner=owner)
-    lease = svc.admit(request, owner)
+    lease = svc.admission.admit(request, owner)
     reply = await svc.chat.start(
         mode, owner, request.path_params["session_id"], body.get("content"), lease, target=target
     )

@@ -17,7 +17,7 @@ from app.chat.chat_settings import (
 from app.chat.conversation import ConversationBuilder, PromptPlan, Turn, turns_from_messages
 from app.chat.reply import CUT_STATUSES, SHUTDOWN, Reply, ReplyPlace, ReplyWriter
 from app.db import MessageRecord, MessageStatus, MessageTree, Parent, Store, StoreUnavailable
-from app.engine_client.async_engine import AsyncEngine
+from app.engine_client.protocol import EngineClient
 from app.engine_client.request_label import chat_label
 from app.http.errors import APIError, bad_request, from_exception, not_found
 from app.http.limits import Lease
@@ -37,7 +37,7 @@ class ChatService:
     def __init__(
         self,
         store: Store,
-        engine: AsyncEngine,
+        engine: EngineClient,
         settings: Settings,
         builder: ConversationBuilder,
         fingerprint: str,
@@ -292,8 +292,7 @@ class ChatService:
             raise bad_request(
                 f"session setting max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens"
             )
-        assert self.engine.engine is not None
-        max_tokens = chat_max_tokens(max_tokens, self.engine.engine.config.max_model_len)
+        max_tokens = chat_max_tokens(max_tokens, self.engine.info.max_model_len)
         params = sampling_params(
             settings, max_tokens=max_tokens, logprobs=None, defaults=self.sampling_defaults.given()
         )

@@ -38,7 +38,8 @@ from app.http.identity import REVOKED
 from app.http.key_auth import end_with_key
 from app.http.params import check_unicode
 from app.http.security import origin_allowed, session_owner
-from app.http.services import END_WAIT_S, Services, services
+from app.http.services import Services, services
+from app.http.shutdown import END_WAIT_S
 
 logger = logging.getLogger(__name__)
 CLOSE_GOING_AWAY = 1001
@@ -119,9 +120,6 @@ async def chat_socket(websocket: WebSocket) -> None:
         else:  # no browser cookie (policy), or the sign-in could not be checked (the database is down)
             await websocket.close(code=CLOSE_TRY_AGAIN_LATER if exc.status == 503 else CLOSE_POLICY_VIOLATION)
         return
-    if svc.store is None or svc.chat is None:
-        await websocket.close(code=CLOSE_TRY_AGAIN_LATER)
-        return
     await websocket.accept()
     socket = _Socket(websocket, svc.settings.slow_reader_timeout_s)
     try:
@@ -157,7 +155,7 @@ async def _serve_until_shutdown(
     at the end of a shutdown's grace period, finish it: the reply's `done`, a frame saying why, and a close with
     1001."""
     serving = asyncio.ensure_future(_serve(socket, svc, owner, session_id, credential))
-    closing = asyncio.ensure_future(svc.closing.wait())
+    closing = asyncio.ensure_future(svc.shutdown.closing.wait())
     revoked = (
         asyncio.ensure_future(until_revoked(socket.websocket, svc, credential))
         if credential.revocable
@@ -229,7 +227,7 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str, cr
                     mode = REPLY_FRAMES[kind]
                     target = turn_target(mode, frame)
                     # shutting down (503) or over a client limit (429)
-                    lease = svc.admit(socket.websocket, owner)
+                    lease = svc.admission.admit(socket.websocket, owner)
                     reply = await chat.start(
                         mode, owner, session_id, frame.get("content"), lease, target=target
                     )
@@ -257,7 +255,7 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str, cr
     finally:
         # The tab went away mid-reply: abort it (stored as interrupted). Not once the shutdown closes the socket:
         # the shutdown has cut the reply already.
-        if pump is not None and not pump.done() and not svc.closing.is_set():
+        if pump is not None and not pump.done() and not svc.shutdown.closing.is_set():
             chat.stop(session_id, status=MessageStatus.INTERRUPTED)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(pump, timeout=5.0)

@@ -19,8 +19,9 @@ from typing import Any
 
 from app.cluster.digest import ReplicaDigest
 from app.cluster.loopback import bind_serve_grpc_to_loopback
-from app.cluster.wire import DELTA_INTERVAL_S, Accepted, EngineInfo, Failed, Rejected, slim
-from app.engine_client.async_engine import AsyncEngine, EngineOverloaded, EngineUnavailable, engine_factory
+from app.cluster.wire import DELTA_INTERVAL_S, Accepted, Failed, Rejected, slim
+from app.engine_client.async_engine import AsyncEngine, engine_factory
+from app.engine_client.protocol import EngineInfo, EngineOverloaded, EngineUnavailable
 from app.engine_client.request_stream import RequestTimedOut
 from engine.core.config import EngineConfig
 from engine.core.sequence import SamplingParams
@@ -116,21 +117,9 @@ class EngineReplica:
             raise RuntimeError(f"a call for replica {target} reached replica {self.name}")
         return await self.bridge.call(fn)
 
-    async def info(self) -> EngineInfo:
-        """What the ingress needs to know of this replica's engine (the same on every replica)."""
-        engine = self.bridge.engine
-        assert engine is not None
-        return EngineInfo(
-            model_name=engine.model_name,
-            config=engine.config,
-            tokenizer=self.bridge.tokenizer,
-            num_blocks=engine.num_blocks,
-            kv_block_bytes=engine.kv_block_bytes,
-            kv_int8_block_bytes=engine.kv_int8_block_bytes,
-            kv_cache_dtype=engine.kv_cache_dtype,
-            sampling_defaults=engine.sampling_defaults,
-            hasher=engine.scheduler.block_manager.hasher,
-        )
+    async def info(self) -> tuple[EngineInfo, Any]:
+        """What the ingress needs to know of this replica's engine (the same on every replica), and its tokenizer."""
+        return self.bridge.info, self.bridge.tokenizer
 
     async def _refresh(self) -> None:
         """Take the engine's stats and cache digest between steps (the routing stats and the census read them)."""

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from app.cluster import ray_runtime
 from app.cluster.routing import OUTCOMES, RouteKey
 from app.cluster.routing_ledger import LEDGER, ReplicaRouting
-from app.cluster.wire import Accepted, EngineInfo, Failed, Rejected, with_prompt
-from app.engine_client.async_engine import EngineUnavailable
+from app.cluster.wire import Accepted, Failed, Rejected, with_prompt
+from app.engine_client.protocol import EngineUnavailable
 from app.engine_client.request_label import RequestLabel
 from app.engine_client.request_stream import ReplicaLost, RequestFailed, RequestStream
 from app.engine_client.stream_registry import StreamRegistry
@@ -65,22 +65,6 @@ class ReplicaStatus:
         }
 
 
-class EngineFacade:
-    """What the app reads of `AsyncEngine.engine` (immutable facts of the model and pool), for the replicas."""
-
-    def __init__(self, info: EngineInfo) -> None:
-        self.model_name = info.model_name
-        self.config = info.config
-        self.tokenizer = info.tokenizer
-        self.num_blocks = info.num_blocks
-        self.kv_block_bytes = info.kv_block_bytes
-        self.kv_int8_block_bytes = info.kv_int8_block_bytes
-        self.kv_cache_dtype = info.kv_cache_dtype
-        self.sampling_defaults = info.sampling_defaults
-        self.hasher = info.hasher
-        self.tier = None  # each replica has its own disk tier: see the replicas' stats
-
-
 class ReplicaSetEngine(StreamRegistry):
     """The engine replicas behind one interface; `start` deploys them (and starts Ray when asked to)."""
 
@@ -92,7 +76,6 @@ class ReplicaSetEngine(StreamRegistry):
     ) -> None:
         super().__init__(settings.request_timeout_s, metrics)
         self.settings = settings
-        self.engine: EngineFacade | None = None
         self.tokenizer: Any = None
         self.ready = False
         self.dead_reason: str | None = None
@@ -112,13 +95,14 @@ class ReplicaSetEngine(StreamRegistry):
         try:
             self._started_ray = await asyncio.to_thread(ray_runtime.start_ray, self.settings)
             self._handle = await asyncio.to_thread(ray_runtime.deploy, self.settings, str(self._version))
-            info: EngineInfo = await self._handle.info.remote()
+            info, tokenizer = await self._handle.info.remote()
         except BaseException as exc:
             self.dead_reason = f"startup failed: {type(exc).__name__}: {exc}"
             await asyncio.to_thread(ray_runtime.stop, self._started_ray)
             raise
-        self.engine = EngineFacade(info)
-        self.tokenizer = info.tokenizer
+        # the front holds no weights, and each replica has a disk tier of its own (see their stats)
+        self._info = dataclasses.replace(info, weight_memory=None, tier_directory=None)
+        self.tokenizer = tokenizer
         await self._take_census()
         self._census_task = asyncio.create_task(self._census_loop(), name="replica-census")
         self.ready = True
@@ -200,8 +184,7 @@ class ReplicaSetEngine(StreamRegistry):
         self, prompt: list[int], cache_salt: str | None, public_prefix_len: int
     ) -> tuple[bytes, ...]:
         """The request's block-hash chain, as the replicas' block managers compute it."""
-        assert self.engine is not None
-        hasher = self.engine.hasher
+        hasher = self.info.hasher
         key = ChainKey(cache_salt, public_prefix_len)
         num_blocks = num_cacheable_blocks(len(prompt), hasher.block_size)
         hashes: list[bytes] = []

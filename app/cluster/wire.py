@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
-from app.engine_client.async_engine import EngineOverloaded, EngineUnavailable
+from app.engine_client.protocol import EngineOverloaded, EngineUnavailable
 from app.engine_client.request_stream import RequestFailed, RequestTimedOut
 from engine.core.outputs import RequestOutput
 
@@ -65,21 +64,6 @@ class Failed:
     def to_error(self) -> Exception:
         """The exception the ingress fails the request's stream with."""
         return RequestTimedOut(self.message) if self.timed_out else RequestFailed(self.message)
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """What the ingress needs to know of the engines (all replicas load the same model with the same config)."""
-
-    model_name: str
-    config: Any  # EngineConfig
-    tokenizer: Any
-    num_blocks: int
-    kv_block_bytes: int
-    kv_int8_block_bytes: int
-    kv_cache_dtype: str  # what the pool stores, resolved (EngineConfig.resolve's "auto")
-    sampling_defaults: Any  # SamplingDefaults of the model
-    hasher: Any  # the engine's BlockHasher (block size, pool salt): the router hashes chains with it
 
 
 def slim(output: RequestOutput) -> RequestOutput:

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from app.engine_client.engine_calls import engine_info
 from app.engine_client.engine_commands import (
     STOP,
     AbortRequest,
@@ -23,6 +24,7 @@ from app.engine_client.engine_commands import (
     resolve,
     warm_up,
 )
+from app.engine_client.protocol import EngineOverloaded, EngineUnavailable
 from app.engine_client.request_label import RequestLabel
 from app.engine_client.request_stream import RequestFailed, RequestStream
 from app.engine_client.stream_registry import StreamRegistry
@@ -32,7 +34,7 @@ from engine.core.sequence import SamplingParams
 if TYPE_CHECKING:
     from app.metrics.metrics import Metrics
     from engine.core.config import EngineConfig
-    from engine.core.stats import EngineStats, PoolSnapshot
+    from engine.core.stats import EngineStats
     from engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
@@ -51,18 +53,6 @@ def engine_factory(config: EngineConfig) -> EngineFactory:
     return build
 
 
-class EngineUnavailable(RuntimeError):
-    """The engine thread is not serving: still starting, stopped, or dead (HTTP 503)."""
-
-
-class EngineOverloaded(RuntimeError):
-    """Too many requests are already waiting (HTTP 503 with Retry-After)."""
-
-    def __init__(self, message: str, retry_after: int = 1) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
 class AsyncEngine(StreamRegistry):
     """Owns the engine thread. Requests go in through a thread-safe queue; outputs come back on the event loop."""
 
@@ -77,7 +67,7 @@ class AsyncEngine(StreamRegistry):
     ) -> None:
         """`drain_s`: at stop, how long the engine may take to write its disk tier's queued blocks."""
         super().__init__(request_timeout_s, metrics)
-        # immutable attributes (config, model_name, ...) are safe to read
+        # the engine itself, for this client's own thread (and tests); the app reads `info`
         self.engine: LLMEngine | None = None
         # a private copy for the event-loop side; never shared with the engine thread
         self.tokenizer: Any = None
@@ -159,7 +149,7 @@ class AsyncEngine(StreamRegistry):
             # the grammar's matcher is built here, off the engine thread (cached for the engine's add_request):
             # a schema that fails with this tokenizer is a ValueError (400) before anything is queued
             await asyncio.to_thread(self.engine.check_structured, params.structured)
-        limit = self.engine.config.max_num_seqs + self._max_queued
+        limit = self.info.config.max_num_seqs + self._max_queued
         if len(self._streams) >= limit:
             raise EngineOverloaded(
                 f"the server is at its limit of {limit} concurrent requests; retry shortly"
@@ -186,17 +176,13 @@ class AsyncEngine(StreamRegistry):
         self._commands.put(CallOnEngine(fn, future))
         return await future
 
-    async def call_each(self, fn: Callable[[LLMEngine], T]) -> list[tuple[str, T]]:
+    async def call_each(self, fn: Callable[[Any], T]) -> list[tuple[str, T]]:
         """`fn(engine)` on every engine: here the one, named "engine" (replicas: one entry per serving replica)."""
         return [("engine", await self.call(fn))]
 
     async def stats(self) -> EngineStats:
         """Engine counters taken between steps."""
         return await self.call(lambda engine: engine.stats())
-
-    async def snapshot(self) -> PoolSnapshot:
-        """The block pool taken between steps."""
-        return await self.call(lambda engine: engine.snapshot())
 
     # ---- the engine thread ----------------------------------------------------------------------------------
     def _thread_main(self, started: asyncio.Future) -> None:
@@ -205,6 +191,7 @@ class AsyncEngine(StreamRegistry):
             engine = self._factory()
             self.tokenizer = copy.deepcopy(engine.tokenizer)
             warm_up(engine)
+            self._info = engine_info(engine)
             self.engine = engine
         except BaseException as exc:  # noqa: BLE001 - reported to start() and the log
             if isinstance(exc, ValueError):  # bad input (model, limits): its message says it all
@@ -227,6 +214,8 @@ class AsyncEngine(StreamRegistry):
                 self._loop.call_soon_threadsafe(self._on_thread_exit)
 
     def _serve(self, engine: LLMEngine) -> None:
+        loop = self._loop
+        assert loop is not None
         live: set[str] = set()
         while True:
             block = not engine.has_unfinished_requests()
@@ -251,14 +240,14 @@ class AsyncEngine(StreamRegistry):
                 error = RequestFailed(f"engine step failed: {type(exc).__name__}: {exc}")
                 for request_id in live:
                     engine.abort_request(request_id)
-                self._loop.call_soon_threadsafe(self._fail, list(live), error)
+                loop.call_soon_threadsafe(self._fail, list(live), error)
                 live.clear()
                 continue
             for output in outputs:
                 if output.finished:
                     live.discard(output.request_id)
             if outputs:
-                self._loop.call_soon_threadsafe(self._dispatch, outputs)
+                loop.call_soon_threadsafe(self._dispatch, outputs)
 
     def _run_command(self, engine: LLMEngine, command: Any, live: set[str]) -> None:
         if isinstance(command, AddRequest):

@@ -1,54 +1,94 @@
 """What every engine front shares: the live requests' streams, their labels, abort, and the tokenizer thread.
 
-Two fronts give the app one interface: `AsyncEngine` (one engine on a thread of this process) and
-`ReplicaSetEngine` (engine replicas on Ray Serve). Each says how a request is sent and how one is cancelled
-(`_cancel`); the registry of streams around that is here, once.
+Two fronts give the app one interface (`EngineClient`, app/engine_client/protocol.py): `AsyncEngine` (one engine
+on a thread of this process) and `ReplicaSetEngine` (engine replicas on Ray Serve). Each says how a request is sent,
+how one is cancelled (`_cancel`) and how a function reaches each engine between its steps (`call_each`); the
+registry of streams and the figures asked of every engine are here, once.
 """
 
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from app.engine_client import engine_calls
+from app.engine_client.protocol import EngineInfo, EngineUnavailable, PoolSample
 from app.engine_client.request_stream import ABORTED, RequestStream
 
 if TYPE_CHECKING:
     from app.engine_client.request_label import RequestLabel
     from app.metrics.metrics import Metrics
-    from engine.core.outputs import RequestOutput
+    from engine.core.outputs import CachePurge, RequestOutput
     from engine.core.sequence import SamplingParams
+    from engine.core.stats import EngineStats, PoolSnapshot
 
 T = TypeVar("T")
 
 
-class StreamRegistry:
-    """The streams of the requests in flight, by request id. Subclasses define `add_request`, `_check_serving`
-    and `_cancel` (stop the request where it runs)."""
+class StreamRegistry(ABC):
+    """The streams of the requests in flight, by request id, and the calls every engine answers. Subclasses define
+    `add_request`, `_check_serving`, `_cancel` (stop the request where it runs) and `call_each`, and set `_info`
+    once the engine serves."""
 
     tokenizer: Any
 
     def __init__(self, request_timeout_s: float, metrics: Metrics | None) -> None:
         self.metrics = metrics
+        self._info: EngineInfo | None = None
         self._timeout_s = request_timeout_s
         self._streams: dict[str, RequestStream] = {}
         # every tokenizer call of the event-loop side runs here: off the loop, and never two at once
         self._tokenizer_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
 
     # ---- to define ------------------------------------------------------------------------------------------
+    @abstractmethod
     def _check_serving(self) -> None:
         """Raise EngineUnavailable unless requests can be served now."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _cancel(self, request_id: str) -> None:
         """Stop the request where it runs (its stream is taken care of)."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def add_request(
-        self, request_id: str, prompt: list[int], params: SamplingParams, **kwargs: Any
-    ) -> Any:
-        raise NotImplementedError
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        *,
+        cache_salt: str | None = None,
+        public_prefix_len: int = 0,
+        label: RequestLabel | None = None,
+        session: str | None = None,
+    ) -> RequestStream:
+        """Queue a request and return its stream (see `EngineClient.add_request`)."""
+
+    @abstractmethod
+    async def call_each(self, fn: Callable[[Any], T]) -> list[tuple[str, T]]:
+        """`fn(engine)` on every serving engine between its steps, as (name, result) in rank order."""
+
+    # ---- what every engine answers --------------------------------------------------------------------------
+    @property
+    def info(self) -> EngineInfo:
+        """The engine's fixed facts (EngineUnavailable before it has started)."""
+        if self._info is None:
+            raise EngineUnavailable("the engine is not ready yet")
+        return self._info
+
+    async def stats_each(self) -> list[tuple[str, EngineStats]]:
+        return await self.call_each(engine_calls.stats)
+
+    async def snapshot_each(self) -> list[tuple[str, PoolSnapshot]]:
+        return await self.call_each(engine_calls.snapshot)
+
+    async def pool_sample_each(self, hashed: range) -> list[tuple[str, PoolSample]]:
+        return await self.call_each(engine_calls.PoolSampler(hashed))
+
+    async def purge_cache_salt(self, cache_salt: str) -> list[CachePurge]:
+        return [purge for _, purge in await self.call_each(engine_calls.SaltPurger(cache_salt))]
 
     # ---- shared ---------------------------------------------------------------------------------------------
     @property

@@ -103,8 +103,8 @@ class AccountMiddleware:
 
 
 async def _lookup(svc: Any, secret: str | None) -> Account | APIError | None:
-    accounts = getattr(svc, "accounts", None)
-    if secret is None or accounts is None:  # no cookie, or the service is still starting
+    accounts = svc.accounts
+    if secret is None or accounts is None:  # no cookie, or no accounts
         return None
     try:
         return await accounts.current(secret)

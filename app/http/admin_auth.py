@@ -78,7 +78,7 @@ async def admin_cookie_valid(conn: HTTPConnection, svc: Services) -> bool:
     """True when the caller's admin cookie is a live sign-in made with the current admin token."""
     secret = _cookie_secret(conn, svc.settings)
     fingerprint = token_fingerprint(svc.settings)
-    if secret is None or fingerprint is None or svc.store is None:
+    if secret is None or fingerprint is None:
         return False
     try:
         return await svc.store.admin_session_valid(_session_hash(secret), fingerprint)
@@ -90,8 +90,7 @@ async def admin_cookie_valid(conn: HTTPConnection, svc: Services) -> bool:
 async def sign_in(conn: HTTPConnection, svc: Services) -> str:
     """Record a new sign-in and return its Set-Cookie value (StoreUnavailable when it cannot be recorded)."""
     fingerprint = token_fingerprint(svc.settings)
-    if svc.store is None or fingerprint is None:
-        raise APIError(503, "the service is still starting", headers={"Retry-After": "2"})
+    assert fingerprint is not None  # the sign-in form posts here only while an admin token is set
     secret = secrets.token_urlsafe(32)
     await svc.store.create_admin_session(
         _session_hash(secret), fingerprint, client_address(conn), ADMIN_COOKIE_MAX_AGE_S
@@ -102,23 +101,23 @@ async def sign_in(conn: HTTPConnection, svc: Services) -> str:
 async def sign_out(conn: HTTPConnection, svc: Services) -> bool:
     """Revoke the caller's sign-in, if its cookie holds one; False when there was none to revoke."""
     secret = _cookie_secret(conn, svc.settings)
-    if secret is None or svc.store is None:
+    if secret is None:
         return False
     return await svc.store.revoke_admin_session(_session_hash(secret))
 
 
 def check_attempts(conn: HTTPConnection, svc: Services) -> None:
     """429 while the caller's address must wait after wrong admin tokens."""
-    svc.login_throttle.check(client_address(conn))
+    svc.admission.login_throttle.check(client_address(conn))
 
 
 def record_attempt(conn: HTTPConnection, svc: Services, *, ok: bool) -> None:
     """Count a submitted admin token, right or wrong, for the caller's address."""
     address = client_address(conn)
     if ok:
-        svc.login_throttle.succeeded(address)
+        svc.admission.login_throttle.succeeded(address)
         return
-    wait_s = svc.login_throttle.failed(address)
+    wait_s = svc.admission.login_throttle.failed(address)
     logger.warning("wrong admin token from %s%s", address, f"; it must wait {wait_s:g} s" if wait_s else "")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.db import PresetNameTaken, QuotaExceeded, StoreUnavailable
-from app.engine_client.async_engine import EngineOverloaded, EngineUnavailable
+from app.engine_client.protocol import EngineOverloaded, EngineUnavailable
 from app.engine_client.request_stream import RequestFailed, RequestTimedOut, ServerShuttingDown
 
 _TYPE_BY_STATUS = {

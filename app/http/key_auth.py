@@ -88,14 +88,13 @@ async def _authenticate(svc: Any, key: str, address: str) -> KeyAccount | APIErr
     No attempt is reserved while the key is looked up, as a password's is while it is hashed: a script's
     concurrent requests with its right key are no burst of guesses (reserving refused all but 5 of them with 429),
     and a lookup is one indexed read of a 256-bit key's SHA-256, so guesses that overlap it gain nothing."""
-    if svc.accounts is None:
-        return APIError(503, "the service is still starting", headers={"Retry-After": "2"})
+    assert svc.accounts is not None  # the middleware looks keys up only with accounts on
     try:
-        svc.password_throttle.check(address)
+        svc.admission.password_throttle.check(address)
         return await svc.accounts.keys.authenticate(key)
     except APIError as exc:
         if exc.code == "invalid_api_key":
-            wait_s = svc.password_throttle.failed(address)
+            wait_s = svc.admission.password_throttle.failed(address)
             logger.warning(
                 "wrong API key from %s%s", address, f"; it must wait {wait_s:g} s" if wait_s else ""
             )

@@ -119,7 +119,7 @@ def require_api_key(conn: HTTPConnection, settings: Settings) -> str | None:
     token = bearer_token(conn)
     if token is None:
         raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
-    throttle = conn.app.state.services.password_throttle
+    throttle = conn.app.state.services.admission.password_throttle
     address = client_address(conn)
     throttle.check(address)
     if not _matches_any(token, settings.api_keys):

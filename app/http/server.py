@@ -22,7 +22,8 @@ from starlette.applications import Starlette
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from app.http.connection_guard import ConnectionGuard, guarded_protocol
-from app.http.services import END_WAIT_S, Services
+from app.http.services import Services
+from app.http.shutdown import END_WAIT_S, Shutdown
 from app.settings import WILDCARD_ADDRESSES, Settings, host_name
 
 logger = logging.getLogger(__name__)
@@ -33,14 +34,15 @@ POLL_S = 0.05
 class DrainingServer(uvicorn.Server):
     """uvicorn's Server, draining the app's replies before uvicorn closes the connections."""
 
-    def __init__(self, config: uvicorn.Config, svc: Services) -> None:
+    def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
         super().__init__(config)
-        self.svc = svc
+        self.served_app = app
+        self.shutdown_state: Shutdown = app.state.shutdown
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.should_exit:
             logger.warning("signal %d: draining (no new replies)", sig)
-        self.svc.start_draining()
+        self.shutdown_state.start_draining()
         super().handle_exit(sig, frame)  # a second SIGINT sets force_exit: the drain stops waiting
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
@@ -51,11 +53,15 @@ class DrainingServer(uvicorn.Server):
         for connection in list(self.server_state.connections):
             if isinstance(connection, self.config.http_protocol_class):
                 connection.shutdown()  # idle: closed now; busy: closed after its response (no keep-alive)
-        drain = asyncio.ensure_future(self.svc.drain())
-        while not drain.done() and not self.force_exit:
-            await asyncio.wait({drain}, timeout=POLL_S * 2)
-        self.svc.end_streams()  # a forced exit skips the rest of the grace period
-        await drain
+        svc: Services | None = getattr(
+            self.served_app.state, "services", None
+        )  # None: it stops before it served
+        if svc is not None:
+            drain = asyncio.ensure_future(svc.drain())
+            while not drain.done() and not self.force_exit:
+                await asyncio.wait({drain}, timeout=POLL_S * 2)
+            svc.end_streams()  # a forced exit skips the rest of the grace period
+            await drain
         deadline = time.monotonic() + CLOSE_WAIT_S
         while self.server_state.connections and time.monotonic() < deadline and not self.force_exit:
             await asyncio.sleep(POLL_S)
@@ -127,4 +133,4 @@ def build_server(app: Starlette, settings: Settings) -> DrainingServer:
         timeout_graceful_shutdown=int(CLOSE_WAIT_S) + 2,
         proxy_headers=False,  # the app's ProxyMiddleware does it (see above)
     )
-    return DrainingServer(config, app.state.services)
+    return DrainingServer(config, app)

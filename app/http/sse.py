@@ -13,7 +13,8 @@ from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
 from starlette.types import Message, Receive, Scope, Send
 
-from app.http.services import END_WAIT_S, Flag, Services
+from app.http.services import Services
+from app.http.shutdown import END_WAIT_S, Flag
 
 logger = logging.getLogger(__name__)
 PING_S = 15
@@ -89,14 +90,14 @@ def event_stream(
     cut off, and `on_close` (idempotent: abort the work unless it finished, release the client's slot) runs however
     the response ends.
 
-    At shutdown, once the grace period is over (`svc.closing`), `events` get `end_wait_s` more to end by
+    At shutdown, once the grace period is over (`svc.shutdown.closing`), `events` get `end_wait_s` more to end by
     themselves (a cut reply sends its own last event), then they are closed and `farewell()` events end the
     stream: a client always learns why its stream ended. With `revoked`, the stream is cut the same way, at once,
     when its credential is gone, and `revoked.farewell()` ends it.
     """
     settings = svc.settings
     response = _EventStream(
-        _until_closing(events, svc.closing, end_wait_s, farewell, revoked),
+        _until_closing(events, svc.shutdown.closing, end_wait_s, farewell, revoked),
         ping=PING_S,
         headers=headers,
         # sse-starlette's own cut at SIGTERM, a backstop only: the streams end before it

@@ -17,9 +17,17 @@ from engine.core.stats import EngineStats
 class RoutingCounts(Protocol):
     """What the services read of one replica's routing counts (app/cluster/routing_ledger.py's ReplicaRouting)."""
 
-    requests: Mapping[str, int]  # outcome -> requests routed to the replica with it
-    matched_blocks: int  # leading blocks the replica held, summed over those requests
-    route_blocks: int  # the requests' full blocks, summed
+    @property
+    def requests(self) -> Mapping[str, int]:
+        """Outcome -> requests routed to the replica with it."""
+
+    @property
+    def matched_blocks(self) -> int:
+        """Leading blocks the replica held, summed over those requests."""
+
+    @property
+    def route_blocks(self) -> int:
+        """The requests' full blocks, summed."""
 
 
 @dataclass(frozen=True)

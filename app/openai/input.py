@@ -18,8 +18,7 @@ MAX_CACHE_SALT_CHARS = 1024
 
 def check_model(body: dict[str, Any], svc: Services) -> str:
     """The served model's id; 404 when the request names another model."""
-    engine = svc.engine.engine
-    served = engine.model_name if engine is not None else svc.settings.model
+    served = svc.engine.info.model_name
     model = body.get("model")
     if model is None:
         return served

@@ -32,7 +32,8 @@ from app.http.limits import Lease
 from app.http.params import read_json_object
 from app.http.sampling import get_bool, get_int, resolve_max_tokens, sampling_params
 from app.http.security import api_caller
-from app.http.services import SHUTDOWN_MESSAGE, Services, services
+from app.http.services import Services, services
+from app.http.shutdown import SHUTDOWN_MESSAGE
 from app.http.sse import event_stream, sse_json
 from app.openai import format as fmt
 from app.openai.input import check_model, requested_cache_salt
@@ -70,22 +71,18 @@ async def list_models(request: Request) -> Response:
     """The one model this server serves."""
     svc = services(request)
     api_caller(request, svc.settings)
-    engine = svc.engine.engine
-    data = []
-    if engine is not None:
-        data.append(
-            {
-                "id": engine.model_name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "pagedchat",
-                "max_model_len": engine.config.max_model_len,
-                # what a request that leaves these out samples with (server flags > generation config > built-in)
-                "sampling_defaults": svc.sampling_defaults.given(),
-                "sampling_defaults_source": svc.sampling_sources,
-            }
-        )
-    return JSONResponse({"object": "list", "data": data})
+    info = svc.engine.info
+    model = {
+        "id": info.model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "pagedchat",
+        "max_model_len": info.max_model_len,
+        # what a request that leaves these out samples with (server flags > generation config > built-in)
+        "sampling_defaults": svc.sampling_defaults.given(),
+        "sampling_defaults_source": svc.sampling_sources,
+    }
+    return JSONResponse({"object": "list", "data": [model]})
 
 
 async def chat_completions(request: Request) -> Response:
@@ -103,7 +100,7 @@ async def _handle(request: Request, kind: str) -> Response:
     lease: Lease | None = None
     try:
         owner = api_caller(request, svc.settings)
-        lease = svc.admit(request, owner)  # shutting down (503) or over a client limit (429)
+        lease = svc.admission.admit(request, owner)  # shutting down (503) or over a client limit (429)
         credential = await credential_of(request, svc, owner=owner)  # an account's cookie, a per-user key
         call = await _start(request, svc, kind, owner)
         rid = call.response_id
@@ -170,10 +167,11 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
         logprobs = get_int(body, "logprobs", None)
         requested = get_int(body, "max_tokens", 16)
     prompt_ids, public_prefix_len = await prompt_input(svc, kind, body, plan.render if plan else None)
-    engine = svc.engine.engine
-    max_model_len = engine.config.max_model_len if engine is not None else 0
     max_tokens = resolve_max_tokens(
-        requested, len(prompt_ids), max_model_len, prompt_param="messages" if kind == "chat" else "prompt"
+        requested,
+        len(prompt_ids),
+        svc.engine.info.max_model_len,
+        prompt_param="messages" if kind == "chat" else "prompt",
     )
     params = sampling_params(
         body,

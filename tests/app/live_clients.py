@@ -23,7 +23,8 @@ def engine_state(client: TestClient) -> dict[str, Any]:
     svc = client.app.state.services
     assert client.portal is not None, "the client's lifespan is not running (outside its `with` block)"
     if svc.engine.health() is None:
-        state = snapshot_to_json(client.portal.call(svc.engine.snapshot))
+        [(_, snap)] = client.portal.call(svc.engine.snapshot_each)
+        state = snapshot_to_json(snap)
     else:
         state = client.portal.call(replicas_state, svc)
     return {**state, "service": service_state(svc)}

@@ -17,10 +17,10 @@ from app.cluster.loopback import (
     use_cluster_network,
 )
 from app.cluster.replica import replica_config
-from app.cluster.replica_engine import EngineFacade, ReplicaSetEngine, ReplicaStatus, merge_stats
+from app.cluster.replica_engine import ReplicaSetEngine, ReplicaStatus, merge_stats
 from app.cluster.routing import RouteKey
-from app.cluster.wire import Accepted, EngineInfo, Failed, Rejected, slim, with_prompt
-from app.engine_client.async_engine import EngineOverloaded, EngineUnavailable
+from app.cluster.wire import Accepted, Failed, Rejected, slim, with_prompt
+from app.engine_client.protocol import EngineInfo, EngineOverloaded, EngineUnavailable
 from app.engine_client.request_stream import ReplicaLost, RequestFailed, RequestTimedOut
 from app.settings import Settings
 from engine.core.config import EngineConfig
@@ -80,15 +80,16 @@ def replica_set(calls: list[FakeCall]) -> ReplicaSetEngine:
     info = EngineInfo(
         model_name="m",
         config=EngineConfig(block_size=16),
-        tokenizer=None,
         num_blocks=64,
         kv_block_bytes=1024,
         kv_int8_block_bytes=512,
         kv_cache_dtype="float32",
         sampling_defaults=None,
         hasher=hasher,
+        weight_memory=None,
+        tier_directory=None,
     )
-    engine.engine, engine.ready, engine._handle = EngineFacade(info), True, FakeHandle(calls)
+    engine._info, engine.ready, engine._handle = info, True, FakeHandle(calls)
     engine.replicas = {"a": ReplicaStatus("a", pid=1, rank=0, state="running")}
     return engine
 
@@ -280,7 +281,7 @@ def test_joining_presents_this_machines_ray_token(tmp_path, env, mode, ray_rule)
 
 def test_refusals_and_failures_cross_the_wire_as_the_same_exceptions():
     from app.cluster.wire import Failed, Rejected
-    from app.engine_client.async_engine import EngineOverloaded, EngineUnavailable
+    from app.engine_client.protocol import EngineOverloaded, EngineUnavailable
     from app.engine_client.request_stream import RequestFailed, RequestTimedOut
 
     for exc in (ValueError("prompt too long"), EngineOverloaded("busy", 7), EngineUnavailable("stopped")):

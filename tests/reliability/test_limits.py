@@ -36,7 +36,7 @@ def client(tmp_path_factory):
         max_body_bytes=4096,
         faults=FaultPlan(step_delay_s=0.01),
     ) as c:
-        limiter = c.app.state.services.limiter
+        limiter = c.app.state.services.admission.limiter
         assert (limiter.requests_per_minute, limiter.max_streams) == (1000, 2)
         yield c
 
@@ -64,7 +64,7 @@ def test_concurrent_requests_per_client_are_capped_and_released(client):
     for t in threads:
         t.start()
     deadline = time.monotonic() + 10
-    while client.app.state.services.limiter.in_flight("key:" + _fp("sk-one")) < 2:
+    while client.app.state.services.admission.limiter.in_flight("key:" + _fp("sk-one")) < 2:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     refused = chat(client, one)
@@ -80,7 +80,7 @@ def test_concurrent_requests_per_client_are_capped_and_released(client):
     hold.set()
     for t in threads:
         t.join(10)
-    assert client.app.state.services.limiter.in_flight("key:" + _fp("sk-one")) == 0
+    assert client.app.state.services.admission.limiter.in_flight("key:" + _fp("sk-one")) == 0
 
 
 def _fp(key: str) -> str:
@@ -90,7 +90,7 @@ def _fp(key: str) -> str:
 
 
 def test_requests_per_minute_per_client(client, monkeypatch):
-    monkeypatch.setattr(client.app.state.services, "limiter", ClientLimiter(6, 0))
+    monkeypatch.setattr(client.app.state.services.admission, "limiter", ClientLimiter(6, 0))
     two = {"authorization": "Bearer sk-two"}
     browser = peer(client)
     sid = browser.post("/api/sessions", json={"settings": {"max_tokens": 2}}).json()["id"]
@@ -322,4 +322,4 @@ def test_a_client_gone_before_the_first_event_leaves_nothing_running(client):
     )  # both were aborted long before their 200 tokens
     stored = client.get(f"/api/sessions/{sid}/messages", headers=one).json()["messages"]
     assert [(m["role"], m["status"]) for m in stored] == [("user", "complete"), ("assistant", "interrupted")]
-    assert client.app.state.services.limiter.in_flight("key:" + _fp("sk-one")) == 0
+    assert client.app.state.services.admission.limiter.in_flight("key:" + _fp("sk-one")) == 0

@@ -220,7 +220,7 @@ def test_while_draining_nothing_new_is_admitted_and_health_says_so(tmp_path):
         sid = client.post("/api/sessions", json={"settings": {"max_tokens": 2}}).json()["id"]
         svc = client.app.state.services
         with client.websocket_connect(f"/ws/sessions/{sid}") as ws:
-            svc.start_draining()  # what the server's SIGTERM handler does
+            svc.shutdown.start_draining()  # what the server's SIGTERM handler does
             try:
                 health = client.get("/health")
                 assert (health.status_code, health.json()["status"]) == (503, "draining")
@@ -233,4 +233,4 @@ def test_while_draining_nothing_new_is_admitted_and_health_says_so(tmp_path):
                 assert (frame["type"], frame["status"], frame["code"]) == ("error", 503, "shutting_down")
                 assert client.get(f"/api/sessions/{sid}").status_code == 200  # reading still works
             finally:
-                svc.draining_since = None
+                svc.shutdown.draining_since = None

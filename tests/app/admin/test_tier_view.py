@@ -56,31 +56,31 @@ def test_the_panel_before_any_load_and_without_a_tier():
     assert tier_panel(None, configured=True, directory="/kv") == {"status": "not opened", "directory": "/kv"}
 
 
-def fake_engine(config: EngineConfig, tier: object | None) -> SimpleNamespace:
-    return SimpleNamespace(config=config, tier=tier)
+def rows(config: EngineConfig, tier: object | None) -> list[tuple[str, str]]:
+    """The rows for an engine with `config` and a tier (None: none opened) whose stats are `tier`."""
+    info = SimpleNamespace(config=config, tier_directory=str(tier.directory) if tier is not None else None)
+    return disk_tier_rows(info, tier)
 
 
 def test_settings_rows_show_the_resolved_cap_and_directory():
     tier = SimpleNamespace(capacity_bytes=3 * 1024**3, directory=Path("/srv/kv"), enabled=True)
-    assert disk_tier_rows(fake_engine(EngineConfig(), tier)) == [
+    assert rows(EngineConfig(), tier) == [
         ("KV disk tier", "3.0 GiB cap (auto)"),
         ("KV disk directory", "/srv/kv"),
     ]
     tier.enabled = False
-    assert disk_tier_rows(fake_engine(EngineConfig(kv_disk_bytes=3 * 1024**3), tier))[0] == (
+    assert rows(EngineConfig(kv_disk_bytes=3 * 1024**3), tier)[0] == (
         "KV disk tier",
         "3.0 GiB cap · turned off after an error (see the log)",
     )
 
 
 def test_settings_rows_say_why_there_is_no_tier(tmp_path):
-    assert disk_tier_rows(fake_engine(EngineConfig(kv_disk_bytes=0), None)) == [
-        ("KV disk tier", "off (kv_disk_bytes 0)")
-    ]
-    assert disk_tier_rows(fake_engine(EngineConfig(enable_prefix_caching=False), None)) == [
+    assert rows(EngineConfig(kv_disk_bytes=0), None) == [("KV disk tier", "off (kv_disk_bytes 0)")]
+    assert rows(EngineConfig(enable_prefix_caching=False), None) == [
         ("KV disk tier", "off (needs prefix caching)")
     ]
-    assert disk_tier_rows(fake_engine(EngineConfig(kv_disk_dir=str(tmp_path)), None)) == [
+    assert rows(EngineConfig(kv_disk_dir=str(tmp_path)), None) == [
         ("KV disk tier", "off: could not be opened (see the log)"),
         ("KV disk directory", str(tmp_path)),
     ]

@@ -77,7 +77,9 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
 
 def services(store: Store, settings: Settings = SETTINGS) -> SimpleNamespace:
     """What the admin checks use of the app's services."""
-    return SimpleNamespace(settings=settings, store=store, login_throttle=LoginThrottle())
+    return SimpleNamespace(
+        settings=settings, store=store, admission=SimpleNamespace(login_throttle=LoginThrottle())
+    )
 
 
 def test_token_matches_only_the_configured_token():

@@ -4,6 +4,9 @@ attacks themselves run against real servers in tests/e2e/test_security_surface.p
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 from starlette.testclient import TestClient
 
@@ -19,10 +22,12 @@ from tests.app.factories import LOOPBACK_CLIENT, make_settings, make_tiny_model_
 REBIND = "rebind.attacker.example"
 
 
-def unstarted_app(tmp_path, **overrides) -> TestClient:
-    """A TestClient from loopback on an app whose lifespan never runs (no engine: the admin page says so)."""
+@contextlib.contextmanager
+def started_app(tmp_path, **overrides) -> Iterator[TestClient]:
+    """A TestClient from loopback on a started app (the tiny model)."""
     app = create_app(make_settings(tmp_path, make_tiny_model_dir(), **overrides))
-    return TestClient(app, client=LOOPBACK_CLIENT)
+    with TestClient(app, client=LOOPBACK_CLIENT) as client:
+        yield client
 
 
 @pytest.mark.parametrize(
@@ -85,38 +90,38 @@ def test_bad_hosts_and_proxies_stop_the_start_naming_the_setting(values, message
 
 
 def test_every_route_refuses_a_host_it_does_not_answer(tmp_path):
-    client = unstarted_app(tmp_path)
-    for path in ("/health", "/admin", "/static/login.js", "/nowhere"):
-        refused = client.get(path, headers={"host": f"{REBIND}:8000"})
-        assert refused.status_code == 400, path
-        assert refused.json()["error"]["message"] == (
-            f"Host '{REBIND}:8000' is not a host this server answers: add it to --allowed-hosts "
-            "(PAGEDCHAT_ALLOWED_HOSTS) if clients reach the server by that name"
-        )
-        assert refused.headers["x-content-type-options"] == "nosniff"
-    assert client.get("/admin", headers={"host": "localhost:8000"}).status_code == 200  # loopback admin
+    with started_app(tmp_path) as client:
+        for path in ("/health", "/admin", "/static/login.js", "/nowhere"):
+            refused = client.get(path, headers={"host": f"{REBIND}:8000"})
+            assert refused.status_code == 400, path
+            assert refused.json()["error"]["message"] == (
+                f"Host '{REBIND}:8000' is not a host this server answers: add it to --allowed-hosts "
+                "(PAGEDCHAT_ALLOWED_HOSTS) if clients reach the server by that name"
+            )
+            assert refused.headers["x-content-type-options"] == "nosniff"
+        assert client.get("/admin", headers={"host": "localhost:8000"}).status_code == 200  # loopback admin
 
 
 def test_a_wildcard_host_list_does_not_make_a_stranger_host_loopback_admin(tmp_path):
-    client = unstarted_app(tmp_path, allowed_hosts=("testserver", "*"))
-    assert client.get("/static/login.js", headers={"host": REBIND}).status_code == 200  # answered: "*"
-    refused = client.get("/api/admin/state", headers={"host": REBIND})
-    assert (
-        refused.status_code == 403
-        and "--allowed-hosts '*' does not count" in refused.json()["error"]["message"]
-    )
-    assert client.get("/admin").status_code == 200  # Host testserver: listed by name
+    with started_app(tmp_path, allowed_hosts=("testserver", "*")) as client:
+        assert client.get("/static/login.js", headers={"host": REBIND}).status_code == 200  # answered: "*"
+        refused = client.get("/api/admin/state", headers={"host": REBIND})
+        assert (
+            refused.status_code == 403
+            and "--allowed-hosts '*' does not count" in refused.json()["error"]["message"]
+        )
+        assert client.get("/admin").status_code == 200  # Host testserver: listed by name
 
 
 def test_a_connection_from_a_trusted_proxy_is_never_loopback(tmp_path):
-    client = unstarted_app(tmp_path, forwarded_allow_ips=("127.0.0.0/8",))
-    for headers in (
-        {},
-        {"x-forwarded-for": "127.0.0.1"},
-    ):  # the proxy relays a local user, or sends no header
-        refused = client.get("/api/admin/state", headers=headers)
-        assert (refused.status_code, refused.json()["error"]["code"]) == (403, "admin_loopback_only")
-        assert "through a proxy" in refused.json()["error"]["message"]
+    with started_app(tmp_path, forwarded_allow_ips=("127.0.0.0/8",)) as client:
+        for headers in (
+            {},
+            {"x-forwarded-for": "127.0.0.1"},
+        ):  # the proxy relays a local user, or sends no header
+            refused = client.get("/api/admin/state", headers=headers)
+            assert (refused.status_code, refused.json()["error"]["code"]) == (403, "admin_loopback_only")
+            assert "through a proxy" in refused.json()["error"]["message"]
 
 
 def test_the_admin_surface_is_said_to_be_open_only_without_token_and_accounts():

@@ -25,7 +25,7 @@ from app.http.credentials import (
     until_revoked,
 )
 from app.http.identity import Account
-from app.http.services import Flag
+from app.http.shutdown import Flag
 from app.http.sse import Revocation, _until_closing
 from app.settings import Settings
 

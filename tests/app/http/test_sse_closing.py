@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from app.http.services import Flag
+from app.http.shutdown import Flag
 from app.http.sse import _until_closing
 
 FAREWELL = [{"data": "bye"}, {"data": "[DONE]"}]
