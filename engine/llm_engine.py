@@ -12,6 +12,7 @@ import torch
 
 from engine.core.config import EngineConfig
 from engine.core.hash_chain import ChainKey, salt_tag
+from engine.core.limits import check_max_tokens
 from engine.core.memory import available_memory_bytes
 from engine.core.outputs import CachePurge, RequestOutput, SchedulerOutput
 from engine.core.scheduler import Scheduler
@@ -168,12 +169,7 @@ class LLMEngine:
         bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})")
-        max_len = self.config.max_model_len
-        if len(token_ids) + params.max_tokens > max_len:
-            raise ValueError(
-                f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds max_model_len "
-                f"({max_len})"
-            )
+        check_max_tokens(len(token_ids), params.max_tokens, self.config.max_model_len)
         if not 0 <= public_prefix_len <= len(token_ids):
             raise ValueError(
                 f"public_prefix_len {public_prefix_len} is outside [0, {len(token_ids)}] (the prompt)"
