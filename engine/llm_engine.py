@@ -15,6 +15,7 @@ from engine.core.hash_chain import ChainKey, salt_tag
 from engine.core.limits import check_max_tokens
 from engine.core.memory import available_memory_bytes
 from engine.core.outputs import CachePurge, RequestOutput, SchedulerOutput
+from engine.core.resolve import resolve_device
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import FinishReason, SamplingParams, Sequence
 from engine.core.stats import CacheDigest, EngineStats, PoolSnapshot
@@ -23,7 +24,7 @@ from engine.loading.engine_model import load_engine_model
 from engine.loading.memory import log_memory, weight_memory
 from engine.output_processor import OutputProcessor
 from engine.tiers.setup import open_disk_tier
-from engine.worker.device import resolve_batch_gemm, resolve_device, resolve_dtype
+from engine.worker.device import probe_machine
 from engine.worker.grammar import GrammarCompiler
 from engine.worker.guided import GuidedDecoder
 from engine.worker.kv_cache import KVCacheSpec, num_blocks_for_budget
@@ -45,17 +46,10 @@ class LLMEngine:
     """Continuous-batching engine over a paged KV cache. Not thread-safe: one thread calls every method."""
 
     def __init__(self, config: EngineConfig) -> None:
-        device = resolve_device(config.device)
-        if config.num_threads is not None and device.type == "cpu":
-            torch.set_num_threads(config.num_threads)
-        # auto: fp32 beside GGUF blocks (their kernels take fp32), else bf16 where the hardware computes it fast
-        loaded = load_engine_model(
-            config,
-            device,
-            lambda gguf_blocks: resolve_dtype(config.dtype, device, gguf_blocks=gguf_blocks),
-            lambda linear_weights: resolve_batch_gemm(config.batch_gemm, device, linear_weights),
-        )
-        dtype = loaded.dtype
+        machine = probe_machine(config.device)
+        if config.num_threads is not None and resolve_device(config.device, machine) == "cpu":
+            torch.set_num_threads(config.num_threads)  # before the weights load: dequantizing uses them
+        loaded = load_engine_model(config, machine)  # `config` resolved (engine/core/resolve.py)
         self.config, self.model_name = loaded.config, loaded.model_name
         model, hf_config, self.tokenizer = loaded.model, loaded.hf_config, loaded.tokenizer
         self.eos_token_ids = loaded.eos_token_ids
@@ -67,31 +61,10 @@ class LLMEngine:
             num_kv_heads=model.args.num_kv_heads,
             head_dim=model.args.head_dim,
             block_size=self.config.block_size,
-            dtype=dtype,
+            dtype=loaded.dtype,
             kv_cache_dtype=self.config.kv_cache_dtype,
         )
-        if spec.kv_cache_dtype == "float16" and dtype != torch.float16:
-            activations = str(dtype).removeprefix("torch.")
-            if dtype != torch.float32:
-                raise ValueError(
-                    f"kv_cache_dtype float16 is for float32 activations (it halves their bytes); under {activations} "
-                    "activations it saves nothing and the CPU kernels do not read it: use kv_cache_dtype auto or int8"
-                )
-            if self.config.attention_backend == "triton":
-                raise ValueError(
-                    "kv_cache_dtype float16 under float32 activations is read by the CPU attention kernels and the "
-                    "torch backend only; the Triton kernels take a pool of the model's dtype or int8: use "
-                    "kv_cache_dtype auto or int8, or attention_backend torch"
-                )
-        peak = profile_peak_bytes(self.config, model, spec) if device.type == "cuda" else None
-        num_blocks = num_blocks_for_budget(self.config, spec, peak)
-        max_len = self.config.max_model_len
-        if num_blocks * spec.block_size < max_len:
-            raise ValueError(
-                f"the KV pool holds {num_blocks * spec.block_size} tokens ({num_blocks} blocks of "
-                f"{spec.block_size}), less than one max_model_len sequence ({max_len}): raise kv_cache_bytes / "
-                f"memory_utilization or lower max_model_len"
-            )
+        num_blocks = self._num_blocks(model, spec)
         self.kv_block_bytes = spec.block_bytes
         self.kv_cache_dtype = spec.dtype_name
         # what a block would take in an int8 pool (None: it is one), for the advice on a pool that preempts
@@ -102,20 +75,11 @@ class LLMEngine:
         self.weight_memory = weight_memory(model)
         self.runner = ModelRunner(self.config, model, spec, num_blocks)
         log_memory(self.weight_memory, num_blocks * spec.block_bytes, num_blocks)
-        kv_settings = {
-            "dtype": str(dtype),
-            "kv_cache_dtype": spec.dtype_name,
-            "quantization": self.config.quantization,
-            "int8_activations": self.config.int8_activations,
-            "batch_gemm": self.config.batch_gemm,  # a prefill's KV follows its GEMM's rounding
-            "device": device.type,
-            "layout": [spec.num_layers, 2, spec.block_size, spec.num_kv_heads, spec.head_dim],
-        }
         source = loaded.source
         self.tier = open_disk_tier(
             self.config,
             (source.gguf, source.folder),
-            kv_settings,
+            self._kv_settings(spec),
             self.runner.kv_cache,
             self.runner.kv_scales,
         )
@@ -141,6 +105,31 @@ class LLMEngine:
         self._step_clock = StepClock(self.runner) if self.config.step_timing else None
         self._step_timings = StepTimings()
         logger.info("engine ready: %s", self.config)
+
+    def _num_blocks(self, model: torch.nn.Module, spec: KVCacheSpec) -> int:
+        """The KV pool's blocks within the memory budget; ValueError when they hold less than one longest sequence."""
+        peak = profile_peak_bytes(self.config, model, spec) if self.config.device == "cuda" else None
+        num_blocks = num_blocks_for_budget(self.config, spec, peak)
+        max_len = self.config.max_model_len
+        if num_blocks * spec.block_size < max_len:
+            raise ValueError(
+                f"the KV pool holds {num_blocks * spec.block_size} tokens ({num_blocks} blocks of "
+                f"{spec.block_size}), less than one max_model_len sequence ({max_len}): raise kv_cache_bytes / "
+                f"memory_utilization or lower max_model_len"
+            )
+        return num_blocks
+
+    def _kv_settings(self, spec: KVCacheSpec) -> dict[str, object]:
+        """What shapes a stored KV block beside the weights: part of the disk tier's fingerprint."""
+        return {
+            "dtype": str(spec.dtype),
+            "kv_cache_dtype": spec.dtype_name,
+            "quantization": self.config.quantization,
+            "int8_activations": self.config.int8_activations,
+            "batch_gemm": self.config.batch_gemm,  # a prefill's KV follows its GEMM's rounding
+            "device": self.config.device,
+            "layout": [spec.num_layers, 2, spec.block_size, spec.num_kv_heads, spec.head_dim],
+        }
 
     # ---- requests -------------------------------------------------------------------------------------------
     def add_request(
