@@ -26,12 +26,9 @@ from engine.output_processor import OutputProcessor
 from engine.tiers.setup import open_disk_tier
 from engine.worker.device import probe_machine
 from engine.worker.grammar import GrammarCompiler
-from engine.worker.guided import GuidedDecoder
 from engine.worker.kv_cache import KVCacheSpec, num_blocks_for_budget
-from engine.worker.mask_budget import MaskBudget
 from engine.worker.model_runner import ModelRunner
 from engine.worker.profile import profile_peak_bytes
-from engine.worker.sampler import Sampler, SamplingBatch
 from engine.worker.step_clock import StepClock, StepTimings
 
 logger = logging.getLogger(__name__)
@@ -73,7 +70,8 @@ class LLMEngine:
         )
         self.num_blocks = num_blocks
         self.weight_memory = weight_memory(model)
-        self.runner = ModelRunner(self.config, model, spec, num_blocks)
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.runner = ModelRunner(self.config, model, spec, num_blocks, self.grammars)
         log_memory(self.weight_memory, num_blocks * spec.block_bytes, num_blocks)
         source = loaded.source
         self.tier = open_disk_tier(
@@ -93,13 +91,7 @@ class LLMEngine:
             kv_block_bytes=self.kv_block_bytes,
             tier=self.tier,
         )
-        self.sampler = Sampler()
-        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
-        mask_budget = MaskBudget(self.config.guided_mask_max_s, self.config.guided_mask_budget_s)
-        self.guided = GuidedDecoder(self.grammars, mask_budget)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler)
-        self._generator = torch.Generator().manual_seed(self.config.seed)  # the draws of unseeded rows
-        self._seeded_generators: dict[int, torch.Generator] = {}  # seq_id -> its own generator
         self._seq_ids = itertools.count()
         # step_timing: each decode-only step's linears, attention and the rest, per batch size (stats().step_timings)
         self._step_clock = StepClock(self.runner) if self.config.step_timing else None
@@ -179,12 +171,13 @@ class LLMEngine:
             )
             for k in range(params.n)
         ]
-        self.guided.add(seqs)  # ValueError before anything is queued when the grammar does not build
+        # ValueError before anything is queued when the grammar does not build
+        self.runner.add_sequences(seqs)
         try:
             self.scheduler.add_sequence(seqs[0], forks=seqs[1:])
         except BaseException:
             for seq in seqs:
-                self.guided.release(seq.seq_id)
+                self.runner.release(seq.seq_id)
             raise
         self.output_processor.add_request(seqs)
 
@@ -194,8 +187,7 @@ class LLMEngine:
         seqs += [fork for seq in seqs for fork in self.scheduler.unforked.get(seq.seq_id, ())]
         self.output_processor.abort(request_id)
         for seq in seqs:  # now, not at the next step: an idle engine takes none
-            self.guided.release(seq.seq_id)
-            self._seeded_generators.pop(seq.seq_id, None)
+            self.runner.release(seq.seq_id)
 
     def has_unfinished_requests(self) -> bool:
         """True while a request is live, or a disk load of an aborted one still holds pool blocks (the next steps
@@ -213,8 +205,7 @@ class LLMEngine:
             self._step_clock.reset()
         out = self.scheduler.schedule()
         for seq_id in out.finished_seq_ids:
-            self._seeded_generators.pop(seq_id, None)
-            self.guided.release(seq_id)
+            self.runner.release(seq_id)
         if out.is_empty and self.scheduler.loading and self.tier is not None:
             self.tier.wait_for_load(LOAD_POLL_S)  # only loads are in flight: wait for one instead of spinning
         if not out.is_empty:
@@ -235,36 +226,16 @@ class LLMEngine:
         return outputs
 
     def _run(self, out: SchedulerOutput) -> list[Sequence]:
-        """Run the model, sample the sequences that reached their last token, advance them; those sequences."""
-        seqs, rows = out.sampling_rows()
-        masks = self.guided.start(seqs)  # constrained rows' grammar masks, computed while the model runs
-        try:
-            step = self.runner.execute(out)
-        finally:
-            if masks is not None:
-                masks.wait()  # never leave the mask thread holding matchers past this step
-        logits, argmax = step.logits, step.argmax
-        token_ids: dict[int, int] = {}
-        ended: list[Sequence] = []
-        if seqs:
-            if len(rows) != logits.shape[0]:  # samples forked this step draw from their first sample's row
-                logits = logits[torch.tensor(rows)]
-                argmax = None if argmax is None else [argmax[r] for r in rows]
-            errors = {}
-            if masks is not None:
-                errors, argmax = self.guided.apply(logits, masks), None  # masked in place: argmax is stale
-            batch = SamplingBatch.from_sequences(seqs, self._seeded_generators, self._generator)
-            sampled = self.sampler(logits, batch, argmax)
-            if masks is not None:
-                ended, refused = self.guided.accept(seqs, sampled.token_ids, errors)
-                errors.update(refused)
-            for seq in seqs:  # failed before update: the scheduler then appends nothing to them
-                if seq.seq_id in errors:
-                    self.output_processor.fail(seq.request_id, errors[seq.seq_id])
-            token_ids = {seq.seq_id: token_id for seq, token_id in zip(seqs, sampled.token_ids, strict=True)}
-            self.output_processor.add_logprobs(seqs, sampled.logprobs)
-        got_token = self.scheduler.update(out, token_ids)
-        for seq in ended:  # the grammar is complete and cannot go on: stop now instead of sampling EOS next
+        """Run the model and sample (the runner), fail the requests its grammars refused, advance the sequences;
+        those that got a token."""
+        result = self.runner.execute(out)
+        for seq in result.seqs:  # failed before update: the scheduler then appends nothing to them
+            if seq.seq_id in result.errors:
+                self.output_processor.fail(seq.request_id, result.errors[seq.seq_id])
+        self.output_processor.add_logprobs(result.seqs, result.logprobs)
+        got_token = self.scheduler.update(out, result.seq_id_to_token_id())
+        # the grammar is complete and cannot go on: stop now instead of sampling EOS next
+        for seq in result.grammar_ended:
             if seq.finish_reason is FinishReason.LENGTH:  # its last allowed token completed it: not cut
                 seq.finish_reason = FinishReason.STOP
             self.scheduler.finish(seq, FinishReason.STOP)
@@ -277,7 +248,7 @@ class LLMEngine:
 
     def close(self, timeout: float = 10.0) -> None:
         """Write the disk tier's queued blocks (within `timeout` seconds) and release its directory."""
-        self.guided.close()
+        self.runner.close()
         if self.tier is not None:
             self.tier.close(timeout)
 
