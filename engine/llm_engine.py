@@ -12,8 +12,10 @@ import torch
 
 from engine.core.config import EngineConfig
 from engine.core.hash_chain import ChainKey, salt_tag
+from engine.core.limits import check_max_tokens
 from engine.core.memory import available_memory_bytes
 from engine.core.outputs import CachePurge, RequestOutput, SchedulerOutput
+from engine.core.resolve import resolve_device
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import FinishReason, SamplingParams, Sequence
 from engine.core.stats import CacheDigest, EngineStats, PoolSnapshot
@@ -22,14 +24,11 @@ from engine.loading.engine_model import load_engine_model
 from engine.loading.memory import log_memory, weight_memory
 from engine.output_processor import OutputProcessor
 from engine.tiers.setup import open_disk_tier
-from engine.worker.device import resolve_batch_gemm, resolve_device, resolve_dtype
+from engine.worker.device import probe_machine
 from engine.worker.grammar import GrammarCompiler
-from engine.worker.guided import GuidedDecoder
 from engine.worker.kv_cache import KVCacheSpec, num_blocks_for_budget
-from engine.worker.mask_budget import MaskBudget
 from engine.worker.model_runner import ModelRunner
 from engine.worker.profile import profile_peak_bytes
-from engine.worker.sampler import Sampler, SamplingBatch
 from engine.worker.step_clock import StepClock, StepTimings
 
 logger = logging.getLogger(__name__)
@@ -44,17 +43,10 @@ class LLMEngine:
     """Continuous-batching engine over a paged KV cache. Not thread-safe: one thread calls every method."""
 
     def __init__(self, config: EngineConfig) -> None:
-        device = resolve_device(config.device)
-        if config.num_threads is not None and device.type == "cpu":
-            torch.set_num_threads(config.num_threads)
-        # auto: fp32 beside GGUF blocks (their kernels take fp32), else bf16 where the hardware computes it fast
-        loaded = load_engine_model(
-            config,
-            device,
-            lambda gguf_blocks: resolve_dtype(config.dtype, device, gguf_blocks=gguf_blocks),
-            lambda linear_weights: resolve_batch_gemm(config.batch_gemm, device, linear_weights),
-        )
-        dtype = loaded.dtype
+        machine = probe_machine(config.device)
+        if config.num_threads is not None and resolve_device(config.device, machine) == "cpu":
+            torch.set_num_threads(config.num_threads)  # before the weights load: dequantizing uses them
+        loaded = load_engine_model(config, machine)  # `config` resolved (engine/core/resolve.py)
         self.config, self.model_name = loaded.config, loaded.model_name
         model, hf_config, self.tokenizer = loaded.model, loaded.hf_config, loaded.tokenizer
         self.eos_token_ids = loaded.eos_token_ids
@@ -66,31 +58,10 @@ class LLMEngine:
             num_kv_heads=model.args.num_kv_heads,
             head_dim=model.args.head_dim,
             block_size=self.config.block_size,
-            dtype=dtype,
+            dtype=loaded.dtype,
             kv_cache_dtype=self.config.kv_cache_dtype,
         )
-        if spec.kv_cache_dtype == "float16" and dtype != torch.float16:
-            activations = str(dtype).removeprefix("torch.")
-            if dtype != torch.float32:
-                raise ValueError(
-                    f"kv_cache_dtype float16 is for float32 activations (it halves their bytes); under {activations} "
-                    "activations it saves nothing and the CPU kernels do not read it: use kv_cache_dtype auto or int8"
-                )
-            if self.config.attention_backend == "triton":
-                raise ValueError(
-                    "kv_cache_dtype float16 under float32 activations is read by the CPU attention kernels and the "
-                    "torch backend only; the Triton kernels take a pool of the model's dtype or int8: use "
-                    "kv_cache_dtype auto or int8, or attention_backend torch"
-                )
-        peak = profile_peak_bytes(self.config, model, spec) if device.type == "cuda" else None
-        num_blocks = num_blocks_for_budget(self.config, spec, peak)
-        max_len = self.config.max_model_len
-        if num_blocks * spec.block_size < max_len:
-            raise ValueError(
-                f"the KV pool holds {num_blocks * spec.block_size} tokens ({num_blocks} blocks of "
-                f"{spec.block_size}), less than one max_model_len sequence ({max_len}): raise kv_cache_bytes / "
-                f"memory_utilization or lower max_model_len"
-            )
+        num_blocks = self._num_blocks(model, spec)
         self.kv_block_bytes = spec.block_bytes
         self.kv_cache_dtype = spec.dtype_name
         # what a block would take in an int8 pool (None: it is one), for the advice on a pool that preempts
@@ -99,22 +70,14 @@ class LLMEngine:
         )
         self.num_blocks = num_blocks
         self.weight_memory = weight_memory(model)
-        self.runner = ModelRunner(self.config, model, spec, num_blocks)
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.runner = ModelRunner(self.config, model, spec, num_blocks, self.grammars)
         log_memory(self.weight_memory, num_blocks * spec.block_bytes, num_blocks)
-        kv_settings = {
-            "dtype": str(dtype),
-            "kv_cache_dtype": spec.dtype_name,
-            "quantization": self.config.quantization,
-            "int8_activations": self.config.int8_activations,
-            "batch_gemm": self.config.batch_gemm,  # a prefill's KV follows its GEMM's rounding
-            "device": device.type,
-            "layout": [spec.num_layers, 2, spec.block_size, spec.num_kv_heads, spec.head_dim],
-        }
         source = loaded.source
         self.tier = open_disk_tier(
             self.config,
             (source.gguf, source.folder),
-            kv_settings,
+            self._kv_settings(spec),
             self.runner.kv_cache,
             self.runner.kv_scales,
         )
@@ -128,18 +91,37 @@ class LLMEngine:
             kv_block_bytes=self.kv_block_bytes,
             tier=self.tier,
         )
-        self.sampler = Sampler()
-        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
-        mask_budget = MaskBudget(self.config.guided_mask_max_s, self.config.guided_mask_budget_s)
-        self.guided = GuidedDecoder(self.grammars, mask_budget)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler)
-        self._generator = torch.Generator().manual_seed(self.config.seed)  # the draws of unseeded rows
-        self._seeded_generators: dict[int, torch.Generator] = {}  # seq_id -> its own generator
         self._seq_ids = itertools.count()
         # step_timing: each decode-only step's linears, attention and the rest, per batch size (stats().step_timings)
         self._step_clock = StepClock(self.runner) if self.config.step_timing else None
         self._step_timings = StepTimings()
         logger.info("engine ready: %s", self.config)
+
+    def _num_blocks(self, model: torch.nn.Module, spec: KVCacheSpec) -> int:
+        """The KV pool's blocks within the memory budget; ValueError when they hold less than one longest sequence."""
+        peak = profile_peak_bytes(self.config, model, spec) if self.config.device == "cuda" else None
+        num_blocks = num_blocks_for_budget(self.config, spec, peak)
+        max_len = self.config.max_model_len
+        if num_blocks * spec.block_size < max_len:
+            raise ValueError(
+                f"the KV pool holds {num_blocks * spec.block_size} tokens ({num_blocks} blocks of "
+                f"{spec.block_size}), less than one max_model_len sequence ({max_len}): raise kv_cache_bytes / "
+                f"memory_utilization or lower max_model_len"
+            )
+        return num_blocks
+
+    def _kv_settings(self, spec: KVCacheSpec) -> dict[str, object]:
+        """What shapes a stored KV block beside the weights: part of the disk tier's fingerprint."""
+        return {
+            "dtype": str(spec.dtype),
+            "kv_cache_dtype": spec.dtype_name,
+            "quantization": self.config.quantization,
+            "int8_activations": self.config.int8_activations,
+            "batch_gemm": self.config.batch_gemm,  # a prefill's KV follows its GEMM's rounding
+            "device": self.config.device,
+            "layout": [spec.num_layers, 2, spec.block_size, spec.num_kv_heads, spec.head_dim],
+        }
 
     # ---- requests -------------------------------------------------------------------------------------------
     def add_request(
@@ -168,12 +150,7 @@ class LLMEngine:
         bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})")
-        max_len = self.config.max_model_len
-        if len(token_ids) + params.max_tokens > max_len:
-            raise ValueError(
-                f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds max_model_len "
-                f"({max_len})"
-            )
+        check_max_tokens(len(token_ids), params.max_tokens, self.config.max_model_len)
         if not 0 <= public_prefix_len <= len(token_ids):
             raise ValueError(
                 f"public_prefix_len {public_prefix_len} is outside [0, {len(token_ids)}] (the prompt)"
@@ -194,12 +171,13 @@ class LLMEngine:
             )
             for k in range(params.n)
         ]
-        self.guided.add(seqs)  # ValueError before anything is queued when the grammar does not build
+        # ValueError before anything is queued when the grammar does not build
+        self.runner.add_sequences(seqs)
         try:
             self.scheduler.add_sequence(seqs[0], forks=seqs[1:])
         except BaseException:
             for seq in seqs:
-                self.guided.release(seq.seq_id)
+                self.runner.release(seq.seq_id)
             raise
         self.output_processor.add_request(seqs)
 
@@ -209,8 +187,7 @@ class LLMEngine:
         seqs += [fork for seq in seqs for fork in self.scheduler.unforked.get(seq.seq_id, ())]
         self.output_processor.abort(request_id)
         for seq in seqs:  # now, not at the next step: an idle engine takes none
-            self.guided.release(seq.seq_id)
-            self._seeded_generators.pop(seq.seq_id, None)
+            self.runner.release(seq.seq_id)
 
     def has_unfinished_requests(self) -> bool:
         """True while a request is live, or a disk load of an aborted one still holds pool blocks (the next steps
@@ -228,8 +205,7 @@ class LLMEngine:
             self._step_clock.reset()
         out = self.scheduler.schedule()
         for seq_id in out.finished_seq_ids:
-            self._seeded_generators.pop(seq_id, None)
-            self.guided.release(seq_id)
+            self.runner.release(seq_id)
         if out.is_empty and self.scheduler.loading and self.tier is not None:
             self.tier.wait_for_load(LOAD_POLL_S)  # only loads are in flight: wait for one instead of spinning
         if not out.is_empty:
@@ -250,36 +226,16 @@ class LLMEngine:
         return outputs
 
     def _run(self, out: SchedulerOutput) -> list[Sequence]:
-        """Run the model, sample the sequences that reached their last token, advance them; those sequences."""
-        seqs, rows = out.sampling_rows()
-        masks = self.guided.start(seqs)  # constrained rows' grammar masks, computed while the model runs
-        try:
-            step = self.runner.execute(out)
-        finally:
-            if masks is not None:
-                masks.wait()  # never leave the mask thread holding matchers past this step
-        logits, argmax = step.logits, step.argmax
-        token_ids: dict[int, int] = {}
-        ended: list[Sequence] = []
-        if seqs:
-            if len(rows) != logits.shape[0]:  # samples forked this step draw from their first sample's row
-                logits = logits[torch.tensor(rows)]
-                argmax = None if argmax is None else [argmax[r] for r in rows]
-            errors = {}
-            if masks is not None:
-                errors, argmax = self.guided.apply(logits, masks), None  # masked in place: argmax is stale
-            batch = SamplingBatch.from_sequences(seqs, self._seeded_generators, self._generator)
-            sampled = self.sampler(logits, batch, argmax)
-            if masks is not None:
-                ended, refused = self.guided.accept(seqs, sampled.token_ids, errors)
-                errors.update(refused)
-            for seq in seqs:  # failed before update: the scheduler then appends nothing to them
-                if seq.seq_id in errors:
-                    self.output_processor.fail(seq.request_id, errors[seq.seq_id])
-            token_ids = {seq.seq_id: token_id for seq, token_id in zip(seqs, sampled.token_ids, strict=True)}
-            self.output_processor.add_logprobs(seqs, sampled.logprobs)
-        got_token = self.scheduler.update(out, token_ids)
-        for seq in ended:  # the grammar is complete and cannot go on: stop now instead of sampling EOS next
+        """Run the model and sample (the runner), fail the requests its grammars refused, advance the sequences;
+        those that got a token."""
+        result = self.runner.execute(out)
+        for seq in result.seqs:  # failed before update: the scheduler then appends nothing to them
+            if seq.seq_id in result.errors:
+                self.output_processor.fail(seq.request_id, result.errors[seq.seq_id])
+        self.output_processor.add_logprobs(result.seqs, result.logprobs)
+        got_token = self.scheduler.update(out, result.seq_id_to_token_id())
+        # the grammar is complete and cannot go on: stop now instead of sampling EOS next
+        for seq in result.grammar_ended:
             if seq.finish_reason is FinishReason.LENGTH:  # its last allowed token completed it: not cut
                 seq.finish_reason = FinishReason.STOP
             self.scheduler.finish(seq, FinishReason.STOP)
@@ -292,7 +248,7 @@ class LLMEngine:
 
     def close(self, timeout: float = 10.0) -> None:
         """Write the disk tier's queued blocks (within `timeout` seconds) and release its directory."""
-        self.guided.close()
+        self.runner.close()
         if self.tier is not None:
             self.tier.close(timeout)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from engine.core.options import check_choices, option
@@ -16,7 +15,7 @@ KV_CACHE_DTYPES = ("auto", "model", "float16", "int8")
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Every engine knob. Built once; `resolve()` returns a new config with model-derived defaults filled in."""
+    """Every engine knob. Built once; engine/core/resolve.py returns a copy with `auto` decided for a model and machine."""
 
     # One line per knob: the engine flags of every subcommand and the PAGEDCHAT_* variables of `pagedchat serve`
     # are derived from these fields (engine/core/options.py).
@@ -161,71 +160,3 @@ class EngineConfig:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least block_size ({self.block_size})"
             )
-
-    def resolve(
-        self,
-        *,
-        model_max_len: int,
-        device: str,
-        dtype: str,
-        model_is_gguf: bool,
-        native_int8: bool = False,
-    ) -> EngineConfig:
-        """A copy with `auto` and `None` replaced by concrete values for this model and machine.
-
-        `model_is_gguf`: the weights come from a GGUF file (a .gguf model, or the default model's own file);
-        `native_int8`: every layer linear keeps its GGUF blocks and the compiled kernels run them (those round the
-        activations to int8 under int8_activations) and the attention kernel is built.
-        """
-        max_model_len = self.max_model_len
-        if max_model_len is None:
-            max_model_len = min(model_max_len, MAX_MODEL_LEN_CAP)
-        elif max_model_len > model_max_len:
-            raise ValueError(f"max_model_len ({max_model_len}) exceeds the model's limit ({model_max_len})")
-        batched = self.max_num_batched_tokens
-        if batched is None:
-            batched = 512 if device == "cpu" else 8192
-        backend = self.attention_backend
-        if backend == "auto":
-            backend = "triton" if device == "cuda" else "torch"
-        quantization = self.resolve_quantization(device=device, model_is_gguf=model_is_gguf)
-        int8_activations = self.int8_activations
-        if int8_activations is None:
-            int8_activations = quantization == "gguf"
-        kv_cache_dtype = self.kv_cache_dtype
-        rounded = int8_activations and native_int8 and quantization == "gguf"
-        if kv_cache_dtype == "auto" and backend == "torch" and dtype == "float32" and rounded:
-            # the fast mode is inexact already; an fp16 pool halves what attention reads and adds less than int8
-            # activations do (`pagedchat bench quality`, modes gguf-int8 and gguf-int8-fp16kv); exact modes stay exact
-            kv_cache_dtype = "float16"
-        return dataclasses.replace(
-            self,
-            device=device,
-            dtype=dtype,
-            quantization=quantization,
-            int8_activations=int8_activations,
-            kv_cache_dtype=kv_cache_dtype,
-            attention_backend=backend,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=batched,
-        )
-
-    def resolve_quantization(self, *, device: str, model_is_gguf: bool) -> str:
-        """`auto` -> gguf for GGUF weights on the CPU, else none; an impossible explicit choice raises ValueError."""
-        quantization = self.quantization
-        if quantization == "auto":
-            quantization = "gguf" if model_is_gguf and device == "cpu" else "none"
-        elif quantization == "gguf" and device != "cpu":
-            raise ValueError(
-                f"quantization 'gguf' runs on the CPU only, not on {device}: use quantization 'none' or 'auto'"
-            )
-        elif quantization == "gguf" and not model_is_gguf:
-            raise ValueError(
-                f"quantization 'gguf' needs a GGUF model (a .gguf file or {DEFAULT_MODEL!r}), got {self.model!r}"
-            )
-        if self.int8_activations and quantization != "gguf":
-            raise ValueError(
-                f"int8_activations needs quantization 'gguf', but quantization resolves to {quantization!r} "
-                f"(model {self.model!r} on {device})"
-            )
-        return quantization

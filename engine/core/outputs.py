@@ -72,6 +72,24 @@ class Logprob:
     top: list[tuple[int, float]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class ModelRunnerOutput:
+    """What the model runner produced in a step: for each sequence that sampled (`seqs`, in sampling order), its
+    token and, where its request asked, its Logprob; the requests its grammars fail, and the sequences whose grammar
+    completed (no step is spent on their EOS)."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[Logprob | None] = field(default_factory=list)
+    # seq_id -> why its request fails this step (the scheduler then appends nothing to it)
+    errors: dict[int, str] = field(default_factory=dict)
+    grammar_ended: list[Sequence] = field(default_factory=list)
+
+    def seq_id_to_token_id(self) -> dict[int, int]:
+        """seq_id -> its sampled token, as Scheduler.update takes them."""
+        return {seq.seq_id: token_id for seq, token_id in zip(self.seqs, self.token_ids, strict=True)}
+
+
 @dataclass
 class CompletionOutput:
     """One of a request's n samples, as far as it has come."""

@@ -46,7 +46,7 @@ class Scheduler:
         tier reads those blocks into pool blocks it holds, then re-enters the waiting queue at its head.
         """
         if config.max_model_len is None or config.max_num_batched_tokens is None:
-            raise RuntimeError("Scheduler needs a resolved EngineConfig (EngineConfig.resolve)")
+            raise RuntimeError("Scheduler needs a resolved EngineConfig (engine/core/resolve.py)")
         self.config = config
         self.kv_cache_dtype, self.kv_block_bytes = kv_cache_dtype, kv_block_bytes
         self.max_model_len: int = config.max_model_len

@@ -3,9 +3,7 @@ its tokenizer, EOS ids and sampling defaults."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +12,7 @@ from typing import Any
 import torch
 
 from engine.core.config import EngineConfig
+from engine.core.resolve import Machine, ModelFacts, resolve_config, resolve_device, resolve_quantization
 from engine.core.sampling_defaults import SamplingDefaults, from_generation_config
 from engine.loading.gguf import gguf_hf_config, layer_linears_in_blocks, load_gguf_model, open_gguf
 from engine.loading.loader import (
@@ -55,8 +54,8 @@ class ModelSource:
 class EngineModel:
     """What LLMEngine.__init__ takes from loading: the resolved config and the loaded pieces."""
 
-    config: EngineConfig  # resolved: device, dtype, quantization, max_model_len concrete
-    dtype: torch.dtype
+    config: EngineConfig  # resolved (engine/core/resolve.py): device, dtype, quantization... concrete
+    dtype: torch.dtype  # config.dtype's
     model: LlamaForCausalLM
     hf_config: Any
     tokenizer: Any
@@ -66,10 +65,10 @@ class EngineModel:
     sampling_defaults: SamplingDefaults  # what the model's generation_config.json sets (empty without one)
 
 
-def resolve_model_source(config: EngineConfig, device: torch.device) -> ModelSource:
+def resolve_model_source(config: EngineConfig, device: str) -> ModelSource:
     """The source of `config.model`: a .gguf file, an HF folder, or the default model's folder and GGUF file.
 
-    The default model's GGUF file is wanted when quantization is gguf, or auto on the CPU. A folder provisioned before
+    The default model's GGUF file is wanted when quantization resolves to gguf for it (gguf, or auto on the CPU). A folder provisioned before
     the file was kept fetches it now; if that fails, auto falls back to the fp32 folder with a warning, while an
     explicit gguf raises ValueError.
     """
@@ -83,8 +82,8 @@ def resolve_model_source(config: EngineConfig, device: torch.device) -> ModelSou
         if path.suffix == ".gguf":
             return ModelSource(name, None, path)
         return ModelSource(name, path, None)
-    wants_gguf = config.quantization == "gguf" or (config.quantization == "auto" and device.type == "cpu")
-    if not wants_gguf:
+    # the default model comes as a GGUF file: its quantization resolves as a .gguf model's would
+    if resolve_quantization(config, device, model_is_gguf=True) != "gguf":
         return ModelSource(DEFAULT_MODEL_NAME, resolve_model_path(DEFAULT_MODEL_NAME), None)
     try:
         folder, gguf = provision_default_gguf(DEFAULT_MODEL_NAME)
@@ -101,34 +100,23 @@ def resolve_model_source(config: EngineConfig, device: torch.device) -> ModelSou
     return ModelSource(DEFAULT_MODEL_NAME, folder, gguf)
 
 
-def load_engine_model(
-    config: EngineConfig,
-    device: torch.device,
-    dtype_for: Callable[[bool], torch.dtype],
-    batch_gemm_for: Callable[[int], str],
-) -> EngineModel:
-    """Resolve the model's source and `config` for this machine, then load the model, tokenizer and EOS ids.
-
-    `dtype_for(gguf_blocks)`: the model's dtype, told whether every layer linear keeps its GGUF blocks;
-    `batch_gemm_for(linear_weights)`: config.batch_gemm resolved, told how many weights the model's matmuls hold.
-    """
-    source = resolve_model_source(config, device)
+def load_engine_model(config: EngineConfig, machine: Machine) -> EngineModel:
+    """Resolve the model's source, then `config` for this model and `machine` (engine/core/resolve.py), then load
+    the model, tokenizer and EOS ids."""
+    source = resolve_model_source(config, resolve_device(config.device, machine))
     reader = (
         open_gguf(source.gguf) if source.gguf is not None else None
     )  # parsed once, for config and weights
     hf_config = gguf_hf_config(reader) if reader is not None else load_hf_config(source.folder)
-    batch_gemm = batch_gemm_for(ModelArgs.from_hf_config(hf_config).linear_weights)
-    config = dataclasses.replace(config, batch_gemm=batch_gemm)
-    quantization = config.resolve_quantization(device=device.type, model_is_gguf=reader is not None)
-    in_blocks = quantization == "gguf" and layer_linears_in_blocks(reader)
-    dtype = dtype_for(in_blocks)
-    resolved = config.resolve(
-        model_max_len=int(hf_config.max_position_embeddings),
-        device=str(device.type),
-        dtype=str(dtype).removeprefix("torch."),
-        model_is_gguf=source.gguf is not None,
-        native_int8=in_blocks and native_int8_kernels(),
+    facts = ModelFacts(
+        max_len=int(hf_config.max_position_embeddings),
+        linear_weights=ModelArgs.from_hf_config(hf_config).linear_weights,
+        is_gguf=reader is not None,
+        gguf_blocks=reader is not None and layer_linears_in_blocks(reader),
     )
+    resolved = resolve_config(config, machine, facts, native_int8_kernels)
+    # the config spells torch's names
+    dtype, device = getattr(torch, resolved.dtype), torch.device(resolved.device)
     # the tokenizer is built on a thread while the weights load: its Python (transformers' parse of a 128k vocabulary,
     # ~3 s) overlaps the weights' file reads and dequantization, which release the GIL
     with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as pool:

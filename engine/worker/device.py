@@ -1,4 +1,4 @@
-"""Device and dtype resolution: `auto` picks CUDA when present and bf16 where the hardware computes it fast."""
+"""The hardware facts that `auto` reads (engine/core/resolve.py decides), and torch's spelling of its answers."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ from functools import cache
 from pathlib import Path
 
 import torch
+
+from engine.core import resolve
+from engine.core.resolve import Machine
 
 _NAMED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
@@ -31,53 +34,23 @@ def cpu_has_fast_bf16() -> bool:
     return bool(cpu_flags(text) & CPU_BF16_FLAGS)
 
 
-# the largest bf16 copy of a model's linears that batch_gemm auto makes (SmolLM2-135M's is 0.27 GB); a bigger model
-# multiplies its batches in the blocks themselves (int8), so its memory stays the file's: at 1B a bf16 copy is ~3x the
-# Q4_K_M file (measured: 8.65 GB RSS beside llama.cpp's 6.46 at equal KV, 4.4 GB of it KV)
-BF16_COPY_MAX_BYTES = 512 << 20
-
-
-def resolve_batch_gemm(name: str, device: torch.device, linear_weights: int | None = None) -> str:
-    """`auto` -> bf16 on a CPU that computes bf16 fast when the copy of the model's `linear_weights` it makes is small
-    (<= BF16_COPY_MAX_BYTES; unknown counts as small), int8 on another CPU or for a bigger model, fp32 on a GPU
-    (where the setting has no use: the blocks are multiplied on the CPU only); see EngineConfig.batch_gemm."""
-    if name not in ("auto", "fp32", "bf16", "int8"):
-        raise ValueError(f"batch_gemm must be 'auto', 'fp32', 'bf16' or 'int8', got {name!r}")
-    if name != "auto":
-        return name
-    if device.type != "cpu":
-        return "fp32"
-    small = linear_weights is None or 2 * linear_weights <= BF16_COPY_MAX_BYTES
-    return "bf16" if cpu_has_fast_bf16() and small else "int8"
+def probe_machine(device: str = "auto") -> Machine:
+    """This machine's answers to what `auto` asks (engine/core/resolve.py decides) for config.device `device`."""
+    cuda = torch.cuda.is_available()
+    # asking starts CUDA: not for a run on the CPU
+    cuda_bf16 = cuda and device != "cpu" and torch.cuda.is_bf16_supported()
+    return Machine(cuda=cuda, cuda_bf16=cuda_bf16, cpu_fast_bf16=cpu_has_fast_bf16())
 
 
 def resolve_device(name: str) -> torch.device:
     """`auto` -> cuda when available, else cpu; `cuda` without a GPU raises ValueError."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {name!r}")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was requested but torch sees no CUDA device")
-    return torch.device(name)
+    return torch.device(resolve.resolve_device(name, probe_machine(name)))
 
 
 def resolve_dtype(name: str, device: torch.device, *, gguf_blocks: bool = False) -> torch.dtype:
-    """`auto` -> bf16 on a bf16-capable GPU or CPU, else fp32; named dtypes map directly.
-
-    `gguf_blocks`: the linears keep a GGUF file's blocks (quantization gguf). Their kernels multiply in fp32, so
-    `auto` is fp32 then: bf16 activations would add conversions around every kernel, round the logits, and turn
-    the fused decode step off (it takes fp32), while the weights' bytes stay the blocks' either way.
-    """
-    if name in _NAMED_DTYPES:
-        return _NAMED_DTYPES[name]
-    if name != "auto":
-        raise ValueError(f"dtype must be 'auto' or one of {sorted(_NAMED_DTYPES)}, got {name!r}")
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    if gguf_blocks:
-        return torch.float32
-    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    """`auto` -> bf16 on a bf16-capable GPU or CPU, else fp32 (fp32 beside GGUF blocks); see resolve.resolve_dtype."""
+    machine = probe_machine(device.type)
+    return _NAMED_DTYPES[resolve.resolve_dtype(name, device.type, machine, gguf_blocks=gguf_blocks)]
 
 
 def dtype_name(dtype: torch.dtype) -> str:

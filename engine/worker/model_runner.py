@@ -1,4 +1,4 @@
-"""Owns the model and its paged KV cache: sizes the pool, prepares a step's flattened inputs, runs the forward."""
+"""Owns the model, its paged KV cache, the sampler and the grammar masks: runs a step and samples its tokens."""
 
 from __future__ import annotations
 
@@ -10,10 +10,15 @@ import torch
 from engine.attention.backend import make_attention_backend
 from engine.attention.metadata import AttentionMetadata
 from engine.core.config import EngineConfig
-from engine.core.outputs import SchedulerOutput
+from engine.core.outputs import ModelRunnerOutput, SchedulerOutput
+from engine.core.sequence import Sequence
 from engine.core.utils import cdiv
 from engine.models.fused_decode import FusedDecoder, FusedStep
+from engine.worker.grammar import GrammarCompiler
+from engine.worker.guided import GuidedDecoder, MaskJob
 from engine.worker.kv_cache import KVCacheSpec, zeros_on_huge_pages
+from engine.worker.mask_budget import MaskBudget
+from engine.worker.sampler import Sampler, SamplingBatch
 
 logger = logging.getLogger(__name__)
 
@@ -29,10 +34,18 @@ class StepLogits:
 
 
 class ModelRunner:
-    """Runs one scheduled step: KV copies, input preparation, forward, logits for the sequences that sample."""
+    """Runs one scheduled step: KV copies, input preparation, forward, grammar masks, sampling.
+
+    `grammars`: the compiler of structured output's matchers; without it (a runner that only profiles the forward)
+    no sequence may be constrained."""
 
     def __init__(
-        self, config: EngineConfig, model: torch.nn.Module, spec: KVCacheSpec, num_blocks: int
+        self,
+        config: EngineConfig,
+        model: torch.nn.Module,
+        spec: KVCacheSpec,
+        num_blocks: int,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         self.config = config
         self.model = model
@@ -50,6 +63,13 @@ class ModelRunner:
         if config.fused_decode and self.device.type == "cpu" and config.attention_backend == "torch":
             max_blocks_per_seq = cdiv(config.max_model_len, spec.block_size)
             self.fused = FusedDecoder.build(model, self.kv_caches, max_blocks_per_seq, config.max_num_seqs)
+        self.sampler = Sampler()
+        self.guided: GuidedDecoder | None = None
+        if grammars is not None:
+            budget = MaskBudget(config.guided_mask_max_s, config.guided_mask_budget_s)
+            self.guided = GuidedDecoder(grammars, budget)
+        self.generator = torch.Generator().manual_seed(config.seed)  # the draws of unseeded rows
+        self.seeded_generators: dict[int, torch.Generator] = {}  # seq_id -> its own generator
         logger.info(
             "KV cache: %s, %d blocks x %d tokens (%.1f MiB, %d tokens)",
             spec.dtype_name,
@@ -108,8 +128,59 @@ class ModelRunner:
         tables = [item.seq.block_table for item in items]
         return self.fused.decode(token_ids, positions, tables, logits=all(item.samples for item in items))
 
-    def execute(self, out: SchedulerOutput) -> StepLogits:
-        """Run the step; the logits of the sequences that sample (see StepLogits)."""
+    def add_sequences(self, seqs: list[Sequence]) -> None:
+        """A grammar matcher for each constrained sequence of one request; ValueError when its grammar fails."""
+        if self.guided is not None:
+            self.guided.add(seqs)
+        elif any(seq.params.structured for seq in seqs):
+            raise RuntimeError("this runner has no grammar compiler: it cannot take structured output")
+
+    def release(self, seq_id: int) -> None:
+        """Forget a finished sequence's matcher and generator (unknown ids are ignored)."""
+        if self.guided is not None:
+            self.guided.release(seq_id)
+        self.seeded_generators.pop(seq_id, None)
+
+    def close(self) -> None:
+        """Stop the grammar mask threads."""
+        if self.guided is not None:
+            self.guided.close()
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Run the step and sample the sequences that reached their last token (see ModelRunnerOutput)."""
+        seqs, rows = out.sampling_rows()
+        # constrained rows' grammar masks, computed while the model runs
+        masks = self.guided.start(seqs) if self.guided is not None else None
+        try:
+            step = self.forward(out)
+        finally:
+            if masks is not None:
+                masks.wait()  # never leave the mask thread holding matchers past this step
+        if not seqs:
+            return ModelRunnerOutput()
+        return self._sample(seqs, rows, step, masks)
+
+    def _sample(
+        self, seqs: list[Sequence], rows: list[int], step: StepLogits, masks: MaskJob | None
+    ) -> ModelRunnerOutput:
+        """The sampled tokens of `seqs` from their `rows` of the step's logits, their grammars masked and advanced."""
+        logits, argmax = step.logits, step.argmax
+        if len(rows) != logits.shape[0]:  # samples forked this step draw from their first sample's row
+            logits = logits[torch.tensor(rows)]
+            argmax = None if argmax is None else [argmax[r] for r in rows]
+        errors: dict[int, str] = {}
+        ended: list[Sequence] = []
+        if masks is not None:
+            errors, argmax = self.guided.apply(logits, masks), None  # masked in place: argmax is stale
+        batch = SamplingBatch.from_sequences(seqs, self.seeded_generators, self.generator)
+        sampled = self.sampler(logits, batch, argmax)
+        if masks is not None:
+            ended, refused = self.guided.accept(seqs, sampled.token_ids, errors)
+            errors.update(refused)
+        return ModelRunnerOutput(seqs, sampled.token_ids, sampled.logprobs, errors, ended)
+
+    def forward(self, out: SchedulerOutput) -> StepLogits:
+        """Run the step's forward; the logits of the sequences that sample (see StepLogits)."""
         self.copy_blocks(out.block_copies)
         fused = self._fused_decode(out)
         if fused is not None and fused.logits is not None:  # no torch call at all (not even inference_mode's)

@@ -34,7 +34,7 @@ def profile_peak_bytes(config: EngineConfig, model: torch.nn.Module, spec: KVCac
         items.append(Item(seq, length))
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    runner.execute(SchedulerOutput(scheduled=items))
+    runner.forward(SchedulerOutput(scheduled=items))
     torch.cuda.synchronize()
     pool = [t for t in (runner.kv_cache, runner.kv_scales) if t is not None]
     peak = torch.cuda.max_memory_allocated() - sum(t.numel() * t.element_size() for t in pool)

@@ -11,13 +11,14 @@ import torch
 from engine import LLM, SamplingParams
 from engine.cli import main as cli_main
 from engine.core.config import EngineConfig
+from engine.core.resolve import Machine, ModelFacts, resolve_config, resolve_quantization
 from engine.loading import engine_model
 from engine.loading.engine_model import resolve_model_source
 from engine.models.quantized import QuantLinear
 from engine.worker.scoring import score_tokens
 from tests.engine.gguf_factories import T, write_tiny_chat_gguf
 
-CPU = torch.device("cpu")
+CPU = "cpu"
 PROMPTS = [
     "hello there",
     "The quick brown fox jumps",
@@ -43,28 +44,33 @@ def tiny_gguf(tmp_path_factory) -> Path:
     ],
 )
 def test_quantization_resolves_for_model_and_device(quantization, device, is_gguf, expected):
-    config = EngineConfig(quantization=quantization).resolve(
-        model_max_len=8192, device=device, dtype="float32", model_is_gguf=is_gguf
-    )
+    config = _resolve(EngineConfig(quantization=quantization, device=device), is_gguf)
     assert config.quantization == expected and config.max_model_len == 4096
     # int8 activations unset: on wherever the blocks are multiplied as they are, off elsewhere; a choice stays
     assert config.int8_activations is (expected == "gguf")
     if expected == "gguf":
-        off = EngineConfig(quantization=quantization, int8_activations=False).resolve(
-            model_max_len=8192, device=device, dtype="float32", model_is_gguf=is_gguf
+        off = _resolve(
+            EngineConfig(quantization=quantization, device=device, int8_activations=False), is_gguf
         )
         assert off.int8_activations is False
 
 
+def _resolve(config: EngineConfig, is_gguf: bool) -> EngineConfig:
+    """`config` resolved for an fp32 model of 8192 positions on a machine with a GPU."""
+    facts = ModelFacts(max_len=8192, linear_weights=1000, is_gguf=is_gguf, gguf_blocks=False)
+    machine = Machine(cuda=True, cuda_bf16=False, cpu_fast_bf16=False)
+    return resolve_config(config, machine, facts, native_int8=lambda: False)
+
+
 def test_impossible_quantizations_raise_value_errors():
     with pytest.raises(ValueError, match="'gguf' runs on the CPU only, not on cuda"):
-        EngineConfig(quantization="gguf").resolve_quantization(device="cuda", model_is_gguf=True)
+        resolve_quantization(EngineConfig(quantization="gguf"), "cuda", model_is_gguf=True)
     with pytest.raises(ValueError, match="needs a GGUF model .* got '/models/folder'"):
-        EngineConfig(model="/models/folder", quantization="gguf").resolve_quantization(
-            device="cpu", model_is_gguf=False
+        resolve_quantization(
+            EngineConfig(model="/models/folder", quantization="gguf"), "cpu", model_is_gguf=False
         )
     with pytest.raises(ValueError, match="int8_activations needs quantization 'gguf'.*resolves to 'none'"):
-        EngineConfig(int8_activations=True).resolve_quantization(device="cuda", model_is_gguf=True)
+        resolve_quantization(EngineConfig(int8_activations=True), "cuda", model_is_gguf=True)
     with pytest.raises(ValueError, match="quantization must be one of"):
         EngineConfig(quantization="int4")
 
@@ -174,7 +180,7 @@ def test_default_model_source_follows_quantization(monkeypatch, tmp_path, device
     folder = _fake_default_model(
         monkeypatch, tmp_path, lambda name: (tmp_path / "smollm2-135m-instruct", gguf_file)
     )
-    source = resolve_model_source(EngineConfig(quantization=quantization), torch.device(device))
+    source = resolve_model_source(EngineConfig(quantization=quantization), device)
     assert (source.name, source.folder, source.gguf) == (
         "smollm2-135m-instruct",
         folder,

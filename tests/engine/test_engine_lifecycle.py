@@ -72,8 +72,8 @@ def test_parallel_samples_are_seeded_and_share_the_prompt(model_dir):
     assert single[0].outputs[0].token_ids == first.outputs[1].token_ids
     assert_pool_idle(llm.engine)
     # a finished sequence's generator goes with the next step, when the scheduler reports it finished
-    assert len(llm.engine._seeded_generators) == 1 and llm.engine.step() == []
-    assert llm.engine._seeded_generators == {}
+    assert len(llm.engine.runner.seeded_generators) == 1 and llm.engine.step() == []
+    assert llm.engine.runner.seeded_generators == {}
 
 
 def test_abort_frees_blocks_at_once(model_dir):

@@ -88,7 +88,7 @@ def test_fused_step_equals_the_module_path_bit_for_bit(
     assert max(rows) == num_prompts, (
         "every decode step, the batch GEMM's ones too, should reach the fused step"
     )
-    # auto: fp16 under int8 activations (EngineConfig.resolve), else the model's fp32
+    # auto: fp16 under int8 activations (engine/core/resolve.py), else the model's fp32
     pool = {"int8": torch.int8, "float16": torch.float16}.get(
         kv_cache_dtype, torch.float16 if act_q8 else torch.float32
     )

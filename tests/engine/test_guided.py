@@ -142,7 +142,9 @@ def test_a_random_model_under_a_schema_stops_with_valid_json(llm: LLM, temperatu
         sample = out.outputs[0]
         assert sample.finish_reason is FinishReason.STOP, sample.text
         assert_valid(sample.text, SCHEMA)
-    assert len(llm.engine.guided) == 0 or llm.engine.step() == [] and len(llm.engine.guided) == 0
+    assert (
+        len(llm.engine.runner.guided) == 0 or llm.engine.step() == [] and len(llm.engine.runner.guided) == 0
+    )
 
 
 def test_parallel_samples_each_follow_the_grammar(llm: LLM) -> None:
@@ -197,7 +199,8 @@ def test_a_grammar_fault_fails_only_its_own_request(llm: LLM) -> None:
     engine.step()  # prefill and the first token of both
     (seq,) = engine.scheduler.get_sequences("guided")
     bad = engine.tokenizer.encode("zzz", add_special_tokens=False)[0]
-    assert not engine.guided.matchers[seq.seq_id].consume_token(bad)  # puts the matcher in its error state
+    matcher = engine.runner.guided.matchers[seq.seq_id]
+    assert not matcher.consume_token(bad)  # puts the matcher in its error state
     finals = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -208,7 +211,7 @@ def test_a_grammar_fault_fails_only_its_own_request(llm: LLM) -> None:
     assert finals["free"].outputs[0].finish_reason is FinishReason.LENGTH
     assert len(finals["free"].outputs[0].token_ids) == 8
     engine.step()
-    assert len(engine.guided) == 0
+    assert len(engine.runner.guided) == 0
 
 
 def test_a_length_cut_is_reported_as_length(llm: LLM) -> None:
@@ -227,9 +230,9 @@ def test_an_abort_releases_the_matchers_at_once_even_when_the_engine_goes_idle(l
     engine = llm.engine
     engine.add_request("gone", "hello", constrained(0.7, seed=3, n=3))
     engine.step()
-    assert len(engine.guided) == 3
+    assert len(engine.runner.guided) == 3
     engine.abort_request("gone")
-    assert len(engine.guided) == 0 and not engine._seeded_generators
+    assert len(engine.runner.guided) == 0 and not engine.runner.seeded_generators
     (out,) = engine.step()  # the abort's final output
     assert out.finished and not engine.has_unfinished_requests()
 

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from engine.attention.torch_backend import TorchAttentionBackend
+from engine.core import resolve
+from engine.core.resolve import Machine
 from engine.core.utils import cdiv
 from engine.loading import provision
 from engine.loading.loader import eos_token_ids, load_model, load_tokenizer, resolve_model_path
@@ -23,7 +25,7 @@ from engine.loading.provision import (
     provisioned_path,
 )
 from engine.worker import device as dtype_mod
-from engine.worker.device import cpu_flags, resolve_batch_gemm, resolve_device, resolve_dtype
+from engine.worker.device import cpu_flags, resolve_device, resolve_dtype
 from tests.engine.factories import make_attention_metadata, make_hf_model, make_kv_caches
 
 
@@ -153,26 +155,37 @@ def test_dtype_and_device_resolution(monkeypatch):
     # GGUF blocks multiply in fp32 (and the fused decode step takes fp32), so auto is fp32 beside them
     assert resolve_dtype("auto", cpu, gguf_blocks=True) is torch.float32
     assert resolve_dtype("bfloat16", cpu, gguf_blocks=True) is torch.bfloat16
-    assert resolve_batch_gemm("auto", cpu) == "bf16"  # batches of GGUF blocks multiply by a bf16 copy
-    assert resolve_batch_gemm("auto", cpu, 135_000_000) == "bf16"  # a small model's copy: 0.27 GB
-    assert (
-        resolve_batch_gemm("auto", cpu, 1_200_000_000) == "int8"
-    )  # at 1B a copy would be ~3x the Q4_K_M file
-    assert resolve_batch_gemm("auto", torch.device("cuda")) == "fp32"
     monkeypatch.setattr(dtype_mod, "cpu_has_fast_bf16", lambda: False)
     assert resolve_dtype("auto", cpu) is torch.float32
-    assert resolve_batch_gemm("auto", cpu) == "int8"  # integer dot products with the blocks (AVX2)
-    assert resolve_batch_gemm("auto", torch.device("cuda")) == "fp32"
-    for name in ("bf16", "fp32", "int8"):
-        assert resolve_batch_gemm(name, cpu) == name
-    with pytest.raises(ValueError, match="batch_gemm must be"):
-        resolve_batch_gemm("int4", cpu)
     with pytest.raises(ValueError, match="got 'int8'"):
         resolve_dtype("int8", cpu)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto") == cpu
     with pytest.raises(ValueError, match="torch sees no CUDA device"):
         resolve_device("cuda")
+
+
+def test_batch_gemm_resolution():
+    fast = Machine(cuda=False, cuda_bf16=False, cpu_fast_bf16=True)
+    assert (
+        resolve.resolve_batch_gemm("auto", "cpu", fast) == "bf16"
+    )  # batches of GGUF blocks multiply by a bf16 copy
+    assert (
+        resolve.resolve_batch_gemm("auto", "cpu", fast, 135_000_000) == "bf16"
+    )  # a small model's copy: 0.27 GB
+    assert (
+        resolve.resolve_batch_gemm("auto", "cpu", fast, 1_200_000_000) == "int8"
+    )  # at 1B: ~3x the Q4_K_M file
+    assert resolve.resolve_batch_gemm("auto", "cuda", fast) == "fp32"
+    slow = Machine(cuda=False, cuda_bf16=False, cpu_fast_bf16=False)
+    assert (
+        resolve.resolve_batch_gemm("auto", "cpu", slow) == "int8"
+    )  # integer dot products with the blocks (AVX2)
+    assert resolve.resolve_batch_gemm("auto", "cuda", slow) == "fp32"
+    for name in ("bf16", "fp32", "int8"):
+        assert resolve.resolve_batch_gemm(name, "cpu", slow) == name
+    with pytest.raises(ValueError, match="batch_gemm must be"):
+        resolve.resolve_batch_gemm("int4", "cpu", slow)
 
 
 def test_provisioning_reuses_a_completed_folder(tmp_path, monkeypatch):

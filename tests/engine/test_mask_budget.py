@@ -56,7 +56,9 @@ def use_budget(llm: LLM, monkeypatch) -> Iterator[Callable[[float, float], LLMEn
     """Give the engine a budget of `max_mask_s` / `budget_s` whose masks each cost TICK."""
 
     def use(max_mask_s: float, budget_s: float) -> LLMEngine:
-        monkeypatch.setattr(llm.engine.guided, "budget", MaskBudget(max_mask_s, budget_s, thread_clock(TICK)))
+        monkeypatch.setattr(
+            llm.engine.runner.guided, "budget", MaskBudget(max_mask_s, budget_s, thread_clock(TICK))
+        )
         return llm.engine
 
     yield use
@@ -78,7 +80,7 @@ def letters(max_tokens: int, **kw) -> SamplingParams:
 
 
 def test_the_limits_are_engine_config_knobs(llm: LLM) -> None:
-    budget = llm.engine.guided.budget
+    budget = llm.engine.runner.guided.budget
     assert (budget.max_mask_s, budget.budget_s) == (0.25, 3.0)
     assert (EngineConfig().guided_mask_max_s, EngineConfig().guided_mask_budget_s) == (0.01, 1.0)
     for name in ("guided_mask_max_s", "guided_mask_budget_s"):
@@ -121,15 +123,15 @@ def test_mask_time_is_counted_per_request_across_its_samples_and_steps(use_budge
     engine.add_request("one", "the cat", letters(8))
     for _ in range(4):
         engine.step()
-    three = [engine.guided.accounts[s.seq_id] for s in engine.scheduler.get_sequences("three")]
-    (one,) = [engine.guided.accounts[s.seq_id] for s in engine.scheduler.get_sequences("one")]
+    three = [engine.runner.guided.accounts[s.seq_id] for s in engine.scheduler.get_sequences("three")]
+    (one,) = [engine.runner.guided.accounts[s.seq_id] for s in engine.scheduler.get_sequences("one")]
     assert len(three) == 3 and all(a is three[0] for a in three) and one is not three[0]
     # 4 steps: each of the 3 samples masked once a step; the other request on its own account
     assert (three[0].num_masks, three[0].spent_s) == (12, 12 * TICK)
     assert (one.num_masks, one.spent_s) == (4, 4 * TICK)
     finals = run_to_end(engine)
     assert {len(s.token_ids) for s in finals["three"].outputs} == {8}
-    assert len(engine.guided) == 0 or engine.step() == [] and len(engine.guided) == 0
+    assert len(engine.runner.guided) == 0 or engine.step() == [] and len(engine.runner.guided) == 0
 
 
 def test_a_request_over_its_budget_ends_with_the_error_and_frees_its_blocks(use_budget) -> None:
@@ -147,7 +149,7 @@ def test_a_request_over_its_budget_ends_with_the_error_and_frees_its_blocks(use_
     assert finals["free"].outputs[0].finish_reason is FinishReason.LENGTH
     assert len(finals["free"].outputs[0].token_ids) == 30
     engine.step()
-    assert len(engine.guided) == 0 and not engine.guided.accounts
+    assert len(engine.runner.guided) == 0 and not engine.runner.guided.accounts
     assert engine.stats().num_used_blocks == 0
 
 
