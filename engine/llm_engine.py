@@ -12,7 +12,7 @@ import torch
 
 from engine.core.config import EngineConfig
 from engine.core.hash_chain import ChainKey, salt_tag
-from engine.core.limits import check_max_tokens
+from engine.core.limits import check_prompt
 from engine.core.memory import available_memory_bytes
 from engine.core.outputs import CachePurge, RequestOutput, SchedulerOutput
 from engine.core.resolve import resolve_device
@@ -145,16 +145,13 @@ class LLMEngine:
             token_ids = self.tokenizer.encode(prompt, add_special_tokens=False) if prompt else []
         else:
             token_ids = [int(t) for t in prompt]
-        if not token_ids:
-            raise ValueError("the prompt is empty")
-        bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})")
-        check_max_tokens(len(token_ids), params.max_tokens, self.config.max_model_len)
-        if not 0 <= public_prefix_len <= len(token_ids):
-            raise ValueError(
-                f"public_prefix_len {public_prefix_len} is outside [0, {len(token_ids)}] (the prompt)"
-            )
+        check_prompt(
+            token_ids,
+            params.max_tokens,
+            public_prefix_len,
+            vocab_size=self.vocab_size,
+            max_model_len=self.config.max_model_len,
+        )
         chain_key = ChainKey(cache_salt, public_prefix_len)
         now = time.monotonic() if arrival_time is None else arrival_time
         # all n samples now; the scheduler forks samples 1.. from sample 0 in the step that completes the prompt

@@ -204,6 +204,7 @@ class ReplicaSetEngine(StreamRegistry):
     ) -> RequestStream:
         """Send a request to a replica; raises ValueError (bad input), EngineOverloaded or EngineUnavailable."""
         self._check_serving()
+        self._check_request(prompt, params, public_prefix_len)
         route = RouteKey.from_chain(self.route_chain(prompt, cache_salt, public_prefix_len), session)
         stream = self._open_stream(request_id, label)
         try:

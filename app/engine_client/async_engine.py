@@ -144,6 +144,7 @@ class AsyncEngine(StreamRegistry):
         """
         del session
         self._check_serving()
+        self._check_request(prompt, params, public_prefix_len)
         assert self.engine is not None
         if params.structured is not None:
             # the grammar's matcher is built here, off the engine thread (cached for the engine's add_request):

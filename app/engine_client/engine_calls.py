@@ -26,6 +26,7 @@ def engine_info(engine: LLMEngine) -> EngineInfo:
         kv_cache_dtype=engine.kv_cache_dtype,
         sampling_defaults=engine.sampling_defaults,
         hasher=engine.scheduler.block_manager.hasher,
+        vocab_size=engine.vocab_size,
         weight_memory=engine.weight_memory,
         tier_directory=str(engine.tier.directory) if engine.tier is not None else None,
     )

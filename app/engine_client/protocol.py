@@ -52,6 +52,7 @@ class EngineInfo:
     kv_cache_dtype: str  # what the pool stores, resolved ("auto" decided)
     sampling_defaults: SamplingDefaults  # the model's generation config
     hasher: BlockHasher  # block size and pool salt: a replica set's router hashes chains with it
+    vocab_size: int  # prompt token ids must be below it
     weight_memory: WeightMemory | None  # None: a replica set's front, which holds no weights
     tier_directory: str | None  # the KV disk tier's directory; None: no tier opened (or one per replica)
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from app.engine_client import engine_calls
 from app.engine_client.protocol import EngineInfo, EngineUnavailable, PoolSample
 from app.engine_client.request_stream import ABORTED, RequestStream
+from engine.core.limits import check_prompt
 
 if TYPE_CHECKING:
     from app.engine_client.request_label import RequestLabel
@@ -77,6 +78,18 @@ class StreamRegistry(ABC):
         if self._info is None:
             raise EngineUnavailable("the engine is not ready yet")
         return self._info
+
+    def _check_request(self, prompt: list[int], params: SamplingParams, public_prefix_len: int) -> None:
+        """The checks that need only the engine's fixed facts, on the event loop before anything is queued (the
+        engine's own `add_request` runs the same ones, engine/core/limits.py): ValueError naming what is wrong."""
+        info = self.info
+        check_prompt(
+            prompt,
+            params.max_tokens,
+            public_prefix_len,
+            vocab_size=info.vocab_size,
+            max_model_len=info.max_model_len,
+        )
 
     async def stats_each(self) -> list[tuple[str, EngineStats]]:
         return await self.call_each(engine_calls.stats)

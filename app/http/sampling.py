@@ -9,6 +9,7 @@ from typing import Any
 
 from app.http.errors import bad_request
 from app.http.response_format import structured_output
+from engine.core.limits import check_max_tokens
 from engine.core.sequence import MAX_STOP_STRINGS, SamplingParams
 from engine.core.structured import StructuredOutput
 
@@ -152,10 +153,8 @@ def resolve_max_tokens(
                 prompt_param,
             )
         return max_model_len - num_prompt_tokens
-    if num_prompt_tokens + requested > max_model_len:
-        raise bad_request(
-            f"prompt ({num_prompt_tokens} tokens) + max_tokens ({requested}) exceeds max_model_len "
-            f"({max_model_len})",
-            "max_tokens",
-        )
+    try:
+        check_max_tokens(num_prompt_tokens, requested, max_model_len)
+    except ValueError as exc:
+        raise bad_request(str(exc), "max_tokens") from None
     return requested

@@ -86,6 +86,7 @@ def replica_set(calls: list[FakeCall]) -> ReplicaSetEngine:
         kv_cache_dtype="float32",
         sampling_defaults=None,
         hasher=hasher,
+        vocab_size=1000,
         weight_memory=None,
         tier_directory=None,
     )
