@@ -165,7 +165,7 @@ async def _startup(parts: Parts) -> Services:
         await store.close()
         raise failures[0]
     # sign-ins made with another admin token (or any, when none is set now) end here, for good
-    num_revoked = await store.revoke_admin_sessions_except(token_fingerprint(settings))
+    num_revoked = await store.admin.revoke_admin_sessions_except(token_fingerprint(settings))
     if num_revoked:
         logger.warning("the admin token changed: revoked %d admin sign-ins", num_revoked)
     info = engine.info

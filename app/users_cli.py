@@ -131,10 +131,10 @@ def _find(s: Session, username: str) -> accounts.UserRecord:
 
 
 def _set_role(s: Session, username: str, role: str) -> accounts.UserRecord:
-    user = accounts.update_user(s, _find(s, username).id, role, None)
+    user = accounts.update_user(s, _find(s, username).id, role=role)
     assert user is not None
     return user
 
 
 def _set_password(s: Session, username: str, password_hash: str) -> None:
-    accounts.set_password(s, _find(s, username).id, password_hash, True)
+    accounts.set_password(s, _find(s, username).id, password_hash, revoke=True)

@@ -116,7 +116,7 @@ class ApiKeyService:
         label = _checked_name(name)
         secret = KEY_PREFIX + secrets.token_urlsafe(32)
         try:
-            record = await self.store.create_api_key(
+            record = await self.store.accounts.create_api_key(
                 user.id, label, secret[:NUM_PREFIX_CHARS], key_hash(secret), MAX_KEYS_PER_ACCOUNT
             )
         except AccountConflict as exc:
@@ -126,12 +126,12 @@ class ApiKeyService:
 
     async def list_keys(self, user: UserRecord) -> list[ApiKeyRecord]:
         """The account's live keys, oldest first."""
-        return await self.store.list_api_keys(user.id)
+        return await self.store.accounts.list_api_keys(user.id)
 
     async def revoke(self, user: UserRecord, key_id: str) -> int:
         """Revoke one of the account's keys and end its running work (returns how much); 404 when it has no live
         key of that id."""
-        if not await self.store.revoke_api_key(user.id, key_id):
+        if not await self.store.accounts.revoke_api_key(user.id, key_id):
             raise APIError(404, f"API key {key_id[:40]!r} not found", code="not_found")
         num_ended = self.work.end_key(key_id)
         logger.warning("account %s revoked API key %s: %d running requests ended", user.id, key_id, num_ended)
@@ -140,7 +140,9 @@ class ApiKeyService:
     async def authenticate(self, token: str) -> KeyAccount:
         """The account a `pck_` key acts as: 401 `invalid_api_key` for no such key (a guess: the caller counts it),
         `api_key_revoked` for a revoked one, `account_disabled` for a disabled account."""
-        found = await self.store.api_key_user(key_hash(token)) if len(token) <= MAX_KEY_CHARS else None
+        found = (
+            await self.store.accounts.api_key_user(key_hash(token)) if len(token) <= MAX_KEY_CHARS else None
+        )
         if found is None:
             raise APIError(401, "invalid API key", code="invalid_api_key")
         record, user = found
@@ -152,7 +154,7 @@ class ApiKeyService:
 
     async def api_key_live(self, key_id: str) -> bool:
         """Whether the key still authenticates: it exists, is not revoked, and its account is enabled."""
-        return await self.store.api_key_live(key_id)
+        return await self.store.accounts.api_key_live(key_id)
 
 
 def _checked_name(name: object) -> str:

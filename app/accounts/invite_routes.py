@@ -73,7 +73,7 @@ async def create_invite(request: Request, svc: Services, accounts: AccountServic
 async def list_invites(request: Request, svc: Services, accounts: AccountService) -> Response:
     """GET /api/users/invites (admin): the pending invites, soonest to expire first."""
     require_account_admin(request)
-    invites = await accounts.store.list_invites()
+    invites = await accounts.store.accounts.list_invites()
     return JSONResponse({"invites": [invite_json(i) for i in invites]}, headers=NO_STORE)
 
 

@@ -196,7 +196,7 @@ async def change_password(request: Request, svc: Services, accounts: AccountServ
 async def list_users(request: Request, svc: Services, accounts: AccountService) -> Response:
     """GET /api/users (admin)."""
     require_account_admin(request)
-    return JSONResponse({"users": [user_json(u) for u in await accounts.store.list_users()]})
+    return JSONResponse({"users": [user_json(u) for u in await accounts.store.accounts.list_users()]})
 
 
 @_json_api

@@ -73,18 +73,18 @@ class AccountService:
 
     async def bootstrap(self) -> None:
         """At start: the first admin from the settings (`first_admin`), unless that name exists; old rows go."""
-        await self.store.drop_expired_accounts_rows()
+        await self.store.accounts.drop_expired_accounts_rows()
         if not self.settings.first_admin:
             return
         username = normalize_username(self.settings.first_admin)
         password_hash = await self.passwords.hash(check_password(self.settings.first_admin_password))
-        if await self.store.ensure_admin(username, password_hash):
+        if await self.store.accounts.ensure_admin(username, password_hash):
             logger.warning("created the first admin account %r (first_admin)", username)
 
     async def current(self, secret: str) -> Account | None:
         """The account a session cookie's secret signs in, or None (unknown, expired, revoked, disabled)."""
         session_hash = secret_hash(secret)
-        user = await self.store.session_user(session_hash)
+        user = await self.store.accounts.session_user(session_hash)
         return None if user is None else Account(user, session_hash)
 
     async def sign_in(
@@ -99,7 +99,7 @@ class AccountService:
             name = normalize_username(username)
         except ValueError:
             name = None
-        found = await self.store.user_credentials(name) if name else None
+        found = await self.store.accounts.user_credentials(name) if name else None
         user, stored = found if found is not None else (None, None)
         known = name if known_device else None
         if (
@@ -111,7 +111,7 @@ class AccountService:
         if user.disabled:
             raise APIError(403, "this account is disabled: ask an admin", code="account_disabled")
         if self.passwords.needs_rehash(stored):  # made with older parameters: store today's
-            await self.store.set_password(user.id, await self.passwords.hash(password), revoke=False)
+            await self.store.accounts.set_password(user.id, await self.passwords.hash(password), revoke=False)
             logger.info("rehashed the password of %r with the current argon2 parameters", user.username)
         return await self.start_session(user, client)
 
@@ -120,12 +120,14 @@ class AccountService:
         if user.disabled:
             raise APIError(403, "this account is disabled: ask an admin", code="account_disabled")
         secret = secrets.token_urlsafe(32)
-        await self.store.create_user_session(secret_hash(secret), user.id, client, self.session_lifetime_s)
+        await self.store.accounts.create_user_session(
+            secret_hash(secret), user.id, client, self.session_lifetime_s
+        )
         return SignIn(user, secret)
 
     async def sign_out(self, account: Account) -> bool:
         """End this sign-in on the server (a copy of its cookie is worthless from now on)."""
-        return await self.store.revoke_user_session(account.session_hash)
+        return await self.store.accounts.revoke_user_session(account.session_hash)
 
     async def change_password(
         self, account: Account, current: object, new: object, client: str, *, known_device: bool = False
@@ -135,12 +137,14 @@ class AccountService:
         if not isinstance(current, str):
             raise APIError(400, "send current_password as a string", code="invalid_request")
         new_password = _checked(new)
-        found = await self.store.user_credentials(account.user.username)
+        found = await self.store.accounts.user_credentials(account.user.username)
         stored = found[1] if found is not None else None
         known = account.user.username if known_device else None
         if not await self.passwords.verify(stored, current, known_device_of=known):
             raise APIError(403, "the current password is wrong", code="invalid_credentials")
-        await self.store.set_password(account.user.id, await self.passwords.hash(new_password), revoke=True)
+        await self.store.accounts.set_password(
+            account.user.id, await self.passwords.hash(new_password), revoke=True
+        )
         # its keys were revoked with its sign-ins: what they still run ends now
         self.keys.work.end_user(account.user.id)
         return await self.start_session(account.user, client)
@@ -150,7 +154,7 @@ class AccountService:
         name, role_ = _name_and_role(username, role)
         password_hash = await self.passwords.hash(_checked(password))
         try:
-            return await self.store.create_user(name, password_hash, role_)
+            return await self.store.accounts.create_user(name, password_hash, role_)
         except AccountConflict as exc:
             raise conflict(exc) from None
 
@@ -160,7 +164,7 @@ class AccountService:
         token = secrets.token_urlsafe(32)
         lifetime_s = self.settings.invite_hours * 3600
         try:
-            record = await self.store.create_invite(
+            record = await self.store.accounts.create_invite(
                 secret_hash(token), name, role_, admin.user.id, lifetime_s
             )
         except AccountConflict as exc:
@@ -170,7 +174,11 @@ class AccountService:
     async def invite_for(self, token: object) -> InviteRecord:
         """The live invite of a token; 404 when it is unknown, used, expired, revoked, or its creator is no longer
         an enabled admin."""
-        record = await self.store.get_invite(secret_hash(token)) if isinstance(token, str) and token else None
+        record = (
+            await self.store.accounts.get_invite(secret_hash(token))
+            if isinstance(token, str) and token
+            else None
+        )
         if record is None:
             raise _invite_gone()
         return record
@@ -181,7 +189,7 @@ class AccountService:
         password_hash = await self.passwords.hash(_checked(password))
         assert isinstance(token, str)
         try:
-            user = await self.store.accept_invite(secret_hash(token), password_hash)
+            user = await self.store.accounts.accept_invite(secret_hash(token), password_hash)
         except AccountConflict as exc:
             raise conflict(exc) from None
         if user is None:  # used or revoked meanwhile, or its creator demoted, disabled or deleted
@@ -190,7 +198,7 @@ class AccountService:
 
     async def revoke_invite(self, invite_id: str) -> None:
         """An admin revokes a pending invite; 404 when there is none of that id."""
-        if not await self.store.revoke_invite(invite_id):
+        if not await self.store.accounts.revoke_invite(invite_id):
             raise APIError(404, f"no pending invite {invite_id[:64]!r}", code="not_found")
 
     async def update_user(self, user_id: str, role: object = None, disabled: object = None) -> UserRecord:
@@ -201,7 +209,7 @@ class AccountService:
         if disabled is not None and not isinstance(disabled, bool):
             raise APIError(400, "disabled must be true or false", param="disabled")
         try:
-            user = await self.store.update_user(user_id, role=role, disabled=disabled)  # type: ignore[arg-type]
+            user = await self.store.accounts.update_user(user_id, role=role, disabled=disabled)  # type: ignore[arg-type]
         except AccountConflict as exc:
             raise conflict(exc) from None
         if user is None:
@@ -214,10 +222,10 @@ class AccountService:
         """Delete an account with its sign-ins, chats (their running replies stop first) and presets, then forget
         its cached blocks (RAM pool and disk tier); returns how many went."""
         owner = account_owner(user_id)
-        for session in await self.store.list_sessions(owner):
+        for session in await self.store.chats.list_sessions(owner):
             self.chat.stop(session.id, status=MessageStatus.INTERRUPTED)
         try:
-            deleted = await self.store.delete_user(user_id, owner)
+            deleted = await self.store.accounts.delete_user(user_id, owner)
         except AccountConflict as exc:
             raise conflict(exc) from None
         if not deleted:
@@ -260,7 +268,7 @@ class AccountService:
                 continue
         unique = "oidc-" + hashlib.sha256(f"{issuer}\n{subject}".encode()).hexdigest()[:16]
         try:
-            return await self.store.oidc_user(issuer, subject, [*candidates, unique])
+            return await self.store.accounts.oidc_user(issuer, subject, [*candidates, unique])
         except AccountConflict as exc:
             raise conflict(exc) from None
 

@@ -36,8 +36,8 @@ async def export_session(request: Request, svc: Services, owner: str) -> Respons
     token_ids = FLAG_VALUES[raw_flag.lower()]
     if token_ids and file_format != "json":
         raise bad_request("token_ids are exported in the JSON format only (format=json)", "token_ids")
-    session = await svc.store.get_session(owner, sid)
-    tree = await svc.store.get_tree(owner, sid)
+    session = await svc.store.chats.get_session(owner, sid)
+    tree = await svc.store.chats.get_tree(owner, sid)
     if session is None or tree is None:
         raise not_found(f"session {sid[:64]!r}")
     now = datetime.now(timezone.utc)
@@ -47,7 +47,7 @@ async def export_session(request: Request, svc: Services, owner: str) -> Respons
         )
         body = json.dumps(document, ensure_ascii=False, indent=2) + "\n"
     else:  # for reading: the branch on show
-        preset = await svc.store.get_preset(owner, session.preset_id) if session.preset_id else None
+        preset = await svc.store.presets.get_preset(owner, session.preset_id) if session.preset_id else None
         body = export_markdown(
             session,
             list(tree.active_path()),

@@ -66,7 +66,7 @@ def _fields(body: dict[str, Any], svc: Services) -> dict[str, Any]:
 @owner_api
 async def list_presets(request: Request, svc: Services, owner: str) -> Response:
     """GET /api/presets: the caller's presets by name, and which one new chats start from."""
-    presets = await svc.store.list_presets(owner)
+    presets = await svc.store.presets.list_presets(owner)
     default_id = next((p.id for p in presets if p.is_default), None)
     return JSONResponse({"presets": [preset_json(p) for p in presets], "default_preset_id": default_id})
 
@@ -79,7 +79,7 @@ async def create_preset(request: Request, svc: Services, owner: str) -> Response
     fields = _fields(body, svc)
     if "name" not in fields:
         raise bad_request("name is required: a preset needs a name", "name")
-    preset = await svc.store.create_preset(owner, fields.pop("name"), **fields)
+    preset = await svc.store.presets.create_preset(owner, fields.pop("name"), **fields)
     return JSONResponse(preset_json(preset), status_code=201)
 
 
@@ -87,7 +87,7 @@ async def create_preset(request: Request, svc: Services, owner: str) -> Response
 async def get_preset(request: Request, svc: Services, owner: str) -> Response:
     """GET /api/presets/{id}."""
     preset_id = request.path_params["preset_id"]
-    preset = await svc.store.get_preset(owner, preset_id)
+    preset = await svc.store.presets.get_preset(owner, preset_id)
     if preset is None:
         raise not_found(f"preset {preset_id[:64]!r}")
     return JSONResponse(preset_json(preset))
@@ -98,7 +98,7 @@ async def update_preset(request: Request, svc: Services, owner: str) -> Response
     """PATCH /api/presets/{id} {name?, system_prompt?, settings?, is_default?}: settings are replaced whole."""
     preset_id = request.path_params["preset_id"]
     body = await read_json_object(request, svc.settings.max_body_bytes)
-    preset = await svc.store.update_preset(owner, preset_id, **_fields(body, svc))
+    preset = await svc.store.presets.update_preset(owner, preset_id, **_fields(body, svc))
     if preset is None:
         raise not_found(f"preset {preset_id[:64]!r}")
     return JSONResponse(preset_json(preset))
@@ -108,7 +108,7 @@ async def update_preset(request: Request, svc: Services, owner: str) -> Response
 async def delete_preset(request: Request, svc: Services, owner: str) -> Response:
     """DELETE /api/presets/{id}: the chats that followed it keep their own settings and follow none."""
     preset_id = request.path_params["preset_id"]
-    if not await svc.store.delete_preset(owner, preset_id):
+    if not await svc.store.presets.delete_preset(owner, preset_id):
         raise not_found(f"preset {preset_id[:64]!r}")
     return Response(status_code=204)
 

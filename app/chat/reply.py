@@ -249,7 +249,7 @@ class ReplyWriter:
             if draft.record is None:
                 write = self.start_assistant(turn.session_id, draft, output.num_cached_tokens)
             else:
-                write = self.store.flush_assistant(draft.record.id, draft.place.prior_text + draft.text)
+                write = self.store.chats.flush_assistant(draft.record.id, draft.place.prior_text + draft.text)
             draft.writing = asyncio.ensure_future(write)
 
     async def _complete(self, turn: Reply, draft: _Draft, final: FinalReply) -> None:
@@ -287,14 +287,14 @@ class ReplyWriter:
         """The assistant row, created (or, continuing, resumed) as `streaming`."""
         plan, place = draft.plan, draft.place
         if place.resumed is not None:
-            return await self.store.resume_assistant(
+            return await self.store.chats.resume_assistant(
                 place.resumed,
                 prompt_tokens=len(plan.token_ids),
                 cached_tokens=cached_tokens,
                 truncated_turns=plan.truncated_turns,
                 tokenizer_fingerprint=self.fingerprint,
             )
-        return await self.store.start_assistant(
+        return await self.store.chats.start_assistant(
             session_id,
             prompt_tokens=len(plan.token_ids),
             cached_tokens=cached_tokens,
@@ -305,7 +305,7 @@ class ReplyWriter:
 
     async def finish(self, message_id: int, final: FinalReply) -> None:
         """The assistant row's final text, status, token ids and timings."""
-        await self.store.finish_assistant(
+        await self.store.chats.finish_assistant(
             message_id,
             content=final.content,
             status=final.status,

@@ -87,7 +87,7 @@ async def _fields(body: dict[str, Any], svc: Services, owner: str, *, creating: 
 async def preset_of(body: dict[str, Any], svc: Services, owner: str) -> str | None:
     """`preset_id` of a session body: null, or one of the caller's presets (400 naming it otherwise)."""
     preset_id = get_str(body, "preset_id", None, max_chars=64)
-    if preset_id is not None and await svc.store.get_preset(owner, preset_id) is None:
+    if preset_id is not None and await svc.store.presets.get_preset(owner, preset_id) is None:
         raise bad_request(f"preset_id {preset_id!r} is not one of your presets", "preset_id")
     return preset_id
 
@@ -95,7 +95,7 @@ async def preset_of(body: dict[str, Any], svc: Services, owner: str) -> str | No
 @_api
 async def list_sessions(request: Request, svc: Services, owner: str) -> Response:
     """GET /api/sessions: the caller's sessions, newest first."""
-    sessions = await svc.store.list_sessions(owner)
+    sessions = await svc.store.chats.list_sessions(owner)
     return JSONResponse({"sessions": [session_json(s, svc.chat) for s in sessions]})
 
 
@@ -105,7 +105,7 @@ async def create_session(request: Request, svc: Services, owner: str) -> Respons
     preset (if any)."""
     svc.admission.admit_new_identity(request, owner)
     body = await read_json_object(request, svc.settings.max_body_bytes, allow_empty=True)
-    session = await svc.store.create_session(owner, **await _fields(body, svc, owner, creating=True))
+    session = await svc.store.chats.create_session(owner, **await _fields(body, svc, owner, creating=True))
     return JSONResponse(session_json(session, svc.chat), status_code=201)
 
 
@@ -113,8 +113,8 @@ async def create_session(request: Request, svc: Services, owner: str) -> Respons
 async def get_session(request: Request, svc: Services, owner: str) -> Response:
     """GET /api/sessions/{id}: the session, its active leaf and the branch on show (see `path_json`)."""
     sid = request.path_params["session_id"]
-    session = await svc.store.get_session(owner, sid)
-    tree = await svc.store.get_tree(owner, sid)
+    session = await svc.store.chats.get_session(owner, sid)
+    tree = await svc.store.chats.get_tree(owner, sid)
     if session is None or tree is None:
         raise not_found(f"session {sid[:64]!r}")
     return JSONResponse({**session_json(session, svc.chat), **path_json(tree)})
@@ -124,7 +124,7 @@ async def get_session(request: Request, svc: Services, owner: str) -> Response:
 async def list_messages(request: Request, svc: Services, owner: str) -> Response:
     """GET /api/sessions/{id}/messages: the branch on show."""
     sid = request.path_params["session_id"]
-    tree = await svc.store.get_tree(owner, sid)
+    tree = await svc.store.chats.get_tree(owner, sid)
     if tree is None:
         raise not_found(f"session {sid[:64]!r}")
     return JSONResponse(path_json(tree))
@@ -143,7 +143,9 @@ async def update_session(request: Request, svc: Services, owner: str) -> Respons
     """PATCH /api/sessions/{id} {title?, system_prompt?, settings?, preset_id?} (preset_id null: none)."""
     sid = request.path_params["session_id"]
     body = await read_json_object(request, svc.settings.max_body_bytes)
-    session = await svc.store.update_session(owner, sid, **await _fields(body, svc, owner, creating=False))
+    session = await svc.store.chats.update_session(
+        owner, sid, **await _fields(body, svc, owner, creating=False)
+    )
     if session is None:
         raise not_found(f"session {sid[:64]!r}")
     return JSONResponse(session_json(session, svc.chat))
@@ -153,10 +155,10 @@ async def update_session(request: Request, svc: Services, owner: str) -> Respons
 async def delete_session(request: Request, svc: Services, owner: str) -> Response:
     """DELETE /api/sessions/{id}: stops its reply if one streams, then deletes it."""
     sid = request.path_params["session_id"]
-    if await svc.store.get_session(owner, sid) is None:
+    if await svc.store.chats.get_session(owner, sid) is None:
         raise not_found(f"session {sid[:64]!r}")
     svc.chat.stop(sid)
-    await svc.store.delete_session(owner, sid)
+    await svc.store.chats.delete_session(owner, sid)
     return Response(status_code=204)
 
 
@@ -164,7 +166,7 @@ async def delete_session(request: Request, svc: Services, owner: str) -> Respons
 async def stop_reply(request: Request, svc: Services, owner: str) -> Response:
     """POST /api/sessions/{id}/stop: stop the streaming reply (stored as `stopped`)."""
     sid = request.path_params["session_id"]
-    if await svc.store.get_session(owner, sid) is None:
+    if await svc.store.chats.get_session(owner, sid) is None:
         raise not_found(f"session {sid[:64]!r}")
     return JSONResponse({"stopped": svc.chat.stop(sid)})
 

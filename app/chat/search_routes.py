@@ -42,7 +42,7 @@ async def search_chats(request: Request, svc: Services, owner: str) -> Response:
     limit = query_int(request.query_params, "limit", DEFAULT_LIMIT, 1, MAX_SEARCH_LIMIT)
     offset = query_int(request.query_params, "offset", 0, 0, MAX_SEARCH_OFFSET)
     try:
-        page = await svc.store.search_messages(owner, q, limit=limit, offset=offset)
+        page = await svc.store.chats.search_messages(owner, q, limit=limit, offset=offset)
     except ValueError as exc:  # no word in it, too many terms
         raise bad_request(f"q: {exc}", "q") from None
     except SearchUnsupported as exc:

@@ -157,7 +157,7 @@ class ChatService:
                 code="reply_in_progress",
             )
         try:
-            tree = await self.store.switch_branch(owner, session_id, message_id)
+            tree = await self.store.chats.switch_branch(owner, session_id, message_id)
         except ValueError as exc:
             raise bad_request(str(exc), "message_id") from None
         if tree is None:
@@ -170,17 +170,17 @@ class ChatService:
     ) -> Reply:
         if mode in (ReplyMode.SEND, ReplyMode.EDIT):
             content = self._check_content(content)
-        session = await self.store.get_session(owner, session_id)
-        tree = await self.store.get_tree(owner, session_id)
+        session = await self.store.chats.get_session(owner, session_id)
+        tree = await self.store.chats.get_tree(owner, session_id)
         if session is None or tree is None:
             raise not_found(f"session {session_id[:64]!r}")
-        preset = await self.store.get_preset(owner, session.preset_id) if session.preset_id else None
+        preset = await self.store.presets.get_preset(owner, session.preset_id) if session.preset_id else None
         params, max_tokens = self._params(effective_settings(session, preset))
         fork = locate(mode, tree, target)
         if (
             mode is ReplyMode.REGENERATE
         ):  # the old reply stays as a version: one more message, as a new turn's
-            await self.store.check_reply_room(session_id)
+            await self.store.chats.check_reply_room(session_id)
         text = content if fork.user is None else fork.user.content
         turns = turns_from_messages(fork.history, self.fingerprint)
         system_prompt = effective_system_prompt(session, preset, self.settings.default_system_prompt)
@@ -188,7 +188,7 @@ class ChatService:
             lambda _tok: self._plan(system_prompt, turns, text, fork.continued, max_tokens)
         )
         if fork.user is None:  # SEND, EDIT: the new user message (a refused write, quota, changes nothing)
-            user = await self.store.add_message(
+            user = await self.store.chats.add_message(
                 session_id, "user", text, token_ids=plan.new_user_token_ids, parent_id=fork.user_parent_id
             )
             user_json = with_siblings(user, (*tree.child_ids(user.parent_id), user.id))

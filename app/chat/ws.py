@@ -123,7 +123,7 @@ async def chat_socket(websocket: WebSocket) -> None:
     await websocket.accept()
     socket = _Socket(websocket, svc.settings.slow_reader_timeout_s)
     try:
-        session = await svc.store.get_session(owner, session_id)
+        session = await svc.store.chats.get_session(owner, session_id)
     except Exception as exc:  # noqa: BLE001 - the store is down: say so and close
         await socket.send(error_frame(from_exception(exc)))
         await websocket.close(code=CLOSE_TRY_AGAIN_LATER)

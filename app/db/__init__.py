@@ -1,4 +1,5 @@
-"""Storage of chat sessions, messages and presets: SQLAlchemy models, Alembic migrations, and the async `Store`."""
+"""Storage: SQLAlchemy models, Alembic migrations, the `Database` whose threads run every query (app/db/threads.py),
+and one store per feature on it (`Store.chats`, `.presets`, `.accounts`, `.admin`: app/db/store.py)."""
 
 from __future__ import annotations
 

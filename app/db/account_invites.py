@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from app.db.account_models import Invite, User
 from app.db.accounts import UserRecord, check_new_account, create_user
-from app.db.models import utcnow
+from app.db.models import expires_in, utcnow
 from app.db.records import as_utc
 
 
@@ -66,9 +66,9 @@ def _live_invite(s: Session, token_hash: str, *, lock: bool = False) -> tuple[In
 
 
 def create_invite(
-    s: Session, token_hash: str, username: str, role: str, created_by: str, expires_at: datetime
+    s: Session, token_hash: str, username: str, role: str, created_by: str, lifetime_s: float
 ) -> InviteRecord:
-    """Record an invite for a new account; AccountConflict when the username is taken."""
+    """Record an invite for a new account, valid for `lifetime_s`; AccountConflict when the username is taken."""
     check_new_account(s, username, role)
     row = Invite(
         id=token_hash,
@@ -76,7 +76,7 @@ def create_invite(
         role=role,
         created_by=created_by,
         created_at=utcnow(),
-        expires_at=expires_at,
+        expires_at=expires_in(lifetime_s),
     )
     s.add(row)
     s.flush()

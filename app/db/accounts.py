@@ -14,7 +14,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from app.db.account_models import ACCOUNT_ROLES, ApiKey, Invite, User, UserSession
-from app.db.models import ChatSession, Preset, utcnow
+from app.db.models import ChatSession, Preset, expires_in, utcnow
 from app.db.records import as_utc
 from app.db.usage import forget
 
@@ -152,7 +152,7 @@ def list_users(s: Session) -> list[UserRecord]:
     return [user_record(row) for row in s.scalars(select(User).order_by(User.username))]
 
 
-def set_password(s: Session, user_id: str, password_hash: str, revoke: bool) -> bool:
+def set_password(s: Session, user_id: str, password_hash: str, *, revoke: bool) -> bool:
     """Replace the password hash; `revoke`: end every sign-in of the account and revoke its API keys too (a key
     made with a stolen sign-in must not outlive the password change that ends it). False when it is missing."""
     row = s.get(User, user_id)
@@ -165,7 +165,9 @@ def set_password(s: Session, user_id: str, password_hash: str, revoke: bool) -> 
     return True
 
 
-def update_user(s: Session, user_id: str, role: str | None, disabled: bool | None) -> UserRecord | None:
+def update_user(
+    s: Session, user_id: str, *, role: str | None = None, disabled: bool | None = None
+) -> UserRecord | None:
     """Change the role and/or disable or enable; disabling ends every sign-in and revokes every API key, and an
     account that is no longer an enabled admin loses its pending invites. AccountConflict when no enabled admin
     would be left. None when the account is missing."""
@@ -205,11 +207,17 @@ def delete_user(s: Session, user_id: str, owner: str) -> bool:
     return True
 
 
-def create_session(s: Session, session_hash: str, user_id: str, client: str, expires_at: datetime) -> None:
-    """Record a sign-in."""
+def create_session(
+    s: Session, session_hash: str, user_id: str, client: str | None, lifetime_s: float
+) -> None:
+    """Record a sign-in valid for `lifetime_s` unless revoked."""
     s.add(
         UserSession(
-            id=session_hash, user_id=user_id, client=client, created_at=utcnow(), expires_at=expires_at
+            id=session_hash,
+            user_id=user_id,
+            client=(client or "")[:64],
+            created_at=utcnow(),
+            expires_at=expires_in(lifetime_s),
         )
     )
 

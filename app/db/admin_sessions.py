@@ -1,25 +1,27 @@
-"""The synchronous database work behind the store's admin sign-ins: one function per operation."""
+"""Admin sign-ins in the database (the cookie holds a secret, the row its SHA-256, `session_hash`): one synchronous
+function per operation, bound as `AdminStore`'s async methods (app/db/threads.py)."""
 
 from __future__ import annotations
-
-from datetime import datetime
 
 from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 
-from app.db.models import AdminSession, utcnow
+from app.db.models import AdminSession, expires_in, utcnow
 from app.db.records import as_utc
+from app.db.threads import FeatureStore, reads, writes
 
 
-def create(s: Session, session_hash: str, token_fingerprint: str, client: str, expires_at: datetime) -> None:
-    """Insert a sign-in."""
+def create(
+    s: Session, session_hash: str, token_fingerprint: str, client: str | None, lifetime_s: float
+) -> None:
+    """Record a sign-in, valid for `lifetime_s` unless revoked."""
     s.add(
         AdminSession(
             id=session_hash,
             token_fingerprint=token_fingerprint,
-            client=client,
+            client=(client or "")[:64],
             created_at=utcnow(),
-            expires_at=expires_at,
+            expires_at=expires_in(lifetime_s),
         )
     )
 
@@ -53,3 +55,12 @@ def revoke_all_except(s: Session, token_fingerprint: str | None) -> int:
     if token_fingerprint is not None:
         query = query.where(AdminSession.token_fingerprint != token_fingerprint)
     return s.execute(query.values(revoked_at=now)).rowcount
+
+
+class AdminStore(FeatureStore):
+    """The admin token's sign-ins: made, checked, revoked; the ones made with an older token end at start."""
+
+    create_admin_session = writes(create)
+    admin_session_valid = reads(is_valid)
+    revoke_admin_session = writes(revoke)
+    revoke_admin_sessions_except = writes(revoke_all_except)

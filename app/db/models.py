@@ -4,7 +4,7 @@ of branches, the presets that chats start from, and admin sign-ins."""
 from __future__ import annotations
 
 import secrets
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from enum import Enum
 from typing import Any
 
@@ -60,6 +60,11 @@ NAMING_CONVENTION = {
 def utcnow() -> datetime:
     """The current time, timezone-aware UTC."""
     return datetime.now(timezone.utc)
+
+
+def expires_in(lifetime_s: float) -> datetime:
+    """When something made now with this lifetime expires."""
+    return utcnow() + timedelta(seconds=lifetime_s)
 
 
 def new_session_id() -> str:

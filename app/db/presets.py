@@ -1,4 +1,5 @@
-"""The synchronous database work behind the store's presets, and how a chat names the preset it follows.
+"""Presets in the database, and how a chat names the preset it follows: one synchronous function of an ORM session
+per operation, bound as `PresetStore`'s async methods (app/db/threads.py).
 
 A preset is one owner's: every function takes the owner and treats another owner's preset as missing. At most one
 preset per owner is its default (a partial unique index holds it; setting a new default clears the old one first).
@@ -13,8 +14,16 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import ChatSession, Preset, utcnow
-from app.db.quota import QuotaExceeded, StorageQuota, check_room
-from app.db.records import PresetNameTaken, PresetRecord, preset_record
+from app.db.quota import QuotaExceeded, check_room, quota_of
+from app.db.records import (
+    PresetNameTaken,
+    PresetRecord,
+    check_owner,
+    check_settings,
+    check_text,
+    preset_record,
+)
+from app.db.threads import FeatureStore, reads, writes
 from app.db.usage import text_bytes
 
 MAX_PRESETS_PER_OWNER = 50
@@ -58,9 +67,24 @@ def session_preset_id(s: Session, owner: str, preset_id: str | None | PresetRef)
     return preset_id
 
 
-def create_preset(s: Session, owner: str, values: dict[str, Any], quota: StorageQuota) -> PresetRecord:
-    """Insert a preset (`values`: name, system_prompt, settings, is_default). PresetNameTaken when the owner has
-    one of that name; QuotaExceeded past MAX_PRESETS_PER_OWNER or the storage quota."""
+def create_preset(
+    s: Session,
+    owner: str,
+    name: str,
+    *,
+    system_prompt: str = "",
+    settings: dict[str, Any] | None = None,
+    is_default: bool = False,
+) -> PresetRecord:
+    """Create a preset; PresetNameTaken when the owner has one of that name, QuotaExceeded past
+    MAX_PRESETS_PER_OWNER or the storage quota."""
+    check_owner(owner)
+    _check_preset_name(name)
+    check_text("system_prompt", system_prompt)
+    check_settings(settings)
+    values = dict(
+        name=name, system_prompt=system_prompt, settings=dict(settings or {}), is_default=bool(is_default)
+    )
     num_presets = s.scalar(select(func.count()).where(Preset.owner == owner)) or 0
     if num_presets >= MAX_PRESETS_PER_OWNER:
         raise QuotaExceeded(
@@ -70,7 +94,7 @@ def create_preset(s: Session, owner: str, values: dict[str, Any], quota: Storage
             limit=MAX_PRESETS_PER_OWNER,
         )
     _check_name_free(s, owner, values["name"], None)
-    check_room(s, quota, owner, new_bytes=text_bytes(values["name"], values["system_prompt"]))
+    check_room(s, quota_of(s), owner, new_bytes=text_bytes(values["name"], values["system_prompt"]))
     if values["is_default"]:
         _clear_default(s, owner, None)
     now = utcnow()
@@ -82,10 +106,29 @@ def create_preset(s: Session, owner: str, values: dict[str, Any], quota: Storage
 
 
 def update_preset(
-    s: Session, owner: str, preset_id: str, changes: dict[str, Any], quota: StorageQuota
+    s: Session,
+    owner: str,
+    preset_id: str,
+    *,
+    name: str | None = None,
+    system_prompt: str | None = None,
+    settings: dict[str, Any] | None = None,
+    is_default: bool | None = None,
 ) -> PresetRecord | None:
-    """Apply `changes` (column -> value) to the owner's preset; None when it is missing. is_default True makes it
-    the owner's one default."""
+    """Change the fields given (settings are replaced whole; is_default True makes it the owner's one default);
+    None when the preset is missing."""
+    changes: dict[str, Any] = {}
+    if name is not None:
+        _check_preset_name(name)
+        changes["name"] = name
+    if system_prompt is not None:
+        check_text("system_prompt", system_prompt)
+        changes["system_prompt"] = system_prompt
+    if settings is not None:
+        check_settings(settings)
+        changes["settings"] = dict(settings)
+    if is_default is not None:
+        changes["is_default"] = bool(is_default)
     row = _owned(s, owner, preset_id)
     if row is None:
         return None
@@ -96,7 +139,7 @@ def update_preset(
         for key in ("name", "system_prompt")
         if key in changes
     )
-    check_room(s, quota, owner, new_bytes=grown)
+    check_room(s, quota_of(s), owner, new_bytes=grown)
     if changes.get("is_default"):
         _clear_default(s, owner, row.id)
     for key, value in changes.items():
@@ -128,3 +171,19 @@ def _clear_default(s: Session, owner: str, keep_id: str | None) -> None:
     # the row about to become the default is left out: its ORM copy must still see the change to write it
     query = update(Preset).where(Preset.owner == owner, Preset.is_default.is_(True), Preset.id != keep_id)
     s.execute(query.values(is_default=False), execution_options={"synchronize_session": False})
+
+
+def _check_preset_name(name: str) -> None:
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS:
+        raise ValueError(f"name must be a string of 1 to {MAX_NAME_CHARS} characters, got {name!r:.40}")
+    check_text("name", name)
+
+
+class PresetStore(FeatureStore):
+    """Named system prompts and sampling settings per owner, which chats follow; owner-scoped like sessions."""
+
+    list_presets = reads(list_presets)
+    get_preset = reads(get_preset)
+    create_preset = writes(create_preset)
+    update_preset = writes(update_preset)
+    delete_preset = writes(delete_preset)

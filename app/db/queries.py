@@ -1,4 +1,6 @@
-"""The synchronous database work behind `Store`: one function per operation, each given an ORM session."""
+"""Chats in the database: sessions and their messages as a tree, one synchronous function of an ORM session per
+operation, each checking its own arguments (ValueError) and the storage quota of the database it runs on.
+`ChatStore` binds them as async methods run on the database's threads (app/db/threads.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +10,26 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from app.db.models import ChatSession, Message, MessageStatus, utcnow
+from app.db import search
+from app.db.models import FINAL_ASSISTANT_STATUSES, ROLES, ChatSession, Message, MessageStatus, utcnow
 from app.db.presets import PresetRef, session_preset_id
-from app.db.quota import StorageQuota, check_room
-from app.db.records import MessageRecord, SessionRecord, message_record, session_record
+from app.db.quota import check_room, quota_of
+from app.db.records import (
+    MessageRecord,
+    SessionRecord,
+    check_owner,
+    check_settings,
+    check_text,
+    message_record,
+    session_record,
+    storable,
+)
+from app.db.threads import FeatureStore, reads, writes
 from app.db.tree import MessageTree, Parent
 from app.db.usage import forget, nbytes, note, text_bytes, tracking
 
 logger = logging.getLogger(__name__)
+MAX_TITLE_CHARS = 200
 
 
 def _owned(s: Session, owner: str, session_id: str) -> ChatSession | None:
@@ -24,31 +38,44 @@ def _owned(s: Session, owner: str, session_id: str) -> ChatSession | None:
 
 
 def mark_streaming_interrupted(s: Session) -> int:
-    """Mark assistant rows still 'streaming' (left by a process that died) as 'interrupted'; returns how many."""
+    """At start: mark assistant rows still 'streaming' (left by a process that died) as 'interrupted'; returns how
+    many."""
     query = (
         update(Message)
         .where(Message.status == MessageStatus.STREAMING.value)
         .values(status=MessageStatus.INTERRUPTED.value, updated_at=utcnow())
     )
-    return s.execute(query).rowcount
+    num_interrupted = s.execute(query).rowcount
+    if num_interrupted:
+        logger.warning("marked %d answers left streaming by a previous run as interrupted", num_interrupted)
+    return num_interrupted
 
 
 def create_session(
     s: Session,
     owner: str,
-    title: str,
-    system_prompt: str,
-    settings: dict[str, Any],
-    quota: StorageQuota,
+    *,
+    title: str = "New chat",
+    system_prompt: str = "",
+    settings: dict[str, Any] | None = None,
     preset_id: str | None | PresetRef = None,
 ) -> SessionRecord:
-    """Insert a session (QuotaExceeded when the owner or the database has no room for it), following `preset_id`
-    (OWNER_DEFAULT: the owner's default preset, if any)."""
+    """Create an empty session for `owner` (QuotaExceeded when the owner or the database has no room for it),
+    following `preset_id` (one of the owner's presets; OWNER_DEFAULT: its default preset, if any; ValueError for
+    another owner's)."""
+    check_owner(owner)
+    _check_title(title)
+    check_text("system_prompt", system_prompt)
+    check_settings(settings)
     preset_id = session_preset_id(s, owner, preset_id)
-    check_room(s, quota, owner, new_sessions=1, new_bytes=text_bytes(title, system_prompt))
+    check_room(s, quota_of(s), owner, new_sessions=1, new_bytes=text_bytes(title, system_prompt))
     now = utcnow()
     row = ChatSession(
-        owner=owner, title=title, system_prompt=system_prompt, settings=settings, preset_id=preset_id
+        owner=owner,
+        title=title,
+        system_prompt=system_prompt,
+        settings=dict(settings or {}),
+        preset_id=preset_id,
     )
     row.created_at = row.updated_at = now
     s.add(row)
@@ -68,16 +95,36 @@ def list_sessions(s: Session, owner: str) -> list[SessionRecord]:
 
 
 def get_session(s: Session, owner: str, session_id: str) -> SessionRecord | None:
-    """The owner's session, or None."""
+    """The session, or None when it does not exist or belongs to someone else."""
     row = _owned(s, owner, session_id)
     return None if row is None else session_record(row)
 
 
 def update_session(
-    s: Session, owner: str, session_id: str, changes: dict[str, Any], quota: StorageQuota
+    s: Session,
+    owner: str,
+    session_id: str,
+    *,
+    title: str | None = None,
+    system_prompt: str | None = None,
+    settings: dict[str, Any] | None = None,
+    preset_id: str | None | PresetRef = PresetRef.KEEP,
 ) -> SessionRecord | None:
-    """Apply `changes` (column -> value) to the owner's session; None when it is missing; QuotaExceeded when
-    longer text would not fit; ValueError when `preset_id` is not one of the owner's presets."""
+    """Change the fields given (settings are replaced whole; preset_id None: no preset); None when the session
+    is missing; QuotaExceeded when longer text would not fit; ValueError when `preset_id` is not one of the
+    owner's presets."""
+    changes: dict[str, Any] = {}
+    if preset_id is not PresetRef.KEEP:
+        changes["preset_id"] = preset_id
+    if title is not None:
+        _check_title(title)
+        changes["title"] = title
+    if system_prompt is not None:
+        check_text("system_prompt", system_prompt)
+        changes["system_prompt"] = system_prompt
+    if settings is not None:
+        check_settings(settings)
+        changes["settings"] = dict(settings)
     row = _owned(s, owner, session_id)
     if row is None:
         return None
@@ -88,7 +135,7 @@ def update_session(
         for key in ("title", "system_prompt")
         if key in changes
     )
-    check_room(s, quota, owner, new_bytes=grown)
+    check_room(s, quota_of(s), owner, new_bytes=grown)
     for key, value in changes.items():
         setattr(row, key, value)
     row.updated_at = utcnow()
@@ -98,7 +145,7 @@ def update_session(
 
 
 def delete_session(s: Session, owner: str, session_id: str) -> bool:
-    """Delete the owner's session; the database cascades to its messages."""
+    """Delete the owner's session and (by cascade) its messages; False when it is missing."""
     row = _owned(s, owner, session_id)
     if row is None:
         return False
@@ -148,15 +195,52 @@ def _active_leaf(s: Session, session: ChatSession) -> int | None:
 def add_message(
     s: Session,
     session_id: str,
-    values: dict[str, Any],
-    quota: StorageQuota | None = None,
+    role: str,
+    content: str,
+    *,
+    token_ids: list[int] | None = None,
+    status: MessageStatus = MessageStatus.COMPLETE,
     parent_id: int | None | Parent = Parent.ACTIVE_LEAF,
 ) -> MessageRecord:
-    """Add a message after `parent_id` (None: a first message; default: the active leaf), which it then becomes
-    the active leaf; LookupError when the session does not exist, ValueError when the parent is not in it.
+    """Add a message after `parent_id` (default: the active leaf; None: a first message, beside any other)
+    and make it the active leaf; LookupError when the session does not exist, ValueError when the parent is not
+    one of its messages.
 
-    With `quota`, the owner must have room for this message and the reply it asks for (QuotaExceeded otherwise).
+    A user message must fit the quota together with its reply (QuotaExceeded otherwise).
     """
+    values = _message_values(role, content, token_ids, status)
+    return _insert_message(s, session_id, values, role == "user", parent_id)
+
+
+def start_assistant(
+    s: Session,
+    session_id: str,
+    *,
+    prompt_tokens: int,
+    cached_tokens: int,
+    truncated_turns: int,
+    tokenizer_fingerprint: str,
+    parent_id: int | None | Parent = Parent.ACTIVE_LEAF,
+) -> MessageRecord:
+    """Add an empty assistant message in state 'streaming' after `parent_id` (default: the active leaf);
+    LookupError when the session does not exist."""
+    values = dict(
+        role="assistant",
+        content="",
+        status=MessageStatus.STREAMING.value,
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+        truncated_turns=truncated_turns,
+        tokenizer_fingerprint=tokenizer_fingerprint,
+    )
+    return _insert_message(s, session_id, values, False, parent_id)
+
+
+def _insert_message(
+    s: Session, session_id: str, values: dict[str, Any], room_for_reply: bool, parent_id: int | None | Parent
+) -> MessageRecord:
+    """Insert a message row after `parent_id`, as the active leaf. `room_for_reply`: the owner must have room for
+    it and the reply it asks for."""
     session = s.get(ChatSession, session_id)
     if session is None:
         raise LookupError(f"session {session_id!r} does not exist")
@@ -166,8 +250,8 @@ def add_message(
         parent = s.get(Message, parent_id)
         if parent is None or parent.session_id != session_id:
             raise ValueError(f"message {parent_id} is not a message of session {session_id[:64]!r}")
-    if quota is not None:
-        check_room(s, quota, session.owner, new_messages=2, new_bytes=text_bytes(values.get("content")))
+    if room_for_reply:
+        check_room(s, quota_of(s), session.owner, new_messages=2, new_bytes=text_bytes(values.get("content")))
     last = s.scalar(select(func.max(Message.position)).where(Message.session_id == session_id))
     now = utcnow()
     row = Message(
@@ -182,18 +266,36 @@ def add_message(
     return message_record(row)
 
 
-def check_reply_room(s: Session, session_id: str, quota: StorageQuota) -> None:
-    """QuotaExceeded when the session's owner has no room for one more message: a new version of a reply, which no
-    new user message made room for; LookupError when the session does not exist."""
+def check_reply_room(s: Session, session_id: str) -> None:
+    """Before a new version of a reply (regenerate): QuotaExceeded when the session's owner has no room for one more
+    message (a new user message makes room for its reply; a regenerate adds a reply and keeps the old one);
+    LookupError when the session does not exist."""
+    quota = quota_of(s)
+    if not (quota.max_messages or quota.max_database_bytes):  # the limits a message counts against
+        return
     session = s.get(ChatSession, session_id)
     if session is None:
         raise LookupError(f"session {session_id!r} does not exist")
     check_room(s, quota, session.owner, new_messages=1)
 
 
-def resume_assistant(s: Session, message_id: int, values: dict[str, Any]) -> MessageRecord:
-    """Put a finished answer back in 'streaming' to extend it (continue), with `values`; it becomes the active
-    leaf. LookupError when it was deleted."""
+def resume_assistant(
+    s: Session,
+    message_id: int,
+    *,
+    prompt_tokens: int,
+    cached_tokens: int,
+    truncated_turns: int,
+    tokenizer_fingerprint: str,
+) -> MessageRecord:
+    """Continue an answer: back to 'streaming' with the new request's prompt figures, its text kept (flushes
+    and the final write then carry the whole text); it becomes the active leaf. LookupError when it was deleted."""
+    values = dict(
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+        truncated_turns=truncated_turns,
+        tokenizer_fingerprint=tokenizer_fingerprint,
+    )
     row = s.get(Message, message_id)
     if row is None:
         raise LookupError(f"message {message_id} does not exist")
@@ -210,6 +312,7 @@ def resume_assistant(s: Session, message_id: int, values: dict[str, Any]) -> Mes
 
 def flush_assistant(s: Session, message_id: int, content: str) -> None:
     """Save a streaming answer's partial text; no-op once it left 'streaming' or was deleted."""
+    content = storable(content)
     if tracking(s):
         query_old = (
             select(nbytes(Message.content), ChatSession.owner)
@@ -227,8 +330,30 @@ def flush_assistant(s: Session, message_id: int, content: str) -> None:
     s.execute(query)
 
 
-def finish_assistant(s: Session, message_id: int, values: dict[str, Any]) -> None:
-    """Write an answer's final fields; no-op when its session was deleted meanwhile."""
+def finish_assistant(
+    s: Session,
+    message_id: int,
+    *,
+    content: str,
+    status: MessageStatus,
+    finish_reason: str | None,
+    token_ids: list[int],
+    completion_tokens: int,
+    timings: dict[str, float],
+    error: str | None = None,
+) -> None:
+    """Record the final answer; no-op when its session was deleted meanwhile."""
+    if status not in FINAL_ASSISTANT_STATUSES:
+        raise ValueError(f"status must be one of {FINAL_ASSISTANT_STATUSES}, got {str(status)!r}")
+    values = dict(
+        content=storable(content),
+        status=MessageStatus(status).value,
+        finish_reason=finish_reason,
+        token_ids=[int(t) for t in token_ids],
+        completion_tokens=completion_tokens,
+        timings=dict(timings),
+        error=None if error is None else storable(error),
+    )
     row = s.get(Message, message_id)
     if row is None:
         logger.info("answer %d finished after its session was deleted", message_id)
@@ -265,3 +390,47 @@ def delete_messages_from(s: Session, session_id: str, message_id: int) -> int:
     session.updated_at = utcnow()
     forget(s, session.owner)
     return len(doomed)
+
+
+def _message_values(
+    role: str, content: str, token_ids: list[int] | None, status: MessageStatus
+) -> dict[str, Any]:
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    assistant = (MessageStatus.STREAMING.value, *FINAL_ASSISTANT_STATUSES)
+    allowed = assistant if role == "assistant" else (MessageStatus.COMPLETE.value,)
+    if status not in allowed:
+        raise ValueError(f"status of a {role} message must be one of {allowed}, got {str(status)!r}")
+    check_text("content", content)
+    ids = None if token_ids is None else [int(t) for t in token_ids]
+    return dict(role=role, content=content, token_ids=ids, status=MessageStatus(status).value)
+
+
+def _check_title(title: str) -> None:
+    if not isinstance(title, str) or len(title) > MAX_TITLE_CHARS:
+        raise ValueError(f"title must be a string of at most {MAX_TITLE_CHARS} characters, got {title!r:.40}")
+    check_text("title", title)
+
+
+class ChatStore(FeatureStore):
+    """Chat sessions and their messages, owner-scoped: another owner's session is treated as missing (None /
+    False). Writes a client asks for (a session, a rename, a user message, room for a regenerated reply) are
+    checked against the database's quota and raise QuotaExceeded past it; replies are not (they must be stored:
+    their room was checked before they started)."""
+
+    create_session = writes(create_session)
+    list_sessions = reads(list_sessions)
+    get_session = reads(get_session)
+    update_session = writes(update_session)
+    delete_session = writes(delete_session)
+    list_messages = reads(list_messages)
+    get_tree = reads(get_tree)
+    switch_branch = writes(switch_branch)
+    search_messages = reads(search.search_messages)
+    add_message = writes(add_message)
+    check_reply_room = writes(check_reply_room)
+    start_assistant = writes(start_assistant)
+    resume_assistant = writes(resume_assistant)
+    flush_assistant = writes(flush_assistant)
+    finish_assistant = writes(finish_assistant)
+    delete_messages_from = writes(delete_messages_from)

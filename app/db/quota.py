@@ -41,6 +41,16 @@ class QuotaExceeded(Exception):
         self.database = database  # True: the whole database is full (507), not one owner (403)
 
 
+QUOTA_KEY = (
+    "pagedchat.quota"  # where a transaction's Session.info carries the database's quota (app/db/threads.py)
+)
+
+
+def quota_of(s: Session) -> StorageQuota:
+    """The quota of the database this transaction runs on."""
+    return s.info.get(QUOTA_KEY) or StorageQuota()
+
+
 # every table of the schema pagedchat uses, with its indexes and TOAST data
 _PG_TABLES_BYTES = text(
     "SELECT coalesce(sum(pg_total_relation_size(oid)), 0) FROM pg_class "

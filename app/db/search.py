@@ -70,8 +70,10 @@ def search_backend(dialect_name: str) -> MessageSearch:
     )
 
 
-def search_messages(s: Session, owner: str, text_: str, limit: int, offset: int) -> SearchPage:
-    """Parse what the user typed and search with the database's implementation (ValueError on bad input)."""
+def search_messages(s: Session, owner: str, text_: str, /, *, limit: int = 20, offset: int = 0) -> SearchPage:
+    """The owner's chats whose messages match what the user typed (words, "phrases", the last word as a prefix),
+    best first; ValueError for a search with no words or past its limits, SearchUnsupported on a database without
+    an implementation."""
     if not 1 <= limit <= MAX_SEARCH_LIMIT:
         raise ValueError(f"limit must be between 1 and {MAX_SEARCH_LIMIT}, got {limit}")
     if not 0 <= offset <= MAX_SEARCH_OFFSET:

@@ -1,4 +1,6 @@
-"""Where the store's database work runs: one writer thread and a few reader threads, off the event loop.
+"""Where the database work runs: one writer thread and a few reader threads, off the event loop, and the one helper
+every feature's store calls through (`reads` / `writes`: a synchronous function of an ORM session, bound as an
+async method that runs it on a reader or on the writer). No query is written twice.
 
 One writer: SQLite has one anyway, and writes land in the order they were awaited. Readers apart: a write waiting
 for a lock (another process holds it, up to `busy_timeout_ms`) holds up the writer thread, but never /health or a
@@ -8,10 +10,11 @@ listing, since SQLite in WAL mode (and PostgreSQL) reads the last committed stat
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from sqlalchemy import Engine, text
 from sqlalchemy import exc as sa_exc
@@ -19,18 +22,37 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.database import DEFAULT_BUSY_TIMEOUT_MS, create_db_engine, upgrade_to_head
+from app.db.quota import QUOTA_KEY, StorageQuota, database_bytes
 from app.db.records import StoreUnavailable
+from app.db.usage import UsageLedger
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+P = ParamSpec("P")
 NUM_READERS = 4
+NOT_RUNNING = "the database is not running: await start() first (and not after close())"
 
 
-class StoreThreads:
-    """The connection pool and the threads of a store; subclasses add the operations (`_tx` writes, `_read`)."""
+class Database:
+    """The connection pool and the threads of a database, and its storage quota. `read` and `write` run a
+    function of an ORM session in one transaction; writes are committed before they return, and what they change
+    of an owner's usage joins the running figures then. Database failures raise StoreUnavailable; calls before
+    `start()` or after `close()` raise RuntimeError. `start()` migrates to head, then runs `on_start` (each a
+    function of a session) in one transaction on the writer."""
 
-    def __init__(self, url: str, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+        quota: StorageQuota | None = None,
+        on_start: Sequence[Callable[[Session], object]] = (),
+    ) -> None:
         self.url = url
+        self.quota = quota or StorageQuota()
+        owner_limits = (self.quota.max_sessions, self.quota.max_messages, self.quota.max_bytes)
+        self._usage = UsageLedger() if any(owner_limits) else None  # writer thread only
+        self._on_start = tuple(on_start)
         self._busy_timeout_ms = busy_timeout_ms
         self._engine: Engine | None = None
         self._sessions: sessionmaker[Session] | None = None
@@ -38,9 +60,9 @@ class StoreThreads:
         self._readers: ThreadPoolExecutor | None = None
 
     async def start(self) -> None:
-        """Migrate to head, then run `_prepare` in one transaction (a subclass's startup work)."""
+        """Migrate to head, then run `on_start` in one transaction on the writer."""
         if self._executor is not None:
-            raise RuntimeError("Store.start() called twice")
+            raise RuntimeError("Database.start() called twice")
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagedchat-store")
         # an in-memory SQLite database is one per connection: everything then runs on the writer
         url = make_url(self.url)
@@ -73,34 +95,49 @@ class StoreThreads:
         """Raise StoreUnavailable when the database cannot be read (never waits behind a write)."""
         await self._call(self._ping, reader=True)
 
-    def _prepare(self, s: Session) -> None:
-        """Startup work after the migration, in one transaction on the writer (none here)."""
+    async def database_bytes(self) -> int | None:
+        """Bytes the database uses as `max_database_bytes` counts them (SQLite: pages in use; PostgreSQL: the
+        tables' size; None elsewhere)."""
+        return await self.read(database_bytes)
 
-    async def _tx(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(session, *args)` in one transaction on the writer thread, committed before returning."""
-        return await self._call(self._in_transaction, fn, *args)
+    async def write(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run `fn(session, *args, **kwargs)` in one transaction on the writer thread, committed before returning."""
+        return await self._call(functools.partial(self._write_transaction, fn, *args, **kwargs))
 
-    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(session, *args)` on a reader thread; `fn` must not write."""
-        return await self._call(self._in_transaction, fn, *args, reader=True)
+    async def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run `fn(session, *args, **kwargs)` on a reader thread; `fn` must not write."""
+        return await self._call(functools.partial(self._in_transaction, fn, *args, **kwargs), reader=True)
 
-    async def _call(self, fn: Callable[..., T], *args: Any, reader: bool = False) -> T:
+    async def _call(self, fn: Callable[[], T], reader: bool = False) -> T:
         executor = self._readers if reader else self._executor
         if executor is None:
-            raise RuntimeError("Store is not running: await store.start() first (and not after close())")
+            raise RuntimeError(NOT_RUNNING)
         try:
-            return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(executor, fn)
         except sa_exc.IntegrityError:
             raise  # a constraint the store checks first: a bug, not an outage
         except (sa_exc.DBAPIError, sa_exc.TimeoutError) as exc:
             cause = getattr(exc, "orig", None) or exc
             raise StoreUnavailable(f"database unavailable ({self._safe_url()}): {cause}") from exc
 
-    def _in_transaction(self, fn: Callable[..., T], *args: Any) -> T:
+    def _in_transaction(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self._sessions is None:
-            raise RuntimeError("Store is not running: await store.start() first (and not after close())")
+            raise RuntimeError(NOT_RUNNING)
         with self._sessions.begin() as s:
-            return fn(s, *args)
+            s.info[QUOTA_KEY] = self.quota
+            return fn(s, *args, **kwargs)
+
+    def _write_transaction(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if self._usage is None:
+            return self._in_transaction(fn, *args, **kwargs)
+        if self._sessions is None:
+            raise RuntimeError(NOT_RUNNING)
+        with self._sessions.begin() as s:
+            s.info[QUOTA_KEY] = self.quota
+            self._usage.begin(s)
+            result = fn(s, *args, **kwargs)
+        self._usage.commit(s)  # committed: what the writes noted joins the running figures
+        return result
 
     def _open(self) -> None:
         engine = create_db_engine(self.url, busy_timeout_ms=self._busy_timeout_ms)
@@ -108,7 +145,8 @@ class StoreThreads:
             upgrade_to_head(engine)
             sessions = sessionmaker(engine, expire_on_commit=False)
             with sessions.begin() as s:
-                self._prepare(s)
+                for prepare in self._on_start:
+                    prepare(s)
         except BaseException:
             engine.dispose()
             raise
@@ -116,7 +154,7 @@ class StoreThreads:
 
     def _ping(self) -> None:
         if self._engine is None:
-            raise RuntimeError("Store is not running: await store.start() first (and not after close())")
+            raise RuntimeError(NOT_RUNNING)
         with self._engine.connect() as conn:
             conn.execute(text("SELECT version_num FROM alembic_version")).all()
 
@@ -125,3 +163,42 @@ class StoreThreads:
             return make_url(self.url).render_as_string(hide_password=True)
         except sa_exc.ArgumentError:
             return "<invalid url>"
+
+
+class FeatureStore:
+    """One feature's store over the shared database: its methods are its module's synchronous functions, bound
+    with `reads` and `writes`."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+
+class Bound(Generic[P, T]):
+    """A synchronous function of a session, as an async method of a `FeatureStore` run on the database's threads."""
+
+    def __init__(self, fn: Callable[Concatenate[Session, P], T], *, write: bool) -> None:
+        self.fn = fn
+        self.write = write
+        functools.update_wrapper(self, fn)
+
+    def __get__(self, store: FeatureStore | None, owner: type | None = None) -> Callable[P, Awaitable[T]]:
+        if store is None:
+            return self  # type: ignore[return-value]  # the class attribute itself
+        run = store.db.write if self.write else store.db.read
+        fn = self.fn
+
+        @functools.wraps(fn)
+        async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            return await run(fn, *args, **kwargs)
+
+        return call
+
+
+def reads(fn: Callable[Concatenate[Session, P], T]) -> Bound[P, T]:
+    """`fn(session, ...)` as an async method that runs it on a reader thread (it must not write)."""
+    return Bound(fn, write=False)
+
+
+def writes(fn: Callable[Concatenate[Session, P], T]) -> Bound[P, T]:
+    """`fn(session, ...)` as an async method that runs it in one transaction on the writer thread."""
+    return Bound(fn, write=True)

@@ -81,7 +81,7 @@ async def admin_cookie_valid(conn: HTTPConnection, svc: Services) -> bool:
     if secret is None or fingerprint is None:
         return False
     try:
-        return await svc.store.admin_session_valid(_session_hash(secret), fingerprint)
+        return await svc.store.admin.admin_session_valid(_session_hash(secret), fingerprint)
     except StoreUnavailable as exc:  # cannot tell: refuse
         logger.warning("admin cookie not checked: %s", exc)
         return False
@@ -92,7 +92,7 @@ async def sign_in(conn: HTTPConnection, svc: Services) -> str:
     fingerprint = token_fingerprint(svc.settings)
     assert fingerprint is not None  # the sign-in form posts here only while an admin token is set
     secret = secrets.token_urlsafe(32)
-    await svc.store.create_admin_session(
+    await svc.store.admin.create_admin_session(
         _session_hash(secret), fingerprint, client_address(conn), ADMIN_COOKIE_MAX_AGE_S
     )
     return admin_cookie_header(svc.settings, secret)
@@ -103,7 +103,7 @@ async def sign_out(conn: HTTPConnection, svc: Services) -> bool:
     secret = _cookie_secret(conn, svc.settings)
     if secret is None:
         return False
-    return await svc.store.revoke_admin_session(_session_hash(secret))
+    return await svc.store.admin.revoke_admin_session(_session_hash(secret))
 
 
 def check_attempts(conn: HTTPConnection, svc: Services) -> None:

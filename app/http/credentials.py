@@ -131,7 +131,7 @@ async def credential_alive(
         assert store is not None, "a signed-in stream runs on a started service"
         user = await checks.get(
             "session:" + credential.session_hash,
-            lambda: store.session_user(credential.session_hash),
+            lambda: store.accounts.session_user(credential.session_hash),
             fresh=fresh,
         )
         if user is not None and (user.is_admin or not credential.admin_account):
@@ -149,7 +149,7 @@ async def credential_alive(
 
 
 async def _api_key_live(svc: Services, key_id: str) -> bool:
-    return await svc.store.api_key_live(key_id)
+    return await svc.store.accounts.api_key_live(key_id)
 
 
 async def until_revoked(conn: HTTPConnection, svc: Services, credential: Credential) -> None:

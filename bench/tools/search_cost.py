@@ -86,7 +86,7 @@ async def search_times(url: str, repeats: int) -> dict[str, list[float]]:
         for name, word in SEARCHES.items():
             for owner in range(repeats):
                 began = time.perf_counter()
-                await store.search_messages(f"owner{owner % NUM_OWNERS}", word)
+                await store.chats.search_messages(f"owner{owner % NUM_OWNERS}", word)
                 times.setdefault(name, []).append((time.perf_counter() - began) * 1000)
     finally:
         await store.close()

@@ -79,7 +79,7 @@ def replica_set(calls: list[FakeCall]) -> ReplicaSetEngine:
     hasher = BlockHasher(16)
     info = EngineInfo(
         model_name="m",
-        config=EngineConfig(block_size=16),
+        config=EngineConfig(block_size=16, max_model_len=512),
         num_blocks=64,
         kv_block_bytes=1024,
         kv_int8_block_bytes=512,

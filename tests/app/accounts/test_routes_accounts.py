@@ -251,8 +251,8 @@ def test_deleting_an_account_deletes_its_chats_and_purges_its_cached_blocks(clie
     assert tier_files(admin, tier_dir, account_owner(hal["id"])) == hal_files
     assert error_of(gus_browser.get("/api/sessions")) == (401, "not_signed_in")
     store = client.app.state.services.store
-    assert client.portal.call(store.list_sessions, account_owner(gus["id"])) == []
-    assert len(client.portal.call(store.list_sessions, account_owner(hal["id"]))) == 1
+    assert client.portal.call(store.chats.list_sessions, account_owner(gus["id"])) == []
+    assert len(client.portal.call(store.chats.list_sessions, account_owner(hal["id"]))) == 1
     assert error_of(admin.delete(f"/api/users/{gus['id']}")) == (404, "not_found")
 
 

@@ -40,7 +40,7 @@ def make_chat(user: TestClient, title: str, *texts: str, **fields: Any) -> str:
     for i, text in enumerate(texts):
         role = "user" if i % 2 == 0 else "assistant"
         status = MessageStatus.COMPLETE if role == "user" else MessageStatus.FINISHED
-        add = functools.partial(store.add_message, sid, role, text, token_ids=[i, i + 1], status=status)
+        add = functools.partial(store.chats.add_message, sid, role, text, token_ids=[i, i + 1], status=status)
         user.portal.call(add)
     return sid
 
@@ -149,7 +149,7 @@ def test_json_export_round_trips_the_chat(client):
     assert exported["active_leaf_id"] == shown["active_leaf_id"] == exported["messages"][-1]["id"]
     assert [(m["position"], m["status"]) for m in exported["messages"]] == [(0, "complete"), (1, "finished")]
     assert "token_ids" not in exported["messages"][0]
-    records = client.portal.call(client.app.state.services.store.list_messages, owner_of(client), sid)
+    records = client.portal.call(client.app.state.services.store.chats.list_messages, owner_of(client), sid)
     with_ids = client.get(f"/api/sessions/{sid}/export", params={"token_ids": "true"}).json()
     assert (
         [m["token_ids"] for m in with_ids["messages"]]
@@ -167,10 +167,10 @@ def test_json_export_holds_every_branch_and_markdown_the_one_on_show(client):
     first_user = client.get(f"/api/sessions/{sid}").json()["messages"][0]
     # a second version of the question (an edit), and its reply: the branch on show
     edited = client.portal.call(
-        functools.partial(store.add_message, sid, "user", "Name a vegetable", parent_id=None)
+        functools.partial(store.chats.add_message, sid, "user", "Name a vegetable", parent_id=None)
     )
     client.portal.call(
-        functools.partial(store.add_message, sid, "assistant", "Leek.", status=MessageStatus.FINISHED)
+        functools.partial(store.chats.add_message, sid, "assistant", "Leek.", status=MessageStatus.FINISHED)
     )
     exported = client.get(f"/api/sessions/{sid}/export", params={"format": "json"}).json()
     by_id = {m["id"]: m for m in exported["messages"]}

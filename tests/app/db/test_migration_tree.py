@@ -87,7 +87,7 @@ async def test_linear_histories_become_chains_without_loss(empty_db: TestDatabas
 
     store = Store(url)
     await store.start()  # already at head: the store reads the migrated rows as branches
-    path = await store.list_messages("alice", "s-linear")
+    path = await store.chats.list_messages("alice", "s-linear")
     assert [(m.id, m.role, m.status, m.token_ids) for m in path] == [
         (1, "user", "complete", (1, 2, 3)),
         (2, "assistant", "finished", (40, 41, 2)),
@@ -97,15 +97,15 @@ async def test_linear_histories_become_chains_without_loss(empty_db: TestDatabas
         (7, "assistant", "failed", None),
     ]
     assert path[-1].error == "engine failed" and path[1].timings == {"ttft_s": 0.5}
-    assert [m.content for m in await store.list_messages("key:bob", "s-other")] == [
+    assert [m.content for m in await store.chats.list_messages("key:bob", "s-other")] == [
         "Other owner",
         "Long answer",
     ]
-    assert await store.list_messages("alice", "s-empty") == []
-    tree = await store.get_tree("alice", "s-gaps")
+    assert await store.chats.list_messages("alice", "s-empty") == []
+    tree = await store.chats.get_tree("alice", "s-gaps")
     assert tree is not None and [tree.sibling_ids(m.id) for m in tree.active_path()] == [(10,), (11,), (14,)]
     # the migrated chain grows as a tree: a regenerated first reply is a sibling of the old one
-    again = await store.start_assistant(
+    again = await store.chats.start_assistant(
         "s-gaps",
         prompt_tokens=1,
         cached_tokens=0,
@@ -113,7 +113,7 @@ async def test_linear_histories_become_chains_without_loss(empty_db: TestDatabas
         tokenizer_fingerprint="fp",
         parent_id=10,
     )
-    assert (await store.get_tree("alice", "s-gaps")).sibling_ids(11) == (11, again.id)
+    assert (await store.chats.get_tree("alice", "s-gaps")).sibling_ids(11) == (11, again.id)
     await store.close()
 
 
@@ -123,10 +123,12 @@ async def test_the_downgrade_keeps_each_active_branch(empty_db: TestDatabase) ->
     command.upgrade(alembic_config(url), "head")
     store = Store(url)
     await store.start()
-    await store.add_message("s-linear", "user", "Tell more, edited", parent_id=2)  # a second branch, on show
-    await store.switch_branch("key:bob", "s-other", 5)
-    await store.add_message("s-gaps", "user", "Q1 again", parent_id=None)
-    await store.switch_branch("alice", "s-gaps", 10)  # the first version is on show again
+    await store.chats.add_message(
+        "s-linear", "user", "Tell more, edited", parent_id=2
+    )  # a second branch, on show
+    await store.chats.switch_branch("key:bob", "s-other", 5)
+    await store.chats.add_message("s-gaps", "user", "Q1 again", parent_id=None)
+    await store.chats.switch_branch("alice", "s-gaps", 10)  # the first version is on show again
     await store.close()
     command.downgrade(alembic_config(url), "0002")
     assert "parent_id" not in db.columns("messages") and "active_leaf_id" not in db.columns("chat_sessions")

@@ -141,17 +141,17 @@ def keys_are_owner_ranged(db: TestDatabase) -> None:
 
 
 async def hits(store: Store, owner: str, text: str) -> list[str]:
-    return [hit.session_id for hit in (await store.search_messages(owner, text)).hits]
+    return [hit.session_id for hit in (await store.chats.search_messages(owner, text)).hits]
 
 
 @pytest.mark.parametrize("db_backend", ["sqlite"], indirect=True)
 async def test_keys_follow_a_chat_to_its_new_owner_and_a_message_to_its_new_chat(
     store: Store, db: TestDatabase
 ) -> None:
-    alice = await store.create_session("alice", title="a")
-    await store.add_message(alice.id, "user", "fjords of norway")
-    bob = await store.create_session("bob", title="b")
-    await store.add_message(bob.id, "user", "glaciers of iceland")
+    alice = await store.chats.create_session("alice", title="a")
+    await store.chats.add_message(alice.id, "user", "fjords of norway")
+    bob = await store.chats.create_session("bob", title="b")
+    await store.chats.add_message(bob.id, "user", "glaciers of iceland")
     keys_are_owner_ranged(db)
     assert await hits(store, "alice", "fjords") == [alice.id] and await hits(store, "bob", "fjords") == []
 
@@ -159,13 +159,13 @@ async def test_keys_follow_a_chat_to_its_new_owner_and_a_message_to_its_new_chat
     keys_are_owner_ranged(db)
     assert await hits(store, "alice", "fjords") == [] and await hits(store, "bob", "fjords") == [alice.id]
 
-    carol = await store.create_session("carol", title="c")
+    carol = await store.chats.create_session("carol", title="c")
     db.raw(
         "UPDATE messages SET session_id = :to, position = 5 WHERE session_id = :from",
         {"to": carol.id, "from": bob.id},
     )
     keys_are_owner_ranged(db)
     assert await hits(store, "carol", "glaciers") == [carol.id] and await hits(store, "bob", "glaciers") == []
-    await store.delete_session("carol", carol.id)
+    await store.chats.delete_session("carol", carol.id)
     keys_are_owner_ranged(db)
     assert await hits(store, "carol", "glaciers") == []

@@ -53,18 +53,18 @@ def assert_index_in_step(db: TestDatabase) -> None:
 
 
 async def chat(store: Store, owner: str, *texts: str, title: str = "t") -> str:
-    session = await store.create_session(owner, title=title)
+    session = await store.chats.create_session(owner, title=title)
     for i, text in enumerate(texts):
         if i % 2 == 0:
-            await store.add_message(session.id, "user", text)
+            await store.chats.add_message(session.id, "user", text)
         else:
-            await store.add_message(session.id, "assistant", text, status=MessageStatus.FINISHED)
+            await store.chats.add_message(session.id, "assistant", text, status=MessageStatus.FINISHED)
     return session.id
 
 
 async def found(store: Store, owner: str, text: str, **page: int) -> list[tuple[str, str]]:
     """(session id, snippet) of each hit, best first."""
-    result = await store.search_messages(owner, text, **page)
+    result = await store.chats.search_messages(owner, text, **page)
     return [(hit.session_id, hit.snippet) for hit in result.hits]
 
 
@@ -72,12 +72,12 @@ async def test_index_follows_insert_stream_edit_and_delete(store: Store, db: Tes
     sid = await chat(store, "alice", "How do I boil an egg?")
     assert await found(store, "alice", "boil") == [(sid, f"How do I {M0}boil{M1} an egg?")]
 
-    reply = await store.start_assistant(
+    reply = await store.chats.start_assistant(
         sid, prompt_tokens=5, cached_tokens=0, truncated_turns=0, tokenizer_fingerprint="f"
     )
-    await store.flush_assistant(reply.id, "Put it in simmering")
+    await store.chats.flush_assistant(reply.id, "Put it in simmering")
     assert await found(store, "alice", "simmering") == []  # a streaming reply is indexed once it ends
-    await store.finish_assistant(
+    await store.chats.finish_assistant(
         reply.id,
         content="Put it in gently bubbling water",
         status="finished",
@@ -90,26 +90,26 @@ async def test_index_follows_insert_stream_edit_and_delete(store: Store, db: Tes
     assert await found(store, "alice", "bubbling") == [(sid, f"Put it in gently {M0}bubbling{M1} water")]
     assert_index_in_step(db)
 
-    streaming = await store.start_assistant(
+    streaming = await store.chats.start_assistant(
         sid, prompt_tokens=9, cached_tokens=0, truncated_turns=0, tokenizer_fingerprint="f"
     )
-    await store.flush_assistant(streaming.id, "half a sentence about bubbling")
-    await store.delete_messages_from(sid, streaming.id)  # regenerate while streaming: nothing to forget
+    await store.chats.flush_assistant(streaming.id, "half a sentence about bubbling")
+    await store.chats.delete_messages_from(sid, streaming.id)  # regenerate while streaming: nothing to forget
     assert [s for s, _ in await found(store, "alice", "bubbling")] == [sid]
     assert_index_in_step(db)
 
     # an edit is a new version beside the first (a branch): both stay in the chat, and in the index
-    await store.add_message(sid, "user", "How do I poach an egg?", parent_id=None)
+    await store.chats.add_message(sid, "user", "How do I poach an egg?", parent_id=None)
     assert await found(store, "alice", "poach") == [(sid, f"How do I {M0}poach{M1} an egg?")]
     assert [s for s, _ in await found(store, "alice", "boil")] == [sid]
     assert_index_in_step(db)
 
     # continue: the reply streams again (out of the index) and is indexed with its longer text when it ends
-    await store.resume_assistant(
+    await store.chats.resume_assistant(
         reply.id, prompt_tokens=7, cached_tokens=5, truncated_turns=0, tokenizer_fingerprint="f"
     )
     assert await found(store, "alice", "bubbling") == []
-    await store.finish_assistant(
+    await store.chats.finish_assistant(
         reply.id,
         content="Put it in gently bubbling water for nine minutes",
         status="finished",
@@ -122,7 +122,7 @@ async def test_index_follows_insert_stream_edit_and_delete(store: Store, db: Tes
     assert_index_in_step(db)
 
     other = await chat(store, "alice", "poach pears in wine")
-    assert await store.delete_session("alice", sid)  # the cascade's deletions fire the trigger too
+    assert await store.chats.delete_session("alice", sid)  # the cascade's deletions fire the trigger too
     assert [s for s, _ in await found(store, "alice", "poach")] == [other]
     if db.is_sqlite:
         left = db.raw("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'egg OR minutes'")
@@ -145,7 +145,7 @@ async def test_another_owner_never_sees_a_chat(store: Store) -> None:
 async def test_chats_rank_by_bm25_and_show_their_best_message(store: Store) -> None:
     once = await chat(store, "alice", "a long note that names kayak once among many other words about rivers")
     often = await chat(store, "alice", "kayak kayak kayak", "unrelated", "a kayak trip")
-    page = await store.search_messages("alice", "kayak")
+    page = await store.chats.search_messages("alice", "kayak")
     assert [hit.session_id for hit in page.hits] == [often, once]  # more hits in less text ranks higher
     best = page.hits[0]
     assert (best.position, best.role, best.num_matches) == (0, "user", 2)
@@ -200,7 +200,7 @@ async def test_pages_cover_every_chat_once(store: Store) -> None:
     ids = {await chat(store, "alice", f"walrus number {i}") for i in range(5)}
     seen, offset, pages = [], 0, 0
     while offset is not None:
-        page = await store.search_messages("alice", "walrus", limit=2, offset=offset)
+        page = await store.chats.search_messages("alice", "walrus", limit=2, offset=offset)
         seen += [hit.session_id for hit in page.hits]
         offset, pages = page.next_offset, pages + 1
     assert (sorted(seen), pages) == (sorted(ids), 3)
@@ -223,7 +223,7 @@ async def test_searches_without_words_or_past_limits_are_value_errors(
     store: Store, text: str, fragment: str
 ) -> None:
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(")):
-        await store.search_messages("alice", text)
+        await store.chats.search_messages("alice", text)
 
 
 @pytest.mark.parametrize("db_backend", ["sqlite"], indirect=True)
@@ -232,7 +232,7 @@ async def test_searches_without_words_or_past_limits_are_value_errors(
 )
 async def test_page_limits_are_value_errors(store: Store, page: dict[str, int], fragment: str) -> None:
     with pytest.raises(ValueError, match=f"{fragment} must be between"):
-        await store.search_messages("alice", "word", **page)
+        await store.chats.search_messages("alice", "word", **page)
 
 
 def test_parsed_terms_and_their_fts5_form() -> None:
@@ -332,16 +332,16 @@ async def test_0006_indexes_the_messages_of_an_older_database(empty_db: TestData
     store = Store(db.url)
     await store.start()  # migrates to head, then marks the reply left streaming 'interrupted': indexed then
     try:
-        assert [h.position for h in (await store.search_messages("alice", "glacier")).hits] == [2]
-        page = await store.search_messages("alice", "fjord")
+        assert [h.position for h in (await store.chats.search_messages("alice", "glacier")).hits] == [2]
+        page = await store.chats.search_messages("alice", "fjord")
         assert [(h.session_id, h.title, h.num_matches, h.snippet) for h in page.hits] == [
             ("s1", "Fjords", 1, f"Which {M0}fjord{M1} is deepest?")
         ]
-        numbers = await store.search_messages("alice", "sognefjord 1308")
+        numbers = await store.chats.search_messages("alice", "sognefjord 1308")
         assert [h.session_id for h in numbers.hits] == ["s1"]
         # the triggers run on the migrated table
-        await store.add_message("s1", "user", "And the longest fjord?")
-        assert (await store.search_messages("alice", "longest")).hits[0].position == 3
+        await store.chats.add_message("s1", "user", "And the longest fjord?")
+        assert (await store.chats.search_messages("alice", "longest")).hits[0].position == 3
     finally:
         await store.close()
     assert_index_in_step(db)

@@ -53,7 +53,7 @@ def raw(tmp_path: Path, sql: str, name: str = "chat.db") -> list[tuple]:
 
 
 async def finish(store: Store, message_id: int, content: str, ids: list[int]) -> None:
-    await store.finish_assistant(
+    await store.chats.finish_assistant(
         message_id,
         content=content,
         status="finished",
@@ -91,20 +91,22 @@ async def test_postgresql_connections_wait_for_locks_as_long_as_the_busy_timeout
 
 async def test_session_crud_and_owner_isolation(store: Store) -> None:
     settings = {"temperature": 0.7, "top_p": 0.9, "max_tokens": 128}
-    s = await store.create_session("alice", title="Trip", system_prompt="Be brief.", settings=settings)
+    s = await store.chats.create_session("alice", title="Trip", system_prompt="Be brief.", settings=settings)
     assert (s.owner, s.title, s.system_prompt, s.settings) == ("alice", "Trip", "Be brief.", settings)
     assert len(s.id) == 22 and s.created_at == s.updated_at
     assert s.created_at.tzinfo is not None
-    assert await store.get_session("alice", s.id) == s
+    assert await store.chats.get_session("alice", s.id) == s
     # another owner sees nothing and can change nothing
-    assert await store.get_session("mallory", s.id) is None
-    assert await store.list_sessions("mallory") == []
-    assert await store.update_session("mallory", s.id, title="pwned") is None
-    assert await store.list_messages("mallory", s.id) is None
-    assert await store.delete_session("mallory", s.id) is False
-    assert (await store.get_session("alice", s.id)).title == "Trip"
+    assert await store.chats.get_session("mallory", s.id) is None
+    assert await store.chats.list_sessions("mallory") == []
+    assert await store.chats.update_session("mallory", s.id, title="pwned") is None
+    assert await store.chats.list_messages("mallory", s.id) is None
+    assert await store.chats.delete_session("mallory", s.id) is False
+    assert (await store.chats.get_session("alice", s.id)).title == "Trip"
 
-    updated = await store.update_session("alice", s.id, title="Trip to Oslo", settings={"temperature": 0.0})
+    updated = await store.chats.update_session(
+        "alice", s.id, title="Trip to Oslo", settings={"temperature": 0.0}
+    )
     assert updated is not None
     assert (updated.title, updated.system_prompt, updated.settings) == (
         "Trip to Oslo",
@@ -112,27 +114,27 @@ async def test_session_crud_and_owner_isolation(store: Store) -> None:
         {"temperature": 0.0},
     )
     assert updated.updated_at > s.updated_at and updated.created_at == s.created_at
-    assert await store.delete_session("alice", s.id) is True
-    assert await store.get_session("alice", s.id) is None
-    assert await store.delete_session("alice", s.id) is False
-    assert await store.update_session("alice", "no-such-id", title="x") is None
+    assert await store.chats.delete_session("alice", s.id) is True
+    assert await store.chats.get_session("alice", s.id) is None
+    assert await store.chats.delete_session("alice", s.id) is False
+    assert await store.chats.update_session("alice", "no-such-id", title="x") is None
 
 
 async def test_sessions_listed_most_recently_updated_first(store: Store) -> None:
-    a = await store.create_session("alice", title="a")
-    b = await store.create_session("alice", title="b")
-    c = await store.create_session("alice", title="c")
-    await store.create_session("bob", title="other")
-    assert [s.title for s in await store.list_sessions("alice")] == ["c", "b", "a"]
-    await store.add_message(a.id, "user", "bump")
-    assert [s.title for s in await store.list_sessions("alice")] == ["a", "c", "b"]
-    await store.update_session("alice", b.id, system_prompt="x")
-    assert [s.id for s in await store.list_sessions("alice")] == [b.id, a.id, c.id]
+    a = await store.chats.create_session("alice", title="a")
+    b = await store.chats.create_session("alice", title="b")
+    c = await store.chats.create_session("alice", title="c")
+    await store.chats.create_session("bob", title="other")
+    assert [s.title for s in await store.chats.list_sessions("alice")] == ["c", "b", "a"]
+    await store.chats.add_message(a.id, "user", "bump")
+    assert [s.title for s in await store.chats.list_sessions("alice")] == ["a", "c", "b"]
+    await store.chats.update_session("alice", b.id, system_prompt="x")
+    assert [s.id for s in await store.chats.list_sessions("alice")] == [b.id, a.id, c.id]
 
 
 async def test_messages_keep_order_ids_and_fields(store: Store) -> None:
-    s = await store.create_session("alice")
-    u = await store.add_message(s.id, "user", "Hello", token_ids=[1, 9038, 2])
+    s = await store.chats.create_session("alice")
+    u = await store.chats.add_message(s.id, "user", "Hello", token_ids=[1, 9038, 2])
     assert (u.position, u.role, u.content, u.token_ids, u.status) == (
         0,
         "user",
@@ -140,16 +142,16 @@ async def test_messages_keep_order_ids_and_fields(store: Store) -> None:
         (1, 9038, 2),
         "complete",
     )
-    a = await store.start_assistant(
+    a = await store.chats.start_assistant(
         s.id, prompt_tokens=3, cached_tokens=0, truncated_turns=0, tokenizer_fingerprint="f00d"
     )
     assert (a.position, a.role, a.content, a.status, a.token_ids) == (1, "assistant", "", "streaming", None)
     assert (a.prompt_tokens, a.cached_tokens, a.truncated_turns, a.tokenizer_fingerprint) == (3, 0, 0, "f00d")
-    await store.flush_assistant(a.id, "Hi th")
-    assert (await store.list_messages("alice", s.id))[1].content == "Hi th"
+    await store.chats.flush_assistant(a.id, "Hi th")
+    assert (await store.chats.list_messages("alice", s.id))[1].content == "Hi th"
     await finish(store, a.id, "Hi there", [22, 23, 2])
-    await store.flush_assistant(a.id, "late flush is ignored")
-    msgs = await store.list_messages("alice", s.id)
+    await store.chats.flush_assistant(a.id, "late flush is ignored")
+    msgs = await store.chats.list_messages("alice", s.id)
     assert [m.position for m in msgs] == [0, 1]
     done = msgs[1]
     assert isinstance(done, MessageRecord)
@@ -162,37 +164,37 @@ async def test_messages_keep_order_ids_and_fields(store: Store) -> None:
     )
     assert done.timings == {"ttft": 0.25, "total": 1.5, "tokens_per_s": 2.0}
     assert done.error is None and done.prompt_tokens == 3
-    third = await store.add_message(s.id, "user", "More?")
+    third = await store.chats.add_message(s.id, "user", "More?")
     assert third.position == 2 and third.token_ids is None
 
 
 async def test_delete_messages_from_removes_the_tail(store: Store) -> None:
-    s = await store.create_session("alice")
-    other = await store.create_session("alice")
-    msgs = [await store.add_message(s.id, "user", f"m{i}") for i in range(5)]
-    foreign = await store.add_message(other.id, "user", "keep me")
-    assert await store.delete_messages_from(other.id, msgs[2].id) == 0  # message of another session
-    assert await store.delete_messages_from(s.id, msgs[2].id) == 3
-    assert [m.content for m in await store.list_messages("alice", s.id)] == ["m0", "m1"]
-    assert await store.delete_messages_from(s.id, msgs[2].id) == 0  # already gone
-    assert (await store.add_message(s.id, "user", "edited")).position == 2
-    assert [m.id for m in await store.list_messages("alice", other.id)] == [foreign.id]
+    s = await store.chats.create_session("alice")
+    other = await store.chats.create_session("alice")
+    msgs = [await store.chats.add_message(s.id, "user", f"m{i}") for i in range(5)]
+    foreign = await store.chats.add_message(other.id, "user", "keep me")
+    assert await store.chats.delete_messages_from(other.id, msgs[2].id) == 0  # message of another session
+    assert await store.chats.delete_messages_from(s.id, msgs[2].id) == 3
+    assert [m.content for m in await store.chats.list_messages("alice", s.id)] == ["m0", "m1"]
+    assert await store.chats.delete_messages_from(s.id, msgs[2].id) == 0  # already gone
+    assert (await store.chats.add_message(s.id, "user", "edited")).position == 2
+    assert [m.id for m in await store.chats.list_messages("alice", other.id)] == [foreign.id]
 
 
 async def test_deleting_a_session_cascades_to_its_messages(store: Store, db: TestDatabase) -> None:
-    s = await store.create_session("alice")
-    keep = await store.create_session("alice")
+    s = await store.chats.create_session("alice")
+    keep = await store.chats.create_session("alice")
     for i in range(3):
-        await store.add_message(s.id, "user", f"m{i}")
-    await store.add_message(keep.id, "user", "stays")
+        await store.chats.add_message(s.id, "user", f"m{i}")
+    await store.chats.add_message(keep.id, "user", "stays")
     assert db.raw("SELECT count(*) FROM messages") == [(4,)]
-    assert await store.delete_session("alice", s.id) is True
+    assert await store.chats.delete_session("alice", s.id) is True
     assert db.raw("SELECT session_id, content FROM messages") == [(keep.id, "stays")]
     # a streaming answer whose session vanished finishes quietly
-    a = await store.start_assistant(
+    a = await store.chats.start_assistant(
         keep.id, prompt_tokens=1, cached_tokens=0, truncated_turns=0, tokenizer_fingerprint="f"
     )
-    assert await store.delete_session("alice", keep.id) is True
+    assert await store.chats.delete_session("alice", keep.id) is True
     await finish(store, a.id, "orphan", [5])
     assert db.raw("SELECT count(*) FROM messages") == [(0,)]
 
@@ -200,13 +202,13 @@ async def test_deleting_a_session_cascades_to_its_messages(store: Store, db: Tes
 async def test_start_marks_streaming_answers_interrupted(db: TestDatabase) -> None:
     first = Store(db.url)
     await first.start()
-    s = await first.create_session("alice")
-    await first.add_message(s.id, "user", "q")
-    a = await first.start_assistant(
+    s = await first.chats.create_session("alice")
+    await first.chats.add_message(s.id, "user", "q")
+    a = await first.chats.start_assistant(
         s.id, prompt_tokens=1, cached_tokens=0, truncated_turns=0, tokenizer_fingerprint="f"
     )
-    await first.flush_assistant(a.id, "partial ans")
-    done = await first.start_assistant(
+    await first.chats.flush_assistant(a.id, "partial ans")
+    done = await first.chats.start_assistant(
         s.id, prompt_tokens=1, cached_tokens=0, truncated_turns=0, tokenizer_fingerprint="f"
     )
     await finish(first, done.id, "whole", [7])
@@ -214,7 +216,7 @@ async def test_start_marks_streaming_answers_interrupted(db: TestDatabase) -> No
 
     second = Store(db.url)
     await second.start()
-    msgs = await second.list_messages("alice", s.id)
+    msgs = await second.chats.list_messages("alice", s.id)
     assert [(m.status, m.content) for m in msgs] == [
         ("complete", "q"),
         ("interrupted", "partial ans"),
@@ -227,17 +229,17 @@ async def test_start_marks_streaming_answers_interrupted(db: TestDatabase) -> No
 
 
 async def test_bad_arguments_raise(store: Store) -> None:
-    s = await store.create_session("alice")
+    s = await store.chats.create_session("alice")
     with pytest.raises(ValueError, match="role must be one of"):
-        await store.add_message(s.id, "tool", "x")
+        await store.chats.add_message(s.id, "tool", "x")
     with pytest.raises(ValueError, match="status of a user message must be one of"):
-        await store.add_message(s.id, "user", "x", status="finished")
+        await store.chats.add_message(s.id, "user", "x", status="finished")
     with pytest.raises(ValueError, match="title must be a string of at most 200"):
-        await store.create_session("alice", title="t" * 201)
+        await store.chats.create_session("alice", title="t" * 201)
     with pytest.raises(ValueError, match="owner must be a string of 1 to 128"):
-        await store.create_session("")
+        await store.chats.create_session("")
     with pytest.raises(ValueError, match="status must be one of"):
-        await store.finish_assistant(
+        await store.chats.finish_assistant(
             1,
             content="",
             status="complete",
@@ -247,27 +249,27 @@ async def test_bad_arguments_raise(store: Store) -> None:
             timings={},
         )
     with pytest.raises(LookupError, match="does not exist"):
-        await store.add_message("missing-session", "user", "x")
+        await store.chats.add_message("missing-session", "user", "x")
     with pytest.raises(RuntimeError, match="start"):
-        await Store("sqlite://").list_sessions("alice")
+        await Store("sqlite://").chats.list_sessions("alice")
     # PostgreSQL's text cannot hold NUL: no backend takes it from a client, and a model's is replaced
     with pytest.raises(
         ValueError, match=r"content must not contain NUL characters \(U\+0000\), found at index 2"
     ):
-        await store.add_message(s.id, "user", "ab\x00c")
+        await store.chats.add_message(s.id, "user", "ab\x00c")
     with pytest.raises(ValueError, match="title must not contain NUL"):
-        await store.update_session("alice", s.id, title="\x00")
+        await store.chats.update_session("alice", s.id, title="\x00")
     with pytest.raises(ValueError, match="system_prompt must not contain NUL"):
-        await store.create_session("alice", system_prompt="\x00")
+        await store.chats.create_session("alice", system_prompt="\x00")
     with pytest.raises(ValueError, match="name must not contain NUL"):
-        await store.create_preset("alice", "a\x00")
-    a = await store.start_assistant(
+        await store.presets.create_preset("alice", "a\x00")
+    a = await store.chats.start_assistant(
         s.id, prompt_tokens=1, cached_tokens=0, truncated_turns=0, tokenizer_fingerprint="f"
     )
-    await store.flush_assistant(a.id, "half\x00")
-    assert (await store.list_messages("alice", s.id))[-1].content == "half\ufffd"
+    await store.chats.flush_assistant(a.id, "half\x00")
+    assert (await store.chats.list_messages("alice", s.id))[-1].content == "half\ufffd"
     await finish(store, a.id, "whole\x00", [1])
-    assert (await store.list_messages("alice", s.id))[-1].content == "whole\ufffd"
+    assert (await store.chats.list_messages("alice", s.id))[-1].content == "whole\ufffd"
 
 
 async def test_unwritable_path_raises_store_unavailable(tmp_path: Path) -> None:
@@ -343,12 +345,12 @@ async def test_locked_database_raises_store_unavailable_without_blocking_the_loo
     ticker = asyncio.create_task(tick())
     try:
         with pytest.raises(StoreUnavailable, match=error):
-            await locked.create_session("alice")
+            await locked.chats.create_session("alice")
     finally:
         ticker.cancel()
         release(holder)
     assert ticks >= 10, f"the event loop stalled while the store waited on the lock ({ticks} ticks)"
-    assert (await locked.create_session("alice")).owner == "alice"  # usable again once the lock is gone
+    assert (await locked.chats.create_session("alice")).owner == "alice"  # usable again once the lock is gone
     await locked.close()
 
 
@@ -357,3 +359,40 @@ async def test_database_work_runs_off_the_event_loop_thread(sqlite_store: Store)
     store = sqlite_store
     await store._call(lambda: seen.append(threading.current_thread().name))
     assert seen[0].startswith("pagedchat-store") and seen[0] != threading.current_thread().name
+
+
+def test_each_feature_store_is_its_queries_bound_and_nothing_written_twice() -> None:
+    """A feature store's methods are its module's synchronous functions bound by `reads`/`writes` (no async twin
+    written by hand), each keeping its function's docstring."""
+    from app.db.account_store import AccountStore
+    from app.db.admin_sessions import AdminStore
+    from app.db.presets import PresetStore
+    from app.db.queries import ChatStore
+    from app.db.threads import Bound
+
+    for cls in (ChatStore, PresetStore, AccountStore, AdminStore):
+        own = {name: value for name, value in vars(cls).items() if not name.startswith("__")}
+        assert own and all(isinstance(value, Bound) for value in own.values()), cls.__name__
+        assert all(value.fn.__doc__ for value in own.values()), cls.__name__
+
+
+async def test_a_bound_write_runs_on_the_writer_and_a_read_on_a_reader(sqlite_store: Store) -> None:
+    from app.db.queries import ChatStore
+    from app.db.threads import reads, writes
+
+    seen: list[str] = []
+
+    def where(s, label: str) -> str:
+        """Which thread ran it."""
+        seen.append(threading.current_thread().name)
+        return label
+
+    class Probe(ChatStore):
+        read_here = reads(where)
+        write_here = writes(where)
+
+    probe = Probe(sqlite_store)
+    assert await probe.read_here("r") == "r" and await probe.write_here(label="w") == "w"
+    assert probe.read_here.__doc__ == "Which thread ran it."
+    assert seen[0].startswith("pagedchat-store-read") and seen[1].startswith("pagedchat-store")
+    assert not seen[1].startswith("pagedchat-store-read")

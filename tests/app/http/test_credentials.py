@@ -39,11 +39,13 @@ def make_user(role: str = "user") -> UserRecord:
 
 
 class FakeStore:
-    """session_user answers from `answers` in turn (the last one from then on); counts the lookups."""
+    """The store's accounts (`store.accounts`, itself here): session_user answers from `answers` in turn (the last
+    one from then on); counts the lookups."""
 
     def __init__(self, *answers: Any) -> None:
         self.answers = list(answers)
         self.num_lookups = 0
+        self.accounts = self
 
     async def session_user(self, session_hash: str) -> Any:
         self.num_lookups += 1
