@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,7 +22,7 @@ from engine.core.limits import check_prompt
 if TYPE_CHECKING:
     from app.engine_client.request_label import RequestLabel
     from app.metrics.metrics import Metrics
-    from engine.core.outputs import CachePurge, RequestOutput
+    from engine.core.outputs import CachePurge
     from engine.core.sequence import SamplingParams
     from engine.core.stats import EngineStats, PoolSnapshot
 
@@ -31,8 +31,8 @@ T = TypeVar("T")
 
 class StreamRegistry(ABC):
     """The streams of the requests in flight, by request id, and the calls every engine answers. Subclasses define
-    `add_request`, `_check_serving`, `_cancel` (stop the request where it runs) and `call_each`, and set `_info`
-    once the engine serves."""
+    `_check_serving`, `_cancel` (stop the request where it runs) and `call_each`, set `_info` once the engine
+    serves, and add `add_request` as `EngineClient` says."""
 
     tokenizer: Any
 
@@ -52,20 +52,6 @@ class StreamRegistry(ABC):
     @abstractmethod
     def _cancel(self, request_id: str) -> None:
         """Stop the request where it runs (its stream is taken care of)."""
-
-    @abstractmethod
-    async def add_request(
-        self,
-        request_id: str,
-        prompt: list[int],
-        params: SamplingParams,
-        *,
-        cache_salt: str | None = None,
-        public_prefix_len: int = 0,
-        label: RequestLabel | None = None,
-        session: str | None = None,
-    ) -> RequestStream:
-        """Queue a request and return its stream (see `EngineClient.add_request`)."""
 
     @abstractmethod
     async def call_each(self, fn: Callable[[Any], T]) -> list[tuple[str, T]]:
@@ -126,15 +112,6 @@ class StreamRegistry(ABC):
 
     def _unregister(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
-
-    async def generate(
-        self, request_id: str, prompt: list[int], params: SamplingParams, *, cache_salt: str | None = None
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs; stopping the iteration (break, cancel, disconnect) aborts it."""
-        stream = await self.add_request(request_id, prompt, params, cache_salt=cache_salt)
-        async with stream:
-            async for output in stream:
-                yield output
 
     def label_of(self, request_id: str) -> RequestLabel | None:
         """Who a live request is for, as its submitter labelled it (None: unlabelled, or its stream has ended)."""
