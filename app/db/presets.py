@@ -22,6 +22,7 @@ from app.db.records import (
     check_settings,
     check_text,
     preset_record,
+    prompt_changes,
 )
 from app.db.threads import FeatureStore, reads, writes
 from app.db.usage import text_bytes
@@ -121,12 +122,7 @@ def update_preset(
     if name is not None:
         _check_preset_name(name)
         changes["name"] = name
-    if system_prompt is not None:
-        check_text("system_prompt", system_prompt)
-        changes["system_prompt"] = system_prompt
-    if settings is not None:
-        check_settings(settings)
-        changes["settings"] = dict(settings)
+    changes.update(prompt_changes(system_prompt, settings))
     if is_default is not None:
         changes["is_default"] = bool(is_default)
     row = _owned(s, owner, preset_id)

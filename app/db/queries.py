@@ -21,6 +21,7 @@ from app.db.records import (
     check_settings,
     check_text,
     message_record,
+    prompt_changes,
     session_record,
     storable,
 )
@@ -119,12 +120,7 @@ def update_session(
     if title is not None:
         _check_title(title)
         changes["title"] = title
-    if system_prompt is not None:
-        check_text("system_prompt", system_prompt)
-        changes["system_prompt"] = system_prompt
-    if settings is not None:
-        check_settings(settings)
-        changes["settings"] = dict(settings)
+    changes.update(prompt_changes(system_prompt, settings))
     row = _owned(s, owner, session_id)
     if row is None:
         return None

@@ -155,3 +155,15 @@ def check_settings(settings: dict[str, Any] | None) -> None:
     """ValueError unless `settings` is a dict (or None)."""
     if settings is not None and not isinstance(settings, dict):
         raise ValueError(f"settings must be a dict, got {type(settings).__name__}")
+
+
+def prompt_changes(system_prompt: str | None, settings: dict[str, Any] | None) -> dict[str, Any]:
+    """An update's system prompt and settings (replaced whole), each checked; the ones given only."""
+    changes: dict[str, Any] = {}
+    if system_prompt is not None:
+        check_text("system_prompt", system_prompt)
+        changes["system_prompt"] = system_prompt
+    if settings is not None:
+        check_settings(settings)
+        changes["settings"] = dict(settings)
+    return changes

@@ -4,7 +4,6 @@ ends what a revoked key runs. On SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 
 import pytest
@@ -14,17 +13,8 @@ from app.accounts.service import secret_hash
 from app.db import AccountConflict, Store, UserRecord
 from app.http.errors import APIError
 from app.http.identity import KEY_PREFIX, KeyAccount
-from tests.app.databases import TestDatabase
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def store(db: TestDatabase) -> AsyncIterator[Store]:
-    s = Store(db.url)
-    await s.start()
-    yield s
-    await s.close()
 
 
 async def test_an_invite_dies_when_its_creator_is_demoted_disabled_or_deleted(store: Store) -> None:

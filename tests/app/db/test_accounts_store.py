@@ -3,8 +3,6 @@ expiry), invites used once, OIDC identities, the last admin kept, and argon2id h
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 from argon2 import PasswordHasher
 
@@ -18,14 +16,6 @@ from tests.app.databases import TestDatabase
 
 pytestmark = pytest.mark.anyio
 FAST = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)  # a cheap argon2id for tests
-
-
-@pytest.fixture
-async def store(db: TestDatabase) -> AsyncIterator[Store]:
-    s = Store(db.url)
-    await s.start()
-    yield s
-    await s.close()
 
 
 def make_service(store: Store, hasher: PasswordHasher = FAST, **settings: object) -> AccountService:

@@ -3,22 +3,12 @@ unique index), names unique per owner, chats that follow a preset let go of it w
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from app.db import PresetNameTaken, PresetRef, Store
 from tests.app.databases import TestDatabase
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def store(db: TestDatabase) -> AsyncIterator[Store]:
-    s = Store(db.url)
-    await s.start()
-    yield s
-    await s.close()
 
 
 async def test_one_default_per_owner_and_names_unique_per_owner(store: Store, db: TestDatabase) -> None:

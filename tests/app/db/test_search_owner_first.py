@@ -5,7 +5,7 @@ EXPLAIN), and SQLite's owner-keyed index kept in step when a chat changes owner 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -121,12 +121,6 @@ def describe(nodes: list[dict[str, Any]]) -> str:
 
 
 # ---- SQLite's owner-keyed index ---------------------------------------------------------------------------------
-@pytest.fixture
-async def store(db: TestDatabase) -> AsyncIterator[Store]:
-    s = Store(db.url)
-    await s.start()
-    yield s
-    await s.close()
 
 
 def keys_are_owner_ranged(db: TestDatabase) -> None:

@@ -5,7 +5,7 @@ the migration indexes older databases."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 from alembic import command
@@ -31,14 +31,6 @@ from tests.app.databases import TestDatabase
 
 pytestmark = pytest.mark.anyio
 M0, M1 = MATCH_START, MATCH_END
-
-
-@pytest.fixture
-async def store(db: TestDatabase) -> AsyncIterator[Store]:
-    s = Store(db.url)
-    await s.start()
-    yield s
-    await s.close()
 
 
 def assert_index_in_step(db: TestDatabase) -> None:

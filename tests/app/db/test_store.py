@@ -27,14 +27,6 @@ def make_url(tmp_path: Path, name: str = "chat.db") -> str:
 
 
 @pytest.fixture
-async def store(db: TestDatabase) -> AsyncIterator[Store]:
-    s = Store(db.url)
-    await s.start()
-    yield s
-    await s.close()
-
-
-@pytest.fixture
 async def sqlite_store(tmp_path: Path) -> AsyncIterator[Store]:
     """A store on a SQLite file, for tests of what no database changes (threads, SQLite's own settings)."""
     s = Store(make_url(tmp_path))

@@ -3,23 +3,12 @@ switching branches, continuing a reply in place, and deleting a branch."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from app.db import MessageTree, Parent, Store
-from tests.app.databases import TestDatabase
 from tests.app.db.test_store import finish
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def store(db: TestDatabase) -> AsyncIterator[Store]:
-    s = Store(db.url)
-    await s.start()
-    yield s
-    await s.close()
 
 
 async def reply(store: Store, sid: str, text: str, parent_id: int | Parent = Parent.ACTIVE_LEAF) -> int:
