@@ -27,7 +27,7 @@ from app.admin import pages as admin_pages
 from app.chat import export_routes, page, preset_routes, search_routes, ws
 from app.chat import routes as session_routes
 from app.chat.conversation import ConversationBuilder, template_end_of_turn_ids, tokenizer_fingerprint
-from app.chat.service import ChatService
+from app.chat.service import ChatService, chat_of
 from app.db import StorageQuota, Store
 from app.engine_client.async_engine import AsyncEngine, EngineFactory
 from app.engine_client.async_engine import engine_factory as engine_factory_of
@@ -207,8 +207,7 @@ async def _startup(parts: Parts) -> Services:
 
 async def _shutdown(svc: Services) -> None:
     await svc.drain()  # served by `pagedchat serve`, the server has drained already: this returns at once
-    chat: ChatService = svc.chat  # type: ignore[assignment]  # built as one by _startup
-    await chat.shutdown(0.0)  # the replies it cut are stored before the store closes
+    await chat_of(svc).shutdown(0.0)  # the replies it cut are stored before the store closes
     await svc.engine.stop()
     if svc.accounts is not None:
         svc.accounts.passwords.close()

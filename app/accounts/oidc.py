@@ -30,6 +30,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from app.accounts.routes import client_address, safe_next
+from app.accounts.service import accounts_of
 from app.http.account_auth import session_cookie_header
 from app.http.errors import from_exception
 from app.http.services import services
@@ -221,8 +222,9 @@ async def oidc_callback(request: Request) -> Response:
         return RedirectResponse("/login", status_code=303)
     try:
         claims = await _verified_claims(request, svc.settings)
-        user = await svc.accounts.oidc_account(claims["iss"], claims["sub"], claims)
-        sign_in = await svc.accounts.start_session(user, client_address(request))
+        accounts = accounts_of(svc)
+        user = await accounts.oidc_account(claims["iss"], claims["sub"], claims)
+        sign_in = await accounts.start_session(user, client_address(request))
     except SignInRefused as exc:
         return _refused(request, exc)
     except Exception as exc:  # noqa: BLE001 - a disabled account (403), the database (503): shown, not raised

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from app.accounts.service import AccountService, SignIn
+from app.accounts.service import AccountService, SignIn, accounts_of
 from app.db import UserRecord
 from app.http.account_auth import (
     require_account,
@@ -89,10 +89,8 @@ def _json_api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
                     "accounts are off on this server: start it with --auth local (or oidc)",
                     code="accounts_off",
                 )
-            accounts = svc.accounts
-            assert accounts is not None  # made at startup whenever accounts are on
             check_browser_write(request, svc.settings)
-            return await handler(request, svc, accounts)
+            return await handler(request, svc, accounts_of(svc))
         except Exception as exc:  # noqa: BLE001 - every failure becomes an API error
             return error_response(from_exception(exc))
 

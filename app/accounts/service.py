@@ -21,6 +21,7 @@ from app.db import AccountConflict, InviteRecord, MessageStatus, Store, UserReco
 from app.engine_client.protocol import EngineClient
 from app.http.errors import APIError
 from app.http.identity import Account, account_owner, normalize_username
+from app.http.services import Services
 from app.settings import Settings
 from engine.core.outputs import CachePurge
 
@@ -297,3 +298,12 @@ def _invite_gone() -> APIError:
         "this invite link is not valid: it was used, revoked or mistyped, or it expired",
         code="invite_not_found",
     )
+
+
+def accounts_of(svc: Services) -> AccountService:
+    """The app's account service (accounts on: `--auth local|oidc`), typed for this feature."""
+    accounts = svc.accounts
+    assert isinstance(accounts, AccountService), (
+        "the lifespan builds Services.accounts whenever accounts are on"
+    )
+    return accounts

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -119,7 +120,7 @@ class AdminFeed:
         views = list(self._subscribers.values()) or [MapView()]
         # the panels' maps show whole pools: their hashes too when a pool fits one block a cell
         wanted = views + [MapView(cells=cells) for cells in {v.panel_cells for v in views}]
-        taken = await engine.pool_sample_each(detail_range(wanted, engine.info.num_blocks))
+        taken = await engine.pool_sample_each(functools.partial(detail_range, wanted))
         now = time.monotonic()
         database_bytes = await self._database_size(now)
         engines: dict[str, EngineSample] = {}
@@ -231,11 +232,10 @@ class AdminFeed:
 
     async def _database_size(self, now: float) -> int | None:
         """The database's size, read at most every DATABASE_SIZE_INTERVAL_S; None when unknown or unreadable."""
-        store = self.svc.store
-        if store is not None and now - self._database_read_at >= DATABASE_SIZE_INTERVAL_S:
+        if now - self._database_read_at >= DATABASE_SIZE_INTERVAL_S:
             self._database_read_at = now
             try:
-                self._database_bytes = await store.database_bytes()
+                self._database_bytes = await self.svc.store.database_bytes()
             except Exception:  # noqa: BLE001 - an outage shows elsewhere; the advice just leaves the size out
                 self._database_bytes = None
         return self._database_bytes
@@ -262,10 +262,10 @@ class AdminFeed:
 
 
 def admin_feed(app: Starlette) -> AdminFeed:
-    """The app's feed, made on first use: it keeps its own traffic recorder, which learns sequence lengths from
-    the snapshots it takes while a page listens."""
+    """The app's feed, made on first use after each start: it keeps its own traffic recorder, which learns sequence
+    lengths from the snapshots it takes while a page listens."""
     feed = getattr(app.state, "admin_feed", None)
-    if feed is None:
+    if feed is None or feed.svc is not app.state.services:  # none yet, or one of an earlier start's services
         feed = AdminFeed(app.state.services, TrafficRecorder(), sample_lengths=True)
         app.state.admin_feed = feed
     return feed

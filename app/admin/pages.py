@@ -10,7 +10,7 @@ from starlette.routing import Route
 
 from app.admin.advice import format_bytes
 from app.admin.tier_view import configured_tier_dir, tier_configured
-from app.engine_client.protocol import EngineInfo
+from app.engine_client.protocol import EngineInfo, EngineUnavailable
 from app.http.account_auth import signed_in_account
 from app.http.admin_auth import (
     admin_cookie_header,
@@ -28,7 +28,6 @@ from app.http.errors import APIError, from_exception
 from app.http.services import Services, services
 from app.http.templates import NO_STORE, render
 from engine.core.memory import available_memory_bytes
-from engine.core.tier import TierStats
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +39,9 @@ async def engine_settings_rows(svc: Services) -> list[tuple[str, str]]:
     info = svc.engine.info
     cfg = info.config
     pool_bytes = info.num_blocks * info.kv_block_bytes
-    one_engine = svc.engine.health() is None
-    tier_rows = disk_tier_rows(info, (await svc.engine.stats()).tier) if one_engine else replica_rows(svc)
+    tier_rows = (
+        disk_tier_rows(info, await _tier_enabled(svc)) if svc.engine.health() is None else replica_rows(svc)
+    )
     return [
         ("Model", info.model_name),
         ("Device / dtype", f"{cfg.device} / {cfg.dtype}"),
@@ -95,12 +95,25 @@ def replica_rows(svc: Services) -> list[tuple[str, str]]:
     return rows
 
 
-def disk_tier_rows(info: EngineInfo, tier: TierStats | None) -> list[tuple[str, str]]:
-    """The disk tier's rows: its resolved cap and directory, or why there is none."""
+async def _tier_enabled(svc: Services) -> bool | None:
+    """Whether the disk tier still takes writes (it turns itself off after an error); None: the engine cannot say
+    (it has stopped: the page still shows what it can)."""
+    try:
+        tier = (await svc.engine.stats()).tier
+    except EngineUnavailable:
+        return None
+    return None if tier is None else tier.enabled
+
+
+def disk_tier_rows(info: EngineInfo, enabled: bool | None) -> list[tuple[str, str]]:
+    """The disk tier's rows: its resolved cap and directory (`enabled` False: turned off since), or why there is
+    none."""
     cfg = info.config
-    if tier is not None and info.tier_directory is not None:
-        cap = f"{format_bytes(tier.capacity_bytes)} cap" + (" (auto)" if cfg.kv_disk_bytes is None else "")
-        state = "" if tier.enabled else " · turned off after an error (see the log)"
+    if info.tier_directory is not None and info.tier_capacity_bytes is not None:
+        cap = f"{format_bytes(info.tier_capacity_bytes)} cap" + (
+            " (auto)" if cfg.kv_disk_bytes is None else ""
+        )
+        state = " · turned off after an error (see the log)" if enabled is False else ""
         return [("KV disk tier", cap + state), ("KV disk directory", info.tier_directory)]
     if not tier_configured(cfg):
         why = "kv_disk_bytes 0" if cfg.kv_disk_bytes == 0 else "needs prefix caching"

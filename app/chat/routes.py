@@ -14,7 +14,7 @@ from starlette.routing import Route
 from app.chat.branches import path_json, turn_target
 from app.chat.chat_settings import check_session_settings
 from app.chat.reply import SHUTDOWN, Reply
-from app.chat.service import ChatService, ReplyMode
+from app.chat.service import ChatService, ReplyMode, chat_of
 from app.chat.ws import error_frame
 from app.db import MessageStatus, PresetRef, SessionRecord
 from app.http.credentials import credential_of, revocation, revoked_error
@@ -96,7 +96,7 @@ async def preset_of(body: dict[str, Any], svc: Services, owner: str) -> str | No
 async def list_sessions(request: Request, svc: Services, owner: str) -> Response:
     """GET /api/sessions: the caller's sessions, newest first."""
     sessions = await svc.store.chats.list_sessions(owner)
-    return JSONResponse({"sessions": [session_json(s, svc.chat) for s in sessions]})
+    return JSONResponse({"sessions": [session_json(s, chat_of(svc)) for s in sessions]})
 
 
 @_api
@@ -106,7 +106,7 @@ async def create_session(request: Request, svc: Services, owner: str) -> Respons
     svc.admission.admit_new_identity(request, owner)
     body = await read_json_object(request, svc.settings.max_body_bytes, allow_empty=True)
     session = await svc.store.chats.create_session(owner, **await _fields(body, svc, owner, creating=True))
-    return JSONResponse(session_json(session, svc.chat), status_code=201)
+    return JSONResponse(session_json(session, chat_of(svc)), status_code=201)
 
 
 @_api
@@ -117,7 +117,7 @@ async def get_session(request: Request, svc: Services, owner: str) -> Response:
     tree = await svc.store.chats.get_tree(owner, sid)
     if session is None or tree is None:
         raise not_found(f"session {sid[:64]!r}")
-    return JSONResponse({**session_json(session, svc.chat), **path_json(tree)})
+    return JSONResponse({**session_json(session, chat_of(svc)), **path_json(tree)})
 
 
 @_api
@@ -135,7 +135,7 @@ async def switch_branch(request: Request, svc: Services, owner: str) -> Response
     """POST /api/sessions/{id}/branch {message_id}: show the branch through that message (its newest
     continuation); the new branch on show, as GET …/messages returns it."""
     body = await read_json_object(request, svc.settings.max_body_bytes)
-    return JSONResponse(await svc.chat.switch_branch(owner, request.path_params["session_id"], body))
+    return JSONResponse(await chat_of(svc).switch_branch(owner, request.path_params["session_id"], body))
 
 
 @_api
@@ -148,7 +148,7 @@ async def update_session(request: Request, svc: Services, owner: str) -> Respons
     )
     if session is None:
         raise not_found(f"session {sid[:64]!r}")
-    return JSONResponse(session_json(session, svc.chat))
+    return JSONResponse(session_json(session, chat_of(svc)))
 
 
 @_api
@@ -157,7 +157,7 @@ async def delete_session(request: Request, svc: Services, owner: str) -> Respons
     sid = request.path_params["session_id"]
     if await svc.store.chats.get_session(owner, sid) is None:
         raise not_found(f"session {sid[:64]!r}")
-    svc.chat.stop(sid)
+    chat_of(svc).stop(sid)
     await svc.store.chats.delete_session(owner, sid)
     return Response(status_code=204)
 
@@ -168,7 +168,7 @@ async def stop_reply(request: Request, svc: Services, owner: str) -> Response:
     sid = request.path_params["session_id"]
     if await svc.store.chats.get_session(owner, sid) is None:
         raise not_found(f"session {sid[:64]!r}")
-    return JSONResponse({"stopped": svc.chat.stop(sid)})
+    return JSONResponse({"stopped": chat_of(svc).stop(sid)})
 
 
 async def _turn(request: Request, svc: Services, owner: str, mode: ReplyMode) -> Response:
@@ -176,14 +176,14 @@ async def _turn(request: Request, svc: Services, owner: str, mode: ReplyMode) ->
     target = turn_target(mode, body)  # a bad id is a 400 before the client's slot is taken
     credential = await credential_of(request, svc, owner=owner)
     lease = svc.admission.admit(request, owner)
-    reply = await svc.chat.start(
+    reply = await chat_of(svc).start(
         mode, owner, request.path_params["session_id"], body.get("content"), lease, target=target
     )
     end_with_key(  # a revoked key's reply stops, stored as interrupted
         request,
         svc,
         lambda: reply.task is not None and not reply.task.done(),
-        lambda: svc.chat.stop_reply(reply, MessageStatus.INTERRUPTED, reason=REVOKED),
+        lambda: chat_of(svc).stop_reply(reply, MessageStatus.INTERRUPTED, reason=REVOKED),
     )
     return _sse(svc, reply, revocation(request, svc, credential, _revoked_events))
 
@@ -225,7 +225,7 @@ def _sse(svc: Services, reply: Reply, revoked: Revocation | None) -> Response:
         # However the response ends, abort the reply if it still runs: the client went away (even before the first
         # event) or its sign-in ended, stored as interrupted, as when a WebSocket drops (a shutdown has cut it
         # already, as interrupted).
-        svc.chat.stop_reply(reply, status=MessageStatus.INTERRUPTED)
+        chat_of(svc).stop_reply(reply, status=MessageStatus.INTERRUPTED)
 
     return event_stream(events(), svc, _shutdown_events, on_close=on_close, revoked=revoked)
 

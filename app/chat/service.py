@@ -23,6 +23,7 @@ from app.http.errors import APIError, bad_request, from_exception, not_found
 from app.http.limits import Lease
 from app.http.public_prefix import PublicPrefixes
 from app.http.sampling import sampling_params
+from app.http.services import Services
 from app.settings import Settings
 from engine.core.sampling_defaults import BUILTIN, SamplingDefaults
 from engine.core.sequence import SamplingParams
@@ -303,3 +304,10 @@ class ChatService:
             await self.writer.run(reply, plan, place)
         finally:
             self._turns.pop(reply.session_id, None)
+
+
+def chat_of(svc: Services) -> ChatService:
+    """The app's chat service (`Services.chat`, typed for the shared layers by what they need of it)."""
+    chat = svc.chat
+    assert isinstance(chat, ChatService), "the lifespan builds Services.chat as a ChatService"
+    return chat

@@ -30,7 +30,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.chat.branches import turn_target
 from app.chat.reply import Reply
-from app.chat.service import ChatService, ReplyMode
+from app.chat.service import ChatService, ReplyMode, chat_of
 from app.db import MessageStatus
 from app.http.credentials import Credential, credential_alive, credential_of, revoked_error, until_revoked
 from app.http.errors import APIError, bad_request, from_exception
@@ -144,7 +144,7 @@ def _end_with_key(websocket: WebSocket, svc: Services, reply: Reply) -> None:
         websocket,
         svc,
         lambda: reply.task is not None and not reply.task.done(),
-        lambda: svc.chat.stop_reply(reply, MessageStatus.INTERRUPTED, reason=REVOKED),
+        lambda: chat_of(svc).stop_reply(reply, MessageStatus.INTERRUPTED, reason=REVOKED),
     )
 
 
@@ -194,8 +194,7 @@ async def _say_goodbye(socket: _Socket) -> None:
 
 
 async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str, credential: Credential) -> None:
-    chat, max_frame_bytes = svc.chat, svc.settings.ws_max_frame_bytes
-    assert chat is not None
+    chat, max_frame_bytes = chat_of(svc), svc.settings.ws_max_frame_bytes
     pump: asyncio.Task | None = None
     try:
         while True:

@@ -101,7 +101,9 @@ class ReplicaSetEngine(StreamRegistry):
             await asyncio.to_thread(ray_runtime.stop, self._started_ray)
             raise
         # the front holds no weights, and each replica has a disk tier of its own (see their stats)
-        self._info = dataclasses.replace(info, weight_memory=None, tier_directory=None)
+        self._info = dataclasses.replace(
+            info, weight_memory=None, tier_directory=None, tier_capacity_bytes=None
+        )
         self.tokenizer = tokenizer
         await self._take_census()
         self._census_task = asyncio.create_task(self._census_loop(), name="replica-census")

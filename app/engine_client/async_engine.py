@@ -144,7 +144,6 @@ class AsyncEngine(StreamRegistry):
         """
         del session
         self._check_serving()
-        self._check_request(prompt, params, public_prefix_len)
         assert self.engine is not None
         if params.structured is not None:
             # the grammar's matcher is built here, off the engine thread (cached for the engine's add_request):
@@ -155,6 +154,7 @@ class AsyncEngine(StreamRegistry):
             raise EngineOverloaded(
                 f"the server is at its limit of {limit} concurrent requests; retry shortly"
             )
+        self._check_request(prompt, params, public_prefix_len)  # on the loop: no wait for a step
         stream = self._open_stream(request_id, label)
         future = asyncio.get_running_loop().create_future()
         self._commands.put(AddRequest(request_id, prompt, params, future, cache_salt, public_prefix_len))

@@ -4,6 +4,7 @@ so that a replica set can send them to its replicas as they are."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,7 @@ def engine_info(engine: LLMEngine) -> EngineInfo:
         vocab_size=engine.vocab_size,
         weight_memory=engine.weight_memory,
         tier_directory=str(engine.tier.directory) if engine.tier is not None else None,
+        tier_capacity_bytes=engine.tier.capacity_bytes if engine.tier is not None else None,
     )
 
 
@@ -42,14 +44,16 @@ def snapshot(engine: LLMEngine) -> PoolSnapshot:
 
 @dataclass(frozen=True)
 class PoolSampler:
-    """The admin feed's sample of a pool, with the hashes of the `hashed` blocks."""
+    """The admin feed's sample of a pool, with the hashes of the blocks `hashed(the pool's number of blocks)`
+    names (each replica sizes its own pool)."""
 
-    hashed: range
+    hashed: Callable[[int], range]
 
     def __call__(self, engine: LLMEngine) -> PoolSample:
+        hashed = self.hashed(engine.num_blocks)
         return PoolSample(
-            snapshot=engine.snapshot(self.hashed),
-            hashed=self.hashed,
+            snapshot=engine.snapshot(hashed),
+            hashed=hashed,
             num_preempted=sum(1 for seq in engine.scheduler.waiting if seq.num_preemptions > 0),
             tier_directory=str(engine.tier.directory) if engine.tier is not None else None,
         )

@@ -55,6 +55,7 @@ class EngineInfo:
     vocab_size: int  # prompt token ids must be below it
     weight_memory: WeightMemory | None  # None: a replica set's front, which holds no weights
     tier_directory: str | None  # the KV disk tier's directory; None: no tier opened (or one per replica)
+    tier_capacity_bytes: int | None  # its cap, resolved when it opened
 
     @property
     def block_size(self) -> int:
@@ -147,7 +148,10 @@ class EngineClient(Protocol):
 
     async def snapshot_each(self) -> list[tuple[str, PoolSnapshot]]: ...
 
-    async def pool_sample_each(self, hashed: range) -> list[tuple[str, PoolSample]]: ...
+    async def pool_sample_each(self, hashed: Callable[[int], range]) -> list[tuple[str, PoolSample]]:
+        """Each engine's pool, with the hashes of the blocks `hashed(its number of blocks)` names (picklable: a
+        replica set sends it to its replicas)."""
+        ...
 
     async def purge_cache_salt(self, cache_salt: str) -> list[CachePurge]:
         """Drop every cached block of `cache_salt` (a tenant) from each engine's pool and disk tier."""

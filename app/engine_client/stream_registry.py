@@ -83,7 +83,7 @@ class StreamRegistry(ABC):
     async def snapshot_each(self) -> list[tuple[str, PoolSnapshot]]:
         return await self.call_each(engine_calls.snapshot)
 
-    async def pool_sample_each(self, hashed: range) -> list[tuple[str, PoolSample]]:
+    async def pool_sample_each(self, hashed: Callable[[int], range]) -> list[tuple[str, PoolSample]]:
         return await self.call_each(engine_calls.PoolSampler(hashed))
 
     async def purge_cache_salt(self, cache_salt: str) -> list[CachePurge]:

@@ -128,7 +128,6 @@ async def credential_alive(
         return True
     if credential.session_hash is not None:
         store = svc.store
-        assert store is not None, "a signed-in stream runs on a started service"
         user = await checks.get(
             "session:" + credential.session_hash,
             lambda: store.accounts.session_user(credential.session_hash),

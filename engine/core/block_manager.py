@@ -435,7 +435,7 @@ class BlockManager:
                 self.num_cached_free += 1
 
 
-# The twin of app/chat/conversation.py's common_prefix_len: the engine may not import the app, and the app's
+# The twin of app/http/public_prefix.py's common_prefix_len: the engine may not import the app, and the app's
 # history builder imports no engine module (tests/app/chat/test_conversation.py), so each layer keeps its own six lines.
 def _common_prefix_len(a: tuple[int, ...], b: list[int]) -> int:
     n = 0

@@ -89,6 +89,7 @@ def replica_set(calls: list[FakeCall]) -> ReplicaSetEngine:
         vocab_size=1000,
         weight_memory=None,
         tier_directory=None,
+        tier_capacity_bytes=None,
     )
     engine._info, engine.ready, engine._handle = info, True, FakeHandle(calls)
     engine.replicas = {"a": ReplicaStatus("a", pid=1, rank=0, state="running")}

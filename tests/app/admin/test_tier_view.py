@@ -57,9 +57,13 @@ def test_the_panel_before_any_load_and_without_a_tier():
 
 
 def rows(config: EngineConfig, tier: object | None) -> list[tuple[str, str]]:
-    """The rows for an engine with `config` and a tier (None: none opened) whose stats are `tier`."""
-    info = SimpleNamespace(config=config, tier_directory=str(tier.directory) if tier is not None else None)
-    return disk_tier_rows(info, tier)
+    """The rows for an engine with `config` and a tier (None: none opened) whose state is `tier`."""
+    info = SimpleNamespace(
+        config=config,
+        tier_directory=str(tier.directory) if tier is not None else None,
+        tier_capacity_bytes=tier.capacity_bytes if tier is not None else None,
+    )
+    return disk_tier_rows(info, tier.enabled if tier is not None else None)
 
 
 def test_settings_rows_show_the_resolved_cap_and_directory():

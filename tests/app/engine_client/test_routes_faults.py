@@ -139,3 +139,5 @@ def test_a_dead_engine_thread_turns_health_red_and_new_requests_get_503(tmp_path
         sid = client.post("/api/sessions").json()["id"]
         reply = client.post(f"/api/sessions/{sid}/messages", json={"content": "hi"})
         assert reply.status_code == 503
+        page = client.get("/admin")  # the operator's page still shows the engine's settings
+        assert page.status_code == 200 and "Bytes per block" in page.text
