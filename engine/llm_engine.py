@@ -215,6 +215,7 @@ class LLMEngine:
                     self.output_processor.fail(
                         item.seq.request_id, f"engine step failed: {type(exc).__name__}: {exc}"
                     )
+        self.output_processor.note_progress(self.scheduler.waiting)
         outputs = self.output_processor.make_outputs()
         if self._step_clock is not None and out.scheduled and out.num_batched_tokens == len(out.scheduled):
             self._step_timings.add(

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from engine.core.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from engine.core.outputs import CompletionOutput, Logprob, PromptProgress, RequestMetrics, RequestOutput
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import FinishReason, SamplingParams, Sequence
 from engine.detokenizer import IncrementalDetokenizer
@@ -46,6 +47,8 @@ class RequestState:
     params: SamplingParams
     samples: list[SampleState]
     error: str | None = None
+    progress: PromptProgress | None = None  # the prompt's progress for the next output (report_progress)
+    progress_sent: PromptProgress | None = None  # ... and the last one sent
 
     @property
     def finished(self) -> bool:
@@ -60,6 +63,9 @@ class OutputProcessor:
         self.scheduler = scheduler
         self.request_states: dict[str, RequestState] = {}
         self._moved: dict[str, RequestState] = {}  # requests with news for the next outputs, in order of news
+        self._progress_ids: set[str] = (
+            set()
+        )  # requests that report their prompt's progress until their first token
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self.request_states
@@ -77,6 +83,33 @@ class OutputProcessor:
             SampleState(seq, IncrementalDetokenizer(self.tokenizer, prompt, seq.params.stop)) for seq in seqs
         ]
         self.request_states[first.request_id] = RequestState(first.request_id, prompt, first.params, samples)
+        if first.params.report_progress:
+            self._progress_ids.add(first.request_id)
+
+    def note_progress(self, waiting: Iterable[Sequence]) -> None:
+        """After a step: an output for each request that asked for its prompt's progress (report_progress), has no
+        token yet, and moved since its last one (more prompt read, or another place in the queue)."""
+        if not self._progress_ids:
+            return
+        queue = {seq.request_id: place for place, seq in enumerate(waiting, 1) if seq.sample_index == 0}
+        now = time.monotonic()
+        for request_id in list(self._progress_ids):
+            state = self.request_states.get(request_id)
+            seq = state.samples[0].seq if state is not None else None
+            if state is None or seq is None or seq.num_output_tokens or state.finished:
+                self._progress_ids.discard(request_id)  # gone, or its tokens speak for it from now on
+                continue
+            total = len(state.prompt_token_ids)
+            progress = PromptProgress(
+                total=total,
+                cached=seq.num_cached_tokens,
+                processed=min(seq.num_computed_tokens, total),
+                queue_position=queue.get(request_id),
+                time_ms=round((now - seq.arrival_time) * 1000, 1),
+            )
+            if not progress.same_state(state.progress_sent):
+                state.progress = state.progress_sent = progress
+                self._moved[request_id] = state
 
     def add_logprobs(self, seqs: list[Sequence], logprobs: list[Logprob | None]) -> None:
         """Record each sequence's logprob of this step (None where its request did not ask for logprobs)."""
@@ -178,4 +211,10 @@ class OutputProcessor:
             finished=finished,
             error=state.error,
             metrics=metrics,
+            progress=_take_progress(state),
         )
+
+
+def _take_progress(state: RequestState) -> PromptProgress | None:
+    progress, state.progress = state.progress, None
+    return progress

@@ -17,6 +17,8 @@ export const state = {
   // the user pressed Stop on the running reply
   stopRequested: false,
   assistantNode: null,
+  // the bubble that says how far the prompt has been read, until the reply's first token
+  progressNode: null,
   assistantText: "",
   renderQueued: false,
   // when the streamed text was last drawn (performance.now()): draws are throttled

@@ -39,6 +39,7 @@ async function onOpen(isReconnect) {
 
 function onDrop() {
   setConnStatus(CONNECTION_LOST);
+  dropProgress();
   if (state.assistantNode) {
     // the server stores a reply whose socket dropped as interrupted, unless the user's Stop reached it first
     const status = state.stopRequested ? ReplyStatus.STOPPED : ReplyStatus.INTERRUPTED;
@@ -67,7 +68,17 @@ function onFrame(frame) {
       scrollToBottom(true);
       break;
     }
+    case ServerFrame.PROGRESS:
+      if (state.progressNode) {
+        state.progressNode.querySelector(".msg-progress").textContent = view.progressText(frame);
+      } else {
+        state.progressNode = view.progressMessage(frame);
+        ui.messages.appendChild(state.progressNode);
+        scrollToBottom(true);
+      }
+      break;
     case ServerFrame.ASSISTANT_START: {
+      dropProgress();
       // continuing, the reply's own bubble grows
       let node = frame.continues ? messageNode(frame.message_id) : null;
       if (!node) {
@@ -98,11 +109,18 @@ function onFrame(frame) {
   }
 }
 
+/** The reading bubble goes once the reply starts, ends or its connection drops. */
+function dropProgress() {
+  if (state.progressNode) state.progressNode.remove();
+  state.progressNode = null;
+}
+
 function messageNode(id) {
   return id == null ? null : ui.messages.querySelector('.msg[data-id="' + Number(id) + '"]');
 }
 
 function onDone(message) {
+  dropProgress();
   let node = state.assistantNode;
   if (!node) {
     node = view.assistantMessage({ content: "" });

@@ -153,6 +153,27 @@ export function streamAssistantText(node, text) {
   streamInto(node.querySelector(".msg-body"), text);
 }
 
+/** What a reply's bubble says before its first token: its place in the queue, or how much of the prompt is read. */
+export function progressText(progress) {
+  const count = (n) => Number(n).toLocaleString("en-US");
+  if (progress.queue_position != null) {
+    const ahead = progress.queue_position - 1;
+    return ahead > 0 ? `waiting: ${count(ahead)} ahead in the queue…` : "waiting: next in the queue…";
+  }
+  const cached = progress.cached ? ` (${count(progress.cached)} from cache)` : "";
+  return `reading ${count(progress.processed)} of ${count(progress.total)} tokens${cached}…`;
+}
+
+/** A reply's bubble before its first token, saying how far its prompt has been read (see progressText). */
+export function progressMessage(progress) {
+  const node = el("article", "msg msg-assistant msg-reading is-streaming");
+  node.dataset.role = "assistant";
+  node.setAttribute("aria-busy", "true");
+  node.setAttribute("aria-label", "Assistant");
+  node.appendChild(el("p", "msg-progress", progressText(progress)));
+  return node;
+}
+
 /** Mark a bubble as streaming (typing indicator, aria-busy) until finishAssistant(). */
 export function startStreaming(node) {
   node.classList.add("is-streaming");

@@ -14,10 +14,12 @@ export const ClientFrame = Object.freeze({
   PING: "ping",
 });
 
-/** Server → client frames, in the order a reply sends them: START, ASSISTANT_START, DELTA..., DONE. */
+/** Server → client frames, in the order a reply sends them: START, PROGRESS..., ASSISTANT_START, DELTA..., DONE. */
 export const ServerFrame = Object.freeze({
   // the server accepted a reply frame; carries the stored user message
   START: "start",
+  // until the first token: how far the prompt has been read ({total, cached, processed, queue_position})
+  PROGRESS: "progress",
   ASSISTANT_START: "assistant_start",
   DELTA: "delta",
   DONE: "done",

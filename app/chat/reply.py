@@ -23,7 +23,7 @@ from app.engine_client.request_stream import (
 )
 from app.http.errors import from_exception
 from app.http.messages import message_fields, usage_json
-from engine.core.outputs import RequestOutput
+from engine.core.outputs import PromptProgress, RequestOutput
 from engine.core.sequence import FinishReason
 
 logger = logging.getLogger(__name__)
@@ -218,7 +218,11 @@ class ReplyWriter:
             await asyncio.shield(self._complete(turn, draft, final))
 
     async def _take(self, turn: Reply, draft: _Draft, output: RequestOutput) -> None:
-        """One output: its text goes out as a delta at once; the row catches up in the background."""
+        """One output: its text goes out as a delta at once; the row catches up in the background. Before the
+        first token, the prompt's progress goes out as `progress` events (the row is made with the first token)."""
+        if output.progress is not None and not output.finished and not output.outputs[0].num_new_tokens:
+            turn.emit(progress_event(output.progress))
+            return
         if draft.last is None:  # the row exists before the first delta, unless the database is down
             with contextlib.suppress(StoreUnavailable):
                 draft.record = await self.start_assistant(turn.session_id, draft, output.num_cached_tokens)
@@ -317,9 +321,23 @@ class ReplyWriter:
         )
 
 
+def progress_event(progress: PromptProgress) -> dict[str, Any]:
+    """How far the prompt has been read: `processed` of `total` tokens (`cached` of them from the prefix cache), and
+    the place in the queue while it waits (1: next; None: it runs)."""
+    return {
+        "type": "progress",
+        "total": progress.total,
+        "cached": progress.cached,
+        "processed": progress.processed,
+        "queue_position": progress.queue_position,
+    }
+
+
 def _merge_deltas(last: dict[str, Any], event: dict[str, Any]) -> dict[str, Any] | None:
     if last["type"] == "delta" and event["type"] == "delta":
         return {"type": "delta", "text": last["text"] + event["text"]}
+    if last["type"] == "progress" and event["type"] == "progress":  # a slow reader gets the newest
+        return event
     return None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import uuid
 from typing import Any
@@ -297,7 +298,8 @@ class ChatService:
         params = sampling_params(
             settings, max_tokens=max_tokens, logprobs=None, defaults=self.sampling_defaults.given()
         )
-        return params, max_tokens
+        # the page shows how far the prompt has been read (or the place in the queue) until the first token
+        return dataclasses.replace(params, report_progress=True), max_tokens
 
     async def _drive(self, reply: Reply, plan: PromptPlan, place: ReplyPlace) -> None:
         try:

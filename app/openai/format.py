@@ -7,7 +7,7 @@ from typing import Any
 
 from app.http.messages import usage_json
 from app.openai.tool_calls import ToolCall
-from engine.core.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.core.outputs import CompletionOutput, Logprob, PromptProgress, RequestOutput
 from engine.core.sequence import FinishReason
 
 
@@ -115,3 +115,15 @@ def tool_deltas(items: list[str | ToolCall], num_calls_before: int) -> list[dict
         deltas.append({"tool_calls": [{"index": index, "function": {"arguments": item.arguments}}]})
         index += 1
     return deltas
+
+
+def prompt_progress(progress: PromptProgress) -> dict[str, Any]:
+    """llama.cpp's `prompt_progress`: `processed` of `total` prompt tokens read, `cache` of them from the prefix cache,
+    `time_ms` since the request arrived; and, beyond llama.cpp's, the place in the queue while it waits (1: next)."""
+    return {
+        "total": progress.total,
+        "cache": progress.cached,
+        "processed": progress.processed,
+        "time_ms": progress.time_ms,
+        "queue_position": progress.queue_position,
+    }

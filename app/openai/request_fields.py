@@ -33,6 +33,7 @@ _COMMON = frozenset(
         "guided_grammar",
         "cache_salt",
         "user",  # informational: written to the request's log line
+        "return_progress",  # llama.cpp's: a stream sends prompt_progress chunks before the first token
     }
 )
 CHAT_FIELDS = _COMMON | {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -41,7 +42,7 @@ from app.openai.input import prompt_ids as prompt_input
 from app.openai.request_fields import check_fields
 from app.openai.tool_calls import CLOSE, ToolCallParser
 from app.openai.tools import ToolPlan, tool_plan
-from engine.core.outputs import Logprob, RequestOutput
+from engine.core.outputs import Logprob, PromptProgress, RequestOutput
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +144,8 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
     model = check_model(body, svc)
     requested_salt = requested_cache_salt(body)
     streaming = get_bool(body, "stream", False)
+    # llama.cpp's server convention: a stream sends the prompt's progress before its first token
+    progress = get_bool(body, "return_progress", False) and streaming
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad_request("stream_options must be an object", "stream_options")
@@ -182,6 +185,8 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
         # at most one call, where no grammar forces it: the output ends at the first call's closing marker
         extra_stop=(CLOSE,) if plan and plan.single and plan.names and plan.forced is None else (),
     )
+    if progress:
+        params = dataclasses.replace(params, report_progress=True)
     response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
     # a request's own salt covers its whole prompt (vLLM's meaning), published system prompt included
     stream = await svc.engine.add_request(
@@ -298,10 +303,23 @@ async def _sse_events(svc: Services, call: _Call) -> AsyncIterator[dict[str, str
             body["usage"] = None
         return {"data": sse_json(body)}
 
+    def progress_chunk(progress: PromptProgress) -> dict[str, str]:
+        body = fmt.envelope(kind, call.response_id, call.model, created)
+        body["choices"] = []
+        body["prompt_progress"] = fmt.prompt_progress(progress)
+        return {"data": sse_json(body)}
+
     async with call.stream as stream:
         try:
             first = True
             async for output in stream:
+                if (
+                    output.progress is not None
+                    and not output.finished
+                    and not output.outputs[0].num_new_tokens
+                ):
+                    yield progress_chunk(output.progress)
+                    continue
                 last = output
                 rows: list[list[dict[str, Any]]] = []  # per sample, its choices in successive chunks
                 for out in output.outputs:

@@ -145,6 +145,27 @@ def _span(start: float | None, end: float | None) -> float | None:
     return None if start is None or end is None else end - start
 
 
+@dataclass(frozen=True)
+class PromptProgress:
+    """How far a request's prompt has been read, before its first token: `processed` of `total` prompt tokens have
+    their KV (of them `cached` came from the prefix cache), and `queue_position` (1: next) while it waits to be
+    scheduled (None once it runs). `time_ms`: since the request arrived."""
+
+    total: int
+    cached: int
+    processed: int
+    queue_position: int | None
+    time_ms: float
+
+    def same_state(self, other: PromptProgress | None) -> bool:
+        """Nothing moved but the clock."""
+        return other is not None and (self.cached, self.processed, self.queue_position) == (
+            other.cached,
+            other.processed,
+            other.queue_position,
+        )
+
+
 @dataclass
 class RequestOutput:
     """A request's state after a step: emitted whenever one of its samples produced text or finished."""
@@ -156,6 +177,8 @@ class RequestOutput:
     finished: bool
     error: str | None = None  # set when the request failed (finish_reason ERROR)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    # with SamplingParams.report_progress, before the first token: the prompt's progress (None otherwise)
+    progress: PromptProgress | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

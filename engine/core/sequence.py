@@ -35,6 +35,8 @@ class SamplingParams:
     seed: int | None = None
     logprobs: int | None = None  # number of top logprobs to return per token (0: only the sampled token's)
     structured: StructuredOutput | None = None  # the output must match this grammar (engine/worker/guided.py)
+    # until the first token: an output whenever the prompt's progress changes (RequestOutput.progress)
+    report_progress: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
