@@ -18,10 +18,11 @@ def build_parser() -> argparse.ArgumentParser:
     """A flag for every setting and engine knob, each defaulting to None so that only flags given override the env."""
     p = argparse.ArgumentParser(
         prog="pagedchat serve",
+        usage="%(prog)s [-h] [FLAG ...]",  # every flag is listed below, in its group: not again in one long line
         description="Run the chat service (HTTP, SSE, WebSocket). Every flag overrides its PAGEDCHAT_* variable.",
     )
-    add_options(p, Settings, title="service", defaults=False, show_env=True)
-    add_options(p, EngineConfig, title="engine", defaults=False, show_env=True)
+    # grouped by each field's `group` (server, accounts, model, engine, cache, limits, then advanced)
+    add_options(p, EngineConfig, Settings, defaults=False, show_env=True)
     return p
 
 

@@ -49,12 +49,7 @@ _NON_NEGATIVE = (
 )
 ADMIN_TOKEN_MIN_CHARS = 16
 SECRET_KEY_FILE = "secret_key"
-_LIMITS = "limits"
-_SAMPLING = "sampling defaults"
-_STORAGE = "storage"
-_ACCOUNTS = "accounts"
 AUTH_MODES = ("none", "local", "oidc")
-_CLUSTER = "replicas"
 ROUTING_POLICIES = ("kv", "round-robin", "least-loaded")
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 WILDCARD_ADDRESSES = ("", "0.0.0.0", "::")  # listen addresses that name no host a client could use
@@ -87,138 +82,164 @@ class Settings:
 
     # One line per setting: `pagedchat serve` flags and PAGEDCHAT_* variables are derived from these fields
     # (engine/core/options.py); the engine's own knobs are EngineConfig's fields, under `engine`.
-    host: str = option("127.0.0.1", "listen address")
-    port: int = option(8000, "listen port")
+    host: str = option("127.0.0.1", "listen address", group="server")
+    port: int = option(8000, "listen port", group="server")
     database_url: str = option(
-        "", "SQLAlchemy URL (postgresql+psycopg://... for PostgreSQL); unset: a SQLite file in the cache dir"
+        "",
+        "SQLAlchemy URL (postgresql+psycopg://... for PostgreSQL); unset: a SQLite file in the cache dir",
+        group="server",
     )
     api_keys: tuple[str, ...] = option(
         (),
         "required on /v1 when set, and they identify session owners; PAGEDCHAT_API_KEY works too",
         flag="--api-key",
+        group="accounts",
     )
     admin_token: str = option(
         "",
         f"guards /admin, /api/admin and /metrics (at least {ADMIN_TOKEN_MIN_CHARS} characters), beside admin "
         "accounts; unset: admin accounts only with --auth local|oidc, else loopback clients (not through a proxy)",
+        group="accounts",
     )
     metrics_public: bool = option(
-        False, "serve /metrics to anyone; unset: /metrics is part of the admin surface"
+        False, "serve /metrics to anyone; unset: /metrics is part of the admin surface", group="accounts"
     )
     secret_key: str = option(
         "",
         "signs the browser cookie; unset: one generated and kept in the cache dir; flags show in ps, prefer the variable",
+        group="server",
     )
     cache_dir: str = option(
-        "", "models, kernels, database, secret key; unset: $PAGEDCHAT_CACHE_DIR or ~/.cache/pagedchat"
+        "",
+        "models, kernels, database, secret key; unset: $PAGEDCHAT_CACHE_DIR or ~/.cache/pagedchat",
+        group="server",
     )
-    log_level: str = option("info", "log level", choices=("debug", "info", "warning", "error"))
+    log_level: str = option(
+        "info", "log level", choices=("debug", "info", "warning", "error"), group="server"
+    )
     allowed_origins: tuple[str, ...] = option(
         (),
         "origins allowed besides the server's own, for WebSocket upgrades and browser-cookie writes",
         flag="--allowed-origin",
+        group="server",
     )
     allowed_hosts: tuple[str, ...] = option(
         (),
         "Host header names (any port) answered besides the listen address, localhost, 127.0.0.1 and [::1]; any "
         "other Host gets a 400, on every route (a DNS-rebinding page names its own host); '*' answers every Host "
         "(unsafe: a web page can then reach this server through the visitor's browser)",
+        group="server",
     )
     forwarded_allow_ips: tuple[str, ...] = option(
         (),
         "addresses or networks of reverse proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (as "
         "uvicorn's flag); a request through a proxy is never admin by its address; '*': every peer (unsafe)",
+        group="server",
     )
-    cookie_secure: bool = option(False, "mark the browser cookie Secure (serve behind HTTPS)")
+    cookie_secure: bool = option(False, "mark the browser cookie Secure (serve behind HTTPS)", group="server")
     prefix_cache_isolation: bool = option(
         True,
         "salt cached blocks per caller (API key, browser, address) past the published prompt; "
         "off: every caller shares every cached prefix (single-tenant deployments)",
+        group="cache",
     )
     default_system_prompt: str = option(
-        "", "system prompt of sessions that set none; published: all users share its cached blocks"
+        "",
+        "system prompt of sessions that set none; published: all users share its cached blocks",
+        group="model",
     )
     shared_prompt_files: tuple[str, ...] = option(
         (),
         "files each holding a published system prompt: a chat whose first system message is one shares its "
         "cached blocks with all users",
         flag="--shared-prompt-file",
+        group="cache",
     )
-    max_body_bytes: int = option(1024 * 1024, "largest request body", group=_LIMITS)
-    max_messages: int = option(512, "messages in one /v1/chat/completions request", group=_LIMITS)
-    max_message_chars: int = option(200_000, "characters of one message or prompt", group=_LIMITS)
-    max_queued_requests: int = option(256, "requests waiting beyond max-num-seqs before 503", group=_LIMITS)
-    request_timeout_s: float = option(600.0, "longest a generation request may run", group=_LIMITS)
+    max_body_bytes: int = option(1024 * 1024, "largest request body, in bytes", group="limits")
+    max_messages: int = option(512, "messages in one /v1/chat/completions request", group="limits")
+    max_message_chars: int = option(200_000, "characters of one message or prompt", group="limits")
+    max_queued_requests: int = option(256, "requests waiting beyond max-num-seqs before 503", group="limits")
+    request_timeout_s: float = option(
+        600.0, "longest a generation request may run, in seconds", group="limits"
+    )
     default_max_tokens: int = option(
-        512, "reply length of session turns whose settings do not say", group=_LIMITS
+        512, "reply length, in tokens, of session turns whose settings do not say", group="limits"
     )
-    ws_max_frame_bytes: int = option(256 * 1024, "largest WebSocket frame", group=_LIMITS)
+    ws_max_frame_bytes: int = option(256 * 1024, "largest WebSocket frame, in bytes", group="limits")
     shutdown_grace_s: float = option(
         10.0,
-        "how long running replies may finish at shutdown; then every stream ends with a final event saying why",
-        group=_LIMITS,
+        "how long, in seconds, running replies may finish at shutdown; then every stream ends with a final event saying why",
+        group="limits",
     )
     # a client: its API key, else its browser cookie, else its address
     client_requests_per_minute: int = option(
         0,
         "generation requests (chat turns, /v1 completions) per client per rolling minute; 0: no limit",
-        group=_LIMITS,
+        group="limits",
     )
     client_max_streams: int = option(
-        0, "generation requests in flight per client; 0: no limit", group=_LIMITS
+        0, "generation requests in flight per client; 0: no limit", group="limits"
     )
     # an owner: its API key, else its browser cookie; checked inside the transaction of each write it asks for
-    max_sessions_per_owner: int = option(1000, "sessions one owner may keep; 0: no limit", group=_LIMITS)
+    max_sessions_per_owner: int = option(1000, "sessions one owner may keep; 0: no limit", group="limits")
     max_messages_per_owner: int = option(
-        20_000, "messages one owner may keep, over all its sessions; 0: no limit", group=_LIMITS
+        20_000, "messages one owner may keep, over all its sessions; 0: no limit", group="limits"
     )
     max_bytes_per_owner: int = option(
         50 * 1024 * 1024,
         "UTF-8 bytes of titles, system prompts and messages one owner may keep; 0: no limit",
-        group=_LIMITS,
+        group="limits",
     )
     new_identities_per_minute: int = option(
         30,
         "new browser identities (requests without a valid cookie) that may create a session, per client address "
         "per rolling minute; 0: no limit",
-        group=_LIMITS,
+        group="limits",
     )
     slow_reader_timeout_s: float = option(
-        60.0, "a client that takes no data for this long is cut off and its request aborted", group=_LIMITS
+        60.0,
+        "a client that takes no data for this many seconds is cut off and its request aborted",
+        group="limits",
     )
     header_timeout_s: float = option(
-        10.0, "a connection that has not sent a whole request head within this long is closed", group=_LIMITS
+        10.0,
+        "a connection that has not sent a whole request head within this many seconds is closed",
+        group="limits",
     )
     client_max_connections: int = option(
-        256, "open connections per client address; more are refused (503); 0: no limit", group=_LIMITS
+        256, "open connections per client address; more are refused (503); 0: no limit", group="limits"
     )
-    flush_interval_s: float = option(0.5, "how often a streaming reply is saved", group=_STORAGE)
+    flush_interval_s: float = option(
+        0.5, "how often, in seconds, a streaming reply is saved", group="advanced"
+    )
     db_busy_timeout_ms: int = option(
-        5000, "how long one database call waits for a lock before it is unavailable (503)", group=_STORAGE
+        5000,
+        "how long, in milliseconds, one database call waits for a lock before it is unavailable (503)",
+        group="advanced",
     )
     store_retry_s: float = option(
         10.0,
-        "how long a finished reply keeps retrying its final write while the database is down",
-        group=_STORAGE,
+        "how long, in seconds, a finished reply keeps retrying its final write while the database is down",
+        group="advanced",
     )
     max_database_bytes: int = option(
         2 * 1024**3,
-        "pages in use by the SQLite database (PostgreSQL: its tables' size) past which new sessions and messages are "
+        "bytes of pages in use by the SQLite database (PostgreSQL: its tables' size) past which new sessions and messages are "
         "refused (507); 0: no limit",
-        group=_STORAGE,
+        group="limits",
     )
     # what a request that leaves these out samples with; unset: the model's generation_config.json, else built-in
     default_temperature: float | None = option(
-        None, "temperature of requests that set none; unset: the model's, else 1.0", group=_SAMPLING
+        None, "temperature of requests that set none; unset: the model's, else 1.0", group="model"
     )
     default_top_p: float | None = option(
-        None, "top_p of requests that set none; unset: the model's, else 1.0", group=_SAMPLING
+        None, "top_p of requests that set none; unset: the model's, else 1.0", group="model"
     )
     default_top_k: int | None = option(
-        None, "top_k of requests that set none (0: off); unset: the model's, else 0", group=_SAMPLING
+        None, "top_k of requests that set none (0: off); unset: the model's, else 0", group="model"
     )
     default_repetition_penalty: float | None = option(
-        None, "repetition_penalty of requests that set none; unset: the model's, else 1.0", group=_SAMPLING
+        None, "repetition_penalty of requests that set none; unset: the model's, else 1.0", group="model"
     )
     # accounts (docs: README "Accounts"): who the chat's users are; the account is then the identity everywhere
     auth: str = option(
@@ -226,57 +247,57 @@ class Settings:
         "who the chat's users are: none (each browser's cookie, a single-user machine), local (accounts with "
         "passwords), oidc (local accounts plus sign-in through an OpenID Connect provider)",
         choices=AUTH_MODES,
-        group=_ACCOUNTS,
+        group="accounts",
     )
-    account_session_days: float = option(30.0, "how long a sign-in lasts", group=_ACCOUNTS)
-    invite_hours: float = option(72.0, "how long an invite link stays valid", group=_ACCOUNTS)
+    account_session_days: float = option(30.0, "how long a sign-in lasts, in days", group="accounts")
+    invite_hours: float = option(72.0, "how long an invite link stays valid, in hours", group="accounts")
     credential_check_interval_s: float = option(
         2.0,
-        "how often a long-lived stream (chat socket, reply over SSE, streamed /v1 request, admin feed) re-checks the "
+        "how often, in seconds, a long-lived stream (chat socket, reply over SSE, streamed /v1 request, admin feed) re-checks the "
         "sign-in, admin token or key it opened with; it ends within 1.5 times this once that is revoked",
-        group=_ACCOUNTS,
+        group="accounts",
     )
     max_queued_password_checks: int = option(
         8,
         "password checks (sign-ins, password changes) that may wait for a hashing thread; more are refused at once "
         "(503), so a flood of guesses cannot make every sign-in wait",
-        group=_ACCOUNTS,
+        group="accounts",
     )
     first_admin: str = option(
         "",
         "with accounts: at start, create this admin account unless an account of that name exists",
-        group=_ACCOUNTS,
+        group="accounts",
     )
     first_admin_password: str = option(
-        "", "the first admin's password; flags show in ps, prefer the variable", group=_ACCOUNTS
+        "", "the first admin's password; flags show in ps, prefer the variable", group="accounts"
     )
     oidc_issuer: str = option(
         "",
         "with --auth oidc: the provider's issuer URL (its /.well-known/openid-configuration is read)",
-        group=_ACCOUNTS,
+        group="accounts",
     )
-    oidc_client_id: str = option("", "with --auth oidc: this server's client id", group=_ACCOUNTS)
+    oidc_client_id: str = option("", "with --auth oidc: this server's client id", group="accounts")
     oidc_client_secret: str = option(
         "",
         "with --auth oidc: this server's client secret; flags show in ps, prefer the variable",
-        group=_ACCOUNTS,
+        group="accounts",
     )
     oidc_scopes: str = option(
-        "openid profile email", "with --auth oidc: the scopes asked for", group=_ACCOUNTS
+        "openid profile email", "with --auth oidc: the scopes asked for", group="accounts"
     )
     replicas: int = option(
-        1, "engine replicas; above 1, served from a Ray Serve deployment (pagedchat[cluster])", group=_CLUSTER
+        1, "engine replicas; above 1, served from a Ray Serve deployment (pagedchat[cluster])", group="engine"
     )
     threads_per_replica: int = option(
-        0, "CPU threads of each replica's engine; 0: --num-threads, else 1", group=_CLUSTER
+        0, "CPU threads of each replica's engine; 0: --num-threads, else 1", group="engine"
     )
     ray_address: str = option(
         "",
         "join this Ray cluster ('local': start one on 127.0.0.1, as --replicas above 1 does); anyone who can reach a "
         "Ray cluster can run code on it",
-        group=_CLUSTER,
+        group="engine",
     )
-    routing: str = option("kv", "how a request picks its replica", choices=ROUTING_POLICIES, group=_CLUSTER)
+    routing: str = option("kv", "how a request picks its replica", choices=ROUTING_POLICIES, group="engine")
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:

@@ -17,7 +17,7 @@ HISTORY_FILE = "chat_history"  # under the cache dir: the chat's input lines, fo
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """A flag for every EngineConfig field (defaults from the fields), for each subcommand that builds an engine."""
-    add_options(parser, EngineConfig, title="engine")
+    add_options(parser, EngineConfig)
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -34,7 +34,9 @@ def fetch_model(config: EngineConfig) -> None:
 
 
 def _sampling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument(
+        "--max-tokens", type=int, default=256, help="longest reply, in tokens (default: %(default)s)"
+    )
     unset = "unset: the model's generation_config.json, else {} (as `pagedchat serve` and the chat page)"
     parser.add_argument("--temperature", type=float, help=unset.format(BUILTIN.temperature))
     parser.add_argument("--top-p", type=float, help=unset.format(BUILTIN.top_p))
@@ -104,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedchat", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate replies to prompts")
-    gen.add_argument("prompt", nargs="+")
+    gen.add_argument("prompt", nargs="+", help="a prompt; several: one reply each")
     gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     _sampling_args(gen)
     _verbosity_arg(gen)

@@ -25,13 +25,18 @@ def check_model(body: dict[str, Any], svc: Services) -> str:
     if not isinstance(model, str):
         raise bad_request(f"model must be a string, got {json.dumps(model)[:80]}", "model")
     if model != served:
-        raise APIError(
-            404,
-            f"model {model[:200]!r} not found; this server serves {served!r}",
-            param="model",
-            code="model_not_found",
-        )
+        raise model_not_found(model, served)
     return served
+
+
+def model_not_found(model: str, served: str) -> APIError:
+    """The 404 of a request (or `GET /v1/models/{id}`) that names a model other than the served one."""
+    return APIError(
+        404,
+        f"model {model[:200]!r} not found; this server serves {served!r}",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def requested_cache_salt(body: dict[str, Any]) -> str | None:

@@ -1,4 +1,5 @@
-"""OpenAI-compatible API: /v1/models, /v1/chat/completions and /v1/completions, streaming (SSE) or not."""
+"""OpenAI-compatible API: /v1/chat/completions and /v1/completions, streaming (SSE) or not, and the route table of
+/v1 (the models are in models.py); any other /v1 path is a 404 naming the endpoints served."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route, Router
+from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocketClose
 
 from app.engine_client.request_label import api_label
 from app.engine_client.request_stream import (
@@ -39,6 +42,7 @@ from app.http.sse import event_stream, sse_json
 from app.openai import format as fmt
 from app.openai.input import check_model, requested_cache_salt
 from app.openai.input import prompt_ids as prompt_input
+from app.openai.models import list_models, retrieve_model
 from app.openai.request_fields import check_fields
 from app.openai.tool_calls import CLOSE, ToolCallParser
 from app.openai.tools import ToolPlan, tool_plan
@@ -66,24 +70,6 @@ class _Call:
         if self.tools is None or not self.tools.names:
             return None
         return ToolCallParser(self.tools.names, self.tools.strict)
-
-
-async def list_models(request: Request) -> Response:
-    """The one model this server serves."""
-    svc = services(request)
-    api_caller(request, svc.settings)
-    info = svc.engine.info
-    model = {
-        "id": info.model_name,
-        "object": "model",
-        "created": 0,
-        "owned_by": "pagedchat",
-        "max_model_len": info.max_model_len,
-        # what a request that leaves these out samples with (server flags > generation config > built-in)
-        "sampling_defaults": svc.sampling_defaults.given(),
-        "sampling_defaults_source": svc.sampling_sources,
-    }
-    return JSONResponse({"object": "list", "data": [model]})
 
 
 async def chat_completions(request: Request) -> Response:
@@ -384,8 +370,38 @@ async def _sse_events(svc: Services, call: _Call) -> AsyncIterator[dict[str, str
     yield {"data": "[DONE]"}
 
 
-routes = [
-    Route("/v1/models", list_models, methods=["GET"]),
-    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-    Route("/v1/completions", completions, methods=["POST"]),
+PREFIX = "/v1"
+# what this server serves under PREFIX; any other path there is a 404 that lists these (not_served)
+ENDPOINTS = [
+    Route("/models", list_models, methods=["GET"]),
+    Route("/models/{model_id:path}", retrieve_model, methods=["GET"]),
+    Route("/chat/completions", chat_completions, methods=["POST"]),
+    Route("/completions", completions, methods=["POST"]),
 ]
+
+
+def served_endpoints() -> str:
+    """The endpoints under PREFIX, as `GET /v1/models, GET /v1/models/{model_id}, ..., POST /v1/completions`."""
+    return ", ".join(
+        f"{method} {PREFIX}{route.path_format}"
+        for route in ENDPOINTS
+        for method in sorted(route.methods or ())
+        if method != "HEAD"
+    )
+
+
+async def not_served(scope: Scope, receive: Receive, send: Send) -> None:
+    """Any other path under PREFIX (`/v1/embeddings`, `/v1/responses`, ...), whatever its method: a 404 in the
+    OpenAI shape that names the endpoints this server does serve."""
+    if scope["type"] == "websocket":  # as Starlette's own not-found answers a socket
+        await WebSocketClose()(scope, receive, send)
+        return
+    path = scope["path"][:200]
+    error = APIError(
+        404, f"this server does not serve {path}; it serves {served_endpoints()}", code="unknown_endpoint"
+    )
+    await error_response(error)(scope, receive, send)
+
+
+# a method that a served path does not take is still a 405 (Router answers a partial match before its default)
+routes = [Mount(PREFIX, app=Router(routes=ENDPOINTS, default=not_served))]

@@ -23,32 +23,39 @@ class EngineConfig:
         DEFAULT_MODEL,
         "a local HF folder, a Llama-family .gguf file, a hub id (org/name, fetched into the Hugging Face cache), "
         "or smollm2-135m-instruct",
+        group="model",
     )
     model_revision: str = option(
-        "", "hub ids only: the branch, tag or commit to load; unset: main", flag="--revision"
+        "", "hub ids only: the branch, tag or commit to load; unset: main", flag="--revision", group="model"
     )
     gguf_file: str = option(
         "",
         "hub ids only: the .gguf file to load from the repo; unset: the repo's safetensors, else its only .gguf file",
+        group="model",
     )
     dtype: str = option(
         "auto",
         "auto: bf16 where the CPU/GPU supports it, else fp32 (fp32 beside quantization gguf, whose kernels take fp32)",
         choices=("auto", "float32", "bfloat16", "float16"),
+        group="model",
     )
-    device: str = option("auto", "auto: cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
+    device: str = option(
+        "auto", "auto: cuda when available, else cpu", choices=("auto", "cpu", "cuda"), group="engine"
+    )
     quantization: str = option(
         "auto",
         "gguf: keep a GGUF model's blocks (Q4_0/Q4_1/Q8_0, Q5_0/Q5_1, IQ4_NL/IQ4_XS, Q3_K..Q6_K) and multiply "
         "them as they are (CPU only; see int8_activations, batch_gemm); none: float weights in dtype; auto: gguf for a GGUF model "
         f"({DEFAULT_MODEL} comes from one) on the CPU, else none",
         choices=QUANTIZATIONS,
+        group="model",
     )
     int8_activations: bool | None = option(
         None,
         "quantization gguf only: round decode activations to int8 per 32 values, as llama.cpp does (the linears "
         "read the blocks at up to twice the speed on AVX2; logits move slightly: see `pagedchat bench quality`); "
         "off: fp32 activations times the blocks, exact up to summation order; unset: on with quantization gguf",
+        group="advanced",
     )
     batch_gemm: str = option(
         "auto",
@@ -60,20 +67,23 @@ class EngineConfig:
         "logits move slightly); fewer rows take the GEMV kernel (see int8_activations); auto: bf16 on such a CPU for a model whose copy "
         "is at most 512 MiB (~250M weights: the memory of a bigger model stays its file's), else int8",
         choices=("auto", "fp32", "bf16", "int8"),
+        group="advanced",
     )
     fused_decode: bool = option(
         True,
         "quantization gguf on the CPU: run a decode step's layers (up to 16 sequences) in one C call instead of "
         "~300 Python calls; the same kernels, bit for bit the same result (off: the module path, to compare)",
+        group="advanced",
     )
     step_timing: bool = option(
         False,
         "time every decode-only step's linears and attention inside the engine, per batch size (the rest is "
         "Python, small ops, sampling, detokenization): /api/admin/state and /metrics show the totals; costs "
         "~0.2 µs a linear call outside the fused step",
+        group="advanced",
     )
     attention_backend: str = option(
-        "auto", "auto: triton on CUDA, torch elsewhere", choices=("auto", "torch", "triton")
+        "auto", "auto: triton on CUDA, torch elsewhere", choices=("auto", "torch", "triton"), group="advanced"
     )
     kv_cache_dtype: str = option(
         "auto",
@@ -84,58 +94,72 @@ class EngineConfig:
         "token and KV head (about twice the tokens per byte of bf16, four times fp32; logits move slightly: see "
         "`pagedchat bench quality`)",
         choices=KV_CACHE_DTYPES,
+        group="cache",
     )
-    block_size: int = option(16, "tokens per KV block", choices=(8, 16, 32, 64, 128))
-    memory_utilization: float = option(0.9, "GPU only: fraction of total device memory the engine may use")
+    block_size: int = option(16, "tokens per KV block", choices=(8, 16, 32, 64, 128), group="advanced")
+    memory_utilization: float = option(
+        0.9, "GPU only: fraction of total device memory the engine may use", group="engine"
+    )
     kv_cache_bytes: int | None = option(
         None,
         f"KV pool budget in bytes; unset: {CPU_DEFAULT_KV_CACHE_BYTES >> 30} GiB on CPU, memory_utilization on GPU",
+        group="cache",
     )
     max_model_len: int | None = option(
-        None, f"longest sequence (prompt + reply); unset: the model's limit capped at {MAX_MODEL_LEN_CAP}"
+        None,
+        f"longest sequence (prompt + reply), in tokens; unset: the model's limit capped at {MAX_MODEL_LEN_CAP}",
+        group="model",
     )
-    max_num_seqs: int = option(256, "sequences running at once")
-    max_num_batched_tokens: int | None = option(None, "tokens per step; unset: 512 on CPU, 8192 on GPU")
+    max_num_seqs: int = option(256, "sequences running at once", group="engine")
+    max_num_batched_tokens: int | None = option(
+        None, "tokens per step; unset: 512 on CPU, 8192 on GPU", group="engine"
+    )
     enable_prefix_caching: bool = option(
-        True, "reuse the KV blocks of shared prompt prefixes", flag="--prefix-caching"
+        True, "reuse the KV blocks of shared prompt prefixes", flag="--prefix-caching", group="cache"
     )
     copy_partial_blocks: bool = option(
         True,
         "where a prompt parts from a cached block inside it (a regenerated, edited or continued chat turn), copy "
         "that block's KV instead of recomputing the tokens before the fork",
+        group="advanced",
     )
     prefix_cache_salt: str = option(
-        "", "mixed into every block hash: engines with different salts share no cached prefix"
+        "", "mixed into every block hash: engines with different salts share no cached prefix", group="cache"
     )
     kv_disk_bytes: int | None = option(
         None,
         "byte cap of the disk tier that keeps full KV blocks across eviction and restarts; unset: 4 GiB or 10% of "
         "the free disk, whichever is smaller; 0: no disk tier",
+        group="cache",
     )
     kv_disk_dir: str = option(
         "",
         "the disk tier's directory (one engine process each); one the tier did not make (a shared one, say) is "
         "left as it is and the tier works in its subdirectory pagedchat-kv; unset: <cache dir>/kv",
+        group="cache",
     )
     kv_disk_key_file: str = option(
         "",
         "the secret (made 0600 when missing) that keys the disk tier's block MACs: keep it where whoever can write "
         "the tier's directory cannot read (`pagedchat serve` puts it beside its database); unset: "
         "<cache dir>/kv-tier.key",
+        group="cache",
     )
     guided_mask_max_s: float = option(
         0.01,
-        "structured output: the CPU time one token mask of a request may take (its grammar's first mask, built "
+        "structured output: the CPU time, in seconds, one token mask of a request may take (its grammar's first mask, built "
         "when it compiles, has its own 0.25 s limit); a request over it ends with an error: masks are computed "
         "during the step, so a costly grammar slows every request in the batch",
+        group="advanced",
     )
     guided_mask_budget_s: float = option(
         1.0,
-        "structured output: the CPU time all of a request's token masks may take together (its samples', and "
+        "structured output: the CPU time, in seconds, all of a request's token masks may take together (its samples', and "
         "every mask a step needs); a request over it ends with an error",
+        group="advanced",
     )
-    seed: int = option(0, "random seed of sampling")
-    num_threads: int | None = option(None, "CPU torch threads; unset: torch's default")
+    seed: int = option(0, "random seed of sampling", group="engine")
+    num_threads: int | None = option(None, "CPU torch threads; unset: torch's default", group="engine")
 
     def __post_init__(self) -> None:
         check_choices(self)

@@ -1,8 +1,9 @@
 """Settings declared once, as dataclass fields with their help beside them; flags and env variables follow from them.
 
-`option()` puts a field's help text (and choices, `--help` group, flag spelling) in its metadata. From a config
-class `add_options` derives the argparse flags (`--field-name`; bools as `--x/--no-x`; tuples as a repeatable flag),
-`parse_env` reads `PAGEDCHAT_FIELD_NAME` variables into the field types, and `to_env` writes a config back out.
+`option()` puts a field's help text and `--help` group (and choices, flag spelling) in its metadata. From config
+classes `add_options` derives the argparse flags (`--field-name`; bools as `--x/--no-x`; tuples as a repeatable flag)
+in the groups of GROUPS, `parse_env` reads `PAGEDCHAT_FIELD_NAME` variables into the field types, and `to_env` writes
+a config back out.
 """
 
 from __future__ import annotations
@@ -21,17 +22,33 @@ _SCALARS = (bool, int, float, str, tuple)
 _KIND_NAMES = {bool: "true or false (1/0, yes/no, on/off)", int: "an integer", float: "a number"}
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+# the `--help` groups, in the order they are shown, each with the line under its title; every option names one
+GROUPS = {
+    "server": "where the service listens, which hosts and origins it answers, where it keeps its files",
+    "accounts": "who may use the service: accounts, API keys, the admin surface",
+    "model": "what is served, and what a request that leaves sampling out gets",
+    "engine": "how the engine runs: device, batch, threads, replicas",
+    "cache": "the KV cache: its budget and dtype, prefix sharing, the disk tier",
+    "limits": "what one request, client or owner may take; 0 turns a limit off where its help says so",
+    "advanced": "engine internals and timings: kernels, block size, structured-output budgets, store timing "
+    "(the defaults suit most deployments)",
+}
 
 
 def option(
     default: Any,
     help: str,
     *,
+    group: str,
     choices: tuple[Any, ...] | None = None,
-    group: str | None = None,
     flag: str | None = None,
 ) -> Any:
-    """A dataclass field whose metadata holds its help, choices, `--help` group and flag (default `--field-name`)."""
+    """A dataclass field whose metadata holds its help, `--help` group (one of GROUPS), choices and flag (default
+    `--field-name`); RuntimeError on empty help or an unknown group."""
+    if not help:
+        raise RuntimeError("an option needs help text: what it does, and its unit")
+    if group not in GROUPS:
+        raise RuntimeError(f"option group {group!r} is not one of {', '.join(GROUPS)}")
     metadata = {"help": help, "choices": choices, "group": group, "flag": flag}
     return dataclasses.field(default=default, metadata=metadata)
 
@@ -67,7 +84,7 @@ class Option:
 
     @property
     def group(self) -> str | None:
-        """The `--help` group, where the field declares one."""
+        """The `--help` group (one of GROUPS); None for a plain field, which `--help` leaves out."""
         return self.field.metadata.get("group")
 
 
@@ -139,18 +156,19 @@ def to_env(config: Any) -> dict[str, str]:
 
 
 def add_options(
-    parser: argparse.ArgumentParser, cls: type, *, title: str, defaults: bool = True, show_env: bool = False
+    parser: argparse.ArgumentParser, *classes: type, defaults: bool = True, show_env: bool = False
 ) -> None:
-    """One flag per option of `cls`, in argument groups (the field's group, else `title`).
+    """One flag per option of `classes`, in the argument groups of GROUPS, added in that order (so that the usage
+    line follows it too); within a group, in the order of `classes` and their fields.
 
     defaults=False: every flag defaults to None, so that only flags actually given override another source.
     show_env: the help names each option's PAGEDCHAT_* variable.
     """
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    for opt in options(cls):
-        name = opt.group or title
-        if name not in groups:
-            groups[name] = parser.add_argument_group(name)
+    order = {name: rank for rank, name in enumerate(GROUPS)}
+    found = sorted((opt for cls in classes for opt in options(cls)), key=lambda opt: order.get(opt.group, -1))
+    used = {opt.group for opt in found}
+    groups = {name: parser.add_argument_group(name, text) for name, text in GROUPS.items() if name in used}
+    for opt in found:
         kwargs: dict[str, Any] = {"dest": opt.name, "help": _help_text(opt, show_env)}
         default = opt.field.default if defaults else None
         if opt.kind is bool:
@@ -164,7 +182,8 @@ def add_options(
         if opt.kind is not bool and opt.choices is None:
             # named after the flag: `--api-key API_KEY`, not `API_KEYS`
             kwargs["metavar"] = opt.flag.lstrip("-").upper().replace("-", "_")
-        groups[name].add_argument(opt.flag, default=default, **kwargs)
+        target = parser if opt.group is None else groups[opt.group]  # a plain field: hidden (no help)
+        target.add_argument(opt.flag, default=default, **kwargs)
 
 
 def given_options(args: argparse.Namespace, cls: type) -> dict[str, Any]:

@@ -195,19 +195,35 @@ def test_serve_flags_reach_the_settings_and_the_engine():
     assert settings.model == settings.engine.model == EngineConfig().model
 
 
-def test_serve_help_lists_every_setting_in_groups():
+def test_every_serve_flag_has_help_and_a_group():
     parser = build_parser()
-    groups = {g.title: g._group_actions for g in parser._action_groups if g._group_actions}
-    assert list(groups)[1:] == [
-        "service",
-        "limits",
-        "storage",
-        "sampling defaults",
-        "accounts",
-        "replicas",
-        "engine",
+    groups = {g.title: [a.dest for a in g._group_actions] for g in parser._action_groups if g._group_actions}
+    assert list(groups) == ["options", "server", "accounts", "model", "engine", "cache", "limits", "advanced"]
+    assert groups["options"] == ["help"]  # every other flag is in a named group
+    flags = [a for a in parser._actions if a.dest != "help"]
+    assert sorted(a.dest for a in flags) == sorted(ENGINE_FIELDS + SERVICE_OPTIONS)
+    assert [a.dest for a in flags if not a.help or a.help == argparse.SUPPRESS] == []
+    assert {"host", "port"} <= set(groups["server"]) and {"auth", "api_keys"} <= set(groups["accounts"])
+    internals = {
+        "batch_gemm",
+        "fused_decode",
+        "step_timing",
+        "guided_mask_max_s",
+        "guided_mask_budget_s",
+        "block_size",
+    }
+    assert internals <= set(groups["advanced"])
+    text = parser.format_help()
+    assert "PAGEDCHAT_ENABLE_PREFIX_CACHING" in text
+    assert (
+        text.index("--port PORT") < text.index("--model MODEL") < text.index("--batch-gemm")
+    )  # advanced: last
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_every_generate_and_chat_flag_has_help(command):
+    [subcommands] = [
+        a.choices for a in build_engine_parser()._actions if isinstance(a, argparse._SubParsersAction)
     ]
-    assert sorted(a.dest for a in groups["engine"]) == sorted(ENGINE_FIELDS)
-    undocumented = [a.dest for a in parser._actions if a.help == argparse.SUPPRESS]
-    assert undocumented == []
-    assert "PAGEDCHAT_ENABLE_PREFIX_CACHING" in parser.format_help()
+    actions = subcommands[command]._actions
+    assert [a.dest for a in actions if not a.help or a.help == argparse.SUPPRESS] == []

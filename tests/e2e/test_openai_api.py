@@ -24,6 +24,7 @@ def client(server) -> openai.OpenAI:
 
 def test_models(client, model_id):
     assert [m.id for m in client.models.list().data] == [model_id]
+    assert client.models.retrieve(model_id).id == model_id
 
 
 def test_chat_completion(client, model_id, server):

@@ -7,19 +7,28 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.core.options import add_options, check_choices, given_options, option, options, parse_env, to_env
+from engine.core.options import (
+    GROUPS,
+    add_options,
+    check_choices,
+    given_options,
+    option,
+    options,
+    parse_env,
+    to_env,
+)
 
 
 @dataclass(frozen=True)
 class ToyConfig:
     """Every kind of option once."""
 
-    name: str = option("toy", "what it is called")
-    size: int = option(16, "how big", choices=(8, 16))
-    ratio: float = option(0.5, "a fraction", group="tuning")
-    limit: int | None = option(None, "unset: no limit")
-    fast: bool = option(True, "go fast", flag="--speed")
-    tags: tuple[str, ...] = option((), "labels", flag="--tag")
+    name: str = option("toy", "what it is called", group="model")
+    size: int = option(16, "how big", choices=(8, 16), group="engine")
+    ratio: float = option(0.5, "a fraction", group="advanced")
+    limit: int | None = option(None, "unset: no limit", group="limits")
+    fast: bool = option(True, "go fast", flag="--speed", group="engine")
+    tags: tuple[str, ...] = option((), "labels", flag="--tag", group="server")
     hidden: str = ""
 
     def __post_init__(self) -> None:
@@ -94,7 +103,7 @@ def test_choices_are_checked_with_the_field_name():
 
 def test_flags_with_field_defaults():
     parser = argparse.ArgumentParser()
-    add_options(parser, ToyConfig, title="toy")
+    add_options(parser, ToyConfig)
     assert ToyConfig(**given_options(parser.parse_args([]), ToyConfig)) == ToyConfig()
     args = parser.parse_args(["--no-speed", "--tag", "a", "--tag", "b", "--limit", "3", "--size", "8"])
     assert given_options(args, ToyConfig) == {
@@ -112,7 +121,7 @@ def test_flags_with_field_defaults():
 
 def test_flags_without_defaults_give_only_what_was_typed():
     parser = argparse.ArgumentParser()
-    add_options(parser, ToyConfig, title="toy", defaults=False, show_env=True)
+    add_options(parser, ToyConfig, defaults=False, show_env=True)
     assert given_options(parser.parse_args([]), ToyConfig) == {}
     assert given_options(parser.parse_args(["--speed", "--ratio", "1"]), ToyConfig) == {
         "fast": True,
@@ -121,4 +130,36 @@ def test_flags_without_defaults_give_only_what_was_typed():
     text = parser.format_help()
     assert "how big (default: 16; PAGEDCHAT_SIZE)" in text
     assert "labels (repeatable; PAGEDCHAT_TAGS, comma-separated)" in text
-    assert "tuning:" in text and "--hidden" not in text
+    assert "advanced:" in text and "--hidden" not in text
+
+
+def test_help_groups_follow_groups_order_whatever_the_field_order():
+    parser = argparse.ArgumentParser()
+    add_options(parser, ToyConfig)
+    groups = {g.title: [a.dest for a in g._group_actions] for g in parser._action_groups if g._group_actions}
+    assert groups == {
+        "options": ["help", "hidden"],  # a plain field: no group, no help (suppressed)
+        "server": ["tags"],
+        "model": ["name"],
+        "engine": ["size", "fast"],
+        "limits": ["limit"],
+        "advanced": ["ratio"],
+    }
+    assert list(groups)[1:] == [g for g in GROUPS if g in groups]
+    assert parser.format_help().index("--tag TAG") < parser.format_help().index("--name NAME")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"help": "", "group": "model"}, "an option needs help text: what it does, and its unit"),
+        (
+            {"help": "what it does", "group": "tuning"},
+            "option group 'tuning' is not one of server, accounts, ",
+        ),
+    ],
+)
+def test_an_option_without_help_or_a_known_group_is_refused(kwargs, message):
+    with pytest.raises(RuntimeError) as error:
+        option(0, **kwargs)
+    assert str(error.value).startswith(message)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import openai
 import pytest
 
 from tests.app.factories import chat_prompt_ids, make_client, make_tiny_model_dir, sse_events, wait_pool_idle
@@ -38,6 +39,57 @@ def test_models_lists_the_served_model(client):
     assert body["object"] == "list"
     assert [m["id"] for m in body["data"]] == [MODEL]
     assert body["data"][0]["max_model_len"] == 512
+
+
+def openai_client(client) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=str(client.base_url) + "/v1", api_key="unused", http_client=client, max_retries=0
+    )
+
+
+def test_models_retrieve_gives_the_listed_model_and_404_for_another(client):
+    listed = client.get("/v1/models").json()["data"][0]
+    assert client.get(f"/v1/models/{MODEL}").json() == listed
+    assert openai_client(client).models.retrieve(MODEL).to_dict() == listed
+    with pytest.raises(openai.NotFoundError) as error:
+        openai_client(client).models.retrieve("org/other-model")  # a hub id's slash reaches the route
+    assert error.value.body == {
+        "message": f"model 'org/other-model' not found; this server serves '{MODEL}'",
+        "type": "not_found_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
+
+
+SERVED = "GET /v1/models, GET /v1/models/{model_id}, POST /v1/chat/completions, POST /v1/completions"
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/embeddings"),
+        ("GET", "/v1/embeddings"),
+        ("POST", "/v1/responses"),
+        ("DELETE", "/v1/responses/resp_1"),
+        ("GET", "/v1/nothing"),
+    ],
+)
+def test_endpoints_not_served_are_404_naming_those_served(client, method, path):
+    response = client.request(method, path)
+    assert response.status_code == 404
+    assert response.json()["error"] == {
+        "message": f"this server does not serve {path}; it serves {SERVED}",
+        "type": "not_found_error",
+        "param": None,
+        "code": "unknown_endpoint",
+    }
+
+
+def test_the_openai_client_reads_why_embeddings_are_not_served(client):
+    with pytest.raises(
+        openai.NotFoundError, match="this server does not serve /v1/embeddings; it serves GET"
+    ):
+        openai_client(client).embeddings.create(model=MODEL, input="hello")
 
 
 def test_chat_completion_shape_and_usage(client):
@@ -245,7 +297,7 @@ def test_body_over_the_limit_is_413_with_and_without_content_length(client):
 
 
 def test_unknown_route_and_method_use_the_error_shape(client):
-    assert client.get("/v1/nothing").json()["error"]["message"] == "no route for GET /v1/nothing"
+    assert client.get("/nothing").json()["error"]["message"] == "no route for GET /nothing"
     response = client.get("/v1/chat/completions")
     assert response.status_code == 405
     assert response.json()["error"]["message"] == "method GET not allowed on /v1/chat/completions"
