@@ -144,7 +144,7 @@ class Settings:
         "cached blocks with all users",
         flag="--shared-prompt-file",
     )
-    max_body_bytes: int = option(1024 * 1024, "largest request body", group=_LIMITS)
+    max_body_bytes: int = option(1024 * 1024, "largest request body", group=_LIMITS, unit="bytes")
     max_messages: int = option(512, "messages in one /v1/chat/completions request", group=_LIMITS)
     max_message_chars: int = option(200_000, "characters of one message or prompt", group=_LIMITS)
     max_queued_requests: int = option(256, "requests waiting beyond max-num-seqs before 503", group=_LIMITS)
@@ -152,7 +152,7 @@ class Settings:
     default_max_tokens: int = option(
         512, "reply length of session turns whose settings do not say", group=_LIMITS
     )
-    ws_max_frame_bytes: int = option(256 * 1024, "largest WebSocket frame", group=_LIMITS)
+    ws_max_frame_bytes: int = option(256 * 1024, "largest WebSocket frame", group=_LIMITS, unit="bytes")
     shutdown_grace_s: float = option(
         10.0,
         "how long running replies may finish at shutdown; then every stream ends with a final event saying why",
@@ -176,6 +176,7 @@ class Settings:
         50 * 1024 * 1024,
         "UTF-8 bytes of titles, system prompts and messages one owner may keep; 0: no limit",
         group=_LIMITS,
+        unit="bytes",
     )
     new_identities_per_minute: int = option(
         30,
@@ -206,6 +207,7 @@ class Settings:
         "pages in use by the SQLite database (PostgreSQL: its tables' size) past which new sessions and messages are "
         "refused (507); 0: no limit",
         group=_STORAGE,
+        unit="bytes",
     )
     # what a request that leaves these out samples with; unset: the model's generation_config.json, else built-in
     default_temperature: float | None = option(

@@ -90,6 +90,7 @@ class EngineConfig:
     kv_cache_bytes: int | None = option(
         None,
         f"KV pool budget in bytes; unset: {CPU_DEFAULT_KV_CACHE_BYTES >> 30} GiB on CPU, memory_utilization on GPU",
+        unit="bytes",
     )
     max_model_len: int | None = option(
         None, f"longest sequence (prompt + reply); unset: the model's limit capped at {MAX_MODEL_LEN_CAP}"
@@ -111,6 +112,7 @@ class EngineConfig:
         None,
         "byte cap of the disk tier that keeps full KV blocks across eviction and restarts; unset: 4 GiB or 10% of "
         "the free disk, whichever is smaller; 0: no disk tier",
+        unit="bytes",
     )
     kv_disk_dir: str = option(
         "",
