@@ -186,7 +186,8 @@ def test_engine_logs_and_reports_the_memory(tmp_path, caplog):
     assert stats.kv_pool_bytes == engine.num_blocks * engine.kv_block_bytes
     line = (
         f"memory: weights {human_bytes(memory.total)} ({human_bytes(memory.blocks)} in blocks, "
-        f"{human_bytes(memory.float)} in float), KV pool {human_bytes(stats.kv_pool_bytes)} ({engine.num_blocks} "
-        "blocks), "
+        f"{human_bytes(memory.float)} in float) + KV pool {human_bytes(stats.kv_pool_bytes)} ({engine.num_blocks} "
+        f"blocks) = {human_bytes(memory.total + stats.kv_pool_bytes)}; "
     )
     assert line in caplog.text and "of the machine's memory left" in caplog.text
+
