@@ -191,3 +191,19 @@ def test_engine_logs_and_reports_the_memory(tmp_path, caplog):
     )
     assert line in caplog.text and "of the machine's memory left" in caplog.text
 
+
+
+def test_linears_kept_in_float_are_logged_once_per_mix_of_formats(caplog):
+    from engine.models.llama import LlamaForCausalLM, ModelArgs
+    from engine.models.quantized import QuantType, quantize_linears
+    from tests.engine.factories import make_hf_config
+
+    model = LlamaForCausalLM(ModelArgs.from_hf_config(make_hf_config("llama")))  # 2 layers: 9 linears
+    # in blocks: layer 0's gate_proj alone, its up_proj in float
+    gate = QuantWeight(QuantType.Q8_0, torch.zeros(96, 2 * 34, dtype=torch.uint8), 64)
+    with caplog.at_level(logging.INFO, logger="engine.models"):
+        assert quantize_linears(model, {"model.layers.0.mlp.gate_proj.weight": gate}, act_q8=False) == set()
+    assert [r.getMessage() for r in caplog.records if "kept in float" in r.getMessage()] == [
+        "linears kept in float (their weights in float): 8, layers.0.self_attn.qkv_proj, ..., lm_head",
+        "linears kept in float (their weights in Q8_0 + float): 1, layers.0.mlp.gate_up_proj",
+    ]
