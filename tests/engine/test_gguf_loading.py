@@ -192,6 +192,18 @@ def test_engine_logs_and_reports_the_memory(tmp_path, caplog):
     assert line in caplog.text and "of the machine's memory left" in caplog.text
 
 
+def test_the_default_pool_is_sized_from_the_model_and_the_available_memory(tmp_path, monkeypatch, caplog):
+    from engine import LLM
+    from engine.worker import kv_cache
+
+    path = write_tiny_chat_gguf(tmp_path / "chat.gguf", linear_type=T.Q4_0)
+    # 10%: 1 GiB, far above eight sequences of the tiny model
+    monkeypatch.setattr(kv_cache, "available_memory_bytes", lambda: 10 * 2**30)
+    with caplog.at_level(logging.INFO, logger="engine"):
+        llm = LLM(model=str(path), kv_disk_bytes=0, max_model_len=100)
+    assert llm.engine.num_blocks == 8 * 7  # eight sequences of 100 tokens: 7 blocks of 16 each
+    assert "at most 8 and at least 1 sequences of max_model_len 100" in caplog.text
+
 
 def test_linears_kept_in_float_are_logged_once_per_mix_of_formats(caplog):
     from engine.models.llama import LlamaForCausalLM, ModelArgs
