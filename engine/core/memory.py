@@ -1,8 +1,9 @@
-"""The machine's available memory, the KV pool's default budget, and byte counts in words: for the
+"""The machine's available memory, the process's, the KV pool's default budget, and byte counts in words: for the
 loader's refusal, the pool's size, the start-up line and /admin."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 GB = 1e9
@@ -59,6 +60,22 @@ def kv_memory_budget(available_bytes: int | None, sequence_bytes: int) -> int:
     if available_bytes is not None:
         budget = min(KV_BUDGET_CAP, max(KV_BUDGET_FLOOR, int(KV_BUDGET_SHARE * available_bytes)))
     return max(min(budget, KV_BUDGET_SEQUENCES * sequence_bytes), sequence_bytes)
+
+
+def process_rss_bytes() -> int | None:
+    """This process's resident memory: psutil's `rss`, else /proc/self/statm's resident pages; None where neither is
+    known."""
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def human_bytes(num_bytes: int | float) -> str:

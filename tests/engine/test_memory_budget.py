@@ -1,4 +1,5 @@
-"""The CPU pool's default budget (engine/core/memory.py's kv_memory_budget) with plain numbers."""
+"""The CPU pool's default budget (engine/core/memory.py's kv_memory_budget) with plain numbers, and the process's
+resident memory."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from engine.core.memory import (
     KV_BUDGET_FLOOR,
     KV_BUDGET_SEQUENCES,
     kv_memory_budget,
+    process_rss_bytes,
 )
 
 GiB, MiB = 2**30, 2**20
@@ -36,3 +38,8 @@ def test_at_least_one_sequence_and_the_cap_when_memory_is_unknown():
     assert kv_memory_budget(0, 5 * GiB) == 5 * GiB  # one max_model_len sequence, whatever the machine says
     assert kv_memory_budget(None, 100 * MiB) == KV_BUDGET_SEQUENCES * 100 * MiB
     assert kv_memory_budget(None, 1 * GiB) == KV_BUDGET_CAP
+
+
+def test_the_process_rss_is_read():
+    rss = process_rss_bytes()
+    assert rss is not None and 10 * MiB < rss < 64 * GiB
