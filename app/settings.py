@@ -155,7 +155,7 @@ class Settings:
         flag="--shared-prompt-file",
         group="cache",
     )
-    max_body_bytes: int = option(1024 * 1024, "largest request body, in bytes", group="limits")
+    max_body_bytes: int = option(1024 * 1024, "largest request body, in bytes", group="limits", unit="bytes")
     max_messages: int = option(512, "messages in one /v1/chat/completions request", group="limits")
     max_message_chars: int = option(200_000, "characters of one message or prompt", group="limits")
     max_queued_requests: int = option(256, "requests waiting beyond max-num-seqs before 503", group="limits")
@@ -165,7 +165,9 @@ class Settings:
     default_max_tokens: int = option(
         512, "reply length, in tokens, of session turns whose settings do not say", group="limits"
     )
-    ws_max_frame_bytes: int = option(256 * 1024, "largest WebSocket frame, in bytes", group="limits")
+    ws_max_frame_bytes: int = option(
+        256 * 1024, "largest WebSocket frame, in bytes", group="limits", unit="bytes"
+    )
     shutdown_grace_s: float = option(
         10.0,
         "how long, in seconds, running replies may finish at shutdown; then every stream ends with a final event saying why",
@@ -189,6 +191,7 @@ class Settings:
         50 * 1024 * 1024,
         "UTF-8 bytes of titles, system prompts and messages one owner may keep; 0: no limit",
         group="limits",
+        unit="bytes",
     )
     new_identities_per_minute: int = option(
         30,
@@ -227,6 +230,7 @@ class Settings:
         "bytes of pages in use by the SQLite database (PostgreSQL: its tables' size) past which new sessions and messages are "
         "refused (507); 0: no limit",
         group="limits",
+        unit="bytes",
     )
     # what a request that leaves these out samples with; unset: the model's generation_config.json, else built-in
     default_temperature: float | None = option(

@@ -27,7 +27,7 @@ from app.http.error_handlers import error_response
 from app.http.errors import APIError, from_exception
 from app.http.services import Services, services
 from app.http.templates import NO_STORE, render
-from engine.core.memory import available_memory_bytes
+from engine.core.memory import available_memory_bytes, process_rss_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -64,18 +64,24 @@ async def engine_settings_rows(svc: Services) -> list[tuple[str, str]]:
 
 
 def memory_rows(info: EngineInfo) -> list[tuple[str, str]]:
-    """The weights' bytes (in quantized blocks, in float) and what the machine's memory has left, as the engine's
-    start-up line logs them (a replica set's front engine holds no weights of its own: no weights row)."""
+    """The weights' bytes (in quantized blocks, in float), the weights and KV pool together, this process's resident
+    memory and what the machine's memory has left, as the engine's start-up line logs them (a replica set's front
+    engine holds no weights or pool of its own: no weights rows, and its RSS is the front process's alone)."""
     rows = []
     weights = info.weight_memory
     if weights is not None:
-        rows.append(
+        pool_bytes = info.num_blocks * info.kv_block_bytes
+        rows += [
             (
                 "Weights",
                 f"{format_bytes(weights.total)} · {format_bytes(weights.blocks)} in blocks · "
                 f"{format_bytes(weights.float)} in float",
-            )
-        )
+            ),
+            ("Weights + KV pool", format_bytes(weights.total + pool_bytes)),
+        ]
+    rss = process_rss_bytes()
+    where = "" if weights is not None else " · this front process (each replica has its own)"
+    rows.append(("Process memory (RSS)", ("unknown" if rss is None else format_bytes(rss)) + where))
     available = available_memory_bytes()
     rows.append(("Memory available", "unknown" if available is None else format_bytes(available)))
     return rows

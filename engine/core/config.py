@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.core.options import check_choices, option
+from engine.core.memory import KV_BUDGET_CAP, KV_BUDGET_FLOOR, KV_BUDGET_SEQUENCES, KV_BUDGET_SHARE
+from engine.core.options import check_choices, option, size_text
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-CPU_DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
 MAX_MODEL_LEN_CAP = 4096
 QUANTIZATIONS = ("auto", "gguf", "none")
 KV_CACHE_DTYPES = ("auto", "model", "float16", "int8")
@@ -102,7 +102,10 @@ class EngineConfig:
     )
     kv_cache_bytes: int | None = option(
         None,
-        f"KV pool budget in bytes; unset: {CPU_DEFAULT_KV_CACHE_BYTES >> 30} GiB on CPU, memory_utilization on GPU",
+        f"KV pool budget; unset: on CPU {KV_BUDGET_SHARE:.0%} of the memory available after the weights, within "
+        f"{size_text(KV_BUDGET_FLOOR)}..{size_text(KV_BUDGET_CAP)}, then at most {KV_BUDGET_SEQUENCES} and at least "
+        "one max_model_len sequence (engine/core/memory.py); on GPU memory_utilization",
+        unit="bytes",
         group="cache",
     )
     max_model_len: int | None = option(
@@ -130,6 +133,7 @@ class EngineConfig:
         None,
         "byte cap of the disk tier that keeps full KV blocks across eviction and restarts; unset: 4 GiB or 10% of "
         "the free disk, whichever is smaller; 0: no disk tier",
+        unit="bytes",
         group="cache",
     )
     kv_disk_dir: str = option(

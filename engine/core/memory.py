@@ -1,10 +1,24 @@
-"""The machine's available memory and byte counts in words: for the loader's refusal, the start-up line and /admin."""
+"""The machine's available memory, the process's, the KV pool's default budget, and byte counts in words: for the
+loader's refusal, the pool's size, the start-up line and /admin."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 GB = 1e9
+
+# The CPU pool's default (kv_cache_bytes unset; a GPU's is memory_utilization): a share of the memory available once
+# the weights are in, within a floor and a cap, as vLLM's CPU backend takes a fixed VLLM_CPU_KVCACHE_SPACE (4 GiB unless
+# set) -- and sized to the model: a flat 2 GiB gave SmolLM2-135M 93,200 tokens (2.9 GB resident for 0.3 GB of
+# weights) where its chats used a few hundred blocks (the admin page's advice). The pool is resident from the start
+# (faulted in, kv_cache.zeros_on_huge_pages), so the share is small: the weights, activations and other processes keep
+# the rest; the floor keeps a usable pool on a machine busy at start-up; past the cap, and past KV_BUDGET_SEQUENCES
+# full-length sequences, more blocks would mostly hold cold prefixes, which the disk tier keeps instead.
+KV_BUDGET_SHARE = 0.10
+KV_BUDGET_FLOOR = 256 << 20
+KV_BUDGET_CAP = 4 << 30
+KV_BUDGET_SEQUENCES = 8  # max_model_len sequences: 32,768 tokens at 4,096
 
 
 @dataclass(frozen=True)
@@ -36,6 +50,32 @@ def available_memory_bytes() -> int | None:
     except OSError:
         pass
     return None
+
+
+def kv_memory_budget(available_bytes: int | None, sequence_bytes: int) -> int:
+    """The process's one memory budget for KV blocks when none is set (the CPU's: see KV_BUDGET_SHARE): the share of
+    `available_bytes` within the floor and the cap (unknown: the cap), then at most KV_BUDGET_SEQUENCES and at least
+    one `sequence_bytes` (the blocks of one max_model_len sequence). Several models, later, split this budget."""
+    budget = KV_BUDGET_CAP
+    if available_bytes is not None:
+        budget = min(KV_BUDGET_CAP, max(KV_BUDGET_FLOOR, int(KV_BUDGET_SHARE * available_bytes)))
+    return max(min(budget, KV_BUDGET_SEQUENCES * sequence_bytes), sequence_bytes)
+
+
+def process_rss_bytes() -> int | None:
+    """This process's resident memory: psutil's `rss`, else /proc/self/statm's resident pages; None where neither is
+    known."""
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def human_bytes(num_bytes: int | float) -> str:

@@ -3,7 +3,8 @@
 `option()` puts a field's help text and `--help` group (and choices, flag spelling) in its metadata. From config
 classes `add_options` derives the argparse flags (`--field-name`; bools as `--x/--no-x`; tuples as a repeatable flag)
 in the groups of GROUPS, `parse_env` reads `PAGEDCHAT_FIELD_NAME` variables into the field types, and `to_env` writes
-a config back out.
+a config back out. An int option declared with `unit="bytes"` takes a size with a unit as well (`512MiB`, `4GiB`,
+`90MB`) in both.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -20,6 +22,11 @@ from typing import Any
 ENV_PREFIX = "PAGEDCHAT_"
 _SCALARS = (bool, int, float, str, tuple)
 _KIND_NAMES = {bool: "true or false (1/0, yes/no, on/off)", int: "an integer", float: "a number"}
+_SIZE_FORMS = "a size in bytes: an integer or a number with a unit (512MiB, 4GiB, 90MB; B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+# units by their lower-case spelling: decimal (kB, MB...) as `human_bytes` prints them, binary (KiB, MiB...) as --help
+_SIZE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_SIZE_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([a-z]+)")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 # the `--help` groups, in the order they are shown, each with the line under its title; every option names one
@@ -42,14 +49,16 @@ def option(
     group: str,
     choices: tuple[Any, ...] | None = None,
     flag: str | None = None,
+    unit: str | None = None,
 ) -> Any:
-    """A dataclass field whose metadata holds its help, `--help` group (one of GROUPS), choices and flag (default
-    `--field-name`); RuntimeError on empty help or an unknown group."""
+    """A dataclass field whose metadata holds its help, `--help` group (one of GROUPS), choices, flag (default
+    `--field-name`) and unit ("bytes": an int option that also takes `512MiB`, `4GiB`, `90MB`); RuntimeError on empty
+    help or an unknown group."""
     if not help:
         raise RuntimeError("an option needs help text: what it does, and its unit")
     if group not in GROUPS:
         raise RuntimeError(f"option group {group!r} is not one of {', '.join(GROUPS)}")
-    metadata = {"help": help, "choices": choices, "group": group, "flag": flag}
+    metadata = {"help": help, "choices": choices, "group": group, "flag": flag, "unit": unit}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -81,6 +90,11 @@ class Option:
     def choices(self) -> tuple[Any, ...] | None:
         """The values allowed, where the field declares them."""
         return self.field.metadata.get("choices")
+
+    @property
+    def is_size(self) -> bool:
+        """A byte count that takes a unit: declared `unit="bytes"`."""
+        return self.field.metadata.get("unit") == "bytes"
 
     @property
     def group(self) -> str | None:
@@ -126,12 +140,43 @@ def parse_value(opt: Option, raw: str, var: str | None = None) -> Any:
             if raw.lower() in _TRUE + _FALSE:
                 return raw.lower() in _TRUE
             raise ValueError(raw)
+        if opt.is_size:
+            return parse_size(raw)
         if opt.kind is int:
             return int(float(raw)) if "e" in raw.lower() else int(raw)
         return opt.kind(raw)
     except ValueError:
-        kind = _KIND_NAMES.get(opt.kind, opt.kind.__name__)
-        raise ValueError(f"{var or opt.env_var} must be {kind}, got {raw!r}") from None
+        raise ValueError(f"{var or opt.env_var} must be {_kind_name(opt)}, got {raw!r}") from None
+
+
+def parse_size(raw: str) -> int:
+    """Bytes from an integer (`1e9` too, as any int option takes) or a number with a unit: `512MiB`, `4GiB`,
+    `90MB`, `1.5 GB` (units in any case); ValueError otherwise."""
+    raw = raw.strip()
+    if (found := _SIZE.fullmatch(raw.lower())) is None or found[2] not in _SIZE_UNITS:
+        return int(float(raw)) if "e" in raw.lower() else int(raw)
+    return int(float(found[1]) * _SIZE_UNITS[found[2]])
+
+
+def size_text(num_bytes: int) -> str:
+    """A byte count as `parse_size` reads it, in the largest binary unit it is a whole number of: 2GiB, 256KiB, 1000."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if num_bytes and num_bytes % scale == 0:
+            return f"{num_bytes // scale}{unit}"
+    return str(num_bytes)
+
+
+def _kind_name(opt: Option) -> str:
+    """What a value of the option must be, for an error."""
+    return _SIZE_FORMS if opt.is_size else _KIND_NAMES.get(opt.kind, opt.kind.__name__)
+
+
+def _size_argument(raw: str) -> int:
+    """argparse's `type` for a byte-size flag: argparse puts the flag before the message."""
+    try:
+        return parse_size(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {_SIZE_FORMS}, got {raw!r}") from None
 
 
 def parse_env(cls: type, env: Mapping[str, str]) -> dict[str, Any]:
@@ -177,7 +222,7 @@ def add_options(
             kwargs["action"] = "append"
             default = list(default) if default else None
         else:
-            kwargs["type"] = opt.kind
+            kwargs["type"] = _size_argument if opt.is_size else opt.kind
             kwargs["choices"] = opt.choices
         if opt.kind is not bool and opt.choices is None:
             # named after the flag: `--api-key API_KEY`, not `API_KEYS`
@@ -201,12 +246,14 @@ def _help_text(opt: Option, show_env: bool) -> str:
         return argparse.SUPPRESS
     notes = []
     default = opt.field.default
+    if opt.is_size:
+        notes.append("a size: 512MiB, 4GiB, 90MB or bytes")
     if opt.kind is tuple:
         notes.append("repeatable")
     elif opt.kind is bool and default is not None:
         notes.append(f"default: {'on' if default else 'off'}")
     elif default not in (None, ""):
-        notes.append(f"default: {default}")
+        notes.append(f"default: {size_text(default) if opt.is_size else default}")
     if show_env:
         notes.append(opt.env_var + (", comma-separated" if opt.kind is tuple else ""))
     text = opt.help + (f" ({'; '.join(notes)})" if notes else "")

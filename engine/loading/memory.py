@@ -34,10 +34,13 @@ def weight_memory(model: nn.Module) -> WeightMemory:
 
 
 def log_memory(weights: WeightMemory, kv_pool_bytes: int, num_blocks: int) -> None:
-    """The start-up line: the weights' bytes (in blocks, in float), the KV pool's and what the machine has left."""
+    """The start-up line: the weights' bytes (in blocks, in float), the KV pool's, the two together (what the process
+    holds for them, both resident from the start) and what the machine has left."""
     available = available_memory_bytes()
     logger.info(
-        "memory: weights %s (%s in blocks, %s in float), KV pool %s (%d blocks), %s of the machine's memory left",
+        "memory: weights %s (%s in blocks, %s in float) + KV pool %s (%d blocks) = %s; %s of the machine's "
+        "memory left",
         human_bytes(weights.total), human_bytes(weights.blocks), human_bytes(weights.float),
-        human_bytes(kv_pool_bytes), num_blocks, "unknown" if available is None else human_bytes(available),
+        human_bytes(kv_pool_bytes), num_blocks, human_bytes(weights.total + kv_pool_bytes),
+        "unknown" if available is None else human_bytes(available),
     )  # fmt: skip

@@ -77,12 +77,12 @@ def quantize_linears(
     name is not returned here.
     """
     consumed: set[str] = set()
+    in_float: dict[str, list[str]] = {}  # the formats of a linear's parts ("Q4_K + float") -> the linears
     for module_name, hf_names in fused_linear_sources(model).items():
         parts = [quant_weights.get(name) for name in hf_names]
         if any(p is None for p in parts):
-            logger.info(
-                "%s stays in float: its weights are %s", module_name, [p and p.qtype.name for p in parts]
-            )
+            formats = " + ".join(dict.fromkeys(p.qtype.name if p else "float" for p in parts))
+            in_float.setdefault(formats, []).append(module_name)
             continue
         old = model.get_submodule(module_name)
         assert isinstance(old, nn.Linear), f"{module_name} is {type(old).__name__}, expected a linear"
@@ -96,6 +96,11 @@ def quantize_linears(
         setattr(parent, child, QuantLinear(segments, bias, act_q8=act_q8, batch_gemm=batch_gemm))
         if hf_names != [EMBEDDING]:
             consumed.update(hf_names)
+    for formats, names in in_float.items():  # one line per mix of formats, not one per linear
+        shown = names if len(names) <= 3 else [names[0], "...", names[-1]]
+        logger.info(
+            "linears kept in float (their weights in %s): %d, %s", formats, len(names), ", ".join(shown)
+        )
     return consumed
 
 

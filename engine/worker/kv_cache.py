@@ -10,7 +10,17 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.backend import LayerKV
-from engine.core.config import CPU_DEFAULT_KV_CACHE_BYTES, EngineConfig
+from engine.core.config import EngineConfig
+from engine.core.memory import (
+    KV_BUDGET_CAP,
+    KV_BUDGET_FLOOR,
+    KV_BUDGET_SEQUENCES,
+    KV_BUDGET_SHARE,
+    available_memory_bytes,
+    human_bytes,
+    kv_memory_budget,
+)
+from engine.core.options import size_text
 
 SCALE_DTYPE = torch.float16  # an int8 pool's scale per token and KV head
 
@@ -99,11 +109,12 @@ def zeros_on_huge_pages(shape: tuple[int, ...], *, dtype: torch.dtype, device: t
 def num_blocks_for_budget(
     config: EngineConfig, spec: KVCacheSpec, profile_peak_bytes: int | None = None
 ) -> int:
-    """How many blocks the KV budget buys: an explicit byte budget, the CPU default, or GPU memory left over."""
+    """How many blocks the KV budget buys: an explicit byte budget, the CPU default (`kv_memory_budget`, from the
+    memory available now, after the weights), or GPU memory left over."""
     if config.kv_cache_bytes is not None:
         budget = config.kv_cache_bytes
     elif config.device == "cpu":
-        budget = CPU_DEFAULT_KV_CACHE_BYTES
+        budget = default_cpu_budget(config, spec)
     else:
         total = torch.cuda.get_device_properties(torch.device(config.device)).total_memory
         peak = profile_peak_bytes or 0
@@ -116,3 +127,20 @@ def num_blocks_for_budget(
             budget / 2**30,
         )
     return max(budget // spec.block_bytes, 0)
+
+
+def default_cpu_budget(config: EngineConfig, spec: KVCacheSpec) -> int:
+    """`kv_memory_budget` for this model (one max_model_len sequence's blocks) and the memory available now, after
+    the weights; logged with the rule that gave it."""
+    assert config.max_model_len is not None, "the config is resolved"
+    sequence_bytes = -(-config.max_model_len // spec.block_size) * spec.block_bytes
+    available = available_memory_bytes()
+    budget = kv_memory_budget(available, sequence_bytes)
+    logger.info(
+        "KV pool budget %s: %s of the %s available, within %s..%s, at most %d and at least 1 sequences of "
+        "max_model_len %d (%s each); --kv-cache-bytes sets it",
+        human_bytes(budget), f"{KV_BUDGET_SHARE:.0%}", "unknown" if available is None else human_bytes(available),
+        size_text(KV_BUDGET_FLOOR), size_text(KV_BUDGET_CAP), KV_BUDGET_SEQUENCES, config.max_model_len,
+        human_bytes(sequence_bytes),
+    )  # fmt: skip
+    return budget

@@ -44,6 +44,19 @@ def test_environment_is_parsed_into_typed_fields():
     )
 
 
+def test_every_byte_count_of_the_service_takes_units():
+    """A field named for bytes is declared a size, so that no byte-sized flag is left taking integers only."""
+    sizes = {o.name for o in options(Settings) if o.is_size}
+    assert sizes == {o.name for o in options(Settings) if "bytes" in o.name and o.kind is int}
+    assert sizes == {"max_body_bytes", "ws_max_frame_bytes", "max_bytes_per_owner", "max_database_bytes"}
+    settings = settings_from_env(
+        {"PAGEDCHAT_MAX_DATABASE_BYTES": "512MiB", "PAGEDCHAT_KV_CACHE_BYTES": "1GB"}
+    )
+    assert (settings.max_database_bytes, settings.engine.kv_cache_bytes) == (512 * 2**20, 10**9)
+    args = build_parser().parse_args(["--kv-cache-bytes", "90MiB", "--max-body-bytes", "2MiB"])
+    assert (args.kv_cache_bytes, args.max_body_bytes) == (90 * 2**20, 2 * 2**20)
+
+
 def test_flags_override_the_environment_and_only_when_given():
     args = build_parser().parse_args(
         ["--port", "8123", "--no-prefix-caching", "--api-key", "k1", "--api-key", "k2"]

@@ -186,7 +186,36 @@ def test_engine_logs_and_reports_the_memory(tmp_path, caplog):
     assert stats.kv_pool_bytes == engine.num_blocks * engine.kv_block_bytes
     line = (
         f"memory: weights {human_bytes(memory.total)} ({human_bytes(memory.blocks)} in blocks, "
-        f"{human_bytes(memory.float)} in float), KV pool {human_bytes(stats.kv_pool_bytes)} ({engine.num_blocks} "
-        "blocks), "
+        f"{human_bytes(memory.float)} in float) + KV pool {human_bytes(stats.kv_pool_bytes)} ({engine.num_blocks} "
+        f"blocks) = {human_bytes(memory.total + stats.kv_pool_bytes)}; "
     )
     assert line in caplog.text and "of the machine's memory left" in caplog.text
+
+
+def test_the_default_pool_is_sized_from_the_model_and_the_available_memory(tmp_path, monkeypatch, caplog):
+    from engine import LLM
+    from engine.worker import kv_cache
+
+    path = write_tiny_chat_gguf(tmp_path / "chat.gguf", linear_type=T.Q4_0)
+    # 10%: 1 GiB, far above eight sequences of the tiny model
+    monkeypatch.setattr(kv_cache, "available_memory_bytes", lambda: 10 * 2**30)
+    with caplog.at_level(logging.INFO, logger="engine"):
+        llm = LLM(model=str(path), kv_disk_bytes=0, max_model_len=100)
+    assert llm.engine.num_blocks == 8 * 7  # eight sequences of 100 tokens: 7 blocks of 16 each
+    assert "at most 8 and at least 1 sequences of max_model_len 100" in caplog.text
+
+
+def test_linears_kept_in_float_are_logged_once_per_mix_of_formats(caplog):
+    from engine.models.llama import LlamaForCausalLM, ModelArgs
+    from engine.models.quantized import QuantType, quantize_linears
+    from tests.engine.factories import make_hf_config
+
+    model = LlamaForCausalLM(ModelArgs.from_hf_config(make_hf_config("llama")))  # 2 layers: 9 linears
+    # in blocks: layer 0's gate_proj alone, its up_proj in float
+    gate = QuantWeight(QuantType.Q8_0, torch.zeros(96, 2 * 34, dtype=torch.uint8), 64)
+    with caplog.at_level(logging.INFO, logger="engine.models"):
+        assert quantize_linears(model, {"model.layers.0.mlp.gate_proj.weight": gate}, act_q8=False) == set()
+    assert [r.getMessage() for r in caplog.records if "kept in float" in r.getMessage()] == [
+        "linears kept in float (their weights in float): 8, layers.0.self_attn.qkv_proj, ..., lm_head",
+        "linears kept in float (their weights in Q8_0 + float): 1, layers.0.mlp.gate_up_proj",
+    ]

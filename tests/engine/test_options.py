@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from engine.core.config import EngineConfig
 from engine.core.options import (
     GROUPS,
     add_options,
@@ -15,6 +16,8 @@ from engine.core.options import (
     option,
     options,
     parse_env,
+    parse_size,
+    size_text,
     to_env,
 )
 
@@ -29,6 +32,8 @@ class ToyConfig:
     limit: int | None = option(None, "unset: no limit", group="limits")
     fast: bool = option(True, "go fast", flag="--speed", group="engine")
     tags: tuple[str, ...] = option((), "labels", flag="--tag", group="server")
+    budget: int | None = option(None, "bytes to spend", unit="bytes", group="cache")
+    frame: int = option(256 * 1024, "largest frame", unit="bytes", group="limits")
     hidden: str = ""
 
     def __post_init__(self) -> None:
@@ -44,6 +49,8 @@ def test_options_know_kind_optionality_flag_and_variable():
         (int, True),
         (bool, False),
         (tuple, False),
+        (int, True),
+        (int, False),
         (str, False),
     ]
     assert (found["limit"].flag, found["limit"].env_var) == ("--limit", "PAGEDCHAT_LIMIT")
@@ -113,6 +120,7 @@ def test_flags_with_field_defaults():
         "limit": 3,
         "fast": False,
         "tags": ("a", "b"),
+        "frame": 256 * 1024,
         "hidden": "",
     }
     with pytest.raises(SystemExit):
@@ -142,7 +150,8 @@ def test_help_groups_follow_groups_order_whatever_the_field_order():
         "server": ["tags"],
         "model": ["name"],
         "engine": ["size", "fast"],
-        "limits": ["limit"],
+        "cache": ["budget"],
+        "limits": ["limit", "frame"],
         "advanced": ["ratio"],
     }
     assert list(groups)[1:] == [g for g in GROUPS if g in groups]
@@ -163,3 +172,57 @@ def test_an_option_without_help_or_a_known_group_is_refused(kwargs, message):
     with pytest.raises(RuntimeError) as error:
         option(0, **kwargs)
     assert str(error.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [
+        ("512MiB", 512 * 2**20),
+        ("4GiB", 4 * 2**30),
+        ("90MB", 90_000_000),
+        ("1.5 GiB", 3 * 2**29),
+        ("64kib", 65_536),
+        ("12kB", 12_000),
+        ("100B", 100),
+        (" 123456 ", 123_456),
+        ("1e9", 1_000_000_000),
+        ("0", 0),
+    ],
+)
+def test_sizes_take_a_unit_or_are_plain_integers(raw, value):
+    assert parse_size(raw) == value
+
+
+@pytest.mark.parametrize("raw", ["90 MiBs", "4G", "1e3kB", "MiB", "-1MiB", "lots"])
+def test_a_bad_size_is_refused_by_the_flag_and_the_variable_with_the_forms(raw, capsys):
+    forms = "an integer or a number with a unit (512MiB, 4GiB, 90MB; B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+    with pytest.raises(ValueError) as error:
+        parse_env(ToyConfig, {"PAGEDCHAT_BUDGET": raw})
+    assert str(error.value) == f"PAGEDCHAT_BUDGET must be a size in bytes: {forms}, got {raw!r}"
+    parser = argparse.ArgumentParser()
+    add_options(parser, ToyConfig)
+    with pytest.raises(SystemExit):
+        parser.parse_args([f"--budget={raw}"])
+    assert f"argument --budget: must be a size in bytes: {forms}, got {raw!r}" in capsys.readouterr().err
+
+
+def test_size_flags_and_variables_take_units_and_help_says_so():
+    parser = argparse.ArgumentParser()
+    add_options(parser, ToyConfig)
+    args = parser.parse_args(["--budget", "90MiB", "--frame", "1024"])
+    assert (args.budget, args.frame) == (90 * 2**20, 1024)
+    assert parse_env(ToyConfig, {"PAGEDCHAT_BUDGET": "4GiB", "PAGEDCHAT_FRAME": "2KiB"}) == {
+        "budget": 4 * 2**30,
+        "frame": 2048,
+    }
+    assert ToyConfig(**parse_env(ToyConfig, to_env(ToyConfig(budget=5 * 2**20)))).budget == 5 * 2**20
+    text = " ".join(parser.format_help().split())
+    assert "bytes to spend (a size: 512MiB, 4GiB, 90MB or bytes)" in text
+    assert "largest frame (a size: 512MiB, 4GiB, 90MB or bytes; default: 256KiB)" in text
+    assert [size_text(n) for n in (2**31, 3 * 2**20, 1000, 0)] == ["2GiB", "3MiB", "1000", "0"]
+
+
+def test_every_byte_count_of_the_engine_takes_units():
+    assert {o.name for o in options(EngineConfig) if o.is_size} == {"kv_cache_bytes", "kv_disk_bytes"}
+    config = EngineConfig(**parse_env(EngineConfig, {"PAGEDCHAT_KV_CACHE_BYTES": "90MiB"}))
+    assert config.kv_cache_bytes == 90 * 2**20

@@ -87,6 +87,8 @@ def test_metrics_have_vllm_style_names_and_count_requests(client):
         page,
     )
     assert re.search(r'<th scope="row">Memory available</th><td>[\d.]+ [KMG]iB</td>', page)
+    assert re.search(r'<th scope="row">Weights \+ KV pool</th><td>[\d.]+ [KMG]iB</td>', page)
+    assert re.search(r'<th scope="row">Process memory \(RSS\)</th><td>[\d.]+ [MG]iB</td>', page)
 
 
 def test_admin_state_shows_a_running_request_and_then_an_idle_pool(client):
