@@ -166,7 +166,7 @@ export function progressText(progress) {
 
 /** A reply's bubble before its first token, saying how far its prompt has been read (see progressText). */
 export function progressMessage(progress) {
-  const node = el("article", "msg msg-assistant msg-reading is-streaming");
+  const node = el("article", "msg-reading");
   node.dataset.role = "assistant";
   node.setAttribute("aria-busy", "true");
   node.setAttribute("aria-label", "Assistant");

@@ -194,6 +194,26 @@ def test_chat_streams_replies_with_stats_and_reuses_the_cache(open_page, ui_serv
     expect(narrow.locator("#toggle-sidebar")).to_have_attribute("aria-expanded", "false")
 
 
+def test_a_long_prompt_shows_how_far_it_is_read_until_the_reply_starts(open_page):
+    page = open_page("/")
+    # every text the reading bubble shows, however briefly (512 tokens are read a step: two steps here)
+    page.evaluate(
+        """() => {
+          window.__reading = [];
+          const record = () => document.querySelectorAll(".msg-reading .msg-progress")
+            .forEach((p) => window.__reading.push(p.textContent));
+          new MutationObserver(record).observe(document.getElementById("messages"),
+            { subtree: true, childList: true, characterData: true });
+        }"""
+    )
+    send(page, "word " * 700)
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    seen = page.evaluate("() => window.__reading")
+    shown = re.compile(r"reading [\d,]+ of [\d,]+ tokens( \([\d,]+ from cache\))?…")
+    assert seen and all(shown.fullmatch(text) for text in seen), seen
+    expect(page.locator(".msg-reading")).to_have_count(0)  # gone once the reply started
+
+
 def test_stop_really_stops_and_reload_finds_the_session(open_page, ui_server):
     page = open_page("/")
     page.click("#toggle-settings")
