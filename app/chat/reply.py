@@ -220,7 +220,7 @@ class ReplyWriter:
     async def _take(self, turn: Reply, draft: _Draft, output: RequestOutput) -> None:
         """One output: its text goes out as a delta at once; the row catches up in the background. Before the
         first token, the prompt's progress goes out as `progress` events (the row is made with the first token)."""
-        if output.progress is not None and not output.finished and not output.outputs[0].num_new_tokens:
+        if output.is_progress_report:
             turn.emit(progress_event(output.progress))
             return
         if draft.last is None:  # the row exists before the first delta, unless the database is down

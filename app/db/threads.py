@@ -102,11 +102,11 @@ class Database:
 
     async def write(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(session, *args, **kwargs)` in one transaction on the writer thread, committed before returning."""
-        return await self._call(functools.partial(self._write_transaction, fn, *args, **kwargs))
+        return await self._call(functools.partial(self._transaction, True, fn, *args, **kwargs))
 
     async def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(session, *args, **kwargs)` on a reader thread; `fn` must not write."""
-        return await self._call(functools.partial(self._in_transaction, fn, *args, **kwargs), reader=True)
+        return await self._call(functools.partial(self._transaction, False, fn, *args, **kwargs), reader=True)
 
     async def _call(self, fn: Callable[[], T], reader: bool = False) -> T:
         executor = self._readers if reader else self._executor
@@ -120,23 +120,19 @@ class Database:
             cause = getattr(exc, "orig", None) or exc
             raise StoreUnavailable(f"database unavailable ({self._safe_url()}): {cause}") from exc
 
-    def _in_transaction(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def _transaction(self, write: bool, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(session, ...)` in one transaction carrying the quota; a write's usage notes join the running
+        figures once it has committed."""
         if self._sessions is None:
             raise RuntimeError(NOT_RUNNING)
+        usage = self._usage if write else None
         with self._sessions.begin() as s:
             s.info[QUOTA_KEY] = self.quota
-            return fn(s, *args, **kwargs)
-
-    def _write_transaction(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        if self._usage is None:
-            return self._in_transaction(fn, *args, **kwargs)
-        if self._sessions is None:
-            raise RuntimeError(NOT_RUNNING)
-        with self._sessions.begin() as s:
-            s.info[QUOTA_KEY] = self.quota
-            self._usage.begin(s)
+            if usage is not None:
+                usage.begin(s)
             result = fn(s, *args, **kwargs)
-        self._usage.commit(s)  # committed: what the writes noted joins the running figures
+        if usage is not None:
+            usage.commit(s)  # committed: what the writes noted joins the running figures
         return result
 
     def _open(self) -> None:

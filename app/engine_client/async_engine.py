@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from app.engine_client import engine_calls
 from app.engine_client.engine_calls import engine_info
 from app.engine_client.engine_commands import (
     STOP,
@@ -183,7 +184,7 @@ class AsyncEngine(StreamRegistry):
 
     async def stats(self) -> EngineStats:
         """Engine counters taken between steps."""
-        return await self.call(lambda engine: engine.stats())
+        return await self.call(engine_calls.stats)
 
     # ---- the engine thread ----------------------------------------------------------------------------------
     def _thread_main(self, started: asyncio.Future) -> None:

@@ -29,7 +29,7 @@ def engine_info(engine: LLMEngine) -> EngineInfo:
         hasher=engine.scheduler.block_manager.hasher,
         vocab_size=engine.vocab_size,
         weight_memory=engine.weight_memory,
-        tier_directory=str(engine.tier.directory) if engine.tier is not None else None,
+        tier_directory=_tier_directory(engine),
         tier_capacity_bytes=engine.tier.capacity_bytes if engine.tier is not None else None,
     )
 
@@ -55,7 +55,7 @@ class PoolSampler:
             snapshot=engine.snapshot(hashed),
             hashed=hashed,
             num_preempted=sum(1 for seq in engine.scheduler.waiting if seq.num_preemptions > 0),
-            tier_directory=str(engine.tier.directory) if engine.tier is not None else None,
+            tier_directory=_tier_directory(engine),
         )
 
 
@@ -67,3 +67,7 @@ class SaltPurger:
 
     def __call__(self, engine: LLMEngine) -> CachePurge:
         return engine.purge_cache_salt(self.cache_salt)
+
+
+def _tier_directory(engine: LLMEngine) -> str | None:
+    return str(engine.tier.directory) if engine.tier is not None else None

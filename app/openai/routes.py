@@ -299,11 +299,7 @@ async def _sse_events(svc: Services, call: _Call) -> AsyncIterator[dict[str, str
         try:
             first = True
             async for output in stream:
-                if (
-                    output.progress is not None
-                    and not output.finished
-                    and not output.outputs[0].num_new_tokens
-                ):
+                if output.is_progress_report:
                     yield progress_chunk(output.progress)
                     continue
                 last = output

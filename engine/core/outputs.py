@@ -183,3 +183,8 @@ class RequestOutput:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def is_progress_report(self) -> bool:
+        """Only the prompt's progress: no token yet, not finished (what a consumer shows as "reading…")."""
+        return self.progress is not None and not self.finished and not self.outputs[0].num_new_tokens
