@@ -24,7 +24,7 @@ from app.accounts.service import AccountService
 from app.admin import feed as admin_feed
 from app.admin import ops
 from app.admin import pages as admin_pages
-from app.chat import export_routes, page, preset_routes, search_routes, ws
+from app.chat import attachment_routes, export_routes, page, preset_routes, search_routes, ws
 from app.chat import routes as session_routes
 from app.chat.conversation import ConversationBuilder, template_end_of_turn_ids, tokenizer_fingerprint
 from app.chat.service import ChatService, chat_of
@@ -102,6 +102,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None) 
             *session_routes.routes,
             *preset_routes.routes,
             *export_routes.routes,
+            *attachment_routes.routes,
             *search_routes.routes,
             *ws.routes,
             *admin_feed.routes,

@@ -21,6 +21,12 @@ from engine.core.sampling_defaults import SamplingDefaults
 API_KEY_ALIAS = "PAGEDCHAT_API_KEY"  # one key: the singular spelling operators reach for
 _POSITIVE = (
     "max_body_bytes",
+    "max_attachment_bytes",
+    "max_attachment_chars",
+    "max_attachments_per_message",
+    "pdf_timeout_s",
+    "pdf_memory_bytes",
+    "pdf_max_pages",
     "max_messages",
     "max_message_chars",
     "default_max_tokens",
@@ -158,6 +164,23 @@ class Settings:
     max_body_bytes: int = option(1024 * 1024, "largest request body, in bytes", group="limits", unit="bytes")
     max_messages: int = option(512, "messages in one /v1/chat/completions request", group="limits")
     max_message_chars: int = option(200_000, "characters of one message or prompt", group="limits")
+    max_attachment_bytes: int = option(
+        10 * 1024 * 1024, "largest file attached to a chat, in bytes", group="limits", unit="bytes"
+    )
+    max_attachment_chars: int = option(
+        200_000, "characters of text one attached file may hold (a PDF's: extracted)", group="limits"
+    )
+    max_attachments_per_message: int = option(8, "files attached to one chat message", group="limits")
+    pdf_timeout_s: float = option(
+        15.0, "longest, in seconds, the text of one attached PDF may take to extract", group="limits"
+    )
+    pdf_memory_bytes: int = option(
+        1024 * 1024 * 1024,
+        "address space of the process extracting a PDF's text, in bytes",
+        group="limits",
+        unit="bytes",
+    )
+    pdf_max_pages: int = option(500, "pages of one attached PDF", group="limits")
     max_queued_requests: int = option(256, "requests waiting beyond max-num-seqs before 503", group="limits")
     request_timeout_s: float = option(
         600.0, "longest a generation request may run, in seconds", group="limits"

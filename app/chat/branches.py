@@ -51,6 +51,7 @@ class Fork:
     user: MessageRecord | None
     user_parent_id: int | None
     continued: MessageRecord | None = None
+    edited: MessageRecord | None = None  # EDIT: the user message the new one is a version of
 
 
 def message_id_value(fields: dict[str, Any], key: str, *, nullable: bool = False) -> int | None:
@@ -91,7 +92,7 @@ def locate(mode: ReplyMode, tree: MessageTree, target: Target) -> Fork:
             raise bad_request("nothing to edit: the session has no user message yet", "session")
         if edited.role != "user":
             raise bad_request(f"message_id {edited.id} is a reply: edit takes a user message", key)
-        return Fork(tree.path_to(edited.parent_id), None, edited.parent_id)
+        return Fork(tree.path_to(edited.parent_id), None, edited.parent_id, edited=edited)
     if named is None:
         raise bad_request(f"nothing to {mode}: the session has no user message yet", "session")
     message = tree.get(named)

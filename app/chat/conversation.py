@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.chat.documents import prompt_content
 from app.db.models import FINAL_ASSISTANT_STATUSES
 from app.http.public_prefix import common_prefix_len
 
@@ -37,6 +38,7 @@ class Turn:
     role: str
     content: str
     token_ids: tuple[int, ...] | None = None
+    pinned: bool = False  # this exchange carries an attachment: never dropped to fit unless the user chose
 
     def __post_init__(self) -> None:
         if self.role not in TURN_ROLES:
@@ -69,7 +71,9 @@ class MessageLike(Protocol):
 
 
 def turns_from_messages(messages: Iterable[MessageLike], fingerprint: str | None = None) -> list[Turn]:
-    """History turns from stored messages: user turns and every answer that ended (not one still streaming).
+    """History turns from stored messages: user turns and every answer that ended (not one still streaming). A user
+    turn's content is what its prompt read: its attached files' blocks, then its text (app/chat/documents.py); one
+    that carries files is pinned.
 
     With `fingerprint`, ids recorded under another tokenizer (an answer's `tokenizer_fingerprint` differs) are
     dropped for the whole history, so the prompt is re-rendered instead of mixing vocabularies.
@@ -82,9 +86,12 @@ def turns_from_messages(messages: Iterable[MessageLike], fingerprint: str | None
     foreign = fingerprint is not None and any(
         getattr(m, "tokenizer_fingerprint", None) not in (None, fingerprint) for m in kept
     )
-    return [
-        Turn(m.role, m.content, None if foreign or m.token_ids is None else tuple(m.token_ids)) for m in kept
-    ]
+    turns = []
+    for m in kept:
+        files = getattr(m, "attachments", ())
+        ids = None if foreign or m.token_ids is None else tuple(m.token_ids)
+        turns.append(Turn(m.role, prompt_content(files, m.content), ids, pinned=bool(files)))
+    return turns
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:

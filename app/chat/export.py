@@ -1,13 +1,15 @@
 """A chat as a file: JSON that holds everything the API shows (and, when asked, the token ids), Markdown for people.
 
 Markdown: the title, the settings, then each message under its role as a heading with its text as written (the
-model's Markdown and code stay intact). A message that leaves a block open (a reply stopped inside a code fence)
+model's Markdown and code stay intact); a message's attached files come before its text, each folded in a
+`<details>` block with its text fenced. A message that leaves a block open (a reply stopped inside a code fence)
 would swallow the headings after it, so its fence is closed; anything else left open (a raw HTML block) is shown as
 a code block instead. markdown-it-py (CommonMark) decides what is open.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import unicodedata
@@ -17,7 +19,7 @@ from typing import Any
 from markdown_it import MarkdownIt
 
 from app.db import MessageRecord, SessionRecord
-from app.http.messages import message_fields
+from app.http.messages import attachment_json, message_fields
 
 EXPORT_VERSION = 1
 MAX_FILENAME_CHARS = 80
@@ -78,6 +80,7 @@ def _message_json(m: MessageRecord, token_ids: bool) -> dict[str, Any]:
         "position": m.position,
         "created_at": m.created_at.isoformat(),
         "updated_at": m.updated_at.isoformat(),
+        "attachments": [{**attachment_json(a), "text": a.text} for a in m.attachments],
     }
     if token_ids:
         fields["token_ids"] = None if m.token_ids is None else list(m.token_ids)
@@ -110,6 +113,9 @@ def export_markdown(
         lines += ["## System", "", closed_markdown(session.system_prompt), ""]
     for m in messages:
         lines += [f"## {ROLE_HEADINGS.get(m.role, m.role)}", "", f"_{_message_note(m)}_", ""]
+        for a in m.attachments:  # folded: a file's text is no wall in the document either
+            summary = f"📎 {html.escape(a.filename)} · {a.num_tokens} tokens"
+            lines += [f"<details><summary>{summary}</summary>", "", _code_block(a.text), "", "</details>", ""]
         if m.content:
             lines += [closed_markdown(m.content), ""]
         if m.error:

@@ -177,7 +177,13 @@ async def _turn(request: Request, svc: Services, owner: str, mode: ReplyMode) ->
     credential = await credential_of(request, svc, owner=owner)
     lease = svc.admission.admit(request, owner)
     reply = await chat_of(svc).start(
-        mode, owner, request.path_params["session_id"], body.get("content"), lease, target=target
+        mode,
+        owner,
+        request.path_params["session_id"],
+        body.get("content"),
+        lease,
+        target=target,
+        attachments=body.get("attachments"),
     )
     end_with_key(  # a revoked key's reply stops, stored as interrupted
         request,
@@ -190,8 +196,8 @@ async def _turn(request: Request, svc: Services, owner: str, mode: ReplyMode) ->
 
 @_api
 async def post_message(request: Request, svc: Services, owner: str) -> Response:
-    """POST /api/sessions/{id}/messages {content, parent_id?}: store it after `parent_id` (default: the active
-    leaf; null: a new first message) and stream the reply over SSE."""
+    """POST /api/sessions/{id}/messages {content, parent_id?, attachments?}: store it after `parent_id` (default:
+    the active leaf; null: a new first message) with the unsent attachments named, and stream the reply over SSE."""
     return await _turn(request, svc, owner, ReplyMode.SEND)
 
 
@@ -204,8 +210,9 @@ async def regenerate(request: Request, svc: Services, owner: str) -> Response:
 
 @_api
 async def edit_message(request: Request, svc: Services, owner: str) -> Response:
-    """POST /api/sessions/{id}/edit {content, message_id?}: a new version of that user message (default: the last
-    one on show), a branch beside the old one, and its reply over SSE."""
+    """POST /api/sessions/{id}/edit {content, message_id?, attachments?}: a new version of that user message
+    (default: the last one on show; its attachments carry over, plus any unsent ones named), a branch beside the
+    old one, and its reply over SSE."""
     return await _turn(request, svc, owner, ReplyMode.EDIT)
 
 

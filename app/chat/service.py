@@ -9,6 +9,7 @@ import logging
 import uuid
 from typing import Any
 
+from app.chat.attachments import AttachmentReader
 from app.chat.branches import Fork, ReplyMode, Target, locate, message_id_value, path_json, with_siblings
 from app.chat.chat_settings import (
     chat_max_tokens,
@@ -16,8 +17,17 @@ from app.chat.chat_settings import (
     effective_system_prompt,
 )
 from app.chat.conversation import ConversationBuilder, PromptPlan, Turn, turns_from_messages
+from app.chat.documents import prompt_content
 from app.chat.reply import CUT_STATUSES, SHUTDOWN, Reply, ReplyPlace, ReplyWriter
-from app.db import MessageRecord, MessageStatus, MessageTree, Parent, Store, StoreUnavailable
+from app.db import (
+    AttachmentRecord,
+    MessageRecord,
+    MessageStatus,
+    MessageTree,
+    Parent,
+    Store,
+    StoreUnavailable,
+)
 from app.engine_client.protocol import EngineClient
 from app.engine_client.request_label import chat_label
 from app.http.errors import APIError, bad_request, from_exception, not_found
@@ -54,6 +64,7 @@ class ChatService:
         self.builder = builder
         self.fingerprint = fingerprint
         self.writer = ReplyWriter(store, fingerprint, settings.flush_interval_s, settings.store_retry_s)
+        self.attachments = AttachmentReader(settings)  # uploads' text (app/chat/attachment_routes.py)
         self._turns: dict[str, Reply | None] = {}  # None: reserved while the turn is being set up
         self._cut_all = False  # set at shutdown: a reply that starts from then on is cut at once
 
@@ -119,12 +130,14 @@ class ChatService:
         content: Any = None,
         lease: Lease | None = None,
         target: Target = Parent.ACTIVE_LEAF,
+        attachments: Any = None,
     ) -> Reply:
         """Start a reply (app/chat/branches.py): SEND stores `content` as a new user message after `target`
         (a reply; None: a new first message) and answers it; EDIT stores `content` beside the user message
         `target`; REGENERATE answers the user message of `target` again, beside its replies; CONTINUE extends the
         reply `target`. `target` defaults to the active leaf. `lease` (a client limit's slot) is released when the
-        reply ends."""
+        reply ends. `attachments` (SEND, EDIT): ids of the session's unsent attachments the new message carries; an
+        edited message's own attachments carry over to its new version."""
         try:
             if session_id in self._turns:
                 raise APIError(
@@ -135,7 +148,7 @@ class ChatService:
             # reserved before the first await, so a racing second send sees 409
             self._turns[session_id] = None
             try:
-                reply = await self._setup(owner, session_id, mode, content, target)
+                reply = await self._setup(owner, session_id, mode, content, target, attachments)
             except BaseException:
                 self._turns.pop(session_id, None)
                 raise
@@ -168,8 +181,9 @@ class ChatService:
 
     # ---- setup ----------------------------------------------------------------------------------------------
     async def _setup(
-        self, owner: str, session_id: str, mode: ReplyMode, content: Any, target: Target
+        self, owner: str, session_id: str, mode: ReplyMode, content: Any, target: Target, attachments: Any
     ) -> Reply:
+        attachment_ids = self._attachment_ids(mode, attachments)
         if mode in (ReplyMode.SEND, ReplyMode.EDIT):
             content = self._check_content(content)
         session = await self.store.chats.get_session(owner, session_id)
@@ -183,7 +197,14 @@ class ChatService:
             mode is ReplyMode.REGENERATE
         ):  # the old reply stays as a version: one more message, as a new turn's
             await self.store.chats.check_reply_room(session_id)
-        text = content if fork.user is None else fork.user.content
+        carried = fork.edited.attachments if fork.edited is not None else ()
+        files = await self._files(owner, session_id, attachment_ids, carried)
+        # the files' blocks, then the question: the prompt reads them at the same place in every later turn
+        text = (
+            prompt_content(files, content)
+            if fork.user is None
+            else prompt_content(fork.user.attachments, fork.user.content)
+        )
         turns = turns_from_messages(fork.history, self.fingerprint)
         system_prompt = effective_system_prompt(session, preset, self.settings.default_system_prompt)
         (plan, prior_ids), public_prefix_len = await self.engine.tokenize(
@@ -191,7 +212,13 @@ class ChatService:
         )
         if fork.user is None:  # SEND, EDIT: the new user message (a refused write, quota, changes nothing)
             user = await self.store.chats.add_message(
-                session_id, "user", text, token_ids=plan.new_user_token_ids, parent_id=fork.user_parent_id
+                session_id,
+                "user",
+                content,
+                token_ids=plan.new_user_token_ids,
+                parent_id=fork.user_parent_id,
+                attachment_ids=attachment_ids,
+                attachments_of=fork.edited.id if carried and fork.edited is not None else None,
             )
             user_json = with_siblings(user, (*tree.child_ids(user.parent_id), user.id))
         else:
@@ -277,6 +304,50 @@ class ChatService:
         public = self.public_prefixes
         public_len = public.session_length(system_prompt, plan.token_ids) if public is not None else 0
         return (plan, prior_ids), public_len
+
+    def _attachment_ids(self, mode: ReplyMode, value: Any) -> list[int]:
+        """The `attachments` of a turn: a list of distinct attachment ids (SEND and EDIT only); 400 otherwise."""
+        if value is None or value == []:
+            return []
+        if mode not in (ReplyMode.SEND, ReplyMode.EDIT):
+            raise bad_request(
+                f"attachments go with a new or an edited message, not with {mode}", "attachments"
+            )
+        limit = self.settings.max_attachments_per_message
+        if (
+            not isinstance(value, list)
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+            or len(set(value)) != len(value)
+        ):
+            raise bad_request("attachments must be a list of distinct attachment ids", "attachments")
+        if len(value) > limit:
+            raise bad_request(
+                f"{len(value)} attachments, over the limit of {limit} (max_attachments_per_message)",
+                "attachments",
+            )
+        return list(value)
+
+    async def _files(
+        self, owner: str, session_id: str, ids: list[int], carried: tuple[AttachmentRecord, ...]
+    ) -> tuple[AttachmentRecord, ...]:
+        """The files a new user message carries, in the order they will be stored: the unsent ones named (by id),
+        then an edited message's."""
+        limit = self.settings.max_attachments_per_message
+        if len(ids) + len(carried) > limit:
+            raise bad_request(
+                f"the edited message carries {len(carried)} files: {len(ids)} more pass the limit of {limit} "
+                "(max_attachments_per_message)",
+                "attachments",
+            )
+        if not ids:
+            return carried
+        try:
+            found = await self.store.chats.unsent_attachments(owner, session_id, ids)
+        except ValueError as exc:
+            raise bad_request(str(exc), "attachments") from None
+        if found is None:
+            raise not_found(f"session {session_id[:64]!r}")
+        return (*sorted(found, key=lambda a: a.id), *carried)
 
     def _check_content(self, content: Any) -> str:
         if not isinstance(content, str) or not content.strip():

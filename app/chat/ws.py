@@ -1,7 +1,8 @@
 """WS /ws/sessions/{id}: the browser's chat socket. Frames are JSON text; bad input gets an error frame, not a close.
 
-Client → server: {"type": "message", "content": str, "parent_id"?: int | null} · {"type": "regenerate",
-"message_id"?: int} · {"type": "edit", "content": str, "message_id"?: int} · {"type": "continue", "message_id"?: int}
+Client → server: {"type": "message", "content": str, "parent_id"?: int | null, "attachments"?: [int]} ·
+{"type": "regenerate", "message_id"?: int} · {"type": "edit", "content": str, "message_id"?: int,
+"attachments"?: [int]} · {"type": "continue", "message_id"?: int}
 · {"type": "branch", "message_id": int} · {"type": "stop"} · {"type": "ping"}. A turn without its id extends the
 active leaf (app/chat/branches.py).
 Server → client: start {mode, user_message, ...} · assistant_start {message_id, parent_id, sibling_ids,
@@ -228,7 +229,13 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str, cr
                     # shutting down (503) or over a client limit (429)
                     lease = svc.admission.admit(socket.websocket, owner)
                     reply = await chat.start(
-                        mode, owner, session_id, frame.get("content"), lease, target=target
+                        mode,
+                        owner,
+                        session_id,
+                        frame.get("content"),
+                        lease,
+                        target=target,
+                        attachments=frame.get("attachments"),
                     )
                     _end_with_key(socket.websocket, svc, reply)
                     pump = socket.pump = asyncio.create_task(_forward(socket, chat, reply))

@@ -9,7 +9,14 @@ from app.db.accounts import AccountConflict, UserRecord
 from app.db.models import MessageStatus
 from app.db.presets import PresetRef
 from app.db.quota import QuotaExceeded, StorageQuota
-from app.db.records import MessageRecord, PresetNameTaken, PresetRecord, SessionRecord, StoreUnavailable
+from app.db.records import (
+    AttachmentRecord,
+    MessageRecord,
+    PresetNameTaken,
+    PresetRecord,
+    SessionRecord,
+    StoreUnavailable,
+)
 from app.db.search import SearchUnsupported
 from app.db.search_hits import MATCH_END, MATCH_START, SearchHit, SearchPage
 from app.db.store import Store
@@ -18,6 +25,7 @@ from app.db.tree import MessageTree, Parent
 __all__ = [
     "AccountConflict",
     "ApiKeyRecord",
+    "AttachmentRecord",
     "InviteRecord",
     "MATCH_END",
     "MATCH_START",

@@ -150,6 +150,26 @@ class Message(Base):
     session: Mapped[ChatSession] = relationship(back_populates="messages")
 
 
+class Attachment(Base):
+    """A file attached to a chat: its extracted text, which the user message that carries it puts into its prompt.
+    `message_id` is None while the file waits in the composer (uploaded, not sent yet); sending links it to the
+    user message, deleting the session or the message deletes it."""
+
+    __tablename__ = "attachments"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("chat_sessions.id", ondelete="CASCADE"), index=True)
+    message_id: Mapped[int | None] = mapped_column(
+        ForeignKey("messages.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    filename: Mapped[str] = mapped_column(String(255))
+    media_type: Mapped[str] = mapped_column(String(100))
+    num_bytes: Mapped[int] = mapped_column(Integer)  # the file as uploaded
+    text: Mapped[str] = mapped_column(Text)  # what the prompt carries (a PDF's extracted text)
+    num_tokens: Mapped[int] = mapped_column(Integer)  # the rendered document block, in the model's tokens
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class Preset(Base):
     """A named system prompt and sampling settings of one owner; at most one per owner is its default, which new
     chats start from."""

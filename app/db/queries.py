@@ -4,13 +4,15 @@ operation, each checking its own arguments (ValueError) and the storage quota of
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from app.db import search
+from app.db import attachments, search
 from app.db.models import FINAL_ASSISTANT_STATUSES, ROLES, ChatSession, Message, MessageStatus, utcnow
 from app.db.presets import PresetRef, session_preset_id
 from app.db.quota import check_room, quota_of
@@ -156,7 +158,9 @@ def get_tree(s: Session, owner: str, session_id: str) -> MessageTree | None:
     if row is None:
         return None
     query = select(Message).where(Message.session_id == session_id).order_by(Message.position)
-    return MessageTree(tuple(message_record(m) for m in s.scalars(query)), row.active_leaf_id)
+    files = attachments.attachments_by_message(s, session_id)
+    messages = tuple(message_record(m, files.get(m.id, ())) for m in s.scalars(query))
+    return MessageTree(messages, row.active_leaf_id)
 
 
 def list_messages(s: Session, owner: str, session_id: str) -> list[MessageRecord] | None:
@@ -197,15 +201,25 @@ def add_message(
     token_ids: list[int] | None = None,
     status: MessageStatus = MessageStatus.COMPLETE,
     parent_id: int | None | Parent = Parent.ACTIVE_LEAF,
+    attachment_ids: Sequence[int] = (),
+    attachments_of: int | None = None,
 ) -> MessageRecord:
     """Add a message after `parent_id` (default: the active leaf; None: a first message, beside any other)
     and make it the active leaf; LookupError when the session does not exist, ValueError when the parent is not
     one of its messages.
 
-    A user message must fit the quota together with its reply (QuotaExceeded otherwise).
+    A user message must fit the quota together with its reply (QuotaExceeded otherwise). It carries the session's
+    unsent attachments `attachment_ids` and copies of message `attachments_of`'s (an edited message's files).
     """
     values = _message_values(role, content, token_ids, status)
-    return _insert_message(s, session_id, values, role == "user", parent_id)
+    record = _insert_message(s, session_id, values, role == "user", parent_id)
+    if not attachment_ids and attachments_of is None:
+        return record
+    if role != "user":
+        raise ValueError(f"only a user message carries attachments, not a {role} message")
+    owner = s.get_one(ChatSession, session_id).owner
+    files = attachments.attach_to_message(s, owner, session_id, record.id, attachment_ids, attachments_of)
+    return dataclasses.replace(record, attachments=files)
 
 
 def start_assistant(
@@ -430,3 +444,8 @@ class ChatStore(FeatureStore):
     flush_assistant = writes(flush_assistant)
     finish_assistant = writes(finish_assistant)
     delete_messages_from = writes(delete_messages_from)
+    add_attachment = writes(attachments.add_attachment)
+    get_attachment = reads(attachments.get_attachment)
+    list_unsent_attachments = reads(attachments.list_unsent)
+    unsent_attachments = reads(attachments.unsent_attachments)
+    delete_attachment = writes(attachments.delete_attachment)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from app.db.models import ChatSession, Message, MessageStatus, Preset
+from app.db.models import Attachment, ChatSession, Message, MessageStatus, Preset
 
 MAX_OWNER_CHARS = 128
 
@@ -48,6 +48,22 @@ class PresetRecord:
 
 
 @dataclass(frozen=True)
+class AttachmentRecord:
+    """A file attached to a chat as stored: its extracted `text` is what a prompt carries; `message_id` None: not
+    sent yet."""
+
+    id: int
+    session_id: str
+    message_id: int | None
+    filename: str
+    media_type: str
+    num_bytes: int
+    text: str
+    num_tokens: int
+    created_at: datetime
+
+
+@dataclass(frozen=True)
 class MessageRecord:
     """One message of a session as stored; `token_ids` is None where no ids were recorded; `parent_id` is the
     message it follows (None: a first message)."""
@@ -70,6 +86,7 @@ class MessageRecord:
     error: str | None
     created_at: datetime
     updated_at: datetime
+    attachments: tuple[AttachmentRecord, ...] = ()  # a user message's files, in the order they were attached
 
 
 def as_utc(value: datetime) -> datetime:
@@ -107,8 +124,23 @@ def preset_record(row: Preset) -> PresetRecord:
     )
 
 
-def message_record(row: Message) -> MessageRecord:
-    """Copy an ORM message into a record."""
+def attachment_record(row: Attachment) -> AttachmentRecord:
+    """Copy an ORM attachment into a record."""
+    return AttachmentRecord(
+        id=row.id,
+        session_id=row.session_id,
+        message_id=row.message_id,
+        filename=row.filename,
+        media_type=row.media_type,
+        num_bytes=row.num_bytes,
+        text=row.text,
+        num_tokens=row.num_tokens,
+        created_at=as_utc(row.created_at),
+    )
+
+
+def message_record(row: Message, attachments: tuple[AttachmentRecord, ...] = ()) -> MessageRecord:
+    """Copy an ORM message (and the records of its attachments) into a record."""
     return MessageRecord(
         id=row.id,
         session_id=row.session_id,
@@ -128,6 +160,7 @@ def message_record(row: Message) -> MessageRecord:
         error=row.error,
         created_at=as_utc(row.created_at),
         updated_at=as_utc(row.updated_at),
+        attachments=attachments,
     )
 
 

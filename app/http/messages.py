@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from app.db import MessageRecord
+from app.db import AttachmentRecord, MessageRecord
 
 
 class MessageView(Protocol):
@@ -54,9 +54,26 @@ def message_fields(m: MessageView) -> dict[str, Any]:
     }
 
 
+def attachment_json(a: AttachmentRecord) -> dict[str, Any]:
+    """An attached file as the API shows it beside its message (its text only on request: GET …/attachments/{id})."""
+    return {
+        "id": a.id,
+        "message_id": a.message_id,
+        "filename": a.filename,
+        "media_type": a.media_type,
+        "bytes": a.num_bytes,
+        "tokens": a.num_tokens,
+        "created_at": a.created_at.isoformat(),
+    }
+
+
 def message_json(m: MessageRecord) -> dict[str, Any]:
-    """A stored message as the API shows it."""
-    return {**message_fields(m), "created_at": m.created_at.isoformat()}
+    """A stored message as the API shows it, with its attached files."""
+    return {
+        **message_fields(m),
+        "attachments": [attachment_json(a) for a in m.attachments],
+        "created_at": m.created_at.isoformat(),
+    }
 
 
 def usage_json(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:

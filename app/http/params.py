@@ -29,8 +29,9 @@ def query_int(params: Mapping[str, str], name: str, default: int, low: int, high
     return int(raw)
 
 
-async def read_json_object(request: Request, max_bytes: int, *, allow_empty: bool = False) -> dict[str, Any]:
-    """The body as a JSON object; 413 past `max_bytes` counting the bytes actually received, 400 if not JSON."""
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The raw body; 413 past `max_bytes` counting the bytes actually received (a declared length past it is
+    refused before a byte is read)."""
     declared = request.headers.get("content-length")
     if declared is not None and DECIMAL.fullmatch(declared) and int(declared) > max_bytes:
         raise APIError(
@@ -47,7 +48,12 @@ async def read_json_object(request: Request, max_bytes: int, *, allow_empty: boo
                 413, f"request body exceeds the limit of {max_bytes} bytes", code="request_too_large"
             )
         chunks.append(chunk)
-    body = b"".join(chunks)
+    return b"".join(chunks)
+
+
+async def read_json_object(request: Request, max_bytes: int, *, allow_empty: bool = False) -> dict[str, Any]:
+    """The body as a JSON object; 413 past `max_bytes` counting the bytes actually received, 400 if not JSON."""
+    body = await read_body(request, max_bytes)
     if not body and allow_empty:
         return {}
     if not body:
