@@ -10,6 +10,7 @@ from starlette.routing import Route
 from app.chat.documents import document_block
 from app.chat.routes import _api
 from app.chat.service import chat_of
+from app.http.csrf import OCTET_STREAM
 from app.http.errors import APIError, bad_request, not_found
 from app.http.messages import attachment_json
 from app.http.params import read_body
@@ -23,10 +24,10 @@ def _attachment_id(request: Request) -> int:
     return int(raw)
 
 
-@_api
-async def upload(request: Request, svc: Services, owner: str) -> Response:
-    """POST /api/sessions/{id}/attachments?filename=NAME, the file's bytes as the body: its text extracted and
-    counted in tokens; 201 {id, message_id: null, filename, media_type, bytes, tokens, created_at}."""
+async def _upload(request: Request, svc: Services, owner: str) -> Response:
+    """POST /api/sessions/{id}/attachments?filename=NAME, the file's bytes as the body (Content-Type:
+    application/octet-stream): its text extracted and counted in tokens; 201 {id, message_id: null, filename,
+    media_type, bytes, tokens, created_at}."""
     sid = request.path_params["session_id"]
     chat = chat_of(svc)
     filename = request.query_params.get("filename")
@@ -70,6 +71,9 @@ async def upload(request: Request, svc: Services, owner: str) -> Response:
     if record is None:
         raise not_found(f"session {sid[:64]!r}")
     return JSONResponse(attachment_json(record), status_code=201)
+
+
+upload = _api(_upload, body_type=OCTET_STREAM)
 
 
 @_api

@@ -18,7 +18,7 @@ from app.chat.service import ChatService, ReplyMode, chat_of
 from app.chat.ws import error_frame
 from app.db import MessageStatus, PresetRef, SessionRecord
 from app.http.credentials import credential_of, revocation, revoked_error
-from app.http.csrf import check_browser_write
+from app.http.csrf import JSON, check_browser_write
 from app.http.error_handlers import error_response
 from app.http.errors import bad_request, from_exception, not_found
 from app.http.identity import REVOKED
@@ -33,9 +33,9 @@ logger = logging.getLogger(__name__)
 Handler = Callable[[Request, Services, str], Awaitable[Response]]
 
 
-def _api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-    """Resolve the owner, refuse cross-site writes, run the handler, and turn any failure into an OpenAI-shaped
-    error."""
+def _api(handler: Handler, body_type: str = JSON) -> Callable[[Request], Awaitable[Response]]:
+    """Resolve the owner, refuse cross-site writes (and a body other than `body_type`), run the handler, and turn
+    any failure into an OpenAI-shaped error."""
 
     @functools.wraps(handler)
     async def endpoint(request: Request) -> Response:
@@ -44,7 +44,7 @@ def _api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
             owner = session_owner(request, svc.settings)
             # the cookie authenticates it, whichever page sent the request: refuse writes from other sites
             if cookie_authenticated(request, owner):
-                check_browser_write(request, svc.settings)
+                check_browser_write(request, svc.settings, body_type)
             return await handler(request, svc, owner)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an API error
             error = from_exception(exc)

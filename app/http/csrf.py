@@ -5,7 +5,8 @@ page that is. Every browser sends `Origin` on a cross-origin POST and on a same-
 write authenticated by the cookie must carry this server's origin (scheme://host:port of the request itself, from
 its Host header) or one of `allowed_origins`. Without a usable Origin (absent, or `null` as some form posts send
 it) the browser's `Sec-Fetch-Site: same-origin` or a same-origin `Referer` stand in; with none of them the write is
-refused. A body must also be declared `application/json`: a cross-site page may send `text/plain` without asking.
+refused. A body must also be declared `application/json` (a file upload: `application/octet-stream`): a cross-site
+page may send `text/plain`, a form or a multipart body without asking (a CORS preflight), never these.
 """
 
 from __future__ import annotations
@@ -94,15 +95,21 @@ def has_body(conn: HTTPConnection) -> bool:
     return "transfer-encoding" in conn.headers
 
 
-def check_browser_write(conn: HTTPConnection, settings: Settings) -> None:
-    """A write authenticated by the browser cookie: same origin (403), and a body only as JSON (415)."""
+JSON = "application/json"
+OCTET_STREAM = (
+    "application/octet-stream"  # a file's raw bytes: no page may send it cross-site without a preflight
+)
+
+
+def check_browser_write(conn: HTTPConnection, settings: Settings, body_type: str = JSON) -> None:
+    """A write authenticated by the browser cookie: same origin (403), and a body only as `body_type` (415)."""
     if conn.scope.get("method") not in UNSAFE_METHODS:
         return
     check_same_origin(conn, settings)
     content_type = conn.headers.get("content-type", "")
-    if has_body(conn) and content_type.split(";", 1)[0].strip().lower() != "application/json":
+    if has_body(conn) and content_type.split(";", 1)[0].strip().lower() != body_type:
         raise APIError(
             415,
-            f"unsupported content type {content_type[:80]!r}: send the body as 'Content-Type: application/json'",
+            f"unsupported content type {content_type[:80]!r}: send the body as 'Content-Type: {body_type}'",
             code="unsupported_media_type",
         )
