@@ -3,6 +3,7 @@
 // out once the socket is back. Nothing is sent twice: a message whose fate is unknown (the socket dropped before the
 // server's `start`) is looked for in the stored conversation before it is sent again.
 import { autoGrow, messageNodes, refreshActions, scrollToBottom, setStreaming, updateEmptyState } from "./chat_render.js";
+import { giveBackFiles } from "./chat_attach.js";
 import { state, ui } from "./chat_state.js";
 import * as view from "./chat_view.js";
 import { ClientFrame } from "./protocol.js";
@@ -11,15 +12,17 @@ const WAITING_NOTE = "Not sent yet: the server cannot be reached. It goes out on
 export const DRAINING_NOTE = "Not sent yet: the server is shutting down. It goes out once the connection is back.";
 const UNCERTAIN_NOTE = "The connection dropped as this was sent: it is checked, and sent if need be, once it is back.";
 
-/** Show `text` as the user's pending message and send it, now or once the socket is open. */
-export function queueMessage(text) {
+/** Show `text` (with the attached `files`) as the user's pending message and send it, now or once the socket is
+ * open. */
+export function queueMessage(text, files = []) {
   const frame = aboutReplyOnShow({ type: ClientFrame.MESSAGE, content: text });
-  const node = view.userMessage({ content: text });
+  if (files.length) frame.attachments = files.map((f) => f.id);
+  const node = view.userMessage({ content: text, attachments: files });
   node.classList.add("is-pending");
   ui.messages.appendChild(node);
   ui.input.value = "";
   autoGrow();
-  state.outbox = { frame, text, node, sent: false, uncertain: false, afterId: lastStoredId() };
+  state.outbox = { frame, text, files, node, sent: false, uncertain: false, afterId: lastStoredId() };
   setStreaming(true);
   updateEmptyState();
   scrollToBottom(true);
@@ -88,6 +91,7 @@ export function giveBackOutbox() {
   state.outbox = null;
   box.node.remove();
   ui.input.value = box.text;
+  giveBackFiles(box.files);
   autoGrow();
   return true;
 }

@@ -1,9 +1,10 @@
 // The chat page's entry module: keyboard and click handlers, the sidebar's rename/delete, the settings panel.
+import { bindAttach, viewAttachment } from "./chat_attach.js";
 import { bindBranchEvents } from "./chat_branches.js";
 import { autoGrow, clearError, fillSettings, showError } from "./chat_render.js";
 import { startSearch } from "./chat_search.js";
 import { bindSettings, loadPresets } from "./chat_settings.js";
-import { deleteSession, openSession, renameSession } from "./chat_sessions.js";
+import { deleteSession, ensureSession, openSession, renameSession } from "./chat_sessions.js";
 import { bindElements, state, ui } from "./chat_state.js";
 import { refreshSessions, showBlankChat } from "./chat_sync.js";
 import { regenerateReply, startEdit, stopReply, submitMessage } from "./chat_turns.js";
@@ -63,6 +64,8 @@ function onMessagesClick(event) {
     regenerateReply(node);
   } else if (action === "edit" && !state.streaming) {
     startEdit(node);
+  } else if (action === "view-attachment") {
+    viewAttachment(Number(target.dataset.attachmentId));
   } else if (action === "copy") {
     navigator.clipboard.writeText(node.dataset.text || "").then(
       () => {
@@ -117,6 +120,7 @@ function bindEvents() {
   ui.sessionList.addEventListener("click", onSidebarClick);
   ui.messages.addEventListener("click", onMessagesClick);
   bindBranchEvents();
+  bindAttach({ ensureSession });
   ui.errorClose.addEventListener("click", clearError);
   ui.toggleSettings.addEventListener("click", () => setSettingsOpen(ui.settingsPanel.hidden));
   ui.settingsClose.addEventListener("click", () => setSettingsOpen(false));

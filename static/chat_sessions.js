@@ -1,6 +1,7 @@
 // Which session is open, and the sidebar's changes to the list: open, create (from a first message), rename,
 // delete.
 import { api } from "./chat_api.js";
+import { loadComposerFiles } from "./chat_attach.js";
 import {
   clearError, fillSettings, messageNodes, renderConversation, renderHeader, renderSidebar, showError,
 } from "./chat_render.js";
@@ -37,6 +38,7 @@ export async function openSession(id) {
   renderSidebar();
   renderConversation(data.messages);
   fillSettings();
+  loadComposerFiles(id);
   connectSocket(id);
   if (data.streaming) waitForServerReply(id);
 }

@@ -23,6 +23,8 @@ export const state = {
   renderQueued: false,
   // when the streamed text was last drawn (performance.now()): draws are throttled
   lastRenderAt: 0,
+  // the files attached to the next message: {id, filename, bytes, tokens} (id 0 while uploading; chat_attach.js)
+  composerFiles: [],
   // the caller's presets (GET /api/presets) and the one new chats follow
   presets: [],
   defaultPresetId: null,
@@ -38,6 +40,8 @@ const ELEMENT_IDS = {
   errorBanner: "error-banner", errorText: "error-text", errorClose: "error-close",
   toggleSettings: "toggle-settings", settingsPanel: "settings-panel", settingsForm: "settings-form",
   settingsError: "settings-error", settingsStatus: "settings-status", settingsClose: "settings-close",
+  attachButton: "attach", attachInput: "attach-input", attachChips: "attach-chips", attachError: "attach-error",
+  attachDialog: "attach-dialog", attachTitle: "attach-title", attachText: "attach-text", attachClose: "attach-close",
 };
 
 export function bindElements() {

@@ -37,6 +37,7 @@ export function showBlankChat() {
   renderHeader();
   renderSidebar();
   fillSettings();
+  loadComposerFiles(null);
 }
 
 /** Another connection's reply is still running here: show the stored text until it has ended; the session as last

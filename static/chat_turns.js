@@ -1,5 +1,6 @@
 // Starting and ending replies: send a message, Stop, Regenerate a reply, edit-and-resend a message.
 import { api } from "./chat_api.js";
+import { takeComposerFiles, uploading } from "./chat_attach.js";
 import { cancelOutbox, queueMessage } from "./chat_outbox.js";
 import {
   clearError, messageNodes, refreshActions, scrollToBottom, setStreaming, showError, updateEmptyState,
@@ -20,6 +21,10 @@ export function aboutNode(frame, node) {
 export async function submitMessage() {
   const text = ui.input.value;
   if (!text.trim() || state.streaming) return;
+  if (uploading()) {
+    showError("A file is still being attached: send once its chip shows its tokens.");
+    return;
+  }
   try {
     await ensureSession(text);
   } catch (e) {
@@ -28,7 +33,7 @@ export async function submitMessage() {
   }
   clearError();
   state.stopRequested = false;
-  queueMessage(text);
+  queueMessage(text, takeComposerFiles());
 }
 
 /** REGENERATE, EDIT or CONTINUE a message on the page. Only over an open socket: while the server cannot be reached

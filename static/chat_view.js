@@ -112,11 +112,32 @@ function actionsRow(message, ...buttons) {
   return actions;
 }
 
+export function tokensText(tokens) {
+  return tokens === 1 ? "1 token" : tokens + " tokens";
+}
+
+/** A message's attached files as chips: name and tokens, a button that opens the text (chat_attach.js). */
+export function attachmentChips(attachments) {
+  const row = el("div", "msg-attachments");
+  for (const file of attachments) {
+    const chip = el("button", "attach-chip");
+    chip.type = "button";
+    chip.dataset.action = "view-attachment";
+    chip.dataset.attachmentId = file.id;
+    chip.title = "Show the text the model reads";
+    chip.append(el("span", "attach-name", file.filename), el("span", "attach-detail", tokensText(file.tokens)));
+    row.append(chip);
+  }
+  return row;
+}
+
 export function userMessage(message) {
   const node = el("article", "msg msg-user");
   node.dataset.role = "user";
   if (message.id != null) node.dataset.id = message.id;
   node.setAttribute("aria-label", "You");
+  // the files the prompt reads before the question: chips, not their text
+  if (message.attachments && message.attachments.length) node.appendChild(attachmentChips(message.attachments));
   node.appendChild(el("div", "msg-body", message.content)); // plain text: white-space keeps the lines
   node.appendChild(actionsRow(message, button("Edit", "edit")));
   return node;

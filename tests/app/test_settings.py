@@ -48,7 +48,14 @@ def test_every_byte_count_of_the_service_takes_units():
     """A field named for bytes is declared a size, so that no byte-sized flag is left taking integers only."""
     sizes = {o.name for o in options(Settings) if o.is_size}
     assert sizes == {o.name for o in options(Settings) if "bytes" in o.name and o.kind is int}
-    assert sizes == {"max_body_bytes", "ws_max_frame_bytes", "max_bytes_per_owner", "max_database_bytes"}
+    assert sizes == {
+        "max_body_bytes",
+        "ws_max_frame_bytes",
+        "max_bytes_per_owner",
+        "max_database_bytes",
+        "max_attachment_bytes",
+        "pdf_memory_bytes",
+    }
     settings = settings_from_env(
         {"PAGEDCHAT_MAX_DATABASE_BYTES": "512MiB", "PAGEDCHAT_KV_CACHE_BYTES": "1GB"}
     )
