@@ -108,6 +108,7 @@ async function removeFile(id) {
 export function takeComposerFiles() {
   const files = state.composerFiles.filter((f) => f.id);
   state.composerFiles = [];
+  clearAttachError();
   renderChips();
   return files;
 }

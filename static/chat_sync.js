@@ -1,6 +1,7 @@
 // Keeping the page in step with the server's copy: the session list, the blank chat, and re-reading the open
 // conversation after a reconnect or while another connection's reply is still running.
 import { api } from "./chat_api.js";
+import { loadComposerFiles } from "./chat_attach.js";
 import { giveBackOutbox, redrawOutbox } from "./chat_outbox.js";
 import { state } from "./chat_state.js";
 import {

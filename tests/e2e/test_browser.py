@@ -194,6 +194,71 @@ def test_chat_streams_replies_with_stats_and_reuses_the_cache(open_page, ui_serv
     expect(narrow.locator("#toggle-sidebar")).to_have_attribute("aria-expanded", "false")
 
 
+def test_an_attached_file_is_a_chip_and_later_questions_read_it_from_the_cache(open_page, tmp_path):
+    first = open_page("/")
+    sid = new_session(first, title="Notes", settings={"temperature": 0, "max_tokens": 16})
+    # the refused .exe below logs its 415 as a failed resource
+    page = open_page(f"/#s={sid}", context=first.context, http_errors_ok=True)
+    notes = "\n".join(f"- item {i}: the {i}th line of the project notes, number {i * 7}." for i in range(14))
+    path = tmp_path / "notes.md"
+    path.write_text(notes)
+    page.set_input_files("#attach-input", str(path))  # what the paperclip button opens
+    chips = page.locator("#attach-chips .attach-chip")
+    expect(chips).to_have_count(1)
+    expect(chips.locator(".attach-detail")).to_have_text(f"{len(notes)} B · 313 tokens")
+    # dropped on the composer: a CSV, then removed with its ×
+    page.evaluate(
+        """() => {
+            const data = new DataTransfer();
+            data.items.add(new File(["a,b\\n1,2\\n"], "table.csv", { type: "text/csv" }));
+            const composer = document.getElementById("composer");
+            for (const type of ["dragover", "drop"]) {
+                composer.dispatchEvent(new DragEvent(type, { dataTransfer: data, bubbles: true, cancelable: true }));
+            }
+        }"""
+    )
+    expect(chips.locator(".attach-name")).to_have_text(["notes.md", "table.csv"])
+    expect(chips.nth(1).locator(".attach-detail")).to_have_text(re.compile(r"\d+ B · \d+ tokens"))
+    chips.nth(1).locator("[data-action=remove-attachment]").click()
+    expect(chips.locator(".attach-name")).to_have_text(["notes.md"])
+    bad = tmp_path / "tool.exe"
+    bad.write_bytes(b"MZ\x90\x00")
+    page.set_input_files("#attach-input", str(bad))
+    expect(page.locator("#attach-error")).to_contain_text(
+        "tool.exe: 'tool.exe' is not a type that can be attached"
+    )
+    expect(chips).to_have_count(1)
+    screenshot(page, "chat-attachment-composer.png")
+
+    questions = ["What is item 3?", "And item 7?", "Which item has the number 70?"]
+    ratios = []
+    for number, question in enumerate(questions, start=1):
+        send(page, question)
+        expect(page.locator(".msg-assistant")).to_have_count(number)
+        expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+        stats = STATS_LINE.fullmatch(last_reply(page).locator(".msg-stats").inner_text())
+        assert stats is not None, last_reply(page).locator(".msg-stats").inner_text()
+        ratios.append(int(stats.group(3)) / int(stats.group(4)))
+    assert ratios[0] < 0.5 and min(ratios[1:]) >= 0.9, ratios  # the file's blocks came from the prefix cache
+    expect(page.locator("#attach-chips")).to_be_hidden()  # sent with the first question
+    expect(page.locator("#attach-error")).to_be_hidden()
+    sent = page.locator(".msg-user").first
+    expect(sent.locator(".msg-body")).to_have_text("What is item 3?")  # a chip, not a wall of text
+    expect(sent.locator(".attach-chip .attach-name")).to_have_text(["notes.md"])
+    expect(page.locator(".msg-user .attach-chip")).to_have_count(1)
+    sent.scroll_into_view_if_needed()
+    screenshot(page, "chat-attachment.png")
+    sent.locator(".attach-chip").click()
+    expect(page.locator("#attach-dialog")).to_be_visible()
+    screenshot(page, "chat-attachment-text.png")
+    expect(page.locator("#attach-text")).to_have_text(notes)
+    page.click("#attach-close")
+    expect(page.locator("#attach-dialog")).to_be_hidden()
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    expect(page.locator(".msg-user").first.locator(".attach-chip .attach-name")).to_have_text(["notes.md"])
+
+
 def test_a_long_prompt_shows_how_far_it_is_read_until_the_reply_starts(open_page):
     page = open_page("/")
     # every text the reading bubble shows, however briefly (512 tokens are read a step: two steps here)
