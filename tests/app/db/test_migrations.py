@@ -255,6 +255,56 @@ def test_0003_adds_presets_in_place_and_going_back_keeps_every_chat_and_message(
     assert db.raw("SELECT session_id, content FROM messages") == [("s1", "hi")]
 
 
+def test_0009_adds_attachments_that_go_with_their_message_and_going_back_keeps_the_chats(
+    empty_db: TestDatabase,
+) -> None:
+    db = empty_db
+    cfg = alembic_config(db.url)
+    command.upgrade(cfg, "0008")
+    db.raw(
+        "INSERT INTO chat_sessions (id, owner, title, system_prompt, settings, created_at, updated_at) "
+        "VALUES ('s1', 'alice', 't', '', '{}', :now, :now)",
+        {"now": NOW},
+    )
+    for position in (0, 1):
+        db.raw(
+            "INSERT INTO messages (session_id, position, role, content, status, created_at, updated_at) "
+            "VALUES ('s1', :position, 'user', 'hi', 'complete', :now, :now)",
+            {"now": NOW, "position": position},
+        )
+    command.upgrade(cfg, "0009")
+    engine = create_db_engine(db.url)  # SQLite: foreign keys on, as the app runs
+    insert = text(
+        "INSERT INTO attachments (session_id, message_id, filename, media_type, num_bytes, text, num_tokens, "
+        "created_at) VALUES ('s1', :message_id, 'a.md', 'text/markdown', 2, 'hi', 5, :now)"
+    )
+    with engine.begin() as conn:
+        first, second = conn.execute(text("SELECT id FROM messages ORDER BY position")).scalars().all()
+        for message_id in (first, second, None):  # two sent, one waiting in the composer
+            conn.execute(insert, {"message_id": message_id, "now": NOW})
+        conn.execute(text("DELETE FROM messages WHERE id = :id"), {"id": second})
+        assert conn.execute(text("SELECT message_id FROM attachments ORDER BY id")).scalars().all() == [
+            first,
+            None,
+        ]
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        conn.execute(insert, {"message_id": 10**6, "now": NOW})  # no such message
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM chat_sessions"))
+        assert conn.execute(text("SELECT count(*) FROM attachments")).scalar_one() == 0
+        conn.execute(
+            text(
+                "INSERT INTO chat_sessions (id, owner, title, system_prompt, settings, created_at, updated_at) "
+                "VALUES ('s2', 'bob', 't', '', '{}', :now, :now)"
+            ),
+            {"now": NOW},
+        )
+    engine.dispose()
+    command.downgrade(cfg, "0008")
+    assert "attachments" not in db.tables()
+    assert db.raw("SELECT id, owner FROM chat_sessions") == [("s2", "bob")]
+
+
 MIGRATE = "import sys; from app.db.database import *; upgrade_to_head(create_db_engine(sys.argv[1]))"
 
 

@@ -133,7 +133,8 @@ def test_negative_limits_are_refused() -> None:
 
 
 async def test_the_running_figures_match_the_database_through_every_kind_of_write(make_store) -> None:
-    """Random writes of three owners, refusals (rolled back) included: after each, figure == count from the database."""
+    """Random writes of three owners (attached files too), refusals (rolled back) included: after each, figure ==
+    count from the database."""
     store = await make_store(max_sessions=4, max_messages=8, max_bytes=1000)
     rng = random.Random(7)
     owners = [ALICE, BOB, "key:carol"]
@@ -146,7 +147,8 @@ async def test_the_running_figures_match_the_database_through_every_kind_of_writ
     for step in range(300):
         owner = rng.choice(owners)
         sid = await some_session(owner)
-        action = rng.choice(["create", "rename", "delete", "turn", "edit", "truncate"] if sid else ["create"])
+        actions = ["create", "rename", "delete", "turn", "edit", "truncate", "attach"]
+        action = rng.choice(actions if sid else ["create"])
         text = "é" * rng.randint(0, 40) + "x" * rng.randint(0, 300)
         try:
             if action == "create":
@@ -167,8 +169,26 @@ async def test_the_running_figures_match_the_database_through_every_kind_of_writ
                     await finish(store, reply.id, text[: rng.randint(0, 200)])
             else:
                 users = [m for m in await store.chats.list_messages(owner, sid) if m.role == "user"]
-                if users and action == "edit":
-                    await store.chats.add_message(sid, "user", text, parent_id=users[-1].parent_id)
+                if users and action == "edit":  # the edited message's files are copied to the new version
+                    files_of = users[-1].id if users[-1].attachments else None
+                    await store.chats.add_message(
+                        sid, "user", text, parent_id=users[-1].parent_id, attachments_of=files_of
+                    )
+                elif action == "attach":  # a file waits, then is removed or sent with a message
+                    attachment = await store.chats.add_attachment(
+                        owner,
+                        sid,
+                        filename="f-" + text[:8],
+                        media_type="text/plain",
+                        num_bytes=1,
+                        text=text,
+                        num_tokens=1,
+                    )
+                    assert attachment is not None
+                    if rng.random() < 0.4:
+                        await store.chats.delete_attachment(owner, sid, attachment.id)
+                    else:
+                        await store.chats.add_message(sid, "user", "q", attachment_ids=[attachment.id])
                 elif users:
                     await store.chats.delete_messages_from(sid, users[0].id)
         except QuotaExceeded:
