@@ -201,6 +201,25 @@ def test_turns_from_messages_keeps_user_turns_and_ended_answers() -> None:
     assert [t.token_ids for t in turns_from_messages([user, theirs])] == [(1,), (4,)]
 
 
+def test_a_user_turn_with_files_reads_them_before_its_question_and_is_pinned() -> None:
+    files = (SimpleNamespace(filename="a.md", text="# A"), SimpleNamespace(filename="b.csv", text="x,y"))
+    asked = SimpleNamespace(
+        role="user", content="Compare them.", token_ids=[1], status="complete", attachments=files
+    )
+    answer = SimpleNamespace(role="assistant", content="ok", token_ids=[2], status="finished", attachments=())
+    plain = SimpleNamespace(role="user", content="Thanks.", token_ids=[3], status="complete")
+    assert turns_from_messages([asked, answer, plain]) == [
+        Turn(
+            "user",
+            '<document name="a.md">\n# A\n</document>\n\n<document name="b.csv">\nx,y\n</document>\n\nCompare them.',
+            (1,),
+            pinned=True,
+        ),
+        Turn("assistant", "ok", (2,)),
+        Turn("user", "Thanks.", (3,)),
+    ]
+
+
 def test_failed_and_interrupted_answers_keep_the_prompt_exact(tokenizer: Any) -> None:
     builder = make_builder(tokenizer)
     first = builder.build_prompt("", [], "Hi", max_tokens=8)
