@@ -68,7 +68,9 @@ class PromptPlan:
     ]  # the whole prompt, ending with the generation prompt (a continuation: the answer so far)
     new_user_token_ids: list[int]  # what the new user turn appended after the history and any system prompt:
     #                                store these with the user message
-    truncated_turns: int  # exchanges (a user turn and its answers) left out to fit max_model_len, as the user chose
+    truncated_turns: (
+        int  # exchanges (a user turn and its answers) left out to fit max_model_len, as the user chose
+    )
     exact_extension: bool  # True: stored ids were extended; False: the conversation was re-rendered
     num_retokenized_turns: int = 0  # answers whose ids did not spell their text, re-tokenized from the text
 
@@ -208,7 +210,9 @@ class ConversationBuilder:
                 "(truncate: 'oldest', attachments too), start a new chat from a summary, or send a shorter message"
             )
             raise PromptTooLong(
-                ContextReport(whole, max_tokens, self.max_model_len, False, 0, 0, ("oldest", "summary"), advice)
+                ContextReport(
+                    whole, max_tokens, self.max_model_len, False, 0, 0, ("oldest", "summary"), advice
+                )
             )
         choices = [Truncate.OLDEST.value]
         if pinned_dropped:

@@ -15,6 +15,7 @@ from app.chat.branches import path_json, turn_target
 from app.chat.chat_settings import check_session_settings
 from app.chat.reply import SHUTDOWN, Reply
 from app.chat.service import ChatService, ReplyMode, chat_of
+from app.chat.truncation import truncate_value
 from app.chat.ws import error_frame
 from app.db import MessageStatus, PresetRef, SessionRecord
 from app.http.credentials import credential_of, revocation, revoked_error
@@ -174,10 +175,17 @@ async def stop_reply(request: Request, svc: Services, owner: str) -> Response:
 async def _turn(request: Request, svc: Services, owner: str, mode: ReplyMode) -> Response:
     body = await read_json_object(request, svc.settings.max_body_bytes, allow_empty=True)
     target = turn_target(mode, body)  # a bad id is a 400 before the client's slot is taken
+    truncate = truncate_value(body)
     credential = await credential_of(request, svc, owner=owner)
     lease = svc.admission.admit(request, owner)
     reply = await chat_of(svc).start(
-        mode, owner, request.path_params["session_id"], body.get("content"), lease, target=target
+        mode,
+        owner,
+        request.path_params["session_id"],
+        body.get("content"),
+        lease,
+        target=target,
+        truncate=truncate,
     )
     end_with_key(  # a revoked key's reply stops, stored as interrupted
         request,
@@ -189,9 +197,19 @@ async def _turn(request: Request, svc: Services, owner: str, mode: ReplyMode) ->
 
 
 @_api
+async def plan_message(request: Request, svc: Services, owner: str) -> Response:
+    """POST /api/sessions/{id}/plan {content, parent_id?}: what sending it would need, nothing stored or generated:
+    {prompt_tokens, max_tokens, max_model_len, fits, truncated_turns, pinned_turns_dropped, options, advice}
+    (app/chat/truncation.py)."""
+    body = await read_json_object(request, svc.settings.max_body_bytes)
+    return JSONResponse(await chat_of(svc).plan(owner, request.path_params["session_id"], body))
+
+
+@_api
 async def post_message(request: Request, svc: Services, owner: str) -> Response:
-    """POST /api/sessions/{id}/messages {content, parent_id?}: store it after `parent_id` (default: the active
-    leaf; null: a new first message) and stream the reply over SSE."""
+    """POST /api/sessions/{id}/messages {content, parent_id?, truncate?}: store it after `parent_id` (default: the
+    active leaf; null: a new first message) and stream the reply over SSE. A history that does not fit is cut only
+    as `truncate` ("oldest" | "keep_pinned") says; without it 409 `context_full`, nothing stored."""
     return await _turn(request, svc, owner, ReplyMode.SEND)
 
 
@@ -250,6 +268,7 @@ routes = [
     Route("/api/sessions/{session_id}", delete_session, methods=["DELETE"]),
     Route("/api/sessions/{session_id}/messages", list_messages, methods=["GET"]),
     Route("/api/sessions/{session_id}/messages", post_message, methods=["POST"]),
+    Route("/api/sessions/{session_id}/plan", plan_message, methods=["POST"]),
     Route("/api/sessions/{session_id}/regenerate", regenerate, methods=["POST"]),
     Route("/api/sessions/{session_id}/edit", edit_message, methods=["POST"]),
     Route("/api/sessions/{session_id}/continue", continue_reply, methods=["POST"]),

@@ -39,9 +39,7 @@ def truncate_value(fields: dict[str, Any]) -> Truncate | None:
         return Truncate(value)
     except ValueError:
         accepted = ", ".join(repr(t.value) for t in Truncate)
-        raise ValueError(
-            f"truncate must be one of {accepted} or null, got {str(value)[:40]!r}"
-        ) from None
+        raise ValueError(f"truncate must be one of {accepted} or null, got {str(value)[:40]!r}") from None
 
 
 def exchanges(turns: Sequence[TurnLike]) -> list[tuple[int, int]]:
@@ -130,9 +128,7 @@ def too_long_advice(num_tokens: int, max_tokens: int, max_model_len: int) -> str
 def full_advice(truncated_turns: int, pinned_dropped: int, options: Sequence[str]) -> str:
     """A history that must be cut: how much, and the choices."""
     plural = "s" if truncated_turns != 1 else ""
-    pinned = (
-        f", {pinned_dropped} of them with attachments" if pinned_dropped else ""
-    )
+    pinned = f", {pinned_dropped} of them with attachments" if pinned_dropped else ""
     choices = ["drop the oldest turns (truncate: 'oldest')"]
     if Truncate.KEEP_PINNED.value in options:
         choices.append("keep the attachments and drop other turns (truncate: 'keep_pinned')")

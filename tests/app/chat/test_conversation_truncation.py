@@ -131,7 +131,9 @@ def test_without_a_choice_a_history_that_must_be_cut_is_refused_with_the_choices
     renderer = make_builder(tokenizer)
     whole = len(renderer.render("", turns, question))
     without_first = len(renderer.render("", turns[2:], question))
-    builder = make_builder(tokenizer, max_model_len=whole + 8 - 1)  # one token short of the whole conversation
+    builder = make_builder(
+        tokenizer, max_model_len=whole + 8 - 1
+    )  # one token short of the whole conversation
     with pytest.raises(ContextFull) as info:
         builder.build_prompt("", turns, question, max_tokens=8, truncate=None)
     report = info.value.report
@@ -166,7 +168,11 @@ def test_keep_pinned_that_cannot_fit_the_attachments_is_refused_and_not_offered(
     pinned_only = len(renderer.render("", turns[:2], question))
     builder = make_builder(tokenizer, max_model_len=pinned_only + 8 - 1)
     report = builder.context_report("", turns, question, max_tokens=8)
-    assert (report.truncated_turns, report.pinned_turns_dropped, report.options) == (1, 1, ("oldest", "summary"))
+    assert (report.truncated_turns, report.pinned_turns_dropped, report.options) == (
+        1,
+        1,
+        ("oldest", "summary"),
+    )
     with pytest.raises(PromptTooLong) as info:
         builder.build_prompt("", turns, question, max_tokens=8, truncate=Truncate.KEEP_PINNED)
     assert str(info.value).startswith("the 1 exchanges with attachments and the new message")
