@@ -136,5 +136,5 @@ def full_advice(truncated_turns: int, pinned_dropped: int, options: Sequence[str
         choices.append("start a new chat from a summary of this one")
     return (
         f"the conversation no longer fits the context: {truncated_turns} earlier exchange{plural} must be left "
-        f"out{pinned}. Choose: " + "; or ".join(choices)
+        f"out{pinned}; send again choosing to " + "; or ".join(choices)
     )

@@ -83,13 +83,15 @@ def test_a_history_that_must_be_cut_is_refused_with_the_choices_until_one_is_mad
     response = client.post(f"/api/sessions/{sid}/messages", json={"content": FOLLOW_UP})
     assert response.status_code == 409, response.text
     error = response.json()["error"]
-    assert (error["code"], error["type"], error["message"]) == ("context_full", "conflict_error", answer["advice"])
+    assert (error["code"], error["type"], error["message"]) == (
+        "context_full",
+        "conflict_error",
+        answer["advice"],
+    )
     assert error["context"] == answer
     assert len(messages(client, sid)) == 2
     # a bad choice is a 400 naming the values
-    response = client.post(
-        f"/api/sessions/{sid}/messages", json={"content": FOLLOW_UP, "truncate": "newest"}
-    )
+    response = client.post(f"/api/sessions/{sid}/messages", json={"content": FOLLOW_UP, "truncate": "newest"})
     assert response.status_code == 400
     assert response.json()["error"]["message"] == (
         "truncate must be one of 'oldest', 'keep_pinned' or null, got 'newest'"
@@ -117,7 +119,9 @@ def test_the_socket_refuses_the_same_way_and_sends_with_a_choice(client):
         frames = [ws.receive_json()]
         while frames[-1]["type"] != "done":
             frames.append(ws.receive_json())
-    assert frames[0]["type"] == "start" and frames[0]["truncated_turns"] == 1  # nothing pinned: the oldest goes
+    assert (
+        frames[0]["type"] == "start" and frames[0]["truncated_turns"] == 1
+    )  # nothing pinned: the oldest goes
     assert frames[-1]["message"]["truncated_turns"] == 1
     wait_pool_idle(client)
 
@@ -130,9 +134,7 @@ def test_a_message_that_cannot_fit_is_refused_saying_what_to_do(client):
     assert "send a shorter message" in answer["advice"] and "--max-model-len" in answer["advice"]
     assert "max_tokens" in answer["advice"]
     for truncate in (None, "oldest"):
-        response = client.post(
-            f"/api/sessions/{sid}/messages", json={"content": huge, "truncate": truncate}
-        )
+        response = client.post(f"/api/sessions/{sid}/messages", json={"content": huge, "truncate": truncate})
         assert response.status_code == 400, response.text
         error = response.json()["error"]
         assert (error["code"], error["param"], error["message"]) == (
