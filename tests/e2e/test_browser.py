@@ -644,9 +644,9 @@ def test_sidebar_rename_delete_keyboard_and_visible_errors(open_page):
     expect(page.locator(".msg")).to_have_count(0)
 
     too_long = "word " * 1500  # over max_model_len (1024) with any reply length
-    send(page, too_long)
-    expect(page.locator("#error-banner")).to_be_visible()
-    expect(page.locator("#error-text")).to_contain_text("exceeds max_model_len (1024)")
+    send(page, too_long)  # refused at the composer, saying what to do (chat_context.js)
+    expect(page.locator("#composer-notice")).to_be_visible()
+    expect(page.locator("#composer-notice")).to_contain_text("exceeds max_model_len (1024)")
     expect(page.locator("#input")).to_have_value(too_long)  # what was typed is not lost
     expect(page.locator("#input")).to_be_enabled()
     expect(page.locator(".msg")).to_have_count(0)

@@ -77,6 +77,8 @@ def test_max_model_len_is_capped_by_the_model():
 def test_max_tokens_must_fit_beside_the_prompt():
     check_max_tokens(100, 28, 128)  # exactly full
     with pytest.raises(
-        ValueError, match=r"^prompt \(100 tokens\) \+ max_tokens \(29\) exceeds max_model_len \(128\)$"
+        ValueError,
+        match=r"^prompt \(100 tokens\) \+ max_tokens \(29\) exceeds max_model_len \(128\): shorten the prompt, "
+        r"lower max_tokens, or start the server with a larger --max-model-len$",
     ):
         check_max_tokens(100, 29, 128)
