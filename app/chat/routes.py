@@ -15,6 +15,7 @@ from app.chat.branches import path_json, turn_target
 from app.chat.chat_settings import check_session_settings
 from app.chat.reply import SHUTDOWN, Reply
 from app.chat.service import ChatService, ReplyMode, chat_of
+from app.chat.summary import summarize_into_new_chat
 from app.chat.truncation import truncate_value
 from app.chat.ws import error_frame
 from app.db import MessageStatus, PresetRef, SessionRecord
@@ -206,6 +207,21 @@ async def plan_message(request: Request, svc: Services, owner: str) -> Response:
 
 
 @_api
+async def summarize(request: Request, svc: Services, owner: str) -> Response:
+    """POST /api/sessions/{id}/summarize {}: the model summarizes the branch on show (what fits) into a new chat
+    that starts from it (its system prompt); 201 {session, summary, truncated_turns}. The old chat is unchanged."""
+    await read_json_object(request, svc.settings.max_body_bytes, allow_empty=True)
+    lease = svc.admission.admit(request, owner)
+    made = await summarize_into_new_chat(chat_of(svc), owner, request.path_params["session_id"], lease)
+    body = {
+        "session": session_json(made.session, chat_of(svc)),
+        "summary": made.text,
+        "truncated_turns": made.truncated_turns,
+    }
+    return JSONResponse(body, status_code=201)
+
+
+@_api
 async def post_message(request: Request, svc: Services, owner: str) -> Response:
     """POST /api/sessions/{id}/messages {content, parent_id?, truncate?}: store it after `parent_id` (default: the
     active leaf; null: a new first message) and stream the reply over SSE. A history that does not fit is cut only
@@ -269,6 +285,7 @@ routes = [
     Route("/api/sessions/{session_id}/messages", list_messages, methods=["GET"]),
     Route("/api/sessions/{session_id}/messages", post_message, methods=["POST"]),
     Route("/api/sessions/{session_id}/plan", plan_message, methods=["POST"]),
+    Route("/api/sessions/{session_id}/summarize", summarize, methods=["POST"]),
     Route("/api/sessions/{session_id}/regenerate", regenerate, methods=["POST"]),
     Route("/api/sessions/{session_id}/edit", edit_message, methods=["POST"]),
     Route("/api/sessions/{session_id}/continue", continue_reply, methods=["POST"]),

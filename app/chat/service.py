@@ -342,6 +342,10 @@ class ChatService:
             )
         return content
 
+    def sampling(self, settings: dict[str, Any]) -> tuple[SamplingParams, int]:
+        """A turn's sampling params and max_tokens from a chat's effective settings (400 for a bad max_tokens)."""
+        return self._params(settings)
+
     def _params(self, settings: dict[str, Any]) -> tuple[SamplingParams, int]:
         max_tokens = settings.get("max_tokens") or self.settings.default_max_tokens
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:

@@ -619,6 +619,26 @@ def test_a_history_that_must_be_cut_offers_the_choice_and_drops_nothing_silently
     assert stored[-1]["truncated_turns"] == 1
 
 
+def test_a_chat_that_no_longer_fits_can_go_on_in_a_new_chat_from_a_summary(open_page):
+    page, sid = _context_chat(open_page)
+    first = "Document one. " + "apples and pears grow here. " * 80
+    send(page, first)
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    second = "Document two. " + "plums and cherries grow there. " * 80
+    send(page, second)
+    page.locator("#composer-notice [data-choice=summary]").click()
+    page.wait_for_function(f"() => !location.hash.includes({json.dumps(sid)})", timeout=REPLY_TIMEOUT_MS)
+    expect(page.locator(".msg")).to_have_count(2)
+    expect(page.locator(".msg-user .msg-body")).to_have_text([second])
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    expect(page.locator("#composer-notice")).to_be_hidden()
+    new_sid = page.evaluate("() => new URLSearchParams(location.hash.slice(1)).get('s')")
+    made = page.request.get(f"/api/sessions/{new_sid}").json()
+    assert made["system_prompt"].startswith("Summary of an earlier conversation")
+    assert len(_stored(page, sid)) == 2  # the old chat is unchanged
+    expect(page.locator(".session-open")).to_have_count(2)
+
+
 def test_sidebar_rename_delete_keyboard_and_visible_errors(open_page):
     page = open_page("/")
     alpha = new_session(page, title="Alpha")

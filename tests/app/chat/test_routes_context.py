@@ -164,3 +164,40 @@ def test_plan_checks_the_content_and_the_owner_and_refuses_other_sites(client):
     )
     assert response.status_code == 403, response.text
     assert messages(client, sid) == []
+
+
+def test_a_new_chat_starts_from_a_summary_of_one_that_no_longer_fits(client):
+    sid = session_with_document(client)
+    assert "summary" in plan(client, sid, FOLLOW_UP)["options"]
+    response = client.post(f"/api/sessions/{sid}/summarize", json={})
+    assert response.status_code == 201, response.text
+    made = response.json()
+    new = made["session"]
+    assert made["summary"] and made["truncated_turns"] == 0  # the document's exchange fits beside the request
+    assert new["id"] != sid and new["settings"] == GREEDY
+    assert new["system_prompt"] == (
+        "Summary of an earlier conversation (the chat it continues):\n" + made["summary"]
+    )
+    assert new["id"] in [s["id"] for s in client.get("/api/sessions").json()["sessions"]]
+    wait_pool_idle(client)  # the summary's request gave its blocks back
+    # the message that did not fit goes to the new chat, whole
+    events = send(client, new["id"], FOLLOW_UP)
+    assert (events[0]["truncated_turns"], events[-1]["message"]["status"]) == (0, "finished")
+    assert [m["content"] for m in messages(client, new["id"])][0] == FOLLOW_UP
+    assert len(messages(client, new["id"])) == 2
+    assert len(messages(client, sid)) == 2  # the old chat is unchanged
+    wait_pool_idle(client)
+
+
+def test_summarize_needs_messages_and_the_owner(client):
+    sid = new_session(client)
+    response = client.post(f"/api/sessions/{sid}/summarize", json={})
+    assert (response.status_code, response.json()["error"]["message"]) == (
+        400,
+        "this chat has no messages to summarize",
+    )
+    assert client.post("/api/sessions/nope/summarize", json={}).status_code == 404
+    response = client.post(
+        f"/api/sessions/{sid}/summarize", json={}, headers={"origin": "http://evil.example"}
+    )
+    assert response.status_code == 403
