@@ -39,18 +39,23 @@ export async function sendPlanned(text) {
   }
 }
 
-/** The server's word on a message that does not fit as it stands: its advice, and the choices it offers. */
-export function showContext(report, text) {
-  const box = showNotice(report.options.length ? choiceText(report) : report.advice);
-  box.dataset.kind = report.options.length ? "choice" : "too-long";
-  if (!report.options.length) return;
+/** The server's word on a message that does not fit as it stands: its advice, and the choices it offers.
+ * `resend(extra)`: for a regenerate, edit or continue refused so (it goes again with `truncate`; no summary). */
+export function showContext(report, text, resend) {
+  const options = report.options.filter((o) => CHOICES[o] && !(resend && o === "summary"));
+  const box = showNotice(options.length ? choiceText(report) : report.advice);
+  box.dataset.kind = options.length ? "choice" : "too-long";
+  if (!options.length) return;
   const row = view.el("div", "row composer-choices");
-  for (const option of report.options) {
-    if (!CHOICES[option]) continue;
+  for (const option of options) {
     const b = view.el("button", "btn btn-small" + (option === "oldest" ? " btn-primary" : ""), CHOICES[option]);
     b.type = "button";
     b.dataset.choice = option;
-    b.addEventListener("click", () => choose(option, text));
+    b.addEventListener("click", () => {
+      if (!resend) return choose(option, text);
+      clearContextNotice();
+      return resend({ truncate: option });
+    });
     row.append(b);
   }
   const cancel = view.el("button", "btn btn-small", "Cancel");

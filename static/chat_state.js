@@ -14,6 +14,8 @@ export const state = {
   awaitingStart: false,
   // the message the server has not accepted yet: {frame, text, node, sent, uncertain, afterId} (chat_outbox.js)
   outbox: null,
+  // the last regenerate/edit/continue turn, to send again with a `truncate` choice (chat_turns.js beginTurn)
+  resendTurn: null,
   // the user pressed Stop on the running reply
   stopRequested: false,
   assistantNode: null,

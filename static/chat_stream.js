@@ -155,6 +155,13 @@ function onErrorFrame(frame) {
     showContext(frame.context, text);
     return;
   }
+  if (state.awaitingStart && !state.outbox && state.resendTurn && frame.context && CONTEXT_CODES.includes(frame.code)) {
+    state.awaitingStart = false;
+    setStreaming(false);
+    reloadConversation(); // the turn's cut messages come back
+    showContext(frame.context, null, state.resendTurn);
+    return;
+  }
   showError(frame.message || "The server reported an error.", frame.code === SERVER_SHUTDOWN ? "connection" : "");
   if (!state.awaitingStart) return;
   state.awaitingStart = false;

@@ -43,9 +43,14 @@ export function beginTurn(frame, cutFrom) {
     return false;
   }
   clearError();
+  clearContextNotice();
   state.stopRequested = false;
   setStreaming(true);
   state.awaitingStart = true;
+  // refused because the history no longer fits (409 context_full): the same turn again with the user's choice
+  const cutId = cutFrom ? Number(cutFrom.dataset.id) : 0;
+  state.resendTurn = (extra) => beginTurn(
+    Object.assign({}, frame, extra), cutId ? ui.messages.querySelector('.msg[data-id="' + cutId + '"]') : null);
   if (cutFrom) {
     const nodes = messageNodes();
     nodes.slice(Math.max(nodes.indexOf(cutFrom), 0)).forEach((n) => n.remove());

@@ -321,7 +321,7 @@ class ChatService:
         tokenizer thread)."""
         if continued is None:
             plan = self.builder.build_prompt(system_prompt, turns, content, max_tokens, truncate)
-            prior_ids = []
+            prior_ids: list[int] = []
         else:
             ids = continued.token_ids if continued.tokenizer_fingerprint in (None, self.fingerprint) else None
             answer = Turn("assistant", continued.content, ids)

@@ -26,8 +26,13 @@ SUMMARY_OPTION = "summary"  # a new chat that starts from a summary of this one 
 
 
 class TurnLike(Protocol):
-    role: str
-    pinned: bool
+    """What cutting a history reads of a turn (app/chat/conversation.py's Turn)."""
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def pinned(self) -> bool: ...
 
 
 def truncate_value(fields: dict[str, Any]) -> Truncate | None:

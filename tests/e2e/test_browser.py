@@ -617,6 +617,17 @@ def test_a_history_that_must_be_cut_offers_the_choice_and_drops_nothing_silently
     stored = _stored(page, sid)
     assert [m["content"] for m in stored if m["role"] == "user"] == [first, second]
     assert stored[-1]["truncated_turns"] == 1
+    # an edit of that message needs the same cut: the choice again (no summary: an edit stays in its chat)
+    edited = page.locator(".msg-user").last
+    edited.locator("[data-action=edit]").click()
+    edited.locator(".msg-edit textarea").press("Enter")
+    expect(notice).to_have_attribute("data-kind", "choice")
+    expect(notice.locator("[data-choice]")).to_have_text(["Drop the oldest turns", "Cancel"])
+    expect(page.locator(".msg")).to_have_count(4)  # the branch as it was, nothing dropped
+    notice.locator("[data-choice=oldest]").click()
+    expect(page.locator(".msg-user").last.locator(".msg-versions")).to_be_visible(timeout=REPLY_TIMEOUT_MS)
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    assert _stored(page, sid)[-1]["truncated_turns"] == 1
 
 
 def test_a_chat_that_no_longer_fits_can_go_on_in_a_new_chat_from_a_summary(open_page):
