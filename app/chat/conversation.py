@@ -20,16 +20,12 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
 
 from app.chat.truncation import (
-    SUMMARY_OPTION,
     ContextFull,
     ContextReport,
     PromptTooLong,
     Truncate,
     candidates,
-    exchanges,
-    full_advice,
-    is_pinned,
-    too_long_advice,
+    refusal,
 )
 from app.db.models import FINAL_ASSISTANT_STATUSES
 from app.http.public_prefix import common_prefix_len
@@ -191,49 +187,8 @@ class ConversationBuilder:
         truncate: Truncate | None,
         num_tokens: int,
     ) -> NoReturn:
-        """Nothing kept fits: PromptTooLong if the message alone does not fit, else ContextFull with the choices
-        (no choice made) or PromptTooLong naming what the pinned exchanges need (keep_pinned)."""
-        whole = num_tokens if truncate is None else len(self.render(system_prompt, turns, new_user_text))
-        alone = len(self.render(system_prompt, [], new_user_text))
-        budget = self.max_model_len - max_tokens
-        if alone > budget:
-            advice = too_long_advice(alone, max_tokens, self.max_model_len)
-            raise PromptTooLong(ContextReport(whole, max_tokens, self.max_model_len, False, 0, 0, (), advice))
-        oldest = self.build_prompt(system_prompt, turns, new_user_text, max_tokens, Truncate.OLDEST)
-        spans = exchanges(turns)
-        pinned_dropped = sum(is_pinned(turns, span) for span in spans[: oldest.truncated_turns])
-        if truncate is Truncate.KEEP_PINNED:
-            num_pinned = sum(is_pinned(turns, span) for span in spans)
-            advice = (
-                f"the {num_pinned} exchanges with attachments and the new message ({num_tokens} tokens) + "
-                f"max_tokens ({max_tokens}) exceed max_model_len ({self.max_model_len}): drop the oldest turns "
-                "(truncate: 'oldest', attachments too), start a new chat from a summary, or send a shorter message"
-            )
-            raise PromptTooLong(
-                ContextReport(
-                    whole, max_tokens, self.max_model_len, False, 0, 0, ("oldest", "summary"), advice
-                )
-            )
-        choices = [Truncate.OLDEST.value]
-        if pinned_dropped:
-            try:
-                self.build_prompt(system_prompt, turns, new_user_text, max_tokens, Truncate.KEEP_PINNED)
-                choices.append(Truncate.KEEP_PINNED.value)
-            except PromptTooLong:
-                pass
-        choices.append(SUMMARY_OPTION)
-        advice = full_advice(oldest.truncated_turns, pinned_dropped, choices)
-        report = ContextReport(
-            whole,
-            max_tokens,
-            self.max_model_len,
-            False,
-            oldest.truncated_turns,
-            pinned_dropped,
-            tuple(choices),
-            advice,
-        )
-        raise ContextFull(report)
+        """Nothing kept fits: ContextFull or PromptTooLong, as app/chat/truncation.py's `refusal` decides."""
+        raise refusal(self, system_prompt, turns, new_user_text, max_tokens, truncate, num_tokens)
 
     def render(
         self, system_prompt: str, turns: Sequence[Turn], new_user_text: str | None = None

@@ -25,6 +25,33 @@ class Truncate(str, enum.Enum):
 SUMMARY_OPTION = "summary"  # a new chat that starts from a summary of this one (the page calls …/summarize)
 
 
+class Planned(Protocol):
+    """What a refusal reads of a built prompt (app/chat/conversation.py's PromptPlan)."""
+
+    @property
+    def truncated_turns(self) -> int: ...
+
+
+class PromptBuilder(Protocol):
+    """What a refusal needs of the builder (app/chat/conversation.py's ConversationBuilder)."""
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    def render(
+        self, system_prompt: str, turns: Sequence[Any], new_user_text: str | None = None
+    ) -> list[int]: ...
+
+    def build_prompt(
+        self,
+        system_prompt: str,
+        turns: Sequence[Any],
+        new_user_text: str,
+        max_tokens: int,
+        truncate: Truncate | None = ...,
+    ) -> Planned: ...
+
+
 class TurnLike(Protocol):
     """What cutting a history reads of a turn (app/chat/conversation.py's Turn)."""
 
@@ -118,6 +145,70 @@ class PromptTooLong(ValueError):
     def __init__(self, report: ContextReport) -> None:
         super().__init__(report.advice)
         self.report = report
+
+
+def refusal(
+    builder: PromptBuilder,
+    system_prompt: str,
+    turns: Sequence[Any],
+    new_user_text: str,
+    max_tokens: int,
+    truncate: Truncate | None,
+    num_tokens: int,
+) -> ContextFull | PromptTooLong:
+    """Why nothing `truncate` allows fits (`num_tokens`: the least it kept): PromptTooLong when the message alone
+    does not fit; else ContextFull with the choices (no choice made), or PromptTooLong naming what the pinned
+    exchanges need (keep_pinned)."""
+    max_model_len = builder.max_model_len
+    whole = num_tokens if truncate is None else len(builder.render(system_prompt, turns, new_user_text))
+    alone = len(builder.render(system_prompt, [], new_user_text))
+    if alone > max_model_len - max_tokens:
+        advice = too_long_advice(alone, max_tokens, max_model_len)
+        return PromptTooLong(ContextReport(whole, max_tokens, max_model_len, False, 0, 0, (), advice))
+    oldest = builder.build_prompt(system_prompt, turns, new_user_text, max_tokens, Truncate.OLDEST)
+    spans = exchanges(turns)
+    pinned_dropped = sum(is_pinned(turns, span) for span in spans[: oldest.truncated_turns])
+    if truncate is Truncate.KEEP_PINNED:
+        num_pinned = sum(is_pinned(turns, span) for span in spans)
+        advice = (
+            f"the exchanges with attachments ({num_pinned}) and the new message ({num_tokens} tokens) + max_tokens "
+            f"({max_tokens}) exceed max_model_len ({max_model_len}): drop the oldest turns (truncate: 'oldest', "
+            "attachments too), start a new chat from a summary, or send a shorter message"
+        )
+        options = (Truncate.OLDEST.value, SUMMARY_OPTION)
+        return PromptTooLong(
+            ContextReport(
+                whole,
+                max_tokens,
+                max_model_len,
+                False,
+                oldest.truncated_turns,
+                pinned_dropped,
+                options,
+                advice,
+            )
+        )
+    choices = [Truncate.OLDEST.value]
+    if pinned_dropped:
+        try:
+            builder.build_prompt(system_prompt, turns, new_user_text, max_tokens, Truncate.KEEP_PINNED)
+            choices.append(Truncate.KEEP_PINNED.value)
+        except PromptTooLong:
+            pass
+    choices.append(SUMMARY_OPTION)
+    advice = full_advice(oldest.truncated_turns, pinned_dropped, choices)
+    return ContextFull(
+        ContextReport(
+            whole,
+            max_tokens,
+            max_model_len,
+            False,
+            oldest.truncated_turns,
+            pinned_dropped,
+            tuple(choices),
+            advice,
+        )
+    )
 
 
 def too_long_advice(num_tokens: int, max_tokens: int, max_model_len: int) -> str:

@@ -175,4 +175,4 @@ def test_keep_pinned_that_cannot_fit_the_attachments_is_refused_and_not_offered(
     )
     with pytest.raises(PromptTooLong) as info:
         builder.build_prompt("", turns, question, max_tokens=8, truncate=Truncate.KEEP_PINNED)
-    assert str(info.value).startswith("the 1 exchanges with attachments and the new message")
+    assert str(info.value).startswith("the exchanges with attachments (1) and the new message")
