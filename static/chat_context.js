@@ -11,6 +11,11 @@ import { state, ui } from "./chat_state.js";
 import * as view from "./chat_view.js";
 
 export const CONTEXT_CODES = ["context_full", "prompt_too_long"];
+// a long paste is checked while it sits in the composer (after a pause in typing), so a document that cannot fit
+// says so before Send
+const CHECK_WHILE_TYPING_CHARS = 2000;
+const CHECK_DELAY_MS = 600;
+let checkTimer = null;
 const CHOICES = {
   oldest: "Drop the oldest turns",
   keep_pinned: "Keep the attachments, drop other turns",
@@ -37,6 +42,27 @@ export async function sendPlanned(text) {
   } else {
     showContext(report, text);
   }
+}
+
+/** The composer changed: a long text is checked after a pause; advice about other text goes. */
+export function composerChanged() {
+  clearTimeout(checkTimer);
+  if (ui.composerNotice.dataset.kind === "too-long" || ui.composerNotice.dataset.kind === "choice") {
+    clearContextNotice(); // it was about other text
+  }
+  const text = ui.input.value;
+  if (text.length < CHECK_WHILE_TYPING_CHARS || !state.current || state.streaming) return;
+  checkTimer = setTimeout(async () => {
+    let report;
+    try {
+      const parent = replyOnShowId();
+      report = await api("POST", sessionPath("/plan"), parent ? { content: text, parent_id: parent } : { content: text });
+    } catch (e) {
+      return; // Send says what is wrong
+    }
+    // only a message that cannot fit at all is shown now; the choice of what to leave out waits for Send
+    if (ui.input.value === text && !report.fits && !report.options.length) showContext(report, text);
+  }, CHECK_DELAY_MS);
 }
 
 /** The server's word on a message that does not fit as it stands: its advice, and the choices it offers.

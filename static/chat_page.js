@@ -1,6 +1,6 @@
 // The chat page's entry module: keyboard and click handlers, the sidebar's rename/delete, the settings panel.
 import { bindBranchEvents } from "./chat_branches.js";
-import { clearContextNotice } from "./chat_context.js";
+import { composerChanged } from "./chat_context.js";
 import { autoGrow, clearError, fillSettings, showError } from "./chat_render.js";
 import { startSearch } from "./chat_search.js";
 import { bindSettings, loadPresets } from "./chat_settings.js";
@@ -102,7 +102,7 @@ function bindEvents() {
   });
   ui.input.addEventListener("input", () => {
     autoGrow();
-    if (ui.composerNotice.dataset.kind === "too-long") clearContextNotice(); // the advice was about other text
+    composerChanged(); // advice about other text goes; a long paste is checked after a pause
   });
   ui.stop.addEventListener("click", stopReply);
   document.addEventListener("keydown", (e) => {

@@ -583,6 +583,11 @@ def test_a_document_larger_than_the_context_is_refused_at_the_composer(open_page
     screenshot(page, "chat-context-too-long.png")
     page.fill("#input", "Hello")  # typing other text takes the advice away
     expect(notice).to_be_hidden()
+    page.fill("#input", document)  # a long paste is checked after a pause in typing, before Send
+    expect(notice).to_have_attribute("data-kind", "too-long")
+    expect(notice).to_contain_text("--max-model-len")
+    expect(page.locator(".msg")).to_have_count(0)
+    assert _stored(page, sid) == []
 
 
 def test_a_history_that_must_be_cut_offers_the_choice_and_drops_nothing_silently(open_page):
