@@ -113,6 +113,11 @@ export function takeComposerFiles() {
   return files;
 }
 
+/** The ids of the files attached in the composer (uploaded ones). */
+export function composerFileIds() {
+  return state.composerFiles.filter((f) => f.id).map((f) => f.id);
+}
+
 /** Whether a file is still being uploaded (the message waits for it). */
 export function uploading() {
   return state.composerFiles.some((f) => !f.id);

@@ -1,6 +1,7 @@
 // The chat page's entry module: keyboard and click handlers, the sidebar's rename/delete, the settings panel.
 import { bindAttach, viewAttachment } from "./chat_attach.js";
 import { bindBranchEvents } from "./chat_branches.js";
+import { composerChanged } from "./chat_context.js";
 import { autoGrow, clearError, fillSettings, showError } from "./chat_render.js";
 import { startSearch } from "./chat_search.js";
 import { bindSettings, loadPresets } from "./chat_settings.js";
@@ -102,7 +103,10 @@ function bindEvents() {
       submitMessage();
     }
   });
-  ui.input.addEventListener("input", autoGrow);
+  ui.input.addEventListener("input", () => {
+    autoGrow();
+    composerChanged(); // advice about other text goes; a long paste is checked after a pause
+  });
   ui.stop.addEventListener("click", stopReply);
   document.addEventListener("keydown", (e) => {
     if (e.key !== "Escape") return;

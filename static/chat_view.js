@@ -77,8 +77,9 @@ export function statsText(message) {
     parts.push((message.cached_tokens || 0) + " of " + message.prompt_tokens + " prompt tokens cached");
   }
   if (message.truncated_turns) {
+    // only ever at the user's choice (the composer asked): a record of what this reply did not see
     parts.push(message.truncated_turns + " earlier turn" + (message.truncated_turns === 1 ? "" : "s") +
-      " left out to fit");
+      " left out, as you chose");
   }
   if (message.finish_reason === FinishReason.LENGTH) parts.push("hit the token limit");
   return parts.join(" · ");

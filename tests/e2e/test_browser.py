@@ -64,7 +64,7 @@ WIDE = {"width": 1280, "height": 800}
 NARROW = {"width": 390, "height": 844}
 STATS_LINE = re.compile(
     r"(\d+) tokens? · [\d.]+ tok/s · TTFT (\d+ ms|[\d.]+ s) · (\d+) of (\d+) prompt tokens cached"
-    r"( · \d+ earlier turns? left out to fit)?( · hit the token limit)?"
+    r"( · \d+ earlier turns? left out, as you chose)?( · hit the token limit)?"
 )
 
 
@@ -616,6 +616,110 @@ def test_a_message_follows_the_reply_on_the_page_whatever_another_device_put_on_
     assert stored[1]["id"] == shown and stored[2]["parent_id"] == shown
 
 
+def _context_chat(open_page: Callable[..., Any]) -> tuple[Any, str]:
+    """A page on a new chat of 16-token replies (the server's max_model_len is 1024)."""
+    page = open_page("/")
+    sid = new_session(page, title="Context", settings={"max_tokens": 16, "temperature": 0})
+    page.goto(f"/#s={sid}")
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    return page, sid
+
+
+def _stored(page: Any, sid: str) -> list[dict[str, Any]]:
+    return page.request.get(f"/api/sessions/{sid}/messages").json()["messages"]
+
+
+def test_a_document_larger_than_the_context_is_refused_at_the_composer(open_page):
+    page, sid = _context_chat(open_page)
+    document = "A long README. " + "lorem ipsum dolor sit amet " * 240  # over 1,100 tokens
+    send(page, document)
+    notice = page.locator("#composer-notice")
+    expect(notice).to_be_visible()
+    expect(notice).to_have_attribute("data-kind", "too-long")
+    expect(notice).to_contain_text("exceeds max_model_len (1024)")
+    expect(notice).to_contain_text("send a shorter message")
+    expect(notice).to_contain_text("--max-model-len")
+    # nothing sent: no bubble, no stored message, the text still in the composer, the composer free
+    expect(page.locator(".msg")).to_have_count(0)
+    assert page.locator("#input").input_value() == document
+    expect(page.locator("#input")).to_be_enabled()
+    assert _stored(page, sid) == []
+    screenshot(page, "chat-context-too-long.png")
+    page.fill("#input", "Hello")  # typing other text takes the advice away
+    expect(notice).to_be_hidden()
+    page.fill("#input", document)  # a long paste is checked after a pause in typing, before Send
+    expect(notice).to_have_attribute("data-kind", "too-long")
+    expect(notice).to_contain_text("--max-model-len")
+    expect(page.locator(".msg")).to_have_count(0)
+    assert _stored(page, sid) == []
+
+
+def test_a_history_that_must_be_cut_offers_the_choice_and_drops_nothing_silently(open_page):
+    page, sid = _context_chat(open_page)
+    first = "Document one. " + "apples and pears grow here. " * 80  # about 500 tokens
+    send(page, first)
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    second = "Document two. " + "plums and cherries grow there. " * 80  # the two do not fit 1024 together
+    send(page, second)
+    notice = page.locator("#composer-notice")
+    expect(notice).to_have_attribute("data-kind", "choice")
+    expect(notice).to_contain_text(
+        "1 earlier exchange must be left out. Nothing is left out until you choose:"
+    )
+    expect(notice.locator("[data-choice]")).to_have_text(
+        ["Drop the oldest turns", "New chat from a summary", "Cancel"]
+    )
+    # nothing sent, nothing dropped yet
+    expect(page.locator(".msg")).to_have_count(2)
+    assert page.locator("#input").input_value() == second
+    assert len(_stored(page, sid)) == 2
+    screenshot(page, "chat-context-choice.png")
+    notice.locator("[data-choice=cancel]").click()
+    expect(notice).to_be_hidden()
+    assert len(_stored(page, sid)) == 2
+    send(page, second)
+    notice.locator("[data-choice=oldest]").click()
+    expect(notice).to_be_hidden()
+    expect(page.locator(".msg")).to_have_count(4)
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    expect(last_reply(page).locator(".msg-stats")).to_contain_text("1 earlier turn left out, as you chose")
+    stored = _stored(page, sid)
+    assert [m["content"] for m in stored if m["role"] == "user"] == [first, second]
+    assert stored[-1]["truncated_turns"] == 1
+    # an edit of that message needs the same cut: the choice again (no summary: an edit stays in its chat)
+    edited = page.locator(".msg-user").last
+    edited.locator("[data-action=edit]").click()
+    edited.locator(".msg-edit textarea").press("Enter")
+    expect(notice).to_have_attribute("data-kind", "choice")
+    expect(notice.locator("[data-choice]")).to_have_text(["Drop the oldest turns", "Cancel"])
+    expect(page.locator(".msg")).to_have_count(4)  # the branch as it was, nothing dropped
+    notice.locator("[data-choice=oldest]").click()
+    expect(page.locator(".msg-user").last.locator(".msg-versions")).to_be_visible(timeout=REPLY_TIMEOUT_MS)
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    assert _stored(page, sid)[-1]["truncated_turns"] == 1
+
+
+def test_a_chat_that_no_longer_fits_can_go_on_in_a_new_chat_from_a_summary(open_page):
+    page, sid = _context_chat(open_page)
+    first = "Document one. " + "apples and pears grow here. " * 80
+    send(page, first)
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    second = "Document two. " + "plums and cherries grow there. " * 80
+    send(page, second)
+    page.locator("#composer-notice [data-choice=summary]").click()
+    page.wait_for_function(f"() => !location.hash.includes({json.dumps(sid)})", timeout=REPLY_TIMEOUT_MS)
+    expect(page.locator(".msg")).to_have_count(2)
+    expect(page.locator(".msg-user .msg-body")).to_have_text([second])
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    expect(page.locator("#composer-notice")).to_be_hidden()
+    new_sid = page.evaluate("() => new URLSearchParams(location.hash.slice(1)).get('s')")
+    made = page.request.get(f"/api/sessions/{new_sid}").json()
+    assert made["system_prompt"].startswith("Summary of an earlier conversation")
+    assert len(_stored(page, sid)) == 2  # the old chat is unchanged
+    expect(page.locator(".session-open")).to_have_count(2)
+
+
 def test_sidebar_rename_delete_keyboard_and_visible_errors(open_page):
     page = open_page("/")
     alpha = new_session(page, title="Alpha")
@@ -641,9 +745,9 @@ def test_sidebar_rename_delete_keyboard_and_visible_errors(open_page):
     expect(page.locator(".msg")).to_have_count(0)
 
     too_long = "word " * 1500  # over max_model_len (1024) with any reply length
-    send(page, too_long)
-    expect(page.locator("#error-banner")).to_be_visible()
-    expect(page.locator("#error-text")).to_contain_text("exceeds max_model_len (1024)")
+    send(page, too_long)  # refused at the composer, saying what to do (chat_context.js)
+    expect(page.locator("#composer-notice")).to_be_visible()
+    expect(page.locator("#composer-notice")).to_contain_text("exceeds max_model_len (1024)")
     expect(page.locator("#input")).to_have_value(too_long)  # what was typed is not lost
     expect(page.locator("#input")).to_be_enabled()
     expect(page.locator(".msg")).to_have_count(0)
