@@ -233,3 +233,33 @@ def test_the_export_holds_the_files(client):
     assert f"<details><summary>📎 notes.md · {chip['tokens']} tokens</summary>" in markdown
     assert "````text\n# Notes\n```\ncode\n```\n\n````" in markdown
     wait_pool_idle(client)
+
+
+def test_the_plan_counts_the_files_named(client):
+    sid = new_session(client)
+    chip = attach(client, sid, "notes.md", NOTES.encode())
+    bare = client.post(f"/api/sessions/{sid}/plan", json={"content": "Q?"}).json()
+    planned = client.post(
+        f"/api/sessions/{sid}/plan", json={"content": "Q?", "attachments": [chip["id"]]}
+    ).json()
+    assert abs(planned["prompt_tokens"] - bare["prompt_tokens"] - chip["tokens"]) <= 2, (planned, bare, chip)
+    other = attach(client, new_session(client), "x.md", b"x")
+    response = client.post(f"/api/sessions/{sid}/plan", json={"content": "Q?", "attachments": [other["id"]]})
+    assert "not an attachment of this session" in error_of(response, 400)["message"]
+
+
+def test_an_exchange_with_a_file_is_kept_when_the_user_chooses_so(client):
+    sid = new_session(client)
+    chip = attach(client, sid, "notes.md", NOTES.encode())
+    send(client, sid, "What is item 3?", attachments=[chip["id"]])
+    send(client, sid, "word " * 100)  # an exchange without files, about 110 tokens
+    client.patch(f"/api/sessions/{sid}", json={"settings": {"temperature": 0, "max_tokens": 100}})
+    refused = client.post(f"/api/sessions/{sid}/messages", json={"content": "And item 9?"})
+    error = error_of(refused, 409)
+    assert error["code"] == "context_full" and "keep_pinned" in error["context"]["options"]
+    kept = send(client, sid, "And item 9?", truncate="keep_pinned")[-1]
+    assert kept["message"]["truncated_turns"] == 1  # the plain exchange went, the file stayed
+    usage = kept["usage"]
+    assert usage["prompt_tokens"] > chip["tokens"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= chip["tokens"] - 16  # still read from the cache
+    wait_pool_idle(client)
