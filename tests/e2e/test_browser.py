@@ -700,6 +700,44 @@ def test_a_history_that_must_be_cut_offers_the_choice_and_drops_nothing_silently
     assert _stored(page, sid)[-1]["truncated_turns"] == 1
 
 
+def test_keep_the_attachments_keeps_the_file_and_its_cached_blocks(open_page, tmp_path):
+    page, sid = _context_chat(open_page)
+    path = tmp_path / "pears.md"
+    path.write_text("Pears. " + "apples and pears grow here. " * 60)
+    page.set_input_files("#attach-input", str(path))
+    chip = page.locator("#attach-chips .attach-chip .attach-detail")
+    expect(chip).to_contain_text("tokens")
+    file_tokens = int(chip.inner_text().split(" · ")[1].split()[0])
+    send(page, "Where do pears grow?")
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    send(page, "Document two. " + "plums and cherries grow there. " * 60)
+    expect(page.locator(".msg-assistant")).to_have_count(2)
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    send(
+        page, "Document three. " + "figs and dates grow far away. " * 30
+    )  # the three do not fit 1024 together
+    notice = page.locator("#composer-notice")
+    expect(notice).to_have_attribute("data-kind", "choice")
+    expect(notice.locator("[data-choice]")).to_have_text(
+        [
+            "Drop the oldest turns",
+            "Keep the attachments, drop other turns",
+            "New chat from a summary",
+            "Cancel",
+        ]
+    )
+    notice.locator("[data-choice=keep_pinned]").click()
+    expect(page.locator(".msg-assistant")).to_have_count(3)
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    stats = STATS_LINE.fullmatch(last_reply(page).locator(".msg-stats").inner_text())
+    assert stats is not None and "1 earlier turn left out, as you chose" in stats.group(0)
+    assert int(stats.group(3)) >= file_tokens - 16  # the exchange with the file stayed, read from the cache
+    stored = _stored(page, sid)
+    assert stored[-1]["truncated_turns"] == 1 and [a["filename"] for a in stored[0]["attachments"]] == [
+        "pears.md"
+    ]
+
+
 def test_a_chat_that_no_longer_fits_can_go_on_in_a_new_chat_from_a_summary(open_page):
     page, sid = _context_chat(open_page)
     first = "Document one. " + "apples and pears grow here. " * 80
