@@ -250,6 +250,55 @@ def test_stop_really_stops_and_reload_finds_the_session(open_page, ui_server):
     expect(page.locator("#set-system")).to_have_value("You are terse.")
 
 
+# 24 lines (a long message), about 300 tokens; its lines end in '?' too, and are no question for the title
+PASTED_DOCUMENT = "Here is a document:\n\n" + "\n".join(
+    f"Month {i}: {10 * i} kites, {3 * i} reels?" for i in range(1, 25)
+)
+
+
+def test_a_pasted_document_is_titled_by_its_question(open_page):
+    page = open_page("/")
+    send(page, PASTED_DOCUMENT + "\n\nHow many kites were sold in March? Answer briefly.")
+    expect(page.locator("#chat-title")).to_have_text("How many kites were sold in March?")
+    expect(page.locator(".session.is-current .session-open")).to_have_text(
+        "How many kites were sold in March?"
+    )
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    page.click("#new-chat")
+    send(page, "Plan a trip\nto the coast")  # a short message keeps its first line
+    expect(page.locator("#chat-title")).to_have_text("Plan a trip")
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+
+
+def test_a_long_message_shows_collapsed_until_show_all(open_page):
+    page = open_page("/")
+    send(page, PASTED_DOCUMENT + "\n\nWhich month sold the most reels?")
+    message = page.locator(".msg-user").last
+    toggle = message.locator(".msg-toggle")
+    expect(toggle).to_have_text("Show all")
+    expect(toggle).to_have_attribute("aria-expanded", "false")
+    collapsed = message.locator(".msg-body").bounding_box()["height"]
+    assert collapsed < 200, collapsed  # a few lines, not 27
+    clipped = message.locator(".msg-body").evaluate("(b) => b.scrollHeight > b.clientHeight + 100")
+    assert clipped  # the rest of the text is there, hidden below the fade
+    toggle.click()
+    expect(toggle).to_have_text("Show less")
+    expect(toggle).to_have_attribute("aria-expanded", "true")
+    expanded = message.locator(".msg-body").bounding_box()["height"]
+    assert expanded > 3 * collapsed, (collapsed, expanded)
+    toggle.click()
+    expect(toggle).to_have_text("Show all")
+    assert message.locator(".msg-body").bounding_box()["height"] == collapsed
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    page.reload()  # rendered from the stored conversation: collapsed again
+    page.wait_for_selector("body[data-ready=true]")
+    expect(page.locator(".msg-user .msg-toggle")).to_have_text("Show all")
+    send(page, "A short one")
+    expect(page.locator(".msg-user")).to_have_count(2)
+    expect(page.locator(".msg-user").last.locator(".msg-toggle")).to_have_count(0)
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+
+
 def test_reconnect_after_a_drop_then_regenerate_and_edit(open_page, ui_server):
     page = open_page("/")
     session_id = new_session(page, title="Drop test", settings={"max_tokens": 300})
