@@ -114,6 +114,14 @@ def slow_ui_server(tmp_path, tiny_model) -> Iterator[Server]:
 
 
 @pytest.fixture
+def reading_ui_server(tmp_path, tiny_model) -> Iterator[Server]:
+    """The same reading a prompt 64 tokens a step, every step 250 ms slower: a 700-token prompt takes seconds to
+    read, so a Stop lands before the first token."""
+    env = {FAULTS_ENV: "step_delay_ms=250", "PAGEDCHAT_MAX_NUM_BATCHED_TOKENS": "64"}
+    yield from _ui_server(tmp_path, tiny_model, **env)
+
+
+@pytest.fixture
 def open_page(chromium, ui_server) -> Iterator[Callable[..., Any]]:
     """Open a page in a new browser context; afterwards, fail on any console error the pages logged."""
     contexts: list[Any] = []
@@ -297,6 +305,26 @@ def test_a_long_message_shows_collapsed_until_show_all(open_page):
     expect(page.locator(".msg-user")).to_have_count(2)
     expect(page.locator(".msg-user").last.locator(".msg-toggle")).to_have_count(0)
     expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+
+
+@pytest.mark.budget(seconds=60, why="a server of its own, reading a 700-token prompt at 250 ms a step")
+def test_a_reply_stopped_before_its_first_token(chromium, open_page, reading_ui_server):
+    server = reading_ui_server
+    page = open_page("/", context=chromium.new_context(viewport=WIDE, base_url=server.base_url))
+    send(page, "word " * 700)
+    expect(page.locator(".msg-reading")).to_be_visible(timeout=REPLY_TIMEOUT_MS)  # still reading the prompt
+    page.click("#stop")
+    expect(page.locator(".msg-reading")).to_have_count(0)
+    expect(page.locator("#stop")).to_be_hidden()
+    expect(page.locator("#input")).to_be_enabled()
+    expect(page.locator(".msg-assistant")).to_have_count(0)  # no "(no text)" bubble
+    expect(page.locator(".msg-user")).to_have_count(1)  # the message stays, to edit or send again
+    expect(page.locator(".msg-user [data-action=edit]")).to_be_visible()
+    wait_pool_idle(server, page)  # the engine let go of every block
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    expect(page.locator(".msg-user")).to_have_count(1)
+    expect(page.locator(".msg-assistant")).to_have_count(0)
 
 
 def test_reconnect_after_a_drop_then_regenerate_and_edit(open_page, ui_server):
