@@ -64,6 +64,8 @@ function onMessagesClick(event) {
     regenerateReply(node);
   } else if (action === "edit" && !state.streaming) {
     startEdit(node);
+  } else if (action === "toggle-long") {
+    view.setCollapsed(node, !node.classList.contains("is-collapsed"));
   } else if (action === "copy") {
     navigator.clipboard.writeText(node.dataset.text || "").then(
       () => {
