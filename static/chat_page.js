@@ -67,6 +67,8 @@ function onMessagesClick(event) {
     startEdit(node);
   } else if (action === "view-attachment") {
     viewAttachment(Number(target.dataset.attachmentId));
+  } else if (action === "toggle-long") {
+    view.setCollapsed(node, !node.classList.contains("is-collapsed"));
   } else if (action === "copy") {
     navigator.clipboard.writeText(node.dataset.text || "").then(
       () => {

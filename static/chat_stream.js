@@ -100,7 +100,8 @@ function onFrame(frame) {
       queueRender();
       break;
     case ServerFrame.DONE:
-      onDone(frame.message);
+      if (frame.dropped) onDropped();
+      else onDone(frame.message);
       break;
     case ServerFrame.ERROR:
       onErrorFrame(frame);
@@ -136,6 +137,18 @@ function onDone(message) {
   scrollToBottom(false);
   if (message.status === ReplyStatus.FAILED) showError(message.error || "The reply failed.");
   refreshSessions().catch(() => {});
+}
+
+/** Stopped before its first token: the server kept no reply, and the page shows what it stored (the user message
+ * last; a regenerated reply's old version back on show). */
+function onDropped() {
+  dropProgress();
+  if (state.assistantNode) state.assistantNode.remove();
+  state.assistantNode = null;
+  state.awaitingStart = false;
+  setStreaming(false);
+  updateEmptyState();
+  reloadConversation();
 }
 
 /** An error frame: a refused message goes back into the composer, one refused because the server is shutting down

@@ -132,6 +132,15 @@ export function attachmentChips(attachments) {
   return row;
 }
 
+// a user message longer than this (a pasted document) shows its first lines, faded, with "Show all"
+const LONG_MESSAGE_LINES = 20;
+const LONG_MESSAGE_CHARS = 1500;
+
+/** Whether a user message is long enough to show collapsed. */
+export function isLongMessage(text) {
+  return text.length > LONG_MESSAGE_CHARS || text.split("\n").length > LONG_MESSAGE_LINES;
+}
+
 export function userMessage(message) {
   const node = el("article", "msg msg-user");
   node.dataset.role = "user";
@@ -139,9 +148,25 @@ export function userMessage(message) {
   node.setAttribute("aria-label", "You");
   // the files the prompt reads before the question: chips, not their text
   if (message.attachments && message.attachments.length) node.appendChild(attachmentChips(message.attachments));
-  node.appendChild(el("div", "msg-body", message.content)); // plain text: white-space keeps the lines
+  const body = el("div", "msg-body", message.content); // plain text: white-space keeps the lines
+  node.appendChild(body);
+  if (isLongMessage(message.content || "")) {
+    body.id = "msg-body-" + (message.id != null ? message.id : Math.random().toString(36).slice(2));
+    const toggle = button("Show all", "toggle-long", "link-btn msg-toggle");
+    toggle.setAttribute("aria-controls", body.id);
+    node.appendChild(toggle);
+    setCollapsed(node, true);
+  }
   node.appendChild(actionsRow(message, button("Edit", "edit")));
   return node;
+}
+
+/** Collapse a long user message to its first lines, or show all of it. */
+export function setCollapsed(node, collapsed) {
+  node.classList.toggle("is-collapsed", collapsed);
+  const toggle = node.querySelector(".msg-toggle");
+  toggle.textContent = collapsed ? "Show all" : "Show less";
+  toggle.setAttribute("aria-expanded", String(!collapsed));
 }
 
 export function assistantMessage(message) {

@@ -114,6 +114,14 @@ def slow_ui_server(tmp_path, tiny_model) -> Iterator[Server]:
 
 
 @pytest.fixture
+def reading_ui_server(tmp_path, tiny_model) -> Iterator[Server]:
+    """The same reading a prompt 64 tokens a step, every step 250 ms slower: a 700-token prompt takes seconds to
+    read, so a Stop lands before the first token."""
+    env = {FAULTS_ENV: "step_delay_ms=250", "PAGEDCHAT_MAX_NUM_BATCHED_TOKENS": "64"}
+    yield from _ui_server(tmp_path, tiny_model, **env)
+
+
+@pytest.fixture
 def open_page(chromium, ui_server) -> Iterator[Callable[..., Any]]:
     """Open a page in a new browser context; afterwards, fail on any console error the pages logged."""
     contexts: list[Any] = []
@@ -313,6 +321,75 @@ def test_stop_really_stops_and_reload_finds_the_session(open_page, ui_server):
     expect(page.locator("#set-max-tokens")).to_have_value("500")
     expect(page.locator("#set-top-k")).to_have_value("40")
     expect(page.locator("#set-system")).to_have_value("You are terse.")
+
+
+# 24 lines (a long message), about 300 tokens; its lines end in '?' too, and are no question for the title
+PASTED_DOCUMENT = "Here is a document:\n\n" + "\n".join(
+    f"Month {i}: {10 * i} kites, {3 * i} reels?" for i in range(1, 25)
+)
+
+
+def test_a_pasted_document_is_titled_by_its_question(open_page):
+    page = open_page("/")
+    send(page, PASTED_DOCUMENT + "\n\nHow many kites were sold in March? Answer briefly.")
+    expect(page.locator("#chat-title")).to_have_text("How many kites were sold in March?")
+    expect(page.locator(".session.is-current .session-open")).to_have_text(
+        "How many kites were sold in March?"
+    )
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    page.click("#new-chat")
+    send(page, "Plan a trip\nto the coast")  # a short message keeps its first line
+    expect(page.locator("#chat-title")).to_have_text("Plan a trip")
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+
+
+def test_a_long_message_shows_collapsed_until_show_all(open_page):
+    page = open_page("/")
+    send(page, PASTED_DOCUMENT + "\n\nWhich month sold the most reels?")
+    message = page.locator(".msg-user").last
+    toggle = message.locator(".msg-toggle")
+    expect(toggle).to_have_text("Show all")
+    expect(toggle).to_have_attribute("aria-expanded", "false")
+    collapsed = message.locator(".msg-body").bounding_box()["height"]
+    assert collapsed < 200, collapsed  # a few lines, not 27
+    clipped = message.locator(".msg-body").evaluate("(b) => b.scrollHeight > b.clientHeight + 100")
+    assert clipped  # the rest of the text is there, hidden below the fade
+    toggle.click()
+    expect(toggle).to_have_text("Show less")
+    expect(toggle).to_have_attribute("aria-expanded", "true")
+    expanded = message.locator(".msg-body").bounding_box()["height"]
+    assert expanded > 3 * collapsed, (collapsed, expanded)
+    toggle.click()
+    expect(toggle).to_have_text("Show all")
+    assert message.locator(".msg-body").bounding_box()["height"] == collapsed
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    page.reload()  # rendered from the stored conversation: collapsed again
+    page.wait_for_selector("body[data-ready=true]")
+    expect(page.locator(".msg-user .msg-toggle")).to_have_text("Show all")
+    send(page, "A short one")
+    expect(page.locator(".msg-user")).to_have_count(2)
+    expect(page.locator(".msg-user").last.locator(".msg-toggle")).to_have_count(0)
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+
+
+@pytest.mark.budget(seconds=60, why="a server of its own, reading a 700-token prompt at 250 ms a step")
+def test_a_reply_stopped_before_its_first_token(chromium, open_page, reading_ui_server):
+    server = reading_ui_server
+    page = open_page("/", context=chromium.new_context(viewport=WIDE, base_url=server.base_url))
+    send(page, "word " * 700)
+    expect(page.locator(".msg-reading")).to_be_visible(timeout=REPLY_TIMEOUT_MS)  # still reading the prompt
+    page.click("#stop")
+    expect(page.locator(".msg-reading")).to_have_count(0)
+    expect(page.locator("#stop")).to_be_hidden()
+    expect(page.locator("#input")).to_be_enabled()
+    expect(page.locator(".msg-assistant")).to_have_count(0)  # no "(no text)" bubble
+    expect(page.locator(".msg-user")).to_have_count(1)  # the message stays, to edit or send again
+    expect(page.locator(".msg-user [data-action=edit]")).to_be_visible()
+    wait_pool_idle(server, page)  # the engine let go of every block
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    expect(page.locator(".msg-user")).to_have_count(1)
+    expect(page.locator(".msg-assistant")).to_have_count(0)
 
 
 def test_reconnect_after_a_drop_then_regenerate_and_edit(open_page, ui_server):

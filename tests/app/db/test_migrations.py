@@ -41,6 +41,7 @@ TABLES = [
     "invites",
     "messages",
     "presets",
+    "system_prompt_changes",
     "user_sessions",
     "users",
 ]
@@ -69,8 +70,9 @@ def test_migrations_folder_is_found_with_a_single_head() -> None:
     path = migrations_dir()
     assert path == Path(__file__).resolve().parents[3] / "migrations"
     script = ScriptDirectory.from_config(alembic_config("sqlite://"))
-    assert script.get_heads() == ["0009"]
+    assert script.get_heads() == ["0010"]
     assert [rev.revision for rev in script.walk_revisions()] == [
+        "0010",
         "0009",
         "0008",
         "0007",
@@ -96,7 +98,7 @@ def test_upgrade_from_empty_to_head_creates_the_schema(empty_db: TestDatabase) -
     ] + search_column
     assert [fk["options"] for fk in insp.get_foreign_keys("messages")] == [{"ondelete": "CASCADE"}] * 2
     with engine.connect() as conn:
-        assert MigrationContext.configure(conn).get_current_revision() == "0009"
+        assert MigrationContext.configure(conn).get_current_revision() == "0010"
     engine.dispose()
 
 
@@ -255,12 +257,12 @@ def test_0003_adds_presets_in_place_and_going_back_keeps_every_chat_and_message(
     assert db.raw("SELECT session_id, content FROM messages") == [("s1", "hi")]
 
 
-def test_0009_adds_attachments_that_go_with_their_message_and_going_back_keeps_the_chats(
+def test_0010_adds_attachments_that_go_with_their_message_and_going_back_keeps_the_chats(
     empty_db: TestDatabase,
 ) -> None:
     db = empty_db
     cfg = alembic_config(db.url)
-    command.upgrade(cfg, "0008")
+    command.upgrade(cfg, "0009")
     db.raw(
         "INSERT INTO chat_sessions (id, owner, title, system_prompt, settings, created_at, updated_at) "
         "VALUES ('s1', 'alice', 't', '', '{}', :now, :now)",
@@ -272,7 +274,7 @@ def test_0009_adds_attachments_that_go_with_their_message_and_going_back_keeps_t
             "VALUES ('s1', :position, 'user', 'hi', 'complete', :now, :now)",
             {"now": NOW, "position": position},
         )
-    command.upgrade(cfg, "0009")
+    command.upgrade(cfg, "0010")
     engine = create_db_engine(db.url)  # SQLite: foreign keys on, as the app runs
     insert = text(
         "INSERT INTO attachments (session_id, message_id, filename, media_type, num_bytes, text, num_tokens, "
@@ -300,7 +302,7 @@ def test_0009_adds_attachments_that_go_with_their_message_and_going_back_keeps_t
             {"now": NOW},
         )
     engine.dispose()
-    command.downgrade(cfg, "0008")
+    command.downgrade(cfg, "0009")
     assert "attachments" not in db.tables()
     assert db.raw("SELECT id, owner FROM chat_sessions") == [("s2", "bob")]
 
@@ -328,4 +330,4 @@ def test_a_process_migrating_postgresql_waits_for_the_one_already_migrating(empt
         holder.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": PG_MIGRATION_LOCK})
         holder.close()
     assert process.wait(timeout=60) == 0, process.stderr.read()
-    assert empty_db.raw("SELECT version_num FROM alembic_version") == [("0009",)]
+    assert empty_db.raw("SELECT version_num FROM alembic_version") == [("0010",)]
