@@ -39,7 +39,9 @@ from app.http.security import api_caller
 from app.http.services import Services, services
 from app.http.shutdown import SHUTDOWN_MESSAGE
 from app.http.sse import event_stream, sse_json
+from app.openai import echo as scoring_fmt
 from app.openai import format as fmt
+from app.openai.echo import PromptScoring, read_scoring
 from app.openai.input import check_model, requested_cache_salt
 from app.openai.input import prompt_ids as prompt_input
 from app.openai.models import list_models, retrieve_model
@@ -64,6 +66,9 @@ class _Call:
     logprobs: bool
     num_prompt_tokens: int
     tools: ToolPlan | None = None  # a chat whose output is parsed for tool calls
+    scoring: PromptScoring | None = None  # a completion's echo and prompt logprobs
+    prompt_ids: list[int] = dataclasses.field(default_factory=list)
+    echo_text: str = ""  # the prompt as echoed (with scoring.echo)
 
     def parser(self) -> ToolCallParser | None:
         """A fresh tool-call parser for one sample, None when the output is plain content."""
@@ -153,8 +158,8 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
         if requested is None:
             requested = get_int(body, "max_tokens", None)
     else:
-        logprobs = get_int(body, "logprobs", None)
-        requested = get_int(body, "max_tokens", 16)
+        scoring, requested = read_scoring(body)
+        logprobs = scoring.logprobs
     prompt_ids, public_prefix_len = await prompt_input(svc, kind, body, plan.render if plan else None)
     max_tokens = resolve_max_tokens(
         requested,
@@ -173,6 +178,14 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
     )
     if progress:
         params = dataclasses.replace(params, report_progress=True)
+    echoed = ""
+    if kind == "completion":
+        params = dataclasses.replace(params, prompt_logprobs=scoring.engine_prompt_logprobs)
+        if scoring.echo:
+            written = scoring_fmt.echo_text(body)
+            echoed = (
+                written if written is not None else await svc.engine.tokenize(lambda t: t.decode(prompt_ids))
+            )
     response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
     # a request's own salt covers its whole prompt (vLLM's meaning), published system prompt included
     stream = await svc.engine.add_request(
@@ -204,11 +217,14 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
         logprobs is not None,
         len(prompt_ids),
         plan,
+        scoring if kind == "completion" else None,
+        prompt_ids,
+        echoed,
     )
 
 
-async def _token_text(svc: Services, entries: list[Logprob]) -> dict[int, str]:
-    ids = sorted(fmt.token_ids_of(entries))
+async def _token_text(svc: Services, entries: list[Logprob], more: set[int] | None = None) -> dict[int, str]:
+    ids = sorted(fmt.token_ids_of(entries) | (more or set()))
     if not ids:
         return {}
     texts = await svc.engine.tokenize(lambda tok: [tok.decode([t]) for t in ids])
@@ -221,32 +237,70 @@ async def _full_body(svc: Services, call: _Call, result: RequestOutput) -> dict[
     choices = []
     for out in result.outputs:
         logprobs = None
-        if call.logprobs:
-            text_of = await _token_text(svc, out.logprobs or [])
-            logprobs = (
-                fmt.chat_logprobs(out.logprobs or [], text_of)
-                if call.kind == "chat"
-                else fmt.completion_logprobs(out.logprobs or [], text_of, 0)
-            )
+        if call.logprobs and call.kind == "chat":
+            logprobs = fmt.chat_logprobs(out.logprobs or [], await _token_text(svc, out.logprobs or []))
         choice: dict[str, Any] = {
             "index": out.index,
             "logprobs": logprobs,
             "finish_reason": fmt.finish_reason(out),
         }
         parser = call.parser()
-        if parser is not None:
+        if call.scoring is not None:
+            choice.update(await _completion_choice(svc, call, result, out.text, out.logprobs, True, 0))
+        elif parser is not None:
             items = parser.feed(out.text).items + parser.finish().items
             choice["message"] = fmt.tool_message(items)
             if parser.num_calls and choice["finish_reason"] == "stop":
                 choice["finish_reason"] = "tool_calls"
         elif call.kind == "chat":
             choice["message"] = {"role": "assistant", "content": out.text}
-        else:
-            choice["text"] = out.text
         choices.append(choice)
     body["choices"] = choices
-    body["usage"] = fmt.usage(result, call.num_prompt_tokens)
+    body["usage"] = _usage(call, result)
     return body
+
+
+def _usage(call: _Call, result: RequestOutput) -> dict[str, Any]:
+    """The request's usage; an echo of the prompt alone (max_tokens 0) shows no completion tokens."""
+    if call.scoring is not None and call.scoring.echo_only:
+        result = dataclasses.replace(
+            result, outputs=[dataclasses.replace(o, token_ids=[]) for o in result.outputs]
+        )
+    return fmt.usage(result, call.num_prompt_tokens)
+
+
+async def _completion_choice(
+    svc: Services,
+    call: _Call,
+    result: RequestOutput,
+    text: str,
+    entries: list[Logprob] | None,
+    with_prompt: bool,
+    offset: int,
+) -> dict[str, Any]:
+    """A completion choice's (or chunk's) `text` and `logprobs`, the echoed prompt first `with_prompt`, and vLLM's
+    `prompt_logprobs` there when asked (`offset`: the output's text before this chunk, echo excluded)."""
+    scoring = call.scoring
+    assert scoring is not None
+    scores = result.prompt_logprobs
+    more = scoring_fmt.scored_prompt_ids(call.prompt_ids, scores) if with_prompt and scores else set()
+    wanted = (entries or []) if call.logprobs else None
+    text_of = await _token_text(svc, wanted or [], more) if wanted is not None or more else {}
+    text, block = scoring_fmt.completion_text_and_logprobs(
+        scoring,
+        (call.prompt_ids, scores, call.echo_text),
+        text,
+        wanted,
+        text_of,
+        offset + (len(call.echo_text) if scoring.echo else 0),
+        with_prompt,
+    )
+    fields: dict[str, Any] = {"text": text, "logprobs": block}
+    if scoring.prompt_logprobs is not None and with_prompt:
+        fields["prompt_logprobs"] = scoring_fmt.vllm_prompt_logprobs(
+            call.prompt_ids, scores, text_of, scoring.prompt_logprobs
+        )
+    return fields
 
 
 def _shutdown_events() -> list[dict[str, str]]:
@@ -325,7 +379,20 @@ async def _sse_events(svc: Services, call: _Call) -> AsyncIterator[dict[str, str
                     if first and call.kind == "chat":
                         deltas[0] = {"role": "assistant", **deltas[0]}
                     logprobs = None
-                    if call.logprobs:
+                    completion: dict[str, Any] = {}
+                    if call.scoring is not None:
+                        entries = cursor.new_entries(out)
+                        completion = await _completion_choice(
+                            svc,
+                            call,
+                            output,
+                            out.text_delta,
+                            entries,
+                            out.index not in text_len,
+                            text_len.get(out.index, 0),
+                        )
+                        logprobs = completion["logprobs"]
+                    elif call.logprobs:
                         entries = cursor.new_entries(out)
                         text_of = await _token_text(svc, entries)
                         logprobs = (
@@ -344,7 +411,7 @@ async def _sse_events(svc: Services, call: _Call) -> AsyncIterator[dict[str, str
                         if call.kind == "chat":
                             choice["delta"] = delta
                         else:
-                            choice["text"] = out.text_delta
+                            choice.update({k: v for k, v in completion.items() if k != "logprobs"})
                     rows.append(row)
                 first = False
                 for k in range(max((len(r) for r in rows), default=0)):
@@ -361,7 +428,7 @@ async def _sse_events(svc: Services, call: _Call) -> AsyncIterator[dict[str, str
     if last is not None and call.include_usage:
         body = fmt.envelope(kind, call.response_id, call.model, created)
         body["choices"] = []
-        body["usage"] = fmt.usage(last, call.num_prompt_tokens)
+        body["usage"] = _usage(call, last)
         yield {"data": json.dumps(body)}
     yield {"data": "[DONE]"}
 
