@@ -41,11 +41,13 @@ from app.http.shutdown import SHUTDOWN_MESSAGE
 from app.http.sse import event_stream, sse_json
 from app.openai import echo as scoring_fmt
 from app.openai import format as fmt
+from app.openai import responses as responses_api
 from app.openai.echo import PromptScoring, read_scoring
 from app.openai.input import check_model, requested_cache_salt
 from app.openai.input import prompt_ids as prompt_input
 from app.openai.models import list_models, retrieve_model
 from app.openai.request_fields import check_fields
+from app.openai.responses import ResponseCall
 from app.openai.tool_calls import CLOSE, ToolCallParser
 from app.openai.tools import ToolPlan, tool_plan
 from engine.core.outputs import Logprob, PromptProgress, RequestOutput
@@ -57,7 +59,7 @@ logger = logging.getLogger(__name__)
 class _Call:
     """A validated request, queued in the engine."""
 
-    kind: str  # "chat" or "completion"
+    kind: str  # "chat", "completion" or "response" (a chat answered in the Responses API's shape)
     response_id: str
     model: str
     stream: RequestStream
@@ -69,6 +71,7 @@ class _Call:
     scoring: PromptScoring | None = None  # a completion's echo and prompt logprobs
     prompt_ids: list[int] = dataclasses.field(default_factory=list)
     echo_text: str = ""  # the prompt as echoed (with scoring.echo)
+    response: ResponseCall | None = None  # a /v1/responses request
 
     def parser(self) -> ToolCallParser | None:
         """A fresh tool-call parser for one sample, None when the output is plain content."""
@@ -85,6 +88,11 @@ async def chat_completions(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     """POST /v1/completions."""
     return await _handle(request, "completion")
+
+
+async def responses(request: Request) -> Response:
+    """POST /v1/responses (text only: app/openai/responses.py)."""
+    return await _handle(request, "response")
 
 
 async def _handle(request: Request, kind: str) -> Response:
@@ -130,7 +138,10 @@ async def _handle(request: Request, kind: str) -> Response:
 
 
 async def _start(request: Request, svc: Services, kind: str, owner: str | None) -> _Call:
-    body = await read_json_object(request, svc.settings.max_body_bytes)
+    original = body = await read_json_object(request, svc.settings.max_body_bytes)
+    if kind == "response":  # read as the chat completion it stands for; answered in its own shape
+        body = responses_api.chat_body(body, svc.settings.max_messages, svc.settings.max_message_chars)
+    api_kind, kind = kind, "chat" if kind == "response" else kind
     user = check_fields(body, kind)
     model = check_model(body, svc)
     requested_salt = requested_cache_salt(body)
@@ -165,7 +176,7 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
         requested,
         len(prompt_ids),
         svc.engine.info.max_model_len,
-        prompt_param="messages" if kind == "chat" else "prompt",
+        prompt_param={"response": "input", "chat": "messages"}.get(api_kind, "prompt"),
     )
     params = sampling_params(
         body,
@@ -186,7 +197,8 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
             echoed = (
                 written if written is not None else await svc.engine.tokenize(lambda t: t.decode(prompt_ids))
             )
-    response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+    prefix = {"chat": "chatcmpl-", "completion": "cmpl-", "response": "resp_"}[api_kind]
+    response_id = prefix + uuid.uuid4().hex
     # a request's own salt covers its whole prompt (vLLM's meaning), published system prompt included
     stream = await svc.engine.add_request(
         response_id,
@@ -194,7 +206,7 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
         params,
         cache_salt=cache_salt(request, svc.settings, owner, requested_salt),
         public_prefix_len=0 if requested_salt is not None else public_prefix_len,
-        label=api_label(kind, owner, user),
+        label=api_label(api_kind, owner, user),
     )
     logger.info(
         "%s %s: %d prompt tokens, max_tokens %d, n %d, stream %s, tools %d, user %r",
@@ -207,8 +219,11 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
         len(plan.names) if plan else 0,
         user,
     )
+    response = None
+    if api_kind == "response":
+        response = ResponseCall.new(response_id, model, int(time.time()), original, len(prompt_ids))
     return _Call(
-        kind,
+        api_kind,
         response_id,
         model,
         stream,
@@ -220,6 +235,7 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
         scoring if kind == "completion" else None,
         prompt_ids,
         echoed,
+        response,
     )
 
 
@@ -232,6 +248,8 @@ async def _token_text(svc: Services, entries: list[Logprob], more: set[int] | No
 
 
 async def _full_body(svc: Services, call: _Call, result: RequestOutput) -> dict[str, Any]:
+    if call.response is not None:
+        return call.response.response(result)
     kind = "chat.completion" if call.kind == "chat" else "text_completion"
     body = fmt.envelope(kind, call.response_id, call.model)
     choices = []
@@ -329,6 +347,10 @@ async def _sse(svc: Services, call: _Call, lease: Lease) -> AsyncIterator[dict[s
 
 
 async def _sse_events(svc: Services, call: _Call) -> AsyncIterator[dict[str, str]]:
+    if call.response is not None:
+        async for event in responses_api.response_events(call.response, call.stream):
+            yield event
+        return
     kind = "chat.completion.chunk" if call.kind == "chat" else "text_completion"
     created = int(time.time())
     cursor = fmt.LogprobCursor()
@@ -440,6 +462,7 @@ ENDPOINTS = [
     Route("/models/{model_id:path}", retrieve_model, methods=["GET"]),
     Route("/chat/completions", chat_completions, methods=["POST"]),
     Route("/completions", completions, methods=["POST"]),
+    Route("/responses", responses, methods=["POST"]),
 ]
 
 
