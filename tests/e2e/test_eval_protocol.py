@@ -4,8 +4,10 @@ model scores each (context, continuation) with one /v1/completions request (`ech
 
 `EvalClient` speaks that protocol as lm_eval 0.4.13's `LocalCompletionsAPI` does (request body, the pair encoding, the
 parsing), written here: lm-eval itself pulls ~37 packages (datasets, pandas, pyarrow, scipy, scikit-learn, ...) that
-pagedchat does not need. A five-item multiple-choice task from a local JSONL file; its accuracy and every
-loglikelihood equal a teacher-forced HF forward and the engine's own prompt logprobs."""
+pagedchat does not need. Run by hand once (lm_eval 0.4.13, `--model local-completions`, the task below as a YAML
+task over this JSONL file), lm-eval's loglikelihoods equalled this client's to the bit and its acc was the same.
+A five-item multiple-choice task from a local JSONL file; its accuracy and every loglikelihood equal a
+teacher-forced HF forward and the engine's own prompt logprobs."""
 
 from __future__ import annotations
 
