@@ -13,7 +13,7 @@ import torch
 from engine.core.config import EngineConfig
 from engine.core.hash_chain import ChainKey, salt_tag
 from engine.core.limits import check_prompt
-from engine.core.memory import available_memory_bytes
+from engine.core.memory import available_memory_bytes, fitted_max_model_len, human_bytes
 from engine.core.outputs import CachePurge, RequestOutput, SchedulerOutput
 from engine.core.resolve import resolve_device
 from engine.core.scheduler import Scheduler
@@ -61,7 +61,8 @@ class LLMEngine:
             dtype=loaded.dtype,
             kv_cache_dtype=self.config.kv_cache_dtype,
         )
-        num_blocks = self._num_blocks(model, spec)
+        # max_model_len unset: the model's own limit, or the longest sequence the pool holds
+        num_blocks = self._num_blocks(model, spec, fit_max_len=config.max_model_len is None)
         self.kv_block_bytes = spec.block_bytes
         self.kv_cache_dtype = spec.dtype_name
         # what a block would take in an int8 pool (None: it is one), for the advice on a pool that preempts
@@ -98,17 +99,33 @@ class LLMEngine:
         self._step_timings = StepTimings()
         logger.info("engine ready: %s", self.config)
 
-    def _num_blocks(self, model: torch.nn.Module, spec: KVCacheSpec) -> int:
-        """The KV pool's blocks within the memory budget; ValueError when they hold less than one longest sequence."""
+    def _num_blocks(self, model: torch.nn.Module, spec: KVCacheSpec, *, fit_max_len: bool) -> int:
+        """The KV pool's blocks within the memory budget. With `fit_max_len` (max_model_len unset: the model's own
+        limit so far) a pool that holds less shortens max_model_len to what it holds, said in one line; an explicit
+        max_model_len the pool cannot hold is a ValueError."""
         peak = profile_peak_bytes(self.config, model, spec) if self.config.device == "cuda" else None
-        num_blocks = num_blocks_for_budget(self.config, spec, peak)
+        num_blocks = num_blocks_for_budget(self.config, spec, peak, hold_one=not fit_max_len)
         max_len = self.config.max_model_len
-        if num_blocks * spec.block_size < max_len:
+        assert max_len is not None, "the config is resolved"
+        pool_tokens = num_blocks * spec.block_size
+        if pool_tokens >= max_len:
+            return num_blocks
+        if not fit_max_len:
             raise ValueError(
-                f"the KV pool holds {num_blocks * spec.block_size} tokens ({num_blocks} blocks of "
-                f"{spec.block_size}), less than one max_model_len sequence ({max_len}): raise kv_cache_bytes / "
-                f"memory_utilization or lower max_model_len"
+                f"the KV pool holds {pool_tokens} tokens ({num_blocks} blocks of {spec.block_size}), less than one "
+                f"max_model_len sequence ({max_len}): raise --kv-cache-bytes (GPU: --memory-utilization) or lower "
+                "--max-model-len"
             )
+        fitted = fitted_max_model_len(max_len, pool_tokens, spec.block_size)
+        logger.warning(
+            "max_model_len %d, not the model's %d: the KV pool (%s) holds %d tokens; --max-model-len and "
+            "--kv-cache-bytes change it",
+            fitted,
+            max_len,
+            human_bytes(num_blocks * spec.block_bytes),
+            pool_tokens,
+        )
+        self.config = dataclasses.replace(self.config, max_model_len=fitted)
         return num_blocks
 
     def _kv_settings(self, spec: KVCacheSpec) -> dict[str, object]:

@@ -4,7 +4,7 @@ import { state } from "./admin_state.js";
 
 const COLUMNS = ["seq", "who", "num", "num", "num"]; // seq and its status, who, prefix hit, tokens, blocks
 
-/** [what, who]: ["Chat “Title”", "browser ab12cd34"], ["API chat completion", "API key 3f2a9c1b"]; the request
+/** [what, who]: ["Chat “Title”", "alice"], ["API chat completion", "API key 3f2a9c1b"]; the request
  * id where the service gave no label. */
 export function whoText(seq) {
   const label = seq.label;

@@ -11,9 +11,10 @@ const WAITING_NOTE = "Not sent yet: the server cannot be reached. It goes out on
 export const DRAINING_NOTE = "Not sent yet: the server is shutting down. It goes out once the connection is back.";
 const UNCERTAIN_NOTE = "The connection dropped as this was sent: it is checked, and sent if need be, once it is back.";
 
-/** Show `text` as the user's pending message and send it, now or once the socket is open. */
-export function queueMessage(text) {
-  const frame = aboutReplyOnShow({ type: ClientFrame.MESSAGE, content: text });
+/** Show `text` as the user's pending message and send it, now or once the socket is open; `extra`: more fields of
+ * the frame (`truncate`, the user's choice when the history does not fit). */
+export function queueMessage(text, extra) {
+  const frame = aboutReplyOnShow(Object.assign({ type: ClientFrame.MESSAGE, content: text }, extra || {}));
   const node = view.userMessage({ content: text });
   node.classList.add("is-pending");
   ui.messages.appendChild(node);
@@ -131,9 +132,14 @@ function markWaiting(note) {
 /** A message answers the reply the page shows last (`parent_id`), not whatever branch another tab or device of
  * the same owner has put on show on the server since; with no reply on the page, the server's active leaf. */
 function aboutReplyOnShow(frame) {
-  const last = messageNodes().pop();
-  const id = last && last.dataset.role === "assistant" ? Number(last.dataset.id) : 0;
+  const id = replyOnShowId();
   return id > 0 ? Object.assign(frame, { parent_id: id }) : frame;
+}
+
+/** The id of the reply the page shows last (0: none). */
+export function replyOnShowId() {
+  const last = messageNodes().pop();
+  return last && last.dataset.role === "assistant" ? Number(last.dataset.id) || 0 : 0;
 }
 
 function lastStoredId() {

@@ -1,5 +1,6 @@
 // The chat page's entry module: keyboard and click handlers, the sidebar's rename/delete, the settings panel.
 import { bindBranchEvents } from "./chat_branches.js";
+import { composerChanged } from "./chat_context.js";
 import { autoGrow, clearError, fillSettings, showError } from "./chat_render.js";
 import { startSearch } from "./chat_search.js";
 import { bindSettings, loadPresets } from "./chat_settings.js";
@@ -63,6 +64,8 @@ function onMessagesClick(event) {
     regenerateReply(node);
   } else if (action === "edit" && !state.streaming) {
     startEdit(node);
+  } else if (action === "toggle-long") {
+    view.setCollapsed(node, !node.classList.contains("is-collapsed"));
   } else if (action === "copy") {
     navigator.clipboard.writeText(node.dataset.text || "").then(
       () => {
@@ -99,7 +102,10 @@ function bindEvents() {
       submitMessage();
     }
   });
-  ui.input.addEventListener("input", autoGrow);
+  ui.input.addEventListener("input", () => {
+    autoGrow();
+    composerChanged(); // advice about other text goes; a long paste is checked after a pause
+  });
   ui.stop.addEventListener("click", stopReply);
   document.addEventListener("keydown", (e) => {
     if (e.key !== "Escape") return;

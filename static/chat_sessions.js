@@ -6,15 +6,8 @@ import {
 } from "./chat_render.js";
 import { DEFAULT_TITLE, state } from "./chat_state.js";
 import { connectSocket } from "./chat_stream.js";
+import { titleFrom } from "./chat_title.js";
 import { closeSocket, showBlankChat, waitForServerReply } from "./chat_sync.js";
-
-const MAX_TITLE_CHARS = 48;
-
-/** A session title from the first line of a message. */
-function titleFrom(text) {
-  const line = text.trim().split("\n")[0].replace(/\s+/g, " ");
-  return line.length > MAX_TITLE_CHARS ? line.slice(0, MAX_TITLE_CHARS - 1) + "…" : line || DEFAULT_TITLE;
-}
 
 export async function openSession(id) {
   closeSocket();
@@ -52,10 +45,10 @@ export async function createSession(title) {
 export async function ensureSession(text) {
   if (state.current) {
     const untitled = state.current.title === DEFAULT_TITLE && !messageNodes().length;
-    if (untitled) renameSession(state.current.id, titleFrom(text));
+    if (untitled) renameSession(state.current.id, titleFrom(text) || DEFAULT_TITLE);
     return;
   }
-  await createSession(titleFrom(text));
+  await createSession(titleFrom(text) || DEFAULT_TITLE);
 }
 
 export async function renameSession(id, title) {

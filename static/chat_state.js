@@ -14,6 +14,8 @@ export const state = {
   awaitingStart: false,
   // the message the server has not accepted yet: {frame, text, node, sent, uncertain, afterId} (chat_outbox.js)
   outbox: null,
+  // the last regenerate/edit/continue turn, to send again with a `truncate` choice (chat_turns.js beginTurn)
+  resendTurn: null,
   // the user pressed Stop on the running reply
   stopRequested: false,
   assistantNode: null,
@@ -34,7 +36,8 @@ export const ui = {};
 const ELEMENT_IDS = {
   app: "app", sidebar: "sidebar", scrim: "scrim", sessionList: "session-list", newChat: "new-chat",
   toggleSidebar: "toggle-sidebar", title: "chat-title", connStatus: "conn-status", messages: "messages",
-  empty: "empty-state", composer: "composer", input: "input", send: "send", stop: "stop",
+  empty: "empty-state", composer: "composer", composerNotice: "composer-notice", input: "input", send: "send",
+  stop: "stop",
   errorBanner: "error-banner", errorText: "error-text", errorClose: "error-close",
   toggleSettings: "toggle-settings", settingsPanel: "settings-panel", settingsForm: "settings-form",
   settingsError: "settings-error", settingsStatus: "settings-status", settingsClose: "settings-close",

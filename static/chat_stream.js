@@ -1,6 +1,7 @@
 // The reply stream of the open session: its socket and what each frame (start, deltas, done, errors) does to the
 // page, and what to show after the socket drops and comes back.
 import { ChatSocket } from "./chat_api.js";
+import { CONTEXT_CODES, showContext } from "./chat_context.js";
 import {
   DRAINING_NOTE, flushOutbox, giveBackOutbox, outboxAccepted, outboxDeferred, outboxDropped, settleOutbox,
 } from "./chat_outbox.js";
@@ -99,7 +100,8 @@ function onFrame(frame) {
       queueRender();
       break;
     case ServerFrame.DONE:
-      onDone(frame.message);
+      if (frame.dropped) onDropped();
+      else onDone(frame.message);
       break;
     case ServerFrame.ERROR:
       onErrorFrame(frame);
@@ -137,11 +139,40 @@ function onDone(message) {
   refreshSessions().catch(() => {});
 }
 
+/** Stopped before its first token: the server kept no reply, and the page shows what it stored (the user message
+ * last; a regenerated reply's old version back on show). */
+function onDropped() {
+  dropProgress();
+  if (state.assistantNode) state.assistantNode.remove();
+  state.assistantNode = null;
+  state.awaitingStart = false;
+  setStreaming(false);
+  updateEmptyState();
+  reloadConversation();
+}
+
 /** An error frame: a refused message goes back into the composer, one refused because the server is shutting down
  * waits for the reconnect; the server's goodbye is shown until the connection is back. */
 function onErrorFrame(frame) {
   if (state.awaitingStart && state.outbox && frame.code === SHUTTING_DOWN) {
     outboxDeferred(DRAINING_NOTE);
+    return;
+  }
+  if (state.awaitingStart && state.outbox && frame.context && CONTEXT_CODES.includes(frame.code)) {
+    // the history grew or the settings changed since the check: the message goes back, with the choices
+    state.awaitingStart = false;
+    const text = state.outbox.text;
+    giveBackOutbox();
+    setStreaming(false);
+    updateEmptyState();
+    showContext(frame.context, text);
+    return;
+  }
+  if (state.awaitingStart && !state.outbox && state.resendTurn && frame.context && CONTEXT_CODES.includes(frame.code)) {
+    state.awaitingStart = false;
+    setStreaming(false);
+    reloadConversation(); // the turn's cut messages come back
+    showContext(frame.context, null, state.resendTurn);
     return;
   }
   showError(frame.message || "The server reported an error.", frame.code === SERVER_SHUTDOWN ? "connection" : "");

@@ -1,6 +1,7 @@
 // Starting and ending replies: send a message, Stop, Regenerate a reply, edit-and-resend a message.
 import { api } from "./chat_api.js";
-import { cancelOutbox, queueMessage } from "./chat_outbox.js";
+import { clearContextNotice, sendPlanned } from "./chat_context.js";
+import { cancelOutbox } from "./chat_outbox.js";
 import {
   clearError, messageNodes, refreshActions, scrollToBottom, setStreaming, showError, updateEmptyState,
 } from "./chat_render.js";
@@ -16,7 +17,8 @@ export function aboutNode(frame, node) {
   return node && node.dataset.id ? Object.assign(frame, { message_id: Number(node.dataset.id) }) : frame;
 }
 
-/** Send what the composer holds: it goes out now, or waits on the page until the server can be reached. */
+/** Send what the composer holds once the server says it fits the context (else the composer says what to do):
+ * it goes out now, or waits on the page until the server can be reached. */
 export async function submitMessage() {
   const text = ui.input.value;
   if (!text.trim() || state.streaming) return;
@@ -27,8 +29,9 @@ export async function submitMessage() {
     return;
   }
   clearError();
+  clearContextNotice();
   state.stopRequested = false;
-  queueMessage(text);
+  await sendPlanned(text);
 }
 
 /** REGENERATE, EDIT or CONTINUE a message on the page. Only over an open socket: while the server cannot be reached
@@ -40,9 +43,14 @@ export function beginTurn(frame, cutFrom) {
     return false;
   }
   clearError();
+  clearContextNotice();
   state.stopRequested = false;
   setStreaming(true);
   state.awaitingStart = true;
+  // refused because the history no longer fits (409 context_full): the same turn again with the user's choice
+  const cutId = cutFrom ? Number(cutFrom.dataset.id) : 0;
+  state.resendTurn = (extra) => beginTurn(
+    Object.assign({}, frame, extra), cutId ? ui.messages.querySelector('.msg[data-id="' + cutId + '"]') : null);
   if (cutFrom) {
     const nodes = messageNodes();
     nodes.slice(Math.max(nodes.indexOf(cutFrom), 0)).forEach((n) => n.remove());

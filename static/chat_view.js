@@ -77,8 +77,9 @@ export function statsText(message) {
     parts.push((message.cached_tokens || 0) + " of " + message.prompt_tokens + " prompt tokens cached");
   }
   if (message.truncated_turns) {
+    // only ever at the user's choice (the composer asked): a record of what this reply did not see
     parts.push(message.truncated_turns + " earlier turn" + (message.truncated_turns === 1 ? "" : "s") +
-      " left out to fit");
+      " left out, as you chose");
   }
   if (message.finish_reason === FinishReason.LENGTH) parts.push("hit the token limit");
   return parts.join(" · ");
@@ -112,14 +113,39 @@ function actionsRow(message, ...buttons) {
   return actions;
 }
 
+// a user message longer than this (a pasted document) shows its first lines, faded, with "Show all"
+const LONG_MESSAGE_LINES = 20;
+const LONG_MESSAGE_CHARS = 1500;
+
+/** Whether a user message is long enough to show collapsed. */
+export function isLongMessage(text) {
+  return text.length > LONG_MESSAGE_CHARS || text.split("\n").length > LONG_MESSAGE_LINES;
+}
+
 export function userMessage(message) {
   const node = el("article", "msg msg-user");
   node.dataset.role = "user";
   if (message.id != null) node.dataset.id = message.id;
   node.setAttribute("aria-label", "You");
-  node.appendChild(el("div", "msg-body", message.content)); // plain text: white-space keeps the lines
+  const body = el("div", "msg-body", message.content); // plain text: white-space keeps the lines
+  node.appendChild(body);
+  if (isLongMessage(message.content || "")) {
+    body.id = "msg-body-" + (message.id != null ? message.id : Math.random().toString(36).slice(2));
+    const toggle = button("Show all", "toggle-long", "link-btn msg-toggle");
+    toggle.setAttribute("aria-controls", body.id);
+    node.appendChild(toggle);
+    setCollapsed(node, true);
+  }
   node.appendChild(actionsRow(message, button("Edit", "edit")));
   return node;
+}
+
+/** Collapse a long user message to its first lines, or show all of it. */
+export function setCollapsed(node, collapsed) {
+  node.classList.toggle("is-collapsed", collapsed);
+  const toggle = node.querySelector(".msg-toggle");
+  toggle.textContent = collapsed ? "Show all" : "Show less";
+  toggle.setAttribute("aria-expanded", String(!collapsed));
 }
 
 export function assistantMessage(message) {

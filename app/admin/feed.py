@@ -31,6 +31,7 @@ from starlette.routing import Route
 from app.admin.advice import AdviceInputs, advise
 from app.admin.block_map import MapView, detail_range, parse_view
 from app.admin.ops import stats_to_json
+from app.admin.owner_names import OwnerNames
 from app.admin.sample import EngineSample, FeedSample, is_active, panel_json
 from app.admin.tier_advice import tier_advice
 from app.admin.tier_view import configured_tier_dir, tier_configured, tier_panel
@@ -66,6 +67,7 @@ class AdminFeed:
         self._replica_recorders: dict[str, TrafficRecorder] = {}
         self._database_bytes: int | None = None
         self._database_read_at = -DATABASE_SIZE_INTERVAL_S
+        self._owner_names = OwnerNames(svc.store)  # accounts named by username, not id, on the page
 
     @property
     def replicated(self) -> bool:
@@ -123,6 +125,9 @@ class AdminFeed:
         taken = await engine.pool_sample_each(functools.partial(detail_range, wanted))
         now = time.monotonic()
         database_bytes = await self._database_size(now)
+        await self._owner_names.learn(
+            engine.label_of(seq["request_id"]) for _, sample in taken for seq in sample.snapshot.sequences
+        )
         engines: dict[str, EngineSample] = {}
         rates: dict[str, float | None] = {}
         active = False
@@ -222,7 +227,7 @@ class AdminFeed:
         return {
             "seq_id": seq["seq_id"],
             "request_id": seq["request_id"],
-            "label": label.to_json() if label is not None else None,
+            "label": self._owner_names.name(label).to_json() if label is not None else None,
             "status": seq["status"],
             "num_tokens": seq["num_tokens"],
             "num_prompt_tokens": seq["num_prompt_tokens"],

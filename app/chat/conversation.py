@@ -17,8 +17,16 @@ import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
+from app.chat.truncation import (
+    ContextFull,
+    ContextReport,
+    PromptTooLong,
+    Truncate,
+    candidates,
+    refusal,
+)
 from app.db.models import FINAL_ASSISTANT_STATUSES
 from app.http.public_prefix import common_prefix_len
 
@@ -37,6 +45,8 @@ class Turn:
     role: str
     content: str
     token_ids: tuple[int, ...] | None = None
+    # this exchange carries an attachment: never dropped to fit unless the user chose so (app/chat/truncation.py)
+    pinned: bool = False
 
     def __post_init__(self) -> None:
         if self.role not in TURN_ROLES:
@@ -54,7 +64,9 @@ class PromptPlan:
     ]  # the whole prompt, ending with the generation prompt (a continuation: the answer so far)
     new_user_token_ids: list[int]  # what the new user turn appended after the history and any system prompt:
     #                                store these with the user message
-    truncated_turns: int  # oldest exchanges (a user turn and its answer) left out to fit max_model_len
+    truncated_turns: (
+        int  # exchanges (a user turn and its answers) left out to fit max_model_len, as the user chose
+    )
     exact_extension: bool  # True: stored ids were extended; False: the conversation was re-rendered
     num_retokenized_turns: int = 0  # answers whose ids did not spell their text, re-tokenized from the text
 
@@ -83,7 +95,13 @@ def turns_from_messages(messages: Iterable[MessageLike], fingerprint: str | None
         getattr(m, "tokenizer_fingerprint", None) not in (None, fingerprint) for m in kept
     )
     return [
-        Turn(m.role, m.content, None if foreign or m.token_ids is None else tuple(m.token_ids)) for m in kept
+        Turn(
+            m.role,
+            m.content,
+            None if foreign or m.token_ids is None else tuple(m.token_ids),
+            pinned=bool(getattr(m, "pinned", False)),  # set by attachments (a stored message may lack it)
+        )
+        for m in kept
     ]
 
 
@@ -119,34 +137,58 @@ class ConversationBuilder:
         self._end_of_turn_text = self._decode(list(self.end_of_turn_ids))
 
     def build_prompt(
-        self, system_prompt: str, turns: Sequence[Turn], new_user_text: str, max_tokens: int
+        self,
+        system_prompt: str,
+        turns: Sequence[Turn],
+        new_user_text: str,
+        max_tokens: int,
+        truncate: Truncate | None = Truncate.OLDEST,
     ) -> PromptPlan:
-        """The prompt for answering `new_user_text`; leaves out the oldest exchanges until max_tokens fits."""
+        """The prompt for answering `new_user_text`. History that does not fit with max_tokens more is cut as
+        `truncate` says (app/chat/truncation.py); with no choice (None) it raises ContextFull. A message that does
+        not fit alone raises PromptTooLong, saying what to do."""
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         budget = self.max_model_len - max_tokens
-        # Cut points: keep turns[cut:], where each cut drops whole exchanges (a user turn and what follows it).
-        cuts = sorted({0, len(turns), *(i for i, t in enumerate(turns) if t.role == "user")})
-        num_dropped = self._first_cut_within_stored(turns, cuts, budget)
+        options = candidates(turns, truncate)
+        index = self._first_within_stored(options, budget)
         searched = False
         while True:
-            plan = self._plan(system_prompt, turns[cuts[num_dropped] :], new_user_text, num_dropped)
+            kept, num_dropped = options[index]
+            plan = self._plan(system_prompt, kept, new_user_text, num_dropped)
             if len(plan.token_ids) <= budget:
                 if num_dropped:
-                    logger.info("left out the %d oldest exchanges to fit max_model_len", num_dropped)
+                    logger.info("left out %d exchanges (%s) to fit max_model_len", num_dropped, truncate)
                 return plan
-            if num_dropped == len(cuts) - 1:
-                raise ValueError(
-                    f"system prompt + new message ({len(plan.token_ids)} tokens) + max_tokens ({max_tokens}) "
-                    f"exceeds max_model_len ({self.max_model_len})"
-                )
+            if index == len(options) - 1:
+                self._refuse(system_prompt, turns, new_user_text, max_tokens, truncate, len(plan.token_ids))
             if searched:  # the exact ids came out longer than the plain render: one exchange more
-                num_dropped += 1
+                index += 1
             else:
-                num_dropped = self._first_fitting_cut(
-                    system_prompt, turns, cuts, new_user_text, budget, num_dropped + 1
-                )
+                index = self._first_fitting(system_prompt, options, new_user_text, budget, index + 1)
                 searched = True
+
+    def context_report(
+        self, system_prompt: str, turns: Sequence[Turn], new_user_text: str, max_tokens: int
+    ) -> ContextReport:
+        """What sending `new_user_text` needs: whether it fits, what each choice would leave out, what to do."""
+        try:
+            plan = self.build_prompt(system_prompt, turns, new_user_text, max_tokens, truncate=None)
+        except (ContextFull, PromptTooLong) as refused:
+            return refused.report
+        return ContextReport(len(plan.token_ids), max_tokens, self.max_model_len, True, 0, 0, (), None)
+
+    def _refuse(
+        self,
+        system_prompt: str,
+        turns: Sequence[Turn],
+        new_user_text: str,
+        max_tokens: int,
+        truncate: Truncate | None,
+        num_tokens: int,
+    ) -> NoReturn:
+        """Nothing kept fits: ContextFull or PromptTooLong, as app/chat/truncation.py's `refusal` decides."""
+        raise refusal(self, system_prompt, turns, new_user_text, max_tokens, truncate, num_tokens)
 
     def render(
         self, system_prompt: str, turns: Sequence[Turn], new_user_text: str | None = None
@@ -160,15 +202,21 @@ class ConversationBuilder:
         )
 
     def build_continuation(
-        self, system_prompt: str, turns: Sequence[Turn], user_text: str, answer: Turn, max_tokens: int
+        self,
+        system_prompt: str,
+        turns: Sequence[Turn],
+        user_text: str,
+        answer: Turn,
+        max_tokens: int,
+        truncate: Truncate | None = Truncate.OLDEST,
     ) -> tuple[PromptPlan, list[int]]:
         """The prompt that continues `answer` (the reply to `user_text` after `turns`) where it stopped: the prompt
         that answered `user_text`, then the answer's ids, with no end of turn and no new assistant header; and those
         answer ids (its stored ids where they spell its text, else its text tokenized)."""
         answer_ids, _ = self.answer_ids(answer)
         try:
-            plan = self.build_prompt(system_prompt, turns, user_text, max_tokens + len(answer_ids))
-        except ValueError:
+            plan = self.build_prompt(system_prompt, turns, user_text, max_tokens + len(answer_ids), truncate)
+        except PromptTooLong:
             raise ValueError(
                 f"the reply is already {len(answer_ids)} tokens long: continuing it by max_tokens ({max_tokens}) "
                 f"more does not fit max_model_len ({self.max_model_len})"
@@ -236,34 +284,30 @@ class ConversationBuilder:
         return ids, num_retokenized
 
     @staticmethod
-    def _first_cut_within_stored(turns: Sequence[Turn], cuts: list[int], budget: int) -> int:
-        """The first cut whose kept turns' stored ids alone fit the budget: earlier cuts cannot fit exactly.
+    def _first_within_stored(options: list[tuple[list[Turn], int]], budget: int) -> int:
+        """The first candidate whose kept turns' stored ids alone fit the budget: earlier ones cannot fit exactly.
 
         (A re-render could, in theory, come out shorter than non-canonical stored ids; then this drops an
         exchange that a fallback render might have kept. Stored ids are the prompt's ids in the normal case.)
         """
-        suffix_lens = [0] * (len(turns) + 1)  # suffix_lens[i]: stored ids of turns[i:]
-        for i in range(len(turns) - 1, -1, -1):
-            suffix_lens[i] = suffix_lens[i + 1] + len(turns[i].token_ids or ())
-        for index, cut in enumerate(cuts):
-            if suffix_lens[cut] <= budget:
+        for index, (kept, _) in enumerate(options):
+            if sum(len(t.token_ids or ()) for t in kept) <= budget:
                 return index
-        return len(cuts) - 1
+        return len(options) - 1
 
-    def _first_fitting_cut(
+    def _first_fitting(
         self,
         system_prompt: str,
-        turns: Sequence[Turn],
-        cuts: list[int],
+        options: list[tuple[list[Turn], int]],
         new_user_text: str,
         budget: int,
         lo: int,
     ) -> int:
-        """Binary search over cuts[lo:] for the first whose full render fits (renders shrink as cuts grow)."""
-        hi = len(cuts) - 1  # the answer is in [lo, hi]; hi (nothing kept) is the last resort
+        """Binary search over options[lo:] for the first whose full render fits (renders shrink as more goes)."""
+        hi = len(options) - 1  # the answer is in [lo, hi]; hi (the least kept) is the last resort
         while lo < hi:
             mid = (lo + hi) // 2
-            if len(self.render(system_prompt, turns[cuts[mid] :], new_user_text)) <= budget:
+            if len(self.render(system_prompt, options[mid][0], new_user_text)) <= budget:
                 hi = mid
             else:
                 lo = mid + 1

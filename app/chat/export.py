@@ -1,7 +1,8 @@
 """A chat as a file: JSON that holds everything the API shows (and, when asked, the token ids), Markdown for people.
 
-Markdown: the title, the settings, then each message under its role as a heading with its text as written (the
-model's Markdown and code stay intact). A message that leaves a block open (a reply stopped inside a code fence)
+Markdown: the title, the settings, the system prompt the chat started with, then each message under its role as a
+heading with its text as written (the model's Markdown and code stay intact), and a system prompt changed after some
+turns under "System prompt changed" where it took effect (before the first message made after the change). A message that leaves a block open (a reply stopped inside a code fence)
 would swallow the headings after it, so its fence is closed; anything else left open (a raw HTML block) is shown as
 a code block instead. markdown-it-py (CommonMark) decides what is open.
 """
@@ -11,12 +12,13 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from markdown_it import MarkdownIt
 
-from app.db import MessageRecord, SessionRecord
+from app.db import MessageRecord, PromptChange, SessionRecord
 from app.http.messages import message_fields
 
 EXPORT_VERSION = 1
@@ -51,9 +53,11 @@ def export_json(
     exported_at: datetime,
     active_leaf_id: int | None = None,
     token_ids: bool = False,
+    prompt_changes: Sequence[PromptChange] = (),
 ) -> dict[str, Any]:
-    """The chat as a JSON object: every message of every branch (each names its `parent_id`) and the leaf of the
-    branch on show; `token_ids` adds each message's token ids and tokenizer fingerprint."""
+    """The chat as a JSON object: every message of every branch (each names its `parent_id`), the leaf of the
+    branch on show, and the system prompt's changes after turns (`system_prompt` is the current one); `token_ids`
+    adds each message's token ids and tokenizer fingerprint."""
     return {
         "pagedchat_export": EXPORT_VERSION,
         "exported_at": exported_at.isoformat(),
@@ -68,6 +72,10 @@ def export_json(
         },
         "active_leaf_id": active_leaf_id,
         "messages": [_message_json(m, token_ids) for m in messages],
+        "system_prompt_changes": [
+            {"changed_at": c.changed_at.isoformat(), "previous": c.previous, "system_prompt": c.system_prompt}
+            for c in prompt_changes
+        ],
     }
 
 
@@ -91,8 +99,10 @@ def export_markdown(
     *,
     exported_at: datetime,
     preset_name: str | None = None,
+    prompt_changes: Sequence[PromptChange] = (),
 ) -> str:
-    """The chat as a Markdown document; `preset_name`: the preset the chat follows, if any."""
+    """The chat as a Markdown document; `preset_name`: the preset the chat follows, if any; `prompt_changes`: the
+    system prompt's changes after turns, each shown before the first message made after it."""
     lines = [
         f"# {escape_inline(session.title) or 'Untitled chat'}",
         "",
@@ -106,15 +116,26 @@ def export_markdown(
         lines += ["Settings:", ""]
         lines += [f"- {name}: {_inline_code(json.dumps(value))}" for name, value in session.settings.items()]
         lines.append("")
-    if session.system_prompt:
-        lines += ["## System", "", closed_markdown(session.system_prompt), ""]
+    first_prompt = prompt_changes[0].previous if prompt_changes else session.system_prompt
+    if first_prompt:
+        lines += ["## System", "", closed_markdown(first_prompt), ""]
+    pending = list(prompt_changes)
     for m in messages:
+        while pending and pending[0].changed_at <= m.created_at:
+            lines += _change_lines(pending.pop(0))
         lines += [f"## {ROLE_HEADINGS.get(m.role, m.role)}", "", f"_{_message_note(m)}_", ""]
         if m.content:
             lines += [closed_markdown(m.content), ""]
         if m.error:
             lines += [f"> Error: {escape_inline(m.error)}", ""]
+    for change in pending:  # after the last message shown
+        lines += _change_lines(change)
     return "\n".join(lines)
+
+
+def _change_lines(change: PromptChange) -> list[str]:
+    lines = ["## System prompt changed", "", f"_{_when(change.changed_at)}_", ""]
+    return lines + [closed_markdown(change.system_prompt) if change.system_prompt else "_(removed)_", ""]
 
 
 def _message_note(m: MessageRecord) -> str:

@@ -40,10 +40,16 @@ async def export_session(request: Request, svc: Services, owner: str) -> Respons
     tree = await svc.store.chats.get_tree(owner, sid)
     if session is None or tree is None:
         raise not_found(f"session {sid[:64]!r}")
+    prompt_changes = await svc.store.chats.prompt_changes(owner, sid) or []
     now = datetime.now(timezone.utc)
     if file_format == "json":  # the whole tree: every branch
         document = export_json(
-            session, list(tree.messages), exported_at=now, active_leaf_id=tree.leaf_id, token_ids=token_ids
+            session,
+            list(tree.messages),
+            exported_at=now,
+            active_leaf_id=tree.leaf_id,
+            token_ids=token_ids,
+            prompt_changes=prompt_changes,
         )
         body = json.dumps(document, ensure_ascii=False, indent=2) + "\n"
     else:  # for reading: the branch on show
@@ -53,6 +59,7 @@ async def export_session(request: Request, svc: Services, owner: str) -> Respons
             list(tree.active_path()),
             exported_at=now,
             preset_name=preset.name if preset is not None else None,
+            prompt_changes=prompt_changes,
         )
     ascii_name, unicode_name = export_filename(session.title, file_format)
     disposition = f'attachment; filename="{ascii_name}"'

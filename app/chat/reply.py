@@ -110,6 +110,7 @@ class FinalReply:
     parent_id: int | None = None
     role: str = "assistant"
     reason: str | None = None  # why it was cut, when the client did not ask (SHUTDOWN)
+    dropped: bool = False  # stopped before its first token: not stored (the user message ends the branch)
     num_prior_tokens: int = (
         0  # a continued reply: its tokens before this request (in token_ids, not in usage)
     )
@@ -127,6 +128,8 @@ class FinalReply:
         event = {"type": "done", "message": message_fields(self), "usage": usage, "timings": self.timings}
         if self.reason is not None:
             event["reason"] = self.reason
+        if self.dropped:
+            event["dropped"] = True
         return event
 
 
@@ -149,6 +152,11 @@ class _Draft:
             if self.record is None:
                 self.record = _result_or_none(self.writing)
             self.writing = None
+
+    def stopped_unstarted(self, status: MessageStatus) -> bool:
+        """The user's Stop came before the first token of a new reply: nothing to keep (as the CLI does). A
+        continued reply keeps its row; a reply cut any other way keeps its (empty) row, so the page can say why."""
+        return status is MessageStatus.STOPPED and self.last is None and self.place.resumed is None
 
     def final(self, status: MessageStatus, error: str | None) -> FinalReply:
         """The reply ending here with `status` (the row id is filled in once stored)."""
@@ -215,7 +223,13 @@ class ReplyWriter:
             final = draft.final(status, error)
             if status in CUT_STATUSES:
                 final = dataclasses.replace(final, reason=turn.stop_reason)
-            await asyncio.shield(self._complete(turn, draft, final))
+            if draft.stopped_unstarted(status):
+                assert draft.record is None and draft.writing is None, (
+                    "no row is written before the first token"
+                )
+                turn.emit(dataclasses.replace(final, dropped=True).done_event())
+            else:
+                await asyncio.shield(self._complete(turn, draft, final))
 
     async def _take(self, turn: Reply, draft: _Draft, output: RequestOutput) -> None:
         """One output: its text goes out as a delta at once; the row catches up in the background. Before the

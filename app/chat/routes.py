@@ -15,6 +15,8 @@ from app.chat.branches import path_json, turn_target
 from app.chat.chat_settings import check_session_settings
 from app.chat.reply import SHUTDOWN, Reply
 from app.chat.service import ChatService, ReplyMode, chat_of
+from app.chat.summary import summarize_into_new_chat
+from app.chat.truncation import truncate_value
 from app.chat.ws import error_frame
 from app.db import MessageStatus, PresetRef, SessionRecord
 from app.http.credentials import credential_of, revocation, revoked_error
@@ -174,10 +176,17 @@ async def stop_reply(request: Request, svc: Services, owner: str) -> Response:
 async def _turn(request: Request, svc: Services, owner: str, mode: ReplyMode) -> Response:
     body = await read_json_object(request, svc.settings.max_body_bytes, allow_empty=True)
     target = turn_target(mode, body)  # a bad id is a 400 before the client's slot is taken
+    truncate = truncate_value(body)
     credential = await credential_of(request, svc, owner=owner)
     lease = svc.admission.admit(request, owner)
     reply = await chat_of(svc).start(
-        mode, owner, request.path_params["session_id"], body.get("content"), lease, target=target
+        mode,
+        owner,
+        request.path_params["session_id"],
+        body.get("content"),
+        lease,
+        target=target,
+        truncate=truncate,
     )
     end_with_key(  # a revoked key's reply stops, stored as interrupted
         request,
@@ -189,9 +198,34 @@ async def _turn(request: Request, svc: Services, owner: str, mode: ReplyMode) ->
 
 
 @_api
+async def plan_message(request: Request, svc: Services, owner: str) -> Response:
+    """POST /api/sessions/{id}/plan {content, parent_id?}: what sending it would need, nothing stored or generated:
+    {prompt_tokens, max_tokens, max_model_len, fits, truncated_turns, pinned_turns_dropped, options, advice}
+    (app/chat/truncation.py)."""
+    body = await read_json_object(request, svc.settings.max_body_bytes)
+    return JSONResponse(await chat_of(svc).plan(owner, request.path_params["session_id"], body))
+
+
+@_api
+async def summarize(request: Request, svc: Services, owner: str) -> Response:
+    """POST /api/sessions/{id}/summarize {}: the model summarizes the branch on show (what fits) into a new chat
+    that starts from it (its system prompt); 201 {session, summary, truncated_turns}. The old chat is unchanged."""
+    await read_json_object(request, svc.settings.max_body_bytes, allow_empty=True)
+    lease = svc.admission.admit(request, owner)
+    made = await summarize_into_new_chat(chat_of(svc), owner, request.path_params["session_id"], lease)
+    body = {
+        "session": session_json(made.session, chat_of(svc)),
+        "summary": made.text,
+        "truncated_turns": made.truncated_turns,
+    }
+    return JSONResponse(body, status_code=201)
+
+
+@_api
 async def post_message(request: Request, svc: Services, owner: str) -> Response:
-    """POST /api/sessions/{id}/messages {content, parent_id?}: store it after `parent_id` (default: the active
-    leaf; null: a new first message) and stream the reply over SSE."""
+    """POST /api/sessions/{id}/messages {content, parent_id?, truncate?}: store it after `parent_id` (default: the
+    active leaf; null: a new first message) and stream the reply over SSE. A history that does not fit is cut only
+    as `truncate` ("oldest" | "keep_pinned") says; without it 409 `context_full`, nothing stored."""
     return await _turn(request, svc, owner, ReplyMode.SEND)
 
 
@@ -250,6 +284,8 @@ routes = [
     Route("/api/sessions/{session_id}", delete_session, methods=["DELETE"]),
     Route("/api/sessions/{session_id}/messages", list_messages, methods=["GET"]),
     Route("/api/sessions/{session_id}/messages", post_message, methods=["POST"]),
+    Route("/api/sessions/{session_id}/plan", plan_message, methods=["POST"]),
+    Route("/api/sessions/{session_id}/summarize", summarize, methods=["POST"]),
     Route("/api/sessions/{session_id}/regenerate", regenerate, methods=["POST"]),
     Route("/api/sessions/{session_id}/edit", edit_message, methods=["POST"]),
     Route("/api/sessions/{session_id}/continue", continue_reply, methods=["POST"]),

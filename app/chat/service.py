@@ -9,7 +9,16 @@ import logging
 import uuid
 from typing import Any
 
-from app.chat.branches import Fork, ReplyMode, Target, locate, message_id_value, path_json, with_siblings
+from app.chat.branches import (
+    Fork,
+    ReplyMode,
+    Target,
+    locate,
+    message_id_value,
+    path_json,
+    turn_target,
+    with_siblings,
+)
 from app.chat.chat_settings import (
     chat_max_tokens,
     effective_settings,
@@ -17,6 +26,7 @@ from app.chat.chat_settings import (
 )
 from app.chat.conversation import ConversationBuilder, PromptPlan, Turn, turns_from_messages
 from app.chat.reply import CUT_STATUSES, SHUTDOWN, Reply, ReplyPlace, ReplyWriter
+from app.chat.truncation import ContextFull, PromptTooLong, Truncate
 from app.db import MessageRecord, MessageStatus, MessageTree, Parent, Store, StoreUnavailable
 from app.engine_client.protocol import EngineClient
 from app.engine_client.request_label import chat_label
@@ -119,12 +129,14 @@ class ChatService:
         content: Any = None,
         lease: Lease | None = None,
         target: Target = Parent.ACTIVE_LEAF,
+        truncate: Truncate | None = None,
     ) -> Reply:
         """Start a reply (app/chat/branches.py): SEND stores `content` as a new user message after `target`
         (a reply; None: a new first message) and answers it; EDIT stores `content` beside the user message
         `target`; REGENERATE answers the user message of `target` again, beside its replies; CONTINUE extends the
         reply `target`. `target` defaults to the active leaf. `lease` (a client limit's slot) is released when the
-        reply ends."""
+        reply ends. A history that does not fit is cut only as `truncate` says: without it, 409 `context_full`
+        (app/chat/truncation.py)."""
         try:
             if session_id in self._turns:
                 raise APIError(
@@ -135,7 +147,7 @@ class ChatService:
             # reserved before the first await, so a racing second send sees 409
             self._turns[session_id] = None
             try:
-                reply = await self._setup(owner, session_id, mode, content, target)
+                reply = await self._setup(owner, session_id, mode, content, target, truncate)
             except BaseException:
                 self._turns.pop(session_id, None)
                 raise
@@ -167,8 +179,33 @@ class ChatService:
         return path_json(tree)
 
     # ---- setup ----------------------------------------------------------------------------------------------
+    async def plan(self, owner: str, session_id: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """What sending `fields["content"]` after `parent_id` (default: the active leaf) would need, planned as a
+        send plans it (on the tokenizer thread); nothing is stored and no engine request is made."""
+        content = self._check_content(fields.get("content"))
+        target = turn_target(ReplyMode.SEND, fields)
+        session = await self.store.chats.get_session(owner, session_id)
+        tree = await self.store.chats.get_tree(owner, session_id)
+        if session is None or tree is None:
+            raise not_found(f"session {session_id[:64]!r}")
+        preset = await self.store.presets.get_preset(owner, session.preset_id) if session.preset_id else None
+        _, max_tokens = self._params(effective_settings(session, preset))
+        fork = locate(ReplyMode.SEND, tree, target)
+        turns = turns_from_messages(fork.history, self.fingerprint)
+        system_prompt = effective_system_prompt(session, preset, self.settings.default_system_prompt)
+        report = await self.engine.tokenize(
+            lambda _tok: self.builder.context_report(system_prompt, turns, content, max_tokens)
+        )
+        return report.to_json()
+
     async def _setup(
-        self, owner: str, session_id: str, mode: ReplyMode, content: Any, target: Target
+        self,
+        owner: str,
+        session_id: str,
+        mode: ReplyMode,
+        content: Any,
+        target: Target,
+        truncate: Truncate | None,
     ) -> Reply:
         if mode in (ReplyMode.SEND, ReplyMode.EDIT):
             content = self._check_content(content)
@@ -186,9 +223,24 @@ class ChatService:
         text = content if fork.user is None else fork.user.content
         turns = turns_from_messages(fork.history, self.fingerprint)
         system_prompt = effective_system_prompt(session, preset, self.settings.default_system_prompt)
-        (plan, prior_ids), public_prefix_len = await self.engine.tokenize(
-            lambda _tok: self._plan(system_prompt, turns, text, fork.continued, max_tokens)
-        )
+        try:
+            (plan, prior_ids), public_prefix_len = await self.engine.tokenize(
+                lambda _tok: self._plan(system_prompt, turns, text, fork.continued, max_tokens, truncate)
+            )
+        except (
+            ContextFull
+        ) as full:  # nothing stored: the page asks the user what to leave out, then sends again
+            raise APIError(
+                409, str(full), code="context_full", extra={"context": full.report.to_json()}
+            ) from None
+        except PromptTooLong as too_long:
+            raise APIError(
+                400,
+                str(too_long),
+                param="content",
+                code="prompt_too_long",
+                extra={"context": too_long.report.to_json()},
+            ) from None
         if fork.user is None:  # SEND, EDIT: the new user message (a refused write, quota, changes nothing)
             user = await self.store.chats.add_message(
                 session_id, "user", text, token_ids=plan.new_user_token_ids, parent_id=fork.user_parent_id
@@ -263,16 +315,18 @@ class ChatService:
         content: str,
         continued: MessageRecord | None,
         max_tokens: int,
+        truncate: Truncate | None,
     ) -> tuple[tuple[PromptPlan, list[int]], int]:
         """The turn's prompt (continuing: and the ids of the reply so far) and its public prefix length (on the
         tokenizer thread)."""
         if continued is None:
-            plan, prior_ids = self.builder.build_prompt(system_prompt, turns, content, max_tokens), []
+            plan = self.builder.build_prompt(system_prompt, turns, content, max_tokens, truncate)
+            prior_ids: list[int] = []
         else:
             ids = continued.token_ids if continued.tokenizer_fingerprint in (None, self.fingerprint) else None
             answer = Turn("assistant", continued.content, ids)
             plan, prior_ids = self.builder.build_continuation(
-                system_prompt, turns, content, answer, max_tokens
+                system_prompt, turns, content, answer, max_tokens, truncate
             )
         public = self.public_prefixes
         public_len = public.session_length(system_prompt, plan.token_ids) if public is not None else 0
@@ -287,6 +341,10 @@ class ChatService:
                 "content",
             )
         return content
+
+    def sampling(self, settings: dict[str, Any]) -> tuple[SamplingParams, int]:
+        """A turn's sampling params and max_tokens from a chat's effective settings (400 for a bad max_tokens)."""
+        return self._params(settings)
 
     def _params(self, settings: dict[str, Any]) -> tuple[SamplingParams, int]:
         max_tokens = settings.get("max_tokens") or self.settings.default_max_tokens

@@ -2,6 +2,8 @@
 
 Client → server: {"type": "message", "content": str, "parent_id"?: int | null} · {"type": "regenerate",
 "message_id"?: int} · {"type": "edit", "content": str, "message_id"?: int} · {"type": "continue", "message_id"?: int}
+(each of the four may say `"truncate": "oldest" | "keep_pinned"`: what to leave out when the history does not fit;
+without it such a turn gets error 409 `context_full` with `context` {…, options, advice}, app/chat/truncation.py)
 · {"type": "branch", "message_id": int} · {"type": "stop"} · {"type": "ping"}. A turn without its id extends the
 active leaf (app/chat/branches.py).
 Server → client: start {mode, user_message, ...} · assistant_start {message_id, parent_id, sibling_ids,
@@ -31,6 +33,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from app.chat.branches import turn_target
 from app.chat.reply import Reply
 from app.chat.service import ChatService, ReplyMode, chat_of
+from app.chat.truncation import truncate_value
 from app.db import MessageStatus
 from app.http.credentials import Credential, credential_alive, credential_of, revoked_error, until_revoked
 from app.http.errors import APIError, bad_request, from_exception
@@ -68,6 +71,7 @@ def error_frame(error: APIError) -> dict[str, Any]:
         "message": body["message"],
         "param": body["param"],
         "code": body["code"],
+        **error.extra,
     }
 
 
@@ -225,10 +229,17 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str, cr
                     await _check_signed_in(socket, svc, credential)
                     mode = REPLY_FRAMES[kind]
                     target = turn_target(mode, frame)
+                    truncate_value(frame)  # a bad value is a 400 before the client's slot is taken
                     # shutting down (503) or over a client limit (429)
                     lease = svc.admission.admit(socket.websocket, owner)
                     reply = await chat.start(
-                        mode, owner, session_id, frame.get("content"), lease, target=target
+                        mode,
+                        owner,
+                        session_id,
+                        frame.get("content"),
+                        lease,
+                        target=target,
+                        truncate=truncate_value(frame),
                     )
                     _end_with_key(socket.websocket, svc, reply)
                     pump = socket.pump = asyncio.create_task(_forward(socket, chat, reply))

@@ -8,6 +8,7 @@ from app.db.account_keys import ApiKeyRecord
 from app.db.accounts import AccountConflict, UserRecord
 from app.db.models import MessageStatus
 from app.db.presets import PresetRef
+from app.db.prompt_history import PromptChange
 from app.db.quota import QuotaExceeded, StorageQuota
 from app.db.records import MessageRecord, PresetNameTaken, PresetRecord, SessionRecord, StoreUnavailable
 from app.db.search import SearchUnsupported
@@ -26,6 +27,7 @@ __all__ = [
     "PresetNameTaken",
     "PresetRecord",
     "PresetRef",
+    "PromptChange",
     "MessageTree",
     "Parent",
     "QuotaExceeded",

@@ -82,6 +82,14 @@ def revoke_key(s: Session, user_id: str, key_id: str) -> bool:
     return s.execute(query).rowcount > 0
 
 
+def key_names(s: Session, key_ids: list[str]) -> dict[str, str]:
+    """The name of each of these keys that exists (revoked ones too), by id."""
+    if not key_ids:
+        return {}
+    rows = s.execute(select(ApiKey.id, ApiKey.name).where(ApiKey.id.in_(key_ids)))
+    return {key_id: name for key_id, name in rows}
+
+
 def key_user(s: Session, secret_hash: str) -> tuple[ApiKeyRecord, UserRecord] | None:
     """The key of this secret's hash (revoked ones too) and its account, or None for no such key."""
     found = s.execute(

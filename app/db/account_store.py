@@ -16,6 +16,7 @@ class AccountStore(FeatureStore):
     user_credentials = reads(accounts.credentials)
     get_user = reads(accounts.get_user)
     list_users = reads(accounts.list_users)
+    usernames = reads(accounts.usernames)
     set_password = writes(accounts.set_password)
     update_user = writes(accounts.update_user)
     delete_user = writes(accounts.delete_user)
@@ -34,3 +35,4 @@ class AccountStore(FeatureStore):
     revoke_api_key = writes(account_keys.revoke_key)
     api_key_user = reads(account_keys.key_user)
     api_key_live = reads(account_keys.key_live)
+    api_key_names = reads(account_keys.key_names)

@@ -147,6 +147,14 @@ def find_user(s: Session, username: str) -> UserRecord | None:
     return None if row is None else user_record(row)
 
 
+def usernames(s: Session, user_ids: list[str]) -> dict[str, str]:
+    """The username of each of these accounts that exists, by id."""
+    if not user_ids:
+        return {}
+    rows = s.execute(select(User.id, User.username).where(User.id.in_(user_ids)))
+    return {user_id: name for user_id, name in rows}
+
+
 def list_users(s: Session) -> list[UserRecord]:
     """Every account, by name."""
     return [user_record(row) for row in s.scalars(select(User).order_by(User.username))]

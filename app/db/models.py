@@ -190,3 +190,16 @@ class AdminSession(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class SystemPromptChange(Base):
+    """A chat's system prompt replaced after some of its turns: `previous` is the prompt that was in effect until
+    `created_at` (the new one is the next change's `previous`, or the session's own for the last change). Changes
+    with no turn between them are one change (app/db/prompt_history.py)."""
+
+    __tablename__ = "system_prompt_changes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("chat_sessions.id", ondelete="CASCADE"), index=True)
+    previous: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from app.db import search
 from app.db.models import FINAL_ASSISTANT_STATUSES, ROLES, ChatSession, Message, MessageStatus, utcnow
 from app.db.presets import PresetRef, session_preset_id
+from app.db.prompt_history import list_prompt_changes, record_change
 from app.db.quota import check_room, quota_of
 from app.db.records import (
     MessageRecord,
@@ -131,6 +132,10 @@ def update_session(
         for key in ("title", "system_prompt")
         if key in changes
     )
+    if (
+        "system_prompt" in changes
+    ):  # a change after turns is kept, for the export to show where it took effect
+        grown += record_change(s, row, changes["system_prompt"])
     check_room(s, quota_of(s), owner, new_bytes=grown)
     for key, value in changes.items():
         setattr(row, key, value)
@@ -421,6 +426,7 @@ class ChatStore(FeatureStore):
     delete_session = writes(delete_session)
     list_messages = reads(list_messages)
     get_tree = reads(get_tree)
+    prompt_changes = reads(list_prompt_changes)
     switch_branch = writes(switch_branch)
     search_messages = reads(search.search_messages)
     add_message = writes(add_message)

@@ -20,7 +20,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
-from app.db.models import ChatSession, Message
+from app.db.models import ChatSession, Message, SystemPromptChange
 
 STALE_AFTER_S = 60.0
 MAX_OWNERS = 100_000  # least recently used figures are dropped past this (they are counted again when needed)
@@ -31,7 +31,8 @@ _FORGET = "forget"
 
 @dataclass(frozen=True)
 class OwnerUsage:
-    """What one owner keeps: sessions, messages, and UTF-8 bytes of titles, system prompts and message text."""
+    """What one owner keeps: sessions, messages, and UTF-8 bytes of titles, system prompts (replaced ones too) and
+    message text."""
 
     num_sessions: int = 0
     num_messages: int = 0
@@ -86,9 +87,17 @@ def owner_usage(s: Session, owner: str) -> OwnerUsage:
         .join(ChatSession, Message.session_id == ChatSession.id)
         .where(ChatSession.owner == owner)
     )
+    prompt_changes = (
+        select(func.coalesce(func.sum(nbytes(SystemPromptChange.previous)), 0))
+        .join(ChatSession, SystemPromptChange.session_id == ChatSession.id)
+        .where(ChatSession.owner == owner)
+    )
     num_sessions, session_bytes = s.execute(sessions).one()
     num_messages, message_bytes = s.execute(messages).one()
-    return OwnerUsage(int(num_sessions), int(num_messages), int(session_bytes) + int(message_bytes))
+    change_bytes = s.execute(prompt_changes).scalar_one()
+    return OwnerUsage(
+        int(num_sessions), int(num_messages), int(session_bytes) + int(message_bytes) + int(change_bytes)
+    )
 
 
 class UsageLedger:

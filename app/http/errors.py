@@ -38,8 +38,10 @@ class APIError(Exception):
         code: str | None = None,
         headers: dict[str, str] | None = None,
         error_type: str | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
+        self.extra = extra or {}  # more fields of the error body (a refused chat send's `context`)
         self.error_type = error_type  # the body's `type`; None: derived from the status
         self.status = status
         self.message = message
@@ -58,6 +60,7 @@ class APIError(Exception):
                 ),
                 "param": self.param,
                 "code": self.code,
+                **self.extra,
             }
         }
 

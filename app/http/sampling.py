@@ -149,7 +149,8 @@ def resolve_max_tokens(
         if num_prompt_tokens >= max_model_len:
             raise bad_request(
                 f"prompt ({num_prompt_tokens} tokens) leaves no room to generate within max_model_len "
-                f"({max_model_len})",
+                f"({max_model_len}): shorten the prompt (leave out earlier messages) or start the server with a "
+                "larger --max-model-len",
                 prompt_param,
             )
         return max_model_len - num_prompt_tokens

@@ -29,7 +29,7 @@ from app.http.credentials import credential_of, revocation, revoked_error
 from app.http.error_handlers import error_response
 from app.http.errors import APIError, bad_request, from_exception
 from app.http.identity import revoked_error as key_revoked
-from app.http.key_auth import end_with_key
+from app.http.key_auth import API_KEY_ID_STATE, end_with_key
 from app.http.limits import Lease
 from app.http.params import read_json_object
 from app.http.sampling import get_bool, get_int, resolve_max_tokens, sampling_params
@@ -179,7 +179,7 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
         params,
         cache_salt=cache_salt(request, svc.settings, owner, requested_salt),
         public_prefix_len=0 if requested_salt is not None else public_prefix_len,
-        label=api_label(api_kind, owner, user),
+        label=api_label(api_kind, owner, user, request.scope.get("state", {}).get(API_KEY_ID_STATE)),
     )
     logger.info(
         "%s %s: %d prompt tokens, max_tokens %d, n %d, stream %s, tools %d, user %r",

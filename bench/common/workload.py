@@ -82,6 +82,16 @@ SYSTEM_RULES = [
     "Price matching applies only to identical items sold by authorised retailers in the same country.",
     "If a customer is upset, acknowledge the problem before proposing a solution.",
 ]
+DOCUMENT_QUESTIONS = [
+    "What is this document about, in two sentences?",
+    "Which decisions does the report record?",
+    "Which topics come up most often?",
+    "What was postponed, and why?",
+    "Who will join the groups, and when?",
+    "List three open questions the report leaves.",
+    "What did the measurements suggest?",
+    "Which budget was approved?",
+]
 FOLLOW_UPS = [
     "Thanks. And what about {t}?",
     "Can you say more about the second point?",
@@ -179,3 +189,18 @@ def long_user_turns(
         notes = tokenizer.decode(filler_token_ids(tokenizer, notes_tokens, seed=rng.randrange(2**31)))
         out.append(f"Notes, part {k + 1}:\n{notes.strip()}\n\n{ask}")
     return out
+
+
+def document_turns(
+    tokenizer: Any, user_index: int, num_turns: int, num_tokens: int, seed: int = 0
+) -> list[str]:
+    """The `num_turns` messages of one synthetic user who attaches a document of about `num_tokens` tokens (seeded
+    meeting notes, different per user) in the first message and then asks questions about it."""
+    rng = random.Random(seed * 100_003 + user_index)
+    questions = [rng.choice(DOCUMENT_QUESTIONS) for _ in range(num_turns)]
+    head = f"Here is our project report {user_index + 1}:\n\n"
+    overhead = len(tokenizer.encode(head + "\n\n" + questions[0], add_special_tokens=False))
+    notes = tokenizer.decode(
+        filler_token_ids(tokenizer, max(1, num_tokens - overhead), seed=rng.randrange(2**31))
+    )
+    return [f"{head}{notes.strip()}\n\n{questions[0]}", *questions[1:]]

@@ -22,7 +22,7 @@ from typing import Any
 from bench.common import servers
 from bench.common.report import Target, new_figure, print_report, targets_payload, write_results
 from bench.common.workload import system_prompt
-from bench.multiturn import baseline
+from bench.multiturn import baseline, document
 from bench.multiturn.runs import SYSTEM_PROMPT_FILE, TARGET_CACHE_HIT_PCT, run_mode, workload_fields
 from bench.replicas import command as replicas
 from bench.returning import command as returning
@@ -40,7 +40,7 @@ BENCH_API_KEY = "pagedchat-bench"
 UNPUBLISHED_PREAMBLE = (
     "(Unpublished draft for {api}.) "  # starts the unregistered variants of the system prompt
 )
-SCENARIOS = ("shared-prompt", "returning", "replicas")
+SCENARIOS = ("shared-prompt", "document", "returning", "replicas")
 DEFAULT_USERS, DEFAULT_TURNS = 32, 10
 
 
@@ -50,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scenario",
         choices=SCENARIOS,
         default="shared-prompt",
-        help="shared-prompt: this module's runs; returning: users who come back after their KV blocks left the RAM "
+        help="shared-prompt: this module's runs; document: every user sends a document, then asks questions about "
+        "it (bench/multiturn/document.py; with --baseline-url, against that server too); returning: users who come back after their KV blocks left the RAM "
         "pool, with the disk tier, without it and all in RAM, and a restart (bench/returning/); replicas: replica "
         "sets on Ray Serve per routing policy, Ray's overhead, a failover (bench/replicas/; implied by its options)",
     )
@@ -58,13 +59,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--users",
         type=int,
         default=None,
-        help=f"default {DEFAULT_USERS} ({returning.DEFAULT_USERS} returning)",
+        help=f"default {DEFAULT_USERS} ({document.DEFAULT_USERS} document, {returning.DEFAULT_USERS} returning)",
     )
     parser.add_argument(
         "--turns",
         type=int,
         default=None,
-        help=f"default {DEFAULT_TURNS} ({returning.DEFAULT_TURNS} returning)",
+        help=f"default {DEFAULT_TURNS} ({document.DEFAULT_TURNS} document, {returning.DEFAULT_TURNS} returning)",
+    )
+    parser.add_argument(
+        "--document-tokens",
+        type=int,
+        default=document.DEFAULT_DOCUMENT_TOKENS,
+        help="--scenario document: the length of each user's document",
     )
     parser.add_argument("--system-tokens", type=int, default=400, help="length of the shared system prompt")
     parser.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every answer")
@@ -144,8 +151,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         return replicas.run(args)
     is_returning = args.scenario == "returning"
-    args.users = args.users or (returning.DEFAULT_USERS if is_returning else DEFAULT_USERS)
-    args.turns = args.turns or (returning.DEFAULT_TURNS if is_returning else DEFAULT_TURNS)
+    defaults = {"returning": returning, "document": document}.get(args.scenario)
+    args.users = args.users or (defaults.DEFAULT_USERS if defaults else DEFAULT_USERS)
+    args.turns = args.turns or (defaults.DEFAULT_TURNS if defaults else DEFAULT_TURNS)
     if is_returning:
         if args.url or args.url_no_caching or args.write_system_prompt or args.baseline_url:
             raise SystemExit(
@@ -164,6 +172,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     url_keys = tuple(k.strip() for k in (args.api_key or "").split(",") if k.strip())
     # servers started here: one key per user and one for the warm-up, and the system prompt published
     bench_keys = tuple(f"{BENCH_API_KEY}-{u}" for u in range(args.users + 1))
+    if args.scenario == "document":
+        if args.url_no_caching:
+            raise SystemExit(
+                "bench multiturn --scenario document runs one caching pagedchat: no --url-no-caching"
+            )
+        return document.run(args, system, bench_keys)
     if args.baseline_url:
         if args.url_no_caching:
             raise SystemExit(

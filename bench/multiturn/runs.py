@@ -32,11 +32,15 @@ async def run_mode(
     seed: int,
     *,
     keep_alive: bool = True,
+    scripts: list[list[str]] | None = None,
 ) -> dict[str, Any]:
     """All users' conversations (one task each, one identity each) through one API of one server. `keep_alive=False`:
-    every request on its own TCP connection (llama.cpp's small HTTP thread pool starves on idle kept-alive ones)."""
-    # distinct conversations per run: only the system prompt is shared between runs on one server
-    scripts = [user_turns(u, args.turns, args.seed + seed) for u in range(args.users)]
+    every request on its own TCP connection (llama.cpp's small HTTP thread pool starves on idle kept-alive ones).
+    `scripts`: each user's messages (default: the templated support chat of `seed`)."""
+    if (
+        scripts is None
+    ):  # distinct conversations per run: only the system prompt is shared between runs on one server
+        scripts = [user_turns(u, args.turns, args.seed + seed) for u in range(args.users)]
     warm_token, tokens = bearer_tokens(api_keys, args.users, mode)
     admin_headers = None if keep_alive else {"Connection": "close"}
     async with httpx.AsyncClient(
@@ -127,3 +131,17 @@ def workload_fields(args: argparse.Namespace, system: str) -> dict[str, Any]:
         "temperature": 0.0,
         "arrivals": args.arrivals,
     }
+
+
+def later_turns_cache_pct(run: dict[str, Any]) -> float:
+    """The share of turns 2..K's prompt tokens that came from the cache (turn 1 reads what is new)."""
+    later = run["turns"][1:]
+    prompt = sum(t["mean_prompt_tokens"] * t["num_ok"] for t in later)
+    cached = sum(t["mean_cached_tokens"] * t["num_ok"] for t in later)
+    return 100.0 * cached / prompt if prompt else float("nan")
+
+
+def later_turns_ttft_ms(run: dict[str, Any]) -> float:
+    """The mean over turns 2..K of each turn's TTFT p50."""
+    later = [t["ttft_ms"]["p50"] for t in run["turns"][1:]]
+    return sum(later) / len(later) if later else float("nan")

@@ -8,7 +8,6 @@ from engine.core.memory import KV_BUDGET_CAP, KV_BUDGET_FLOOR, KV_BUDGET_SEQUENC
 from engine.core.options import check_choices, option, size_text
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-MAX_MODEL_LEN_CAP = 4096
 QUANTIZATIONS = ("auto", "gguf", "none")
 KV_CACHE_DTYPES = ("auto", "model", "float16", "int8")
 
@@ -110,7 +109,8 @@ class EngineConfig:
     )
     max_model_len: int | None = option(
         None,
-        f"longest sequence (prompt + reply), in tokens; unset: the model's limit capped at {MAX_MODEL_LEN_CAP}",
+        "longest sequence (prompt + reply), in tokens; unset: the model's own limit (max_position_embeddings, GGUF "
+        "context_length), or the longest sequence the KV pool holds where that is less (said at start-up)",
         group="model",
     )
     max_num_seqs: int = option(256, "sequences running at once", group="engine")

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+TOO_LONG_ADVICE = "shorten the prompt, lower max_tokens, or start the server with a larger --max-model-len"
+
 
 def check_max_tokens(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
-    """ValueError when the prompt and the reply it may grow to do not fit in one sequence of max_model_len tokens."""
+    """ValueError when the prompt and the reply it may grow to do not fit in one sequence of max_model_len tokens,
+    saying what to do."""
     if num_prompt_tokens + max_tokens > max_model_len:
         raise ValueError(
-            f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds max_model_len ({max_model_len})"
+            f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds max_model_len "
+            f"({max_model_len}): {TOO_LONG_ADVICE}"
         )
 
 

@@ -52,14 +52,27 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def kv_memory_budget(available_bytes: int | None, sequence_bytes: int) -> int:
+def kv_memory_budget(available_bytes: int | None, sequence_bytes: int, *, hold_one: bool = True) -> int:
     """The process's one memory budget for KV blocks when none is set (the CPU's: see KV_BUDGET_SHARE): the share of
-    `available_bytes` within the floor and the cap (unknown: the cap), then at most KV_BUDGET_SEQUENCES and at least
-    one `sequence_bytes` (the blocks of one max_model_len sequence). Several models, later, split this budget."""
+    `available_bytes` within the floor and the cap (unknown: the cap), then at most KV_BUDGET_SEQUENCES and (with
+    `hold_one`: the user set max_model_len) at least one `sequence_bytes` (the blocks of one max_model_len
+    sequence). Without `hold_one` (max_model_len is the model's own limit) a smaller budget shortens max_model_len
+    instead (`fitted_max_model_len`). Several models, later, split this budget."""
     budget = KV_BUDGET_CAP
     if available_bytes is not None:
         budget = min(KV_BUDGET_CAP, max(KV_BUDGET_FLOOR, int(KV_BUDGET_SHARE * available_bytes)))
-    return max(min(budget, KV_BUDGET_SEQUENCES * sequence_bytes), sequence_bytes)
+    budget = min(budget, KV_BUDGET_SEQUENCES * sequence_bytes)
+    return max(budget, sequence_bytes) if hold_one else budget
+
+
+def fitted_max_model_len(model_max_len: int, pool_tokens: int, block_size: int) -> int:
+    """max_model_len left unset: the model's own limit where the pool holds one such sequence, else the longest
+    the pool holds (whole blocks); ValueError when that is not even one block."""
+    if pool_tokens < block_size:
+        raise ValueError(
+            f"the KV pool holds {pool_tokens} tokens, less than one block of {block_size}: raise --kv-cache-bytes"
+        )
+    return min(model_max_len, pool_tokens)
 
 
 def process_rss_bytes() -> int | None:

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.core.config import DEFAULT_MODEL, MAX_MODEL_LEN_CAP, EngineConfig
+from engine.core.config import DEFAULT_MODEL, EngineConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
 BATCH_GEMMS = ("fp32", "bf16", "int8")
@@ -57,9 +57,10 @@ def resolve_config(
     in_blocks = quantization == "gguf" and model.gguf_blocks
     # auto: fp32 beside GGUF blocks (their kernels take fp32), else bf16 where the hardware computes it fast
     dtype = resolve_dtype(config.dtype, device, machine, gguf_blocks=in_blocks)
+    # unset: the model's own limit (the engine shortens it to what the KV pool holds, engine/core/memory.py)
     max_model_len = config.max_model_len
     if max_model_len is None:
-        max_model_len = min(model.max_len, MAX_MODEL_LEN_CAP)
+        max_model_len = model.max_len
     elif max_model_len > model.max_len:
         raise ValueError(f"max_model_len ({max_model_len}) exceeds the model's limit ({model.max_len})")
     batched = config.max_num_batched_tokens

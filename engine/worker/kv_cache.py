@@ -107,14 +107,15 @@ def zeros_on_huge_pages(shape: tuple[int, ...], *, dtype: torch.dtype, device: t
 
 
 def num_blocks_for_budget(
-    config: EngineConfig, spec: KVCacheSpec, profile_peak_bytes: int | None = None
+    config: EngineConfig, spec: KVCacheSpec, profile_peak_bytes: int | None = None, *, hold_one: bool = True
 ) -> int:
     """How many blocks the KV budget buys: an explicit byte budget, the CPU default (`kv_memory_budget`, from the
-    memory available now, after the weights), or GPU memory left over."""
+    memory available now, after the weights; `hold_one`: at least one max_model_len sequence), or GPU memory left
+    over."""
     if config.kv_cache_bytes is not None:
         budget = config.kv_cache_bytes
     elif config.device == "cpu":
-        budget = default_cpu_budget(config, spec)
+        budget = default_cpu_budget(config, spec, hold_one=hold_one)
     else:
         total = torch.cuda.get_device_properties(torch.device(config.device)).total_memory
         peak = profile_peak_bytes or 0
@@ -129,18 +130,19 @@ def num_blocks_for_budget(
     return max(budget // spec.block_bytes, 0)
 
 
-def default_cpu_budget(config: EngineConfig, spec: KVCacheSpec) -> int:
+def default_cpu_budget(config: EngineConfig, spec: KVCacheSpec, *, hold_one: bool = True) -> int:
     """`kv_memory_budget` for this model (one max_model_len sequence's blocks) and the memory available now, after
     the weights; logged with the rule that gave it."""
     assert config.max_model_len is not None, "the config is resolved"
     sequence_bytes = -(-config.max_model_len // spec.block_size) * spec.block_bytes
     available = available_memory_bytes()
-    budget = kv_memory_budget(available, sequence_bytes)
+    budget = kv_memory_budget(available, sequence_bytes, hold_one=hold_one)
     logger.info(
-        "KV pool budget %s: %s of the %s available, within %s..%s, at most %d and at least 1 sequences of "
+        "KV pool budget %s: %s of the %s available, within %s..%s, at most %d %s sequences of "
         "max_model_len %d (%s each); --kv-cache-bytes sets it",
         human_bytes(budget), f"{KV_BUDGET_SHARE:.0%}", "unknown" if available is None else human_bytes(available),
-        size_text(KV_BUDGET_FLOOR), size_text(KV_BUDGET_CAP), KV_BUDGET_SEQUENCES, config.max_model_len,
+        size_text(KV_BUDGET_FLOOR), size_text(KV_BUDGET_CAP), KV_BUDGET_SEQUENCES,
+        "and at least 1" if hold_one else "(fewer than 1 shortens max_model_len)", config.max_model_len,
         human_bytes(sequence_bytes),
     )  # fmt: skip
     return budget

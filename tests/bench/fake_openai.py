@@ -1,5 +1,5 @@
 """A tiny OpenAI-compatible streaming server on loopback for load-generator tests: it answers every chat with a few
-fixed words, optionally adds llama.cpp's `timings` to its last SSE chunk or fails its first chats (503), and counts
+fixed words (and llama.cpp's /completion with one word and a prompt time of 0.5 ms a token), optionally adds llama.cpp's `timings` to its last SSE chunk or fails its first chats (503), and counts
 TCP connections, requests and the peak number of chats in flight. HTTP/1.1 with Content-Length, so a client could keep connections alive."""
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ class FakeStats:
     peak_in_flight: int = 0
     models_asked: list[str] = field(default_factory=list)  # the `model` of every chat request
     messages_asked: list[list[dict]] = field(default_factory=list)  # the `messages` of every chat request
+    prompts_asked: list[Any] = field(
+        default_factory=list
+    )  # the `prompt` of every llama.cpp /completion request
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -62,6 +65,17 @@ def _handler(
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            if self.path == "/completion":  # llama.cpp's own completion route: its timings, one token
+                with stats.lock:
+                    stats.requests += 1
+                    stats.prompts_asked.append(body["prompt"])
+                n = len(body["prompt"])
+                reply = {
+                    "content": WORDS[0],
+                    "timings": {**(timings or {}), "prompt_n": n, "prompt_ms": n / 2.0},
+                }
+                self._send("application/json", json.dumps(reply).encode())
+                return
             with stats.lock:
                 stats.requests += 1
                 stats.in_flight += 1

@@ -223,3 +223,36 @@ def test_replicas_measure_against_todays_single_process_server(tiny_servers):
     assert run["routing"]["num_routed"] == 0 and run["replica_prefix_hit_pct"] == {}
     assert run["server"] == {"replicas": 1, "routing": "-", "ray_address": "", "threads": 0}
     assert run["ttft_ms_all"]["p50"] > 0
+
+
+def test_multiturn_document_scenario_against_a_llama_cpp_baseline(tiny_servers, tmp_path, capsys):
+    """Questions about a document: each user's first message carries its own document, later turns ask about it;
+    both pagedchat APIs and the baseline get the same messages, and later turns read the document from the cache."""
+    model, url_on, _ = tiny_servers
+    with fake_server("smollm.gguf", "llamacpp", LLAMA_TIMINGS) as (baseline_url, theirs):
+        argv = shlex.split(
+            f"multiturn --scenario document --model {model} --url {url_on} --api-key {API_KEY},{USER_KEYS} "
+            f"--baseline-url {baseline_url} --users 2 --turns 3 --document-tokens 120 --arrivals together "
+            f"--system-tokens {SYSTEM_TOKENS} --max-tokens 4 --results-dir {tmp_path}"
+        )
+        assert bench_main(argv) == 0
+    doc = only_result(tmp_path, "multiturn-document")
+    assert set(doc["systems"]) == {"pagedchat session", "pagedchat v1", "llama.cpp"}
+    for name, run in doc["systems"].items():
+        assert run["num_turns_failed"] == 0, (name, run["errors"])
+        assert [t["num_ok"] for t in run["turns"]] == [2, 2, 2], name
+    # the first turn reads each user's document; the later ones find it (and the history) in the cache
+    for api in ("session", "v1"):
+        turns = doc["systems"][f"pagedchat {api}"]["turns"]
+        assert turns[0]["mean_prompt_tokens"] > 120 + SYSTEM_TOKENS // 2, api
+        assert doc["later_turns"][f"pagedchat {api}"]["cache_hit_pct"] >= 80, api
+    # the baseline saw the same first messages: one document per user, different between users
+    firsts = [m[1]["content"] for m in theirs.messages_asked[1:] if len(m) == 2]
+    assert len(firsts) == 2 and firsts[0] != firsts[1] and all("project report" in f for f in firsts)
+    assert [t["name"] for t in doc["targets"]] == [
+        "pagedchat session: turns 2-3 prompt from the cache %",
+        "pagedchat v1: turns 2-3 prompt from the cache %",
+        "later turns' TTFT p50, pagedchat /v1 ÷ llama.cpp",
+    ]
+    assert doc["ratios"]["later_turns_ttft_pagedchat_over_baseline"] > 0
+    assert "questions about a document" in capsys.readouterr().out

@@ -64,7 +64,7 @@ WIDE = {"width": 1280, "height": 800}
 NARROW = {"width": 390, "height": 844}
 STATS_LINE = re.compile(
     r"(\d+) tokens? · [\d.]+ tok/s · TTFT (\d+ ms|[\d.]+ s) · (\d+) of (\d+) prompt tokens cached"
-    r"( · \d+ earlier turns? left out to fit)?( · hit the token limit)?"
+    r"( · \d+ earlier turns? left out, as you chose)?( · hit the token limit)?"
 )
 
 
@@ -110,6 +110,14 @@ def slow_ui_server(tmp_path, tiny_model) -> Iterator[Server]:
         "PAGEDCHAT_KV_CACHE_BYTES": str(LARGE_POOL_BLOCKS * TINY_INT8_BLOCK_BYTES),
         "PAGEDCHAT_API_KEY": API_KEY,
     }
+    yield from _ui_server(tmp_path, tiny_model, **env)
+
+
+@pytest.fixture
+def reading_ui_server(tmp_path, tiny_model) -> Iterator[Server]:
+    """The same reading a prompt 64 tokens a step, every step 250 ms slower: a 700-token prompt takes seconds to
+    read, so a Stop lands before the first token."""
+    env = {FAULTS_ENV: "step_delay_ms=250", "PAGEDCHAT_MAX_NUM_BATCHED_TOKENS": "64"}
     yield from _ui_server(tmp_path, tiny_model, **env)
 
 
@@ -248,6 +256,75 @@ def test_stop_really_stops_and_reload_finds_the_session(open_page, ui_server):
     expect(page.locator("#set-max-tokens")).to_have_value("500")
     expect(page.locator("#set-top-k")).to_have_value("40")
     expect(page.locator("#set-system")).to_have_value("You are terse.")
+
+
+# 24 lines (a long message), about 300 tokens; its lines end in '?' too, and are no question for the title
+PASTED_DOCUMENT = "Here is a document:\n\n" + "\n".join(
+    f"Month {i}: {10 * i} kites, {3 * i} reels?" for i in range(1, 25)
+)
+
+
+def test_a_pasted_document_is_titled_by_its_question(open_page):
+    page = open_page("/")
+    send(page, PASTED_DOCUMENT + "\n\nHow many kites were sold in March? Answer briefly.")
+    expect(page.locator("#chat-title")).to_have_text("How many kites were sold in March?")
+    expect(page.locator(".session.is-current .session-open")).to_have_text(
+        "How many kites were sold in March?"
+    )
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    page.click("#new-chat")
+    send(page, "Plan a trip\nto the coast")  # a short message keeps its first line
+    expect(page.locator("#chat-title")).to_have_text("Plan a trip")
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+
+
+def test_a_long_message_shows_collapsed_until_show_all(open_page):
+    page = open_page("/")
+    send(page, PASTED_DOCUMENT + "\n\nWhich month sold the most reels?")
+    message = page.locator(".msg-user").last
+    toggle = message.locator(".msg-toggle")
+    expect(toggle).to_have_text("Show all")
+    expect(toggle).to_have_attribute("aria-expanded", "false")
+    collapsed = message.locator(".msg-body").bounding_box()["height"]
+    assert collapsed < 200, collapsed  # a few lines, not 27
+    clipped = message.locator(".msg-body").evaluate("(b) => b.scrollHeight > b.clientHeight + 100")
+    assert clipped  # the rest of the text is there, hidden below the fade
+    toggle.click()
+    expect(toggle).to_have_text("Show less")
+    expect(toggle).to_have_attribute("aria-expanded", "true")
+    expanded = message.locator(".msg-body").bounding_box()["height"]
+    assert expanded > 3 * collapsed, (collapsed, expanded)
+    toggle.click()
+    expect(toggle).to_have_text("Show all")
+    assert message.locator(".msg-body").bounding_box()["height"] == collapsed
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    page.reload()  # rendered from the stored conversation: collapsed again
+    page.wait_for_selector("body[data-ready=true]")
+    expect(page.locator(".msg-user .msg-toggle")).to_have_text("Show all")
+    send(page, "A short one")
+    expect(page.locator(".msg-user")).to_have_count(2)
+    expect(page.locator(".msg-user").last.locator(".msg-toggle")).to_have_count(0)
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+
+
+@pytest.mark.budget(seconds=60, why="a server of its own, reading a 700-token prompt at 250 ms a step")
+def test_a_reply_stopped_before_its_first_token(chromium, open_page, reading_ui_server):
+    server = reading_ui_server
+    page = open_page("/", context=chromium.new_context(viewport=WIDE, base_url=server.base_url))
+    send(page, "word " * 700)
+    expect(page.locator(".msg-reading")).to_be_visible(timeout=REPLY_TIMEOUT_MS)  # still reading the prompt
+    page.click("#stop")
+    expect(page.locator(".msg-reading")).to_have_count(0)
+    expect(page.locator("#stop")).to_be_hidden()
+    expect(page.locator("#input")).to_be_enabled()
+    expect(page.locator(".msg-assistant")).to_have_count(0)  # no "(no text)" bubble
+    expect(page.locator(".msg-user")).to_have_count(1)  # the message stays, to edit or send again
+    expect(page.locator(".msg-user [data-action=edit]")).to_be_visible()
+    wait_pool_idle(server, page)  # the engine let go of every block
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    expect(page.locator(".msg-user")).to_have_count(1)
+    expect(page.locator(".msg-assistant")).to_have_count(0)
 
 
 def test_reconnect_after_a_drop_then_regenerate_and_edit(open_page, ui_server):
@@ -551,6 +628,110 @@ def test_a_message_follows_the_reply_on_the_page_whatever_another_device_put_on_
     assert stored[1]["id"] == shown and stored[2]["parent_id"] == shown
 
 
+def _context_chat(open_page: Callable[..., Any]) -> tuple[Any, str]:
+    """A page on a new chat of 16-token replies (the server's max_model_len is 1024)."""
+    page = open_page("/")
+    sid = new_session(page, title="Context", settings={"max_tokens": 16, "temperature": 0})
+    page.goto(f"/#s={sid}")
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    return page, sid
+
+
+def _stored(page: Any, sid: str) -> list[dict[str, Any]]:
+    return page.request.get(f"/api/sessions/{sid}/messages").json()["messages"]
+
+
+def test_a_document_larger_than_the_context_is_refused_at_the_composer(open_page):
+    page, sid = _context_chat(open_page)
+    document = "A long README. " + "lorem ipsum dolor sit amet " * 240  # over 1,100 tokens
+    send(page, document)
+    notice = page.locator("#composer-notice")
+    expect(notice).to_be_visible()
+    expect(notice).to_have_attribute("data-kind", "too-long")
+    expect(notice).to_contain_text("exceeds max_model_len (1024)")
+    expect(notice).to_contain_text("send a shorter message")
+    expect(notice).to_contain_text("--max-model-len")
+    # nothing sent: no bubble, no stored message, the text still in the composer, the composer free
+    expect(page.locator(".msg")).to_have_count(0)
+    assert page.locator("#input").input_value() == document
+    expect(page.locator("#input")).to_be_enabled()
+    assert _stored(page, sid) == []
+    screenshot(page, "chat-context-too-long.png")
+    page.fill("#input", "Hello")  # typing other text takes the advice away
+    expect(notice).to_be_hidden()
+    page.fill("#input", document)  # a long paste is checked after a pause in typing, before Send
+    expect(notice).to_have_attribute("data-kind", "too-long")
+    expect(notice).to_contain_text("--max-model-len")
+    expect(page.locator(".msg")).to_have_count(0)
+    assert _stored(page, sid) == []
+
+
+def test_a_history_that_must_be_cut_offers_the_choice_and_drops_nothing_silently(open_page):
+    page, sid = _context_chat(open_page)
+    first = "Document one. " + "apples and pears grow here. " * 80  # about 500 tokens
+    send(page, first)
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    second = "Document two. " + "plums and cherries grow there. " * 80  # the two do not fit 1024 together
+    send(page, second)
+    notice = page.locator("#composer-notice")
+    expect(notice).to_have_attribute("data-kind", "choice")
+    expect(notice).to_contain_text(
+        "1 earlier exchange must be left out. Nothing is left out until you choose:"
+    )
+    expect(notice.locator("[data-choice]")).to_have_text(
+        ["Drop the oldest turns", "New chat from a summary", "Cancel"]
+    )
+    # nothing sent, nothing dropped yet
+    expect(page.locator(".msg")).to_have_count(2)
+    assert page.locator("#input").input_value() == second
+    assert len(_stored(page, sid)) == 2
+    screenshot(page, "chat-context-choice.png")
+    notice.locator("[data-choice=cancel]").click()
+    expect(notice).to_be_hidden()
+    assert len(_stored(page, sid)) == 2
+    send(page, second)
+    notice.locator("[data-choice=oldest]").click()
+    expect(notice).to_be_hidden()
+    expect(page.locator(".msg")).to_have_count(4)
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    expect(last_reply(page).locator(".msg-stats")).to_contain_text("1 earlier turn left out, as you chose")
+    stored = _stored(page, sid)
+    assert [m["content"] for m in stored if m["role"] == "user"] == [first, second]
+    assert stored[-1]["truncated_turns"] == 1
+    # an edit of that message needs the same cut: the choice again (no summary: an edit stays in its chat)
+    edited = page.locator(".msg-user").last
+    edited.locator("[data-action=edit]").click()
+    edited.locator(".msg-edit textarea").press("Enter")
+    expect(notice).to_have_attribute("data-kind", "choice")
+    expect(notice.locator("[data-choice]")).to_have_text(["Drop the oldest turns", "Cancel"])
+    expect(page.locator(".msg")).to_have_count(4)  # the branch as it was, nothing dropped
+    notice.locator("[data-choice=oldest]").click()
+    expect(page.locator(".msg-user").last.locator(".msg-versions")).to_be_visible(timeout=REPLY_TIMEOUT_MS)
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    assert _stored(page, sid)[-1]["truncated_turns"] == 1
+
+
+def test_a_chat_that_no_longer_fits_can_go_on_in_a_new_chat_from_a_summary(open_page):
+    page, sid = _context_chat(open_page)
+    first = "Document one. " + "apples and pears grow here. " * 80
+    send(page, first)
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    second = "Document two. " + "plums and cherries grow there. " * 80
+    send(page, second)
+    page.locator("#composer-notice [data-choice=summary]").click()
+    page.wait_for_function(f"() => !location.hash.includes({json.dumps(sid)})", timeout=REPLY_TIMEOUT_MS)
+    expect(page.locator(".msg")).to_have_count(2)
+    expect(page.locator(".msg-user .msg-body")).to_have_text([second])
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
+    expect(page.locator("#composer-notice")).to_be_hidden()
+    new_sid = page.evaluate("() => new URLSearchParams(location.hash.slice(1)).get('s')")
+    made = page.request.get(f"/api/sessions/{new_sid}").json()
+    assert made["system_prompt"].startswith("Summary of an earlier conversation")
+    assert len(_stored(page, sid)) == 2  # the old chat is unchanged
+    expect(page.locator(".session-open")).to_have_count(2)
+
+
 def test_sidebar_rename_delete_keyboard_and_visible_errors(open_page):
     page = open_page("/")
     alpha = new_session(page, title="Alpha")
@@ -576,9 +757,9 @@ def test_sidebar_rename_delete_keyboard_and_visible_errors(open_page):
     expect(page.locator(".msg")).to_have_count(0)
 
     too_long = "word " * 1500  # over max_model_len (1024) with any reply length
-    send(page, too_long)
-    expect(page.locator("#error-banner")).to_be_visible()
-    expect(page.locator("#error-text")).to_contain_text("exceeds max_model_len (1024)")
+    send(page, too_long)  # refused at the composer, saying what to do (chat_context.js)
+    expect(page.locator("#composer-notice")).to_be_visible()
+    expect(page.locator("#composer-notice")).to_contain_text("exceeds max_model_len (1024)")
     expect(page.locator("#input")).to_have_value(too_long)  # what was typed is not lost
     expect(page.locator("#input")).to_be_enabled()
     expect(page.locator(".msg")).to_have_count(0)

@@ -3,10 +3,13 @@ resident memory."""
 
 from __future__ import annotations
 
+import pytest
+
 from engine.core.memory import (
     KV_BUDGET_CAP,
     KV_BUDGET_FLOOR,
     KV_BUDGET_SEQUENCES,
+    fitted_max_model_len,
     kv_memory_budget,
     process_rss_bytes,
 )
@@ -43,3 +46,19 @@ def test_at_least_one_sequence_and_the_cap_when_memory_is_unknown():
 def test_the_process_rss_is_read():
     rss = process_rss_bytes()
     assert rss is not None and 10 * MiB < rss < 64 * GiB
+
+
+def test_a_model_limit_the_pool_cannot_hold_is_not_forced_into_memory():
+    # max_model_len unset, a 128k-token model at 128 KiB a token: one sequence is 16 GiB; the budget stays the
+    # share (2 GiB of 20 GiB) and max_model_len shortens to what it holds
+    long_sequence = 131_072 * 128 * 1024
+    assert kv_memory_budget(20 * GiB, long_sequence) == long_sequence  # set by the user: held
+    assert kv_memory_budget(20 * GiB, long_sequence, hold_one=False) == 2 * GiB
+    assert fitted_max_model_len(131_072, 2 * GiB // (128 * 1024), 16) == 16_384
+    # SmolLM2 at its own 8,192: the pool holds it, max_model_len is the model's
+    assert kv_memory_budget(22 * GiB, 2 * SMOLLM2_SEQUENCE, hold_one=False) == 16 * SMOLLM2_SEQUENCE
+    assert fitted_max_model_len(8192, 16 * 4096 * 8, 16) == 8192
+    with pytest.raises(
+        ValueError, match=r"holds 8 tokens, less than one block of 16: raise --kv-cache-bytes"
+    ):
+        fitted_max_model_len(8192, 8, 16)

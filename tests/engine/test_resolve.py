@@ -69,6 +69,12 @@ def test_kv_cache_dtype_float16_needs_fp32_activations_and_the_torch_backend():
         )
 
 
+def test_unset_max_model_len_is_the_models_own_limit_uncapped():
+    long_model = ModelFacts(max_len=8192, linear_weights=135_000_000, is_gguf=True, gguf_blocks=True)
+    assert resolve_config(EngineConfig(), CPU_BF16, long_model, bool).max_model_len == 8192
+    assert resolve_config(EngineConfig(max_model_len=1024), CPU_BF16, long_model, bool).max_model_len == 1024
+
+
 def test_max_model_len_is_capped_by_the_model():
     with pytest.raises(ValueError, match=r"max_model_len \(4096\) exceeds the model's limit \(2048\)"):
         resolve_config(EngineConfig(max_model_len=4096), CPU_BF16, GGUF_BLOCKS, bool)
@@ -77,6 +83,8 @@ def test_max_model_len_is_capped_by_the_model():
 def test_max_tokens_must_fit_beside_the_prompt():
     check_max_tokens(100, 28, 128)  # exactly full
     with pytest.raises(
-        ValueError, match=r"^prompt \(100 tokens\) \+ max_tokens \(29\) exceeds max_model_len \(128\)$"
+        ValueError,
+        match=r"^prompt \(100 tokens\) \+ max_tokens \(29\) exceeds max_model_len \(128\): shorten the prompt, "
+        r"lower max_tokens, or start the server with a larger --max-model-len$",
     ):
         check_max_tokens(100, 29, 128)

@@ -136,12 +136,14 @@ def test_requests_per_minute_per_client(client, monkeypatch):
         (
             {"messages": HELLO, "max_tokens": 600},
             "max_tokens",
-            "prompt (31 tokens) + max_tokens (600) exceeds max_model_len (512)",
+            "prompt (31 tokens) + max_tokens (600) exceeds max_model_len (512): "
+            "shorten the prompt, lower max_tokens, or start the server with a larger --max-model-len",
         ),
         (
             {"messages": [{"role": "user", "content": "word " * 700}], "max_tokens": 2},
             "max_tokens",
-            "prompt (731 tokens) + max_tokens (2) exceeds max_model_len (512)",
+            "prompt (731 tokens) + max_tokens (2) exceeds max_model_len (512): "
+            "shorten the prompt, lower max_tokens, or start the server with a larger --max-model-len",
         ),
     ],
 )

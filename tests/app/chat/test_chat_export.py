@@ -3,13 +3,13 @@ CommonMark), and file names that are safe whatever the title."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from markdown_it import MarkdownIt
 
 from app.chat.export import closed_markdown, escape_inline, export_filename, export_markdown
-from app.db import MessageRecord, MessageStatus, SessionRecord
+from app.db import MessageRecord, MessageStatus, PromptChange, SessionRecord
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 
@@ -85,6 +85,39 @@ def test_markdown_has_the_title_settings_and_each_role_as_a_heading_with_code_in
     assert fences(text) == [("python", code + "\n")]  # the code as it was written, blank lines and all
     assert "## Assistant\n\n_2026-01-02 03:04:05 UTC · 30 tokens_\n\nLike so:" in text
     assert "_2026-01-02 03:04:05 UTC · 1 token · stopped · hit the token limit_\n\nHalf an ans\n" in text
+
+
+def test_a_system_prompt_changed_after_turns_is_shown_where_it_took_effect() -> None:
+    minute = timedelta(minutes=1)
+    session = make_session(system_prompt="")  # the prompt now: removed at the end
+    messages = [
+        make_message(i, role, f"{role} {i}", created_at=T0 + i * minute)
+        for i, role in enumerate(["user", "assistant", "user", "assistant"])
+    ]
+    changes = [
+        PromptChange(
+            T0 + 1.5 * minute, "Be brief.", "Answer in French."
+        ),  # between the first turn and the second
+        PromptChange(T0 + 9 * minute, "Answer in French.", ""),  # after the last message
+    ]
+    text = export_markdown(session, messages, exported_at=T0, prompt_changes=changes)
+    assert headings(text) == [
+        "Chat",
+        "System",
+        "User",
+        "Assistant",
+        "System prompt changed",
+        "User",
+        "Assistant",
+        "System prompt changed",
+    ]
+    first, changed, removed = text.split("## System")[1:]
+    assert first.split("## User")[0].strip() == "Be brief."  # the prompt the chat started with, not today's
+    assert changed.startswith(" prompt changed\n\n_2026-01-02 03:05:35 UTC_\n\nAnswer in French.\n")
+    assert removed.strip() == "prompt changed\n\n_2026-01-02 03:13:05 UTC_\n\n_(removed)_"
+    # without recorded changes: the session's prompt at the top, as before
+    plain = export_markdown(make_session(system_prompt="Be brief."), messages, exported_at=T0)
+    assert headings(plain) == ["Chat", "System", "User", "Assistant", "User", "Assistant"]
 
 
 def test_a_reply_stopped_inside_a_fence_is_closed_so_the_next_heading_stays_one() -> None:

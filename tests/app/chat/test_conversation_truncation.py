@@ -9,6 +9,7 @@ import pytest
 from app.chat.conversation import (
     Turn,
 )
+from app.chat.truncation import ContextFull, PromptTooLong, Truncate
 from tests.app.conversation_factories import (
     answer_ids,
     make_builder,
@@ -65,11 +66,20 @@ def test_prompt_that_cannot_fit_raises_naming_the_numbers(tokenizer: Any) -> Non
     turns = run_script(builder, "")
     alone = len(builder.render("", [], "Count to five."))
     tight = make_builder(tokenizer, max_model_len=alone + 9)
-    with pytest.raises(ValueError) as info:
-        tight.build_prompt("", turns, "Count to five.", max_tokens=10)
-    assert str(info.value) == (
-        f"system prompt + new message ({alone} tokens) + max_tokens (10) exceeds max_model_len ({alone + 9})"
-    )
+    for truncate in (None, Truncate.OLDEST, Truncate.KEEP_PINNED):
+        with pytest.raises(PromptTooLong) as info:
+            tight.build_prompt("", turns, "Count to five.", max_tokens=10, truncate=truncate)
+        assert str(info.value) == (
+            f"system prompt + new message ({alone} tokens) + max_tokens (10) exceeds max_model_len ({alone + 9}) "
+            "by 1 tokens: send a shorter message (or document), lower this chat's max_tokens in its settings, or "
+            "start the server with a larger --max-model-len (up to the model's own limit)"
+        )
+        whole = len(builder.render("", turns, "Count to five."))
+        assert (info.value.report.prompt_tokens, info.value.report.fits, info.value.report.options) == (
+            whole,
+            False,
+            (),
+        )
     plan = tight.build_prompt("", turns, "Count to five.", max_tokens=9)
     assert (plan.truncated_turns, len(plan.token_ids)) == (2, alone)
 
@@ -96,3 +106,73 @@ def test_truncation_steps_past_a_cut_where_only_the_plain_render_fits(tokenizer:
     plan = make_builder(tokenizer, max_model_len=budget + 8).build_prompt("", turns, question, max_tokens=8)
     assert (plan.truncated_turns, plan.exact_extension) == (2, True)
     assert plan.token_ids == builder.render("", turns[4:], question)
+
+
+def _pinned_history(tokenizer: Any) -> tuple[list[Turn], str]:
+    """Three exchanges, the first pinned (it carries an attachment), and a new message."""
+    builder = make_builder(tokenizer)
+    turns: list[Turn] = []
+    script = [
+        ("Here is my document: " + "apples and pears " * 12, True),
+        ("What is the capital of France?", False),
+        ("And of Spain?", False),
+    ]
+    for question, pinned in script:
+        plan = builder.build_prompt("", turns, question, max_tokens=8)
+        turns += [
+            Turn("user", question, plan.new_user_token_ids, pinned=pinned),
+            Turn("assistant", "Paris, I think.", answer_ids(tokenizer, "Paris, I think.", "eos")),
+        ]
+    return turns, "Summarise the document."
+
+
+def test_without_a_choice_a_history_that_must_be_cut_is_refused_with_the_choices(tokenizer: Any) -> None:
+    turns, question = _pinned_history(tokenizer)
+    renderer = make_builder(tokenizer)
+    whole = len(renderer.render("", turns, question))
+    without_first = len(renderer.render("", turns[2:], question))
+    builder = make_builder(
+        tokenizer, max_model_len=whole + 8 - 1
+    )  # one token short of the whole conversation
+    with pytest.raises(ContextFull) as info:
+        builder.build_prompt("", turns, question, max_tokens=8, truncate=None)
+    report = info.value.report
+    assert (report.prompt_tokens, report.fits, report.truncated_turns, report.pinned_turns_dropped) == (
+        whole,
+        False,
+        1,
+        1,
+    )
+    assert report.options == ("oldest", "keep_pinned", "summary")
+    assert report.advice.startswith("the conversation no longer fits the context: 1 earlier exchange must be")
+    assert builder.context_report("", turns, question, max_tokens=8) == report
+    # oldest: the pinned exchange goes; keep_pinned: it stays and the oldest unpinned one goes
+    oldest = builder.build_prompt("", turns, question, max_tokens=8, truncate=Truncate.OLDEST)
+    assert (oldest.truncated_turns, len(oldest.token_ids)) == (1, without_first)
+    assert "apples and pears" not in tokenizer.decode(oldest.token_ids)
+    kept = builder.build_prompt("", turns, question, max_tokens=8, truncate=Truncate.KEEP_PINNED)
+    assert kept.truncated_turns == 1
+    assert kept.token_ids == renderer.render("", [*turns[:2], *turns[4:]], question)
+    assert "apples and pears" in tokenizer.decode(kept.token_ids)
+    assert "capital of France" not in tokenizer.decode(kept.token_ids)
+    # room for everything: sent whole, nothing to choose
+    roomy = make_builder(tokenizer, max_model_len=whole + 8)
+    assert roomy.build_prompt("", turns, question, max_tokens=8, truncate=None).truncated_turns == 0
+    fits = roomy.context_report("", turns, question, max_tokens=8)
+    assert (fits.fits, fits.prompt_tokens, fits.options, fits.advice) == (True, whole, (), None)
+
+
+def test_keep_pinned_that_cannot_fit_the_attachments_is_refused_and_not_offered(tokenizer: Any) -> None:
+    turns, question = _pinned_history(tokenizer)
+    renderer = make_builder(tokenizer)
+    pinned_only = len(renderer.render("", turns[:2], question))
+    builder = make_builder(tokenizer, max_model_len=pinned_only + 8 - 1)
+    report = builder.context_report("", turns, question, max_tokens=8)
+    assert (report.truncated_turns, report.pinned_turns_dropped, report.options) == (
+        1,
+        1,
+        ("oldest", "summary"),
+    )
+    with pytest.raises(PromptTooLong) as info:
+        builder.build_prompt("", turns, question, max_tokens=8, truncate=Truncate.KEEP_PINNED)
+    assert str(info.value).startswith("the exchanges with attachments (1) and the new message")

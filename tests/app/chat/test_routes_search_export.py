@@ -187,6 +187,33 @@ def test_json_export_holds_every_branch_and_markdown_the_one_on_show(client):
     assert "Apple." not in markdown and "Name a fruit" not in markdown
 
 
+def test_exports_show_a_system_prompt_changed_between_turns_in_order(client):
+    sid = make_chat(client, "Changed", "Plan it", "Day 1: fjords.", system_prompt="Be brief.")
+    changed = client.patch(f"/api/sessions/{sid}", json={"system_prompt": "Answer in French."})
+    assert changed.status_code == 200, changed.text
+    store = client.app.state.services.store
+    for role, text in (("user", "And day 2?"), ("assistant", "Jour 2 : Bergen.")):
+        status = MessageStatus.COMPLETE if role == "user" else MessageStatus.FINISHED
+        client.portal.call(functools.partial(store.chats.add_message, sid, role, text, status=status))
+    markdown = client.get(f"/api/sessions/{sid}/export", params={"format": "md"}).text
+    order = [
+        "## System\n\nBe brief.",
+        "Plan it",
+        "Day 1: fjords.",
+        "## System prompt changed",
+        "Answer in French.",
+    ]
+    order += ["And day 2?", "Jour 2 : Bergen."]
+    at = [markdown.index(piece) for piece in order]
+    assert at == sorted(at), markdown
+    exported = client.get(f"/api/sessions/{sid}/export", params={"format": "json"}).json()
+    assert exported["session"]["system_prompt"] == "Answer in French."
+    [change] = exported["system_prompt_changes"]
+    assert (change["previous"], change["system_prompt"]) == ("Be brief.", "Answer in French.")
+    first_turn, second_turn = exported["messages"][1], exported["messages"][2]
+    assert first_turn["created_at"] <= change["changed_at"] <= second_turn["created_at"]
+
+
 def owner_of(user: TestClient) -> str:
     """The owner id the store keys `user`'s sessions on: its signed cookie's browser id."""
     services = user.app.state.services

@@ -26,9 +26,11 @@ def new_session(client, **fields) -> str:
     return response.json()["id"]
 
 
-def send(client, sid: str, content: str, path: str = "messages") -> list[dict]:
+def send(client, sid: str, content: str, path: str = "messages", **fields) -> list[dict]:
     """POST a message and return the parsed SSE events (each event's data as a dict)."""
-    with client.stream("POST", f"/api/sessions/{sid}/{path}", json={"content": content}) as response:
+    with client.stream(
+        "POST", f"/api/sessions/{sid}/{path}", json={"content": content, **fields}
+    ) as response:
         assert response.status_code == 200, response.read()
         events = sse_events(response.iter_lines())
     parsed = [json.loads(e["data"]) for e in events]
@@ -146,11 +148,14 @@ def test_later_turns_hit_the_cache_for_the_whole_history(client):
     wait_pool_idle(client)
 
 
-def test_oldest_turns_are_left_out_when_the_conversation_outgrows_the_model(client):
+def test_oldest_turns_are_left_out_when_the_user_chose_so(client):
     sid = new_session(client, settings={"temperature": 0, "max_tokens": 250})
     first = send(client, sid, "Tell me a long story.")[-1]
     assert first["message"]["truncated_turns"] == 0
-    second = send(client, sid, "Go on.")[-1]  # 31 + 250 + 10 + 250 > 512: the first exchange is left out
+    refused = client.post(f"/api/sessions/{sid}/messages", json={"content": "Go on."})
+    assert (refused.status_code, refused.json()["error"]["code"]) == (409, "context_full")
+    # 31 + 250 + 10 + 250 > 512: the first exchange is left out
+    second = send(client, sid, "Go on.", truncate="oldest")[-1]
     assert second["message"]["status"] == "finished"
     assert second["message"]["truncated_turns"] == 1
     assert messages(client, sid)[-1]["truncated_turns"] == 1

@@ -40,6 +40,7 @@ TABLES = [
     "invites",
     "messages",
     "presets",
+    "system_prompt_changes",
     "user_sessions",
     "users",
 ]
@@ -68,8 +69,9 @@ def test_migrations_folder_is_found_with_a_single_head() -> None:
     path = migrations_dir()
     assert path == Path(__file__).resolve().parents[3] / "migrations"
     script = ScriptDirectory.from_config(alembic_config("sqlite://"))
-    assert script.get_heads() == ["0008"]
+    assert script.get_heads() == ["0009"]
     assert [rev.revision for rev in script.walk_revisions()] == [
+        "0009",
         "0008",
         "0007",
         "0006",
@@ -94,7 +96,7 @@ def test_upgrade_from_empty_to_head_creates_the_schema(empty_db: TestDatabase) -
     ] + search_column
     assert [fk["options"] for fk in insp.get_foreign_keys("messages")] == [{"ondelete": "CASCADE"}] * 2
     with engine.connect() as conn:
-        assert MigrationContext.configure(conn).get_current_revision() == "0008"
+        assert MigrationContext.configure(conn).get_current_revision() == "0009"
     engine.dispose()
 
 
@@ -276,4 +278,4 @@ def test_a_process_migrating_postgresql_waits_for_the_one_already_migrating(empt
         holder.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": PG_MIGRATION_LOCK})
         holder.close()
     assert process.wait(timeout=60) == 0, process.stderr.read()
-    assert empty_db.raw("SELECT version_num FROM alembic_version") == [("0008",)]
+    assert empty_db.raw("SELECT version_num FROM alembic_version") == [("0009",)]

@@ -251,7 +251,8 @@ def test_prompt_over_max_model_len_gives_both_numbers(client):
     response = chat(client, max_tokens=512 - num_prompt + 1)
     assert response.status_code == 400
     assert response.json()["error"]["message"] == (
-        f"prompt ({num_prompt} tokens) + max_tokens ({512 - num_prompt + 1}) exceeds max_model_len (512)"
+        f"prompt ({num_prompt} tokens) + max_tokens ({512 - num_prompt + 1}) exceeds max_model_len (512): "
+        "shorten the prompt, lower max_tokens, or start the server with a larger --max-model-len"
     )
 
 
