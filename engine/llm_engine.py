@@ -248,6 +248,7 @@ class LLMEngine:
             if seq.seq_id in result.errors:
                 self.output_processor.fail(seq.request_id, result.errors[seq.seq_id])
         self.output_processor.add_logprobs(result.seqs, result.logprobs)
+        self.output_processor.add_prompt_logprobs(result.prompt_logprobs)
         got_token = self.scheduler.update(out, result.seq_id_to_token_id())
         # the grammar is complete and cannot go on: stop now instead of sampling EOS next
         for seq in result.grammar_ended:

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from engine.core.outputs import CompletionOutput, Logprob, PromptProgress, RequestMetrics, RequestOutput
+from engine.core.outputs import (
+    CompletionOutput,
+    Logprob,
+    PromptLogprobs,
+    PromptProgress,
+    RequestMetrics,
+    RequestOutput,
+)
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import FinishReason, SamplingParams, Sequence
 from engine.detokenizer import IncrementalDetokenizer
@@ -49,6 +56,8 @@ class RequestState:
     error: str | None = None
     progress: PromptProgress | None = None  # the prompt's progress for the next output (report_progress)
     progress_sent: PromptProgress | None = None  # ... and the last one sent
+    # with params.prompt_logprobs: one entry per prompt token (None first), filled as the prompt is read
+    prompt_logprobs: list[Logprob | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -82,7 +91,10 @@ class OutputProcessor:
         samples = [
             SampleState(seq, IncrementalDetokenizer(self.tokenizer, prompt, seq.params.stop)) for seq in seqs
         ]
-        self.request_states[first.request_id] = RequestState(first.request_id, prompt, first.params, samples)
+        state = RequestState(first.request_id, prompt, first.params, samples)
+        if first.params.prompt_logprobs is not None:
+            state.prompt_logprobs = [None] * len(prompt)
+        self.request_states[first.request_id] = state
         if first.params.report_progress:
             self._progress_ids.add(first.request_id)
 
@@ -119,6 +131,14 @@ class OutputProcessor:
                 if sample.logprobs is None:
                     sample.logprobs = []
                 sample.logprobs.append(lp)
+
+    def add_prompt_logprobs(self, scores: list[PromptLogprobs]) -> None:
+        """Record a step's prompt-token scores (a prompt read again after a preemption scores the same tokens)."""
+        for score in scores:
+            state = self.request_states.get(score.request_id)
+            if state is None or state.prompt_logprobs is None:
+                continue
+            state.prompt_logprobs[score.start : score.start + len(score.logprobs)] = score.logprobs
 
     def process_tokens(self, seqs: list[Sequence]) -> None:
         """Add the token each sequence just got to its text; a fault fails only that sequence's request."""
@@ -203,6 +223,11 @@ class OutputProcessor:
             first_scheduled_time=first.first_scheduled_time,
             last_token_time=max(last_token_times, default=None),
         )
+        prompt_logprobs = None
+        if state.prompt_logprobs is not None and first.num_output_tokens > 0:  # the prompt has been read
+            missing = [i for i, lp in enumerate(state.prompt_logprobs) if lp is None and i > 0]
+            assert not missing, f"request {state.request_id}: prompt tokens {missing[:8]} were never scored"
+            prompt_logprobs = state.prompt_logprobs
         return RequestOutput(
             request_id=state.request_id,
             prompt_token_ids=state.prompt_token_ids,
@@ -212,6 +237,7 @@ class OutputProcessor:
             error=state.error,
             metrics=metrics,
             progress=_take_progress(state),
+            prompt_logprobs=prompt_logprobs,
         )
 
 

@@ -68,9 +68,9 @@ def chat_label(title: str, owner: str) -> RequestLabel:
 
 
 def api_label(kind: str, owner: str | None, user: str | None, key_id: str | None = None) -> RequestLabel:
-    """An OpenAI-style call: `kind` chat or completion, the caller's key (None: no keys configured), its `user`,
-    and the per-account key it came with (`key_id`), if any."""
-    what = "chat completion" if kind == "chat" else "completion"
+    """An OpenAI-style call: `kind` chat, completion or response, the caller's key (None: no keys configured), its
+    `user`, and the per-account key it came with (`key_id`), if any."""
+    what = {"chat": "chat completion", "response": "response"}.get(kind, "completion")
     return RequestLabel(
         "api",
         what + (f", user {user[:64]!r}" if user else ""),

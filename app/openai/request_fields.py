@@ -44,10 +44,10 @@ CHAT_FIELDS = _COMMON | {
     "tool_choice",
     "parallel_tool_calls",
 }
-COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "logit_bias", "suffix"}
+# prompt_logprobs: vLLM's (app/openai/echo.py)
+COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "prompt_logprobs", "best_of", "logit_bias", "suffix"}
 # OpenAI fields this server knows but does not serve: a value other than the no-op one is a 400 saying so
 _NO_OP = {
-    "echo": (False,),
     "logit_bias": ({},),
     "suffix": ("",),
 }

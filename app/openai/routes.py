@@ -1,5 +1,6 @@
-"""OpenAI-compatible API: /v1/chat/completions and /v1/completions, streaming (SSE) or not, and the route table of
-/v1 (the models are in models.py); any other /v1 path is a 404 naming the endpoints served."""
+"""OpenAI-compatible API: /v1/chat/completions, /v1/completions and /v1/responses, streaming (SSE) or not, and the
+route table of /v1 (the models are in models.py; reply bodies in call.py, stream events in stream.py and
+responses.py); any other /v1 path is a 404 naming the endpoints served."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -21,7 +20,6 @@ from starlette.websockets import WebSocketClose
 from app.engine_client.request_label import api_label
 from app.engine_client.request_stream import (
     RequestFailed,
-    RequestStream,
     RequestTimedOut,
     ServerShuttingDown,
     collect,
@@ -38,38 +36,21 @@ from app.http.sampling import get_bool, get_int, resolve_max_tokens, sampling_pa
 from app.http.security import api_caller
 from app.http.services import Services, services
 from app.http.shutdown import SHUTDOWN_MESSAGE
-from app.http.sse import event_stream, sse_json
-from app.openai import format as fmt
+from app.http.sse import event_stream
+from app.openai import echo as scoring_fmt
+from app.openai import responses as responses_api
+from app.openai.call import Call, full_body
+from app.openai.echo import read_scoring
 from app.openai.input import check_model, requested_cache_salt
 from app.openai.input import prompt_ids as prompt_input
 from app.openai.models import list_models, retrieve_model
 from app.openai.request_fields import check_fields
-from app.openai.tool_calls import CLOSE, ToolCallParser
-from app.openai.tools import ToolPlan, tool_plan
-from engine.core.outputs import Logprob, PromptProgress, RequestOutput
+from app.openai.responses import ResponseCall
+from app.openai.stream import sse_events
+from app.openai.tool_calls import CLOSE
+from app.openai.tools import tool_plan
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Call:
-    """A validated request, queued in the engine."""
-
-    kind: str  # "chat" or "completion"
-    response_id: str
-    model: str
-    stream: RequestStream
-    streaming: bool
-    include_usage: bool
-    logprobs: bool
-    num_prompt_tokens: int
-    tools: ToolPlan | None = None  # a chat whose output is parsed for tool calls
-
-    def parser(self) -> ToolCallParser | None:
-        """A fresh tool-call parser for one sample, None when the output is plain content."""
-        if self.tools is None or not self.tools.names:
-            return None
-        return ToolCallParser(self.tools.names, self.tools.strict)
 
 
 async def chat_completions(request: Request) -> Response:
@@ -80,6 +61,11 @@ async def chat_completions(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     """POST /v1/completions."""
     return await _handle(request, "completion")
+
+
+async def responses(request: Request) -> Response:
+    """POST /v1/responses (text only: app/openai/responses.py)."""
+    return await _handle(request, "response")
 
 
 async def _handle(request: Request, kind: str) -> Response:
@@ -121,11 +107,14 @@ async def _handle(request: Request, kind: str) -> Response:
         lease.release()
     if result is None:  # the client went away; the request was aborted
         return Response(status_code=499)
-    return JSONResponse(await _full_body(svc, call, result))
+    return JSONResponse(await full_body(svc, call, result))
 
 
-async def _start(request: Request, svc: Services, kind: str, owner: str | None) -> _Call:
-    body = await read_json_object(request, svc.settings.max_body_bytes)
+async def _start(request: Request, svc: Services, kind: str, owner: str | None) -> Call:
+    original = body = await read_json_object(request, svc.settings.max_body_bytes)
+    if kind == "response":  # read as the chat completion it stands for; answered in its own shape
+        body = responses_api.chat_body(body, svc.settings.max_messages, svc.settings.max_message_chars)
+    api_kind, kind = kind, "chat" if kind == "response" else kind
     user = check_fields(body, kind)
     model = check_model(body, svc)
     requested_salt = requested_cache_salt(body)
@@ -153,14 +142,14 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
         if requested is None:
             requested = get_int(body, "max_tokens", None)
     else:
-        logprobs = get_int(body, "logprobs", None)
-        requested = get_int(body, "max_tokens", 16)
+        scoring, requested = read_scoring(body)
+        logprobs = scoring.logprobs
     prompt_ids, public_prefix_len = await prompt_input(svc, kind, body, plan.render if plan else None)
     max_tokens = resolve_max_tokens(
         requested,
         len(prompt_ids),
         svc.engine.info.max_model_len,
-        prompt_param="messages" if kind == "chat" else "prompt",
+        prompt_param={"response": "input", "chat": "messages"}.get(api_kind, "prompt"),
     )
     params = sampling_params(
         body,
@@ -173,7 +162,16 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
     )
     if progress:
         params = dataclasses.replace(params, report_progress=True)
-    response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+    echoed = ""
+    if kind == "completion":
+        params = dataclasses.replace(params, prompt_logprobs=scoring.engine_prompt_logprobs)
+        if scoring.echo:
+            written = scoring_fmt.echo_text(body)
+            echoed = (
+                written if written is not None else await svc.engine.tokenize(lambda t: t.decode(prompt_ids))
+            )
+    prefix = {"chat": "chatcmpl-", "completion": "cmpl-", "response": "resp_"}[api_kind]
+    response_id = prefix + uuid.uuid4().hex
     # a request's own salt covers its whole prompt (vLLM's meaning), published system prompt included
     stream = await svc.engine.add_request(
         response_id,
@@ -181,7 +179,7 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
         params,
         cache_salt=cache_salt(request, svc.settings, owner, requested_salt),
         public_prefix_len=0 if requested_salt is not None else public_prefix_len,
-        label=api_label(kind, owner, user, request.scope.get("state", {}).get(API_KEY_ID_STATE)),
+        label=api_label(api_kind, owner, user, request.scope.get("state", {}).get(API_KEY_ID_STATE)),
     )
     logger.info(
         "%s %s: %d prompt tokens, max_tokens %d, n %d, stream %s, tools %d, user %r",
@@ -194,8 +192,11 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
         len(plan.names) if plan else 0,
         user,
     )
-    return _Call(
-        kind,
+    response = None
+    if api_kind == "response":
+        response = ResponseCall.new(response_id, model, int(time.time()), original, len(prompt_ids))
+    return Call(
+        api_kind,
         response_id,
         model,
         stream,
@@ -204,49 +205,11 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
         logprobs is not None,
         len(prompt_ids),
         plan,
+        scoring if kind == "completion" else None,
+        prompt_ids,
+        echoed,
+        response,
     )
-
-
-async def _token_text(svc: Services, entries: list[Logprob]) -> dict[int, str]:
-    ids = sorted(fmt.token_ids_of(entries))
-    if not ids:
-        return {}
-    texts = await svc.engine.tokenize(lambda tok: [tok.decode([t]) for t in ids])
-    return dict(zip(ids, texts, strict=True))
-
-
-async def _full_body(svc: Services, call: _Call, result: RequestOutput) -> dict[str, Any]:
-    kind = "chat.completion" if call.kind == "chat" else "text_completion"
-    body = fmt.envelope(kind, call.response_id, call.model)
-    choices = []
-    for out in result.outputs:
-        logprobs = None
-        if call.logprobs:
-            text_of = await _token_text(svc, out.logprobs or [])
-            logprobs = (
-                fmt.chat_logprobs(out.logprobs or [], text_of)
-                if call.kind == "chat"
-                else fmt.completion_logprobs(out.logprobs or [], text_of, 0)
-            )
-        choice: dict[str, Any] = {
-            "index": out.index,
-            "logprobs": logprobs,
-            "finish_reason": fmt.finish_reason(out),
-        }
-        parser = call.parser()
-        if parser is not None:
-            items = parser.feed(out.text).items + parser.finish().items
-            choice["message"] = fmt.tool_message(items)
-            if parser.num_calls and choice["finish_reason"] == "stop":
-                choice["finish_reason"] = "tool_calls"
-        elif call.kind == "chat":
-            choice["message"] = {"role": "assistant", "content": out.text}
-        else:
-            choice["text"] = out.text
-        choices.append(choice)
-    body["choices"] = choices
-    body["usage"] = fmt.usage(result, call.num_prompt_tokens)
-    return body
 
 
 def _shutdown_events() -> list[dict[str, str]]:
@@ -260,110 +223,18 @@ def _revoked_events() -> list[dict[str, str]]:
     return [{"data": json.dumps(revoked_error("this stream").to_dict())}, {"data": "[DONE]"}]
 
 
-def _close(call: _Call, lease: Lease) -> None:
+def _close(call: Call, lease: Lease) -> None:
     call.stream.close()  # aborts the request unless it finished
     lease.release()
 
 
-async def _sse(svc: Services, call: _Call, lease: Lease) -> AsyncIterator[dict[str, str]]:
+async def _sse(svc: Services, call: Call, lease: Lease) -> AsyncIterator[dict[str, str]]:
     """The SSE events of a streamed request, ending with `data: [DONE]`; closing it aborts the request."""
     try:
-        async for event in _sse_events(svc, call):
+        async for event in sse_events(svc, call):
             yield event
     finally:
         lease.release()
-
-
-async def _sse_events(svc: Services, call: _Call) -> AsyncIterator[dict[str, str]]:
-    kind = "chat.completion.chunk" if call.kind == "chat" else "text_completion"
-    created = int(time.time())
-    cursor = fmt.LogprobCursor()
-    text_len: dict[int, int] = {}
-    parsers: dict[int, ToolCallParser | None] = {}
-    last: RequestOutput | None = None
-
-    def chunk(choices: list[dict[str, Any]]) -> dict[str, str]:
-        body = fmt.envelope(kind, call.response_id, call.model, created)
-        body["choices"] = choices
-        if call.include_usage:
-            body["usage"] = None
-        return {"data": sse_json(body)}
-
-    def progress_chunk(progress: PromptProgress) -> dict[str, str]:
-        body = fmt.envelope(kind, call.response_id, call.model, created)
-        body["choices"] = []
-        body["prompt_progress"] = fmt.prompt_progress(progress)
-        return {"data": sse_json(body)}
-
-    async with call.stream as stream:
-        try:
-            first = True
-            async for output in stream:
-                if output.is_progress_report:
-                    yield progress_chunk(output.progress)
-                    continue
-                last = output
-                rows: list[list[dict[str, Any]]] = []  # per sample, its choices in successive chunks
-                for out in output.outputs:
-                    if not (out.text_delta or out.finished or first):  # the role goes out in the first chunk
-                        continue
-                    parser = parsers.setdefault(out.index, call.parser())
-                    deltas: list[dict[str, Any]]
-                    if parser is not None:
-                        before = parser.num_calls
-                        items = parser.feed(out.text_delta).items
-                        if out.finished:
-                            items += parser.finish().items
-                        deltas = fmt.tool_deltas(items, before)
-                        if not (deltas or out.finished or first):
-                            continue  # all held back: inside a call, or a tail that may start one
-                        deltas = deltas or [{"content": ""}]
-                    elif call.kind == "chat":
-                        deltas = [{"content": out.text_delta}]
-                    else:
-                        deltas = [{}]
-                    if first and call.kind == "chat":
-                        deltas[0] = {"role": "assistant", **deltas[0]}
-                    logprobs = None
-                    if call.logprobs:
-                        entries = cursor.new_entries(out)
-                        text_of = await _token_text(svc, entries)
-                        logprobs = (
-                            fmt.chat_logprobs(entries, text_of)
-                            if call.kind == "chat"
-                            else fmt.completion_logprobs(entries, text_of, text_len.get(out.index, 0))
-                        )
-                    text_len[out.index] = len(out.text)
-                    reason = fmt.finish_reason(out)
-                    if reason == "stop" and parser is not None and parser.num_calls:
-                        reason = "tool_calls"
-                    row = [{"index": out.index, "logprobs": None, "finish_reason": None} for _ in deltas]
-                    row[0]["logprobs"] = logprobs
-                    row[-1]["finish_reason"] = reason  # a sample's finish reason rides on its last delta
-                    for choice, delta in zip(row, deltas, strict=True):
-                        if call.kind == "chat":
-                            choice["delta"] = delta
-                        else:
-                            choice["text"] = out.text_delta
-                    rows.append(row)
-                first = False
-                for k in range(max((len(r) for r in rows), default=0)):
-                    yield chunk([r[k] for r in rows if len(r) > k])
-        except Exception as exc:  # noqa: BLE001 - the client gets an error event, never a cut stream
-            error = from_exception(exc)
-            if error.code == "internal_error":
-                logger.exception("%s failed mid-stream", call.response_id)
-            else:
-                logger.warning("%s failed mid-stream: %s", call.response_id, error.message)
-            yield {"data": json.dumps(error.to_dict())}
-            yield {"data": "[DONE]"}
-            return
-    if last is not None and call.include_usage:
-        body = fmt.envelope(kind, call.response_id, call.model, created)
-        body["choices"] = []
-        body["usage"] = fmt.usage(last, call.num_prompt_tokens)
-        yield {"data": json.dumps(body)}
-    yield {"data": "[DONE]"}
 
 
 PREFIX = "/v1"
@@ -373,6 +244,7 @@ ENDPOINTS = [
     Route("/models/{model_id:path}", retrieve_model, methods=["GET"]),
     Route("/chat/completions", chat_completions, methods=["POST"]),
     Route("/completions", completions, methods=["POST"]),
+    Route("/responses", responses, methods=["POST"]),
 ]
 
 

@@ -27,6 +27,16 @@ class ScheduledSequence:
         """True when this step reaches the end of the sequence's known tokens, so a next token is sampled."""
         return self.seq.num_computed_tokens + self.num_new_tokens == len(self.seq.token_ids)
 
+    @property
+    def prompt_logprob_positions(self) -> range:
+        """Positions this step computes whose next token is a prompt token, where the request asks for prompt
+        logprobs: the logits at position p score prompt token p + 1 (the last prompt position samples instead)."""
+        seq = self.seq
+        if not seq.needs_prompt_logprobs:
+            return range(0)
+        start = seq.num_computed_tokens
+        return range(start, min(start + self.num_new_tokens, seq.num_prompt_tokens - 1))
+
 
 @dataclass
 class SchedulerOutput:
@@ -70,6 +80,16 @@ class Logprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    rank: int | None = None  # 1 + how many tokens are likelier (prompt logprobs set it; vLLM's meaning)
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """A step's scores of some of a request's prompt tokens: `logprobs[j]` is prompt token `start + j`'s."""
+
+    request_id: str
+    start: int
+    logprobs: list[Logprob]
 
 
 @dataclass(frozen=True)
@@ -84,6 +104,7 @@ class ModelRunnerOutput:
     # seq_id -> why its request fails this step (the scheduler then appends nothing to it)
     errors: dict[int, str] = field(default_factory=dict)
     grammar_ended: list[Sequence] = field(default_factory=list)
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)  # for requests that asked
 
     def seq_id_to_token_id(self) -> dict[int, int]:
         """seq_id -> its sampled token, as Scheduler.update takes them."""
@@ -179,6 +200,8 @@ class RequestOutput:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     # with SamplingParams.report_progress, before the first token: the prompt's progress (None otherwise)
     progress: PromptProgress | None = None
+    # with SamplingParams.prompt_logprobs, once the prompt is read: one entry per prompt token, None first
+    prompt_logprobs: list[Logprob | None] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -208,14 +208,19 @@ class Scheduler:
             needed = min(num_seq_slots_needed(seq), max_num_seqs)
             if num_seq_slots + needed > max_num_seqs:
                 break
-            cached_block_ids = self.block_manager.match_prefix(seq)
-            if self.tier is not None and not seq.pinned_block_ids and self._start_load(seq, cached_block_ids):
+            cached_block_ids = self._prefix_hits(seq)
+            if (
+                self.tier is not None
+                and not seq.pinned_block_ids
+                and not seq.needs_prompt_logprobs
+                and self._start_load(seq, cached_block_ids)
+            ):
                 self.waiting.popleft()
                 num_seq_slots += needed  # it runs once loaded: loads never exceed max_num_seqs
                 continue
             num_new, copies = self._allocate_admitted(seq, cached_block_ids, budget)
             if copies is None and self._unpin_others(seq):  # loaded blocks others hold may be what it lacks
-                num_new, copies = self._allocate_admitted(seq, self.block_manager.match_prefix(seq), budget)
+                num_new, copies = self._allocate_admitted(seq, self._prefix_hits(seq), budget)
             if copies is None:
                 break  # head-of-line: later requests do not overtake this one
             self.waiting.popleft()
@@ -232,12 +237,21 @@ class Scheduler:
             budget -= num_new
             num_seq_slots += needed
 
+    def _prefix_hits(self, seq: Sequence) -> list[int]:
+        """The cached blocks its admission reuses; none for a request that wants its prompt's logprobs, which
+        only a forward over the whole prompt gives (its blocks are still hashed and shared once computed)."""
+        return [] if seq.needs_prompt_logprobs else self.block_manager.match_prefix(seq)
+
     def _allocate_admitted(
         self, seq: Sequence, cached_block_ids: list[int], budget: int
     ) -> tuple[int, list[tuple[int, int]] | None]:
         """Admit the sequence on its cached blocks, and a copy of the block it forks inside if one is cached: the
         tokens it computes this step, and the block copies (None: no room)."""
-        partial = self.block_manager.match_partial(seq, len(cached_block_ids))
+        partial = (
+            None
+            if seq.needs_prompt_logprobs
+            else self.block_manager.match_partial(seq, len(cached_block_ids))
+        )
         num_cached = len(cached_block_ids) * self.config.block_size + (partial[1] if partial else 0)
         num_new = min(len(seq) - num_cached, budget)
         return num_new, self.block_manager.allocate_slots(seq, num_new, cached_block_ids, partial)

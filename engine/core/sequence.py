@@ -34,6 +34,9 @@ class SamplingParams:
     n: int = 1
     seed: int | None = None
     logprobs: int | None = None  # number of top logprobs to return per token (0: only the sampled token's)
+    # vLLM's: each prompt token's logprob given the tokens before it, and this many top alternatives (the first
+    # token has none); such a request computes its whole prompt (no prefix-cache hit: a hit has no logits)
+    prompt_logprobs: int | None = None
     structured: StructuredOutput | None = None  # the output must match this grammar (engine/worker/guided.py)
     # until the first token: an output whenever the prompt's progress changes (RequestOutput.progress)
     report_progress: bool = False
@@ -89,6 +92,14 @@ class SamplingParams:
             not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS
         ):
             raise ValueError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
+        if self.prompt_logprobs is not None and (
+            not isinstance(self.prompt_logprobs, int)
+            or isinstance(self.prompt_logprobs, bool)
+            or not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS
+        ):
+            raise ValueError(
+                f"prompt_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs!r}"
+            )
         if self.structured is not None:
             self._check_structured()
 
@@ -176,3 +187,11 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Its request asks for prompt logprobs and they are not complete: it computes its whole prompt (no prefix
+        hit) and the runner scores every prompt position. The first sample only: the others are forked after."""
+        return (
+            self.params.prompt_logprobs is not None and self.sample_index == 0 and self.num_output_tokens == 0
+        )

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from engine.attention.backend import make_attention_backend
 from engine.attention.metadata import AttentionMetadata
 from engine.core.config import EngineConfig
-from engine.core.outputs import ModelRunnerOutput, SchedulerOutput
+from engine.core.outputs import ModelRunnerOutput, PromptLogprobs, SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.core.utils import cdiv
 from engine.models.fused_decode import FusedDecoder, FusedStep
@@ -18,7 +19,7 @@ from engine.worker.grammar import GrammarCompiler
 from engine.worker.guided import GuidedDecoder, MaskJob
 from engine.worker.kv_cache import KVCacheSpec, zeros_on_huge_pages
 from engine.worker.mask_budget import MaskBudget
-from engine.worker.sampler import Sampler, SamplingBatch
+from engine.worker.sampler import Sampler, SamplingBatch, score_rows
 
 logger = logging.getLogger(__name__)
 
@@ -27,10 +28,17 @@ logger = logging.getLogger(__name__)
 class StepLogits:
     """A step's float32 logits [num_sampling_seqs, vocab] in the order of out.scheduled's sampling items, valid until
     the next step (the fused step's are a buffer it reuses); `argmax`, when the step computed it, is each row's first
-    maximum: greedy's tokens, so the sampler need not search the logits again."""
+    maximum: greedy's tokens, so the sampler need not search the logits again. `prompt_logprobs`: the scores of the
+    prompt tokens this step's positions predict, for the requests that asked."""
 
     logits: torch.Tensor
     argmax: list[int] | None = None
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
+
+
+PROMPT_LOGITS_ROWS = (
+    256  # prompt positions scored at once: bounds the [rows, vocab] logits a long prompt needs
+)
 
 
 class ModelRunner:
@@ -123,6 +131,8 @@ class ModelRunner:
         items = out.scheduled
         if self.fused is None or not items or any(item.num_new_tokens != 1 for item in items):
             return None
+        if any(item.prompt_logprob_positions for item in items):  # the fused step has no logits for those
+            return None
         positions = [item.seq.num_computed_tokens for item in items]
         token_ids = [item.seq.token_ids[p] for item, p in zip(items, positions, strict=True)]
         tables = [item.seq.block_table for item in items]
@@ -157,8 +167,10 @@ class ModelRunner:
             if masks is not None:
                 masks.wait()  # never leave the mask thread holding matchers past this step
         if not seqs:
-            return ModelRunnerOutput()
-        return self._sample(seqs, rows, step, masks)
+            return ModelRunnerOutput(prompt_logprobs=step.prompt_logprobs)
+        return dataclasses.replace(
+            self._sample(seqs, rows, step, masks), prompt_logprobs=step.prompt_logprobs
+        )
 
     def _sample(
         self, seqs: list[Sequence], rows: list[int], step: StepLogits, masks: MaskJob | None
@@ -197,8 +209,29 @@ class ModelRunner:
             ids, pos, meta, sample_rows = self.prepare(out)
             self.backend.prepare(meta)
             hidden = self.model(ids, pos, self.kv_caches, meta, self.backend)
+        prompt_logprobs = self._prompt_logprobs(out, hidden) if fused is None else []
         if not sample_rows:
-            return StepLogits(torch.empty(0, 0))
+            return StepLogits(torch.empty(0, 0), prompt_logprobs=prompt_logprobs)
         if len(sample_rows) != hidden.shape[0]:  # a decode step samples every row, in order: nothing to pick
             hidden = hidden.index_select(0, torch.tensor(sample_rows, dtype=torch.long, device=self.device))
-        return StepLogits(self.model.compute_logits(hidden).float().cpu())
+        return StepLogits(self.model.compute_logits(hidden).float().cpu(), prompt_logprobs=prompt_logprobs)
+
+    def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor) -> list[PromptLogprobs]:
+        """Score the prompt tokens that this step's positions predict, for each sequence whose request asked
+        (`hidden`: [num_batched_tokens, hidden] of the step, in out.scheduled's order)."""
+        scores: list[PromptLogprobs] = []
+        first_row = 0
+        for item in out.scheduled:
+            positions = item.prompt_logprob_positions
+            if positions:
+                seq = item.seq
+                row0 = first_row + positions.start - seq.num_computed_tokens
+                logprobs = []
+                for lo in range(0, len(positions), PROMPT_LOGITS_ROWS):
+                    hi = min(lo + PROMPT_LOGITS_ROWS, len(positions))
+                    logits = self.model.compute_logits(hidden[row0 + lo : row0 + hi]).float().cpu()
+                    targets = seq.token_ids[positions.start + lo + 1 : positions.start + hi + 1]
+                    logprobs += score_rows(logits, targets, seq.params.prompt_logprobs or 0)
+                scores.append(PromptLogprobs(seq.request_id, positions.start + 1, logprobs))
+            first_row += item.num_new_tokens
+        return scores

@@ -290,3 +290,19 @@ def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     if bool(bad.any()):
         pos = torch.where(bad, _argmax(probs), pos)
     return pos
+
+
+def score_rows(logits: torch.Tensor, targets: list[int], num_top: int) -> list[Logprob]:
+    """Each row's logprob of its target token (log_softmax of the raw logits, no sampling settings), the target's
+    rank (1: the likeliest) and the row's `num_top` likeliest tokens: prompt logprobs, as vLLM reports them."""
+    lsm = torch.log_softmax(logits.float(), dim=-1)  # [rows, vocab]
+    chosen = lsm.gather(1, torch.tensor(targets, device=lsm.device).unsqueeze(1))  # [rows, 1]
+    ranks = ((lsm > chosen).sum(dim=1) + 1).tolist()
+    k = min(num_top, lsm.shape[1])
+    top_vals, top_ids = lsm.topk(k, dim=-1) if k else (lsm[:, :0], lsm[:, :0].long())
+    return [
+        Logprob(t, lp, list(zip(ids, vals, strict=True)), rank)
+        for t, lp, ids, vals, rank in zip(
+            targets, chosen.squeeze(1).tolist(), top_ids.tolist(), top_vals.tolist(), ranks, strict=True
+        )
+    ]

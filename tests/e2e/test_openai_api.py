@@ -65,6 +65,58 @@ def test_completions_streaming_and_not(client, model_id):
     assert done.usage.completion_tokens == 5
 
 
+def test_completions_echo_scores_the_prompt(client, model_id, server):
+    echo = client.completions.create(
+        model=model_id, prompt="The cat sat on the mat", max_tokens=0, echo=True, logprobs=1, temperature=0
+    )
+    [choice] = echo.choices
+    assert choice.text == "The cat sat on the mat" and echo.usage.completion_tokens == 0
+    block = choice.logprobs
+    assert "".join(block.tokens) == choice.text and len(block.tokens) == echo.usage.prompt_tokens
+    assert block.token_logprobs[0] is None and all(lp <= 0 for lp in block.token_logprobs[1:])
+    vllm = client.completions.create(
+        model=model_id, prompt="The cat sat on the mat", max_tokens=1, extra_body={"prompt_logprobs": 0}
+    )
+    scores = vllm.choices[0].model_extra["prompt_logprobs"]
+    assert [next(iter(s.values()))["logprob"] if s else None for s in scores] == block.token_logprobs
+    server.wait_pool_idle()
+
+
+def test_responses_streaming_and_not(client, model_id, server):
+    done = client.responses.create(
+        model=model_id, instructions="Be brief.", input="Say something.", max_output_tokens=6, temperature=0
+    )
+    chat = client.chat.completions.create(
+        model=model_id,
+        messages=[{"role": "system", "content": "Be brief."}, *HELLO],
+        max_tokens=6,
+        temperature=0,
+    )
+    assert done.output_text == chat.choices[0].message.content
+    assert done.usage.input_tokens == chat.usage.prompt_tokens and done.usage.output_tokens == 6
+    events = list(
+        client.responses.create(
+            model=model_id,
+            instructions="Be brief.",
+            input="Say something.",
+            max_output_tokens=6,
+            temperature=0,
+            stream=True,
+        )
+    )
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == done.output_text == events[-1].response.output_text
+    server.wait_pool_idle()
+
+
+def test_embeddings_stay_a_404_naming_the_served_routes(client, model_id):
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.embeddings.create(model=model_id, input="hello")
+    assert "this server does not serve /v1/embeddings; it serves" in missing.value.body["message"]
+    assert "POST /v1/completions, POST /v1/responses" in missing.value.body["message"]
+
+
 def test_error_cases_name_the_problem(client, model_id, server):
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model=model_id, messages=HELLO, temperature=-2)

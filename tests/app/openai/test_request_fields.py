@@ -45,7 +45,6 @@ def client(tmp_path_factory):
         ("/v1/completions", COMPLETION, {"frobnicate": None}, "frobnicate", "unknown field"),
         ("/v1/completions", COMPLETION, {"top_logprobs": 2}, "top_logprobs", "unknown field"),
         ("/v1/completions", COMPLETION, {"max_completion_tokens": 2}, "max_completion_tokens", "unknown"),
-        ("/v1/completions", COMPLETION, {"echo": True}, "echo", "echo is not supported"),
         (
             "/v1/completions",
             COMPLETION,

@@ -61,7 +61,7 @@ def test_models_retrieve_gives_the_listed_model_and_404_for_another(client):
     }
 
 
-SERVED = "GET /v1/models, GET /v1/models/{model_id}, POST /v1/chat/completions, POST /v1/completions"
+SERVED = "GET /v1/models, GET /v1/models/{model_id}, POST /v1/chat/completions, POST /v1/completions, POST /v1/responses"
 
 
 @pytest.mark.parametrize(
@@ -69,7 +69,7 @@ SERVED = "GET /v1/models, GET /v1/models/{model_id}, POST /v1/chat/completions, 
     [
         ("POST", "/v1/embeddings"),
         ("GET", "/v1/embeddings"),
-        ("POST", "/v1/responses"),
+        ("GET", "/v1/responses/resp_1"),  # no response is stored
         ("DELETE", "/v1/responses/resp_1"),
         ("GET", "/v1/nothing"),
     ],
