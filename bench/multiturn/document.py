@@ -33,7 +33,7 @@ TARGET_LATER_TTFT_RATIO = 0.5  # later turns' TTFT p50, pagedchat ÷ the baselin
 MODES = ("session", "v1")
 
 
-def scripts(args: argparse.Namespace) -> list[list[str]]:
+def scripts(args: argparse.Namespace, seed: int) -> list[list[str]]:
     """Each user's messages: the document with a first question, then the other questions."""
     from engine.loading.loader import load_tokenizer, resolve_model_path
 
@@ -41,15 +41,15 @@ def scripts(args: argparse.Namespace) -> list[list[str]]:
     tokenizer = load_tokenizer(
         resolve_model_path(config.model, revision=config.model_revision, gguf_file=config.gguf_file)
     )
-    return [
-        document_turns(tokenizer, u, args.turns, args.document_tokens, args.seed) for u in range(args.users)
-    ]
+    return [document_turns(tokenizer, u, args.turns, args.document_tokens, seed) for u in range(args.users)]
 
 
 def run(args: argparse.Namespace, system: str, bench_keys: tuple[str, ...]) -> dict[str, Any]:
     """pagedchat's two APIs (started here with prefix caching on and the system prompt published, unless --url),
     then the baseline's /v1 if --baseline-url; print, write JSON + PNG."""
-    users = scripts(args)
+    # one user is one identity on both APIs: the session run's users send other documents than the /v1 run's
+    # (which the baseline gets too), so no run finds another's documents in the cache
+    per_mode = {"session": scripts(args, args.seed + 1), "v1": scripts(args, args.seed)}
     entry = servers.served_model(args.baseline_url) if args.baseline_url else None
     name = (args.baseline_name or servers.baseline_name(entry)) if entry is not None else None
     url_keys = tuple(k.strip() for k in (args.api_key or "").split(",") if k.strip())
@@ -57,7 +57,6 @@ def run(args: argparse.Namespace, system: str, bench_keys: tuple[str, ...]) -> d
 
     def measure(url: str, keys: tuple[str, ...]) -> None:
         for i, mode in enumerate(MODES):
-            # each API its own users' identities' conversations: the session run must not warm the /v1 run
             systems[f"pagedchat {mode}"] = asyncio.run(
                 run_mode(
                     url,
@@ -68,7 +67,7 @@ def run(args: argparse.Namespace, system: str, bench_keys: tuple[str, ...]) -> d
                     f"pagedchat {mode}",
                     1000 * i,
                     keep_alive=False,
-                    scripts=users,
+                    scripts=per_mode[mode],
                 )
             )
 
@@ -98,7 +97,7 @@ def run(args: argparse.Namespace, system: str, bench_keys: tuple[str, ...]) -> d
                     f"{name} /v1",
                     0,
                     keep_alive=False,
-                    scripts=users,
+                    scripts=per_mode["v1"],
                 )
             )
     targets = [
@@ -116,7 +115,8 @@ def run(args: argparse.Namespace, system: str, bench_keys: tuple[str, ...]) -> d
             **workload_fields(args, system),
             "document_tokens": args.document_tokens,
             "keep_alive": False,
-            "same_scripts": "every system gets the same users' messages",
+            "same_scripts": "the baseline gets the very messages of pagedchat's /v1 run; the session run's users send "
+            "other documents (one identity per user on both APIs: no run finds another's documents cached)",
         },
         "systems": systems,
         "later_turns": {

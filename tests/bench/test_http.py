@@ -246,7 +246,11 @@ def test_multiturn_document_scenario_against_a_llama_cpp_baseline(tiny_servers, 
         turns = doc["systems"][f"pagedchat {api}"]["turns"]
         assert turns[0]["mean_prompt_tokens"] > 120 + SYSTEM_TOKENS // 2, api
         assert doc["later_turns"][f"pagedchat {api}"]["cache_hit_pct"] >= 80, api
-    # the baseline saw the same first messages: one document per user, different between users
+    # turn 1 reads the document: the /v1 run found none of the session run's documents in the cache
+    for api in ("session", "v1"):
+        first = doc["systems"][f"pagedchat {api}"]["turns"][0]
+        assert first["mean_cached_tokens"] < first["mean_prompt_tokens"] - 100, api
+    # the baseline saw the /v1 run's first messages: one document per user, different between users
     firsts = [m[1]["content"] for m in theirs.messages_asked[1:] if len(m) == 2]
     assert len(firsts) == 2 and firsts[0] != firsts[1] and all("project report" in f for f in firsts)
     assert [t["name"] for t in doc["targets"]] == [
