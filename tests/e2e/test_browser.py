@@ -38,6 +38,7 @@ from tests.e2e.browser_helpers import (
     wait_streaming,
 )
 from tests.e2e.conftest import REPO_ROOT, Server, server_env, start_server
+from tests.engine.bench_helpers import make_tiny_model_folder
 from tests.faults import FAULTS_ENV
 
 pytestmark = pytest.mark.browser
@@ -84,11 +85,12 @@ def chromium() -> Iterator[Any]:
 
 
 def _ui_server(tmp_path: Path, tiny_model: str, **env: str) -> Iterator[Server]:
-    """A server with an admin token, short default replies (200 tokens) and room for 500-token ones."""
+    """A server with an admin token, short default replies (200 tokens) and room for 500-token ones (`env` may
+    change these)."""
     settings = dict(
         PAGEDCHAT_ADMIN_TOKEN=ADMIN_TOKEN, PAGEDCHAT_MAX_MODEL_LEN="1024", PAGEDCHAT_DEFAULT_MAX_TOKENS="200"
     )
-    running = start_server(tmp_path, server_env(tmp_path, tiny_model, **settings, **env))
+    running = start_server(tmp_path, server_env(tmp_path, tiny_model, **{**settings, **env}))
     yield running
     # uvicorn re-raises the SIGTERM it handled once shut down, so a clean stop exits with -SIGTERM
     assert stop_server(running) in (0, -signal.SIGTERM), running.log()[-4000:]
@@ -267,9 +269,20 @@ def test_an_attached_file_is_a_chip_and_later_questions_read_it_from_the_cache(o
     expect(page.locator(".msg-user").first.locator(".attach-chip .attach-name")).to_have_text(["notes.md"])
 
 
-def test_a_long_prompt_shows_how_far_it_is_read_until_the_reply_starts(open_page):
-    page = open_page("/")
-    # every text the reading bubble shows, however briefly (512 tokens are read a step: two steps here)
+@pytest.fixture
+def long_prompt_ui_server(tmp_path) -> Iterator[Server]:
+    """The same on a tiny model with room for a pasted document (4,608 tokens), every step 100 ms slower."""
+    model = make_tiny_model_folder(tmp_path / "model", max_position_embeddings=8192)
+    env = {FAULTS_ENV: "step_delay_ms=100", "PAGEDCHAT_MAX_MODEL_LEN": "4608"}
+    yield from _ui_server(tmp_path, str(model), **env)
+
+
+def test_a_long_prompt_shows_how_far_it_is_read_until_the_reply_starts(
+    chromium, open_page, long_prompt_ui_server
+):
+    server = long_prompt_ui_server
+    page = open_page("/", context=chromium.new_context(viewport=WIDE, base_url=server.base_url))
+    # every text the reading bubble shows, however briefly (512 tokens are read a step: eight steps here)
     page.evaluate(
         """() => {
           window.__reading = [];
@@ -279,11 +292,15 @@ def test_a_long_prompt_shows_how_far_it_is_read_until_the_reply_starts(open_page
             { subtree: true, childList: true, characterData: true });
         }"""
     )
-    send(page, "word " * 700)
+    send(page, "word " * 4000)  # a 4,000-token paste
     expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
     seen = page.evaluate("() => window.__reading")
-    shown = re.compile(r"reading [\d,]+ of [\d,]+ tokens( \([\d,]+ from cache\))?…")
+    shown = re.compile(r"reading ([\d,]+) of ([\d,]+) tokens( \([\d,]+ from cache\))?…")
     assert seen and all(shown.fullmatch(text) for text in seen), seen
+    counts = [tuple(int(n.replace(",", "")) for n in shown.fullmatch(text).groups()[:2]) for text in seen]
+    assert {total for _, total in counts} == {counts[0][1]} and counts[0][1] > 4000, counts
+    read = [done for done, _ in counts]
+    assert read == sorted(read) and len(set(read)) >= 4, read  # it moved on step by step
     expect(page.locator(".msg-reading")).to_have_count(0)  # gone once the reply started
 
 
