@@ -51,8 +51,9 @@ async def _upload(request: Request, svc: Services, owner: str) -> Response:
     if num_tokens >= max_model_len:
         raise APIError(
             413,
-            f"{extracted.filename!r} is {num_tokens} tokens, more than the model reads at once "
-            f"({max_model_len} tokens): attach a shorter file or a part of it",
+            f"{extracted.filename!r} is {num_tokens} tokens, more than this server's context (max_model_len "
+            f"{max_model_len} tokens): attach a shorter file or a part of it, or start the server with a larger "
+            "--max-model-len",
             code="request_too_large",
         )
     try:

@@ -35,6 +35,8 @@ from app.db import (
     MessageStatus,
     MessageTree,
     Parent,
+    PresetRecord,
+    SessionRecord,
     Store,
     StoreUnavailable,
 )
@@ -192,6 +194,18 @@ class ChatService:
         return path_json(tree)
 
     # ---- setup ----------------------------------------------------------------------------------------------
+    async def load_chat(
+        self, owner: str, session_id: str
+    ) -> tuple[SessionRecord, MessageTree, PresetRecord | None]:
+        """The owner's session, its message tree and its preset (None: none); 404 when the owner has no such
+        session."""
+        session = await self.store.chats.get_session(owner, session_id)
+        tree = await self.store.chats.get_tree(owner, session_id)
+        if session is None or tree is None:
+            raise not_found(f"session {session_id[:64]!r}")
+        preset = await self.store.presets.get_preset(owner, session.preset_id) if session.preset_id else None
+        return session, tree, preset
+
     async def plan(self, owner: str, session_id: str, fields: dict[str, Any]) -> dict[str, Any]:
         """What sending `fields["content"]` (with the unsent `attachments` named) after `parent_id` (default: the
         active leaf) would need, planned as a send plans it (on the tokenizer thread); nothing is stored and no
@@ -199,11 +213,7 @@ class ChatService:
         content = self._check_content(fields.get("content"))
         attachment_ids = self._attachment_ids(ReplyMode.SEND, fields.get("attachments"))
         target = turn_target(ReplyMode.SEND, fields)
-        session = await self.store.chats.get_session(owner, session_id)
-        tree = await self.store.chats.get_tree(owner, session_id)
-        if session is None or tree is None:
-            raise not_found(f"session {session_id[:64]!r}")
-        preset = await self.store.presets.get_preset(owner, session.preset_id) if session.preset_id else None
+        session, tree, preset = await self.load_chat(owner, session_id)
         _, max_tokens = self._params(effective_settings(session, preset))
         fork = locate(ReplyMode.SEND, tree, target)
         turns = turns_from_messages(fork.history, self.fingerprint)
@@ -227,11 +237,7 @@ class ChatService:
         attachment_ids = self._attachment_ids(mode, attachments)
         if mode in (ReplyMode.SEND, ReplyMode.EDIT):
             content = self._check_content(content)
-        session = await self.store.chats.get_session(owner, session_id)
-        tree = await self.store.chats.get_tree(owner, session_id)
-        if session is None or tree is None:
-            raise not_found(f"session {session_id[:64]!r}")
-        preset = await self.store.presets.get_preset(owner, session.preset_id) if session.preset_id else None
+        session, tree, preset = await self.load_chat(owner, session_id)
         params, max_tokens = self._params(effective_settings(session, preset))
         fork = locate(mode, tree, target)
         if (

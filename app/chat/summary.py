@@ -19,7 +19,7 @@ from app.chat.service import ChatService
 from app.chat.truncation import Truncate
 from app.db import Parent, SessionRecord
 from app.engine_client.request_label import chat_label
-from app.http.errors import APIError, bad_request, not_found
+from app.http.errors import APIError, bad_request
 from app.http.limits import Lease
 
 SUMMARY_REQUEST = (
@@ -52,10 +52,7 @@ async def summarize_into_new_chat(
 
 async def _summarize(chat: ChatService, owner: str, session_id: str) -> Summary:
     store = chat.store
-    session = await store.chats.get_session(owner, session_id)
-    tree = await store.chats.get_tree(owner, session_id)
-    if session is None or tree is None:
-        raise not_found(f"session {session_id[:64]!r}")
+    session, tree, preset = await chat.load_chat(owner, session_id)
     if chat.is_streaming(session_id):
         raise APIError(
             409,
@@ -65,7 +62,6 @@ async def _summarize(chat: ChatService, owner: str, session_id: str) -> Summary:
     history = locate(ReplyMode.SEND, tree, Parent.ACTIVE_LEAF).history
     if not history:
         raise bad_request("this chat has no messages to summarize", "session_id")
-    preset = await store.presets.get_preset(owner, session.preset_id) if session.preset_id else None
     settings = effective_settings(session, preset)
     params, max_tokens = chat.sampling(settings)
     params = dataclasses.replace(params, report_progress=False)

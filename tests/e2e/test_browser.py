@@ -271,9 +271,15 @@ def test_an_attached_file_is_a_chip_and_later_questions_read_it_from_the_cache(o
 
 @pytest.fixture
 def long_prompt_ui_server(tmp_path) -> Iterator[Server]:
-    """The same on a tiny model with room for a pasted document (4,608 tokens), every step 100 ms slower."""
+    """The same on a tiny model with room for a pasted document (4,608 tokens) and 8-token replies, every step 50 ms
+    slower."""
     model = make_tiny_model_folder(tmp_path / "model", max_position_embeddings=8192)
-    env = {FAULTS_ENV: "step_delay_ms=100", "PAGEDCHAT_MAX_MODEL_LEN": "4608"}
+    env = {
+        FAULTS_ENV: "step_delay_ms=50",
+        "PAGEDCHAT_MAX_MODEL_LEN": "4608",
+        "PAGEDCHAT_DEFAULT_MAX_TOKENS": "8",
+        "PAGEDCHAT_KV_CACHE_BYTES": str(16 * 2**20),  # the tiny model's 16-token blocks: 8,192 tokens
+    }
     yield from _ui_server(tmp_path, str(model), **env)
 
 
@@ -292,7 +298,7 @@ def test_a_long_prompt_shows_how_far_it_is_read_until_the_reply_starts(
             { subtree: true, childList: true, characterData: true });
         }"""
     )
-    send(page, "word " * 4000)  # a 4,000-token paste
+    send(page, "word " * 2000)  # a 4,000-token paste (this tiny tokenizer reads "word " as two tokens)
     expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
     seen = page.evaluate("() => window.__reading")
     shown = re.compile(r"reading ([\d,]+) of ([\d,]+) tokens( \([\d,]+ from cache\))?…")
@@ -363,6 +369,8 @@ def test_a_pasted_document_is_titled_by_its_question(open_page):
 def test_a_long_message_shows_collapsed_until_show_all(open_page):
     page = open_page("/")
     send(page, PASTED_DOCUMENT + "\n\nWhich month sold the most reels?")
+    # measured once the reply ended: the page re-renders the message when the server has stored it
+    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
     message = page.locator(".msg-user").last
     toggle = message.locator(".msg-toggle")
     expect(toggle).to_have_text("Show all")
@@ -379,7 +387,6 @@ def test_a_long_message_shows_collapsed_until_show_all(open_page):
     toggle.click()
     expect(toggle).to_have_text("Show all")
     assert message.locator(".msg-body").bounding_box()["height"] == collapsed
-    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
     page.reload()  # rendered from the stored conversation: collapsed again
     page.wait_for_selector("body[data-ready=true]")
     expect(page.locator(".msg-user .msg-toggle")).to_have_text("Show all")
@@ -724,6 +731,18 @@ def _stored(page: Any, sid: str) -> list[dict[str, Any]]:
     return page.request.get(f"/api/sessions/{sid}/messages").json()["messages"]
 
 
+def _stored_once_answered(page: Any, sid: str) -> list[dict[str, Any]]:
+    """The stored branch once its last message is a reply that ended (the page may show the old version's reply
+    as finished while the new one still streams)."""
+    deadline = time.monotonic() + REPLY_TIMEOUT_MS / 1000
+    while True:
+        stored = _stored(page, sid)
+        if stored[-1]["role"] == "assistant" and stored[-1]["status"] != "streaming":
+            return stored
+        assert time.monotonic() < deadline, stored[-1]
+        time.sleep(0.1)
+
+
 def test_a_document_larger_than_the_context_is_refused_at_the_composer(open_page):
     page, sid = _context_chat(open_page)
     document = "A long README. " + "lorem ipsum dolor sit amet " * 240  # over 1,100 tokens
@@ -778,7 +797,7 @@ def test_a_history_that_must_be_cut_offers_the_choice_and_drops_nothing_silently
     expect(page.locator(".msg")).to_have_count(4)
     expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
     expect(last_reply(page).locator(".msg-stats")).to_contain_text("1 earlier turn left out, as you chose")
-    stored = _stored(page, sid)
+    stored = _stored_once_answered(page, sid)
     assert [m["content"] for m in stored if m["role"] == "user"] == [first, second]
     assert stored[-1]["truncated_turns"] == 1
     # an edit of that message needs the same cut: the choice again (no summary: an edit stays in its chat)
@@ -790,8 +809,7 @@ def test_a_history_that_must_be_cut_offers_the_choice_and_drops_nothing_silently
     expect(page.locator(".msg")).to_have_count(4)  # the branch as it was, nothing dropped
     notice.locator("[data-choice=oldest]").click()
     expect(page.locator(".msg-user").last.locator(".msg-versions")).to_be_visible(timeout=REPLY_TIMEOUT_MS)
-    expect(last_reply(page)).to_have_attribute("data-status", "finished", timeout=REPLY_TIMEOUT_MS)
-    assert _stored(page, sid)[-1]["truncated_turns"] == 1
+    assert _stored_once_answered(page, sid)[-1]["truncated_turns"] == 1
 
 
 def test_keep_the_attachments_keeps_the_file_and_its_cached_blocks(open_page, tmp_path):

@@ -3,12 +3,14 @@
 1. A conversation, SIGTERM (the engine drains the tier's write queue), a restart: the next turn's history comes from
    disk (>= 90% of it cached, every cached token a disk hit) and its greedy reply, like every earlier one, equals a
    server's with prefix caching off.
-2. kill -9 while the tier writes: the next start rebuilds the index from what is on disk, drops a leftover *.tmp,
+2. A file attached to a question comes back from disk with the rest of the history after a restart.
+3. kill -9 while the tier writes: the next start rebuilds the index from what is on disk, drops a leftover *.tmp,
    serves, and an earlier prompt's blocks come back from disk.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections.abc import Callable
@@ -20,6 +22,7 @@ import httpx
 import openai
 
 from bench.common.servers import stop_server
+from tests.app.factories import sse_events
 from tests.e2e.conftest import Server
 from tests.reliability.helpers import session_events
 
@@ -155,3 +158,46 @@ def asker(server: Server) -> Callable[[str], Any]:
         return client.chat.completions.create(model=model, messages=messages, max_tokens=2, temperature=0)
 
     return ask
+
+
+def test_an_attached_file_comes_back_from_disk_after_a_restart(server_factory, shared_cache_dir):
+    """A file attached to the first question: after a restart the next question reads the file's blocks (and the
+    rest of the history) from the disk tier, not from the model."""
+    cache = {"PAGEDCHAT_CACHE_DIR": str(shared_cache_dir)}
+    notes = "\n".join(
+        f"Line {i}: the lighthouse log for night {i} records wind, rain and the lamp." for i in range(20)
+    )
+    roomy = {**cache, "PAGEDCHAT_MAX_MODEL_LEN": "1024"}  # the tiny model's own limit
+    first = server_factory(**roomy)
+    with session_client(first) as http:
+        sid = new_session(http)
+        uploaded = http.post(
+            f"/api/sessions/{sid}/attachments",
+            params={"filename": "log.md"},
+            content=notes.encode(),
+            headers={"content-type": "application/octet-stream"},
+        )
+        assert uploaded.status_code == 201, uploaded.text
+        attachment = uploaded.json()
+        body = {"content": "What does the log record?", "attachments": [attachment["id"]]}
+        with http.stream("POST", f"/api/sessions/{sid}/messages", json=body) as response:
+            assert response.status_code == 200, response.read()
+            events = [json.loads(e["data"]) for e in sse_events(response.iter_lines())]
+        done = events[-1]
+        assert done["type"] == "done" and done["message"]["status"] == "finished", done
+        cookies = http.cookies
+    stop_server(first)
+    history = done["usage"]["prompt_tokens"] + done["usage"]["completion_tokens"]
+    assert (
+        attachment["tokens"] > 400 and attachment["tokens"] > history / 2
+    )  # the file is most of the history
+
+    second = server_factory(**roomy)
+    with session_client(second, cookies) as http:
+        after = turn(http, sid, "Which night had the most rain?")
+        stored = http.get(f"/api/sessions/{sid}").json()["messages"]
+    cached = after["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= (history - 1) // BLOCK * BLOCK and cached >= 0.9 * history, (cached, history)
+    stats = second.admin_state()["stats"]
+    assert stats["disk_hit_tokens"] == stats["prefix_hit_tokens"] == cached  # a fresh pool: all from disk
+    assert [a["filename"] for a in stored[0]["attachments"]] == ["log.md"]  # the file stays with its message
