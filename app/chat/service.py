@@ -214,7 +214,7 @@ class ChatService:
         attachment_ids = self._attachment_ids(ReplyMode.SEND, fields.get("attachments"))
         target = turn_target(ReplyMode.SEND, fields)
         session, tree, preset = await self.load_chat(owner, session_id)
-        _, max_tokens = self._params(effective_settings(session, preset))
+        _, max_tokens = self.sampling(effective_settings(session, preset))
         fork = locate(ReplyMode.SEND, tree, target)
         turns = turns_from_messages(fork.history, self.fingerprint)
         system_prompt = effective_system_prompt(session, preset, self.settings.default_system_prompt)
@@ -238,7 +238,7 @@ class ChatService:
         if mode in (ReplyMode.SEND, ReplyMode.EDIT):
             content = self._check_content(content)
         session, tree, preset = await self.load_chat(owner, session_id)
-        params, max_tokens = self._params(effective_settings(session, preset))
+        params, max_tokens = self.sampling(effective_settings(session, preset))
         fork = locate(mode, tree, target)
         if (
             mode is ReplyMode.REGENERATE
@@ -425,9 +425,6 @@ class ChatService:
 
     def sampling(self, settings: dict[str, Any]) -> tuple[SamplingParams, int]:
         """A turn's sampling params and max_tokens from a chat's effective settings (400 for a bad max_tokens)."""
-        return self._params(settings)
-
-    def _params(self, settings: dict[str, Any]) -> tuple[SamplingParams, int]:
         max_tokens = settings.get("max_tokens") or self.settings.default_max_tokens
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise bad_request(

@@ -168,6 +168,20 @@ def refusal(
     oldest = builder.build_prompt(system_prompt, turns, new_user_text, max_tokens, Truncate.OLDEST)
     spans = exchanges(turns)
     pinned_dropped = sum(is_pinned(turns, span) for span in spans[: oldest.truncated_turns])
+
+    def cut(options: Sequence[str], advice: str) -> ContextReport:
+        """The report of a history that must be cut: what "oldest" would leave out, the choices, the advice."""
+        return ContextReport(
+            whole,
+            max_tokens,
+            max_model_len,
+            False,
+            oldest.truncated_turns,
+            pinned_dropped,
+            tuple(options),
+            advice,
+        )
+
     if truncate is Truncate.KEEP_PINNED:
         num_pinned = sum(is_pinned(turns, span) for span in spans)
         advice = (
@@ -175,19 +189,7 @@ def refusal(
             f"({max_tokens}) exceed max_model_len ({max_model_len}): drop the oldest turns (truncate: 'oldest', "
             "attachments too), start a new chat from a summary, or send a shorter message"
         )
-        options = (Truncate.OLDEST.value, SUMMARY_OPTION)
-        return PromptTooLong(
-            ContextReport(
-                whole,
-                max_tokens,
-                max_model_len,
-                False,
-                oldest.truncated_turns,
-                pinned_dropped,
-                options,
-                advice,
-            )
-        )
+        return PromptTooLong(cut((Truncate.OLDEST.value, SUMMARY_OPTION), advice))
     choices = [Truncate.OLDEST.value]
     if pinned_dropped:
         try:
@@ -196,19 +198,7 @@ def refusal(
         except PromptTooLong:
             pass
     choices.append(SUMMARY_OPTION)
-    advice = full_advice(oldest.truncated_turns, pinned_dropped, choices)
-    return ContextFull(
-        ContextReport(
-            whole,
-            max_tokens,
-            max_model_len,
-            False,
-            oldest.truncated_turns,
-            pinned_dropped,
-            tuple(choices),
-            advice,
-        )
-    )
+    return ContextFull(cut(choices, full_advice(oldest.truncated_turns, pinned_dropped, choices)))
 
 
 def too_long_advice(num_tokens: int, max_tokens: int, max_model_len: int) -> str:
