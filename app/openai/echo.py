@@ -4,12 +4,13 @@ text this way (lm-evaluation-harness's `local-completions`: echo, logprobs 1, ma
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from app.http.errors import bad_request
 from app.http.sampling import get_bool, get_int
-from app.openai.format import completion_logprobs
+from app.openai.format import completion_logprobs, token_ids_of
 from engine.core.outputs import Logprob
 from engine.core.sequence import MAX_TOP_LOGPROBS
 
@@ -63,11 +64,7 @@ def echo_text(body: dict[str, Any]) -> str | None:
 
 def scored_prompt_ids(prompt_ids: list[int], scores: list[Logprob | None] | None) -> set[int]:
     """Every token id the prompt's logprob blocks need text for."""
-    ids = set(prompt_ids)
-    for lp in scores or ():
-        if lp is not None:
-            ids.update(t for t, _ in lp.top)
-    return ids
+    return set(prompt_ids) | token_ids_of([lp for lp in scores or () if lp is not None])
 
 
 def prompt_block(
@@ -76,19 +73,11 @@ def prompt_block(
     """The prompt's part of a legacy `logprobs` block: the first token's logprob and top are null (nothing precedes
     it), text offsets count from 0 over the token texts."""
     assert scores is not None and len(scores) == len(prompt_ids), "prompt logprobs missing for an echo"
-    tokens, offsets, offset = [], [], 0
-    for t in prompt_ids:
-        tokens.append(text_of.get(t, ""))
-        offsets.append(offset)
-        offset += len(tokens[-1])
-    return {
-        "tokens": tokens,
-        "token_logprobs": [None if lp is None else lp.logprob for lp in scores],
-        "top_logprobs": [
-            None if lp is None else {text_of.get(t, ""): v for t, v in lp.top[:num_top]} for lp in scores
-        ],
-        "text_offset": offsets,
-    }
+    assert all(lp is not None for lp in scores[1:]), "only the first prompt token goes unscored"
+    first = text_of.get(prompt_ids[0], "")
+    rest = [dataclasses.replace(lp, top=lp.top[:num_top]) for lp in scores[1:] if lp is not None]
+    head = {"tokens": [first], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [0]}
+    return join_blocks(head, completion_logprobs(rest, text_of, len(first)))
 
 
 def join_blocks(first: dict[str, Any], second: dict[str, Any] | None) -> dict[str, Any]:
