@@ -79,7 +79,9 @@ static __attribute__((unused)) void k45_dot_q8_scalar(int five, const uint8_t *w
  * takes next; a prefetch does not fault). One thread's 1-row Q4_K stream (48 distinct 2048 x 8192 matrices, this
  * 2-core Xeon VM, shared and noisy) went from 6.6-6.8 GB/s with the hardware prefetcher alone to 7.3-10 with this,
  * interleaved runs; 1 to 3 KB ahead measured alike. */
+#ifndef K45_PREFETCH
 #define K45_PREFETCH 2048
+#endif
 static inline void k45_prefetch(const uint8_t *blk) {
     for (int l = 0; l < 3; l++) _mm_prefetch((const char *)(blk + K45_PREFETCH + 64 * l), _MM_HINT_T0);
 }
@@ -132,6 +134,7 @@ static inline __attribute__((always_inline)) void k45_dot_q8_avx2(int five, cons
                 const __m256i p_hi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32)));
                 isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(p_lo, s_lo),
                                                                      _mm256_madd_epi16(p_hi, s_hi)));
+                K_PIN(isum[r]);
             }
         }
         const __m256i mins = k45_pair_mins(mn8);
@@ -222,7 +225,7 @@ static inline __attribute__((always_inline)) void k45_dot_q8(int five, const uin
     K45_PASSES(K45_Q8_ROWS, K45_WIDE_CASES, K45_Q8)
 #elif defined(QL_AVX2)
 #define K45_Q8(N) k45_dot_q8_avx2(five, wrow, nb, a + r0 * act_row, act_row, N, sums + r0)
-    K45_PASSES(4, K45_CASES, K45_Q8)
+    K45_PASSES(8, K45_WIDE_CASES, K45_Q8)
 #else
     k45_dot_q8_scalar(five, wrow, nb, a, act_row, nr, sums);
 #endif
