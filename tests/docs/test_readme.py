@@ -53,3 +53,19 @@ def test_the_anchor_rule_matches_the_sites():
         "gpu-one-nvidia-h200",
         "pagedchat-chat-here",
     }
+
+
+def section_table_rows(text: str, heading: str) -> list[str]:
+    """The table rows of one `## heading` section."""
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("|")]
+
+
+def test_the_readme_at_a_glance_is_the_performance_pages():
+    """The README's figures are the performance page's, row for row: a new result updates both or the test fails."""
+    readme = section_table_rows(README.read_text(), "At a glance")
+    performance = section_table_rows(
+        (REPO_ROOT / "docs" / "performance" / "index.md").read_text(), "At a glance"
+    )
+    assert len(readme) >= 10
+    assert readme == performance
