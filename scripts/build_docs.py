@@ -12,6 +12,7 @@ variable, default and help. Nothing about a flag is written by hand anywhere els
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -133,8 +134,11 @@ def reference_markdown() -> str:
 
 
 def generate() -> list[Path]:
-    """Write the generated pages; the paths written."""
-    REFERENCE.write_text(reference_markdown())
+    """Write the generated pages (each whole, by a rename: a build running meanwhile reads the old page or the new);
+    the paths written."""
+    staging = REFERENCE.with_name(f".{REFERENCE.name}.{os.getpid()}")
+    staging.write_text(reference_markdown())
+    staging.replace(REFERENCE)
     return [REFERENCE]
 
 
