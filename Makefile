@@ -6,12 +6,12 @@ STAMP := $(VENV)/.installed
 # pytest-xdist workers for `make test` (TEST_WORKERS=0: one process, as plain `pytest` runs)
 TEST_WORKERS ?= 2
 
-.PHONY: serve test setup lint chat clean
+.PHONY: serve test setup lint chat docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,bench,postgres,cluster]'
+	$(PY) -m pip install --quiet -e '.[test,bench,postgres,cluster,docs]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -21,6 +21,10 @@ serve: $(STAMP)
 
 chat: $(STAMP)
 	$(VENV)/bin/pagedchat chat
+
+# the documentation site, offline, strict (a broken link, anchor or missing page fails): build/site/index.html
+docs: $(STAMP)
+	$(PY) scripts/build_docs.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -33,4 +37,4 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache build/site docs/operators/configuration-reference.md

@@ -268,7 +268,7 @@ class Settings:
     default_repetition_penalty: float | None = option(
         None, "repetition_penalty of requests that set none; unset: the model's, else 1.0", group="model"
     )
-    # accounts (docs: README "Accounts"): who the chat's users are; the account is then the identity everywhere
+    # accounts (docs/operators/accounts.md): who the chat's users are; the account is then the identity everywhere
     auth: str = option(
         "none",
         "who the chat's users are: none (each browser's cookie, a single-user machine), local (accounts with "
@@ -370,7 +370,7 @@ class Settings:
             return
         missing = [name for name in ("oidc_issuer", "oidc_client_id") if not getattr(self, name)]
         if missing:
-            raise ValueError(f'--auth oidc needs {" and ".join(missing)} (see README "Accounts")')
+            raise ValueError(f"--auth oidc needs {' and '.join(missing)} (see docs/operators/accounts.md)")
         parts = urlsplit(self.oidc_issuer)
         loopback = parts.scheme == "http" and parts.hostname in LOOPBACK_HOSTS
         if not parts.hostname or (parts.scheme != "https" and not loopback):

@@ -1,4 +1,4 @@
-"""Regenerate the README's admin screenshot from the real default model under real traffic (not run by the tests).
+"""Regenerate the docs' admin screenshot from the real default model under real traffic (not run by the tests).
 
     python scripts/admin_screenshot.py [--seconds 150] [--out docs/screenshots/admin.png] [--replicas N]
 

@@ -1,4 +1,4 @@
-"""The README's chat screenshots, from the real default model in Chromium (Playwright, as the browser tests use):
+"""The docs' chat screenshots, from the real default model in Chromium (Playwright, as the browser tests use):
 
 - `chat.png`, light: a chat whose last reply was regenerated once (its "‹ 2/2 ›" versions) below a reply with code;
 - `chat-dark.png`, dark: a preset made the default, a new chat with two turns, the settings panel showing where each

@@ -247,7 +247,7 @@ class AccountService:
         wait in the tier's write queue, so once it is empty (within PURGE_WAIT_S) the purge runs again.
 
         (With engine replicas, every replica purges; one that is restarting comes back with an empty RAM pool and
-        purges nothing from its disk tier: see README "Replicas".)"""
+        purges nothing from its disk tier: see docs/operators/replicas.md.)"""
         purges = await self.engine.purge_cache_salt(owner)
         deadline = time.monotonic() + PURGE_WAIT_S
         while time.monotonic() < deadline:

@@ -1,5 +1,5 @@
 """Which request fields /v1/chat/completions and /v1/completions accept: every other field is a 400 naming it, so
-nothing a client sends is silently ignored (the README's "Request fields" table says what each one does)."""
+nothing a client sends is silently ignored (docs/users/api.md's "Request fields" table says what each one does)."""
 
 from __future__ import annotations
 

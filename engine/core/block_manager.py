@@ -4,7 +4,7 @@ A prompt reuses the cached full blocks of its prefix (match_prefix). Where it pa
 block (a regenerated reply, an edited message, a continued one: the old branch went on past the fork), the tokens
 before the fork are not recomputed either: admission copies that block and computes from the fork on
 (match_partial). Copying a block costs ~0.06 ms on the CPU these figures come from; recomputing its up to 15
-tokens ~2 ms each (README, "Conversation branches").
+tokens ~2 ms each (docs/users/conversations.md, "Conversation branches").
 """
 
 from __future__ import annotations
