@@ -18,8 +18,12 @@ from tests.e2e.conftest import Server, server_env, start_server
 
 DOCS_URL = "http://127.0.0.1:8000"
 DOCS_MODEL = "smollm2-135m-instruct"
-# curl exits non-zero on an HTTP error, so that a block whose request is refused fails here
-CURL_CHECKS_STATUS = 'curl() { command curl --fail-with-body --max-time 60 "$@"; }\n'
+# curl exits non-zero on an HTTP error, so that a block whose request is refused fails here (a block that passes
+# -f itself keeps it: curl refuses --fail-with-body beside it)
+CURL_CHECKS_STATUS = (
+    'curl() { case " $* " in *" -f "*|*" -sf "*|*" --fail "*) command curl --max-time 60 "$@";; '
+    '*) command curl --fail-with-body --max-time 60 "$@";; esac; }\n'
+)
 RUNNABLE = [block for block in all_shell_blocks() if block.runnable]
 
 
