@@ -52,8 +52,12 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
     "engine.native": ({"engine.core", "engine.native"}, WEB),
     "engine.attention": ({"engine.core", "engine.native", "engine.attention", "kernels"}, WEB),
     "engine.models": ({"engine.core", "engine.native", "engine.attention", "engine.models"}, WEB),
-    "engine.worker": ({"engine.core", "engine.attention", "engine.models", "engine.worker"}, WEB),
-    "engine.loading": ({"engine.core", "engine.models", "engine.loading"}, WEB),
+    # worker and loading allocate the pool's and the weights' memory on huge pages (engine/native/huge_pages.py)
+    "engine.worker": (
+        {"engine.core", "engine.native", "engine.attention", "engine.models", "engine.worker"},
+        WEB,
+    ),
+    "engine.loading": ({"engine.core", "engine.native", "engine.models", "engine.loading"}, WEB),
     # lower KV tiers: files and threads behind the pool; torch only to stage and fill its blocks
     "engine.tiers": ({"engine.core", "engine.tiers"}, WEB),
     ENGINE_TOP: (

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
+from engine.native.huge_pages import zeros_on_huge_pages
 from engine.native.stream import StreamReader
-from engine.worker.kv_cache import zeros_on_huge_pages
 
 CACHE_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
 FALLBACK_LLC_BYTES = 32 * 2**20

@@ -33,8 +33,9 @@ from bench.common.report import (
     write_results,
 )
 from engine.native.attention import NativeDecode, load_kernel
+from engine.native.huge_pages import zeros_on_huge_pages
 from engine.native.stream import load_stream_reader
-from engine.worker.kv_cache import KVCacheSpec, zeros_on_huge_pages
+from engine.worker.kv_cache import KVCacheSpec
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
 MIN_CALLS = 5

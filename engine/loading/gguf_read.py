@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from engine.models.quantized import QuantType, QuantWeight, dequantize_torch, load_quant_kernel
+from engine.native.huge_pages import empty_on_huge_pages
 
 FLOAT_FILE_DTYPES = {
     "F32": np.float32,
@@ -93,7 +94,8 @@ def read_block_group(
     would leave that many holes in the heap that malloc cannot give back (~0.3 GB at 8B)."""
     qtype = parts[0].qtype
     assert qtype is not None and all(p.qtype is qtype and p.row_bytes == parts[0].row_bytes for p in parts)
-    buffer = torch.empty(sum(p.rows for p in parts), parts[0].row_bytes, dtype=torch.uint8)
+    # on huge pages: a decode step streams every block once (the GEMV's page walks: engine/native/huge_pages.py)
+    buffer = empty_on_huge_pages((sum(p.rows for p in parts), parts[0].row_bytes), dtype=torch.uint8)
     weights, row = [], 0
     for part, order in zip(parts, row_orders, strict=True):
         rows = buffer[row : row + part.rows]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
-import mmap
 from dataclasses import dataclass
 
 import torch
@@ -85,25 +83,6 @@ class KVCacheSpec:
             LayerKV(values[i, 0], values[i, 1], *((scales[i, 0], scales[i, 1]) if scales is not None else ()))
             for i in range(values.shape[0])
         ]
-
-
-def zeros_on_huge_pages(shape: tuple[int, ...], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """torch.zeros; on a Linux CPU, in anonymous memory advised to use transparent huge pages.
-
-    Decode attention reads the pool at scattered block offsets in every layer; with 4 KiB pages that walk is
-    TLB-bound (64 sequences x ~300 tokens, one core: 30 layers of decode attention 99 -> 77 ms). Torch's allocator
-    only asks for huge pages when THP_MEM_ALLOC_ENABLE is set before its first allocation.
-    """
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if device.type != "cpu" or nbytes < 2**21 or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return torch.zeros(shape, dtype=dtype, device=device)
-    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # zero-filled
-    buffer.madvise(mmap.MADV_HUGEPAGE)
-    flat = torch.frombuffer(buffer, dtype=torch.uint8)  # the tensor keeps the mapping alive
-    # fault every page in now, as torch.zeros would: the kernel's zeroing (and compaction for huge pages) then
-    # happens here instead of inside the first steps that touch each block (~1 s over a 64-request run)
-    flat[:: mmap.PAGESIZE].zero_()
-    return flat.view(dtype).view(shape)
 
 
 def num_blocks_for_budget(

@@ -15,9 +15,10 @@ from engine.core.outputs import ModelRunnerOutput, PromptLogprobs, SchedulerOutp
 from engine.core.sequence import Sequence
 from engine.core.utils import cdiv
 from engine.models.fused_decode import FusedDecoder, FusedStep
+from engine.native.huge_pages import zeros_on_huge_pages
 from engine.worker.grammar import GrammarCompiler
 from engine.worker.guided import GuidedDecoder, MaskJob
-from engine.worker.kv_cache import KVCacheSpec, zeros_on_huge_pages
+from engine.worker.kv_cache import KVCacheSpec
 from engine.worker.mask_budget import MaskBudget
 from engine.worker.sampler import Sampler, SamplingBatch, score_rows
 
