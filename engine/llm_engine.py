@@ -13,7 +13,7 @@ import torch
 from engine.core.config import EngineConfig
 from engine.core.hash_chain import ChainKey, salt_tag
 from engine.core.limits import check_prompt
-from engine.core.memory import available_memory_bytes, fitted_max_model_len, human_bytes
+from engine.core.memory import available_memory_bytes, fitted_max_model_len, human_bytes, trim_heap
 from engine.core.outputs import CachePurge, RequestOutput, SchedulerOutput
 from engine.core.resolve import resolve_device
 from engine.core.scheduler import Scheduler
@@ -97,6 +97,7 @@ class LLMEngine:
         # step_timing: each decode-only step's linears, attention and the rest, per batch size (stats().step_timings)
         self._step_clock = StepClock(self.runner) if self.config.step_timing else None
         self._step_timings = StepTimings()
+        trim_heap()  # loading's freed memory back to the system (engine.core.memory.trim_heap)
         logger.info("engine ready: %s", self.config)
 
     def _num_blocks(self, model: torch.nn.Module, spec: KVCacheSpec, *, fit_max_len: bool) -> int:

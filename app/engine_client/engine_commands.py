@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine.core.memory import trim_heap
 from engine.core.sequence import SamplingParams
 
 if TYPE_CHECKING:
@@ -68,3 +69,4 @@ def warm_up(engine: LLMEngine) -> None:
     engine.add_request("warmup", prompt, SamplingParams(temperature=0.0, max_tokens=2))
     while engine.has_unfinished_requests():
         engine.step()
+    trim_heap()  # what loading and this first step freed goes back to the system before /health says ready
