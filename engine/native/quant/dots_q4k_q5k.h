@@ -188,11 +188,13 @@ static inline __attribute__((always_inline)) void k45_dot_f32_avx2(int five, con
 #include "quant/dots_k45_avx512.h"
 
 #ifndef K45_Q8_ROWS
-#define K45_Q8_ROWS 4 /* AVX2's 16 registers: 4 rows' accumulators beside the block's */
+/* AVX2's 16 registers hold 8 rows' integer sums beside the block's nibbles and scales (their fp32 sums are touched
+ * once a block); pinned (K_PIN), a pass of 8 ran 5 rows at 63 G MACs/s a thread where passes of 4 + 1 ran 46 (Zen 3) */
+#define K45_Q8_ROWS 8
 #endif
 
-/* The dots for a runtime row count nr <= KQ_ROWS, in passes of 4 rows (8 for the AVX-512 int8 dot: K45_Q8_ROWS),
- * each row count compiled with its constants so that the accumulators stay in registers. */
+/* The dots for a runtime row count nr <= KQ_ROWS, in passes of K45_Q8_ROWS rows (int8) or 4 (exact), each row count
+ * compiled with its constants so that the accumulators stay in registers. */
 #define K45_PASSES(WIDTH, CASES, CALL)                                    \
     for (int r0 = 0; r0 < nr; r0 += (WIDTH)) {                            \
         const int n = nr - r0 < (WIDTH) ? nr - r0 : (WIDTH);              \
@@ -225,7 +227,7 @@ static inline __attribute__((always_inline)) void k45_dot_q8(int five, const uin
     K45_PASSES(K45_Q8_ROWS, K45_WIDE_CASES, K45_Q8)
 #elif defined(QL_AVX2)
 #define K45_Q8(N) k45_dot_q8_avx2(five, wrow, nb, a + r0 * act_row, act_row, N, sums + r0)
-    K45_PASSES(8, K45_WIDE_CASES, K45_Q8)
+    K45_PASSES(K45_Q8_ROWS, K45_WIDE_CASES, K45_Q8)
 #else
     k45_dot_q8_scalar(five, wrow, nb, a, act_row, nr, sums);
 #endif
