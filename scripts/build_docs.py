@@ -29,8 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: the repository's packages come from the checkout
@@ -176,8 +175,7 @@ BLOCK_OPEN = re.compile(r"^<!-- options: (?P<names>[^>]*?) -->$")
 BLOCK_CLOSE = "<!-- /options -->"
 
 
-@dataclass(frozen=True)
-class OptionsBlock:
+class OptionsBlock(NamedTuple):
     """One options block of a page: its marker lines (0-based index), the names it lists and the text between."""
 
     start: int  # the opening marker's line
