@@ -138,7 +138,9 @@ def reference_markdown() -> str:
     for cls, title, line in layer_classes():
         found = [opt for opt in options(cls) if opt.help and opt.group]
         out += ["", f"## {title}", "", line, ""]
-        out += option_table(found, lambda opt: f"`{opt.flag}`{{#{anchor(opt)}}}" + flag_text(opt)[len(opt.flag) + 2 :])
+        out += option_table(
+            found, lambda opt: f"`{opt.flag}`{{#{anchor(opt)}}}" + flag_text(opt)[len(opt.flag) + 2 :]
+        )
     out += [
         "",
         f"`{ENV_PREFIX}API_KEY` (one key) is read as well as `{ENV_PREFIX}API_KEYS`.",
@@ -173,6 +175,7 @@ def documented_options() -> dict[str, Option]:
 # an options block of a page: the opening marker names the options, the closing one ends the generated rows
 BLOCK_OPEN = re.compile(r"^<!-- options: (?P<names>[^>]*?) -->$")
 BLOCK_CLOSE = "<!-- /options -->"
+FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
 
 
 class OptionsBlock(NamedTuple):
@@ -185,10 +188,19 @@ class OptionsBlock(NamedTuple):
 
 
 def options_blocks(lines: list[str]) -> tuple[list[OptionsBlock], list[str]]:
-    """The options blocks of a page's lines, and the problems of their markers (unclosed, nested, names missing)."""
+    """The options blocks of a page's lines (outside fenced code), and the problems of their markers (unclosed,
+    nested, names missing)."""
     blocks, problems = [], []
     i = 0
     while i < len(lines):
+        if (fence := FENCE.match(lines[i])) is not None:  # a marker in fenced code is an example, not a block
+            i = (
+                next(
+                    (j for j in range(i + 1, len(lines)) if lines[j].strip().startswith(fence[1])), len(lines)
+                )
+                + 1
+            )
+            continue
         opened = BLOCK_OPEN.match(lines[i])
         if opened is None:
             if lines[i].strip() == BLOCK_CLOSE:
@@ -214,7 +226,9 @@ def block_body(page: Path, names: tuple[str, ...], known: dict[str, Option]) -> 
     the reference, a blank line."""
     target = Path(os.path.relpath(REFERENCE, page.parent)).as_posix()
     rows = option_table(
-        [known[name] for name in names], lambda opt: f"[{flag_text(opt)}]({target}#{anchor(opt)})", group=False
+        [known[name] for name in names],
+        lambda opt: f"[{flag_text(opt)}]({target}#{anchor(opt)})",
+        group=False,
     )
     return ["", *rows, ""]
 
@@ -248,9 +262,7 @@ def update_blocks(page: Path, write: bool = False) -> list[str]:
         if write:
             replaced[block.start + 1 : block.end] = expected
             continue
-        stale = [
-            known[name].flag for name, row in zip(block.names, expected[3:-1]) if row not in block.body
-        ]
+        stale = [known[name].flag for name, row in zip(block.names, expected[3:-1]) if row not in block.body]
         what = (
             f"{', '.join(stale)}: the default, help or flag differ from the declarations"
             if stale
@@ -325,7 +337,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--generate", action="store_true", help="only write the generated pages")
     parser.add_argument(
-        "--write", action="store_true", help="rewrite the pages' options blocks from the declarations, then build"
+        "--write",
+        action="store_true",
+        help="rewrite the pages' options blocks from the declarations, then build",
     )
     args = parser.parse_args()
     if args.generate:
