@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # pytest-xdist workers for `make test` (TEST_WORKERS=0: one process, as plain `pytest` runs)
 TEST_WORKERS ?= 2
 
-.PHONY: serve test setup lint chat docs clean
+.PHONY: serve test setup lint chat docs docs-write clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ chat: $(STAMP)
 # the documentation site, offline, strict (a broken link, anchor or missing page fails): build/site/index.html
 docs: $(STAMP)
 	$(PY) scripts/build_docs.py
+
+# rewrite the pages' options blocks from the settings' declarations (the build fails while one is stale), then build
+docs-write: $(STAMP)
+	$(PY) scripts/build_docs.py --write
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

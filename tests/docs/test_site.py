@@ -71,6 +71,15 @@ def test_the_reference_lists_every_setting_of_every_layer(built_site):
     assert not missing, "settings missing from the built configuration reference:\n" + "\n".join(missing)
 
 
+def test_every_setting_has_its_anchor_in_the_built_reference(built_site):
+    """Pages link to `configuration-reference.md#kv-cache-bytes`; the strict build checks those links, and this
+    that every setting has such an anchor, named as options blocks name it."""
+    built = (built_site / "operators" / "configuration-reference.html").read_text()
+    ids = set(re.findall(r'\bid="([^"]+)"', built))
+    missing = [name for name in load_build_docs().documented_options() if name not in ids]
+    assert not missing, f"settings without an anchor in the built reference: {missing}"
+
+
 def classes_declaring_options() -> set[str]:
     """`module.Class` for every class under app/ and engine/ with a field declared by `option(...)`."""
     found = set()
