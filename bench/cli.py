@@ -1,5 +1,5 @@
-"""`pagedchat bench {throughput,memory,serving,multiturn,quality,step,prefill,attention,make-gguf}`: parsing and
-dispatch."""
+"""`pagedchat bench {throughput,memory,serving,multiturn,quality,step,prefill,attention,speculative,make-gguf}`:
+parsing and dispatch."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ BENCHMARKS = {
     "step": "a decode step's time split into matmuls, attention and the rest, at a few batch sizes",
     "prefill": "bench serving's prompts prefilled offline: tokens/s split into matmuls, attention and the rest",
     "attention": "the CPU decode-attention kernel's KV bandwidth per KV dtype, against the machine's streaming read",
+    "speculative": "prompt-lookup (n-gram) proposals on a chat workload (edits, quotes, revisions, open questions): "
+    "the greedy answers replayed, how many proposed tokens the model would accept",
 }
 # helpers that make inputs for the benchmarks: no engine, no model to fetch, no bench extra needed
 TOOLS = {

@@ -1,0 +1,1 @@
+"""`pagedchat bench speculative`."""
