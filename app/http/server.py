@@ -1,6 +1,6 @@
 """The uvicorn server of `pagedchat serve`: guarded connections, and a shutdown that drains before it closes.
 
-On SIGTERM/SIGINT: the listener closes at once and idle kept-alive connections with it; running replies get
+On SIGTERM/SIGINT/SIGHUP: the listener closes at once and idle kept-alive connections with it; running replies get
 `shutdown_grace_s` to finish; then every stream ends with a final event saying why (services' `end_streams`) and
 every WebSocket closes with 1001; only then does uvicorn's own shutdown run (close what is left, lifespan shutdown).
 The process exits within the grace period plus a few seconds. A start that fails on bad input (a ValueError: a
@@ -10,10 +10,14 @@ model that cannot be loaded, a limit it exceeds) is logged as one line, without 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import socket
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -39,10 +43,30 @@ class DrainingServer(uvicorn.Server):
         self.served_app = app
         self.shutdown_state: Shutdown = app.state.shutdown
 
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's SIGINT/SIGTERM handlers, and SIGHUP drained the same way: uvicorn leaves SIGHUP to its default
+        action, which killed the process at once, replies and all (a closed terminal, a `kill -HUP` meant as a
+        reload). A replica set's front replaces this handler with its rolling restart (app/cluster)."""
+        with super().capture_signals():
+            if (
+                threading.current_thread() is not threading.main_thread()
+            ):  # signals go to the main thread only
+                yield
+                return
+            previous = signal.signal(signal.SIGHUP, self.handle_exit)
+            try:
+                yield
+            finally:
+                signal.signal(signal.SIGHUP, previous)
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.should_exit:
             logger.warning("signal %d: draining (no new replies)", sig)
         self.shutdown_state.start_draining()
+        # SIGHUP stops as SIGTERM does: uvicorn raises the signal again once it has shut down, and a process that
+        # ends by SIGTERM is a clean stop to systemd, where one ending by SIGHUP is a failure
+        sig = signal.SIGTERM if sig == signal.SIGHUP else sig
         super().handle_exit(sig, frame)  # a second SIGINT sets force_exit: the drain stops waiting
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
