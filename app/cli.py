@@ -14,6 +14,8 @@ from engine.core.options import add_options, given_options
 from engine.core.paths import CACHE_DIR_ENV
 
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(request_id)s] %(name)s: %(message)s"
+STARTUP_FAILURE = 3  # uvicorn's exit status for a start that failed, the `cannot start: ...` refusals' too
+logger = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +73,13 @@ def serve_main(argv: list[str]) -> int:
         return 2
     configure_logging(settings.log_level)
     export_cache_dir(settings)
+    from app.http.server import check_can_listen
+
+    try:  # a port in use is refused now, not after the model has loaded
+        check_can_listen(settings.host, settings.port)
+    except ValueError as exc:
+        logger.error("cannot start: %s", exc)
+        return STARTUP_FAILURE
     try:  # a hub id is fetched here, before the server starts: a bad id is one line, not a failed lifespan
         fetch_model(settings.engine)
     except ValueError as exc:

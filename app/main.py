@@ -159,6 +159,7 @@ async def _startup(parts: Parts) -> Services:
     if url.startswith("sqlite:///") and not settings.database_url:
         Path(settings.resolved_cache_dir).mkdir(parents=True, exist_ok=True)
     store = Store(url, busy_timeout_ms=settings.db_busy_timeout_ms, quota=storage_quota(settings))
+    await store.check_schema()  # a newer schema, an unreachable database: refused before the model loads
     results = await asyncio.gather(store.start(), engine.start(), return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]
     if failures:

@@ -11,7 +11,9 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, text
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 
 from app.db.search import is_search_index_column, is_search_index_table
@@ -167,12 +169,30 @@ def upgrade_to_head(engine: Engine) -> None:
                     connection.execute(
                         text("SET LOCAL lock_timeout TO DEFAULT")
                     )  # the migration's own locks: as usual
+                check_schema_known(connection)
                 cfg.attributes["connection"] = connection  # env.py migrates on this connection (pragmas set)
                 command.upgrade(cfg, "head")
         finally:
             if is_sqlite:  # the pooled connection goes back to the app's runtime behaviour
                 dbapi_connection.isolation_level = legacy_isolation
     logger.info("database schema at head (%s)", engine.url.render_as_string(hide_password=True))
+
+
+def check_schema_known(connection: Connection) -> None:
+    """Raise ValueError when the database's schema revision is not one of this checkout's migrations: a newer
+    pagedchat migrated it (Alembic would fail with "Can't locate revision", and a traceback)."""
+    script = ScriptDirectory.from_config(
+        alembic_config(connection.engine.url.render_as_string(hide_password=False))
+    )
+    known = {rev.revision for rev in script.walk_revisions()}
+    unknown = sorted(set(MigrationContext.configure(connection).get_current_heads()) - known)
+    if unknown:
+        raise ValueError(
+            f"the database schema is at revision {', '.join(unknown)}, newer than this code (its newest is "
+            f"{script.get_current_head()}): a newer pagedchat migrated it; start that version, or restore the "
+            "backup taken before the upgrade, or downgrade the schema with the newer checkout "
+            "(docs/operators/upgrading.md, Roll back)"
+        )
 
 
 def _with_transactional_ddl(engine: Engine) -> Engine:

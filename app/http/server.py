@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
 import socket
@@ -109,6 +110,31 @@ def one_line_startup_errors(app: Starlette) -> Any:
         return await app(scope, receive, send_message)
 
     return asgi
+
+
+def check_can_listen(host: str, port: int) -> None:
+    """Raise ValueError when `host`:`port` cannot be bound as uvicorn will bind it (SO_REUSEADDR, every address the
+    name resolves to): uvicorn binds only after the lifespan has loaded the model, so a port in use was reported
+    tens of seconds late."""
+    try:
+        addresses = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ValueError(f"cannot listen on {host}:{port}: {exc}") from exc
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # as asyncio's create_server: IPv6 only, beside the IPv4 socket
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                shown = f"[{address[0]}]:{port}" if family == socket.AF_INET6 else f"{address[0]}:{port}"
+                hint = (
+                    f": another process listens on it (`ss -ltnp 'sport = :{port}'`), or set PAGEDCHAT_PORT"
+                    if exc.errno == errno.EADDRINUSE
+                    else ""
+                )
+                raise ValueError(f"cannot listen on {shown}: {exc.strerror or exc}{hint}") from exc
 
 
 def exposure_warnings(settings: Settings) -> list[str]:
