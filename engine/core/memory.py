@@ -67,6 +67,35 @@ def kv_memory_budget(available_bytes: int | None, sequence_bytes: int, *, hold_o
     return max(budget, sequence_bytes) if hold_one else budget
 
 
+def kv_budget_line(
+    budget: int,
+    available_bytes: int | None,
+    sequence_bytes: int,
+    max_model_len: int,
+    *,
+    hold_one: bool = True,
+) -> str:
+    """The start-up line saying what `kv_memory_budget` chose and by which rule (same arguments, and its result)."""
+    from engine.core.options import size_text
+
+    if available_bytes is None:
+        rule = f"the memory available is unknown, so the cap of {size_text(KV_BUDGET_CAP)}, kept to"
+    else:
+        rule = (
+            f"{KV_BUDGET_SHARE:.0%} of the {human_bytes(available_bytes)} of memory available, kept within "
+            f"{size_text(KV_BUDGET_FLOOR)}..{size_text(KV_BUDGET_CAP)} and to"
+        )
+    if hold_one:
+        sequences, short = f"between 1 and {KV_BUDGET_SEQUENCES}", ""
+    else:
+        sequences = f"at most {KV_BUDGET_SEQUENCES}"
+        short = "; a pool that holds less than one such sequence shortens max_model_len to what it holds"
+    return (
+        f"KV pool budget {human_bytes(budget)}: {rule} {sequences} sequences of max_model_len {max_model_len} "
+        f"({human_bytes(sequence_bytes)} each){short}; --kv-cache-bytes sets it"
+    )
+
+
 def fitted_max_model_len(model_max_len: int, pool_tokens: int, block_size: int) -> int:
     """max_model_len left unset: the model's own limit where the pool holds one such sequence, else the longest
     the pool holds (whole blocks); ValueError when that is not even one block."""
