@@ -23,6 +23,10 @@ KV_BUDGET_CAP = 4 << 30
 KV_BUDGET_SEQUENCES = 8  # max_model_len sequences: 32,768 tokens at 4,096
 
 
+class NotEnoughMemory(ValueError):
+    """Loading refused: the weights, or an explicit KV pool beside them, would not fit in the memory available."""
+
+
 @dataclass(frozen=True)
 class WeightMemory:
     """Bytes of the model's weights: kept in quantized blocks, and in float (norms, biases, float linears...)."""
@@ -94,6 +98,19 @@ def kv_budget_line(
         f"KV pool budget {human_bytes(budget)}: {rule} {sequences} sequences of max_model_len {max_model_len} "
         f"({human_bytes(sequence_bytes)} each){short}; --kv-cache-bytes sets it"
     )
+
+
+def check_kv_pool_fits(pool_bytes: int, weight_bytes: int, available_bytes: int | None, where: str) -> None:
+    """NotEnoughMemory when an explicit KV pool (--kv-cache-bytes) would not fit beside the weights: more than the
+    memory `where` still has available once they are in (`available_bytes`; None: unknown, no check). The weights
+    get the same check before they load (engine/loading/gguf_weights.py)."""
+    if available_bytes is not None and pool_bytes > available_bytes:
+        raise NotEnoughMemory(
+            f"not allocating the KV pool: --kv-cache-bytes asks for {human_bytes(pool_bytes)}, but with the weights "
+            f"in ({human_bytes(weight_bytes)}) {where} has {human_bytes(available_bytes)} available, so weights and "
+            f"pool ({human_bytes(weight_bytes + pool_bytes)}) would not fit: lower --kv-cache-bytes, or leave it "
+            "unset for a pool sized to the memory available"
+        )
 
 
 def fitted_max_model_len(model_max_len: int, pool_tokens: int, block_size: int) -> int:
