@@ -19,6 +19,7 @@ from app.http.errors import APIError
 from app.http.hosts import came_through_proxy, client_address, named_host, peer_address, shown
 from app.http.identity import ACCOUNT_OWNER, KeyAccount, account_owner
 from app.http.key_auth import API_KEY_STATE, key_account, sent_key
+from app.http.login_throttle import WRONG_KEYS
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ def require_api_key(conn: HTTPConnection, settings: Settings) -> str | None:
     address = client_address(conn)
     throttle.check(address)
     if not _matches_any(token, settings.api_keys):
-        wait_s = throttle.failed(address)
+        wait_s = throttle.failed(address, WRONG_KEYS)
         logger.warning("wrong API key from %s%s", address, f"; it must wait {wait_s:g} s" if wait_s else "")
         raise APIError(401, "invalid API key", code="invalid_api_key")
     return "key:" + key_fingerprint(token)
