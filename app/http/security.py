@@ -8,13 +8,12 @@ import hmac
 import ipaddress
 import logging
 import secrets
-from urllib.parse import urlsplit
 
 from itsdangerous import BadSignature, Signer
 from starlette.requests import HTTPConnection
 
 from app.http.account_auth import require_account, signed_in_account
-from app.http.csrf import check_browser_write
+from app.http.csrf import check_browser_write, origin_is_allowed
 from app.http.errors import APIError
 from app.http.hosts import came_through_proxy, client_address, named_host, peer_address, shown
 from app.http.identity import ACCOUNT_OWNER, KeyAccount, account_owner
@@ -224,15 +223,10 @@ def require_admin(conn: HTTPConnection, settings: Settings) -> None:
 
 
 def origin_allowed(conn: HTTPConnection, settings: Settings) -> bool:
-    """WebSocket upgrades: no Origin (not a browser), the server's own origin, or a configured extra origin."""
+    """WebSocket upgrades: no Origin (not a browser), else the CSRF check's rule (`origin_is_allowed`): the server's
+    own origin (scheme included) or one of `allowed_origins`, both normalised."""
     origin = conn.headers.get("origin")
-    if origin is None:
-        return True
-    if origin in settings.allowed_origins:
-        return True
-    parts = urlsplit(origin)
-    host = conn.headers.get("host", "")
-    return parts.scheme in ("http", "https") and bool(parts.netloc) and parts.netloc.lower() == host.lower()
+    return origin is None or origin_is_allowed(origin, conn, settings)
 
 
 def client_identity(conn: HTTPConnection, owner: str | None = None) -> str:
