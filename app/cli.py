@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from app.settings import Settings, load_settings
 from engine.cli import fetch_model
 from engine.core.config import EngineConfig
 from engine.core.options import add_options, given_options
+from engine.core.paths import CACHE_DIR_ENV
 
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(request_id)s] %(name)s: %(message)s"
+STARTUP_FAILURE = 3  # uvicorn's exit status for a start that failed, the `cannot start: ...` refusals' too
+logger = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +45,15 @@ def configure_logging(level: str) -> None:
         logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 
+def export_cache_dir(settings: Settings) -> None:
+    """Make the cache dir the settings resolved (--cache-dir, else $PAGEDCHAT_CACHE_DIR, else ~/.cache/pagedchat)
+    this process's PAGEDCHAT_CACHE_DIR. The database, secret key and KV tier take it from the settings; what is
+    per machine rather than per service reads the variable (`engine.core.paths.cache_dir()`): the default model's
+    provisioning, the native kernels' builder, the replica processes this one starts. Exporting the one resolved
+    value before any of them runs puts the models and kernels where the flag says too."""
+    os.environ[CACHE_DIR_ENV] = settings.resolved_cache_dir
+
+
 def run(settings: Settings) -> None:
     """Serve until SIGINT/SIGTERM: admit nothing new from then on; running replies get `shutdown_grace_s`, then
     every stream ends with a final event saying why (app/http/server.py)."""
@@ -59,6 +72,14 @@ def serve_main(argv: list[str]) -> int:
         print(f"pagedchat serve: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
+    export_cache_dir(settings)
+    from app.http.server import check_can_listen
+
+    try:  # a port in use is refused now, not after the model has loaded
+        check_can_listen(settings.host, settings.port)
+    except ValueError as exc:
+        logger.error("cannot start: %s", exc)
+        return STARTUP_FAILURE
     try:  # a hub id is fetched here, before the server starts: a bad id is one line, not a failed lifespan
         fetch_model(settings.engine)
     except ValueError as exc:

@@ -151,6 +151,14 @@ def storage_quota(settings: Settings) -> StorageQuota:
     )
 
 
+def revoked_sign_ins_message(settings: Settings, num_revoked: int) -> str:
+    """Why admin sign-ins were revoked at start. A sign-in keeps the admin token's fingerprint, keyed by the secret
+    key: a new token and a new secret key both change it, and which of the two did cannot be told apart."""
+    if not settings.admin_token:
+        return f"no admin token is set: revoked {num_revoked} admin sign-ins made with one"
+    return f"the admin token or the secret key changed: revoked {num_revoked} admin sign-ins made with the old one"
+
+
 async def _startup(parts: Parts) -> Services:
     """Start the store and the engine together, then build the services whole."""
     settings, engine = parts.settings, parts.engine
@@ -159,6 +167,7 @@ async def _startup(parts: Parts) -> Services:
     if url.startswith("sqlite:///") and not settings.database_url:
         Path(settings.resolved_cache_dir).mkdir(parents=True, exist_ok=True)
     store = Store(url, busy_timeout_ms=settings.db_busy_timeout_ms, quota=storage_quota(settings))
+    await store.check_schema()  # a newer schema, an unreachable database: refused before the model loads
     results = await asyncio.gather(store.start(), engine.start(), return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]
     if failures:
@@ -168,7 +177,7 @@ async def _startup(parts: Parts) -> Services:
     # sign-ins made with another admin token (or any, when none is set now) end here, for good
     num_revoked = await store.admin.revoke_admin_sessions_except(token_fingerprint(settings))
     if num_revoked:
-        logger.warning("the admin token changed: revoked %d admin sign-ins", num_revoked)
+        logger.warning(revoked_sign_ins_message(settings, num_revoked))
     info = engine.info
     parts.metrics.set_model_name(info.model_name)
     sampling_defaults = effective_defaults(settings.sampling_defaults, info.sampling_defaults)

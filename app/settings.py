@@ -117,7 +117,7 @@ class Settings:
     )
     cache_dir: str = option(
         "",
-        "models, kernels, database, secret key; unset: $PAGEDCHAT_CACHE_DIR or ~/.cache/pagedchat",
+        "models, kernels, database, secret key, KV disk tier; unset: $PAGEDCHAT_CACHE_DIR or ~/.cache/pagedchat",
         group="server",
     )
     log_level: str = option(

@@ -13,7 +13,13 @@ import torch
 from engine.core.config import EngineConfig
 from engine.core.hash_chain import ChainKey, salt_tag
 from engine.core.limits import check_prompt
-from engine.core.memory import available_memory_bytes, fitted_max_model_len, human_bytes, trim_heap
+from engine.core.memory import (
+    available_memory_bytes,
+    check_kv_pool_fits,
+    fitted_max_model_len,
+    human_bytes,
+    trim_heap,
+)
 from engine.core.outputs import CachePurge, RequestOutput, SchedulerOutput
 from engine.core.resolve import resolve_device
 from engine.core.scheduler import Scheduler
@@ -106,6 +112,8 @@ class LLMEngine:
         max_model_len the pool cannot hold is a ValueError."""
         peak = profile_peak_bytes(self.config, model, spec) if self.config.device == "cuda" else None
         num_blocks = num_blocks_for_budget(self.config, spec, peak, hold_one=not fit_max_len)
+        if self.config.kv_cache_bytes is not None:  # the default budgets are shares of what is free already
+            self._check_pool_fits(model, num_blocks * spec.block_bytes)
         max_len = self.config.max_model_len
         assert max_len is not None, "the config is resolved"
         pool_tokens = num_blocks * spec.block_size
@@ -128,6 +136,14 @@ class LLMEngine:
         )
         self.config = dataclasses.replace(self.config, max_model_len=fitted)
         return num_blocks
+
+    def _check_pool_fits(self, model: torch.nn.Module, pool_bytes: int) -> None:
+        """An explicit pool must fit in what the machine (or the GPU) has left with the weights in."""
+        if self.config.device == "cpu":
+            available, where = available_memory_bytes(), "the machine"
+        else:
+            available, where = torch.cuda.mem_get_info(torch.device(self.config.device))[0], "the GPU"
+        check_kv_pool_fits(pool_bytes, weight_memory(model).total, available, where)
 
     def _kv_settings(self, spec: KVCacheSpec) -> dict[str, object]:
         """What shapes a stored KV block beside the weights: part of the disk tier's fingerprint."""

@@ -11,7 +11,9 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, text
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 
 from app.db.search import is_search_index_column, is_search_index_table
@@ -146,16 +148,62 @@ def _create_postgresql_engine(url: str, busy_timeout_ms: int) -> Engine:
 
 
 def upgrade_to_head(engine: Engine) -> None:
-    """Create or upgrade the schema to the newest migration, in one transaction where the backend allows
-    (SQLite and PostgreSQL both do)."""
+    """Create or upgrade the schema to the newest migration, in one transaction (SQLite and PostgreSQL both allow
+    it: a migration that fails leaves the schema and alembic_version as they were)."""
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as connection:
-        if connection.dialect.name == "postgresql":  # another process may be migrating: wait for it to finish
-            connection.execute(text(f"SET LOCAL lock_timeout = '{PG_MIGRATION_WAIT_S}s'"))
-            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_MIGRATION_LOCK})
-            connection.execute(
-                text("SET LOCAL lock_timeout TO DEFAULT")
-            )  # the migration's own locks: as usual
-        cfg.attributes["connection"] = connection  # env.py migrates on this connection (pragmas already set)
-        command.upgrade(cfg, "head")
+    is_sqlite = engine.dialect.name == "sqlite"
+    migrating = _with_transactional_ddl(engine) if is_sqlite else engine
+    with migrating.connect() as connection:
+        dbapi_connection = connection.connection.dbapi_connection
+        legacy_isolation = dbapi_connection.isolation_level if is_sqlite else None
+        if is_sqlite:
+            # pysqlite's legacy transaction handling begins a transaction only before INSERT/UPDATE/DELETE, so
+            # CREATE TABLE, ALTER, DROP ran outside it and stayed when a migration failed later: the driver's own
+            # BEGIN off here, the `begin` event emits one (SQLAlchemy's pysqlite recipe for transactional DDL)
+            dbapi_connection.isolation_level = None
+        try:
+            with connection.begin():
+                if connection.dialect.name == "postgresql":  # another process may be migrating: wait for it
+                    connection.execute(text(f"SET LOCAL lock_timeout = '{PG_MIGRATION_WAIT_S}s'"))
+                    connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_MIGRATION_LOCK})
+                    connection.execute(
+                        text("SET LOCAL lock_timeout TO DEFAULT")
+                    )  # the migration's own locks: as usual
+                check_schema_known(connection)
+                cfg.attributes["connection"] = connection  # env.py migrates on this connection (pragmas set)
+                command.upgrade(cfg, "head")
+        finally:
+            if is_sqlite:  # the pooled connection goes back to the app's runtime behaviour
+                dbapi_connection.isolation_level = legacy_isolation
     logger.info("database schema at head (%s)", engine.url.render_as_string(hide_password=True))
+
+
+def check_schema_known(connection: Connection) -> None:
+    """Raise ValueError when the database's schema revision is not one of this checkout's migrations: a newer
+    pagedchat migrated it (Alembic would fail with "Can't locate revision", and a traceback)."""
+    script = ScriptDirectory.from_config(
+        alembic_config(connection.engine.url.render_as_string(hide_password=False))
+    )
+    known = {rev.revision for rev in script.walk_revisions()}
+    unknown = sorted(set(MigrationContext.configure(connection).get_current_heads()) - known)
+    if unknown:
+        raise ValueError(
+            f"the database schema is at revision {', '.join(unknown)}, newer than this code (its newest is "
+            f"{script.get_current_head()}): a newer pagedchat migrated it; start that version, or restore the "
+            "backup taken before the upgrade, or downgrade the schema with the newer checkout "
+            "(docs/operators/upgrading.md, Roll back)"
+        )
+
+
+def _with_transactional_ddl(engine: Engine) -> Engine:
+    """`engine` sharing its pool (an in-memory database is one connection), whose transactions begin with an
+    explicit BEGIN: with the driver's isolation_level None (set by the caller on the connection it migrates, not
+    on every new connection as the recipe's `connect` event would, so the runtime engine keeps pysqlite's usual
+    handling), DDL runs inside the transaction and rolls back with it. The listener is the copy's own."""
+    migrating = engine.execution_options()
+
+    @event.listens_for(migrating, "begin")
+    def _begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN")
+
+    return migrating

@@ -21,7 +21,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.database import DEFAULT_BUSY_TIMEOUT_MS, create_db_engine, upgrade_to_head
+from app.db.database import DEFAULT_BUSY_TIMEOUT_MS, check_schema_known, create_db_engine, upgrade_to_head
 from app.db.quota import QUOTA_KEY, StorageQuota, database_bytes
 from app.db.records import StoreUnavailable
 from app.db.usage import UsageLedger
@@ -77,6 +77,22 @@ class Database:
         except BaseException:
             await self.close()
             raise
+
+    async def check_schema(self) -> None:
+        """Before anything slow starts (the model): refuse a schema revision this code does not know (ValueError),
+        and a database that cannot be opened (StoreUnavailable, as `start()` would)."""
+        await asyncio.to_thread(self._check_schema)
+
+    def _check_schema(self) -> None:
+        engine = create_db_engine(self.url, busy_timeout_ms=self._busy_timeout_ms)
+        try:
+            with engine.connect() as connection:
+                check_schema_known(connection)
+        except (sa_exc.DBAPIError, sa_exc.TimeoutError) as exc:
+            cause = getattr(exc, "orig", None) or exc
+            raise StoreUnavailable(f"database unavailable ({self._safe_url()}): {cause}") from exc
+        finally:
+            engine.dispose()
 
     async def close(self) -> None:
         """Dispose of the connection pool and stop the threads; safe to call twice."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from starlette.requests import HTTPConnection
 
 from app.http.limits import ClientLimiter, IdentityLimiter, Lease
-from app.http.login_throttle import LoginThrottle
+from app.http.login_throttle import WRONG_PASSWORDS, LoginThrottle
 from app.http.security import BROWSER_OWNER, client_identity
 from app.http.shutdown import Shutdown
 from app.settings import Settings
@@ -22,7 +22,7 @@ class Admission:
         self.limiter = ClientLimiter(settings.client_requests_per_minute, settings.client_max_streams)
         self.identities = IdentityLimiter(settings.new_identities_per_minute)
         self.login_throttle = LoginThrottle()
-        self.password_throttle = LoginThrottle(what="wrong usernames or passwords")
+        self.password_throttle = LoginThrottle(what=WRONG_PASSWORDS)  # and keys (WRONG_KEYS)
 
     def admit(self, conn: HTTPConnection, owner: str | None = None) -> Lease:
         """Admit one generation request of this caller: 503 while shutting down, 429 past a client limit."""

@@ -54,20 +54,31 @@ def _show(origin: Origin | None) -> str:
     return f"{scheme}://{host}" + ("" if _DEFAULT_PORTS[scheme] == port else f":{port}")
 
 
+def allowed_origins(conn: HTTPConnection, settings: Settings) -> set[Origin]:
+    """The origins whose pages may use the cookie here: the server's own and `allowed_origins`, each normalised by
+    `parse_origin` (scheme, lower-case host, port; a trailing slash or a default port makes no difference)."""
+    return {own_origin(conn, settings), *(parse_origin(o) for o in settings.allowed_origins)} - {None}
+
+
+def origin_is_allowed(origin: str, conn: HTTPConnection, settings: Settings) -> bool:
+    """Whether an Origin (or Referer) is one of `allowed_origins`: the one rule of the CSRF check and of the
+    WebSocket handshake (app/http/security.py origin_allowed), so an origin passes both or neither."""
+    return parse_origin(origin) in allowed_origins(conn, settings)
+
+
 def cross_origin_reason(conn: HTTPConnection, settings: Settings) -> str | None:
     """Why this request does not come from the server's own pages (or an allowed origin); None when it does."""
     own = own_origin(conn, settings)
-    allowed = {own, *(parse_origin(o) for o in settings.allowed_origins)} - {None}
     origin = conn.headers.get("origin")
     if origin is not None and origin.strip() != "null":
-        if parse_origin(origin) in allowed:
+        if origin_is_allowed(origin, conn, settings):
             return None
         return f"its Origin {origin[:100]!r} is neither this server's ({_show(own)}) nor in allowed_origins"
     if conn.headers.get("sec-fetch-site") == "same-origin":  # set by the browser itself, never by a page
         return None
     referer = conn.headers.get("referer")
     if referer:
-        if parse_origin(referer) in allowed:
+        if origin_is_allowed(referer, conn, settings):
             return None
         return f"its Referer's origin is neither this server's ({_show(own)}) nor in allowed_origins"
     what = "Origin null" if origin is not None else "no Origin"

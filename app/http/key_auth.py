@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.http.errors import APIError, from_exception
 from app.http.identity import KEY_PREFIX, KeyAccount
+from app.http.login_throttle import WRONG_KEYS
 
 logger = logging.getLogger(__name__)
 API_KEY_STATE = "api_key"  # scope["state"] key: KeyAccount, or the APIError that refused the key
@@ -94,7 +95,7 @@ async def _authenticate(svc: Any, key: str, address: str) -> KeyAccount | APIErr
         return await svc.accounts.keys.authenticate(key)
     except APIError as exc:
         if exc.code == "invalid_api_key":
-            wait_s = svc.admission.password_throttle.failed(address)
+            wait_s = svc.admission.password_throttle.failed(address, WRONG_KEYS)
             logger.warning(
                 "wrong API key from %s%s", address, f"; it must wait {wait_s:g} s" if wait_s else ""
             )

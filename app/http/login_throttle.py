@@ -17,6 +17,10 @@ FORGET_AFTER_S = 3600.0  # a counter with no failure for this long starts afresh
 MAX_TRACKED = (
     100_000  # per kind of counter; least recently used ones are forgotten past this (memory stays bounded)
 )
+# the kinds of wrong secret one throttle counts together (the accounts' passwords and the API keys share one per
+# address, so that guessing either is slowed alike): a refusal names those its counter saw
+WRONG_PASSWORDS = "wrong usernames or passwords"
+WRONG_KEYS = "wrong API keys"
 MAX_DOUBLINGS = 40  # 2**40 s is far past every ceiling; bounds the exponent of a counter that keeps failing
 
 
@@ -54,6 +58,8 @@ class _Counter:
     locked_until: float = 0.0
     in_flight: int = 0  # attempts begun and not yet ended
     by_subject: dict[str, int] = field(default_factory=dict)  # an address's failures per account or key
+    # what was wrong in the failures counted ("wrong API keys", ...), in the order first seen: what a refusal names
+    kinds: dict[str, None] = field(default_factory=dict)
 
     @property
     def idle(self) -> bool:
@@ -78,6 +84,7 @@ class _Table:
         if counter.count and now - counter.last_failed_at > FORGET_AFTER_S:
             counter.count, counter.locked_until = 0, 0.0
             counter.by_subject.clear()
+            counter.kinds.clear()
         return counter
 
     def wait_s(self, counter: _Counter, now: float) -> float:
@@ -89,8 +96,9 @@ class _Table:
             return self.policy.first_wait_s
         return 0.0
 
-    def fail(self, counter: _Counter, now: float, subject: str | None) -> float:
+    def fail(self, counter: _Counter, now: float, subject: str | None, kind: str) -> float:
         counter.count += 1
+        counter.kinds[kind] = None
         counter.last_failed_at = now
         if subject is not None:
             counter.by_subject[subject] = counter.by_subject.get(subject, 0) + 1
@@ -104,6 +112,8 @@ class _Table:
         counter.count -= forgiven
         if subject is None:
             counter.by_subject.clear()
+        if not counter.count:
+            counter.kinds.clear()
         if counter.count < self.policy.free_failures:
             counter.locked_until = 0.0
 
@@ -149,7 +159,7 @@ class LoginThrottle:
         device: Policy = DEVICE,
     ) -> None:
         self._clock = clock
-        self.what = what  # what the 429 says there were too many of
+        self.what = what  # what the 429 says there were too many of, unless a failure named another kind
         self.addresses, self.subjects, self.devices = _Table(address), _Table(subject), _Table(device)
         self.num_refused = 0
 
@@ -166,9 +176,10 @@ class LoginThrottle:
         refusals = [(table.wait_s(counter, now), table.policy) for table, _, counter in counters]
         wait_s, policy = max(refusals, key=lambda refusal: refusal[0])
         if wait_s > 0:
+            refusing = next(c for (t, _, c), r in zip(counters, refusals, strict=True) if r[0] == wait_s)
             for table, key, counter in counters:
                 table.drop_if_idle(key, counter)
-            self._refuse(wait_s, policy)
+            self._refuse(wait_s, policy, refusing)
         for _, _, counter in counters:
             counter.in_flight += 1
         return Attempt(self, counters, subject)
@@ -180,13 +191,14 @@ class LoginThrottle:
         now = self._clock()
         counter = self.addresses.get(address, now)  # forgets failures older than FORGET_AFTER_S
         if now < counter.locked_until:
-            self._refuse(counter.locked_until - now, self.addresses.policy)
+            self._refuse(counter.locked_until - now, self.addresses.policy, counter)
         self.addresses.drop_if_idle(address, counter)
 
-    def failed(self, address: str) -> float:
-        """Count a wrong secret from `address`; returns how long it must now wait (0 while failures are free)."""
+    def failed(self, address: str, what: str | None = None) -> float:
+        """Count a wrong secret from `address` (`what`: the kind, when not the throttle's own: "wrong API keys"
+        where passwords are throttled too); returns how long it must now wait (0 while failures are free)."""
         now = self._clock()
-        return self.addresses.fail(self.addresses.get(address, now), now, None)
+        return self.addresses.fail(self.addresses.get(address, now), now, None, what or self.what)
 
     def succeeded(self, address: str) -> None:
         """A right secret with no subject: `address` starts afresh."""
@@ -195,12 +207,15 @@ class LoginThrottle:
             self.addresses.forgive(counter, None)
             self.addresses.drop_if_idle(address, counter)
 
-    def _refuse(self, wait_s: float, policy: Policy) -> None:
+    def _refuse(self, wait_s: float, policy: Policy, counter: _Counter) -> None:
         self.num_refused += 1
         retry = max(1, math.ceil(wait_s))
+        what = (
+            " and ".join(counter.kinds) or self.what
+        )  # e.g. "wrong usernames or passwords and wrong API keys"
         raise APIError(
             429,
-            f"too many {self.what} {policy.scope}: retry in {retry} s",
+            f"too many {what} {policy.scope}: retry in {retry} s",
             code="too_many_attempts",
             headers={"Retry-After": str(retry)},
         )
@@ -223,7 +238,7 @@ class Attempt:
         now = self._throttle._clock()
         addresses = self._throttle.addresses
         waits = [
-            table.fail(counter, now, self._subject if table is addresses else None)
+            table.fail(counter, now, self._subject if table is addresses else None, self._throttle.what)
             for table, _, counter in self._counters
         ]
         self.release()

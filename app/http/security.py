@@ -8,17 +8,17 @@ import hmac
 import ipaddress
 import logging
 import secrets
-from urllib.parse import urlsplit
 
 from itsdangerous import BadSignature, Signer
 from starlette.requests import HTTPConnection
 
 from app.http.account_auth import require_account, signed_in_account
-from app.http.csrf import check_browser_write
+from app.http.csrf import check_browser_write, origin_is_allowed
 from app.http.errors import APIError
 from app.http.hosts import came_through_proxy, client_address, named_host, peer_address, shown
 from app.http.identity import ACCOUNT_OWNER, KeyAccount, account_owner
 from app.http.key_auth import API_KEY_STATE, key_account, sent_key
+from app.http.login_throttle import WRONG_KEYS
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ def require_api_key(conn: HTTPConnection, settings: Settings) -> str | None:
     address = client_address(conn)
     throttle.check(address)
     if not _matches_any(token, settings.api_keys):
-        wait_s = throttle.failed(address)
+        wait_s = throttle.failed(address, WRONG_KEYS)
         logger.warning("wrong API key from %s%s", address, f"; it must wait {wait_s:g} s" if wait_s else "")
         raise APIError(401, "invalid API key", code="invalid_api_key")
     return "key:" + key_fingerprint(token)
@@ -223,15 +223,10 @@ def require_admin(conn: HTTPConnection, settings: Settings) -> None:
 
 
 def origin_allowed(conn: HTTPConnection, settings: Settings) -> bool:
-    """WebSocket upgrades: no Origin (not a browser), the server's own origin, or a configured extra origin."""
+    """WebSocket upgrades: no Origin (not a browser), else the CSRF check's rule (`origin_is_allowed`): the server's
+    own origin (scheme included) or one of `allowed_origins`, both normalised."""
     origin = conn.headers.get("origin")
-    if origin is None:
-        return True
-    if origin in settings.allowed_origins:
-        return True
-    parts = urlsplit(origin)
-    host = conn.headers.get("host", "")
-    return parts.scheme in ("http", "https") and bool(parts.netloc) and parts.netloc.lower() == host.lower()
+    return origin is None or origin_is_allowed(origin, conn, settings)
 
 
 def client_identity(conn: HTTPConnection, owner: str | None = None) -> str:

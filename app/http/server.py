@@ -1,6 +1,6 @@
 """The uvicorn server of `pagedchat serve`: guarded connections, and a shutdown that drains before it closes.
 
-On SIGTERM/SIGINT: the listener closes at once and idle kept-alive connections with it; running replies get
+On SIGTERM/SIGINT/SIGHUP: the listener closes at once and idle kept-alive connections with it; running replies get
 `shutdown_grace_s` to finish; then every stream ends with a final event saying why (services' `end_streams`) and
 every WebSocket closes with 1001; only then does uvicorn's own shutdown run (close what is left, lifespan shutdown).
 The process exits within the grace period plus a few seconds. A start that fails on bad input (a ValueError: a
@@ -10,10 +10,15 @@ model that cannot be loaded, a limit it exceeds) is logged as one line, without 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
+import signal
 import socket
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -39,10 +44,30 @@ class DrainingServer(uvicorn.Server):
         self.served_app = app
         self.shutdown_state: Shutdown = app.state.shutdown
 
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's SIGINT/SIGTERM handlers, and SIGHUP drained the same way: uvicorn leaves SIGHUP to its default
+        action, which killed the process at once, replies and all (a closed terminal, a `kill -HUP` meant as a
+        reload). A replica set's front replaces this handler with its rolling restart (app/cluster)."""
+        with super().capture_signals():
+            if (
+                threading.current_thread() is not threading.main_thread()
+            ):  # signals go to the main thread only
+                yield
+                return
+            previous = signal.signal(signal.SIGHUP, self.handle_exit)
+            try:
+                yield
+            finally:
+                signal.signal(signal.SIGHUP, previous)
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.should_exit:
             logger.warning("signal %d: draining (no new replies)", sig)
         self.shutdown_state.start_draining()
+        # SIGHUP stops as SIGTERM does: uvicorn raises the signal again once it has shut down, and a process that
+        # ends by SIGTERM is a clean stop to systemd, where one ending by SIGHUP is a failure
+        sig = signal.SIGTERM if sig == signal.SIGHUP else sig
         super().handle_exit(sig, frame)  # a second SIGINT sets force_exit: the drain stops waiting
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
@@ -85,6 +110,31 @@ def one_line_startup_errors(app: Starlette) -> Any:
         return await app(scope, receive, send_message)
 
     return asgi
+
+
+def check_can_listen(host: str, port: int) -> None:
+    """Raise ValueError when `host`:`port` cannot be bound as uvicorn will bind it (SO_REUSEADDR, every address the
+    name resolves to): uvicorn binds only after the lifespan has loaded the model, so a port in use was reported
+    tens of seconds late."""
+    try:
+        addresses = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ValueError(f"cannot listen on {host}:{port}: {exc}") from exc
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # as asyncio's create_server: IPv6 only, beside the IPv4 socket
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                shown = f"[{address[0]}]:{port}" if family == socket.AF_INET6 else f"{address[0]}:{port}"
+                hint = (
+                    f": another process listens on it (`ss -ltnp 'sport = :{port}'`), or set PAGEDCHAT_PORT"
+                    if exc.errno == errno.EADDRINUSE
+                    else ""
+                )
+                raise ValueError(f"cannot listen on {shown}: {exc.strerror or exc}{hint}") from exc
 
 
 def exposure_warnings(settings: Settings) -> list[str]:

@@ -23,6 +23,10 @@ KV_BUDGET_CAP = 4 << 30
 KV_BUDGET_SEQUENCES = 8  # max_model_len sequences: 32,768 tokens at 4,096
 
 
+class NotEnoughMemory(ValueError):
+    """Loading refused: the weights, or an explicit KV pool beside them, would not fit in the memory available."""
+
+
 @dataclass(frozen=True)
 class WeightMemory:
     """Bytes of the model's weights: kept in quantized blocks, and in float (norms, biases, float linears...)."""
@@ -65,6 +69,48 @@ def kv_memory_budget(available_bytes: int | None, sequence_bytes: int, *, hold_o
         budget = min(KV_BUDGET_CAP, max(KV_BUDGET_FLOOR, int(KV_BUDGET_SHARE * available_bytes)))
     budget = min(budget, KV_BUDGET_SEQUENCES * sequence_bytes)
     return max(budget, sequence_bytes) if hold_one else budget
+
+
+def kv_budget_line(
+    budget: int,
+    available_bytes: int | None,
+    sequence_bytes: int,
+    max_model_len: int,
+    *,
+    hold_one: bool = True,
+) -> str:
+    """The start-up line saying what `kv_memory_budget` chose and by which rule (same arguments, and its result)."""
+    from engine.core.options import size_text
+
+    if available_bytes is None:
+        rule = f"the memory available is unknown, so the cap of {size_text(KV_BUDGET_CAP)}, kept to"
+    else:
+        rule = (
+            f"{KV_BUDGET_SHARE:.0%} of the {human_bytes(available_bytes)} of memory available, kept within "
+            f"{size_text(KV_BUDGET_FLOOR)}..{size_text(KV_BUDGET_CAP)} and to"
+        )
+    if hold_one:
+        sequences, short = f"between 1 and {KV_BUDGET_SEQUENCES}", ""
+    else:
+        sequences = f"at most {KV_BUDGET_SEQUENCES}"
+        short = "; a pool that holds less than one such sequence shortens max_model_len to what it holds"
+    return (
+        f"KV pool budget {human_bytes(budget)}: {rule} {sequences} sequences of max_model_len {max_model_len} "
+        f"({human_bytes(sequence_bytes)} each){short}; --kv-cache-bytes sets it"
+    )
+
+
+def check_kv_pool_fits(pool_bytes: int, weight_bytes: int, available_bytes: int | None, where: str) -> None:
+    """NotEnoughMemory when an explicit KV pool (--kv-cache-bytes) would not fit beside the weights: more than the
+    memory `where` still has available once they are in (`available_bytes`; None: unknown, no check). The weights
+    get the same check before they load (engine/loading/gguf_weights.py)."""
+    if available_bytes is not None and pool_bytes > available_bytes:
+        raise NotEnoughMemory(
+            f"not allocating the KV pool: --kv-cache-bytes asks for {human_bytes(pool_bytes)}, but with the weights "
+            f"in ({human_bytes(weight_bytes)}) {where} has {human_bytes(available_bytes)} available, so weights and "
+            f"pool ({human_bytes(weight_bytes + pool_bytes)}) would not fit: lower --kv-cache-bytes, or leave it "
+            "unset for a pool sized to the memory available"
+        )
 
 
 def fitted_max_model_len(model_max_len: int, pool_tokens: int, block_size: int) -> int:

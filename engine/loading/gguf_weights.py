@@ -16,16 +16,12 @@ from itertools import groupby
 
 import torch
 
-from engine.core.memory import available_memory_bytes, human_bytes
+from engine.core.memory import NotEnoughMemory, available_memory_bytes, human_bytes
 from engine.loading.gguf_read import FLOAT_FILE_DTYPES, FileTensor, read_block_group
 from engine.models.llama import LlamaForCausalLM
 from engine.models.quantized import EMBEDDING, QuantWeight, fused_linear_sources
 
 logger = logging.getLogger(__name__)
-
-
-class NotEnoughMemory(ValueError):
-    """Loading refused: the weights would not fit in the machine's available memory."""
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,10 @@ import torch
 from engine.attention.backend import LayerKV
 from engine.core.config import EngineConfig
 from engine.core.memory import (
-    KV_BUDGET_CAP,
-    KV_BUDGET_FLOOR,
-    KV_BUDGET_SEQUENCES,
-    KV_BUDGET_SHARE,
     available_memory_bytes,
-    human_bytes,
+    kv_budget_line,
     kv_memory_budget,
 )
-from engine.core.options import size_text
 
 SCALE_DTYPE = torch.float16  # an int8 pool's scale per token and KV head
 
@@ -116,12 +111,5 @@ def default_cpu_budget(config: EngineConfig, spec: KVCacheSpec, *, hold_one: boo
     sequence_bytes = -(-config.max_model_len // spec.block_size) * spec.block_bytes
     available = available_memory_bytes()
     budget = kv_memory_budget(available, sequence_bytes, hold_one=hold_one)
-    logger.info(
-        "KV pool budget %s: %s of the %s available, within %s..%s, at most %d %s sequences of "
-        "max_model_len %d (%s each); --kv-cache-bytes sets it",
-        human_bytes(budget), f"{KV_BUDGET_SHARE:.0%}", "unknown" if available is None else human_bytes(available),
-        size_text(KV_BUDGET_FLOOR), size_text(KV_BUDGET_CAP), KV_BUDGET_SEQUENCES,
-        "and at least 1" if hold_one else "(fewer than 1 shortens max_model_len)", config.max_model_len,
-        human_bytes(sequence_bytes),
-    )  # fmt: skip
+    logger.info(kv_budget_line(budget, available, sequence_bytes, config.max_model_len, hold_one=hold_one))
     return budget

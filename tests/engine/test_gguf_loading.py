@@ -202,7 +202,7 @@ def test_the_default_pool_is_sized_from_the_model_and_the_available_memory(tmp_p
     with caplog.at_level(logging.INFO, logger="engine"):
         llm = LLM(model=str(path), kv_disk_bytes=0, max_model_len=100)
     assert llm.engine.num_blocks == 8 * 7  # eight sequences of 100 tokens: 7 blocks of 16 each
-    assert "at most 8 and at least 1 sequences of max_model_len 100" in caplog.text
+    assert "to between 1 and 8 sequences of max_model_len 100" in caplog.text
 
 
 def test_linears_kept_in_float_are_logged_once_per_mix_of_formats(caplog):
