@@ -54,13 +54,16 @@ def export_cache_dir(settings: Settings) -> None:
     os.environ[CACHE_DIR_ENV] = settings.resolved_cache_dir
 
 
-def run(settings: Settings) -> None:
+def run(settings: Settings) -> int:
     """Serve until SIGINT/SIGTERM: admit nothing new from then on; running replies get `shutdown_grace_s`, then
-    every stream ends with a final event saying why (app/http/server.py)."""
+    every stream ends with a final event saying why (app/http/server.py). The exit status: 0, or ENGINE_FAILURE
+    when the engine died while serving (`--exit-on-engine-failure`)."""
     from app.http.server import build_server
     from app.main import create_app
 
-    build_server(create_app(settings), settings).run()
+    server = build_server(create_app(settings), settings)
+    server.run()
+    return server.exit_status
 
 
 def serve_main(argv: list[str]) -> int:
@@ -85,8 +88,7 @@ def serve_main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"pagedchat serve: {exc}", file=sys.stderr)
         return 2
-    run(settings)
-    return 0
+    return run(settings)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None) 
     settings = ensure_secret_key(settings)
     metrics = Metrics(model_name=settings.model)
     engine: EngineClient
+    shutdown = Shutdown()
     if settings.uses_ray and engine_factory is None:
         from app.cluster.replica_engine import ReplicaSetEngine  # Ray loads only when replicas are asked for
 
@@ -80,8 +81,9 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None) 
             request_timeout_s=settings.request_timeout_s,
             metrics=metrics,
             drain_s=settings.shutdown_grace_s,
+            # one process, one engine: its death stops the server (replicas: Ray Serve restarts a dead one)
+            on_death=shutdown.engine_failed if settings.exit_on_engine_failure else None,
         )
-    shutdown = Shutdown()
     parts = Parts(
         settings, engine, metrics, make_signer(settings.secret_key), Admission(settings, shutdown), shutdown
     )

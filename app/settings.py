@@ -123,6 +123,14 @@ class Settings:
     log_level: str = option(
         "info", "log level", choices=("debug", "info", "warning", "error"), group="server"
     )
+    exit_on_engine_failure: bool = option(
+        True,
+        "when the engine thread dies while serving, fail the running replies, drain as on SIGTERM and exit with "
+        "status 70, so that a supervisor (systemd Restart=on-failure, a container restart policy) restarts the "
+        "server; off: the process stays up, answering 503 with /health unhealthy, until something restarts it. "
+        "One process only: with --replicas, Ray Serve restarts a replica whose engine died, and this does not apply",
+        group="server",
+    )
     allowed_origins: tuple[str, ...] = option(
         (),
         "origins allowed besides the server's own, for WebSocket upgrades and browser-cookie writes",

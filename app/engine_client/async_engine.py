@@ -65,8 +65,11 @@ class AsyncEngine(StreamRegistry):
         request_timeout_s: float = 600.0,
         metrics: Metrics | None = None,
         drain_s: float = 10.0,
+        on_death: Callable[[str], None] | None = None,
     ) -> None:
-        """`drain_s`: at stop, how long the engine may take to write its disk tier's queued blocks."""
+        """`drain_s`: at stop, how long the engine may take to write its disk tier's queued blocks. `on_death`: called
+        on the event loop with `dead_reason` when the engine thread dies while serving (not at a stop), once its
+        requests have failed."""
         super().__init__(request_timeout_s, metrics)
         # the engine itself, for this client's own thread (and tests); the app reads `info`
         self.engine: LLMEngine | None = None
@@ -77,6 +80,7 @@ class AsyncEngine(StreamRegistry):
         self._factory = engine_factory
         self._max_queued = max_queued_requests
         self._drain_s = drain_s
+        self._on_death = on_death
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -312,3 +316,5 @@ class AsyncEngine(StreamRegistry):
                 break
             if isinstance(command, (AddRequest, CallOnEngine)):
                 resolve(command.future, None, EngineUnavailable(f"the engine is not running: {reason}"))
+        if self.dead_reason is not None and self._on_death is not None:
+            self._on_death(self.dead_reason)

@@ -3,7 +3,9 @@
 On SIGTERM/SIGINT/SIGHUP: the listener closes at once and idle kept-alive connections with it; running replies get
 `shutdown_grace_s` to finish; then every stream ends with a final event saying why (services' `end_streams`) and
 every WebSocket closes with 1001; only then does uvicorn's own shutdown run (close what is left, lifespan shutdown).
-The process exits within the grace period plus a few seconds. A start that fails on bad input (a ValueError: a
+The process exits within the grace period plus a few seconds. When the engine thread dies while serving, the server
+stops the same way on its own and exits with ENGINE_FAILURE, for its supervisor to restart it
+(`--exit-on-engine-failure`; off, it stays up answering 503). A start that fails on bad input (a ValueError: a
 model that cannot be loaded, a limit it exceeds) is logged as one line, without Starlette's traceback.
 """
 
@@ -34,6 +36,9 @@ from app.settings import WILDCARD_ADDRESSES, Settings, host_name
 logger = logging.getLogger(__name__)
 CLOSE_WAIT_S = END_WAIT_S + 1.0  # after the grace period: streams send their last event, sockets their close
 POLL_S = 0.05
+# the exit status after the engine died while serving (EX_SOFTWARE): not 0, which a supervisor takes for a stop, nor
+# a start-up refusal's 3 (app.cli.STARTUP_FAILURE)
+ENGINE_FAILURE = 70
 
 
 class DrainingServer(uvicorn.Server):
@@ -43,6 +48,9 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.served_app = app
         self.shutdown_state: Shutdown = app.state.shutdown
+        # the process's, once `run` returns (a failed start: uvicorn exits with 3 itself)
+        self.exit_status = 0
+        self.shutdown_state.on_engine_failure = self.exit_on_engine_failure
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -69,6 +77,21 @@ class DrainingServer(uvicorn.Server):
         # ends by SIGTERM is a clean stop to systemd, where one ending by SIGHUP is a failure
         sig = signal.SIGTERM if sig == signal.SIGHUP else sig
         super().handle_exit(sig, frame)  # a second SIGINT sets force_exit: the drain stops waiting
+
+    def exit_on_engine_failure(self, reason: str) -> None:
+        """The engine died while serving (its replies have failed): drain as on SIGTERM, then exit with
+        ENGINE_FAILURE. A stop under way (a signal) goes on as it was."""
+        if self.should_exit:
+            return
+        logger.critical(
+            "exiting with status %d so that a supervisor restarts the server: %s (draining first; "
+            "--no-exit-on-engine-failure keeps it up, answering 503)",
+            ENGINE_FAILURE,
+            reason,
+        )
+        self.exit_status = ENGINE_FAILURE
+        self.shutdown_state.start_draining()
+        self.should_exit = True  # uvicorn's main loop sees it within its tick, then runs `shutdown`
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:

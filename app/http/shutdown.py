@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 from app.http.errors import APIError
 
@@ -57,6 +58,15 @@ class Shutdown:
     def __init__(self) -> None:
         self.draining_since: float | None = None
         self.closing = Flag()
+        # set by the server (app.http.server.DrainingServer): drain and exit, the engine having died; unset when no
+        # server runs the app (an app driven in process, as tests drive it): the app then stays up, answering 503
+        self.on_engine_failure: Callable[[str], None] | None = None
+
+    def engine_failed(self, reason: str) -> None:
+        """The engine died while serving (`--exit-on-engine-failure`): the server, if one runs the app, drains and
+        exits so that its supervisor restarts it."""
+        if self.on_engine_failure is not None:
+            self.on_engine_failure(reason)
 
     def start_draining(self) -> None:
         """Stop admitting new replies (the server received SIGTERM/SIGINT); running ones may finish."""

@@ -19,11 +19,12 @@ def test_serve_cache_dir_flag_moves_models_and_kernels_too(tmp_path, monkeypatch
     monkeypatch.setattr(cli, "configure_logging", lambda level: None)
     seen: dict[str, Path] = {}
 
-    def run(settings) -> None:
+    def run(settings) -> int:
         seen["database"] = Path(settings.resolved_database_url.removeprefix("sqlite:///"))
         seen["kv"] = Path(settings.engine_config().kv_disk_dir)
         seen["model"] = provisioned_path()
         assert build.load_library(STREAM_SOURCE) is not None, "a C compiler is needed to build the kernels"
+        return 0
 
     monkeypatch.setattr(cli, "run", run)
     chosen = tmp_path / "chosen"

@@ -141,3 +141,22 @@ def test_a_dead_engine_thread_turns_health_red_and_new_requests_get_503(tmp_path
         assert reply.status_code == 503
         page = client.get("/admin")  # the operator's page still shows the engine's settings
         assert page.status_code == 200 and "Bytes per block" in page.text
+
+
+@pytest.mark.parametrize(("exit_on_failure", "dies"), [(True, True), (False, True), (True, False)])
+def test_the_server_hears_of_a_dead_engine_only_when_so_set(tmp_path, exit_on_failure, dies):
+    """The server's hook (app.http.server.DrainingServer) hears of a death while serving; never of a normal stop
+    (the client's exit), and never with --no-exit-on-engine-failure."""
+    heard: list[str] = []
+    with make_client(tmp_path, exit_on_engine_failure=exit_on_failure) as client:
+        client.app.state.shutdown.on_engine_failure = heard.append
+        if dies:
+            llm_engine(client).has_unfinished_requests = _die
+        in_flight = client.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 5})
+        assert in_flight.status_code == (500 if dies else 200)
+    reason = "engine thread died: RuntimeError: injected death"
+    assert heard == ([reason] if exit_on_failure and dies else [])
+
+
+def _die() -> bool:
+    raise RuntimeError("injected death")
