@@ -143,13 +143,38 @@ def make_client(tmp_path: Path, faults: FaultPlan | None = None, **overrides: An
     settings = make_settings(tmp_path, make_tiny_model_dir(), **overrides)
     factory = None if faults is None else faulty_engine_factory(make_engine_factory(settings), faults)
     app = create_app(settings, engine_factory=factory)
-    with TestClient(app, client=LOOPBACK_CLIENT, headers=SAME_ORIGIN) as client:
+    with contextlib.ExitStack() as stack:
+        with cheap_password_hashes():  # the app's Passwords is made at startup, in TestClient's enter
+            client = stack.enter_context(TestClient(app, client=LOOPBACK_CLIENT, headers=SAME_ORIGIN))
         LIVE_CLIENTS.append(client)
         try:
             yield client
         finally:
             LIVE_CLIENTS.remove(client)
         check_pool_idle(client)  # once more before shutdown (not after an error: that would hide it)
+
+
+# argon2id at RFC 9106's parameters takes 64 MiB and ~0.2 s of CPU on 4 lanes a hash, by design: the route tests
+# sign in dozens of times (about a second a sign-in under the suite's load). Their apps hash with these cheap
+# argon2id parameters instead; the parameters' own behaviour (verify, rehash when they change) is
+# tests/app/db/test_accounts_store.py's, the hashing queue's tests/app/accounts/test_passwords_queue.py's, and the
+# real servers of tests/e2e hash at the real cost.
+CHEAP_HASH_PARAMETERS = dict(time_cost=1, memory_cost=1024, parallelism=1)
+
+
+@contextlib.contextmanager
+def cheap_password_hashes() -> Iterator[None]:
+    """Apps started inside hash passwords with CHEAP_HASH_PARAMETERS (Passwords' default hasher)."""
+    import pytest
+    from argon2 import PasswordHasher
+
+    import app.accounts.passwords
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            app.accounts.passwords, "PasswordHasher", lambda: PasswordHasher(**CHEAP_HASH_PARAMETERS)
+        )
+        yield
 
 
 def pool_state(client: TestClient) -> dict[str, Any]:

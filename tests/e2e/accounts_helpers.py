@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from tests.e2e.conftest import Server, server_env, start_server
+from tests.e2e.zygote import CHEAP_PASSWORD_HASHES_ENV
 
 ROOT, ROOT_PASSWORD = "root", "root password 1"
 PASSWORD = "a password 1"  # every account the tests make
@@ -19,6 +20,7 @@ PASSWORD = "a password 1"  # every account the tests make
 def start_accounts_server(tmp_path: Path, model: str, **env: str) -> Server:
     """`pagedchat serve --auth local` with the admin `root` made at start; `env`: more PAGEDCHAT_* variables."""
     values = {
+        CHEAP_PASSWORD_HASHES_ENV: "1",  # these modules test what accounts may do, not what a hash costs
         "PAGEDCHAT_AUTH": "local",
         "PAGEDCHAT_FIRST_ADMIN": ROOT,
         "PAGEDCHAT_FIRST_ADMIN_PASSWORD": ROOT_PASSWORD,

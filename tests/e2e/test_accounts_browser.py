@@ -17,6 +17,7 @@ from bench.common.servers import stop_server
 from tests.e2e.browser_helpers import REPLY_TIMEOUT_MS, expect, last_reply, screenshot, send
 from tests.e2e.conftest import Server, server_env, start_server
 from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS, NARROW, WIDE
+from tests.e2e.zygote import CHEAP_PASSWORD_HASHES_ENV
 
 pytestmark = pytest.mark.browser
 USER, PASSWORD = "uma", "uma's password 1"
@@ -41,6 +42,7 @@ def accounts_server(tmp_path_factory, tiny_model) -> Iterator[Server]:
         tmp_path,
         tiny_model,
         PAGEDCHAT_AUTH="local",
+        **{CHEAP_PASSWORD_HASHES_ENV: "1"},  # what accounts may do is tested here, not what a hash costs
         PAGEDCHAT_FIRST_ADMIN=USER,
         PAGEDCHAT_FIRST_ADMIN_PASSWORD=PASSWORD,
         PAGEDCHAT_DEFAULT_MAX_TOKENS="8",

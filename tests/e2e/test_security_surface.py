@@ -21,6 +21,7 @@ from websockets.sync.client import connect
 
 from bench.common.servers import stop_server
 from tests.e2e.conftest import Server, server_env, start_server
+from tests.e2e.zygote import CHEAP_PASSWORD_HASHES_ENV
 
 ROOT, ROOT_PASSWORD = "root", "root password 1"
 BOB, BOB_PASSWORD = "bob", "bob password 1"
@@ -38,6 +39,7 @@ def accounts_server(tmp_path_factory, tiny_model) -> Iterator[Server]:
         tmp_path,
         tiny_model,
         PAGEDCHAT_AUTH="local",
+        **{CHEAP_PASSWORD_HASHES_ENV: "1"},  # what accounts may do is tested here, not what a hash costs
         PAGEDCHAT_FIRST_ADMIN=ROOT,
         PAGEDCHAT_FIRST_ADMIN_PASSWORD=ROOT_PASSWORD,
         PAGEDCHAT_FORWARDED_ALLOW_IPS="127.0.0.1",

@@ -41,6 +41,12 @@ PRELOAD = (
 )
 
 
+# a test server whose environment sets this (to anything) hashes passwords with tests/app/factories.py's cheap
+# argon2id parameters: for the tests that sign in often and test no hashing cost (test_security_signin's flood and
+# queue tests keep the real one)
+CHEAP_PASSWORD_HASHES_ENV = "PAGEDCHAT_TEST_CHEAP_PASSWORD_HASHES"
+
+
 # ---- the zygote ----------------------------------------------------------------------------------------------
 def serve_requests() -> None:
     for name in PRELOAD:
@@ -103,10 +109,22 @@ def become_server(request: dict[str, Any], zygote_fds: tuple[int, int]) -> None:
     os.close(devnull)
     os.environ.clear()
     os.environ.update(request["env"])
+    if os.environ.pop(CHEAP_PASSWORD_HASHES_ENV, ""):
+        use_cheap_password_hashes()
     random.seed()
     sys.argv = [request["module"], *request["args"]]
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     raise SystemExit(0)
+
+
+def use_cheap_password_hashes() -> None:
+    """This process's Passwords hash with CHEAP_HASH_PARAMETERS (the product's default hasher, swapped)."""
+    from argon2 import PasswordHasher
+
+    import app.accounts.passwords
+    from tests.app.factories import CHEAP_HASH_PARAMETERS
+
+    app.accounts.passwords.PasswordHasher = lambda: PasswordHasher(**CHEAP_HASH_PARAMETERS)  # type: ignore[assignment,misc]
 
 
 # ---- the test side -------------------------------------------------------------------------------------------

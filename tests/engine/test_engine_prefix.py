@@ -87,7 +87,9 @@ def test_next_turn_reuses_prompt_and_answer(llm):
 
 
 def test_caching_off_reports_zero_everywhere(llm_no_cache):
-    prefix = system_prompt(llm_no_cache, 300)
+    # 4 full blocks: a cache would serve 64 of the second prompt's tokens (a 300-token prefix read twice on the
+    # real model was ~3 s alone, 12 s under the suite's load, for the same zero)
+    prefix = system_prompt(llm_no_cache, 64)
     outs = [llm_no_cache.generate([prefix + [i + 100]], GREEDY)[0] for i in range(2)]
     assert [o.num_cached_tokens for o in outs] == [0, 0]
     stats = llm_no_cache.engine.stats()

@@ -32,9 +32,10 @@ def model_path():
 
 @pytest.fixture(scope="module")
 def hf_reference(model_path):
-    """HF greedy continuations, one request at a time, and the model for near-tie checks."""
+    """HF greedy continuations, one request at a time, the model for near-tie checks, and our fresh prefix-caching
+    engine (it only templates the prompts here, so it reaches the test with an empty cache: one engine load less)."""
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    llm = LLM(model=str(model_path), dtype="float32", quantization="none", kv_cache_bytes=256 * 2**20)
+    llm = _our_llm(model_path, caching=True)
     prompts = [llm.engine.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
     eos = sorted(llm.engine.eos_token_ids)
     outputs = []
@@ -51,7 +52,17 @@ def hf_reference(model_path):
             )
             tokens = out[0, len(ids) :].tolist()
             outputs.append(tokens)
-    return model, prompts, outputs
+    return model, prompts, outputs, llm
+
+
+def _our_llm(model_path, caching: bool) -> LLM:
+    return LLM(
+        model=str(model_path),
+        dtype="float32",
+        quantization="none",  # explicit: the fp32 weights HF runs, whatever auto would pick
+        kv_cache_bytes=256 * 2**20,
+        enable_prefix_caching=caching,
+    )
 
 
 def _assert_same_greedy(model, prompt: list[int], ours: list[int], ref: list[int]) -> None:
@@ -82,14 +93,10 @@ def _assert_same_greedy(model, prompt: list[int], ours: list[int], ref: list[int
     ids=["one-at-a-time-prefix-caching", "one-batch-no-caching"],
 )
 def test_greedy_equals_hf(hf_reference, model_path, batched, caching):
-    model, prompts, ref = hf_reference
-    llm = LLM(
-        model=str(model_path),
-        dtype="float32",
-        quantization="none",  # explicit: the fp32 weights HF runs, whatever auto would pick
-        kv_cache_bytes=256 * 2**20,
-        enable_prefix_caching=caching,
-    )
+    model, prompts, ref, caching_llm = hf_reference
+    llm = caching_llm if caching else _our_llm(model_path, caching=False)
+    assert llm.engine.config.enable_prefix_caching is caching
+    assert llm.engine.scheduler.block_manager.stats().prefix_query_tokens == 0  # nothing generated before
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     outs = llm.generate(prompts, params) if batched else [llm.generate([p], params)[0] for p in prompts]
     for prompt, out, expected in zip(prompts, outs, ref):
