@@ -19,6 +19,8 @@ def _run_on(connection: Connection) -> None:
         include_name=include_in_autogenerate,
         render_as_batch=connection.dialect.name == "sqlite",  # SQLite alters tables by copying them
         compare_type=True,
+        # the app's upgrade_to_head makes SQLite's DDL transactional too and says so; otherwise the dialect's default
+        transactional_ddl=config.attributes.get("transactional_ddl"),
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -171,6 +171,8 @@ def upgrade_to_head(engine: Engine) -> None:
                     )  # the migration's own locks: as usual
                 check_schema_known(connection)
                 cfg.attributes["connection"] = connection  # env.py migrates on this connection (pragmas set)
+                # and its DDL is transactional here, on SQLite too (above): Alembic's SQLite default says it is not
+                cfg.attributes["transactional_ddl"] = True
                 command.upgrade(cfg, "head")
         finally:
             if is_sqlite:  # the pooled connection goes back to the app's runtime behaviour
@@ -185,7 +187,9 @@ def check_schema_known(connection: Connection) -> None:
         alembic_config(connection.engine.url.render_as_string(hide_password=False))
     )
     known = {rev.revision for rev in script.walk_revisions()}
-    unknown = sorted(set(MigrationContext.configure(connection).get_current_heads()) - known)
+    # (only reads the heads; transactional_ddl as upgrade_to_head migrates, so Alembic's log line says what happens)
+    context = MigrationContext.configure(connection, opts={"transactional_ddl": True})
+    unknown = sorted(set(context.get_current_heads()) - known)
     if unknown:
         raise ValueError(
             f"the database schema is at revision {', '.join(unknown)}, newer than this code (its newest is "

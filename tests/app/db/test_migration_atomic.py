@@ -70,3 +70,15 @@ def test_a_sqlite_migration_failing_after_create_table_leaves_no_table_and_the_o
             assert conn.execute(text("PRAGMA journal_mode")).scalar_one() == "wal"
         assert conn.connection.dbapi_connection.isolation_level == ""
     engine.dispose()
+
+
+def test_alembic_says_the_sqlite_upgrade_is_transactional(tmp_path, caplog):
+    """Its log line matches what upgrade_to_head does (Alembic's SQLite default would say "non-transactional")."""
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'chat.db'}")
+    try:
+        with caplog.at_level("INFO", logger="alembic.runtime.migration"):
+            upgrade_to_head(engine)
+    finally:
+        engine.dispose()
+    said = [r.getMessage() for r in caplog.records if "transactional DDL" in r.getMessage()]
+    assert said and all(m == "Will assume transactional DDL." for m in said), said
