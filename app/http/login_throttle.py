@@ -173,10 +173,9 @@ class LoginThrottle:
         elif subject is not None:
             parts.append((self.subjects, subject))
         counters = [(table, key, table.get(key, now)) for table, key in parts]
-        refusals = [(table.wait_s(counter, now), table.policy) for table, _, counter in counters]
-        wait_s, policy = max(refusals, key=lambda refusal: refusal[0])
+        refusals = [(table.wait_s(counter, now), table.policy, counter) for table, _, counter in counters]
+        wait_s, policy, refusing = max(refusals, key=lambda refusal: refusal[0])
         if wait_s > 0:
-            refusing = next(c for (t, _, c), r in zip(counters, refusals, strict=True) if r[0] == wait_s)
             for table, key, counter in counters:
                 table.drop_if_idle(key, counter)
             self._refuse(wait_s, policy, refusing)
