@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from bench.common.report import new_figure, print_report, without_disk_tier, write_results
+from bench.common.report import new_figure, positive_ints, print_report, without_disk_tier, write_results
 from bench.speculative.workload import CATEGORIES
 from engine.core.ngram import NgramIndex
 
@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `bench speculative`."""
     parser.add_argument(
         "--num-speculative-tokens",
-        default="2,4,8",
+        type=positive_ints,
+        default=[2, 4, 8],
         help="proposal lengths k to replay, comma-separated (default 2,4,8)",
     )
     parser.add_argument("--ngram-min", type=int, default=2, help="shortest suffix n-gram matched (default 2)")
@@ -60,13 +61,12 @@ class ReplayStats:
             setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
 
     def summary(self) -> dict[str, Any]:
-        ratio = lambda a, b: a / b if b else None  # noqa: E731
         return {
             **dataclasses.asdict(self),
-            "tokens_per_step": ratio(self.decode_tokens, self.steps),
-            "acceptance_rate": ratio(self.accepted, self.drafted),
-            "proposal_share": ratio(self.steps_with_proposal, self.steps),
-            "prompt_share_of_accepted": ratio(self.accepted_from_prompt, self.accepted),
+            "tokens_per_step": _ratio(self.decode_tokens, self.steps),
+            "acceptance_rate": _ratio(self.accepted, self.drafted),
+            "proposal_share": _ratio(self.steps_with_proposal, self.steps),
+            "prompt_share_of_accepted": _ratio(self.accepted_from_prompt, self.accepted),
         }
 
 
@@ -97,23 +97,11 @@ def replay(prompt_ids: list[int], output_ids: list[int], k: int, min_n: int, max
     return stats
 
 
-def _list_of_ints(text: str, name: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise SystemExit(
-            f"bench speculative: {name} takes positive whole numbers, comma-separated, got {text!r}"
-        )
-    return values
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Answer every prompt greedily, replay each answer for each k; print, write JSON + PNG."""
     from engine import LLM, SamplingParams
 
-    ks = _list_of_ints(args.num_speculative_tokens, "--num-speculative-tokens")
+    ks = args.num_speculative_tokens
     names = [c.strip() for c in args.categories.split(",") if c.strip()]
     unknown = [c for c in names if c not in CATEGORIES]
     if unknown or not names:
@@ -179,6 +167,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         paths=paths,
     )
     return payload
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
 
 
 def _fmt(value: float | None, spec: str) -> str:
