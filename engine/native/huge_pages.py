@@ -18,33 +18,30 @@ import torch
 HUGE_PAGE = 2 << 20  # bytes: smaller buffers stay on torch's allocator
 
 
-def _mapping(nbytes: int) -> torch.Tensor:
-    """A flat uint8 tensor over a fresh anonymous mapping (zero-filled, untouched) advised for huge pages; the
-    tensor keeps the mapping alive."""
+def _mapping(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """A flat uint8 tensor over a fresh anonymous mapping (zero-filled, untouched) of the bytes of `shape` in
+    `dtype`, advised for huge pages; the tensor keeps the mapping alive. None where huge pages do not apply: another
+    device, a buffer under HUGE_PAGE, no MADV_HUGEPAGE."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if device.type != "cpu" or nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return None
     buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     buffer.madvise(mmap.MADV_HUGEPAGE)
     return torch.frombuffer(buffer, dtype=torch.uint8)
 
 
-def _eligible(nbytes: int, device: torch.device) -> bool:
-    return device.type == "cpu" and nbytes >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE")
-
-
 def empty_on_huge_pages(shape: tuple[int, ...], *, dtype: torch.dtype) -> torch.Tensor:
     """torch.empty on the CPU (contents zero, not promised): pages are faulted in by whoever writes them first, as
     the GGUF loader's reads do."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if not _eligible(nbytes, torch.device("cpu")):
-        return torch.empty(shape, dtype=dtype)
-    return _mapping(nbytes).view(dtype).view(shape)
+    flat = _mapping(shape, dtype, torch.device("cpu"))
+    return torch.empty(shape, dtype=dtype) if flat is None else flat.view(dtype).view(shape)
 
 
 def zeros_on_huge_pages(shape: tuple[int, ...], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """torch.zeros, faulted in now: the kernel's zeroing (and compaction for huge pages) happens here instead of
     inside the first steps that touch each block (~1 s over a 64-request run, for the KV pool)."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if not _eligible(nbytes, device):
+    flat = _mapping(shape, dtype, device)
+    if flat is None:
         return torch.zeros(shape, dtype=dtype, device=device)
-    flat = _mapping(nbytes)
     flat[:: mmap.PAGESIZE].zero_()
     return flat.view(dtype).view(shape)
