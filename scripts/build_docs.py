@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: the repository's packages come from the checkout
     sys.path.insert(0, str(ROOT))
 
-from engine.core.options import ENV_PREFIX, GROUPS, Option, options, size_text  # noqa: E402
+from engine.core.options import ENV_PREFIX, GROUPS, SIZE_EXAMPLES, Option, options, shown_default  # noqa: E402
 
 DOCS = ROOT / "docs"
 CONFIG = ROOT / "mkdocs.yml"
@@ -81,18 +81,13 @@ def _cell(text: str) -> str:
 
 def default_text(opt: Option) -> str:
     """The default as `--help` and the variable take it: on/off, a size with its unit, unset."""
-    default = opt.field.default
-    if default is None:
-        return "unset"
-    if opt.kind is bool:
-        return "on" if default else "off"
     if opt.kind is tuple:
+        default = opt.field.default
         return ", ".join(f"`{v}`" for v in default) if default else "none"
-    if default == "":
+    shown = shown_default(opt)
+    if shown is None:
         return "unset"
-    if opt.is_size:
-        return f"`{size_text(default)}`"
-    return f"`{default}`"
+    return shown if opt.kind is bool else f"`{shown}`"
 
 
 def flag_text(opt: Option) -> str:
@@ -114,7 +109,7 @@ def help_text(opt: Option) -> str:
     if opt.choices is not None:
         notes.append("one of " + ", ".join(f"`{c}`" for c in opt.choices))
     if opt.is_size:
-        notes.append("a size: `512MiB`, `4GiB`, `90MB` or bytes")
+        notes.append(f"a size: {', '.join(f'`{form}`' for form in SIZE_EXAMPLES)} or bytes")
     if opt.kind is tuple:
         notes.append("repeat the flag; the variable takes commas")
     return opt.help + (f" ({'; '.join(notes)})" if notes else "")

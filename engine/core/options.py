@@ -241,19 +241,34 @@ def given_options(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     return values
 
 
+SIZE_EXAMPLES = (
+    "512MiB",
+    "4GiB",
+    "90MB",
+)  # the forms a size option's help shows (--help and the docs' reference)
+
+
+def shown_default(opt: Option) -> str | None:
+    """A single-valued option's default as `--help` and the docs' reference show it: on/off, a size with its unit,
+    the value; None when it is unset (None or empty). A repeatable option's tuple is its callers' to show."""
+    default = opt.field.default
+    if default is None or default == "":
+        return None
+    if opt.kind is bool:
+        return "on" if default else "off"
+    return size_text(default) if opt.is_size else str(default)
+
+
 def _help_text(opt: Option, show_env: bool) -> str:
     if not opt.help:
         return argparse.SUPPRESS
     notes = []
-    default = opt.field.default
     if opt.is_size:
-        notes.append("a size: 512MiB, 4GiB, 90MB or bytes")
+        notes.append(f"a size: {', '.join(SIZE_EXAMPLES)} or bytes")
     if opt.kind is tuple:
         notes.append("repeatable")
-    elif opt.kind is bool and default is not None:
-        notes.append(f"default: {'on' if default else 'off'}")
-    elif default not in (None, ""):
-        notes.append(f"default: {size_text(default) if opt.is_size else default}")
+    elif (default := shown_default(opt)) is not None:
+        notes.append(f"default: {default}")
     if show_env:
         notes.append(opt.env_var + (", comma-separated" if opt.kind is tuple else ""))
     text = opt.help + (f" ({'; '.join(notes)})" if notes else "")
