@@ -102,7 +102,16 @@ def share_kernels(cache_dir: Path) -> None:
 def start_server(
     tmp_path: Path, env: dict[str, str], *, port: int | None = None, database_url: str | None = None
 ) -> Server:
-    """Start `pagedchat serve` and wait until /health says ok (fails with the server's log otherwise).
+    """Start `pagedchat serve` and wait until /health says ok (fails with the server's log otherwise)."""
+    server = spawn_server(tmp_path, env, port=port, database_url=database_url)
+    wait_ready(server, STARTUP_TIMEOUT_S)
+    return server
+
+
+def spawn_server(
+    tmp_path: Path, env: dict[str, str], *, port: int | None = None, database_url: str | None = None
+) -> Server:
+    """Start `pagedchat serve` without waiting for it (a test of a start that must fail waits for its exit).
 
     The process is forked from a process that has imported the server already (tests/e2e/zygote.py: ~5 s less a
     start). Only `env` reaches it of the PAGEDCHAT_* variables; servers started again on one `tmp_path` share its
@@ -110,7 +119,7 @@ def start_server(
     server runs under tests/fault_server.py: the same server, its engine faulty.
     """
     command = ("tests.fault_server",) if FAULTS_ENV in env else ("pagedchat", "serve")
-    server = spawn_pagedchat(
+    return spawn_pagedchat(
         "server",
         env,
         tmp_path,
@@ -122,8 +131,6 @@ def start_server(
         database_url=database_url,
         launch=fork_server,
     )
-    wait_ready(server, STARTUP_TIMEOUT_S)
-    return server
 
 
 @pytest.fixture(scope="module")

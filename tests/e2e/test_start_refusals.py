@@ -7,25 +7,15 @@ from __future__ import annotations
 import socket
 import sqlite3
 
-from bench.common.servers import free_port, spawn_pagedchat
-from tests.e2e.conftest import Server, server_env
-from tests.e2e.zygote import fork_server
+from bench.common.servers import free_port
+from tests.e2e.conftest import Server, server_env, spawn_server
 
 REFUSED = 3  # uvicorn's status for a failed start, as a `cannot start:` refusal of the lifespan
 LOADING = "Waiting for application startup."  # uvicorn's line before the lifespan (which loads the model)
 
 
 def spawn(tmp_path, tiny_model, port: int | None = None) -> Server:
-    return spawn_pagedchat(
-        "server",
-        server_env(tmp_path, tiny_model),
-        tmp_path,
-        db_path=tmp_path / "chat.db",
-        port=port,
-        isolated=True,
-        server_type=Server,
-        launch=fork_server,
-    )
+    return spawn_server(tmp_path, server_env(tmp_path, tiny_model), port=port)
 
 
 def test_a_port_in_use_is_refused_in_one_line_before_the_model_loads(tmp_path, tiny_model):
