@@ -31,7 +31,9 @@ print(json.dumps({"before": before, "after": process_rss_bytes(), "trimmed": tri
 def test_trim_heap_returns_freed_heap_pages():
     import json
 
-    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, check=True, timeout=60
+    )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["trimmed"] is True
     assert result["before"] - result["after"] > 150 << 20, result  # most of the 200 MiB freed went back
