@@ -24,6 +24,7 @@ from engine.core.outputs import CachePurge, RequestOutput, SchedulerOutput
 from engine.core.resolve import resolve_device
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import FinishReason, SamplingParams, Sequence
+from engine.core.speculative import make_spec_planner
 from engine.core.stats import CacheDigest, EngineStats, PoolSnapshot
 from engine.core.structured import StructuredOutput
 from engine.loading.engine_model import load_engine_model
@@ -90,6 +91,7 @@ class LLMEngine:
         )
         if self.tier is not None:  # its threads hold it (and the pool): close it when the engine goes
             weakref.finalize(self, self.tier.close, TIER_DRAIN_ON_EXIT_S)
+        self.spec = make_spec_planner(self.config, self.runner.verify_max_rows)
         self.scheduler = Scheduler(
             self.config,
             num_blocks,
@@ -97,6 +99,7 @@ class LLMEngine:
             kv_cache_dtype=self.kv_cache_dtype,
             kv_block_bytes=self.kv_block_bytes,
             tier=self.tier,
+            spec=self.spec,
         )
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler)
         self._seq_ids = itertools.count()
@@ -251,6 +254,8 @@ class LLMEngine:
                     )
         self.output_processor.note_progress(self.scheduler.waiting)
         outputs = self.output_processor.make_outputs()
+        if self.spec is not None and out.is_decode:  # what a step of so many rows costs, for the next plans
+            self.spec.step_times.add(out.num_batched_tokens, time.perf_counter() - started)
         if self._step_clock is not None and out.scheduled and out.num_batched_tokens == len(out.scheduled):
             self._step_timings.add(
                 len(out.scheduled), time.perf_counter() - started, *self._step_clock.read()
@@ -264,9 +269,9 @@ class LLMEngine:
         for seq in result.seqs:  # failed before update: the scheduler then appends nothing to them
             if seq.seq_id in result.errors:
                 self.output_processor.fail(seq.request_id, result.errors[seq.seq_id])
-        self.output_processor.add_logprobs(result.seqs, result.logprobs)
         self.output_processor.add_prompt_logprobs(result.prompt_logprobs)
-        got_token = self.scheduler.update(out, result.seq_id_to_token_id())
+        got_token = self.scheduler.update(out, result.seq_id_to_token_id(), accepted=result.accepted)
+        self.output_processor.add_logprobs(result.seqs, result.logprobs, result.accepted_logprobs)
         # the grammar is complete and cannot go on: stop now instead of sampling EOS next
         for seq in result.grammar_ended:
             if seq.finish_reason is FinishReason.LENGTH:  # its last allowed token completed it: not cut

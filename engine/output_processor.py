@@ -123,14 +123,23 @@ class OutputProcessor:
                 state.progress = state.progress_sent = progress
                 self._moved[request_id] = state
 
-    def add_logprobs(self, seqs: list[Sequence], logprobs: list[Logprob | None]) -> None:
-        """Record each sequence's logprob of this step (None where its request did not ask for logprobs)."""
+    def add_logprobs(
+        self,
+        seqs: list[Sequence],
+        logprobs: list[Logprob | None],
+        accepted: dict[int, list[Logprob | None]] | None = None,
+    ) -> None:
+        """Record the logprobs of the tokens each sequence got this step (call after Scheduler.update): those of its
+        accepted proposed tokens (`accepted`, by seq_id), then its sampled token's; None where its request did not
+        ask for logprobs."""
         for seq, lp in zip(seqs, logprobs, strict=True):
-            if lp is not None:
-                sample = self.request_states[seq.request_id].samples[seq.sample_index]
-                if sample.logprobs is None:
-                    sample.logprobs = []
-                sample.logprobs.append(lp)
+            if lp is None:
+                continue
+            sample = self.request_states[seq.request_id].samples[seq.sample_index]
+            if sample.logprobs is None:
+                sample.logprobs = []
+            got = [*(accepted or {}).get(seq.seq_id, ()), lp][: seq.num_new_tokens]
+            sample.logprobs.extend(x for x in got if x is not None)
 
     def add_prompt_logprobs(self, scores: list[PromptLogprobs]) -> None:
         """Record a step's prompt-token scores (a prompt read again after a preemption scores the same tokens)."""
@@ -180,17 +189,34 @@ class OutputProcessor:
         return outputs
 
     def _detokenize(self, state: RequestState, sample: SampleState) -> None:
-        """Add the sample's last token to its text; a completed stop string finishes the sequence."""
+        """Add the sample's new tokens to its text, one at a time; a completed stop string finishes the sequence,
+        and the tokens after the one that completed it (accepted proposed tokens of the same step) are dropped."""
         seq = sample.seq
-        step = sample.detokenizer.step([seq.token_ids[-1]])
-        delta = step.text_delta
-        if step.stop_string is not None:
-            if not seq.is_finished:
-                self.scheduler.finish(seq, FinishReason.STOP, step.stop_string)
-        elif seq.is_finished:
-            delta += sample.detokenizer.finish()  # the held-back tail: no stop string can complete any more
+        num_new = seq.num_new_tokens
+        first = len(seq.token_ids) - num_new
+        delta = ""
+        for i in range(first, first + num_new):
+            step = sample.detokenizer.step([seq.token_ids[i]])
+            delta += step.text_delta
+            if step.stop_string is not None:
+                dropped = first + num_new - (i + 1)
+                if dropped:
+                    del seq.token_ids[i + 1 :]
+                    num_new -= dropped
+                    if sample.logprobs is not None and state.params.logprobs is not None:
+                        del sample.logprobs[len(sample.logprobs) - dropped :]
+                if not seq.is_finished:
+                    self.scheduler.finish(seq, FinishReason.STOP, step.stop_string)
+                elif dropped:  # a dropped token had finished it (EOS, max_tokens): the stop string came first
+                    seq.finish_reason, seq.stop_reason = FinishReason.STOP, step.stop_string
+                break
+        else:
+            if seq.is_finished:
+                delta += (
+                    sample.detokenizer.finish()
+                )  # the held-back tail: no stop string can complete any more
         sample.text_delta += delta
-        sample.num_new_tokens += 1
+        sample.num_new_tokens += num_new
         self._moved[state.request_id] = state
 
     def _make_output(self, state: RequestState) -> RequestOutput:

@@ -30,13 +30,12 @@ from engine.core.ngram import NgramIndex
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `bench speculative`."""
     parser.add_argument(
-        "--num-speculative-tokens",
+        "--replay-k",
         type=positive_ints,
         default=[2, 4, 8],
-        help="proposal lengths k to replay, comma-separated (default 2,4,8)",
+        help="proposal lengths k to replay, comma-separated (default 2,4,8); the n-gram sizes are the engine's "
+        "--ngram-min and --ngram-max",
     )
-    parser.add_argument("--ngram-min", type=int, default=2, help="shortest suffix n-gram matched (default 2)")
-    parser.add_argument("--ngram-max", type=int, default=4, help="longest suffix n-gram matched (default 4)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens a reply may have (default 256)")
     parser.add_argument(
         "--categories",
@@ -101,7 +100,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Answer every prompt greedily, replay each answer for each k; print, write JSON + PNG."""
     from engine import LLM, SamplingParams
 
-    ks = args.num_speculative_tokens
+    ks = args.replay_k
+    args.ngram_min, args.ngram_max = args.engine_config.ngram_min, args.engine_config.ngram_max
     names = [c.strip() for c in args.categories.split(",") if c.strip()]
     unknown = [c for c in names if c not in CATEGORIES]
     if unknown or not names:

@@ -146,8 +146,12 @@ class BlockManager:
         num_new_tokens: int,
         cached_block_ids: list[int] | None = None,
         partial: tuple[int, int] | None = None,
+        num_lookahead_tokens: int = 0,
     ) -> list[tuple[int, int]] | None:
         """Cover num_computed_tokens + num_new_tokens slots; returns the CoW copies (src, dst) made, or None.
+
+        `num_lookahead_tokens`: how many of those slots lie past the sequence's tokens (proposed tokens that the step
+        verifies; `trim` gives back the blocks of those it rejects).
 
         Passing `cached_block_ids` (from match_prefix, possibly empty) admits the sequence: it takes those blocks
         and starts computing after them; with `partial` (from match_partial) its next block is a copy of that one
@@ -163,7 +167,7 @@ class BlockManager:
         num_partial = partial[1] if partial is not None else 0
         num_computed = len(table) * bs + num_partial if admitting else seq.num_computed_tokens
         end = num_computed + num_new_tokens
-        if end > len(seq):
+        if end > len(seq) + num_lookahead_tokens:
             raise RuntimeError(f"seq {seq.seq_id}: slots up to {end} requested for {len(seq)} tokens")
         num_table_blocks = cdiv(end, bs)
         num_new_blocks = max(0, num_table_blocks - len(table))
@@ -204,6 +208,18 @@ class BlockManager:
             self._decref(block_id)
         seq.block_table = []
         seq.num_hashed_blocks = 0
+
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past the sequence's computed tokens (those held only rejected proposals): each was
+        allocated for this step, unshared and unhashed, and goes back to the free queue."""
+        keep = cdiv(seq.num_computed_tokens, self.block_size)
+        while len(seq.block_table) > keep:
+            block_id = seq.block_table.pop()
+            block = self.blocks[block_id]
+            assert block.ref_count == 1 and block.block_hash is None, (
+                f"trimmed block {block_id} is shared or cached"
+            )
+            self._decref(block_id)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Let `child` share every block of `parent`, the partial tail included (written later through CoW)."""

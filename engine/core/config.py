@@ -10,6 +10,8 @@ from engine.core.options import check_choices, option, size_text
 DEFAULT_MODEL = "smollm2-135m-instruct"
 QUANTIZATIONS = ("auto", "gguf", "none")
 KV_CACHE_DTYPES = ("auto", "model", "float16", "int8")
+SPECULATIVE_METHODS = ("off", "ngram")
+MAX_SPECULATIVE_TOKENS = 15
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,26 @@ class EngineConfig:
         "every mask a step needs); a request over it ends with an error",
         group="advanced",
     )
+    speculative_method: str = option(
+        "ngram",
+        "ngram: propose the tokens that followed the latest earlier occurrence of a sequence's last tokens in its "
+        "own prompt and reply (prompt lookup), verified several in one weight pass, only in decode steps and only "
+        "as far as the measured step times say it pays; greedy output is the same token for token, sampled output "
+        "the same distribution; off: one token a step",
+        choices=SPECULATIVE_METHODS,
+        group="speculative",
+    )
+    num_speculative_tokens: int = option(
+        4,
+        "the most tokens proposed for a sequence in one step (each step picks fewer where they do not pay)",
+        group="speculative",
+    )
+    ngram_min: int = option(
+        2, "ngram: the shortest suffix of a sequence that is looked up", group="speculative"
+    )
+    ngram_max: int = option(
+        4, "ngram: the longest suffix of a sequence that is looked up", group="speculative"
+    )
     seed: int = option(0, "random seed of sampling", group="engine")
     num_threads: int | None = option(None, "CPU torch threads; unset: torch's default", group="engine")
 
@@ -182,6 +204,14 @@ class EngineConfig:
         for name in ("guided_mask_max_s", "guided_mask_budget_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(
+                f"num_speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], got {self.num_speculative_tokens}"
+            )
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(
+                f"ngram sizes must satisfy 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}"
+            )
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be at least 1, got {self.num_threads}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.block_size:

@@ -37,6 +37,8 @@ GROUPS = {
     "engine": "how the engine runs: device, batch, threads, replicas",
     "cache": "the KV cache: its budget and dtype, prefix sharing, the disk tier",
     "limits": "what one request, client or owner may take; 0 turns a limit off where its help says so",
+    "speculative": "speculative decoding: tokens proposed from the conversation's own text, verified several to a "
+    "weight pass, with the same output",
     "advanced": "engine internals and timings: kernels, block size, structured-output budgets, store timing "
     "(the defaults suit most deployments)",
 }

@@ -21,6 +21,14 @@ class ScheduledSequence:
 
     seq: Sequence
     num_new_tokens: int
+    # tokens proposed to follow the sequence's last one (speculative decoding): the step computes them too, one query
+    # row each after the real token's, and keeps the KV of those the target model agrees with
+    spec_token_ids: tuple[int, ...] = ()
+
+    @property
+    def num_rows(self) -> int:
+        """Query rows this step runs for the sequence: its new tokens and its proposed ones."""
+        return self.num_new_tokens + len(self.spec_token_ids)
 
     @property
     def samples(self) -> bool:
@@ -53,20 +61,39 @@ class SchedulerOutput:
 
     @property
     def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+        """Query rows of the step: its new tokens and the proposed ones."""
+        return sum(s.num_rows for s in self.scheduled)
+
+    @property
+    def is_decode(self) -> bool:
+        """Every scheduled sequence computes one new token (and maybe proposed ones) past its prompt and samples."""
+        return bool(self.scheduled) and all(
+            s.num_new_tokens == 1 and s.samples and s.seq.num_output_tokens > 0 for s in self.scheduled
+        )
+
+    @property
+    def num_spec_tokens(self) -> int:
+        return sum(len(s.spec_token_ids) for s in self.scheduled)
 
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
 
     def sampling_rows(self) -> tuple[list[Sequence], list[int]]:
-        """The sequences that sample a token this step, and each one's row of the model's logits (which has a row
-        per sampling sequence of `scheduled`, in order): forked samples come last and use their first sample's.
-        Read it before Scheduler.update, which moves the progress that `samples` is computed from."""
-        seqs = [s.seq for s in self.scheduled if s.samples]
-        rows = list(range(len(seqs)))
+        """The sequences that sample a token this step, and each one's first row of the model's logits (which has a
+        row per sampling sequence of `scheduled`, in order, and after it one per proposed token): forked samples come
+        last and use their first sample's. Read it before Scheduler.update, which moves the progress that `samples`
+        is computed from."""
+        seqs, rows, row = [], [], 0
+        for s in self.scheduled:
+            if s.samples:
+                seqs.append(s.seq)
+                rows.append(row)
+                row += 1 + len(s.spec_token_ids)
         if self.forked:
-            row_of_request = {seq.request_id: i for i, seq in enumerate(seqs) if seq.sample_index == 0}
+            row_of_request = {
+                seq.request_id: r for seq, r in zip(seqs, rows, strict=True) if seq.sample_index == 0
+            }
             for s in self.forked:
                 seqs.append(s.seq)
                 rows.append(row_of_request[s.seq.request_id])
@@ -105,6 +132,10 @@ class ModelRunnerOutput:
     errors: dict[int, str] = field(default_factory=dict)
     grammar_ended: list[Sequence] = field(default_factory=list)
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)  # for requests that asked
+    # seq_id -> the proposed tokens it accepted, which come before its token of `token_ids` (speculative decoding),
+    # and their Logprobs where its request asked
+    accepted: dict[int, list[int]] = field(default_factory=dict)
+    accepted_logprobs: dict[int, list[Logprob | None]] = field(default_factory=dict)
 
     def seq_id_to_token_id(self) -> dict[int, int]:
         """seq_id -> its sampled token, as Scheduler.update takes them."""

@@ -11,6 +11,7 @@ from engine.core.config import EngineConfig
 from engine.core.hash_chain import num_cacheable_blocks, pool_hash_salt
 from engine.core.outputs import ScheduledSequence, SchedulerOutput
 from engine.core.sequence import FinishReason, Sequence, SequenceStatus
+from engine.core.speculative import SpecPlanner
 from engine.core.stats import CacheDigest, EngineStats, PoolSnapshot
 from engine.core.tier import KVTier, LoadJob
 from engine.core.utils import cdiv
@@ -38,8 +39,11 @@ class Scheduler:
         kv_cache_dtype: str = "",
         kv_block_bytes: int = 0,
         tier: KVTier | None = None,
+        spec: SpecPlanner | None = None,
     ) -> None:
         """kv_cache_dtype / kv_block_bytes: what the runner's pool stores and a block's bytes, reported in stats.
+
+        `spec`: speculative decoding's planner; with it a decode step's sequences may verify proposed tokens.
 
         `tier`: a lower KV tier (the disk). Cached blocks are offered to it when their sequence frees them; an
         admission whose prefix continues past the RAM hits into the tier waits LOADING, off the queues, while the
@@ -60,6 +64,7 @@ class Scheduler:
             copy_partial_blocks=config.copy_partial_blocks,
         )
         self.tier = tier if config.enable_prefix_caching else None
+        self.spec = spec
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         # seq_id -> its load, in flight or not started yet (a finished seq's too, cancelled)
@@ -148,6 +153,8 @@ class Scheduler:
         siblings.remove(seq)
         if not siblings:
             del self.request_to_seqs[seq.request_id]
+        if self.spec is not None:
+            self.spec.forget(seq.seq_id)
         for s in (seq, *self.unforked.pop(seq.seq_id, ())):
             s.status = SequenceStatus.FINISHED
             s.finish_reason, s.stop_reason = reason, stop_reason
@@ -166,6 +173,8 @@ class Scheduler:
             self._admit_waiting(out, budget)
         if self.unforked:
             self._fork_samples(out)
+        elif self.spec is not None:
+            self._propose(out)
         self._start_loads(out.block_copies)
         if out.scheduled:
             self.num_steps += 1
@@ -197,6 +206,32 @@ class Scheduler:
             budget -= num_new
             i += 1
         return budget
+
+    def _propose(self, out: SchedulerOutput) -> None:
+        """Give a decode step's sequences the proposed tokens the planner picks, where the pool has their slots: only
+        in steps of one new token per sequence past its prompt (a step with a prompt chunk has rows enough), so that
+        a sequence's rows take the same kernels as without speculation. Never preempts for them."""
+        items = out.scheduled
+        if not items or any(
+            item.num_new_tokens != 1
+            or not item.samples
+            or item.seq.num_output_tokens == 0
+            or item.seq.params.structured is not None  # the step's grammar masks are one row a sequence
+            for item in items
+        ):
+            return
+        assert self.spec is not None
+        plans = self.spec.plan([item.seq for item in items], self.max_model_len)
+        for item, tokens in zip(items, plans, strict=True):
+            if not tokens:
+                continue
+            copies = self.block_manager.allocate_slots(
+                item.seq, 1 + len(tokens), num_lookahead_tokens=len(tokens)
+            )
+            if copies is None:
+                continue
+            out.block_copies.extend(copies)
+            item.spec_token_ids = tokens
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         """Admit waiting sequences in FCFS order while the budget, the slots and the pool allow."""
@@ -365,44 +400,81 @@ class Scheduler:
                 out.forked.append(ScheduledSequence(child, item.num_new_tokens))
 
     def update(
-        self, output: SchedulerOutput, sampled: dict[int, int], now: float | None = None
+        self,
+        output: SchedulerOutput,
+        sampled: dict[int, int],
+        now: float | None = None,
+        accepted: dict[int, list[int]] | None = None,
     ) -> list[Sequence]:
-        """Advance progress, append sampled tokens, finish stopped sequences; returns those that got a token."""
+        """Advance progress, append sampled tokens, finish stopped sequences; returns those that got a token.
+
+        `accepted`: seq_id -> the proposed tokens it kept, which come before its sampled token; the KV of the rest is
+        dropped (its progress stops after the last kept one, and its blocks past that go back to the pool)."""
         self._start_loads()  # the model has run the step's copies
         now = time.monotonic() if now is None else now
         got_token: list[Sequence] = []
+        num_tokens = 0
         for scheduled in itertools.chain(output.scheduled, output.forked):
             seq = scheduled.seq
+            seq.num_new_tokens = 0
             if seq.is_finished:
                 continue
             samples = scheduled.samples
-            seq.num_computed_tokens += scheduled.num_new_tokens
+            spec = scheduled.spec_token_ids
+            kept = accepted.get(seq.seq_id, []) if accepted and spec else []
+            if samples and seq.seq_id not in sampled:
+                raise RuntimeError(f"seq {seq.seq_id} reached its last token but no sample was given")
+            stop = None
+            if samples:
+                assert kept == list(spec[: len(kept)]), f"seq {seq.seq_id} kept tokens it was not proposed"
+                for token_id in (*kept, sampled[seq.seq_id]):  # one at a time: a stop cuts the rest
+                    seq.token_ids.append(token_id)
+                    seq.num_new_tokens += 1
+                    stop = self._stop(seq)
+                    if stop is not None:
+                        break
+            # the KV of the new tokens and of the kept proposed ones is valid, that of the rejected ones is not
+            seq.num_computed_tokens += scheduled.num_new_tokens + min(len(kept), seq.num_new_tokens)
+            if spec:
+                self.block_manager.trim(seq)
+                seq.num_draft_tokens += len(spec)
+                seq.num_accepted_tokens += len(kept)
+                if self.spec is not None:
+                    self.spec.record(seq.seq_id, len(spec), len(kept))
             self.block_manager.cache_full_blocks(seq)  # before a finish frees them, so they stay cached
             if not samples:
                 continue
-            if seq.seq_id not in sampled:
-                raise RuntimeError(f"seq {seq.seq_id} reached its last token but no sample was given")
-            seq.token_ids.append(sampled[seq.seq_id])
             if seq.first_token_time is None:
                 seq.first_token_time = now
                 if seq.sample_index == 0:
                     self.num_prompt_tokens_total += seq.num_prompt_tokens
             seq.last_token_time = now
-            self.check_stop(seq)
+            if stop is not None:
+                self.finish(seq, *stop)
             got_token.append(seq)
-        self.num_generation_tokens_total += len(got_token)
+            num_tokens += seq.num_new_tokens
+        if output.num_spec_tokens and self.spec is not None:
+            self.spec.counters.num_steps += 1
+        self.num_generation_tokens_total += num_tokens
         return got_token
 
     def check_stop(self, seq: Sequence) -> bool:
         """Finish the sequence if its last token ends it (EOS, a stop token, max_tokens, max_model_len)."""
+        stop = self._stop(seq)
+        if stop is not None:
+            self.finish(seq, *stop)
+        return seq.is_finished
+
+    def _stop(self, seq: Sequence) -> tuple[FinishReason, int | None] | None:
+        """Why the sequence's last token ends it, if it does: (finish reason, stop token)."""
         token_id = seq.token_ids[-1]
         if not seq.params.ignore_eos and token_id in self.eos_token_ids:
-            self.finish(seq, FinishReason.STOP)
-        elif token_id in seq.params.stop_token_ids:
-            self.finish(seq, FinishReason.STOP, stop_reason=token_id)
-        elif seq.num_output_tokens >= seq.params.max_tokens or len(seq) >= self.max_model_len:
-            self.finish(seq, FinishReason.LENGTH)
-        return seq.is_finished
+            return FinishReason.STOP, None
+        if token_id in seq.params.stop_token_ids:
+            return FinishReason.STOP, token_id
+        if seq.num_output_tokens >= seq.params.max_tokens or len(seq) >= self.max_model_len:
+            return FinishReason.LENGTH, None
+        return None
 
     def stats(self) -> EngineStats:
         """Pool and queue gauges, and the step and token counters since start."""

@@ -40,6 +40,8 @@ class SamplingParams:
     structured: StructuredOutput | None = None  # the output must match this grammar (engine/worker/guided.py)
     # until the first token: an output whenever the prompt's progress changes (RequestOutput.progress)
     report_progress: bool = False
+    # False: this request never takes speculative tokens (engine/core/speculative.py), whatever the engine's method
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -172,6 +174,11 @@ class Sequence:
     chain_key: ChainKey = field(
         default_factory=ChainKey
     )  # its tenant's salt and public prefix (hash_chain.py)
+    num_new_tokens: int = (
+        0  # tokens the last step appended (more than one where proposed tokens were accepted)
+    )
+    num_draft_tokens: int = 0  # tokens proposed for it and verified (speculative decoding)
+    num_accepted_tokens: int = 0  # ... and of those, the ones it kept
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -224,13 +224,15 @@ static sequence_fn pick(int is_bf16, int kv_format, int nc, int ng) {
 #include "attention8.h" /* AVX2: the same algorithm in 8-float vectors, laid out for sixteen registers */
 #endif
 
-/* Fewer sequences than threads (one conversation decoding alone): each sequence's tokens are cut into block-aligned
- * pieces, one thread a piece, so that every thread streams part of its KV cache (one thread alone reads DRAM at about
- * half the rate of two); the pieces' softmax states are then merged exactly as the online softmax would have, up to
- * summation order. fp32 outputs only; 0 (nothing done) for short contexts, where one pass is cheaper, or without
- * memory for the states. The pieces depend only on the step's lengths and the thread count, never on timing (so a
- * sequence's last bits may differ with the other sequences of its step, as the linears' kernels do by row count). */
-#define SPLIT_MIN_TOKENS 128
+/* Every sequence's tokens are cut into pieces of PIECE_TOKENS (rounded up to whole blocks), a work item a piece, whose
+ * softmax states are then merged in order exactly as the online softmax would have, up to summation order (as
+ * flash-decoding does on GPUs). The pieces depend on the sequence's own length only, never on the other sequences of
+ * the step, the thread count or timing: a row's result is the same bits in any batch, which speculative decoding's
+ * verification rows need (several rows of one sequence in a step must each get what one decode row would). One
+ * conversation alone still has every thread streaming part of its KV cache (one thread alone reads DRAM at about half
+ * the rate of two) once its context is two pieces long. fp32 outputs only; 0 (nothing done) without memory for the
+ * states. */
+#define PIECE_TOKENS 256
 
 /* fn over work items [0, items), handed out one at a time (their lengths differ) to at most num_threads threads. */
 static void run_items(const job_t *job, sequence_fn fn, int items, int num_threads) {
@@ -252,10 +254,8 @@ static int split_decode(const job_t *whole, sequence_fn fn, int num_seqs, int nu
     if (num_seqs < 1) return 0;
     int longest = 0;
     for (int s = 0; s < num_seqs; s++) longest = job->seq_lens[s] > longest ? job->seq_lens[s] : longest;
-    const int bs = job->block_size, blocks = (longest + bs - 1) / bs;
-    const int parts = num_threads / num_seqs < blocks ? num_threads / num_seqs : blocks; /* no piece of no block */
-    if (parts < 2 || longest < SPLIT_MIN_TOKENS) return 0;
-    const int span = (blocks + parts - 1) / parts * bs;
+    const int bs = job->block_size, span = (PIECE_TOKENS + bs - 1) / bs * bs;
+    const int parts = (longest + span - 1) / span; /* a shorter sequence's pieces past its end are empty */
     const int hq = job->num_heads, hd = job->head_dim, items = num_seqs * parts;
     float *partial = malloc(sizeof(float) * (size_t)items * hq * SPLIT_STATE(hd));
     if (!partial) return 0;
@@ -313,7 +313,7 @@ int paged_decode(int is_bf16, int kv_format, const void *q, int64_t q_row, int64
                        .rows = rows, .seq_lens = seq_lens, .tables = tables, .t_row = t_row,
                        .num_heads = num_heads, .num_kv_heads = num_kv_heads, .head_dim = head_dim,
                        .block_size = block_size, .scale = scale};
-    if (!is_bf16 && num_seqs < num_threads && split_decode(&job, fn, num_seqs, num_threads)) return 0;
+    if (!is_bf16 && split_decode(&job, fn, num_seqs, num_threads)) return 0;
     run_items(&job, fn, num_seqs, num_threads); /* a sequence an item */
     return 0;
 }

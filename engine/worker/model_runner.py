@@ -11,7 +11,7 @@ import torch
 from engine.attention.backend import make_attention_backend
 from engine.attention.metadata import AttentionMetadata
 from engine.core.config import EngineConfig
-from engine.core.outputs import ModelRunnerOutput, PromptLogprobs, SchedulerOutput
+from engine.core.outputs import Logprob, ModelRunnerOutput, PromptLogprobs, SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.core.utils import cdiv
 from engine.models.fused_decode import FusedDecoder, FusedStep
@@ -37,6 +37,9 @@ class StepLogits:
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
 
 
+DEFAULT_VERIFY_ROWS = (
+    16  # a float model's bound on a verifying step's rows (QuantLinear's GEMV bound otherwise)
+)
 PROMPT_LOGITS_ROWS = (
     256  # prompt positions scored at once: bounds the [rows, vocab] logits a long prompt needs
 )
@@ -88,6 +91,17 @@ class ModelRunner:
             num_blocks * spec.block_size,
         )
 
+    @property
+    def verify_max_rows(self) -> int:
+        """The most query rows a decode step may have with proposed tokens: those that the linears still take on
+        their few-row GEMV (engine/native/quant_linear.py), whose result for a row does not depend on the others; a
+        float model's linears have no such bound (their rows are not bit-exact across counts: see the docs)."""
+        qkv = self.model.layers[0].self_attn.qkv_proj if hasattr(self.model, "layers") else None
+        max_rows = getattr(qkv, "gemv_max_rows", DEFAULT_VERIFY_ROWS)
+        if self.fused is not None and self.fused.head_rows:
+            max_rows = min(max_rows, self.fused.head_rows)
+        return max_rows
+
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Apply copy-on-write block copies to every layer before the step stores new K/V."""
         if not copies:
@@ -113,6 +127,16 @@ class ModelRunner:
             seq = item.seq
             start = seq.num_computed_tokens
             end = start + item.num_new_tokens
+            if item.spec_token_ids:  # a decode row and one per proposed token, each attending as a decode
+                input_ids.append(seq.token_ids[start])
+                input_ids.extend(item.spec_token_ids)
+                for pos in range(start, start + item.num_rows):
+                    positions.append(pos)
+                    query_lens.append(1)
+                    seq_lens.append(pos + 1)
+                    tables.append(seq.block_table)
+                    sample_rows.append(len(positions) - 1)
+                continue
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             query_lens.append(item.num_new_tokens)
@@ -134,9 +158,15 @@ class ModelRunner:
             return None
         if any(item.prompt_logprob_positions for item in items):  # the fused step has no logits for those
             return None
-        positions = [item.seq.num_computed_tokens for item in items]
-        token_ids = [item.seq.token_ids[p] for item, p in zip(items, positions, strict=True)]
-        tables = [item.seq.block_table for item in items]
+        token_ids: list[int] = []
+        positions: list[int] = []
+        tables: list[list[int]] = []
+        for item in items:  # a proposed token is one more decode row of its sequence
+            seq, pos = item.seq, item.seq.num_computed_tokens
+            token_ids.append(seq.token_ids[pos])
+            token_ids.extend(item.spec_token_ids)
+            positions.extend(range(pos, pos + item.num_rows))
+            tables.extend([seq.block_table] * item.num_rows)
         return self.fused.decode(token_ids, positions, tables, logits=all(item.samples for item in items))
 
     def add_sequences(self, seqs: list[Sequence]) -> None:
@@ -169,8 +199,61 @@ class ModelRunner:
                 masks.wait()  # never leave the mask thread holding matchers past this step
         if not seqs:
             return ModelRunnerOutput(prompt_logprobs=step.prompt_logprobs)
-        return dataclasses.replace(
-            self._sample(seqs, rows, step, masks), prompt_logprobs=step.prompt_logprobs
+        proposed = {item.seq.seq_id: item.spec_token_ids for item in out.scheduled if item.spec_token_ids}
+        if proposed:
+            assert masks is None, (
+                "a step with proposed tokens has no constrained sequence (Scheduler._propose)"
+            )
+            result = self._verify(seqs, rows, step, proposed)
+        else:
+            result = self._sample(seqs, rows, step, masks)
+        return dataclasses.replace(result, prompt_logprobs=step.prompt_logprobs)
+
+    def _verify(
+        self, seqs: list[Sequence], rows: list[int], step: StepLogits, proposed: dict[int, tuple[int, ...]]
+    ) -> ModelRunnerOutput:
+        """A step whose sequences (some of them) verify proposed tokens: each such sequence has a row per proposed
+        token after its own, and keeps its proposed tokens up to the first its model does not take (Sampler.verify);
+        its token is the one sampled at that row (or, all kept, at the row after the last). The other sequences
+        sample as in any step."""
+        plain = [i for i, seq in enumerate(seqs) if seq.seq_id not in proposed]
+        token_ids: list[int] = [0] * len(seqs)
+        logprobs: list[Logprob | None] = [None] * len(seqs)
+        if plain:
+            picked = torch.tensor([rows[i] for i in plain])
+            argmax = None if step.argmax is None else [step.argmax[rows[i]] for i in plain]
+            batch = SamplingBatch.from_sequences(
+                [seqs[i] for i in plain], self.seeded_generators, self.generator
+            )
+            sampled = self.sampler(step.logits.index_select(0, picked), batch, argmax)
+            for i, token, lp in zip(plain, sampled.token_ids, sampled.logprobs, strict=True):
+                token_ids[i], logprobs[i] = token, lp
+        verifying = [i for i, seq in enumerate(seqs) if seq.seq_id in proposed]
+        row_seqs, row_ids, proposals, histories = [], [], [], []
+        for i in verifying:
+            spec = proposed[seqs[i].seq_id]
+            for j in range(len(spec) + 1):
+                row_seqs.append(seqs[i])
+                row_ids.append(rows[i] + j)
+                proposals.append(spec[j] if j < len(spec) else -1)
+                histories.append(spec[:j])
+        batch = SamplingBatch.from_sequences(row_seqs, self.seeded_generators, self.generator, histories)
+        verdict = self.sampler.verify(step.logits.index_select(0, torch.tensor(row_ids)), batch, proposals)
+        accepted: dict[int, list[int]] = {}
+        accepted_logprobs: dict[int, list[Logprob | None]] = {}
+        row = 0
+        for i in verifying:
+            seq_id = seqs[i].seq_id
+            spec = proposed[seq_id]
+            num_kept = 0
+            while num_kept < len(spec) and verdict.accepted[row + num_kept]:
+                num_kept += 1
+            accepted[seq_id] = list(spec[:num_kept])
+            accepted_logprobs[seq_id] = verdict.logprobs[row : row + num_kept]
+            token_ids[i], logprobs[i] = verdict.token_ids[row + num_kept], verdict.logprobs[row + num_kept]
+            row += len(spec) + 1
+        return ModelRunnerOutput(
+            seqs, token_ids, logprobs, accepted=accepted, accepted_logprobs=accepted_logprobs
         )
 
     def _sample(
@@ -205,7 +288,11 @@ class ModelRunner:
         """The step's logits through the modules: its forward too, unless the fused step ran it."""
         if fused is not None:
             hidden = fused.hidden
-            sample_rows = [i for i, item in enumerate(out.scheduled) if item.samples]
+            sample_rows, row = [], 0
+            for item in out.scheduled:
+                if item.samples:
+                    sample_rows.extend(range(row, row + item.num_rows))
+                row += item.num_rows
         else:
             ids, pos, meta, sample_rows = self.prepare(out)
             self.backend.prepare(meta)
@@ -234,5 +321,5 @@ class ModelRunner:
                     targets = seq.token_ids[positions.start + lo + 1 : positions.start + hi + 1]
                     logprobs += score_rows(logits, targets, seq.params.prompt_logprobs or 0)
                 scores.append(PromptLogprobs(seq.request_id, positions.start + 1, logprobs))
-            first_row += item.num_new_tokens
+            first_row += item.num_rows
         return scores

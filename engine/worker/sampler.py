@@ -46,10 +46,12 @@ class SamplingBatch:
         seqs: list[Sequence],
         generators: MutableMapping[int, torch.Generator],
         default_generator: torch.Generator | None = None,
+        proposed: list[tuple[int, ...]] | None = None,
     ) -> SamplingBatch:
         """Build the batch. A seeded sequence draws from its own generator, kept in `generators` by seq_id (added
         here on its first step, by make_generator's rule); unseeded rows use `default_generator`. Histories are
-        copied only for rows that apply penalties."""
+        copied only for rows that apply penalties. `proposed[i]`: tokens that row i's output history ends with as
+        if already accepted (a verification row: penalties apply per position)."""
         gens: list[torch.Generator | None] = []
         prompts: list[list[int]] = []
         outputs: list[list[int]] = []
@@ -62,16 +64,19 @@ class SamplingBatch:
                     gen = generators[seq.seq_id] = make_generator(p.seed, seq.sample_index)
             gens.append(gen)
             prompts.append(seq.token_ids[: seq.num_prompt_tokens] if p.repetition_penalty != 1.0 else [])
-            outputs.append(seq.token_ids[seq.num_prompt_tokens :] if _has_penalty(p) else [])
+            extra = list(proposed[len(outputs)]) if proposed else []
+            outputs.append(seq.token_ids[seq.num_prompt_tokens :] + extra if _has_penalty(p) else [])
         return cls([s.params for s in seqs], gens, prompts, outputs)
 
 
 @dataclass
 class SamplerOutput:
-    """One sampled token per row, and its Logprob where the row's params asked for logprobs."""
+    """One sampled token per row, and its Logprob where the row's params asked for logprobs; for `Sampler.verify`,
+    whether each row accepted its proposed token (then its token)."""
 
     token_ids: list[int]
     logprobs: list[Logprob | None]
+    accepted: list[bool] | None = None
 
 
 def make_generator(seed: int, sample_index: int = 0, device: str | torch.device = "cpu") -> torch.Generator:
@@ -131,6 +136,50 @@ class Sampler:
             for i, lp in zip(logprob_rows, self._logprobs(x, logprob_rows, token_ids, params), strict=True):
                 logprobs[i] = lp
         return SamplerOutput(token_ids, logprobs)
+
+    def verify(self, logits: torch.Tensor, batch: SamplingBatch, proposals: list[int]) -> SamplerOutput:
+        """Judge row i's proposed token `proposals[i]` (-1: none, sample as __call__ does) against the row's
+        distribution, as speculative sampling does for a proposer whose proposal is a single token (Leviathan et al.,
+        a deterministic draft): a greedy row accepts it when it is its argmax, and otherwise takes the argmax; a
+        sampled row accepts it with its probability p(x) under the row's settings (temperature, top-k, top-p, min-p)
+        and otherwise draws from p with x removed, so that its token is distributed as p either way. Penalties as
+        __call__ (give each row's history its earlier proposals: SamplingBatch.from_sequences's `proposed`);
+        logprobs are the rows' own."""
+        if logits.dim() != 2 or logits.shape[0] != len(batch) or len(proposals) != len(batch):
+            raise RuntimeError(f"logits {tuple(logits.shape)} do not match a batch of {len(batch)} rows")
+        params = batch.params
+        x = logits if logits.dtype == torch.float32 else logits.float()
+        penalty_rows = [i for i, p in enumerate(params) if _has_penalty(p)]
+        if penalty_rows:
+            x = x.clone()
+            self._apply_penalties(x, batch, penalty_rows)
+        token_ids = _argmax(x).tolist()
+        accepted = [t == p for t, p in zip(token_ids, proposals, strict=True)]
+        sample_rows = [i for i, p in enumerate(params) if p.temperature != 0.0]
+        if sample_rows:
+            idx = torch.tensor(sample_rows, device=x.device)
+            rows_params = [params[i] for i in sample_rows]
+            scaled = x.index_select(0, idx) / torch.tensor(
+                [p.temperature for p in rows_params], device=x.device
+            ).unsqueeze(1)
+            probs = processed_probs(scaled, rows_params)
+            gens = [batch.generators[i] for i in sample_rows]
+            u_accept, u_draw = _uniforms(gens, x.device).tolist(), _uniforms(gens, x.device)
+            for j, i in enumerate(sample_rows):
+                proposal = proposals[i]
+                accepted[i] = proposal >= 0 and u_accept[j] < float(probs[j, proposal])
+                if accepted[i]:
+                    token_ids[i] = proposal
+                    continue
+                if proposal >= 0:
+                    probs[j, proposal] = 0.0  # the residual of a deterministic proposal: p without x
+                token_ids[i] = int(_draw(probs[j : j + 1], u_draw[j : j + 1])[0])
+        logprobs: list[Logprob | None] = [None] * len(params)
+        logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        if logprob_rows:
+            for i, lp in zip(logprob_rows, self._logprobs(x, logprob_rows, token_ids, params), strict=True):
+                logprobs[i] = lp
+        return SamplerOutput(token_ids, logprobs, accepted)
 
     @staticmethod
     def _apply_penalties(x: torch.Tensor, batch: SamplingBatch, rows: list[int]) -> None:
@@ -256,6 +305,41 @@ def _sample_candidates(
     _min_p(probs, [p.min_p for p in params])
     tokens = cand.gather(1, _draw(probs, u).unsqueeze(1)).squeeze(1)
     return covered, tokens
+
+
+def processed_probs(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Each row's distribution [S, V] as `Sampler._sample` draws from it, normalised: x holds the rows' logits
+    already divided by their temperature; then top-k, top-p (over the top-k ones where both are set) and min-p."""
+    num_rows, vocab = x.shape
+    probs = torch.zeros_like(x)
+    for i, p in enumerate(params):
+        row = x[i]
+        top_k = p.top_k if 0 < p.top_k < vocab else 0
+        if top_k:
+            vals, cand = torch.topk(row, top_k)
+            pr = torch.softmax(vals, dim=-1)
+        elif p.top_p < 1.0:
+            lse = row.logsumexp(dim=-1)
+            for size in (*TOP_P_CANDIDATES, vocab):  # the nucleus within the fewest candidates that hold it
+                if size >= vocab:
+                    vals, cand = torch.sort(row, descending=True, stable=True)
+                else:
+                    vals, cand = torch.topk(row, size)
+                pr = (vals - lse).exp()
+                if size >= vocab or float(pr.sum()) >= p.top_p:
+                    break
+        else:
+            pr, cand = torch.softmax(row, dim=-1), None
+        if p.top_p < 1.0:
+            pr = pr.masked_fill(pr.cumsum(dim=-1) - pr >= p.top_p, 0.0)
+        if p.min_p > 0.0:
+            pr = pr.masked_fill(pr < p.min_p * pr.max(), 0.0)
+        if cand is None:
+            probs[i] = pr
+        else:
+            probs[i, cand] = pr
+        probs[i] /= probs[i].sum()
+    return probs
 
 
 def _uniforms(gens: list[torch.Generator | None], device: torch.device) -> torch.Tensor:

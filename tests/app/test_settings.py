@@ -156,6 +156,10 @@ def _non_default_config() -> EngineConfig:
         kv_disk_key_file="/var/lib/pagedchat/kv-tier.key",
         guided_mask_max_s=0.02,
         guided_mask_budget_s=3.0,
+        speculative_method="off",
+        num_speculative_tokens=7,
+        ngram_min=3,
+        ngram_max=5,
         seed=11,
         num_threads=2,
     )
@@ -218,7 +222,17 @@ def test_serve_flags_reach_the_settings_and_the_engine():
 def test_every_serve_flag_has_help_and_a_group():
     parser = build_parser()
     groups = {g.title: [a.dest for a in g._group_actions] for g in parser._action_groups if g._group_actions}
-    assert list(groups) == ["options", "server", "accounts", "model", "engine", "cache", "limits", "advanced"]
+    assert list(groups) == [
+        "options",
+        "server",
+        "accounts",
+        "model",
+        "engine",
+        "cache",
+        "limits",
+        "speculative",
+        "advanced",
+    ]
     assert groups["options"] == ["help"]  # every other flag is in a named group
     flags = [a for a in parser._actions if a.dest != "help"]
     assert sorted(a.dest for a in flags) == sorted(ENGINE_FIELDS + SERVICE_OPTIONS)

@@ -179,19 +179,23 @@ def test_disabled_by_environment(monkeypatch):
 @pytest.mark.parametrize(
     "seq_lens,threads,block_size",
     [
-        ([600], 2, 16),  # one conversation on two threads: two pieces of its context
-        ([130], 3, 16),  # three pieces, the last one short
-        ([130], 4, 16),  # four pieces of 48 tokens: the last one starts past the end, empty
-        ([300, 140], 4, 32),  # two sequences, two pieces of 160 each: the shorter one's second is empty
-        ([127], 2, 16),  # under the split threshold: one pass
+        ([600], 2, 16),  # one conversation on two threads: three pieces of 256 tokens, the last one short
+        ([130], 3, 16),  # one piece
+        ([256, 257], 4, 16),  # a piece exactly, and one token more: a second piece of one token
+        ([300, 140, 900], 4, 32),  # the shorter sequences' later pieces are empty
+        (
+            [1000, 1001, 1002],
+            2,
+            16,
+        ),  # a sequence's consecutive positions, as speculative decoding verifies them
     ],
 )
-def test_fewer_sequences_than_threads_split_their_context_between_threads(
+def test_decode_rows_are_the_same_bits_in_any_batch_and_on_any_thread_count(
     seq_lens, threads, block_size, kv_int8
 ):
-    """Decoding fewer sequences than threads cuts each context into block-aligned pieces, one thread each, and
-    merges their softmax states: the reference's result (fp32 tolerance), and the one-thread result up to summation
-    order."""
+    """Each context is cut into pieces of PIECE_TOKENS whatever the batch, one work item a piece, and their softmax
+    states are merged in order: the reference's result (fp32 tolerance), and for each row the very bits of decoding
+    it alone on one thread (issue #40: a sequence's proposed tokens are extra decode rows of its step)."""
 
     head_dim, num_heads, num_kv_heads = 64, 9, 3  # SmolLM2's shape
     num_blocks = sum(cdiv(n, block_size) for n in seq_lens) + 2
@@ -214,15 +218,27 @@ def test_fewer_sequences_than_threads_split_their_context_between_threads(
     q = torch.randn(len(seq_lens), num_heads, head_dim, generator=gen)
     seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
     rows = torch.arange(len(seq_lens), dtype=torch.int32)
-    outs = {}
     before = torch.get_num_threads()
     try:
-        for n in (1, threads):
-            torch.set_num_threads(n)
-            outs[n] = torch.full_like(q, float("nan"))
-            KERNEL(q, k_cache, v_cache, rows, seq_lens_t, tables, outs[n], 0.125, *scales)
+        torch.set_num_threads(threads)
+        together = torch.full_like(q, float("nan"))
+        KERNEL(q, k_cache, v_cache, rows, seq_lens_t, tables, together, 0.125, *scales)
+        torch.set_num_threads(1)
+        alone = torch.full_like(q, float("nan"))
+        for i in range(len(seq_lens)):
+            KERNEL(
+                q,
+                k_cache,
+                v_cache,
+                rows[i : i + 1],
+                seq_lens_t[i : i + 1],
+                tables[i : i + 1],
+                alone,
+                0.125,
+                *scales,
+            )
     finally:
         torch.set_num_threads(before)
     expected = _reference(q, k_read, v_read, tables, rows.long(), seq_lens_t, 0.125)
-    torch.testing.assert_close(outs[threads], expected.float(), **FP32_TOL)
-    torch.testing.assert_close(outs[threads], outs[1], atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(together, expected.float(), **FP32_TOL)
+    assert torch.equal(together, alone)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from engine.native.quant_format import QuantType, QuantWeight, dequantize_torch, quant_linear_torch
-from engine.native.quant_linear import load_kernel
+from engine.native.quant_linear import GEMV_MAX_ROWS, load_kernel
 
 NEW_TYPES = [q for q in QuantType if not q.legacy]
 MARCHES = ["native", "x86-64-v3", "x86-64"]  # this CPU; AVX2 only; scalar
@@ -226,3 +226,39 @@ def test_int8_dots_do_not_saturate(qtype, march):
     y_ref = x.double() @ ref.double().T
     for y in (k.linear(x, weight, None, act_q8=True), k.gemm_q8(x, weight, None)):
         assert_within(y, y_ref, 4 * fp32_bound(x, ref) + 1e-6 * y_ref.abs())
+
+
+@pytest.mark.parametrize("march", MARCHES)
+@pytest.mark.parametrize("qtype", list(QuantType), ids=lambda q: q.name)
+def test_int8_rows_do_not_depend_on_the_row_count(qtype, march):
+    """With int8 activations every GEMV row is the same bits whether the call has 1 row or up to the GEMV bound (and
+    the batch GEMM of the K-quants, the same dots, too): speculative decoding runs a sequence's proposed tokens as
+    extra rows of a step and needs each to be what one decode row would have been (issue #40)."""
+    k = kernel(march)
+    in_features = 2 * 256 if qtype.block_weights == 256 else 10 * 32  # an odd number of 32-blocks in pairs
+    weight = (
+        random_weight(qtype, 37, in_features, seed=11)
+        if not qtype.legacy
+        else legacy_weight(qtype, 37, in_features)
+    )
+    x = make_x(GEMV_MAX_ROWS, in_features, seed=12)
+    alone = torch.cat([k.linear(x[i : i + 1], weight, None, act_q8=True) for i in range(GEMV_MAX_ROWS)])
+    for rows in range(2, GEMV_MAX_ROWS + 1):
+        assert torch.equal(k.linear(x[:rows], weight, None, act_q8=True), alone[:rows]), f"{rows} rows"
+    if not qtype.legacy and qtype not in B32_GEMM_TYPES:
+        assert torch.equal(k.gemm_q8(x, weight, None), alone)
+
+
+B32_GEMM_TYPES = {
+    QuantType.Q5_0,
+    QuantType.Q5_1,
+    QuantType.IQ4_NL,
+}  # a tiled GEMM of their own: summed otherwise
+
+
+def legacy_weight(qtype: QuantType, out_features: int, in_features: int) -> QuantWeight:
+    """Q4_0 / Q4_1 / Q8_0 blocks quantized by gguf-py from random values."""
+    gen = np.random.default_rng(13)
+    w = gen.standard_normal((out_features, in_features)).astype(np.float32)
+    raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType(int(qtype)))
+    return QuantWeight(qtype, torch.from_numpy(raw.copy()), in_features)

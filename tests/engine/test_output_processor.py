@@ -180,7 +180,8 @@ def test_logprobs_are_reported_only_when_asked_for(asked: int | None) -> None:
     seqs = add(sched, proc, "r", 0, max_tokens=2, logprobs=asked)
     lp = Logprob(QUICK[0], -0.5, [(QUICK[0], -0.5)])
     out = sched.schedule()
-    proc.add_logprobs(seqs, [lp if asked is not None else None])
-    proc.process_tokens(sched.update(out, {0: QUICK[0]}))
+    got = sched.update(out, {0: QUICK[0]})
+    proc.add_logprobs(seqs, [lp if asked is not None else None])  # after update: it knows the tokens appended
+    proc.process_tokens(got)
     (output,) = proc.make_outputs()
     assert output.outputs[0].logprobs == ([lp] if asked is not None else None)

@@ -122,17 +122,21 @@ static inline __attribute__((always_inline)) void b32_q8_step(int fmt, const uin
         const __m256 dx = _mm256_shuffle_ps(_mm256_broadcast_ss(&a0->d), _mm256_broadcast_ss(&a1->d), 0);
         acc[r / 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(d, dx), acc[r / 2]);
     }
-    if (r < NR) {
+    if (r < NR) { /* the odd row as the first of a pair whose second is zero: the same lanes and sums as paired */
         const ActBlock32 *ar = a + r * act_row;
+        const __m256i p = _mm256_hadd_epi32(b32_row_dot(fmt, w, u, ar), _mm256_setzero_si256());
         const __m256 scale = _mm256_mul_ps(d, _mm256_broadcast_ss(&ar->d));
-        acc[r / 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b32_row_dot(fmt, w, u, ar)), scale, acc[r / 2]);
+        acc[r / 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[r / 2]);
     }
     if (fmt == Q5_1)
         for (r = 0; r < NR; r++) mins[r] += m * a[r * act_row].s;
 }
 
-/* dot_q8 for NR rows (a constant after inlining): blocks in pairs, for one or two rows each of a pair into its own
- * accumulators (two FMA chains, so that the dot is not bound by the FMA's latency; more rows have chains enough). */
+/* dot_q8 for NR rows (a constant after inlining): blocks in pairs, each of a pair into its own accumulators (two FMA
+ * chains, so that the dot is not bound by the FMA's latency). Every row takes the same operations in the same order
+ * whatever NR is (a lone row is summed as a pair's first), so a row's result does not depend on the call's row
+ * count: speculative decoding verifies several rows of one sequence in a step and needs each to be what one row
+ * would have been. */
 static inline __attribute__((always_inline)) void b32_dot_q8_rows(int fmt, const uint8_t *wrow, int nb,
                                                                   const ActBlock32 *act, int64_t act_row, int NR,
                                                                   float *sums) {
@@ -145,22 +149,16 @@ static inline __attribute__((always_inline)) void b32_dot_q8_rows(int fmt, const
     for (; b + 1 < nb; b += 2) {
         _mm_prefetch((const char *)(wrow + (int64_t)b * bb + B32_PREFETCH), _MM_HINT_T0); /* every 36..48 bytes */
         b32_q8_step(fmt, wrow + (int64_t)b * bb, act + b, act_row, NR, acc0, mins);
-        if (NR <= 2)
-            b32_q8_step(fmt, wrow + (int64_t)(b + 1) * bb, act + b + 1, act_row, NR, acc1, mins);
-        else
-            b32_q8_step(fmt, wrow + (int64_t)(b + 1) * bb, act + b + 1, act_row, NR, acc0, mins);
+        b32_q8_step(fmt, wrow + (int64_t)(b + 1) * bb, act + b + 1, act_row, NR, acc1, mins);
     }
     if (b < nb) b32_q8_step(fmt, wrow + (int64_t)b * bb, act + b, act_row, NR, acc0, mins);
     for (int v = 0; v < NV; v++) {
         const __m256 t = _mm256_add_ps(acc0[v], acc1[v]);
-        if (2 * v + 1 < NR) { /* lanes 0, 1 (and 4, 5): row 2v; 2, 3 (6, 7): row 2v + 1 */
-            __m128 h = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-            h = _mm_hadd_ps(h, h);
-            sums[2 * v] = _mm_cvtss_f32(h) + mins[2 * v];
-            sums[2 * v + 1] = _mm_cvtss_f32(_mm_movehdup_ps(h)) + mins[2 * v + 1];
-        } else {
-            sums[2 * v] = hsum8(t) + mins[2 * v];
-        }
+        /* lanes 0, 1 (and 4, 5): row 2v; 2, 3 (6, 7): row 2v + 1 (zeros for a lone row) */
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        h = _mm_hadd_ps(h, h);
+        sums[2 * v] = _mm_cvtss_f32(h) + mins[2 * v];
+        if (2 * v + 1 < NR) sums[2 * v + 1] = _mm_cvtss_f32(_mm_movehdup_ps(h)) + mins[2 * v + 1];
     }
 }
 

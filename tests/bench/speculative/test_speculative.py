@@ -40,7 +40,7 @@ def test_the_benchmark_on_a_tiny_model(tmp_path):
         tmp_path / "tiny.gguf", seed=5, context_length=2048
     )  # the documents are ~800 tokens
     argv = (
-        f"speculative --model {model} --kv-cache-bytes {2**24} --max-tokens 12 --num-speculative-tokens 2,4 "
+        f"speculative --model {model} --kv-cache-bytes {2**24} --max-tokens 12 --replay-k 2,4 "
         f"--categories edit,open --results-dir {tmp_path / 'out'}"
     )
     assert bench_main(shlex.split(argv)) == 0
@@ -68,7 +68,7 @@ def test_the_benchmark_on_a_tiny_model(tmp_path):
 @pytest.mark.parametrize(
     "argv",
     [
-        "speculative --num-speculative-tokens 0",
+        "speculative --replay-k 0",
         "speculative --categories poems",
         "speculative --ngram-min 3 --ngram-max 2",
     ],
