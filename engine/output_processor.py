@@ -237,6 +237,8 @@ class OutputProcessor:
                     logprobs=sample.logprobs if state.params.logprobs is not None else None,
                     finish_reason=FinishReason.ERROR if state.error is not None else seq.finish_reason,
                     stop_reason=seq.stop_reason,
+                    num_draft_tokens=seq.num_draft_tokens,
+                    num_accepted_tokens=seq.num_accepted_tokens,
                 )
             )
             sample.text_delta, sample.num_new_tokens = "", 0

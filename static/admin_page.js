@@ -74,6 +74,20 @@ function renderCounters(pool, point) {
   setText("stat-hit-rate", pct(point.prefix_hit_rate));
   setText("stat-tokps", compact(point.tokens_per_s));
   setText("stat-waste-paged", point.paged_waste_tokens + " tok");
+  renderSpeculation(s.spec);
+}
+
+// speculative decoding since start: the share of proposed tokens kept, and how many (null: the method is off)
+function renderSpeculation(spec) {
+  if (!spec) {
+    setText("stat-spec-rate", "off");
+    setText("stat-spec-sub", "one token a step");
+    return;
+  }
+  const rate = spec.num_draft_tokens ? spec.num_accepted_tokens / spec.num_draft_tokens : null;
+  setText("stat-spec-rate", rate == null ? "–" : pct(rate));
+  setText("stat-spec-sub", compact(spec.num_accepted_tokens) + " of " + compact(spec.num_draft_tokens) +
+    " proposed tokens kept (" + spec.method + ")");
 }
 
 function renderPaging(paging, advice, point) {

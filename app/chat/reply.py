@@ -114,6 +114,8 @@ class FinalReply:
     num_prior_tokens: int = (
         0  # a continued reply: its tokens before this request (in token_ids, not in usage)
     )
+    draft_tokens: int = 0  # speculative decoding: tokens proposed and verified, and of those the ones kept
+    accepted_tokens: int = 0
 
     @property
     def completion_tokens(self) -> int:
@@ -123,7 +125,11 @@ class FinalReply:
     def done_event(self) -> dict[str, Any]:
         """The reply's last event; `usage` counts this request's tokens."""
         usage = usage_json(
-            self.prompt_tokens, self.completion_tokens - self.num_prior_tokens, self.cached_tokens
+            self.prompt_tokens,
+            self.completion_tokens - self.num_prior_tokens,
+            self.cached_tokens,
+            self.draft_tokens,
+            self.accepted_tokens,
         )
         event = {"type": "done", "message": message_fields(self), "usage": usage, "timings": self.timings}
         if self.reason is not None:
@@ -175,6 +181,8 @@ class _Draft:
             parent_id=self.place.parent_id,
             prompt_tokens=len(self.plan.token_ids),
             cached_tokens=self.last.num_cached_tokens if self.last is not None else 0,
+            draft_tokens=out.num_draft_tokens if out is not None else 0,
+            accepted_tokens=out.num_accepted_tokens if out is not None else 0,
             truncated_turns=self.plan.truncated_turns,
             timings=_timings(self.last),
             error=error,

@@ -76,11 +76,23 @@ def message_json(m: MessageRecord) -> dict[str, Any]:
     }
 
 
-def usage_json(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    """`usage` with `prompt_tokens_details.cached_tokens` (prompt tokens served from the prefix cache)."""
+def usage_json(
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int,
+    draft_tokens: int = 0,
+    accepted_tokens: int = 0,
+) -> dict[str, Any]:
+    """`usage` with `prompt_tokens_details.cached_tokens` (prompt tokens served from the prefix cache) and, in
+    OpenAI's fields of predicted outputs, how many of the tokens speculative decoding proposed were kept
+    (`completion_tokens_details.accepted_prediction_tokens`) and how many were not (`rejected_prediction_tokens`)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": accepted_tokens,
+            "rejected_prediction_tokens": draft_tokens - accepted_tokens,
+        },
     }

@@ -126,6 +126,7 @@ def sampling_params(
             stop=stop + extra_stop,
             stop_token_ids=tuple(stop_token_ids or ()),
             ignore_eos=get_bool(body, "ignore_eos", False),
+            speculative=get_bool(body, "speculative", True),
             n=get_int(body, "n", 1),
             seed=get_int(body, "seed", d.get("seed")),
             logprobs=logprobs,

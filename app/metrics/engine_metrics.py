@@ -133,6 +133,18 @@ def add_engine_samples(out: Families, stats: EngineStats, labels: dict[str, str]
         rest = t.step_s - t.matmul_s - t.attention_s
         for part, seconds in (("matmul", t.matmul_s), ("attention", t.attention_s), ("rest", rest)):
             counter("decode_step_seconds", split, seconds, batch_size=size, part=part)
+    spec = stats.spec
+    if spec is not None:  # vLLM's spec_decode counters: a draft is one sequence's proposed tokens in one step
+        counter(
+            "spec_decode_num_drafts",
+            "Drafts verified (one sequence's proposed tokens in one step).",
+            spec.num_drafts,
+        )
+        counter("spec_decode_num_draft_tokens", "Proposed tokens verified.", spec.num_draft_tokens)
+        counter("spec_decode_num_accepted_tokens", "Proposed tokens accepted.", spec.num_accepted_tokens)
+        per_pos = "Drafts whose token at this position was accepted."
+        for position, accepted in enumerate(spec.accepted_per_position):
+            counter("spec_decode_num_accepted_tokens_per_pos", per_pos, accepted, position=str(position))
     tier = stats.tier
     # no tier: only that it is off; a tier turned off after an error keeps reporting its counters
     gauge(

@@ -22,7 +22,13 @@ def finish_reason(output: CompletionOutput) -> str | None:
 def usage(result: RequestOutput, prompt_tokens: int) -> dict[str, Any]:
     """`usage` of a request, over all its samples."""
     completion_tokens = sum(len(o.token_ids) for o in result.outputs)
-    return usage_json(prompt_tokens, completion_tokens, result.num_cached_tokens)
+    return usage_json(
+        prompt_tokens,
+        completion_tokens,
+        result.num_cached_tokens,
+        sum(o.num_draft_tokens for o in result.outputs),
+        sum(o.num_accepted_tokens for o in result.outputs),
+    )
 
 
 def envelope(kind: str, response_id: str, model: str, created: int | None = None) -> dict[str, Any]:

@@ -34,6 +34,7 @@ _COMMON = frozenset(
         "cache_salt",
         "user",  # informational: written to the request's log line
         "return_progress",  # llama.cpp's: a stream sends prompt_progress chunks before the first token
+        "speculative",  # pagedchat's: false, this request takes no speculative tokens
     }
 )
 CHAT_FIELDS = _COMMON | {

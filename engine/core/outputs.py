@@ -154,6 +154,9 @@ class CompletionOutput:
     logprobs: list[Logprob] | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
+    # speculative decoding: tokens proposed for this sample and verified, and of those the ones it kept
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def finished(self) -> bool:

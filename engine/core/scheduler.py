@@ -503,6 +503,7 @@ class Scheduler:
             num_loading=sum(not job.cancelled for job in self.loading.values()),
             disk_hit_tokens=self.num_disk_hit_tokens,
             tier=self.tier.stats() if self.tier is not None else None,
+            spec=self.spec.stats(self.config.speculative_method) if self.spec is not None else None,
         )
 
     def cache_digest(self) -> CacheDigest:

@@ -20,6 +20,7 @@ from typing import Protocol
 from engine.core.config import EngineConfig
 from engine.core.ngram import NO_PROPOSAL, NgramIndex, Proposal
 from engine.core.sequence import Sequence
+from engine.core.stats import SpecStats
 
 DECAY = 0.85  # weight of a sequence's earlier verifications against its latest one
 GLOBAL_DECAY = 0.98  # ... and of the engine-wide acceptance by match length
@@ -203,6 +204,17 @@ class SpecPlanner:
             c.accepted_per_position.append(0)
         for i in range(num_accepted):
             c.accepted_per_position[i] += 1
+
+    def stats(self, method: str) -> SpecStats:
+        c = self.counters
+        return SpecStats(
+            method,
+            c.num_drafts,
+            c.num_draft_tokens,
+            c.num_accepted_tokens,
+            tuple(c.accepted_per_position),
+            c.num_steps,
+        )
 
     def forget(self, seq_id: int) -> None:
         """A sequence finished or was preempted: its index and estimates go (a preempted one starts again)."""

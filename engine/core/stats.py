@@ -22,6 +22,23 @@ class StepTiming:
 
 
 @dataclass(frozen=True)
+class SpecStats:
+    """Speculative decoding since start, as vLLM's spec_decode counters count it: a draft is one sequence's proposed
+    tokens in one step, verified together."""
+
+    method: str
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    accepted_per_position: tuple[int, ...]  # [i]: drafts whose token i was accepted
+    num_steps: int  # engine steps that verified at least one draft
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+
+@dataclass(frozen=True)
 class EngineStats:
     """Counters and gauges of one engine at one moment."""
 
@@ -53,6 +70,7 @@ class EngineStats:
     step_timings: tuple[StepTiming, ...] = ()  # per decode batch size, with step_timing on; else empty
     weight_bytes_blocks: int = 0  # the model's weights kept in quantized blocks (GGUF)
     weight_bytes_float: int = 0  # the model's weights in float (norms, biases, embedding, float linears)
+    spec: SpecStats | None = None  # speculative decoding, when its method is not off
     memory_available_bytes: int = (
         0  # what the machine can still give (MemAvailable) when the stats were taken
     )

@@ -38,6 +38,26 @@ def test_chat_completion(client, model_id, server):
     server.wait_pool_idle()
 
 
+def test_usage_has_the_speculative_counts_and_a_request_can_opt_out(client, model_id, server):
+    """`usage.completion_tokens_details` counts the tokens speculative decoding proposed and kept or rejected (the
+    tiny random model repeats nothing, so the n-gram method proposes nothing here: tests/engine/test_speculative_exact.py
+    counts them on the real model); `speculative: false` is accepted and changes no greedy token."""
+    prompt = "one two three four five six seven one two three four five six seven one two three"
+    on = client.completions.create(model=model_id, prompt=prompt, max_tokens=24, temperature=0)
+    off = client.completions.create(
+        model=model_id, prompt=prompt, max_tokens=24, temperature=0, extra_body={"speculative": False}
+    )
+    assert on.choices[0].text == off.choices[0].text
+    for reply in (on, off):
+        details = reply.usage.completion_tokens_details
+        assert (details.accepted_prediction_tokens, details.rejected_prediction_tokens) == (0, 0)
+    with pytest.raises(openai.BadRequestError, match="speculative"):
+        client.completions.create(
+            model=model_id, prompt=prompt, max_tokens=2, extra_body={"speculative": "no"}
+        )
+    server.wait_pool_idle()
+
+
 def test_streaming_chat_matches_the_non_streamed_text(client, model_id):
     full = client.chat.completions.create(model=model_id, messages=HELLO, max_tokens=10, temperature=0)
     stream = client.chat.completions.create(

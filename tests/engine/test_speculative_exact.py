@@ -105,6 +105,8 @@ def test_greedy_output_is_the_same_with_speculation(tmp_path, config):
             assert got[0].outputs[0].stop_reason == "paged"  # the stop string was met
         assert _tokens(got) == _tokens(expected)
         assert _logprobs(got) == _logprobs(expected)
+        assert sum(o.num_accepted_tokens for r in got for o in r.outputs) > 0  # each request's own counts
+        assert all(o.num_draft_tokens == 0 for r in expected for o in r.outputs)
         one = on.generate(
             prompts[:1], REQUESTS[0]
         )  # alone in its steps: every proposal is verified on 1 + k rows

@@ -58,3 +58,43 @@ def test_backend_stores_kv_and_attends(
         batch.scale, **expected.kv_scales,
     )  # fmt: skip
     torch.testing.assert_close(out, reference, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", [None, torch.int8], ids=["float", "int8"])
+def test_verification_rows_attend_as_decodes_one_after_another(kv_cache_dtype: torch.dtype | None) -> None:
+    """Speculative decoding (issue #40) runs a sequence's token and its k proposed ones as k + 1 decode rows of one
+    step (AttentionMetadata entries of one query token, the same block table, seq_lens p + 1 .. p + k + 1): each row
+    gets what decoding its position alone after the ones before it gets."""
+    batch = make_paged_batch([44], [4], group=3, block_size=16, kv_cache_dtype=kv_cache_dtype)
+    table = batch.block_tables[0].tolist()
+    backend = TritonAttentionBackend()
+    caches = [c.clone() for c in (batch.k_cache, batch.v_cache)]
+    scales = [None if s is None else s.clone() for s in (batch.k_scale, batch.v_scale)]
+    one_by_one = []
+    for j in range(4):  # positions 40..43, a step each
+        meta = AttentionMetadata.build([1], [41 + j], [table], 16)
+        one_by_one.append(
+            backend.forward(
+                batch.q[j : j + 1],
+                batch.k[j : j + 1],
+                batch.v[j : j + 1],
+                *caches,
+                meta,
+                batch.scale,
+                *scales,
+            )
+        )
+    meta = AttentionMetadata.build([1] * 4, [41, 42, 43, 44], [table] * 4, 16)
+    together = backend.forward(
+        batch.q,
+        batch.k,
+        batch.v,
+        batch.k_cache,
+        batch.v_cache,
+        meta,
+        batch.scale,
+        batch.k_scale,
+        batch.v_scale,
+    )
+    torch.testing.assert_close(together, torch.cat(one_by_one), atol=0, rtol=0)
+    assert torch.equal(batch.k_cache.nan_to_num(-7.0), caches[0].nan_to_num(-7.0))

@@ -12,7 +12,7 @@ from app.cluster.routing_ledger import ReplicaRouting
 from app.metrics.cluster_metrics import ReplicaHealth, ReplicaSetReport
 from app.metrics.engine_metrics import TIER_COUNTERS, TIER_GAUGES
 from app.metrics.metrics import Metrics
-from engine.core.stats import StepTiming
+from engine.core.stats import SpecStats, StepTiming
 from engine.core.tier import TierStats
 from tests.app.stats_factories import make_stats, make_tier_stats
 
@@ -205,3 +205,16 @@ def test_a_replica_set_with_none_serving_still_says_so():
     scraped = samples(metrics)
     assert (scraped[("pagedchat:replicas_asked", ())], scraped[("pagedchat:replicas_ready", ())]) == (2, 0)
     assert not [key for key in scraped if key[0] == "pagedchat:num_requests_running"]
+
+
+def test_speculative_decoding_is_counted_with_vllms_names_and_acceptance_by_position():
+    spec = SpecStats("ngram", 40, 110, 83, (40, 25, 12, 6), 35)
+    scraped = scrape(spec=spec)
+    assert value(scraped, "spec_decode_num_drafts_total") == 40
+    assert value(scraped, "spec_decode_num_draft_tokens_total") == 110
+    assert value(scraped, "spec_decode_num_accepted_tokens_total") == 83
+    per_pos = [
+        value(scraped, "spec_decode_num_accepted_tokens_per_pos_total", position=str(i)) for i in range(4)
+    ]
+    assert per_pos == [40, 25, 12, 6]
+    assert not any(name.startswith("pagedchat:spec_decode") for name, _ in scrape())  # off: no series
