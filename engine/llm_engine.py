@@ -27,11 +27,12 @@ from engine.core.sequence import FinishReason, SamplingParams, Sequence
 from engine.core.speculative import make_spec_planner
 from engine.core.stats import CacheDigest, EngineStats, PoolSnapshot
 from engine.core.structured import StructuredOutput
-from engine.loading.engine_model import load_engine_model
+from engine.loading.engine_model import EngineModel, load_draft_model, load_engine_model
 from engine.loading.memory import log_memory, weight_memory
 from engine.output_processor import OutputProcessor
 from engine.tiers.setup import open_disk_tier
 from engine.worker.device import probe_machine
+from engine.worker.draft import DraftProposer
 from engine.worker.grammar import GrammarCompiler
 from engine.worker.kv_cache import KVCacheSpec, num_blocks_for_budget
 from engine.worker.model_runner import ModelRunner
@@ -44,6 +45,19 @@ LOAD_POLL_S = 0.002  # how long an idle step waits for a disk load, so new reque
 # an engine never closed (a script that ends after LLM.generate) writes its disk tier's queue for at most this long when
 # it is collected or the interpreter exits: a writer still copying tensors while Python shut down aborted the process
 TIER_DRAIN_ON_EXIT_S = 10.0
+
+
+def kv_spec(loaded: EngineModel) -> KVCacheSpec:
+    """The shape of a loaded model's KV pool."""
+    args = loaded.model.args
+    return KVCacheSpec(
+        num_layers=args.num_layers,
+        num_kv_heads=args.num_kv_heads,
+        head_dim=args.head_dim,
+        block_size=loaded.config.block_size,
+        dtype=loaded.dtype,
+        kv_cache_dtype=loaded.config.kv_cache_dtype,
+    )
 
 
 class LLMEngine:
@@ -60,16 +74,17 @@ class LLMEngine:
         # what the model's generation config sets (a request's own fields and the server's flags win)
         self.sampling_defaults = loaded.sampling_defaults
         self.vocab_size = int(hf_config.vocab_size)
-        spec = KVCacheSpec(
-            num_layers=model.args.num_layers,
-            num_kv_heads=model.args.num_kv_heads,
-            head_dim=model.args.head_dim,
-            block_size=self.config.block_size,
-            dtype=loaded.dtype,
-            kv_cache_dtype=self.config.kv_cache_dtype,
-        )
+        spec = kv_spec(loaded)
+        # a draft model (speculative_method draft) loads before the pools are sized: its KV pool, as many tokens as
+        # the target's, comes out of the same budget
+        draft = None
+        if self.config.speculative_method == "draft":
+            draft = load_draft_model(config, self.config, machine, self.tokenizer)
+        draft_spec = kv_spec(draft) if draft is not None else None
         # max_model_len unset: the model's own limit, or the longest sequence the pool holds
-        num_blocks = self._num_blocks(model, spec, fit_max_len=config.max_model_len is None)
+        num_blocks = self._num_blocks(
+            model, spec, fit_max_len=config.max_model_len is None, draft_spec=draft_spec
+        )
         self.kv_block_bytes = spec.block_bytes
         self.kv_cache_dtype = spec.dtype_name
         # what a block would take in an int8 pool (None: it is one), for the advice on a pool that preempts
@@ -91,7 +106,14 @@ class LLMEngine:
         )
         if self.tier is not None:  # its threads hold it (and the pool): close it when the engine goes
             weakref.finalize(self, self.tier.close, TIER_DRAIN_ON_EXIT_S)
-        self.spec = make_spec_planner(self.config, self.runner.verify_max_rows)
+        proposer = None
+        if draft is not None:
+            draft_runner = ModelRunner(draft.config, draft.model, draft_spec, num_blocks)
+            proposer = DraftProposer(
+                draft_runner, num_blocks, self.config.block_size, self.config.max_num_batched_tokens,
+                self.config.prefix_cache_salt,
+            )  # fmt: skip
+        self.spec = make_spec_planner(self.config, self.runner.verify_max_rows, proposer)
         self.scheduler = Scheduler(
             self.config,
             num_blocks,
@@ -109,14 +131,25 @@ class LLMEngine:
         trim_heap()  # loading's freed memory back to the system (engine.core.memory.trim_heap)
         logger.info("engine ready: %s", self.config)
 
-    def _num_blocks(self, model: torch.nn.Module, spec: KVCacheSpec, *, fit_max_len: bool) -> int:
-        """The KV pool's blocks within the memory budget. With `fit_max_len` (max_model_len unset: the model's own
-        limit so far) a pool that holds less shortens max_model_len to what it holds, said in one line; an explicit
-        max_model_len the pool cannot hold is a ValueError."""
+    def _num_blocks(
+        self,
+        model: torch.nn.Module,
+        spec: KVCacheSpec,
+        *,
+        fit_max_len: bool,
+        draft_spec: KVCacheSpec | None = None,
+    ) -> int:
+        """The KV pool's blocks within the memory budget (a draft model's pool, `draft_spec`, takes as many blocks
+        out of it). With `fit_max_len` (max_model_len unset: the model's own limit so far) a pool that holds less
+        shortens max_model_len to what it holds, said in one line; an explicit max_model_len the pool cannot hold is
+        a ValueError."""
         peak = profile_peak_bytes(self.config, model, spec) if self.config.device == "cuda" else None
-        num_blocks = num_blocks_for_budget(self.config, spec, peak, hold_one=not fit_max_len)
+        draft_bytes = draft_spec.block_bytes if draft_spec is not None else 0
+        num_blocks = num_blocks_for_budget(
+            self.config, spec, peak, hold_one=not fit_max_len, draft_block_bytes=draft_bytes
+        )
         if self.config.kv_cache_bytes is not None:  # the default budgets are shares of what is free already
-            self._check_pool_fits(model, num_blocks * spec.block_bytes)
+            self._check_pool_fits(model, num_blocks * (spec.block_bytes + draft_bytes))
         max_len = self.config.max_model_len
         assert max_len is not None, "the config is resolved"
         pool_tokens = num_blocks * spec.block_size
@@ -255,7 +288,8 @@ class LLMEngine:
         self.output_processor.note_progress(self.scheduler.waiting)
         outputs = self.output_processor.make_outputs()
         if self.spec is not None and out.is_decode:  # what a step of so many rows costs, for the next plans
-            self.spec.step_times.add(out.num_batched_tokens, time.perf_counter() - started)
+            elapsed = time.perf_counter() - started - self.spec.proposing_seconds  # a draft's rounds: apart
+            self.spec.step_times.add(out.num_batched_tokens, elapsed)
         if self._step_clock is not None and out.scheduled and out.num_batched_tokens == len(out.scheduled):
             self._step_timings.add(
                 len(out.scheduled), time.perf_counter() - started, *self._step_clock.read()

@@ -10,7 +10,7 @@ from engine.core.options import check_choices, option, size_text
 DEFAULT_MODEL = "smollm2-135m-instruct"
 QUANTIZATIONS = ("auto", "gguf", "none")
 KV_CACHE_DTYPES = ("auto", "model", "float16", "int8")
-SPECULATIVE_METHODS = ("off", "ngram")
+SPECULATIVE_METHODS = ("off", "ngram", "draft")
 MAX_SPECULATIVE_TOKENS = 15
 
 
@@ -169,7 +169,8 @@ class EngineConfig:
         "ngram: propose the tokens that followed the latest earlier occurrence of a sequence's last tokens in its "
         "own prompt and reply (prompt lookup), verified several in one weight pass, only in decode steps and only "
         "as far as the measured step times say it pays; greedy output is the same token for token, sampled output "
-        "the same distribution; off: one token a step",
+        "the same distribution; draft: the greedy tokens of a smaller model that shares the tokenizer "
+        "(speculative_model), its own KV pool out of the same budget; off: one token a step",
         choices=SPECULATIVE_METHODS,
         group="speculative",
     )
@@ -183,6 +184,12 @@ class EngineConfig:
     )
     ngram_max: int = option(
         4, "ngram: the longest suffix of a sequence that is looked up", group="speculative"
+    )
+    speculative_model: str = option(
+        "",
+        "draft: the draft model (what --model takes: a .gguf file, a folder, a hub id or the default model's name), "
+        "with the target's tokenizer; loaded with this config's dtype, quantization and KV settings",
+        group="speculative",
     )
     seed: int = option(0, "random seed of sampling", group="engine")
     num_threads: int | None = option(None, "CPU torch threads; unset: torch's default", group="engine")
@@ -211,6 +218,11 @@ class EngineConfig:
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(
                 f"ngram sizes must satisfy 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}"
+            )
+        if (self.speculative_method == "draft") != bool(self.speculative_model):
+            raise ValueError(
+                "speculative_method draft needs speculative_model (the draft model), and speculative_model needs "
+                f"speculative_method draft; got {self.speculative_method!r} and {self.speculative_model!r}"
             )
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be at least 1, got {self.num_threads}")

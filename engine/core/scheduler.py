@@ -546,6 +546,8 @@ class Scheduler:
         # recompute later: its full blocks stay in the prefix cache, so resuming is usually cheap
         self.running.remove(seq)
         self._free(seq)
+        if self.spec is not None:
+            self.spec.release(seq.seq_id)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1

@@ -14,6 +14,7 @@ proposals matched on as many tokens across all sequences) and the engine's step 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,15 +26,20 @@ from engine.core.stats import SpecStats
 DECAY = 0.85  # weight of a sequence's earlier verifications against its latest one
 GLOBAL_DECAY = 0.98  # ... and of the engine-wide acceptance by match length
 PRIOR_WEIGHT = 2.0  # how many verifications the engine-wide acceptance counts for in a sequence's estimate
-PROBE_EVERY = (
-    32  # a sequence whose proposals do not pay is still given one token after this many declined ones
-)
+# a sequence whose proposals do not pay is still given one token after PROBE_EVERY declined ones, where a token
+# accepted with PROBE_CHANCE would pay for its row (and a draft's round)
+PROBE_EVERY = 32
+PROBE_CHANCE = 0.9
 EXTRA_ROW_COST = 0.4  # a step's time per extra row, relative to one row's, until the step times say otherwise
 STEP_TIME_DECAY = 0.9
+DRAFT_ROUND_PRIOR = 0.3  # a draft model's decode round, relative to the target's one-row step, until measured
 
 
 class Proposer(Protocol):
-    """Proposes up to k tokens to follow a sequence's tokens (never changing them)."""
+    """Proposes tokens to follow a sequence's tokens (never changing them). A free proposer (`free`, the default:
+    n-gram lookup) offers up to k tokens through `propose`, and the planner takes a prefix of them; one whose tokens
+    cost model passes (a draft model) is asked for a number of tokens per sequence through
+    `generate(seqs, ks) -> tuple of tokens per sequence` and reports its time per round (`seconds_per_round`)."""
 
     def propose(self, seq: Sequence, k: int) -> Proposal: ...
 
@@ -129,13 +135,17 @@ class SpecPlanner:
         self._by_match: dict[int, Acceptance] = {}  # n-gram length -> acceptance across sequences
         self._declined: dict[int, int] = {}  # seq_id -> proposals declined since its last verification
         self._match_len: dict[int, int] = {}  # seq_id -> the match length of its proposal in flight
+        # the last plan's time in a draft model's generate(): the engine's step time without it is the target's
+        self.proposing_seconds = 0.0
 
     def plan(self, seqs: list[Sequence], max_model_len: int) -> list[tuple[int, ...]]:
         """Proposed tokens for each of a decode step's sequences (one row each so far; () for none)."""
         rows = len(seqs)
         plans: list[tuple[int, ...]] = [()] * rows
+        self.proposing_seconds = 0.0
         if rows >= self.max_rows:
             return plans
+        free = getattr(self.proposer, "free", True)
         candidates: list[tuple[int, _Candidate]] = []
         for i, seq in enumerate(seqs):
             # the bonus token counts: at most max_tokens - 1 more, and the last position within max_model_len
@@ -146,42 +156,70 @@ class SpecPlanner:
             )
             if room < 1 or not seq.params.speculative or seq.params.structured is not None:
                 continue
-            proposal = self.proposer.propose(seq, room)
-            if not proposal.token_ids:
-                continue
-            self._match_len[seq.seq_id] = proposal.ngram
-            candidates.append(
-                (i, _Candidate(seq, proposal.token_ids, self._chance(seq.seq_id, proposal.ngram)))
-            )
+            if free:  # its proposal costs nothing to look at: the planner takes a prefix of it
+                proposal = self.proposer.propose(seq, room)
+                if not proposal.token_ids:
+                    continue
+                tokens, match_len = proposal.token_ids, proposal.ngram
+            else:  # a draft model's: how many it is asked for is decided first (its tokens cost rounds)
+                tokens, match_len = (0,) * room, 0
+            self._match_len[seq.seq_id] = match_len
+            candidates.append((i, _Candidate(seq, tokens, self._chance(seq.seq_id, match_len))))
         if not candidates:
             return plans
-        expected, time = float(rows), self.step_times.estimate(rows)
+        round_cost = 0.0 if free else self._draft_round_cost()
+        expected, rounds = float(rows), 0
+        step_time = self.step_times.estimate(rows)
         while rows < self.max_rows:
-            best, best_rate = None, expected / time
-            next_time = self.step_times.estimate(rows + 1)
+            best, best_rate, best_time = None, expected / step_time, step_time
             for _, c in candidates:
                 if c.k < len(c.tokens):
+                    next_time = self.step_times.estimate(rows + 1) + round_cost * max(rounds, c.k + 1)
                     rate = (expected + c.gain * c.chance) / next_time
                     if rate > best_rate:
-                        best, best_rate = c, rate
+                        best, best_rate, best_time = c, rate, next_time
             if best is None:
                 break
             expected += best.gain * best.chance
             best.gain *= best.chance
             best.k += 1
+            rounds = max(rounds, best.k)
             rows += 1
-            time = next_time
+            step_time = best_time
+        # a probe of one token, for a sequence whose proposals did not pay lately, where one likely to be accepted
+        # would pay (always for n-gram lookup; a draft model's round may cost more than the token is worth)
+        one_row = self.step_times.estimate(len(seqs))
+        probe_pays = (len(seqs) + PROBE_CHANCE) / (self.step_times.estimate(len(seqs) + 1) + round_cost) > (
+            len(seqs) / one_row
+        )
+        chosen: list[tuple[int, _Candidate]] = []
         for i, c in candidates:
             seq_id = c.seq.seq_id
             if c.k == 0:
                 declined = self._declined.get(seq_id, 0) + 1
-                if declined < PROBE_EVERY or rows >= self.max_rows:
+                if declined < PROBE_EVERY or rows >= self.max_rows or not probe_pays:
                     self._declined[seq_id] = declined
                     continue
                 c.k, rows = 1, rows + 1  # a probe: the sequence's text may have turned to copying
             self._declined[seq_id] = 0
-            plans[i] = c.tokens[: c.k]
+            chosen.append((i, c))
+        if free:
+            for i, c in chosen:
+                plans[i] = c.tokens[: c.k]
+        elif chosen:
+            started = time.perf_counter()
+            drafted = self.proposer.generate([c.seq for _, c in chosen], [c.k for _, c in chosen])
+            self.proposing_seconds = time.perf_counter() - started
+            for (i, _), tokens in zip(chosen, drafted, strict=True):
+                plans[i] = tokens
         return plans
+
+    def _draft_round_cost(self) -> float:
+        """A draft round's cost in the step times' units: measured, or DRAFT_ROUND_PRIOR of a one-row step."""
+        measured = getattr(self.proposer, "seconds_per_round", None)
+        if measured is None or 1 not in self.step_times.seconds:
+            return DRAFT_ROUND_PRIOR * self.step_times.estimate(1)
+        return measured
 
     def _chance(self, seq_id: int, match_len: int) -> float:
         prior = self._by_match.get(match_len)
@@ -216,20 +254,29 @@ class SpecPlanner:
             c.num_steps,
         )
 
+    def release(self, seq_id: int) -> None:
+        """A sequence was preempted: what its proposer holds for it goes (a draft's blocks); its estimates stay."""
+        self.proposer.forget(seq_id)
+
     def forget(self, seq_id: int) -> None:
-        """A sequence finished or was preempted: its index and estimates go (a preempted one starts again)."""
+        """A sequence finished: its index and estimates go."""
         self.proposer.forget(seq_id)
         self._seq_acceptance.pop(seq_id, None)
         self._declined.pop(seq_id, None)
         self._match_len.pop(seq_id, None)
 
 
-def make_spec_planner(config: EngineConfig, max_rows: int) -> SpecPlanner | None:
-    """The planner of `config.speculative_method` for steps of at most `max_rows` query rows, or None (off)."""
+def make_spec_planner(
+    config: EngineConfig, max_rows: int, draft: Proposer | None = None
+) -> SpecPlanner | None:
+    """The planner of `config.speculative_method` for steps of at most `max_rows` query rows (the draft method's
+    proposer, engine/worker/draft.py, is built by the engine, which loads its model), or None (off)."""
     if config.speculative_method == "off":
         return None
     if config.speculative_method == "ngram":
         return SpecPlanner(
             NgramProposer(config.ngram_min, config.ngram_max), config.num_speculative_tokens, max_rows
         )
-    raise ValueError(f"speculative_method {config.speculative_method!r} is not built")
+    if config.speculative_method == "draft" and draft is not None:
+        return SpecPlanner(draft, config.num_speculative_tokens, max_rows)
+    raise ValueError(f"speculative_method {config.speculative_method!r} needs its proposer")

@@ -3,6 +3,7 @@ its tokenizer, EOS ids and sampling defaults."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -146,3 +147,34 @@ def _load_weights(
             reader=reader,
         )
     return load_model(source.folder, dtype, device, max_model_len=resolved.max_model_len)
+
+
+def load_draft_model(
+    asked: EngineConfig, target: EngineConfig, machine: Machine, target_tokenizer: Any
+) -> EngineModel:
+    """Load `asked.speculative_model` as the target's draft: resolved on its own from what was asked (dtype,
+    quantization, KV dtype: auto picks for the draft), with the target's max_model_len, device and block size.
+    ValueError when its tokenizer is not the target's (its proposals would be other tokens) or its context is
+    shorter than the target's."""
+    config = dataclasses.replace(
+        asked,
+        model=asked.speculative_model,
+        model_revision="",
+        gguf_file="",
+        speculative_method="off",
+        speculative_model="",
+        device=target.device,
+        max_model_len=target.max_model_len,
+        kv_disk_bytes=0,
+    )
+    try:
+        loaded = load_engine_model(config, machine)
+    except ValueError as exc:
+        raise ValueError(f"the draft model {asked.speculative_model!r}: {exc}") from exc
+    if loaded.tokenizer.get_vocab() != target_tokenizer.get_vocab():
+        raise ValueError(
+            f"the draft model {asked.speculative_model!r} does not share the target's tokenizer: speculative "
+            "decoding needs both to read and write the same token ids"
+        )
+    logger.info("draft model %s: %s", loaded.model_name, loaded.config)
+    return loaded

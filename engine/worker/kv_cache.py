@@ -81,15 +81,22 @@ class KVCacheSpec:
 
 
 def num_blocks_for_budget(
-    config: EngineConfig, spec: KVCacheSpec, profile_peak_bytes: int | None = None, *, hold_one: bool = True
+    config: EngineConfig,
+    spec: KVCacheSpec,
+    profile_peak_bytes: int | None = None,
+    *,
+    hold_one: bool = True,
+    draft_block_bytes: int = 0,
 ) -> int:
     """How many blocks the KV budget buys: an explicit byte budget, the CPU default (`kv_memory_budget`, from the
     memory available now, after the weights; `hold_one`: at least one max_model_len sequence), or GPU memory left
-    over."""
+    over. With a draft model (`draft_block_bytes`: one of its blocks) the budget pays for a block of each pool
+    alike: the draft's pool holds as many tokens as the target's, out of the same budget."""
+    block_bytes = spec.block_bytes + draft_block_bytes
     if config.kv_cache_bytes is not None:
         budget = config.kv_cache_bytes
     elif config.device == "cpu":
-        budget = default_cpu_budget(config, spec, hold_one=hold_one)
+        budget = default_cpu_budget(config, spec, hold_one=hold_one, block_bytes=block_bytes)
     else:
         total = torch.cuda.get_device_properties(torch.device(config.device)).total_memory
         peak = profile_peak_bytes or 0
@@ -101,14 +108,17 @@ def num_blocks_for_budget(
             peak / 2**30,
             budget / 2**30,
         )
-    return max(budget // spec.block_bytes, 0)
+    return max(budget // block_bytes, 0)
 
 
-def default_cpu_budget(config: EngineConfig, spec: KVCacheSpec, *, hold_one: bool = True) -> int:
-    """`kv_memory_budget` for this model (one max_model_len sequence's blocks) and the memory available now, after
-    the weights; logged with the rule that gave it."""
+def default_cpu_budget(
+    config: EngineConfig, spec: KVCacheSpec, *, hold_one: bool = True, block_bytes: int | None = None
+) -> int:
+    """`kv_memory_budget` for this model (one max_model_len sequence's blocks, of `block_bytes` each: the spec's, or
+    with a draft model's beside it) and the memory available now, after the weights; logged with the rule that gave
+    it."""
     assert config.max_model_len is not None, "the config is resolved"
-    sequence_bytes = -(-config.max_model_len // spec.block_size) * spec.block_bytes
+    sequence_bytes = -(-config.max_model_len // spec.block_size) * (block_bytes or spec.block_bytes)
     available = available_memory_bytes()
     budget = kv_memory_budget(available, sequence_bytes, hold_one=hold_one)
     logger.info(kv_budget_line(budget, available, sequence_bytes, config.max_model_len, hold_one=hold_one))

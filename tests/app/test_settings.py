@@ -156,10 +156,11 @@ def _non_default_config() -> EngineConfig:
         kv_disk_key_file="/var/lib/pagedchat/kv-tier.key",
         guided_mask_max_s=0.02,
         guided_mask_budget_s=3.0,
-        speculative_method="off",
+        speculative_method="draft",
         num_speculative_tokens=7,
         ngram_min=3,
         ngram_max=5,
+        speculative_model="/models/draft.gguf",
         seed=11,
         num_threads=2,
     )
