@@ -213,11 +213,7 @@ class Scheduler:
         a sequence's rows take the same kernels as without speculation. Never preempts for them."""
         items = out.scheduled
         if not items or any(
-            item.num_new_tokens != 1
-            or not item.samples
-            or item.seq.num_output_tokens == 0
-            or item.seq.params.structured is not None  # the step's grammar masks are one row a sequence
-            for item in items
+            item.num_new_tokens != 1 or not item.samples or item.seq.num_output_tokens == 0 for item in items
         ):
             return
         assert self.spec is not None

@@ -154,7 +154,7 @@ class SpecPlanner:
                 seq.params.max_tokens - seq.num_output_tokens - 1,
                 max_model_len - len(seq),
             )
-            if room < 1 or not seq.params.speculative or seq.params.structured is not None:
+            if room < 1 or not seq.params.speculative:
                 continue
             if free:  # its proposal costs nothing to look at: the planner takes a prefix of it
                 proposal = self.proposer.propose(seq, room)

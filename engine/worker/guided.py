@@ -77,33 +77,67 @@ class GuidedDecoder:
         self.accounts.pop(seq_id, None)
         self._grammars.pop(seq_id, None)
 
-    def start(self, seqs: list[Sequence]) -> MaskJob | None:
-        """Begin the masks of the constrained sequences among this step's sampling `seqs` (in logits row order);
-        None when none is constrained."""
-        rows = [i for i, s in enumerate(seqs) if s.seq_id in self.matchers]
+    def start(
+        self,
+        seqs: list[Sequence],
+        first_rows: list[int] | None = None,
+        proposed: dict[int, tuple[int, ...]] | None = None,
+    ) -> MaskJob | None:
+        """Begin the masks of the constrained sequences among this step's sampling `seqs` (their logits rows:
+        `first_rows`, default in order); None when none is constrained. A sequence verifying proposed tokens
+        (`proposed`, by seq_id) has a row per proposed token after its first, each masked as if the proposed tokens
+        before it were accepted (its matcher takes them, then gives them back)."""
+        rows, seq_ids, before = [], [], []
+        for i, seq in enumerate(seqs):
+            if seq.seq_id not in self.matchers:
+                continue
+            first = first_rows[i] if first_rows is not None else i
+            tokens = proposed.get(seq.seq_id, ()) if proposed else ()
+            for j in range(len(tokens) + 1):
+                rows.append(first + j)
+                seq_ids.append(seq.seq_id)
+                before.append(tokens[:j])
         if not rows:
             return None
-        seq_ids = [seqs[i].seq_id for i in rows]
         words = (self.vocab_size + 31) // 32
         bitmask = torch.zeros((len(rows), words), dtype=torch.int32)
         # one task per request: its masks in turn, each charged to its account before the next is started
-        by_request: dict[int, tuple[MaskAccount, list[tuple[llguidance.LLMatcher, int]]]] = {}
+        by_request: dict[
+            int, tuple[MaskAccount, list[tuple[llguidance.LLMatcher, int, tuple[int, ...]]]]
+        ] = {}
         for j, seq_id in enumerate(seq_ids):
             account = self.accounts[seq_id]
-            by_request.setdefault(id(account), (account, []))[1].append((self.matchers[seq_id], j))
+            by_request.setdefault(id(account), (account, []))[1].append((self.matchers[seq_id], j, before[j]))
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=MASK_THREADS, thread_name_prefix="grammar-mask")
         futures = [self._pool.submit(self._fill, *work, bitmask) for work in by_request.values()]
         return MaskJob(rows, seq_ids, bitmask, futures)
 
     def _fill(
-        self, account: MaskAccount, pairs: list[tuple[llguidance.LLMatcher, int]], bitmask: torch.Tensor
+        self,
+        account: MaskAccount,
+        entries: list[tuple[llguidance.LLMatcher, int, tuple[int, ...]]],
+        bitmask: torch.Tensor,
     ) -> None:
         row_bytes = bitmask.shape[1] * 4
-        for matcher, j in pairs:
+        for matcher, j, before in entries:
             row = bitmask.data_ptr() + j * row_bytes
-            if not self.budget.timed(account, partial(matcher.unsafe_compute_mask_ptr, row, row_bytes)):
-                return  # over a limit: the request ends this step, its other masks are not worth computing
+            if (
+                before
+            ):  # a verification row: the matcher as it would be with the proposed tokens before it taken
+                taken = matcher.validate_tokens(list(before))
+                if taken < len(
+                    before
+                ):  # the grammar refuses one: this row is never used (its token is rejected)
+                    bitmask[j] = -1
+                    continue
+                matcher.consume_tokens(list(before))
+            try:
+                if not self.budget.timed(account, partial(matcher.unsafe_compute_mask_ptr, row, row_bytes)):
+                    return  # over a limit: the request ends this step, its other masks are not worth computing
+            finally:
+                if before:
+                    matcher.rollback(len(before))
 
     @torch.inference_mode()  # the runner's logits are inference tensors
     def apply(self, logits: torch.Tensor, job: MaskJob) -> dict[int, str]:
@@ -140,21 +174,26 @@ class GuidedDecoder:
         return errors
 
     def accept(
-        self, seqs: list[Sequence], token_ids: list[int], failed: dict[int, str]
+        self, seqs: list[Sequence], token_ids: list[int] | list[list[int]], failed: dict[int, str]
     ) -> tuple[list[Sequence], dict[int, str]]:
-        """Advance each constrained sequence's matcher by its sampled token, except those `failed` already (their
-        row was not masked). Returns the sequences whose grammar is complete with no way to go on (they stop now,
-        without spending a step on EOS), and the errors by seq_id of those whose token the grammar refused."""
+        """Advance each constrained sequence's matcher by its sampled token (or, verifying proposed tokens, by the
+        tokens it got: a list), except those `failed` already (their row was not masked). Returns the sequences
+        whose grammar is complete with no way to go on (they stop now, without spending a step on EOS), and the
+        errors by seq_id of those whose token the grammar refused."""
         ended: list[Sequence] = []
         errors: dict[int, str] = {}
-        for seq, token_id in zip(seqs, token_ids, strict=True):
+        for seq, got in zip(seqs, token_ids, strict=True):
             matcher = self.matchers.get(seq.seq_id)
             if matcher is None or seq.seq_id in failed:
                 continue
-            if not matcher.consume_token(token_id):
-                errors[seq.seq_id] = f"structured output failed: {matcher.get_error().splitlines()[0]}"
-            elif token_id not in self.eos_token_ids and matcher.is_stopped():
-                ended.append(seq)
+            tokens = got if isinstance(got, list) else [got]
+            for token_id in tokens:
+                if not matcher.consume_token(token_id):
+                    errors[seq.seq_id] = f"structured output failed: {matcher.get_error().splitlines()[0]}"
+                    break
+            else:
+                if tokens[-1] not in self.eos_token_ids and matcher.is_stopped():
+                    ended.append(seq)
         return ended, errors
 
     def close(self) -> None:

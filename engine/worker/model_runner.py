@@ -190,8 +190,13 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run the step and sample the sequences that reached their last token (see ModelRunnerOutput)."""
         seqs, rows = out.sampling_rows()
-        # constrained rows' grammar masks, computed while the model runs
-        masks = self.guided.start(seqs) if self.guided is not None else None
+        proposed = {item.seq.seq_id: item.spec_token_ids for item in out.scheduled if item.spec_token_ids}
+        # constrained rows' grammar masks (a verification row's as if the proposed tokens before it were taken),
+        # computed while the model runs
+        # (without proposals the masks index the sampling rows in order, as _sample picks them from the logits)
+        masks = None
+        if self.guided is not None:
+            masks = self.guided.start(seqs, rows, proposed) if proposed else self.guided.start(seqs)
         try:
             step = self.forward(out)
         finally:
@@ -199,33 +204,39 @@ class ModelRunner:
                 masks.wait()  # never leave the mask thread holding matchers past this step
         if not seqs:
             return ModelRunnerOutput(prompt_logprobs=step.prompt_logprobs)
-        proposed = {item.seq.seq_id: item.spec_token_ids for item in out.scheduled if item.spec_token_ids}
         if proposed:
-            assert masks is None, (
-                "a step with proposed tokens has no constrained sequence (Scheduler._propose)"
-            )
-            result = self._verify(seqs, rows, step, proposed)
+            result = self._verify(seqs, rows, step, proposed, masks)
         else:
             result = self._sample(seqs, rows, step, masks)
         return dataclasses.replace(result, prompt_logprobs=step.prompt_logprobs)
 
     def _verify(
-        self, seqs: list[Sequence], rows: list[int], step: StepLogits, proposed: dict[int, tuple[int, ...]]
+        self,
+        seqs: list[Sequence],
+        rows: list[int],
+        step: StepLogits,
+        proposed: dict[int, tuple[int, ...]],
+        masks: MaskJob | None = None,
     ) -> ModelRunnerOutput:
         """A step whose sequences (some of them) verify proposed tokens: each such sequence has a row per proposed
         token after its own, and keeps its proposed tokens up to the first its model does not take (Sampler.verify);
         its token is the one sampled at that row (or, all kept, at the row after the last). The other sequences
-        sample as in any step."""
+        sample as in any step. Constrained rows are masked first (a proposed token the grammar refuses is
+        rejected), and each constrained sequence's matcher then takes the tokens it got."""
+        errors: dict[int, str] = {}
+        argmax = step.argmax
+        if masks is not None:
+            errors, argmax = self.guided.apply(step.logits, masks), None  # masked in place: argmax is stale
         plain = [i for i, seq in enumerate(seqs) if seq.seq_id not in proposed]
         token_ids: list[int] = [0] * len(seqs)
         logprobs: list[Logprob | None] = [None] * len(seqs)
         if plain:
             picked = torch.tensor([rows[i] for i in plain])
-            argmax = None if step.argmax is None else [step.argmax[rows[i]] for i in plain]
+            plain_argmax = None if argmax is None else [argmax[rows[i]] for i in plain]
             batch = SamplingBatch.from_sequences(
                 [seqs[i] for i in plain], self.seeded_generators, self.generator
             )
-            sampled = self.sampler(step.logits.index_select(0, picked), batch, argmax)
+            sampled = self.sampler(step.logits.index_select(0, picked), batch, plain_argmax)
             for i, token, lp in zip(plain, sampled.token_ids, sampled.logprobs, strict=True):
                 token_ids[i], logprobs[i] = token, lp
         verifying = [i for i, seq in enumerate(seqs) if seq.seq_id in proposed]
@@ -252,8 +263,13 @@ class ModelRunner:
             accepted_logprobs[seq_id] = verdict.logprobs[row : row + num_kept]
             token_ids[i], logprobs[i] = verdict.token_ids[row + num_kept], verdict.logprobs[row + num_kept]
             row += len(spec) + 1
+        ended: list[Sequence] = []
+        if masks is not None:
+            got = [[*accepted.get(seq.seq_id, ()), token] for seq, token in zip(seqs, token_ids, strict=True)]
+            ended, refused = self.guided.accept(seqs, got, errors)
+            errors.update(refused)
         return ModelRunnerOutput(
-            seqs, token_ids, logprobs, accepted=accepted, accepted_logprobs=accepted_logprobs
+            seqs, token_ids, logprobs, errors, ended, accepted=accepted, accepted_logprobs=accepted_logprobs
         )
 
     def _sample(
