@@ -105,6 +105,9 @@ class SpecCounters:
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: drafts whose token i was accepted
     num_steps: int = 0  # steps with at least one verification
+    # accepted tokens whose proposal was copied from the sequence's prompt (Proposal.source before its first output
+    # token) rather than from its own reply so far
+    accepted_from_prompt: int = 0
 
 
 @dataclass
@@ -129,6 +132,9 @@ class SpecPlanner:
         self._by_match: dict[int, Acceptance] = {}  # n-gram length -> acceptance across sequences
         self._declined: dict[int, int] = {}  # seq_id -> proposals declined since its last verification
         self._match_len: dict[int, int] = {}  # seq_id -> the match length of its proposal in flight
+        self._from_prompt: dict[
+            int, bool
+        ] = {}  # seq_id -> whether its proposal in flight came from its prompt
 
     def plan(self, seqs: list[Sequence], max_model_len: int) -> list[tuple[int, ...]]:
         """Proposed tokens for each of a decode step's sequences (one row each so far; () for none)."""
@@ -150,6 +156,7 @@ class SpecPlanner:
             if not proposal.token_ids:
                 continue
             self._match_len[seq.seq_id] = proposal.ngram
+            self._from_prompt[seq.seq_id] = 0 <= proposal.source < seq.num_prompt_tokens
             candidates.append(
                 (i, _Candidate(seq, proposal.token_ids, self._chance(seq.seq_id, proposal.ngram)))
             )
@@ -200,6 +207,8 @@ class SpecPlanner:
         c.num_drafts += 1
         c.num_draft_tokens += num_proposed
         c.num_accepted_tokens += num_accepted
+        if self._from_prompt.get(seq_id, False):
+            c.accepted_from_prompt += num_accepted
         while len(c.accepted_per_position) < num_proposed:
             c.accepted_per_position.append(0)
         for i in range(num_accepted):
@@ -222,6 +231,7 @@ class SpecPlanner:
         self._seq_acceptance.pop(seq_id, None)
         self._declined.pop(seq_id, None)
         self._match_len.pop(seq_id, None)
+        self._from_prompt.pop(seq_id, None)
 
 
 def make_spec_planner(config: EngineConfig, max_rows: int) -> SpecPlanner | None:
