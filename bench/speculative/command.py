@@ -4,12 +4,13 @@ The workload (bench/speculative/workload.py) was written before any proposer was
 code, quotes and summaries of a pasted document, revisions of the previous answer, and open questions as the
 control. One engine is built from the common engine flags, speculation as they configure it (`--speculative-method
 ngram`, `--num-speculative-tokens`, `--ngram-min`, `--ngram-max`; `off` is refused: there would be nothing to
-compare). After a warm-up request with speculation and one without, every prompt is answered greedily (temperature
-0), one conversation at a time, twice: with `SamplingParams(speculative=False)` and with `speculative=True` (the
-order alternates from prompt to prompt). A request's decode speed is (generated tokens - 1) / (its last token's time
-- its first token's) from RequestOutput.metrics: the prefill is left out, so the second run of a prompt gains nothing
-on decode from finding the first's blocks in the prefix cache; the engine runs with prefix caching off all the same,
-so that the `--concurrency` totals, which include the prefills, are fair too.
+compare). After a warm-up (the first prompt, up to 64 tokens, with speculation and without: on a real model's edits
+or quotes that verifies proposals, so the kernels of a step of several rows are warm), every prompt is answered
+greedily (temperature 0), one conversation at a time, twice: with `SamplingParams(speculative=False)` and with
+`speculative=True` (the order alternates from prompt to prompt). A request's decode speed is (generated tokens - 1)
+/ (its last token's time - its first token's) from RequestOutput.metrics: the prefill is left out, so the second run
+of a prompt gains nothing on decode from finding the first's blocks in the prefix cache; the engine runs with prefix
+caching off all the same, so that the `--concurrency` totals, which include the prefills, are fair too.
 
 Reported per category (and over all of them): decode tok/s without speculation and with it (tokens over seconds,
 summed over the category's requests) and their ratio; from the planner's counters (engine/core/speculative.py,
@@ -26,8 +27,10 @@ and reports generated tokens per second of wall time for each (prefills included
 `--baseline-url URL` (repeatable): a running llama.cpp `llama-server` on the same GGUF, started with or without its
 own speculation (`--spec-type ngram-simple ...`): each prompt's very token ids go to its `/completion` (n_predict
 `--max-tokens`, temperature 0, cache_prompt false), one at a time after a warm-up, and its decode speed is read from
-its own `timings` (predicted_n / predicted_ms, which its predicted_per_second is; draft_n and draft_n_accepted
-where it speculates). Reported per baseline and category, with pagedchat's speculative decode tok/s over it.
+its own `timings` (predicted_n / predicted_ms, which its predicted_per_second is: it may count the first token,
+which ours leaves out, under 0.4% at 256 tokens; draft_n and draft_n_accepted where it drafted). Reported per
+baseline and category (a second llama.cpp is named llama.cpp-2), with pagedchat's speculative decode tok/s over it.
+The commands that start both kinds are in docs/performance/index.md.
 
 `--replay-k K,...` adds the proposer's ceiling: each answer without speculation replayed through the n-gram proposer
 (engine/core/ngram.py) as if every proposal of up to k tokens were verified (no planner weighing what rows cost), the
@@ -54,7 +57,7 @@ from bench.common.report import (
 from bench.speculative.workload import CATEGORIES
 from engine.core.ngram import NgramIndex
 
-WARMUP_TOKENS = 32
+WARMUP_TOKENS = 64  # the warm-up's reply: long enough, on the edits or quotes, to verify some proposals
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -470,8 +473,8 @@ def _plot(payload: dict[str, Any]):
     ax = axes[1]
     ax.bar(names, [p["tokens_per_decode_step"] or 0 for p in points], 0.6, label="live (planner)")
     for k in sorted({r["k"] for r in payload.get("replay", [])}):
-        values = {r["category"]: r["tokens_per_step"] or 0 for r in payload["replay"] if r["k"] == k}
-        ax.plot(names, [values[n] for n in names], "o", label=f"replay, k = {k}")
+        replayed = {r["category"]: r["tokens_per_step"] or 0 for r in payload["replay"] if r["k"] == k}
+        ax.plot(names, [replayed[n] for n in names], "o", label=f"replay, k = {k}")
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_ylabel("tokens per decode step (1 = no speculation)")
     c = payload["config"]
