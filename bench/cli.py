@@ -25,8 +25,9 @@ BENCHMARKS = {
     "step": "a decode step's time split into matmuls, attention and the rest, at a few batch sizes",
     "prefill": "bench serving's prompts prefilled offline: tokens/s split into matmuls, attention and the rest",
     "attention": "the CPU decode-attention kernel's KV bandwidth per KV dtype, against the machine's streaming read",
-    "speculative": "prompt-lookup (n-gram) proposals on a chat workload (edits, quotes, revisions, open questions): "
-    "the greedy answers replayed, how many proposed tokens the model would accept",
+    "speculative": "prompt-lookup (n-gram) speculation on a chat workload (edits, quotes, revisions, open questions): "
+    "decode tok/s of each greedy request alone with speculation and without, acceptance, greedy agreement; "
+    "--concurrency N: total tok/s N at a time; --baseline-url: llama.cpp's llama-server on the same prompts",
 }
 # helpers that make inputs for the benchmarks: no engine, no model to fetch, no bench extra needed
 TOOLS = {

@@ -4,8 +4,8 @@ of the sequence's own last n tokens, in its prompt or its output, for the longes
 Chat repeats what came before (code the user pasted and wants changed, a document being quoted, an answer being
 revised), and there the continuation of an earlier match is often the continuation now. `NgramIndex` keeps, as the
 sequence grows, each n-gram's latest end position, so a proposal costs O(max_n) a token instead of a scan of the
-whole context. Pure Python: the scheduler's side of speculation (issue #40) and `pagedchat bench speculative`, which
-replays greedy outputs through it to measure how many proposed tokens the model would accept.
+whole context. Pure Python: the scheduler's side of speculation (issue #40) and `pagedchat bench speculative
+--replay-k`, which replays greedy outputs through it to measure how many proposed tokens the model would accept.
 """
 
 from __future__ import annotations

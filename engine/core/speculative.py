@@ -111,6 +111,9 @@ class SpecCounters:
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: drafts whose token i was accepted
     num_steps: int = 0  # steps with at least one verification
+    # accepted tokens whose proposal was copied from the sequence's prompt (Proposal.source before its first output
+    # token) rather than from its own reply so far
+    accepted_from_prompt: int = 0
 
 
 @dataclass
@@ -137,6 +140,9 @@ class SpecPlanner:
         self._match_len: dict[int, int] = {}  # seq_id -> the match length of its proposal in flight
         # the last plan's time in a draft model's generate(): the engine's step time without it is the target's
         self.proposing_seconds = 0.0
+        self._from_prompt: dict[
+            int, bool
+        ] = {}  # seq_id -> whether its proposal in flight came from its prompt
 
     def plan(self, seqs: list[Sequence], max_model_len: int) -> list[tuple[int, ...]]:
         """Proposed tokens for each of a decode step's sequences (one row each so far; () for none)."""
@@ -161,6 +167,7 @@ class SpecPlanner:
                 if not proposal.token_ids:
                     continue
                 tokens, match_len = proposal.token_ids, proposal.ngram
+                self._from_prompt[seq.seq_id] = 0 <= proposal.source < seq.num_prompt_tokens
             else:  # a draft model's: how many it is asked for is decided first (its tokens cost rounds)
                 tokens, match_len = (0,) * room, 0
             self._match_len[seq.seq_id] = match_len
@@ -238,6 +245,8 @@ class SpecPlanner:
         c.num_drafts += 1
         c.num_draft_tokens += num_proposed
         c.num_accepted_tokens += num_accepted
+        if self._from_prompt.get(seq_id, False):
+            c.accepted_from_prompt += num_accepted
         while len(c.accepted_per_position) < num_proposed:
             c.accepted_per_position.append(0)
         for i in range(num_accepted):
@@ -252,6 +261,7 @@ class SpecPlanner:
             c.num_accepted_tokens,
             tuple(c.accepted_per_position),
             c.num_steps,
+            c.accepted_from_prompt,
         )
 
     def release(self, seq_id: int) -> None:
@@ -264,6 +274,7 @@ class SpecPlanner:
         self._seq_acceptance.pop(seq_id, None)
         self._declined.pop(seq_id, None)
         self._match_len.pop(seq_id, None)
+        self._from_prompt.pop(seq_id, None)
 
 
 def make_spec_planner(

@@ -32,6 +32,9 @@ class SpecStats:
     num_accepted_tokens: int
     accepted_per_position: tuple[int, ...]  # [i]: drafts whose token i was accepted
     num_steps: int  # engine steps that verified at least one draft
+    accepted_from_prompt: int = (
+        0  # accepted tokens an n-gram proposal copied from the prompt (not from the reply)
+    )
 
     @property
     def acceptance_rate(self) -> float | None:

@@ -40,6 +40,7 @@ class FakeStats:
     prompts_asked: list[Any] = field(
         default_factory=list
     )  # the `prompt` of every llama.cpp /completion request
+    completion_bodies: list[dict] = field(default_factory=list)  # every llama.cpp /completion request, whole
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -69,6 +70,7 @@ def _handler(
                 with stats.lock:
                     stats.requests += 1
                     stats.prompts_asked.append(body["prompt"])
+                    stats.completion_bodies.append(body)
                 n = len(body["prompt"])
                 reply = {
                     "content": WORDS[0],

@@ -1815,7 +1815,9 @@ def test_admin_block_map_at_250k_blocks_zooms_and_names_who_runs(open_page, chro
     expect(page.locator("#stat-used")).to_have_text("0", timeout=REPLY_TIMEOUT_MS)
     expect(page.locator("#stat-running")).to_have_text("0")
     expect(page.locator("#stat-tokps")).to_have_text("0")  # idle: no speed left over from the burst
-    expect(page.locator("#stat-spec-sub")).to_contain_text("proposed tokens kept (ngram)")  # the default method
+    expect(page.locator("#stat-spec-sub")).to_contain_text(
+        "proposed tokens kept (ngram)"
+    )  # the default method
     expect(canvas).to_have_attribute("data-in-use", "0")
     assert (
         int(page.locator("#stat-cached").inner_text()) > 0

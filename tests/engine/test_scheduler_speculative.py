@@ -29,8 +29,9 @@ class ChainProposer:
     """Proposes the fake model's own next tokens, but the one at proposal position `wrong_at(seq, k)` (if any) is
     off by one: so a verification keeps the tokens before it and rejects the rest."""
 
-    def __init__(self, wrong_at=lambda seq, k: None) -> None:
+    def __init__(self, wrong_at=lambda seq, k: None, source=lambda seq: 0) -> None:
         self.wrong_at = wrong_at
+        self.source = source  # where the proposal says it was copied from
         self.proposed = 0
 
     def propose(self, seq: Sequence, k: int) -> Proposal:
@@ -41,7 +42,7 @@ class ChainProposer:
             tokens.append(token + 1 if j == wrong else token)
             context.append(token)
         self.proposed += len(tokens)
-        return Proposal(tuple(tokens), 0, 3)
+        return Proposal(tuple(tokens), self.source(seq), 3)
 
     def forget(self, seq_id: int) -> None:
         pass
@@ -182,6 +183,18 @@ def test_max_tokens_is_exact_with_proposals():
     run(sched, VerifyingModel(64, 8))
     assert [s.num_output_tokens for s in seqs] == [1, 2, 9, 17]
     assert sched.spec.counters.num_accepted_tokens == sched.spec.counters.num_draft_tokens > 0
+
+
+@pytest.mark.parametrize("from_prompt", [True, False])
+def test_accepted_tokens_are_counted_by_where_their_proposal_came_from(from_prompt):
+    # a proposal copied from before the sequence's first output token came from its prompt, else from its reply
+    source = (lambda seq: seq.num_prompt_tokens - 1) if from_prompt else (lambda seq: seq.num_prompt_tokens)
+    sched = spec_scheduler(64, ChainProposer(source=source), max_tokens=4)
+    add(sched, make_seq(0, make_prompt(12), max_tokens=20, ignore_eos=True))
+    run(sched, VerifyingModel(64, 8))
+    counters = sched.spec.counters
+    assert counters.num_accepted_tokens > 0
+    assert counters.accepted_from_prompt == (counters.num_accepted_tokens if from_prompt else 0)
 
 
 def test_no_proposals_beside_a_prompt_chunk_for_structured_requests_or_requests_that_opt_out():
