@@ -118,3 +118,33 @@ def test_greedy_output_is_the_same_with_speculation(tmp_path, config):
     if preempting:
         assert stats.num_preemptions > 0 and stats.disk_hit_tokens > 0
     on.engine.scheduler.block_manager.check_invariants([])
+
+
+def test_structured_output_verifies_proposals_against_its_grammar_and_changes_no_token():
+    """A constrained sequence verifies proposed tokens too: each row masked as if the tokens before it were taken;
+    the record repeats the prompt's words, so n-gram proposals are accepted inside the JSON."""
+    from engine.core.structured import StructuredOutput
+
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "items": {"type": "array", "items": {"type": "string"}}},
+        "required": ["name", "items"],
+    }
+    record = "name Ana Lopez, items: blue notebook, red pen, green stapler, blue notebook, red pen."
+    conversation = [
+        {"role": "user", "content": f"Return this record as JSON, each item as written:\n{record}"}
+    ]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=80, structured=StructuredOutput.json_schema(schema)),
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=40,
+            structured=StructuredOutput("regex", "(blue|red) [a-z]+(, (blue|red) [a-z]+)*"),
+        ),
+    ]
+    results = {}
+    for method in ("off", "ngram"):
+        llm = LLM(speculative_method=method, kv_cache_bytes=64 * 2**20, kv_disk_bytes=0)
+        results[method] = _tokens(llm.chat([conversation, conversation], params))
+    assert results["ngram"] == results["off"]
+    assert llm.engine.spec.counters.num_accepted_tokens >= 5
