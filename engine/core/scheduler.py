@@ -217,7 +217,9 @@ class Scheduler:
         ):
             return
         assert self.spec is not None
-        plans = self.spec.plan([item.seq for item in items], self.max_model_len)
+        # proposed tokens are batched tokens like any others: within the step's token budget
+        max_rows = len(items) + self.max_num_batched_tokens - out.num_batched_tokens
+        plans = self.spec.plan([item.seq for item in items], self.max_model_len, max_rows)
         for item, tokens in zip(items, plans, strict=True):
             if not tokens:
                 continue

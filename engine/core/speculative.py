@@ -144,12 +144,16 @@ class SpecPlanner:
             int, bool
         ] = {}  # seq_id -> whether its proposal in flight came from its prompt
 
-    def plan(self, seqs: list[Sequence], max_model_len: int) -> list[tuple[int, ...]]:
-        """Proposed tokens for each of a decode step's sequences (one row each so far; () for none)."""
+    def plan(
+        self, seqs: list[Sequence], max_model_len: int, max_rows: int | None = None
+    ) -> list[tuple[int, ...]]:
+        """Proposed tokens for each of a decode step's sequences (one row each so far; () for none), the step's
+        rows within `max_rows` (the scheduler's token budget) as well as the kernels' bound."""
         rows = len(seqs)
         plans: list[tuple[int, ...]] = [()] * rows
         self.proposing_seconds = 0.0
-        if rows >= self.max_rows:
+        row_cap = self.max_rows if max_rows is None else min(self.max_rows, max_rows)
+        if rows >= row_cap:
             return plans
         free = getattr(self.proposer, "free", True)
         candidates: list[tuple[int, _Candidate]] = []
@@ -177,7 +181,7 @@ class SpecPlanner:
         round_cost = 0.0 if free else self._draft_round_cost()
         expected, rounds = float(rows), 0
         step_time = self.step_times.estimate(rows)
-        while rows < self.max_rows:
+        while rows < row_cap:
             best, best_rate, best_time = None, expected / step_time, step_time
             for _, c in candidates:
                 if c.k < len(c.tokens):
@@ -204,7 +208,7 @@ class SpecPlanner:
             seq_id = c.seq.seq_id
             if c.k == 0:
                 declined = self._declined.get(seq_id, 0) + 1
-                if declined < PROBE_EVERY or rows >= self.max_rows or not probe_pays:
+                if declined < PROBE_EVERY or rows >= row_cap or not probe_pays:
                     self._declined[seq_id] = declined
                     continue
                 c.k, rows = 1, rows + 1  # a probe: the sequence's text may have turned to copying

@@ -91,6 +91,7 @@ def run(sched: Scheduler, model: VerifyingModel) -> list[SchedulerOutput]:
     while sched.has_unfinished():
         assert len(outputs) < 2000, "no progress"
         out = sched.schedule()
+        assert out.num_batched_tokens <= sched.max_num_batched_tokens  # proposed tokens count
         sampled, accepted = model.step(sched, out)
         for seq, _ in zip(*out.sampling_rows(), strict=True):  # forked samples: their own first token
             sampled.setdefault(seq.seq_id, next_token(seq.token_ids) + 1000 * seq.sample_index)
@@ -228,3 +229,12 @@ def test_a_proposal_never_preempts():
     assert len(sched.block_manager.free_queue) == 0
     out = sched.schedule()
     assert [len(s.spec_token_ids) for s in out.scheduled] == [0, 0] and not out.preempted
+
+
+def test_proposed_tokens_stay_within_the_steps_token_budget():
+    sched = spec_scheduler(64, ChainProposer(), max_tokens=8, max_num_batched_tokens=8)
+    seqs = [make_seq(i, make_prompt(6, seed=i), max_tokens=20, ignore_eos=True) for i in range(3)]
+    for s in seqs:
+        add(sched, s)
+    outs = run(sched, VerifyingModel(64, 8))
+    assert max(out.num_batched_tokens for out in outs if out.num_spec_tokens) == 8
