@@ -1,0 +1,391 @@
+"""Sampler.verify (speculative sampling, issue #40): each row's token is distributed exactly as `Sampler.__call__`
+would draw it, whether its proposal is likely, unlikely or impossible; greedy rows keep the argmax; penalties see
+the proposals before each row; logprobs are the rows' own.
+
+Reference distributions here are computed independently (float64, one full sort), not with the sampler's code.
+Statistical tests use fixed seeds, so they are deterministic; their thresholds would fail a biased sampler.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engine.core.sequence import SamplingParams, Sequence
+from engine.worker import sampler as sampler_module
+from engine.worker.model_runner import ModelRunner, StepLogits
+from engine.worker.sampler import Sampler, SamplingBatch, make_generator, processed_probs
+
+P_VALUE = 1e-3  # chi-square threshold: with fixed seeds a test passes or fails the same way every run
+
+
+def make_batch(
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None] | None = None,
+    outputs: list[list[int]] | None = None,
+) -> SamplingBatch:
+    n = len(params)
+    return SamplingBatch(
+        params=params,
+        generators=generators if generators is not None else [None] * n,
+        prompt_token_ids=[[] for _ in range(n)],
+        output_token_ids=outputs if outputs is not None else [[] for _ in range(n)],
+    )
+
+
+def make_seq(seq_id: int, token_ids: list[int], num_prompt: int, params: SamplingParams) -> Sequence:
+    return Sequence(seq_id, f"r{seq_id}", token_ids, num_prompt, params, 0.0)
+
+
+def reference_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The distribution [V] the settings define, in float64 from one descending sort: temperature, then top-k, then
+    top-p over the top-k tokens (the smallest prefix whose mass reaches top_p), then min-p, renormalised."""
+    z = logits.double() / p.temperature
+    vals, order = torch.sort(z, descending=True, stable=True)
+    vocab = z.numel()
+    keep = torch.ones(vocab, dtype=torch.bool)
+    if 0 < p.top_k < vocab:
+        keep[p.top_k :] = False
+    q = torch.softmax(vals.masked_fill(~keep, -math.inf), dim=0)
+    if p.top_p < 1.0:
+        keep &= (torch.cumsum(q, dim=0) - q) < p.top_p
+        q = q * keep
+    if p.min_p > 0.0:
+        keep &= q >= p.min_p * q.max()
+        q = q * keep
+    out = torch.zeros(vocab, dtype=torch.float64)
+    out[order] = q / q.sum()
+    return out
+
+
+def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson's test of `counts` [V] against `probs` [V] over the tokens of positive probability; a count where the
+    probability is 0 fails outright."""
+    support = probs > 0
+    assert int(counts[~support].sum()) == 0, f"draws of impossible tokens: {counts[~support].tolist()}"
+    n = float(counts.sum())
+    expected = probs[support].double() * n
+    stat = float(((counts[support].double() - expected) ** 2 / expected).sum())
+    dof = int(support.sum()) - 1
+    if dof == 0:
+        return 1.0
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2)))
+
+
+def controlled_uniforms(monkeypatch, *draws: torch.Tensor) -> None:
+    """Make the sampler's successive `_uniforms` calls return `draws` in turn (each [rows])."""
+    queue = list(draws)
+
+    def fake(gens, device):
+        u = queue.pop(0)
+        assert u.shape == (len(gens),), "a controlled draw has one uniform per row"
+        return u.clone()
+
+    monkeypatch.setattr(sampler_module, "_uniforms", fake)
+
+
+def grid(n: int) -> torch.Tensor:
+    """n uniforms at the midpoints of n equal cells of [0, 1): a perfectly even sample."""
+    return (torch.arange(n, dtype=torch.float32) + 0.5) / n
+
+
+SETTINGS = [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.6),
+    SamplingParams(temperature=1.7),
+    SamplingParams(temperature=0.8, top_k=5),
+    SamplingParams(temperature=1.0, top_k=300),
+    SamplingParams(temperature=1.2, top_p=0.7),
+    SamplingParams(temperature=1.0, min_p=0.1),
+    SamplingParams(temperature=0.9, top_k=40, top_p=0.8),
+    SamplingParams(temperature=1.3, top_k=50, top_p=0.9, min_p=0.02),
+    SamplingParams(temperature=1.0, top_p=0.5, min_p=0.3),
+    SamplingParams(temperature=0.5, top_k=-1, top_p=0.95),
+]
+
+
+def test_processed_probs_equal_the_reference_distribution() -> None:
+    """Many random rows at every setting, and top-p nuclei that fit 256 candidates, need 4,096, or need the whole
+    vocabulary (flat logits)."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = 6000
+    cases: list[tuple[torch.Tensor, SamplingParams]] = []
+    for p in SETTINGS:
+        for scale in (0.3, 3.0):
+            cases += [(torch.randn(vocab, generator=gen) * scale, p) for _ in range(4)]
+    flat = [torch.randn(vocab, generator=gen) * 0.1 for _ in range(3)]
+    for top_p, width in ((0.02, 256), (0.3, 4096), (0.9, vocab)):  # the candidate list each nucleus needs
+        for logits in flat:
+            p = SamplingParams(temperature=1.0, top_p=top_p)
+            nucleus = int((reference_probs(logits, p) > 0).sum())
+            assert width // 16 < nucleus <= width, f"top_p {top_p}: nucleus of {nucleus}, meant for {width}"
+            cases.append((logits, p))
+            cases.append((logits, SamplingParams(temperature=1.0, top_p=top_p, min_p=0.5)))
+    for _ in range(20):  # random combinations
+        p = SamplingParams(
+            temperature=float(torch.empty(1).uniform_(0.2, 2.0, generator=gen)),
+            top_k=int(torch.randint(0, 2000, (1,), generator=gen)),
+            top_p=float(torch.empty(1).uniform_(0.05, 1.0, generator=gen)),
+            min_p=float(torch.empty(1).uniform_(0.0, 0.2, generator=gen)),
+        )
+        cases.append((torch.randn(vocab, generator=gen) * 2.0, p))
+    logits = torch.stack([c[0] for c in cases])
+    params = [c[1] for c in cases]
+    temps = torch.tensor([p.temperature for p in params]).unsqueeze(1)
+    got = processed_probs(logits / temps, params)
+    for i, (row, p) in enumerate(cases):
+        expected = reference_probs(row, p)
+        torch.testing.assert_close(got[i].double(), expected, atol=1e-6, rtol=0, msg=f"row {i}: {p}")
+        assert torch.equal(got[i] > 0, expected > 0), f"row {i}: support differs ({p})"
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.0, top_k=100),
+        SamplingParams(temperature=1.0, min_p=0.2),
+        SamplingParams(temperature=1.0, top_p=0.02),  # a nucleus within 256 candidates
+        SamplingParams(temperature=1.0, top_p=0.3),  # ... within 4,096
+        SamplingParams(temperature=1.0, top_p=0.9, min_p=0.5),  # ... only in the whole vocabulary
+        SamplingParams(temperature=1.1, top_k=200, top_p=0.6, min_p=0.6),
+    ],
+    ids=["temperature", "top-k", "min-p", "top-p-256", "top-p-4096", "top-p-vocab", "all"],
+)
+def test_call_draws_from_the_reference_distribution(monkeypatch, params: SamplingParams) -> None:
+    """The reference is what __call__ samples: fed an even grid of n uniforms, inverse-CDF sampling (in any token
+    order) draws each token within one of n * p(token) times, and never a token of probability 0."""
+    vocab, n = 5000, 2048
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(1)) * 0.15
+    expected = reference_probs(logits, params)
+    controlled_uniforms(monkeypatch, grid(n))
+    tokens = Sampler()(logits.expand(n, vocab).contiguous(), make_batch([params] * n)).token_ids
+    counts = torch.bincount(torch.tensor(tokens), minlength=vocab)
+    assert int(counts[expected == 0].sum()) == 0
+    assert float((counts - n * expected).abs().max()) <= 1.5
+
+
+def test_verify_accepts_below_p_and_redraws_from_the_residual(monkeypatch) -> None:
+    """The mechanism, with controlled uniforms: row r accepts its proposal x iff its acceptance uniform is below
+    p(x), exactly; a rejected row draws from p without x, renormalised, with its second uniform (on an even grid of
+    them, each token within one count per rejecting cell of num_draw * p(token) / (1 - p(x)) times). Together:
+    P(token) = p(x) [token = x] + (1 - p(x)) p(token) / (1 - p(x)) = p(token)."""
+    vocab, num_accept, num_draw = 40, 32, 128
+    gen = torch.Generator().manual_seed(2)
+    sampler = Sampler()
+    for params in (
+        SamplingParams(temperature=0.8),
+        SamplingParams(temperature=1.0, top_k=6, top_p=0.9),
+        SamplingParams(temperature=1.2, min_p=0.05),
+    ):
+        logits = torch.randn(vocab, generator=gen) * 2
+        p = reference_probs(logits, params)
+        ranked = torch.argsort(p, descending=True).tolist()
+        for x in (
+            ranked[0],
+            ranked[2],
+            ranked[-1],
+        ):  # likely, less likely, impossible (p = 0 but for plain rows)
+            n = num_accept * num_draw
+            u_accept = grid(num_accept).repeat_interleave(num_draw)  # [n]: every pair of cells once
+            u_draw = grid(num_draw).repeat(num_accept)
+            controlled_uniforms(monkeypatch, u_accept, u_draw)
+            out = sampler.verify(logits.expand(n, vocab).contiguous(), make_batch([params] * n), [x] * n)
+            p_x = float(processed_probs((logits / params.temperature).unsqueeze(0), [params])[0, x])
+            assert abs(p_x - float(p[x])) < 1e-6
+            accepted = torch.tensor(out.accepted)
+            assert torch.equal(accepted, u_accept < p_x), f"{params}, proposal {x}"
+            tokens = torch.tensor(out.token_ids)
+            assert torch.equal(accepted, tokens == x), "a rejected row never takes its proposal"
+            residual = p.clone()
+            residual[x] = 0.0
+            if float(residual.sum()) > 0:
+                residual /= residual.sum()
+                num_rejecting = int((grid(num_accept) >= p_x).sum())
+                counts = torch.bincount(tokens[~accepted], minlength=vocab)
+                assert int(counts[residual == 0].sum()) == 0
+                assert float((counts - num_rejecting * num_draw * residual).abs().max()) <= num_rejecting
+
+
+STATISTICAL = [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.7, top_k=4),
+    SamplingParams(temperature=1.0, top_p=0.8),
+    SamplingParams(temperature=1.3, min_p=0.15),
+    SamplingParams(temperature=1.2, top_k=8, top_p=0.9, min_p=0.05),
+]
+
+
+@pytest.mark.parametrize("params", STATISTICAL, ids=["plain", "top-k", "top-p", "min-p", "all"])
+def test_verify_tokens_are_distributed_as_p(params: SamplingParams) -> None:
+    """4,000 rows drawn with a seeded generator, vocabulary of 12: for a likely, an unlikely and an impossible
+    proposal (or none), the tokens fit p (chi-square), acceptance happens p(x) of the time (within 4 sigma), and
+    the rejected rows' tokens fit p without x, renormalised. (verify costs ~0.15 ms a row: more rows are slow.)"""
+    vocab, n = 12, 4000
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(3)) * 1.5
+    p = reference_probs(logits, params)
+    ranked = torch.argsort(p, descending=True).tolist()
+    impossible = [t for t in ranked if p[t] == 0]
+    # likely, unlikely, impossible (where the settings cut tokens), else no proposal
+    proposals = [ranked[0], ranked[int((p > 0).sum()) - 1]] + (impossible[-1:] or [-1])
+    for seed, x in enumerate(proposals):
+        gen = make_generator(100 + seed)
+        out = Sampler().verify(
+            logits.expand(n, vocab).contiguous(), make_batch([params] * n, [gen] * n), [x] * n
+        )
+        tokens = torch.tensor(out.token_ids)
+        accepted = torch.tensor(out.accepted)
+        assert chi_square_p_value(torch.bincount(tokens, minlength=vocab), p) > P_VALUE, (
+            f"{params}, proposal {x}"
+        )
+        p_x = float(p[x]) if x >= 0 else 0.0
+        num_accepted = int(accepted.sum())
+        assert abs(num_accepted - n * p_x) <= 4 * math.sqrt(n * p_x * (1 - p_x)), f"{params}, proposal {x}"
+        assert torch.equal(accepted, tokens == x)
+        if x >= 0 and p_x < 1.0:
+            residual = p.clone()
+            residual[x] = 0.0
+            counts = torch.bincount(tokens[~accepted], minlength=vocab)
+            assert chi_square_p_value(counts, residual / residual.sum()) > P_VALUE, f"{params}, proposal {x}"
+
+
+def test_chi_square_rejects_a_biased_sampler() -> None:
+    """The statistical test has power at its size: drawing from p, but with a tenth of the rows forced onto the
+    likeliest token (a sampler whose rejected rows redraw from p rather than its residual moves more), fails it."""
+    vocab, n = 12, 4000
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(3)) * 1.5
+    p = reference_probs(logits, STATISTICAL[0])
+    gen = torch.Generator().manual_seed(4)
+    tokens = torch.multinomial(p.float(), n, replacement=True, generator=gen)
+    biased = tokens.clone()
+    biased[: n // 10] = int(p.argmax())  # 10% of rows forced onto the proposal
+    assert chi_square_p_value(torch.bincount(tokens, minlength=vocab), p) > P_VALUE
+    assert chi_square_p_value(torch.bincount(biased, minlength=vocab), p) < P_VALUE
+
+
+def test_greedy_rows_accept_exactly_the_argmax() -> None:
+    """Greedy rows: accepted iff the proposal is the row's argmax, and the token is the argmax either way (also for
+    rows without a proposal); sampled rows in the same batch do not change that."""
+    gen = torch.Generator().manual_seed(5)
+    n, vocab = 64, 1000
+    logits = torch.randn(n, vocab, generator=gen)
+    argmax = logits.argmax(dim=-1).tolist()
+    greedy, sampled = SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=1)
+    params = [sampled if i % 5 == 4 else greedy for i in range(n)]
+    proposals = [argmax[i] if i % 3 == 0 else (argmax[i] + 1) % vocab if i % 3 == 1 else -1 for i in range(n)]
+    out = Sampler().verify(
+        logits, make_batch(params, [make_generator(1) if p is sampled else None for p in params]), proposals
+    )
+    for i in range(n):
+        if params[i] is greedy:
+            assert out.token_ids[i] == argmax[i]
+            assert out.accepted[i] == (proposals[i] == argmax[i])
+    plain = Sampler()(logits, make_batch([greedy] * n))
+    assert [t for t, p in zip(out.token_ids, params) if p is greedy] == [
+        t for t, p in zip(plain.token_ids, params) if p is greedy
+    ]
+
+
+def _run_verify(
+    seqs: list[Sequence], rows: list[int], logits: torch.Tensor, proposed: dict[int, tuple[int, ...]]
+):
+    """ModelRunner._verify on given logits, without a model: the runner's layout of rows and histories."""
+    runner = SimpleNamespace(sampler=Sampler(), seeded_generators={}, generator=None)
+    return ModelRunner._verify(runner, seqs, rows, StepLogits(logits), proposed)
+
+
+@pytest.mark.parametrize(
+    ("penalty", "num_kept", "token"),
+    [
+        (
+            {"repetition_penalty": 2.0},
+            1,
+            5,
+        ),  # 3 at 2.0 -> 1.0 once it is in the history: 5 (1.5) wins at row 1
+        ({"frequency_penalty": 0.3}, 2, 5),  # 2.0, 1.7, 1.4: 5 wins at row 2
+        ({"presence_penalty": 0.3}, 3, 3),  # 2.0, 1.7, 1.7, 1.7: 3 keeps winning, bonus row included
+        ({}, 3, 3),
+    ],
+)
+def test_greedy_penalties_see_the_proposals_before_each_row(penalty, num_kept: int, token: int) -> None:
+    """A sequence proposing (3, 3, 3) where 3 leads 5 by a margin a penalty can close: row j's history holds the j
+    proposals before it, so the penalty grows along the rows and the verdict changes where the argmax does. A plain
+    sequence and a second verifying one share the step."""
+    vocab = 8
+    params = SamplingParams(temperature=0.0, **penalty)
+    a = make_seq(1, [0, 1, 2], 2, params)  # prompt [0, 1], output [2]
+    plain = make_seq(2, [0, 1], 2, params)
+    b = make_seq(3, [6, 7], 2, params)
+    logits = torch.zeros(7, vocab)
+    logits[0:4, 3], logits[0:4, 5] = 2.0, 1.5  # a's rows: its own and one per proposal
+    logits[4, 6] = 1.0  # plain's
+    logits[5, 4], logits[6, 1] = 1.0, 1.0  # b's: it proposes 4, then its bonus row
+    out = _run_verify([a, plain, b], [0, 4, 5], logits, {1: (3, 3, 3), 3: (4,)})
+    assert out.accepted == {1: [3] * num_kept, 3: [4]}
+    assert out.token_ids == [token, 6, 1]
+
+
+def test_sampled_penalties_see_the_proposals_before_each_row(monkeypatch) -> None:
+    """A sampled row's acceptance probability is p(x) under the penalised logits of its position: each row accepts
+    iff its uniform is below that row's own p(x) (frequency penalty: the history grows by one 3 per row)."""
+    params = SamplingParams(temperature=0.9, frequency_penalty=0.5)
+    seq = make_seq(1, [0, 1], 2, params)
+    logits = torch.tensor([[0.5, 0.0, 0.2, 2.0, -1.0, 0.3]] * 4)
+    p_x = []
+    for j in range(3):
+        penalised = logits[0].clone()
+        penalised[3] -= 0.5 * j
+        p_x.append(float(reference_probs(penalised, params)[3]))
+    assert p_x[0] > p_x[1] > p_x[2]
+    # rows 1 and 2 draw between p(x) of the row before and their own: row 1 accepts, row 2 does not (with the
+    # first row's p(x) at every row, as without the proposals in the history, both would)
+    u_accept = torch.tensor([(p_x[0] + p_x[1]) / 2, (p_x[1] + p_x[2]) / 2, (p_x[1] + p_x[2]) / 2, 0.5])
+    controlled_uniforms(monkeypatch, u_accept, torch.full((4,), 0.5))
+    out = _run_verify([seq], [0], logits, {1: (3, 3, 3)})
+    assert out.accepted == {1: [3, 3]} and out.token_ids[0] != 3
+    u_accept[:3] = torch.tensor(p_x) - 1e-4
+    controlled_uniforms(monkeypatch, u_accept, torch.full((4,), 0.5))
+    assert _run_verify([seq], [0], logits, {1: (3, 3, 3)}).accepted == {1: [3, 3, 3]}
+
+
+def test_verify_logprobs_are_those_call_reports() -> None:
+    """Each row's Logprob is the one __call__ reports for the same token: log_softmax of the penalised logits before
+    temperature, its top alternatives alike; greedy rows and top-k-1 rows (whose tokens __call__ also knows) equal
+    __call__'s Logprob outright."""
+    gen = torch.Generator().manual_seed(6)
+    n, vocab = 24, 300
+    logits = torch.randn(n, vocab, generator=gen) * 2
+    histories = [torch.randint(0, vocab, (i % 4,), generator=gen).tolist() for i in range(n)]
+    kinds = [
+        SamplingParams(temperature=0.0, logprobs=3),
+        SamplingParams(temperature=0.0, logprobs=2, repetition_penalty=1.5, frequency_penalty=0.4),
+        SamplingParams(temperature=1.4, top_k=1, logprobs=0, presence_penalty=0.5),
+        SamplingParams(temperature=0.8, top_p=0.9, logprobs=5, frequency_penalty=0.2),
+        SamplingParams(temperature=1.0, logprobs=1),
+        SamplingParams(temperature=1.0),  # asks for none
+    ]
+    params = [kinds[i % len(kinds)] for i in range(n)]
+    batch = SamplingBatch(params, [None] * n, [[] for _ in range(n)], histories)
+    called = Sampler()(logits, batch)
+    proposals = [called.token_ids[i] if i % 2 else (called.token_ids[i] + 7) % vocab for i in range(n)]
+    out = Sampler().verify(logits, batch, proposals)
+    for i, p in enumerate(params):
+        if p.logprobs is None:
+            assert out.logprobs[i] is None
+            continue
+        penalised = logits[i].clone()
+        for t in set(histories[i]):
+            v = penalised[t]
+            if p.repetition_penalty != 1.0:
+                v = v / p.repetition_penalty if v > 0 else v * p.repetition_penalty
+            penalised[t] = v - p.frequency_penalty * histories[i].count(t) - p.presence_penalty
+        lsm = torch.log_softmax(penalised, dim=-1)
+        got = out.logprobs[i]
+        assert got.token_id == out.token_ids[i]
+        assert got.logprob == pytest.approx(float(lsm[got.token_id]), abs=1e-5)
+        assert got.top == called.logprobs[i].top
+        if p.temperature == 0.0 or p.top_k == 1:
+            assert out.token_ids[i] == called.token_ids[i] and got == called.logprobs[i]
