@@ -9,15 +9,18 @@ Statistical tests use fixed seeds, so they are deterministic; their thresholds w
 from __future__ import annotations
 
 import math
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from engine import LLM
 from engine.core.sequence import SamplingParams, Sequence
 from engine.worker import sampler as sampler_module
 from engine.worker.model_runner import ModelRunner, StepLogits
 from engine.worker.sampler import Sampler, SamplingBatch, make_generator, processed_probs
+from tests.engine.gguf_factories import write_tiny_chat_gguf
 
 P_VALUE = 1e-3  # chi-square threshold: with fixed seeds a test passes or fails the same way every run
 
@@ -389,3 +392,57 @@ def test_verify_logprobs_are_those_call_reports() -> None:
         assert got.top == called.logprobs[i].top
         if p.temperature == 0.0 or p.top_k == 1:
             assert out.token_ids[i] == called.token_ids[i] and got == called.logprobs[i]
+
+
+def two_sample_p_value(a: list[int], b: list[int], min_count: int = 10) -> float:
+    """Chi-square test that samples `a` and `b` come from one distribution; values seen fewer than `min_count`
+    times in both together are pooled into one category."""
+    pooled = Counter(a) + Counter(b)
+    rare = {v for v, c in pooled.items() if c < min_count}
+    count_a = Counter(-1 if v in rare else v for v in a)
+    count_b = Counter(-1 if v in rare else v for v in b)
+    share_a = len(a) / (len(a) + len(b))
+    stat = 0.0
+    categories = set(count_a) | set(count_b)
+    for v in categories:
+        total = count_a[v] + count_b[v]
+        stat += (count_a[v] - total * share_a) ** 2 / (total * share_a)
+        stat += (count_b[v] - total * (1 - share_a)) ** 2 / (total * (1 - share_a))
+    dof = len(categories) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2)))
+
+
+def test_engine_tokens_are_distributed_alike_with_and_without_speculation(tmp_path, monkeypatch) -> None:
+    """The tiny random model after a prompt of one token repeated (which it tends to repeat, p ~ 0.3-0.8 at these
+    settings): 300 seeded requests, each alone in its steps, with n-gram speculation and without. The planner is
+    made to propose wherever it can: a token after a 302 is verified against a proposed 302 (about 200 of the 300
+    2nd tokens, half of them accepted); the distributions of the 1st (never verified) to 4th tokens must agree
+    (two-sample chi-square: it catches gross errors such as always accepting, not small biases)."""
+    path = write_tiny_chat_gguf(tmp_path / "tiny.gguf", seed=0)
+    prompt = [10, 11, 12, 13, 14] + [302] * 8
+    params = [
+        SamplingParams(temperature=1.5, top_k=4, max_tokens=4, seed=s, ignore_eos=True) for s in range(300)
+    ]
+    tokens = {}
+    for method in ("off", "ngram"):
+        llm = LLM(
+            model=str(path),
+            speculative_method=method,
+            max_num_seqs=1,
+            kv_cache_bytes=32 * 2**20,
+            kv_disk_bytes=0,
+        )
+        if llm.engine.spec is not None:
+            # a planner that proposes wherever the n-grams offer tokens: certain acceptance, free rows
+            monkeypatch.setattr(llm.engine.spec, "_chance", lambda seq_id, match_len: 1.0)
+            monkeypatch.setattr(llm.engine.spec.step_times, "estimate", lambda rows: 1.0)
+        tokens[method] = [r.outputs[0].token_ids for r in llm.generate([prompt] * len(params), params)]
+        if method == "ngram":
+            counters = llm.engine.spec.counters
+            assert (
+                counters.num_draft_tokens > 150
+                and 0 < counters.num_accepted_tokens < counters.num_draft_tokens
+            )
+    for pos in range(4):
+        off, on = ([t[pos] for t in tokens[m]] for m in ("off", "ngram"))
+        assert two_sample_p_value(off, on) > P_VALUE, f"token {pos}: {Counter(off)} vs {Counter(on)}"
