@@ -1,6 +1,7 @@
 """Sampler.verify (speculative sampling, issue #40): each row's token is distributed exactly as `Sampler.__call__`
 would draw it, whether its proposal is likely, unlikely or impossible; greedy rows keep the argmax; penalties see
-the proposals before each row; logprobs are the rows' own.
+the proposals before each row; logprobs are the rows' own; a seeded sequence gets the same tokens with speculation
+as without.
 
 Reference distributions here are computed independently (float64, one full sort), not with the sampler's code.
 Statistical tests use fixed seeds, so they are deterministic; their thresholds would fail a biased sampler.
@@ -19,7 +20,7 @@ from engine import LLM
 from engine.core.sequence import SamplingParams, Sequence
 from engine.worker import sampler as sampler_module
 from engine.worker.model_runner import ModelRunner, StepLogits
-from engine.worker.sampler import Sampler, SamplingBatch, make_generator, processed_probs
+from engine.worker.sampler import Sampler, SamplingBatch, make_generator
 from tests.engine.gguf_factories import write_tiny_chat_gguf
 
 P_VALUE = 1e-3  # chi-square threshold: with fixed seeds a test passes or fails the same way every run
@@ -95,56 +96,6 @@ def grid(n: int) -> torch.Tensor:
     return (torch.arange(n, dtype=torch.float32) + 0.5) / n
 
 
-SETTINGS = [
-    SamplingParams(temperature=1.0),
-    SamplingParams(temperature=0.6),
-    SamplingParams(temperature=1.7),
-    SamplingParams(temperature=0.8, top_k=5),
-    SamplingParams(temperature=1.0, top_k=300),
-    SamplingParams(temperature=1.2, top_p=0.7),
-    SamplingParams(temperature=1.0, min_p=0.1),
-    SamplingParams(temperature=0.9, top_k=40, top_p=0.8),
-    SamplingParams(temperature=1.3, top_k=50, top_p=0.9, min_p=0.02),
-    SamplingParams(temperature=1.0, top_p=0.5, min_p=0.3),
-    SamplingParams(temperature=0.5, top_k=-1, top_p=0.95),
-]
-
-
-def test_processed_probs_equal_the_reference_distribution() -> None:
-    """Many random rows at every setting, and top-p nuclei that fit 256 candidates, need 4,096, or need the whole
-    vocabulary (flat logits)."""
-    gen = torch.Generator().manual_seed(0)
-    vocab = 6000
-    cases: list[tuple[torch.Tensor, SamplingParams]] = []
-    for p in SETTINGS:
-        for scale in (0.3, 3.0):
-            cases += [(torch.randn(vocab, generator=gen) * scale, p) for _ in range(4)]
-    flat = [torch.randn(vocab, generator=gen) * 0.1 for _ in range(3)]
-    for top_p, width in ((0.02, 256), (0.3, 4096), (0.9, vocab)):  # the candidate list each nucleus needs
-        for logits in flat:
-            p = SamplingParams(temperature=1.0, top_p=top_p)
-            nucleus = int((reference_probs(logits, p) > 0).sum())
-            assert width // 16 < nucleus <= width, f"top_p {top_p}: nucleus of {nucleus}, meant for {width}"
-            cases.append((logits, p))
-            cases.append((logits, SamplingParams(temperature=1.0, top_p=top_p, min_p=0.5)))
-    for _ in range(20):  # random combinations
-        p = SamplingParams(
-            temperature=float(torch.empty(1).uniform_(0.2, 2.0, generator=gen)),
-            top_k=int(torch.randint(0, 2000, (1,), generator=gen)),
-            top_p=float(torch.empty(1).uniform_(0.05, 1.0, generator=gen)),
-            min_p=float(torch.empty(1).uniform_(0.0, 0.2, generator=gen)),
-        )
-        cases.append((torch.randn(vocab, generator=gen) * 2.0, p))
-    logits = torch.stack([c[0] for c in cases])
-    params = [c[1] for c in cases]
-    temps = torch.tensor([p.temperature for p in params]).unsqueeze(1)
-    got = processed_probs(logits / temps, params)
-    for i, (row, p) in enumerate(cases):
-        expected = reference_probs(row, p)
-        torch.testing.assert_close(got[i].double(), expected, atol=1e-6, rtol=0, msg=f"row {i}: {p}")
-        assert torch.equal(got[i] > 0, expected > 0), f"row {i}: support differs ({p})"
-
-
 @pytest.mark.parametrize(
     "params",
     [
@@ -171,46 +122,42 @@ def test_call_draws_from_the_reference_distribution(monkeypatch, params: Samplin
     assert float((counts - n * expected).abs().max()) <= 1.5
 
 
-def test_verify_accepts_below_p_and_redraws_from_the_residual(monkeypatch) -> None:
-    """The mechanism, with controlled uniforms: row r accepts its proposal x iff its acceptance uniform is below
-    p(x), exactly; a rejected row draws from p without x, renormalised, with its second uniform (on an even grid of
-    them, each token within one count per rejecting cell of num_draw * p(token) / (1 - p(x)) times). Together:
-    P(token) = p(x) [token = x] + (1 - p(x)) p(token) / (1 - p(x)) = p(token)."""
-    vocab, num_accept, num_draw = 40, 32, 128
+def test_verify_takes_the_token_call_draws_and_accepts_it_iff_proposed(monkeypatch) -> None:
+    """The mechanism, with controlled uniforms: a verify row's token is the one __call__ draws with the same uniform,
+    and it accepts its proposal x iff that token is x. On an even grid of n uniforms (__call__ draws each token
+    within one of n * p(token) times: the test above), n * p(x) rows accept, within one, and the rejected rows
+    hold each other token n * p(token) times, within one: P(accept) = p(x), P(y | reject) = p(y) / (1 - p(x))."""
+    vocab, n = 40, 4096
     gen = torch.Generator().manual_seed(2)
-    sampler = Sampler()
     for params in (
         SamplingParams(temperature=0.8),
         SamplingParams(temperature=1.0, top_k=6, top_p=0.9),
         SamplingParams(temperature=1.2, min_p=0.05),
     ):
         logits = torch.randn(vocab, generator=gen) * 2
+        rows = logits.expand(n, vocab).contiguous()
         p = reference_probs(logits, params)
         ranked = torch.argsort(p, descending=True).tolist()
+        controlled_uniforms(monkeypatch, grid(n))
+        drawn = torch.tensor(Sampler()(rows, make_batch([params] * n)).token_ids)
         for x in (
             ranked[0],
             ranked[2],
             ranked[-1],
-        ):  # likely, less likely, impossible (p = 0 but for plain rows)
-            n = num_accept * num_draw
-            u_accept = grid(num_accept).repeat_interleave(num_draw)  # [n]: every pair of cells once
-            u_draw = grid(num_draw).repeat(num_accept)
-            controlled_uniforms(monkeypatch, u_accept, u_draw)
-            out = sampler.verify(logits.expand(n, vocab).contiguous(), make_batch([params] * n), [x] * n)
-            p_x = float(processed_probs((logits / params.temperature).unsqueeze(0), [params])[0, x])
-            assert abs(p_x - float(p[x])) < 1e-6
-            accepted = torch.tensor(out.accepted)
-            assert torch.equal(accepted, u_accept < p_x), f"{params}, proposal {x}"
-            tokens = torch.tensor(out.token_ids)
-            assert torch.equal(accepted, tokens == x), "a rejected row never takes its proposal"
-            residual = p.clone()
-            residual[x] = 0.0
-            if float(residual.sum()) > 0:
-                residual /= residual.sum()
-                num_rejecting = int((grid(num_accept) >= p_x).sum())
-                counts = torch.bincount(tokens[~accepted], minlength=vocab)
-                assert int(counts[residual == 0].sum()) == 0
-                assert float((counts - num_rejecting * num_draw * residual).abs().max()) <= num_rejecting
+            -1,
+        ):  # likely, less likely, impossible (but for plain), none
+            controlled_uniforms(monkeypatch, grid(n))
+            out = Sampler().verify(rows, make_batch([params] * n), [x] * n)
+            tokens, accepted = torch.tensor(out.token_ids), torch.tensor(out.accepted)
+            assert torch.equal(tokens, drawn), f"{params}, proposal {x}"
+            assert torch.equal(accepted, tokens == x), f"{params}, proposal {x}"
+            p_x = float(p[x]) if x >= 0 else 0.0
+            assert abs(int(accepted.sum()) - n * p_x) <= 1.5
+            counts = torch.bincount(tokens[~accepted], minlength=vocab).double()
+            if x >= 0:
+                assert counts[x] == 0
+            others = torch.arange(vocab) != x
+            assert float((counts - n * p)[others].abs().max()) <= 1.5, f"{params}, proposal {x}"
 
 
 STATISTICAL = [
@@ -224,10 +171,10 @@ STATISTICAL = [
 
 @pytest.mark.parametrize("params", STATISTICAL, ids=["plain", "top-k", "top-p", "min-p", "all"])
 def test_verify_tokens_are_distributed_as_p(params: SamplingParams) -> None:
-    """4,000 rows drawn with a seeded generator, vocabulary of 12: for a likely, an unlikely and an impossible
+    """20,000 rows drawn with a seeded generator, vocabulary of 12: for a likely, an unlikely and an impossible
     proposal (or none), the tokens fit p (chi-square), acceptance happens p(x) of the time (within 4 sigma), and
-    the rejected rows' tokens fit p without x, renormalised. (verify costs ~0.15 ms a row: more rows are slow.)"""
-    vocab, n = 12, 4000
+    the rejected rows' tokens fit p without x, renormalised."""
+    vocab, n = 12, 20_000
     logits = torch.randn(vocab, generator=torch.Generator().manual_seed(3)) * 1.5
     p = reference_probs(logits, params)
     ranked = torch.argsort(p, descending=True).tolist()
@@ -256,15 +203,15 @@ def test_verify_tokens_are_distributed_as_p(params: SamplingParams) -> None:
 
 
 def test_chi_square_rejects_a_biased_sampler() -> None:
-    """The statistical test has power at its size: drawing from p, but with a tenth of the rows forced onto the
+    """The statistical test has power at its size: drawing from p, but with a twentieth of the rows forced onto the
     likeliest token (a sampler whose rejected rows redraw from p rather than its residual moves more), fails it."""
-    vocab, n = 12, 4000
+    vocab, n = 12, 20_000
     logits = torch.randn(vocab, generator=torch.Generator().manual_seed(3)) * 1.5
     p = reference_probs(logits, STATISTICAL[0])
     gen = torch.Generator().manual_seed(4)
     tokens = torch.multinomial(p.float(), n, replacement=True, generator=gen)
     biased = tokens.clone()
-    biased[: n // 10] = int(p.argmax())  # 10% of rows forced onto the proposal
+    biased[: n // 20] = int(p.argmax())  # 5% of rows forced onto the proposal
     assert chi_square_p_value(torch.bincount(tokens, minlength=vocab), p) > P_VALUE
     assert chi_square_p_value(torch.bincount(biased, minlength=vocab), p) < P_VALUE
 
@@ -332,26 +279,52 @@ def test_greedy_penalties_see_the_proposals_before_each_row(penalty, num_kept: i
 
 
 def test_sampled_penalties_see_the_proposals_before_each_row(monkeypatch) -> None:
-    """A sampled row's acceptance probability is p(x) under the penalised logits of its position: each row accepts
-    iff its uniform is below that row's own p(x) (frequency penalty: the history grows by one 3 per row)."""
+    """A sampled sequence proposing (3, 3, 3) under a frequency penalty: with the same uniform at every row, row j
+    takes the token __call__ draws with j 3s in its history, and keeps the proposals up to the first row whose token
+    is not 3. On a grid of uniforms the verdicts differ from those of rows without the proposals in their history."""
     params = SamplingParams(temperature=0.9, frequency_penalty=0.5)
     seq = make_seq(1, [0, 1], 2, params)
     logits = torch.tensor([[0.5, 0.0, 0.2, 2.0, -1.0, 0.3]] * 4)
-    p_x = []
-    for j in range(3):
-        penalised = logits[0].clone()
-        penalised[3] -= 0.5 * j
-        p_x.append(float(reference_probs(penalised, params)[3]))
-    assert p_x[0] > p_x[1] > p_x[2]
-    # rows 1 and 2 draw between p(x) of the row before and their own: row 1 accepts, row 2 does not (with the
-    # first row's p(x) at every row, as without the proposals in the history, both would)
-    u_accept = torch.tensor([(p_x[0] + p_x[1]) / 2, (p_x[1] + p_x[2]) / 2, (p_x[1] + p_x[2]) / 2, 0.5])
-    controlled_uniforms(monkeypatch, u_accept, torch.full((4,), 0.5))
-    out = _run_verify([seq], [0], logits, {1: (3, 3, 3)})
-    assert out.accepted == {1: [3, 3]} and out.token_ids[0] != 3
-    u_accept[:3] = torch.tensor(p_x) - 1e-4
-    controlled_uniforms(monkeypatch, u_accept, torch.full((4,), 0.5))
-    assert _run_verify([seq], [0], logits, {1: (3, 3, 3)}).accepted == {1: [3, 3, 3]}
+    num_differing = 0
+    for u in grid(200).tolist():
+        expected = []
+        for j in range(4):
+            controlled_uniforms(monkeypatch, torch.tensor([u]))
+            expected.append(
+                Sampler()(logits[j : j + 1], make_batch([params], outputs=[[3] * j])).token_ids[0]
+            )
+        num_kept = next(j for j, t in enumerate(expected) if t != 3 or j == 3)
+        controlled_uniforms(monkeypatch, torch.full((4,), u))
+        out = _run_verify([seq], [0], logits, {1: (3, 3, 3)})
+        assert out.accepted == {1: [3] * num_kept} and out.token_ids == [expected[num_kept]], f"u = {u}"
+        num_differing += expected != [expected[0]] * 4
+    assert num_differing > 20
+
+
+def test_a_seeded_sequence_draws_only_for_its_kept_tokens() -> None:
+    """After verifying, a seeded sequence's generator has spent one uniform per token it keeps (the accepted ones
+    and the one after), whatever it was proposed: its next draw is the one it would have made without proposals.
+    An unseeded sequence's generator (shared) is left as drawn."""
+    vocab = 6
+    seeded = SamplingParams(temperature=1.0, top_k=2, seed=9)
+    logits = torch.zeros(8, vocab)
+    logits[:, 3] = 4.0  # 3: ~96% at every row
+    logits[2, 3], logits[2, 4] = 0.0, 4.0  # ... but for the third row, where 4 is
+    seq = make_seq(1, [0, 1, 2], 2, seeded)
+    runner = SimpleNamespace(
+        sampler=Sampler(), seeded_generators={}, generator=torch.Generator().manual_seed(0)
+    )
+    out = ModelRunner._verify(runner, [seq], [0], StepLogits(logits[:5]), {1: (3, 3, 3, 3)})
+    assert out.accepted == {1: [3, 3]} and out.token_ids == [4]
+    reference = make_generator(9)
+    torch.rand(3, generator=reference)  # three tokens kept: two accepted, then 4
+    assert torch.equal(runner.seeded_generators[1].get_state(), reference.get_state())
+    unseeded = make_seq(2, [0, 1, 2], 2, SamplingParams(temperature=1.0, top_k=2))
+    state = runner.generator.get_state()
+    ModelRunner._verify(runner, [unseeded], [0], StepLogits(logits[:5]), {2: (3, 3, 3, 3)})
+    reference = torch.Generator().set_state(state)
+    torch.rand(5, generator=reference)
+    assert torch.equal(runner.generator.get_state(), reference.get_state())
 
 
 def test_verify_logprobs_are_those_call_reports() -> None:
@@ -412,17 +385,19 @@ def two_sample_p_value(a: list[int], b: list[int], min_count: int = 10) -> float
     return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2)))
 
 
-def test_engine_tokens_are_distributed_alike_with_and_without_speculation(tmp_path, monkeypatch) -> None:
+def test_engine_samples_alike_with_and_without_speculation(tmp_path, monkeypatch) -> None:
     """The tiny random model after a prompt of one token repeated (which it tends to repeat, p ~ 0.3-0.8 at these
-    settings): 300 seeded requests, each alone in its steps, with n-gram speculation and without. The planner is
-    made to propose wherever it can: a token after a 302 is verified against a proposed 302 (about 200 of the 300
-    2nd tokens, half of them accepted); the distributions of the 1st (never verified) to 4th tokens must agree
-    (two-sample chi-square: it catches gross errors such as always accepting, not small biases)."""
+    settings), 300 requests each alone in its steps, with n-gram speculation and without. The planner is made to
+    propose wherever it can: a token after a 302 is verified against a proposed 302 (about 200 of the 300 2nd
+    tokens, half of them accepted). Seeded requests give the same tokens either way; unseeded ones (the engine's
+    shared generator) give tokens distributed alike, 1st (never verified) to 4th (two-sample chi-square: it catches
+    gross errors such as always accepting, not small biases)."""
     path = write_tiny_chat_gguf(tmp_path / "tiny.gguf", seed=0)
     prompt = [10, 11, 12, 13, 14] + [302] * 8
-    params = [
+    seeded = [
         SamplingParams(temperature=1.5, top_k=4, max_tokens=4, seed=s, ignore_eos=True) for s in range(300)
     ]
+    unseeded = [SamplingParams(temperature=1.5, top_k=4, max_tokens=4, ignore_eos=True)] * 300
     tokens = {}
     for method in ("off", "ngram"):
         llm = LLM(
@@ -436,13 +411,17 @@ def test_engine_tokens_are_distributed_alike_with_and_without_speculation(tmp_pa
             # a planner that proposes wherever the n-grams offer tokens: certain acceptance, free rows
             monkeypatch.setattr(llm.engine.spec, "_chance", lambda seq_id, match_len: 1.0)
             monkeypatch.setattr(llm.engine.spec.step_times, "estimate", lambda rows: 1.0)
-        tokens[method] = [r.outputs[0].token_ids for r in llm.generate([prompt] * len(params), params)]
-        if method == "ngram":
-            counters = llm.engine.spec.counters
-            assert (
-                counters.num_draft_tokens > 150
-                and 0 < counters.num_accepted_tokens < counters.num_draft_tokens
-            )
+        for name, params in (("seeded", seeded), ("unseeded", unseeded)):
+            outputs = llm.generate([prompt] * len(params), params)
+            tokens[method, name] = [r.outputs[0].token_ids for r in outputs]
+            if method == "ngram":
+                counters = llm.engine.spec.counters
+                assert (
+                    counters.num_draft_tokens > 150
+                    and 0 < counters.num_accepted_tokens < counters.num_draft_tokens
+                )
+                counters.num_draft_tokens = counters.num_accepted_tokens = 0
+    assert tokens["off", "seeded"] == tokens["ngram", "seeded"]
     for pos in range(4):
-        off, on = ([t[pos] for t in tokens[m]] for m in ("off", "ngram"))
+        off, on = ([t[pos] for t in tokens[m, "unseeded"]] for m in ("off", "ngram"))
         assert two_sample_p_value(off, on) > P_VALUE, f"token {pos}: {Counter(off)} vs {Counter(on)}"
