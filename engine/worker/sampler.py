@@ -149,7 +149,8 @@ class Sampler:
         A seeded sequence's rows share its generator, in order, and only the rows up to its first rejection (or its
         last) are kept: the generator is left as if it had drawn for those alone, so that a seeded sequence draws
         the same uniform for each of its tokens with speculation as without (the same tokens, its logits being the
-        same bits), whatever tokens were proposed."""
+        same bits), whatever tokens were proposed. That holds where n uniforms drawn at once are n drawn one by one:
+        the CPU generator; CUDA's Philox generator advances its offset by whole calls."""
         if logits.dim() != 2 or logits.shape[0] != len(batch) or len(proposals) != len(batch):
             raise RuntimeError(f"logits {tuple(logits.shape)} do not match a batch of {len(batch)} rows")
         # generator -> the rows of the seeded sequence that draws from it, in order
