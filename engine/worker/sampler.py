@@ -138,48 +138,35 @@ class Sampler:
         return SamplerOutput(token_ids, logprobs)
 
     def verify(self, logits: torch.Tensor, batch: SamplingBatch, proposals: list[int]) -> SamplerOutput:
-        """Judge row i's proposed token `proposals[i]` (-1: none, sample as __call__ does) against the row's
-        distribution, as speculative sampling does for a proposer whose proposal is a single token (Leviathan et al.,
-        a deterministic draft): a greedy row accepts it when it is its argmax, and otherwise takes the argmax; a
-        sampled row accepts it with its probability p(x) under the row's settings (temperature, top-k, top-p, min-p)
-        and otherwise draws from p with x removed, so that its token is distributed as p either way. Penalties as
-        __call__ (give each row's history its earlier proposals: SamplingBatch.from_sequences's `proposed`);
-        logprobs are the rows' own."""
+        """Judge row i's proposed token `proposals[i]` (-1: none) against the row's distribution, as speculative
+        sampling does for a proposer whose proposal is a single token (Leviathan et al., a deterministic draft): each
+        row takes the token __call__ would (greedy: the argmax; sampled: a draw from p under the row's settings, with
+        its generator's next uniform) and accepts the proposal x iff that token is x. So P(accept) = p(x), a rejected
+        row's token is distributed as p without x, renormalised, and its token is distributed as p either way.
+        Penalties as __call__ (give each row's history its earlier proposals: SamplingBatch.from_sequences's
+        `proposed`); logprobs are the rows' own.
+
+        A seeded sequence's rows share its generator, in order, and only the rows up to its first rejection (or its
+        last) are kept: the generator is left as if it had drawn for those alone, so that a seeded sequence draws
+        the same uniform for each of its tokens with speculation as without (the same tokens, its logits being the
+        same bits), whatever tokens were proposed. That holds where n uniforms drawn at once are n drawn one by one:
+        the CPU generator; CUDA's Philox generator advances its offset by whole calls."""
         if logits.dim() != 2 or logits.shape[0] != len(batch) or len(proposals) != len(batch):
             raise RuntimeError(f"logits {tuple(logits.shape)} do not match a batch of {len(batch)} rows")
-        params = batch.params
-        x = logits if logits.dtype == torch.float32 else logits.float()
-        penalty_rows = [i for i, p in enumerate(params) if _has_penalty(p)]
-        if penalty_rows:
-            x = x.clone()
-            self._apply_penalties(x, batch, penalty_rows)
-        token_ids = _argmax(x).tolist()
-        accepted = [t == p for t, p in zip(token_ids, proposals, strict=True)]
-        sample_rows = [i for i, p in enumerate(params) if p.temperature != 0.0]
-        if sample_rows:
-            idx = torch.tensor(sample_rows, device=x.device)
-            rows_params = [params[i] for i in sample_rows]
-            scaled = x.index_select(0, idx) / torch.tensor(
-                [p.temperature for p in rows_params], device=x.device
-            ).unsqueeze(1)
-            probs = processed_probs(scaled, rows_params)
-            gens = [batch.generators[i] for i in sample_rows]
-            u_accept, u_draw = _uniforms(gens, x.device).tolist(), _uniforms(gens, x.device)
-            for j, i in enumerate(sample_rows):
-                proposal = proposals[i]
-                accepted[i] = proposal >= 0 and u_accept[j] < float(probs[j, proposal])
-                if accepted[i]:
-                    token_ids[i] = proposal
-                    continue
-                if proposal >= 0:
-                    probs[j, proposal] = 0.0  # the residual of a deterministic proposal: p without x
-                token_ids[i] = int(_draw(probs[j : j + 1], u_draw[j : j + 1])[0])
-        logprobs: list[Logprob | None] = [None] * len(params)
-        logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
-        if logprob_rows:
-            for i, lp in zip(logprob_rows, self._logprobs(x, logprob_rows, token_ids, params), strict=True):
-                logprobs[i] = lp
-        return SamplerOutput(token_ids, logprobs, accepted)
+        # generator -> the rows of the seeded sequence that draws from it, in order
+        seeded: dict[int, list[int]] = {}
+        for i, (p, gen) in enumerate(zip(batch.params, batch.generators, strict=True)):
+            if p.seed is not None and p.temperature != 0.0 and gen is not None:
+                seeded.setdefault(id(gen), []).append(i)
+        states = {key: batch.generators[rows[0]].get_state() for key, rows in seeded.items()}
+        out = self(logits, batch)
+        out.accepted = [p >= 0 and t == p for t, p in zip(out.token_ids, proposals, strict=True)]
+        for key, rows in seeded.items():
+            num_kept = next((n for n, i in enumerate(rows) if not out.accepted[i]), len(rows) - 1) + 1
+            gen = batch.generators[rows[0]]
+            gen.set_state(states[key])
+            torch.rand(num_kept, generator=gen, device=gen.device)  # the draws of the kept rows
+        return out
 
     @staticmethod
     def _apply_penalties(x: torch.Tensor, batch: SamplingBatch, rows: list[int]) -> None:
@@ -305,41 +292,6 @@ def _sample_candidates(
     _min_p(probs, [p.min_p for p in params])
     tokens = cand.gather(1, _draw(probs, u).unsqueeze(1)).squeeze(1)
     return covered, tokens
-
-
-def processed_probs(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Each row's distribution [S, V] as `Sampler._sample` draws from it, normalised: x holds the rows' logits
-    already divided by their temperature; then top-k, top-p (over the top-k ones where both are set) and min-p."""
-    num_rows, vocab = x.shape
-    probs = torch.zeros_like(x)
-    for i, p in enumerate(params):
-        row = x[i]
-        top_k = p.top_k if 0 < p.top_k < vocab else 0
-        if top_k:
-            vals, cand = torch.topk(row, top_k)
-            pr = torch.softmax(vals, dim=-1)
-        elif p.top_p < 1.0:
-            lse = row.logsumexp(dim=-1)
-            for size in (*TOP_P_CANDIDATES, vocab):  # the nucleus within the fewest candidates that hold it
-                if size >= vocab:
-                    vals, cand = torch.sort(row, descending=True, stable=True)
-                else:
-                    vals, cand = torch.topk(row, size)
-                pr = (vals - lse).exp()
-                if size >= vocab or float(pr.sum()) >= p.top_p:
-                    break
-        else:
-            pr, cand = torch.softmax(row, dim=-1), None
-        if p.top_p < 1.0:
-            pr = pr.masked_fill(pr.cumsum(dim=-1) - pr >= p.top_p, 0.0)
-        if p.min_p > 0.0:
-            pr = pr.masked_fill(pr < p.min_p * pr.max(), 0.0)
-        if cand is None:
-            probs[i] = pr
-        else:
-            probs[i, cand] = pr
-        probs[i] /= probs[i].sum()
-    return probs
 
 
 def _uniforms(gens: list[torch.Generator | None], device: torch.device) -> torch.Tensor:
