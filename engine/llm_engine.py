@@ -111,7 +111,7 @@ class LLMEngine:
             draft_runner = ModelRunner(draft.config, draft.model, draft_spec, num_blocks)
             proposer = DraftProposer(
                 draft_runner, num_blocks, self.config.block_size, self.config.max_num_batched_tokens,
-                self.config.prefix_cache_salt,
+                self.config.prefix_cache_salt, self.vocab_size,
             )  # fmt: skip
         self.spec = make_spec_planner(self.config, self.runner.verify_max_rows, proposer)
         self.scheduler = Scheduler(

@@ -173,8 +173,10 @@ class Scheduler:
             self._admit_waiting(out, budget)
         if self.unforked:
             self._fork_samples(out)
-        elif self.spec is not None:
-            self._propose(out)
+        if self.spec is not None:
+            self.spec.proposing_seconds = 0.0
+            if not out.forked:  # a forking step samples its forks from their first sample's row
+                self._propose(out)
         self._start_loads(out.block_copies)
         if out.scheduled:
             self.num_steps += 1

@@ -29,9 +29,16 @@ class DraftProposer:
     free = False  # proposing costs the draft's forward passes: the planner asks for its tokens' count first
 
     def __init__(
-        self, runner: ModelRunner, num_blocks: int, block_size: int, max_chunk: int, salt: str
+        self,
+        runner: ModelRunner,
+        num_blocks: int,
+        block_size: int,
+        max_chunk: int,
+        salt: str,
+        vocab_size: int,
     ) -> None:
         self.runner = runner
+        self.vocab_size = vocab_size  # the target's: a padded draft head's ids past it end a proposal
         self.block_manager = BlockManager(
             num_blocks, block_size, True, pool_hash_salt(salt), copy_partial_blocks=False
         )
@@ -55,6 +62,7 @@ class DraftProposer:
             out = SchedulerOutput()
             for mirror in active:
                 num_new = min(len(mirror) - mirror.num_computed_tokens, self.max_chunk)
+                assert num_new >= 1, f"draft mirror {mirror.seq_id} has no token to compute"
                 copies = self.block_manager.allocate_slots(mirror, num_new)
                 if copies is None:  # the draft's pool is full: this sequence gets what it has so far
                     continue
@@ -75,9 +83,12 @@ class DraftProposer:
                 mirror.num_computed_tokens += item.num_new_tokens
                 if mirror.seq_id not in sampled:  # a context chunk: no token yet, and none this step
                     continue
-                mirror.token_ids.append(sampled[mirror.seq_id])
+                token = sampled[mirror.seq_id]
+                if token >= self.vocab_size:  # not a token of the target's: the proposal ends before it
+                    continue
+                mirror.token_ids.append(token)
                 got = tokens[mirror.seq_id]
-                got.append(sampled[mirror.seq_id])
+                got.append(token)
                 if len(got) < want[mirror.seq_id]:
                     active.append(mirror)
         if decode_rounds:
@@ -107,7 +118,9 @@ class DraftProposer:
                 break
             common += 1
         mirror.token_ids = list(seq.token_ids)
-        mirror.num_computed_tokens = min(mirror.num_computed_tokens, common)
+        # at least the last token is left to compute: it gives the logits of the first draft token (the target may
+        # have taken, unverified, the very tokens the draft computed last time)
+        mirror.num_computed_tokens = min(mirror.num_computed_tokens, common, len(seq) - 1)
         self.block_manager.trim(mirror)
         self.block_manager.cache_full_blocks(mirror)
         return mirror

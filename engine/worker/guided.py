@@ -191,10 +191,31 @@ class GuidedDecoder:
                 if not matcher.consume_token(token_id):
                     errors[seq.seq_id] = f"structured output failed: {matcher.get_error().splitlines()[0]}"
                     break
+                if token_id in self.eos_token_ids:  # the sequence ends here: later tokens are cut
+                    break
             else:
                 if tokens[-1] not in self.eos_token_ids and matcher.is_stopped():
                     ended.append(seq)
         return ended, errors
+
+    def completion_index(self, seq_id: int, tokens: list[int]) -> int | None:
+        """The index of the first of `tokens` (proposed tokens a constrained sequence kept) after which its grammar
+        is complete, EOS aside, or None: the tokens after that one would not be there without speculation, where the
+        sequence stops right after it. The matcher is left as it was."""
+        matcher = self.matchers.get(seq_id)
+        if matcher is None:
+            return None
+        taken = 0
+        try:
+            for i, token_id in enumerate(tokens):
+                if token_id in self.eos_token_ids or not matcher.consume_token(token_id):
+                    return None
+                taken += 1
+                if matcher.is_stopped():
+                    return i
+            return None
+        finally:
+            matcher.rollback(taken)
 
     def close(self) -> None:
         """Stop the mask thread."""

@@ -265,6 +265,13 @@ class ModelRunner:
             row += len(spec) + 1
         ended: list[Sequence] = []
         if masks is not None:
+            for i in verifying:  # a grammar complete on a kept token: the sequence stops with that token
+                seq_id = seqs[i].seq_id
+                end = self.guided.completion_index(seq_id, accepted[seq_id])
+                if end is not None and seq_id not in errors:
+                    token_ids[i], logprobs[i] = accepted[seq_id][end], accepted_logprobs[seq_id][end]
+                    accepted[seq_id] = accepted[seq_id][:end]
+                    accepted_logprobs[seq_id] = accepted_logprobs[seq_id][:end]
             got = [[*accepted.get(seq.seq_id, ()), token] for seq, token in zip(seqs, token_ids, strict=True)]
             ended, refused = self.guided.accept(seqs, got, errors)
             errors.update(refused)

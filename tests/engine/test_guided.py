@@ -253,3 +253,37 @@ def test_a_grammar_whose_first_mask_is_too_costly_is_refused_before_it_runs(llm:
         llm.engine.add_request("costly", "hello", constrained(0.0, structured=costly))
     assert str(again.value) == str(info.value)
     assert llm.engine.scheduler.get_sequences("costly") == []
+
+
+def test_a_grammar_completed_on_a_kept_proposed_token_ends_there_and_the_matcher_is_left_as_it_was() -> None:
+    """Speculative decoding (issue #40): a constrained sequence whose grammar completes on one of the proposed tokens
+    it kept stops with that token (no EOS after it, as without speculation); accept() consumes up to an EOS only."""
+    from engine.core.sequence import Sequence
+    from engine.worker.guided import GuidedDecoder
+    from engine.worker.mask_budget import MaskBudget
+
+    tokenizer = make_tiny_tokenizer()
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    guided = GuidedDecoder(
+        GrammarCompiler(tokenizer, len(tokenizer), frozenset({eos})), MaskBudget(1.0, 10.0)
+    )
+    params = SamplingParams(structured=StructuredOutput.json_schema(SCHEMA))
+    seq = Sequence(0, "r", [1, 2], 2, params, 0.0)
+    guided.add([seq])
+    ids = tokenizer.encode('{"color":"red","ok":true}', add_special_tokens=False)
+    assert guided.completion_index(0, ids[:-1]) is None  # not complete before the closing brace
+    assert guided.completion_index(0, [*ids, eos, ids[0]]) == len(ids) - 1  # the brace completes it
+    ended, errors = guided.accept([seq], [[*ids[:-1], ids[-1]]], {})  # the matcher was left at the start
+    assert (ended, errors) == ([seq], {})
+    other = Sequence(1, "r2", [1, 2], 2, params, 0.0)
+    guided.add([other])
+    schema_free = Sequence(
+        2, "r3", [1, 2], 2, SamplingParams(structured=StructuredOutput("regex", "[a-z]+")), 0.0
+    )
+    guided.add([schema_free])
+    word = tokenizer.encode("abc", add_special_tokens=False)
+    # an accepted EOS ends the sequence: the token after it (the scheduler cuts it) is not given to the matcher
+    assert guided.accept([schema_free], [[*word, eos, ids[0]]], {}) == ([], {})
+    ended, errors = guided.accept([other], [[ids[0], eos]], {})  # EOS where the grammar does not accept it
+    assert other.seq_id in errors
+    guided.close()

@@ -91,3 +91,22 @@ def test_the_draft_method_needs_a_draft_model_and_a_draft_model_needs_the_method
     with pytest.raises(ValueError, match="needs speculative_model"):
         EngineConfig(speculative_model="smollm2-135m-instruct")
     SamplingParams()  # (the request side has no draft setting)
+
+
+def test_a_mirror_always_keeps_its_last_token_to_compute_after_the_target_took_the_drafted_tokens():
+    """The target may take the draft's tokens without verifying them (a step whose proposals found no slots): the
+    mirror, which computed them, must still compute the sequence's last token, whose logits give the next draft."""
+    from engine.core.sequence import Sequence
+    from engine.worker.draft import DraftProposer
+
+    draft = DraftProposer(None, num_blocks=16, block_size=4, max_chunk=64, salt="", vocab_size=100)  # type: ignore[arg-type]
+    seq = Sequence(0, "r", [5, 6, 7, 8, 9, 10], 6, SamplingParams(), 0.0)
+    mirror = draft._sync(seq)
+    assert mirror.num_computed_tokens == 0  # an empty cache: nothing of it is cached yet
+    mirror.token_ids += [11, 12]  # as if the draft had computed 6 tokens and drafted 11, 12
+    draft.block_manager.allocate_slots(mirror, len(mirror) - mirror.num_computed_tokens)
+    mirror.num_computed_tokens = len(mirror)
+    seq.token_ids += [11, 12]  # the target took them, unverified
+    assert draft._sync(seq) is mirror and mirror.num_computed_tokens == len(seq) - 1
+    draft.forget(0)
+    assert draft.block_manager.stats().num_used_blocks == 0

@@ -19,6 +19,7 @@ enum {
 #define QK_K 256 /* weights per super-block of the K-quants and IQ4_XS */
 #define PASS_ROWS 4                    /* activation rows sharing one decoded weight block */
 #define PAIR_ROWS 4                    /* weight rows the int8 GEMV multiplies at once by one activation row */
+#define PAIR_PASS_ROWS 8               /* activation rows the legacy int8 GEMV takes in one pass over a weight row */
 #define PAIR_PREFETCH 1 /* the int8 GEMV prefetches this many tiles of weight rows ahead */
 #define PARALLEL_MIN_WEIGHTS 65536
 /* Output rows (GEMM: tiles of GEMM_RM rows) are handed to threads a chunk at a time, not split evenly up front: on a

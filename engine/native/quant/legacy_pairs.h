@@ -55,13 +55,14 @@ static inline __attribute__((always_inline)) void quad_weights(int qtype, const 
     u[2] = _mm256_unpacklo_epi64(ah, bh), u[3] = _mm256_unpackhi_epi64(ah, bh);
 }
 
-/* accd[r] += a group's integer dots times d dx, accm[r] += m sx (Q4), for activation rows r < NR: a quad of Q4
- * blocks (blk: the first, G = 4) or a pair (blk0, blk1 or NULL: a zero partner; G = 2); the activations' group at
- * byte offset `off` of each row, its scales at float offset g * 8. */
+/* acc[r] += a group's integer dots times d dx, then + m sx (Q4), for activation rows r < NR: a quad of Q4 blocks
+ * (blk: the first, G = 4) or a pair (blk0, blk1 or NULL: a zero partner; G = 2); the activations' group at byte
+ * offset `off` of each row, its scales at float offset g * 8. One accumulator a row, the same operations in the same
+ * order for every row whatever NR is: a row's result does not depend on the call's row count (speculative decoding
+ * verifies several rows of one sequence in a step), and 8 rows' accumulators fit the registers. */
 static inline __attribute__((always_inline)) void group_step(int qtype, int G, const uint8_t *blk0,
                                                              const uint8_t *blk1, ActPairs a, GemmLayout L,
-                                                             int64_t off, int g, int NR, __m256 *accd,
-                                                             __m256 *accm) {
+                                                             int64_t off, int g, int NR, __m256 *acc) {
     __m256i u[4], sk[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     __m256 d, m = _mm256_setzero_ps();
     if (G == 4)
@@ -71,8 +72,8 @@ static inline __attribute__((always_inline)) void group_step(int qtype, int G, c
     for (int r = 0; r < NR; r++) {
         const __m256i dot = group_dot(qtype, G, u, sk, a.qx + r * L.cw + off);
         const __m256 scale = _mm256_mul_ps(d, _mm256_load_ps(a.dx8 + r * L.sw + g * 8));
-        accd[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, accd[r]);
-        if (qtype != Q8_0) accm[r] = _mm256_fmadd_ps(m, _mm256_load_ps(a.sx8 + r * L.sw + g * 8), accm[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r]);
+        if (qtype != Q8_0) acc[r] = _mm256_fmadd_ps(m, _mm256_load_ps(a.sx8 + r * L.sw + g * 8), acc[r]);
     }
 }
 
@@ -81,11 +82,11 @@ static inline __attribute__((always_inline)) void group_step(int qtype, int G, c
  * go in quads of blocks, then pairs; Q8_0 rows in pairs (gemm_layout). */
 static inline __attribute__((always_inline)) void dot_pairs(int qtype, const uint8_t *wrow, int64_t w_row_bytes,
                                                             int nb, ActPairs a, GemmLayout L, int NI, int NR,
-                                                            float sums[][PASS_ROWS]) {
+                                                            float sums[][PAIR_PASS_ROWS]) {
     const int bb = block_bytes(qtype), nq = qtype == Q8_0 ? 0 : L.nq; /* Q8_0: no quads (constant after inlining) */
-    __m256 accd[PAIR_ROWS][PASS_ROWS], accm[PAIR_ROWS][PASS_ROWS];
+    __m256 acc[PAIR_ROWS][PAIR_PASS_ROWS];
     for (int i = 0; i < NI; i++)
-        for (int r = 0; r < NR; r++) accd[i][r] = accm[i][r] = _mm256_setzero_ps();
+        for (int r = 0; r < NR; r++) acc[i][r] = _mm256_setzero_ps();
     for (int q = 0; q < nq; q++)
         for (int i = 0; i < NI; i++) {
             const uint8_t *blk = wrow + i * w_row_bytes + (int64_t)(4 * q) * bb;
@@ -94,7 +95,7 @@ static inline __attribute__((always_inline)) void dot_pairs(int qtype, const uin
                 _mm_prefetch((const char *)ahead, _MM_HINT_T0); /* a quad spans up to 136 bytes: two lines */
                 _mm_prefetch((const char *)(ahead + 64), _MM_HINT_T0);
             }
-            group_step(qtype, 4, blk, NULL, a, L, (int64_t)q * 128, q, NR, accd[i], accm[i]);
+            group_step(qtype, 4, blk, NULL, a, L, (int64_t)q * 128, q, NR, acc[i]);
         }
     for (int b = 4 * nq, p = 0; b < nb; b += 2, p++)
         for (int i = 0; i < NI; i++) {
@@ -102,10 +103,10 @@ static inline __attribute__((always_inline)) void dot_pairs(int qtype, const uin
             if (NI > 1)
                 _mm_prefetch((const char *)((uintptr_t)blk + (uintptr_t)(PAIR_PREFETCH * NI * w_row_bytes)), _MM_HINT_T0);
             group_step(qtype, 2, blk, b + 1 < nb ? blk + bb : NULL, a, L, (int64_t)nq * 128 + p * 64, nq + p, NR,
-                       accd[i], accm[i]);
+                       acc[i]);
         }
     for (int i = 0; i < NI; i++)
-        for (int r = 0; r < NR; r++) sums[i][r] = hsum8(_mm256_add_ps(accd[i][r], accm[i][r]));
+        for (int r = 0; r < NR; r++) sums[i][r] = hsum8(acc[i][r]);
 }
 
 /* dot_pairs for a runtime type and row count (NI weight rows: 4 for one activation row, 2 for two, else 1: the
@@ -114,7 +115,7 @@ static inline __attribute__((always_inline)) void dot_pairs(int qtype, const uin
  * the type is still a variable). */
 static __attribute__((noinline)) void dot_pairs_any(int qtype, int ni, int nr, const uint8_t *wrow,
                                                     int64_t w_row_bytes, int nb, ActPairs a, GemmLayout L,
-                                                    float sums[][PASS_ROWS]) {
+                                                    float sums[][PAIR_PASS_ROWS]) {
 #define PAIRS_CASE(T, I, N)                                                       \
     if (ni == I && nr == N) {                                                     \
         dot_pairs(T, wrow, w_row_bytes, nb, a, L, I, N, sums);                    \
@@ -122,7 +123,7 @@ static __attribute__((noinline)) void dot_pairs_any(int qtype, int ni, int nr, c
     }
 #define PAIRS_TYPE(T)                                                                                         \
     PAIRS_CASE(T, 4, 1) PAIRS_CASE(T, 2, 2) PAIRS_CASE(T, 1, 1) PAIRS_CASE(T, 1, 2) PAIRS_CASE(T, 1, 3)      \
-    PAIRS_CASE(T, 1, 4)
+    PAIRS_CASE(T, 1, 4) PAIRS_CASE(T, 1, 5) PAIRS_CASE(T, 1, 6) PAIRS_CASE(T, 1, 7) PAIRS_CASE(T, 1, 8)
     switch (qtype) {
     case Q4_0: PAIRS_TYPE(Q4_0) break;
     case Q4_1: PAIRS_TYPE(Q4_1) break;
@@ -153,10 +154,10 @@ static int linear_pairs(int qtype, const uint8_t *w, int64_t w_row_bytes, int ou
             const int o0 = t * tile, end = o0 + tile < out_features ? o0 + tile : out_features;
             const int ni = end - o0 == tile ? tile : 1;
             for (int o = o0; o < end; o += ni)
-                for (int r0 = 0; r0 < rows; r0 += PASS_ROWS) {
-                    const int nr = rows - r0 < PASS_ROWS ? rows - r0 : PASS_ROWS;
+                for (int r0 = 0; r0 < rows; r0 += PAIR_PASS_ROWS) {
+                    const int nr = rows - r0 < PAIR_PASS_ROWS ? rows - r0 : PAIR_PASS_ROWS;
                     const ActPairs ar = {a.qx + r0 * cw, a.dx8 + r0 * sw, a.sx8 + r0 * sw};
-                    float sums[PAIR_ROWS][PASS_ROWS];
+                    float sums[PAIR_ROWS][PAIR_PASS_ROWS];
                     dot_pairs_any(qtype, ni, nr, w + (int64_t)o * w_row_bytes, w_row_bytes, nb, ar, L, sums);
                     for (int i = 0; i < ni; i++)
                         for (int r = 0; r < nr; r++)
