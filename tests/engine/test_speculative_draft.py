@@ -9,8 +9,8 @@ import gguf
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.core.speculative import StepTimes
 from tests.engine.gguf_factories import write_tiny_chat_gguf
+from tests.engine.spec_helpers import propose_always
 from tests.engine.test_speculative_exact import CONVERSATIONS, REQUESTS, _logprobs, _tokens
 
 pytestmark = pytest.mark.slow
@@ -33,26 +33,12 @@ def smollm2_q8_0(tmp_path_factory) -> Path:
     return path
 
 
-class FlatTimes(StepTimes):
-    """Step times by which extra rows and a draft's rounds cost nothing: every token the planner may ask for is
-    drafted (a same-size draft would not pay on this CPU, and the planner would rightly stop asking)."""
-
-    def __init__(self) -> None:
-        super().__init__({1: 1.0})  # a second a step: the draft's measured rounds cost next to nothing
-
-    def add(self, rows: int, seconds: float) -> None:
-        pass
-
-    def estimate(self, rows: int) -> float:
-        return 1.0
-
-
 def test_a_q4_1_draft_changes_no_greedy_token_of_its_q8_0_target(smollm2_q8_0):
     config = dict(model=str(smollm2_q8_0), kv_cache_bytes=64 * 2**20, kv_disk_bytes=0)
     off = LLM(speculative_method="off", **config)
-    on = LLM(speculative_method="draft", speculative_model="smollm2-135m-instruct", **config)
+    # a same-size draft would not pay on this CPU (the planner would rightly stop asking): every token is drafted
+    on = propose_always(LLM(speculative_method="draft", speculative_model="smollm2-135m-instruct", **config))
     planner = on.engine.spec
-    planner.step_times = FlatTimes()
     prompts = [off.engine.apply_chat_template(c) for c in CONVERSATIONS]
     for _ in range(2):  # cold, then from both models' prefix caches
         expected = off.generate(prompts, REQUESTS)
