@@ -22,22 +22,9 @@ from engine.worker import sampler as sampler_module
 from engine.worker.model_runner import ModelRunner, StepLogits
 from engine.worker.sampler import Sampler, SamplingBatch, make_generator
 from tests.engine.gguf_factories import write_tiny_chat_gguf
+from tests.engine.test_sampler import make_batch
 
 P_VALUE = 1e-3  # chi-square threshold: with fixed seeds a test passes or fails the same way every run
-
-
-def make_batch(
-    params: list[SamplingParams],
-    generators: list[torch.Generator | None] | None = None,
-    outputs: list[list[int]] | None = None,
-) -> SamplingBatch:
-    n = len(params)
-    return SamplingBatch(
-        params=params,
-        generators=generators if generators is not None else [None] * n,
-        prompt_token_ids=[[] for _ in range(n)],
-        output_token_ids=outputs if outputs is not None else [[] for _ in range(n)],
-    )
 
 
 def make_seq(seq_id: int, token_ids: list[int], num_prompt: int, params: SamplingParams) -> Sequence:

@@ -26,6 +26,21 @@ def make_metadata(batch: PagedBatch) -> AttentionMetadata:
     )
 
 
+def forward(backend: TritonAttentionBackend, batch: PagedBatch, meta: AttentionMetadata) -> torch.Tensor:
+    """The backend's step over the batch's new tokens and its caches."""
+    return backend.forward(
+        batch.q,
+        batch.k,
+        batch.v,
+        batch.k_cache,
+        batch.v_cache,
+        meta,
+        batch.scale,
+        batch.k_scale,
+        batch.v_scale,
+    )
+
+
 @pytest.mark.parametrize("kv_cache_dtype", [None, torch.int8], ids=["float", "int8"])
 @pytest.mark.parametrize(
     ("seq_lens", "query_lens"),
@@ -40,17 +55,7 @@ def test_backend_stores_kv_and_attends(
     meta = make_metadata(batch)
     backend = TritonAttentionBackend()
     backend.prepare(meta)
-    out = backend.forward(
-        batch.q,
-        batch.k,
-        batch.v,
-        batch.k_cache,
-        batch.v_cache,
-        meta,
-        batch.scale,
-        batch.k_scale,
-        batch.v_scale,
-    )
+    out = forward(backend, batch, meta)
     for cache, expected_cache in zip(batch.caches(), expected.caches(), strict=True):
         assert torch.equal(cache.nan_to_num(-7.0), expected_cache.nan_to_num(-7.0))
     reference = paged_attention_ref(
@@ -85,16 +90,6 @@ def test_verification_rows_attend_as_decodes_one_after_another(kv_cache_dtype: t
             )
         )
     meta = AttentionMetadata.build([1] * 4, [41, 42, 43, 44], [table] * 4, 16)
-    together = backend.forward(
-        batch.q,
-        batch.k,
-        batch.v,
-        batch.k_cache,
-        batch.v_cache,
-        meta,
-        batch.scale,
-        batch.k_scale,
-        batch.v_scale,
-    )
+    together = forward(backend, batch, meta)
     torch.testing.assert_close(together, torch.cat(one_by_one), atol=0, rtol=0)
     assert torch.equal(batch.k_cache.nan_to_num(-7.0), caches[0].nan_to_num(-7.0))
