@@ -41,13 +41,13 @@ def test_a_q4_1_draft_changes_no_greedy_token_of_its_q8_0_target(smollm2_q8_0):
     planner = on.engine.spec
     prompts = [off.engine.apply_chat_template(c) for c in CONVERSATIONS]
     for _ in range(2):  # cold, then from both models' prefix caches
-        expected = off.generate(prompts, REQUESTS)
-        got = on.generate(prompts, REQUESTS)
+        expected = off.generate(prompts[:3], REQUESTS[:3])
+        got = on.generate(prompts[:3], REQUESTS[:3])
         assert _tokens(got) == _tokens(expected)
         assert _logprobs(got) == _logprobs(expected)
     counters = planner.counters
     assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens  # the draft is not the target
-    assert counters.num_accepted_tokens > 100
+    assert counters.num_accepted_tokens > 50
     # the draft's pool comes out of the same budget: as many blocks as the target's, so fewer of each
     assert on.engine.num_blocks < off.engine.num_blocks
     draft_pool = planner.proposer.block_manager

@@ -29,10 +29,10 @@ CONVERSATIONS = [
 ]
 REQUESTS = [
     # a stop string inside the text it repeats: the tokens accepted after it in the same step are dropped
-    SamplingParams(temperature=0.0, max_tokens=64, stop=["paged"]),
-    SamplingParams(temperature=0.0, max_tokens=64, logprobs=2),  # the target's logprobs, accepted tokens' too
-    SamplingParams(temperature=0.0, max_tokens=64, repetition_penalty=1.1),  # penalties per proposed position
-    SamplingParams(temperature=0.0, max_tokens=48, n=2),  # forked samples verify on their own
+    SamplingParams(temperature=0.0, max_tokens=48, stop=["paged"]),
+    SamplingParams(temperature=0.0, max_tokens=40, logprobs=2),  # the target's logprobs, accepted tokens' too
+    SamplingParams(temperature=0.0, max_tokens=40, repetition_penalty=1.1),  # penalties per proposed position
+    SamplingParams(temperature=0.0, max_tokens=32, n=2),  # forked samples verify on their own
 ]
 
 
@@ -110,10 +110,8 @@ def test_greedy_output_is_the_same_with_speculation(tmp_path, config):
         assert _logprobs(got) == _logprobs(expected)
         assert sum(o.num_accepted_tokens for r in got for o in r.outputs) > 0  # each request's own counts
         assert all(o.num_draft_tokens == 0 for r in expected for o in r.outputs)
-        one = on.generate(
-            prompts[:1], REQUESTS[0]
-        )  # alone in its steps: every proposal is verified on 1 + k rows
-        assert _tokens(one) == _tokens(expected[:1])
+        if cold:  # alone in its steps: every proposal is verified on 1 + k rows
+            assert _tokens(on.generate(prompts[:1], REQUESTS[0])) == _tokens(expected[:1])
     counters = on.engine.spec.counters
     assert counters.num_accepted_tokens > 20 and counters.num_draft_tokens > counters.num_accepted_tokens
     stats = on.engine.stats()
