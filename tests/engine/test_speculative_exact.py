@@ -75,17 +75,21 @@ def _agreement(got, expected) -> float:
     "config",
     [
         {"kv_cache_bytes": 64 * 2**20},  # the defaults: fp16 KV, int8 activations, the fused step
-        {"kv_cache_bytes": 64 * 2**20, "kv_cache_dtype": "int8"},
         {
             "kv_cache_bytes": 64 * 2**20,
-            "kv_cache_dtype": "model",
+            "kv_cache_dtype": "int8",
             "fused_decode": False,
-        },  # fp32 KV, module path
-        # a pool of ~5 of these sequences, four requests of up to two samples at once: preemptions, and the second
-        # pass's prefixes evicted from RAM and read back from the disk tier
-        {"kv_cache_bytes": 8 * 2**20, "max_model_len": 256, "kv_disk_bytes": 64 * 2**20},
+        },  # int8 KV, module path
+        # fp32 KV; a pool of ~5 of these sequences, four requests of up to two samples at once: preemptions, and the
+        # second pass's prefixes evicted from RAM and read back from the disk tier
+        {
+            "kv_cache_bytes": 16 * 2**20,
+            "kv_cache_dtype": "model",
+            "max_model_len": 256,
+            "kv_disk_bytes": 64 * 2**20,
+        },
     ],
-    ids=["default", "kv-int8", "kv-fp32-module-path", "preempting-disk-tier"],
+    ids=["default", "kv-int8-module-path", "kv-fp32-preempting-disk-tier"],
 )
 def test_greedy_output_is_the_same_with_speculation(tmp_path, config):
     preempting = bool(config.get("kv_disk_bytes"))
