@@ -213,12 +213,10 @@ class Scheduler:
         """Give a decode step's sequences the proposed tokens the planner picks, where the pool has their slots: only
         in steps of one new token per sequence past its prompt (a step with a prompt chunk has rows enough), so that
         a sequence's rows take the same kernels as without speculation. Never preempts for them."""
-        items = out.scheduled
-        if not items or any(
-            item.num_new_tokens != 1 or not item.samples or item.seq.num_output_tokens == 0 for item in items
-        ):
+        if not out.is_decode:
             return
         assert self.spec is not None
+        items = out.scheduled
         # proposed tokens are batched tokens like any others: within the step's token budget
         max_rows = len(items) + self.max_num_batched_tokens - out.num_batched_tokens
         plans = self.spec.plan([item.seq for item in items], self.max_model_len, max_rows)
@@ -457,13 +455,6 @@ class Scheduler:
             self.spec.counters.num_steps += 1
         self.num_generation_tokens_total += num_tokens
         return got_token
-
-    def check_stop(self, seq: Sequence) -> bool:
-        """Finish the sequence if its last token ends it (EOS, a stop token, max_tokens, max_model_len)."""
-        stop = self._stop(seq)
-        if stop is not None:
-            self.finish(seq, *stop)
-        return seq.is_finished
 
     def _stop(self, seq: Sequence) -> tuple[FinishReason, int | None] | None:
         """Why the sequence's last token ends it, if it does: (finish reason, stop token)."""

@@ -137,12 +137,11 @@ class SpecPlanner:
         self._seq_acceptance: dict[int, Acceptance] = {}
         self._by_match: dict[int, Acceptance] = {}  # n-gram length -> acceptance across sequences
         self._declined: dict[int, int] = {}  # seq_id -> proposals declined since its last verification
-        self._match_len: dict[int, int] = {}  # seq_id -> the match length of its proposal in flight
-        # the last plan's time in a draft model's generate(): the engine's step time without it is the target's
+        # seq_id -> its proposal in flight: the n-gram length it matched on, and whether it came from the prompt
+        self._in_flight: dict[int, tuple[int, bool]] = {}
+        # the last plan's time in a draft model's generate() (the scheduler zeroes it every step): the engine's step
+        # time without it is the target's
         self.proposing_seconds = 0.0
-        self._from_prompt: dict[
-            int, bool
-        ] = {}  # seq_id -> whether its proposal in flight came from its prompt
 
     def plan(
         self, seqs: list[Sequence], max_model_len: int, max_rows: int | None = None
@@ -151,7 +150,6 @@ class SpecPlanner:
         rows within `max_rows` (the scheduler's token budget) as well as the kernels' bound."""
         rows = len(seqs)
         plans: list[tuple[int, ...]] = [()] * rows
-        self.proposing_seconds = 0.0
         row_cap = self.max_rows if max_rows is None else min(self.max_rows, max_rows)
         if rows >= row_cap:
             return plans
@@ -171,10 +169,10 @@ class SpecPlanner:
                 if not proposal.token_ids:
                     continue
                 tokens, match_len = proposal.token_ids, proposal.ngram
-                self._from_prompt[seq.seq_id] = 0 <= proposal.source < seq.num_prompt_tokens
+                from_prompt = 0 <= proposal.source < seq.num_prompt_tokens
             else:  # a draft model's: how many it is asked for is decided first (its tokens cost rounds)
-                tokens, match_len = (0,) * room, 0
-            self._match_len[seq.seq_id] = match_len
+                tokens, match_len, from_prompt = (0,) * room, 0, False
+            self._in_flight[seq.seq_id] = (match_len, from_prompt)
             candidates.append((i, _Candidate(seq, tokens, self._chance(seq.seq_id, match_len))))
         if not candidates:
             return plans
@@ -243,13 +241,13 @@ class SpecPlanner:
     def record(self, seq_id: int, num_proposed: int, num_accepted: int) -> None:
         """A verification's outcome: `num_accepted` of the sequence's `num_proposed` tokens were kept."""
         self._seq_acceptance.setdefault(seq_id, Acceptance()).add(num_accepted, num_proposed, DECAY)
-        match_len = self._match_len.get(seq_id, 0)
+        match_len, from_prompt = self._in_flight.get(seq_id, (0, False))
         self._by_match.setdefault(match_len, Acceptance()).add(num_accepted, num_proposed, GLOBAL_DECAY)
         c = self.counters
         c.num_drafts += 1
         c.num_draft_tokens += num_proposed
         c.num_accepted_tokens += num_accepted
-        if self._from_prompt.get(seq_id, False):
+        if from_prompt:
             c.accepted_from_prompt += num_accepted
         while len(c.accepted_per_position) < num_proposed:
             c.accepted_per_position.append(0)
@@ -277,8 +275,7 @@ class SpecPlanner:
         self.proposer.forget(seq_id)
         self._seq_acceptance.pop(seq_id, None)
         self._declined.pop(seq_id, None)
-        self._match_len.pop(seq_id, None)
-        self._from_prompt.pop(seq_id, None)
+        self._in_flight.pop(seq_id, None)
 
 
 def make_spec_planner(
