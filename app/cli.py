@@ -66,9 +66,22 @@ def run(settings: Settings) -> int:
     return server.exit_status
 
 
+def repeated_models(argv: list[str]) -> list[str]:
+    """`--model` given several times: the first stays `--model`, each other one becomes `--models` (served beside it)."""
+    out: list[str] = []
+    seen = False
+    for arg in argv:
+        if arg == "--model" or arg.startswith("--model="):
+            if seen:
+                arg = "--models" + arg.removeprefix("--model")
+            seen = True
+        out.append(arg)
+    return out
+
+
 def serve_main(argv: list[str]) -> int:
     """Entry point of `pagedchat serve`."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(repeated_models(argv))
     try:
         settings = load_settings(**given_options(args, Settings), **given_options(args, EngineConfig))
     except ValueError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +22,7 @@ from app.accounts.oidc import flow_middleware, make_oauth
 from app.accounts.passwords import Passwords
 from app.accounts.service import AccountService
 from app.admin import feed as admin_feed
+from app.admin import models as admin_models
 from app.admin import ops
 from app.admin import pages as admin_pages
 from app.chat import attachment_routes, export_routes, page, preset_routes, search_routes, ws
@@ -39,7 +40,9 @@ from app.http.error_handlers import api_error_handler, http_exception_handler, u
 from app.http.errors import APIError
 from app.http.key_auth import ApiKeyMiddleware
 from app.http.middleware import AllowedHostsMiddleware, ProxyMiddleware, RequestContextMiddleware
-from app.http.public_prefix import PublicPrefixes, published_prompts
+from app.http.model_catalog import model_entries
+from app.http.model_registry import ModelRegistry
+from app.http.public_prefix import published_prompts
 from app.http.security import make_signer
 from app.http.services import Services
 from app.http.shutdown import Shutdown
@@ -47,7 +50,8 @@ from app.http.templates import STATIC_DIR
 from app.metrics.metrics import Metrics
 from app.openai import routes as openai_routes
 from app.settings import Settings, ensure_secret_key
-from engine.core.sampling_defaults import default_sources, effective_defaults
+from engine.core.config import EngineConfig
+from engine.core.memory import human_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -58,16 +62,24 @@ class Parts:
 
     settings: Settings
     engine: EngineClient
+    models: ModelRegistry
     metrics: Metrics
     signer: Signer
     admission: Admission
     shutdown: Shutdown
 
 
-def create_app(settings: Settings, engine_factory: EngineFactory | None = None) -> Starlette:
-    """A new app with its own engine bridge, metrics registry and store; nothing starts before the lifespan."""
+def create_app(
+    settings: Settings,
+    engine_factory: EngineFactory | None = None,
+    model_factory: Callable[[EngineConfig], EngineFactory] | None = None,
+) -> Starlette:
+    """A new app with its own engine bridge, metrics registry and store; nothing starts before the lifespan.
+    `engine_factory` builds the default model's engine, `model_factory` the others' from their configs (tests)."""
     settings = ensure_secret_key(settings)
-    metrics = Metrics(model_name=settings.model)
+    entries = model_entries(settings)  # two models of one id are refused here
+    metrics = Metrics(model_name=entries[0].name)
+    models = ModelRegistry(settings, entries, metrics, factory=model_factory or engine_factory_of)
     engine: EngineClient
     shutdown = Shutdown()
     if settings.uses_ray and engine_factory is None:
@@ -83,9 +95,16 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None) 
             drain_s=settings.shutdown_grace_s,
             # one process, one engine: its death stops the server (replicas: Ray Serve restarts a dead one)
             on_death=shutdown.engine_failed if settings.exit_on_engine_failure else None,
+            step_loop=models.step_loop,  # the models loaded on demand step on its thread too
         )
     parts = Parts(
-        settings, engine, metrics, make_signer(settings.secret_key), Admission(settings, shutdown), shutdown
+        settings,
+        engine,
+        models,
+        metrics,
+        make_signer(settings.secret_key),
+        Admission(settings, shutdown),
+        shutdown,
     )
 
     @contextlib.asynccontextmanager
@@ -108,6 +127,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None) 
             *search_routes.routes,
             *ws.routes,
             *admin_feed.routes,
+            *admin_models.routes,
             *account_routes.routes,
             *invite_routes.routes,
             *key_routes.routes,
@@ -176,26 +196,36 @@ async def _startup(parts: Parts) -> Services:
         await engine.stop()
         await store.close()
         raise failures[0]
+    if len(parts.models.names) > 1:
+        logger.info(
+            "serving %d models within a memory budget of %s: %s loads now, the others on their first request",
+            len(parts.models.names),
+            human_bytes(parts.models.budget_bytes),
+            parts.models.default_name,
+        )
     # sign-ins made with another admin token (or any, when none is set now) end here, for good
     num_revoked = await store.admin.revoke_admin_sessions_except(token_fingerprint(settings))
     if num_revoked:
         logger.warning(revoked_sign_ins_message(settings, num_revoked))
     info = engine.info
-    parts.metrics.set_model_name(info.model_name)
-    sampling_defaults = effective_defaults(settings.sampling_defaults, info.sampling_defaults)
+    default = parts.models.adopt_default(engine, published)
+    sampling_defaults = default.sampling_defaults
     end_of_turn = await engine.tokenize(template_end_of_turn_ids)
     fingerprint = await engine.tokenize(tokenizer_fingerprint)
     builder = ConversationBuilder(engine.tokenizer, info.max_model_len, end_of_turn)
-    public_prefixes = PublicPrefixes(engine.tokenizer, published)
+    public_prefixes = default.public_prefixes
     chat = ChatService(store, engine, settings, builder, fingerprint, public_prefixes, sampling_defaults)
+    chat.serve_models(parts.models)  # each chat runs on its own model (the setting `model`)
     accounts = None
     if settings.auth != "none":
         passwords = Passwords(max_queued=settings.max_queued_password_checks)
-        accounts = AccountService(store, settings, passwords, chat, engine)
+        accounts = AccountService(
+            store, settings, passwords, chat, lambda: [model.engine for model in parts.models.loaded()]
+        )
         await accounts.bootstrap()  # the first admin (first_admin), and expired sign-ins dropped
     logger.info(
         "serving %s: %d KV blocks of %d tokens, max_model_len %d, sampling defaults %s",
-        info.model_name,
+        default.name,
         info.num_blocks,
         info.block_size,
         info.max_model_len,
@@ -210,7 +240,8 @@ async def _startup(parts: Parts) -> Services:
         chat=chat,
         public_prefixes=public_prefixes,
         sampling_defaults=sampling_defaults,
-        sampling_sources=default_sources(settings.sampling_defaults, info.sampling_defaults),
+        sampling_sources=default.sampling_sources,
+        models=parts.models,
         accounts=accounts,
         admission=parts.admission,
         shutdown=parts.shutdown,
@@ -220,6 +251,7 @@ async def _startup(parts: Parts) -> Services:
 async def _shutdown(svc: Services) -> None:
     await svc.drain()  # served by `pagedchat serve`, the server has drained already: this returns at once
     await chat_of(svc).shutdown(0.0)  # the replies it cut are stored before the store closes
+    await svc.models.stop()
     await svc.engine.stop()
     if svc.accounts is not None:
         svc.accounts.passwords.close()

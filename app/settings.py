@@ -40,6 +40,9 @@ _POSITIVE = (
     "credential_check_interval_s",
 )
 _NON_NEGATIVE = (
+    "memory_budget_bytes",
+    "keep_alive_s",
+    "models_max",
     "max_queued_requests",
     "client_requests_per_minute",
     "client_max_streams",
@@ -54,6 +57,7 @@ _NON_NEGATIVE = (
     "max_queued_password_checks",
 )
 ADMIN_TOKEN_MIN_CHARS = 16
+MODEL_BUDGET_SHARE = 0.6  # --memory-budget unset: this share of the memory available at start
 SECRET_KEY_FILE = "secret_key"
 AUTH_MODES = ("none", "local", "oidc")
 ROUTING_POLICIES = ("kv", "round-robin", "least-loaded")
@@ -156,6 +160,41 @@ class Settings:
         "salt cached blocks per caller (API key, browser, address) past the published prompt; "
         "off: every caller shares every cached prefix (single-tenant deployments)",
         group="cache",
+    )
+    served_model_name: str = option(
+        "",
+        "the id the API and the chat serve --model as; unset: the model's file or folder name (a hub id: the id); "
+        "--model NAME=MODEL sets it too",
+        group="model",
+    )
+    models: tuple[str, ...] = option(
+        (),
+        "more models to serve beside --model, each what --model takes, optionally as NAME=MODEL; each loads on "
+        "its first request (a repeated --model adds here)",
+        group="model",
+    )
+    models_dir: str = option(
+        "",
+        "serve every model in this folder too: each .gguf file, and each folder with a config.json and weights",
+        group="model",
+    )
+    memory_budget_bytes: int = option(
+        0,
+        "bytes the loaded models' weights and KV pools may take together; a model that would pass it unloads the "
+        f"least recently used idle ones first, else is refused; 0: {MODEL_BUDGET_SHARE:.0%} of the memory "
+        "available at start",
+        group="model",
+        flag="--memory-budget",
+        unit="bytes",
+    )
+    keep_alive_s: float = option(
+        300.0,
+        "a model other than --model that has served nothing for this many seconds is unloaded; 0: kept until "
+        "the memory budget or --models-max needs its room",
+        group="model",
+    )
+    models_max: int = option(
+        0, "models loaded at once, --model's included; 0: as many as the memory budget holds", group="model"
     )
     default_system_prompt: str = option(
         "",
@@ -359,6 +398,11 @@ class Settings:
             raise ValueError(f"replicas must be at least 1, got {self.replicas}")
         if self.routing not in ROUTING_POLICIES:
             raise ValueError(f"routing must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing!r}")
+        if self.uses_ray and (self.models or self.models_dir):
+            raise ValueError(
+                "several models (--models, a repeated --model, --models-dir) are served by one process; with "
+                "--replicas or --ray-address serve one model per server"
+            )
         if self.threads_per_replica < 0:
             raise ValueError(
                 f"threads_per_replica must be 0 (the engine's) or positive, got {self.threads_per_replica}"
@@ -483,9 +527,25 @@ class Settings:
         return str(cache_dir(self.cache_dir))
 
 
+_ALIAS = re.compile(r"([A-Za-z0-9][A-Za-z0-9._:-]{0,63})=(.+)")
+
+
+def split_alias(entry: str) -> tuple[str | None, str]:
+    """`NAME=MODEL` as (NAME, MODEL); anything else, an existing path with a `=` included, as (None, entry)."""
+    match = _ALIAS.fullmatch(entry.strip())
+    if match is None or Path(entry).expanduser().exists():
+        return None, entry.strip()
+    return match.group(1), match.group(2).strip()
+
+
 def settings_from_values(values: Mapping[str, Any]) -> Settings:
-    """Settings from flat field names: the service's own, and EngineConfig's (which go into `engine`)."""
+    """Settings from flat field names: the service's own, and EngineConfig's (which go into `engine`). A `model` given
+    as NAME=MODEL serves MODEL as NAME (`served_model_name`)."""
     engine_names = {opt.name for opt in options(EngineConfig)}
+    if "model" in values:
+        alias, model = split_alias(values["model"])
+        if alias is not None:
+            values = {**values, "model": model, "served_model_name": values.get("served_model_name") or alias}
     engine = EngineConfig(**{k: v for k, v in values.items() if k in engine_names})
     return Settings(**{k: v for k, v in values.items() if k not in engine_names}, engine=engine)
 

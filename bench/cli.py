@@ -1,4 +1,4 @@
-"""`pagedchat bench {throughput,memory,serving,multiturn,quality,step,prefill,attention,speculative,make-gguf}`:
+"""`pagedchat bench {throughput,memory,serving,multiturn,quality,step,prefill,attention,speculative,models,make-gguf}`:
 parsing and dispatch."""
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ BENCHMARKS = {
     "speculative": "prompt-lookup (n-gram) speculation on a chat workload (edits, quotes, revisions, open questions): "
     "decode tok/s of each greedy request alone with speculation and without, acceptance, greedy agreement; "
     "--concurrency N: total tok/s N at a time; --baseline-url: llama.cpp's llama-server on the same prompts",
+    "models": "several models in one server: a stream on the default model while another loads, then requests "
+    "alternating between two more, with a budget that holds them and one that reloads; --baseline-*-url: "
+    "llama.cpp's router mode on the same files",
 }
 # helpers that make inputs for the benchmarks: no engine, no model to fetch, no bench extra needed
 TOOLS = {

@@ -7,6 +7,7 @@ import { giveBackFiles, takeComposerFiles } from "./chat_attach.js";
 import { state, ui } from "./chat_state.js";
 import * as view from "./chat_view.js";
 import { ClientFrame } from "./protocol.js";
+import { watchLoading } from "./chat_models.js";
 
 const WAITING_NOTE = "Not sent yet: the server cannot be reached. It goes out once the connection is back.";
 export const DRAINING_NOTE = "Not sent yet: the server is shutting down. It goes out once the connection is back.";
@@ -38,6 +39,7 @@ export function flushOutbox() {
   if (!box || box.sent || box.uncertain) return;
   box.sent = state.socket !== null && state.socket.send(box.frame);
   state.awaitingStart = box.sent;
+  if (box.sent) watchLoading();
   const lost = state.socket === null || state.socket.attempt > 0;
   markWaiting(box.sent || !lost ? null : WAITING_NOTE);
 }

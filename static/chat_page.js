@@ -4,6 +4,7 @@ import { bindBranchEvents } from "./chat_branches.js";
 import { composerChanged } from "./chat_context.js";
 import { autoGrow, clearError, fillSettings, showError } from "./chat_render.js";
 import { startSearch } from "./chat_search.js";
+import { bindModels, loadModels } from "./chat_models.js";
 import { bindSettings, loadPresets } from "./chat_settings.js";
 import { deleteSession, ensureSession, openSession, renameSession } from "./chat_sessions.js";
 import { bindElements, state, ui } from "./chat_state.js";
@@ -140,9 +141,10 @@ function bindEvents() {
 async function start() {
   bindElements();
   bindEvents();
+  bindModels();
   startSearch({ onOpen: () => setSidebarOpen(false) });
   try {
-    await Promise.all([refreshSessions(), loadPresets()]);
+    await Promise.all([refreshSessions(), loadPresets(), loadModels()]);
   } catch (e) {
     showError(e.message);
   }

@@ -2,6 +2,7 @@
 // where its value comes from (this chat, the preset, the server's default); the server checks what is saved, and
 // its error shows next to the field it names.
 import { api } from "./chat_api.js";
+import { showChatModel } from "./chat_models.js";
 import { createSession } from "./chat_sessions.js";
 import { DEFAULT_TITLE, SETTING_FIELDS, state, ui } from "./chat_state.js";
 import { el } from "./chat_view.js";
@@ -163,6 +164,7 @@ export function fillSettings() {
   clearErrors(ui.settingsPanel);
   clearStatus(ui.settingsStatus);
   showSources();
+  showChatModel();
 }
 
 // ---- saving ------------------------------------------------------------------------------------------------
@@ -194,6 +196,8 @@ function formAsPreset() {
   const own = readSettings();
   if (own === null) return null;
   const settings = Object.assign({}, preset ? preset.settings : {}, own);
+  const model = state.current && state.current.settings && state.current.settings.model;
+  if (model) settings.model = model;  // the chat's model goes with its preset
   const systemPrompt = input("system_prompt").value || (preset ? preset.system_prompt : "");
   return { system_prompt: systemPrompt, settings };
 }

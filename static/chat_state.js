@@ -44,6 +44,7 @@ const ELEMENT_IDS = {
   toggleSettings: "toggle-settings", settingsPanel: "settings-panel", settingsForm: "settings-form",
   settingsError: "settings-error", settingsStatus: "settings-status", settingsClose: "settings-close",
   attachButton: "attach", attachInput: "attach-input", attachChips: "attach-chips", attachError: "attach-error",
+  modelPicker: "model-picker", modelNote: "model-note",
   attachDialog: "attach-dialog", attachTitle: "attach-title", attachText: "attach-text", attachClose: "attach-close",
 };
 

@@ -2,6 +2,7 @@
 import { api } from "./chat_api.js";
 import { uploading } from "./chat_attach.js";
 import { clearContextNotice, sendPlanned } from "./chat_context.js";
+import { watchLoading } from "./chat_models.js";
 import { cancelOutbox } from "./chat_outbox.js";
 import {
   clearError, messageNodes, refreshActions, scrollToBottom, setStreaming, showError, updateEmptyState,
@@ -63,6 +64,7 @@ export function beginTurn(frame, cutFrom) {
   updateEmptyState();
   scrollToBottom(true);
   state.socket.send(frame);
+  watchLoading();
   return true;
 }
 

@@ -23,12 +23,17 @@ from tests.faults import FAULTS_ENV, FaultPlan, faulty_engine_factory
 
 
 def faulty_create_app(plan: FaultPlan) -> Callable[..., Starlette]:
-    """`create_app` with the plan's faults in its engine and a /test/faults route."""
+    """`create_app` with the plan's faults in its engines and a /test/faults route."""
     product_create_app = app_main.create_app
 
     def create_app(settings: Settings, engine_factory: Callable | None = None) -> Starlette:
         factory = engine_factory or build_engine(settings.engine_config())
-        served = product_create_app(settings, faulty_engine_factory(factory, plan))
+        served = product_create_app(
+            settings,
+            faulty_engine_factory(factory, plan),
+            # the models served beside --model (app/http/model_registry.py) get the same faults
+            model_factory=lambda config: faulty_engine_factory(build_engine(config), plan),
+        )
 
         async def injected(request: Request) -> JSONResponse:
             return JSONResponse(dict(plan.injected))

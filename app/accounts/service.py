@@ -12,6 +12,7 @@ import hashlib
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,17 +56,22 @@ def conflict(exc: AccountConflict) -> APIError:
 
 
 class AccountService:
-    """Accounts over the store; `chat` and `engine` are told when an account goes (its replies stop, its cached
-    blocks are forgotten), `keys` when it is disabled or goes (what its API keys run ends)."""
+    """Accounts over the store; `chat` and the loaded models' engines (`engines()`) are told when an account goes (its
+    replies stop, its cached blocks are forgotten), `keys` when it is disabled or goes (what its API keys run ends)."""
 
     def __init__(
-        self, store: Store, settings: Settings, passwords: Passwords, chat: ReplyStopper, engine: EngineClient
+        self,
+        store: Store,
+        settings: Settings,
+        passwords: Passwords,
+        chat: ReplyStopper,
+        engines: Callable[[], list[EngineClient]],
     ) -> None:
         self.store = store
         self.settings = settings
         self.passwords = passwords
         self.chat = chat
-        self.engine = engine
+        self.engines = engines
         self.keys = ApiKeyService(store)
 
     @property
@@ -248,14 +254,15 @@ class AccountService:
 
         (With engine replicas, every replica purges; one that is restarting comes back with an empty RAM pool and
         purges nothing from its disk tier: see docs/operators/replicas.md.)"""
-        purges = await self.engine.purge_cache_salt(owner)
+        engines = self.engines()  # every loaded model's (app/http/model_registry.py)
+        purges = [p for engine in engines for p in await engine.purge_cache_salt(owner)]
         deadline = time.monotonic() + PURGE_WAIT_S
         while time.monotonic() < deadline:
-            tiers = [stats.tier for _, stats in await self.engine.stats_each()]
+            tiers = [stats.tier for engine in engines for _, stats in await engine.stats_each()]
             if all(tier is None or tier.write_queue_depth == 0 for tier in tiers):
                 break
             await asyncio.sleep(0.02)
-        purges += await self.engine.purge_cache_salt(owner)
+        purges += [p for engine in engines for p in await engine.purge_cache_salt(owner)]
         return CachePurge(sum(p.ram_blocks for p in purges), sum(p.disk_blocks for p in purges))
 
     async def oidc_account(self, issuer: str, subject: str, claims: dict[str, object]) -> UserRecord:

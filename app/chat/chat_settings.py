@@ -23,6 +23,10 @@ SESSION_SAMPLING_KEYS = (
     "repetition_penalty",
     "response_format",
 )
+# the served model a chat (or preset) runs on, by id; unset: the server's --model (app/http/model_registry.py)
+MODEL_KEY = "model"
+MAX_MODEL_ID_CHARS = 200
+CHAT_SETTING_KEYS = (*SESSION_SAMPLING_KEYS, MODEL_KEY)
 # The chat page offers temperature 0 to 2 (OpenAI's range); chats and presets hold that. The /v1 API takes up to
 # SamplingParams' 100, as some engines do, for clients that want it.
 CHAT_TEMPERATURE_RANGE = (0.0, 2.0)
@@ -33,11 +37,19 @@ def check_session_settings(value: Any, default_max_tokens: int) -> dict[str, Any
     chat page's ranges; a 400 naming `settings.<field>` and its limit otherwise."""
     if not isinstance(value, dict):
         raise bad_request("settings must be an object", "settings")
-    unknown = sorted(k for k in value if k not in SESSION_SAMPLING_KEYS)
+    unknown = sorted(k for k in value if k not in CHAT_SETTING_KEYS)
     if unknown:
         raise bad_request(
-            f"settings.{unknown[0][:60]} is not a known setting; known: {', '.join(SESSION_SAMPLING_KEYS)}",
+            f"settings.{unknown[0][:60]} is not a known setting; known: {', '.join(CHAT_SETTING_KEYS)}",
             "settings",
+        )
+    model = value.get(MODEL_KEY)
+    # a string, not checked against the models served now: a chat keeps naming a model that goes away
+    if model is not None and not (isinstance(model, str) and 0 < len(model) <= MAX_MODEL_ID_CHARS):
+        raise bad_request(
+            f"settings.model must be a model id of 1 to {MAX_MODEL_ID_CHARS} characters, got "
+            f"{json.dumps(model)[:80]}",
+            "settings.model",
         )
     max_tokens = value.get("max_tokens", default_max_tokens)
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -58,7 +70,9 @@ def check_session_settings(value: Any, default_max_tokens: int) -> dict[str, Any
             "settings.temperature",
         )
     try:
-        sampling_params(value, max_tokens=max_tokens, logprobs=None)
+        sampling_params(
+            {k: v for k, v in value.items() if k != MODEL_KEY}, max_tokens=max_tokens, logprobs=None
+        )
     except APIError as exc:
         raise bad_request(
             f"settings.{exc.message}", f"settings.{exc.param}" if exc.param else "settings"
@@ -73,10 +87,10 @@ def chat_max_tokens(default_max_tokens: int, max_model_len: int) -> int:
 
 
 def effective_settings(session: SessionRecord, preset: PresetRecord | None) -> dict[str, Any]:
-    """The sampling settings a turn of `session` uses: the chat's own, else its preset's (the server's defaults
-    fill in the rest later)."""
+    """The settings a turn of `session` uses (its model, its sampling): the chat's own, else its preset's (the
+    server's defaults fill in the rest later)."""
     merged = {**(preset.settings if preset is not None else {}), **(session.settings or {})}
-    return {k: v for k, v in merged.items() if k in SESSION_SAMPLING_KEYS}
+    return {k: v for k, v in merged.items() if k in CHAT_SETTING_KEYS}
 
 
 def effective_system_prompt(session: SessionRecord, preset: PresetRecord | None, server_default: str) -> str:

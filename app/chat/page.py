@@ -24,7 +24,8 @@ async def chat_page(request: Request) -> Response:
         return RedirectResponse("/login", status_code=303, headers=NO_STORE)
     context = {
         "account": account.user.username if account is not None else None,
-        "model_name": svc.engine.info.model_name,
+        "model_name": svc.models.default_name,
+        "models": svc.models.names,  # more than one: the page has a model picker
         "sampling_defaults": svc.sampling_defaults,
         "sampling_source": sampling_source_text(svc.sampling_sources),
         "default_system_prompt": svc.settings.default_system_prompt,

@@ -55,6 +55,7 @@ class Reply:
     # how an aborted reply is stored: stopped (the user's stop) or interrupted (a dropped connection, a shutdown)
     stop_status: MessageStatus = MessageStatus.STOPPED
     stop_reason: str | None = None  # SHUTDOWN when the server's shutdown cut it: its `done` event says so
+    engine: Any = None  # the engine client of the chat's model, which runs it (None: the default model's)
 
     def emit(self, event: dict[str, Any]) -> None:
         self.events.put(event)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -200,11 +201,25 @@ async def _turn(request: Request, svc: Services, owner: str, mode: ReplyMode) ->
 
 @_api
 async def plan_message(request: Request, svc: Services, owner: str) -> Response:
-    """POST /api/sessions/{id}/plan {content, parent_id?}: what sending it would need, nothing stored or generated:
+    """POST /api/sessions/{id}/plan {content?, parent_id?}: what sending it would need, nothing stored or generated:
     {prompt_tokens, max_tokens, max_model_len, fits, truncated_turns, pinned_turns_dropped, options, advice}
-    (app/chat/truncation.py)."""
+    (app/chat/truncation.py); without content, the history alone (what another model would read again)."""
     body = await read_json_object(request, svc.settings.max_body_bytes)
     return JSONResponse(await chat_of(svc).plan(owner, request.path_params["session_id"], body))
+
+
+@_api
+async def list_models(request: Request, svc: Services, owner: str) -> Response:
+    """GET /api/models: the models the chat's picker offers, each with its state (loaded, loading, not_loaded,
+    failed), the default one named."""
+    del owner
+    rows = []
+    for model in svc.models.models():
+        row = {"id": model.name, "state": model.state, "default": model.pinned}
+        if model.loading_since is not None:
+            row["loading_seconds"] = round(time.monotonic() - model.loading_since, 1)
+        rows.append(row)
+    return JSONResponse({"models": rows, "default": svc.models.default_name})
 
 
 @_api
@@ -280,6 +295,7 @@ def _shutdown_events() -> list[dict[str, str]]:
 
 
 routes = [
+    Route("/api/models", list_models, methods=["GET"]),
     Route("/api/sessions", list_sessions, methods=["GET"]),
     Route("/api/sessions", create_session, methods=["POST"]),
     Route("/api/sessions/{session_id}", get_session, methods=["GET"]),

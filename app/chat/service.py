@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from app.chat.attachments import AttachmentReader
@@ -21,11 +22,19 @@ from app.chat.branches import (
     with_siblings,
 )
 from app.chat.chat_settings import (
+    MODEL_KEY,
     chat_max_tokens,
     effective_settings,
     effective_system_prompt,
 )
-from app.chat.conversation import ConversationBuilder, PromptPlan, Turn, turns_from_messages
+from app.chat.conversation import (
+    ConversationBuilder,
+    PromptPlan,
+    Turn,
+    template_end_of_turn_ids,
+    tokenizer_fingerprint,
+    turns_from_messages,
+)
 from app.chat.documents import prompt_content
 from app.chat.reply import CUT_STATUSES, SHUTDOWN, Reply, ReplyPlace, ReplyWriter
 from app.chat.truncation import ContextFull, PromptTooLong, Truncate
@@ -44,6 +53,7 @@ from app.engine_client.protocol import EngineClient
 from app.engine_client.request_label import chat_label
 from app.http.errors import APIError, bad_request, from_exception, not_found
 from app.http.limits import Lease
+from app.http.model_registry import ModelHandle, ModelRegistry
 from app.http.public_prefix import PublicPrefixes
 from app.http.sampling import sampling_params
 from app.http.services import Services
@@ -55,8 +65,23 @@ logger = logging.getLogger(__name__)
 __all__ = ["ChatService", "ReplyMode"]
 
 
+@dataclass(frozen=True)
+class ChatModel:
+    """A served model as the chat uses it: its engine, its conversation builder (template, context), the
+    fingerprint its token ids are stored under, and the defaults and published prefixes of its tokenizer."""
+
+    name: str
+    engine: EngineClient
+    builder: ConversationBuilder
+    fingerprint: str
+    public_prefixes: PublicPrefixes | None
+    sampling_defaults: SamplingDefaults
+    writer: ReplyWriter
+
+
 class ChatService:
-    """Runs session turns: one reply at a time per session, each reply an independent task."""
+    """Runs session turns: one reply at a time per session, each reply an independent task. A turn runs on its
+    chat's model (the setting `model`; unset: the server's --model), loaded first if it is not."""
 
     def __init__(
         self,
@@ -78,6 +103,11 @@ class ChatService:
         self.writer = ReplyWriter(store, fingerprint, settings.flush_interval_s, settings.store_retry_s)
         self.attachments = AttachmentReader(settings)  # uploads' text (app/chat/attachment_routes.py)
         self._turns: dict[str, Reply | None] = {}  # None: reserved while the turn is being set up
+        self.models: ModelRegistry | None = None  # the served models (`serve_models`); None: only this engine
+        self.default_model = ChatModel(
+            "", engine, builder, fingerprint, public_prefixes, sampling_defaults, self.writer
+        )
+        self._chat_models: dict[str, ChatModel] = {}
         self._cut_all = False  # set at shutdown: a reply that starts from then on is cut at once
 
     @property
@@ -105,7 +135,8 @@ class ChatService:
             turn.stop_requested = True
             turn.stop_status = status
             turn.stop_reason = reason
-        self.engine.abort(turn.request_id)  # its stream ends as aborted; the reply is stored as stop_status
+        engine = turn.engine if turn.engine is not None else self.engine
+        engine.abort(turn.request_id)  # its stream ends as aborted; the reply is stored as stop_status
         return True
 
     def stop_reply(
@@ -210,17 +241,22 @@ class ChatService:
         """What sending `fields["content"]` (with the unsent `attachments` named) after `parent_id` (default: the
         active leaf) would need, planned as a send plans it (on the tokenizer thread); nothing is stored and no
         engine request is made."""
-        content = self._check_content(fields.get("content"))
+        # no content: the history alone, as the page asks when the chat's model changes (it is read again)
+        content = "" if fields.get("content") is None else self._check_content(fields.get("content"))
         attachment_ids = self._attachment_ids(ReplyMode.SEND, fields.get("attachments"))
         target = turn_target(ReplyMode.SEND, fields)
         session, tree, preset = await self.load_chat(owner, session_id)
-        _, max_tokens = self.sampling(effective_settings(session, preset))
+        settings = effective_settings(session, preset)
+        model = self._loaded_chat_model(
+            settings.get(MODEL_KEY)
+        )  # another model not loaded: the default's count
+        _, max_tokens = self.sampling(settings, model)
         fork = locate(ReplyMode.SEND, tree, target)
-        turns = turns_from_messages(fork.history, self.fingerprint)
+        turns = turns_from_messages(fork.history, model.fingerprint)
         system_prompt = effective_system_prompt(session, preset, self.settings.default_system_prompt)
         text = prompt_content(await self._files(owner, session_id, attachment_ids, ()), content)
-        report = await self.engine.tokenize(
-            lambda _tok: self.builder.context_report(system_prompt, turns, text, max_tokens)
+        report = await model.engine.tokenize(
+            lambda _tok: model.builder.context_report(system_prompt, turns, text, max_tokens)
         )
         return report.to_json()
 
@@ -238,7 +274,33 @@ class ChatService:
         if mode in (ReplyMode.SEND, ReplyMode.EDIT):
             content = self._check_content(content)
         session, tree, preset = await self.load_chat(owner, session_id)
-        params, max_tokens = self.sampling(effective_settings(session, preset))
+        settings = effective_settings(session, preset)
+        if self.models is None:
+            return await self._setup_on(self.default_model, owner, session, tree, preset, settings, mode,
+                                        content, target, truncate, attachment_ids)  # fmt: skip
+        name = self._served_model_name(settings.get(MODEL_KEY))
+        # loaded first if it is not (the page shows the wait); the lease keeps it loaded until its engine has the turn
+        async with self.models.lease(name) as handle:
+            model = await self._chat_model(handle)
+            return await self._setup_on(model, owner, session, tree, preset, settings, mode, content, target,
+                                        truncate, attachment_ids)  # fmt: skip
+
+    async def _setup_on(
+        self,
+        model: ChatModel,
+        owner: str,
+        session: SessionRecord,
+        tree: MessageTree,
+        preset: PresetRecord | None,
+        settings: dict[str, Any],
+        mode: ReplyMode,
+        content: Any,
+        target: Target,
+        truncate: Truncate | None,
+        attachment_ids: list[int],
+    ) -> Reply:
+        session_id = session.id
+        params, max_tokens = self.sampling(settings, model)
         fork = locate(mode, tree, target)
         if (
             mode is ReplyMode.REGENERATE
@@ -252,11 +314,13 @@ class ChatService:
             if fork.user is None
             else prompt_content(fork.user.attachments, fork.user.content)
         )
-        turns = turns_from_messages(fork.history, self.fingerprint)
+        turns = turns_from_messages(fork.history, model.fingerprint)
         system_prompt = effective_system_prompt(session, preset, self.settings.default_system_prompt)
         try:
-            (plan, prior_ids), public_prefix_len = await self.engine.tokenize(
-                lambda _tok: self._plan(system_prompt, turns, text, fork.continued, max_tokens, truncate)
+            (plan, prior_ids), public_prefix_len = await model.engine.tokenize(
+                lambda _tok: self._plan(
+                    model, system_prompt, turns, text, fork.continued, max_tokens, truncate
+                )
             )
         except (
             ContextFull
@@ -287,9 +351,9 @@ class ChatService:
             user = fork.user
             user_json = with_siblings(user, tree.sibling_ids(user.id))
         place = self._place(tree, fork, user, prior_ids)
-        turn = Reply(session_id, "chat-" + uuid.uuid4().hex)
+        turn = Reply(session_id, "chat-" + uuid.uuid4().hex, engine=model.engine)
         try:
-            turn.stream = await self.engine.add_request(
+            turn.stream = await model.engine.add_request(
                 turn.request_id,
                 plan.token_ids,
                 params,
@@ -301,7 +365,7 @@ class ChatService:
         except Exception as exc:  # a new user message keeps its turn: record the failed reply, then report
             if fork.user is None:
                 with contextlib.suppress(StoreUnavailable):
-                    await self.writer.store_unstarted(session_id, plan, place, from_exception(exc).message)
+                    await model.writer.store_unstarted(session_id, plan, place, from_exception(exc).message)
             raise
         logger.info(
             "session %s turn %s (%s): %d prompt tokens (%d turns left out, exact=%s), max_tokens %d",
@@ -319,6 +383,7 @@ class ChatService:
                 "session_id": session_id,
                 "request_id": turn.request_id,
                 "mode": mode.value,
+                "model": model.name or self._default_name,
                 "user_message": user_json,
                 "prompt_tokens": len(plan.token_ids),
                 "truncated_turns": plan.truncated_turns,
@@ -326,7 +391,9 @@ class ChatService:
             }
         )
         self._turns[session_id] = turn
-        turn.task = asyncio.create_task(self._drive(turn, plan, place), name=f"turn-{turn.request_id}")
+        turn.task = asyncio.create_task(
+            self._drive(turn, plan, place, model.writer), name=f"turn-{turn.request_id}"
+        )
         if self._cut_all:  # set up while the shutdown cut the others
             self.stop(session_id, MessageStatus.INTERRUPTED, SHUTDOWN)
         return turn
@@ -347,6 +414,7 @@ class ChatService:
 
     def _plan(
         self,
+        model: ChatModel,
         system_prompt: str,
         turns: list[Turn],
         content: str,
@@ -357,15 +425,17 @@ class ChatService:
         """The turn's prompt (continuing: and the ids of the reply so far) and its public prefix length (on the
         tokenizer thread)."""
         if continued is None:
-            plan = self.builder.build_prompt(system_prompt, turns, content, max_tokens, truncate)
+            plan = model.builder.build_prompt(system_prompt, turns, content, max_tokens, truncate)
             prior_ids: list[int] = []
         else:
-            ids = continued.token_ids if continued.tokenizer_fingerprint in (None, self.fingerprint) else None
+            ids = (
+                continued.token_ids if continued.tokenizer_fingerprint in (None, model.fingerprint) else None
+            )
             answer = Turn("assistant", continued.content, ids)
-            plan, prior_ids = self.builder.build_continuation(
+            plan, prior_ids = model.builder.build_continuation(
                 system_prompt, turns, content, answer, max_tokens, truncate
             )
-        public = self.public_prefixes
+        public = model.public_prefixes
         public_len = public.session_length(system_prompt, plan.token_ids) if public is not None else 0
         return (plan, prior_ids), public_len
 
@@ -423,23 +493,89 @@ class ChatService:
             )
         return content
 
-    def sampling(self, settings: dict[str, Any]) -> tuple[SamplingParams, int]:
-        """A turn's sampling params and max_tokens from a chat's effective settings (400 for a bad max_tokens)."""
+    def sampling(
+        self, settings: dict[str, Any], model: ChatModel | None = None
+    ) -> tuple[SamplingParams, int]:
+        """A turn's sampling params and max_tokens from a chat's effective settings (400 for a bad max_tokens), with
+        `model`'s defaults (None: the default model's)."""
+        model = model or self.default_model
+        settings = {k: v for k, v in settings.items() if k != MODEL_KEY}
         max_tokens = settings.get("max_tokens") or self.settings.default_max_tokens
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise bad_request(
                 f"session setting max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens"
             )
-        max_tokens = chat_max_tokens(max_tokens, self.engine.info.max_model_len)
+        max_tokens = chat_max_tokens(max_tokens, model.engine.info.max_model_len)
         params = sampling_params(
-            settings, max_tokens=max_tokens, logprobs=None, defaults=self.sampling_defaults.given()
+            settings, max_tokens=max_tokens, logprobs=None, defaults=model.sampling_defaults.given()
         )
         # the page shows how far the prompt has been read (or the place in the queue) until the first token
         return dataclasses.replace(params, report_progress=True), max_tokens
 
-    async def _drive(self, reply: Reply, plan: PromptPlan, place: ReplyPlace) -> None:
+    # ---- the chat's models -------------------------------------------------------------------------------------
+    def serve_models(self, models: ModelRegistry) -> None:
+        """Run each chat on its own model (the setting `model`) among `models`; the default one is this engine."""
+        self.models = models
+
+    @property
+    def _default_name(self) -> str:
+        return self.models.default_name if self.models is not None else ""
+
+    def _served_model_name(self, name: Any) -> str:
+        """The served model a chat naming `name` runs on (None: the default); 409 `model_not_served` naming the
+        served ones when it names another: the chat keeps its history, and goes on once its model is changed."""
+        assert self.models is not None
+        if name is None or name == self.models.default_name:
+            return self.models.default_name
+        if name not in self.models.names:
+            served = ", ".join(repr(n) for n in self.models.names)
+            raise APIError(
+                409,
+                f"this chat runs on model {str(name)[:200]!r}, which this server no longer serves; pick one of "
+                f"{served} in the chat's model picker (the history stays as it is)",
+                param="settings.model",
+                code="model_not_served",
+            )
+        return name
+
+    def _loaded_chat_model(self, name: Any) -> ChatModel:
+        """The chat model `name` if it is loaded and has served a turn here, else the default's."""
+        model = self._chat_models.get(name) if isinstance(name, str) else None
+        if model is None or self.models is None:
+            return self.default_model
+        loaded = {h.name: h.engine for h in self.models.loaded()}
+        return model if loaded.get(model.name) is model.engine else self.default_model
+
+    async def _chat_model(self, handle: ModelHandle) -> ChatModel:
+        """`handle`'s chat model: the default's, or one made (and kept while its engine is the same) for another."""
+        assert self.models is not None
+        if handle.name == self.models.default_name:
+            return self.default_model
+        known = self._chat_models.get(handle.name)
+        if known is not None and known.engine is handle.engine:
+            return known
+        engine = handle.engine
+        end_of_turn = await engine.tokenize(template_end_of_turn_ids)
+        fingerprint = await engine.tokenize(tokenizer_fingerprint)
+        builder = ConversationBuilder(engine.tokenizer, handle.info.max_model_len, end_of_turn)
+        writer = ReplyWriter(
+            self.store, fingerprint, self.settings.flush_interval_s, self.settings.store_retry_s
+        )
+        model = ChatModel(
+            handle.name,
+            engine,
+            builder,
+            fingerprint,
+            handle.public_prefixes,
+            handle.sampling_defaults,
+            writer,
+        )
+        self._chat_models[handle.name] = model
+        return model
+
+    async def _drive(self, reply: Reply, plan: PromptPlan, place: ReplyPlace, writer: ReplyWriter) -> None:
         try:
-            await self.writer.run(reply, plan, place)
+            await writer.run(reply, plan, place)
         finally:
             self._turns.pop(reply.session_id, None)
 

@@ -1,23 +1,18 @@
-"""The bridge between asyncio and the synchronous engine: one thread steps it, coroutines stream its outputs.
-
-A little over 300 lines on purpose: the engine thread's loop, its command handling and its shutdown share the
-thread's state; split across files they would each need the others' internals.
-"""
+"""The bridge between asyncio and the synchronous engine: a step loop's thread steps it (app/engine_client/
+step_loop.py), coroutines stream its outputs."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
-import queue
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from app.engine_client import engine_calls
 from app.engine_client.engine_calls import engine_info
 from app.engine_client.engine_commands import (
-    STOP,
     AbortRequest,
     AddRequest,
     CallOnEngine,
@@ -28,6 +23,7 @@ from app.engine_client.engine_commands import (
 from app.engine_client.protocol import EngineOverloaded, EngineUnavailable
 from app.engine_client.request_label import RequestLabel
 from app.engine_client.request_stream import RequestFailed, RequestStream
+from app.engine_client.step_loop import StepLoop
 from app.engine_client.stream_registry import StreamRegistry
 from engine.core.outputs import RequestOutput
 from engine.core.sequence import SamplingParams
@@ -55,7 +51,8 @@ def engine_factory(config: EngineConfig) -> EngineFactory:
 
 
 class AsyncEngine(StreamRegistry):
-    """Owns the engine thread. Requests go in through a thread-safe queue; outputs come back on the event loop."""
+    """One engine, stepped by a step loop's thread (app/engine_client/step_loop.py). Requests go in as commands
+    through the loop's thread-safe queue; outputs come back on the event loop."""
 
     def __init__(
         self,
@@ -66,10 +63,12 @@ class AsyncEngine(StreamRegistry):
         metrics: Metrics | None = None,
         drain_s: float = 10.0,
         on_death: Callable[[str], None] | None = None,
+        step_loop: StepLoop | None = None,
     ) -> None:
         """`drain_s`: at stop, how long the engine may take to write its disk tier's queued blocks. `on_death`: called
         on the event loop with `dead_reason` when the engine thread dies while serving (not at a stop), once its
-        requests have failed."""
+        requests have failed. `step_loop`: the thread that steps this engine, shared with other engines; unset: one
+        of its own."""
         super().__init__(request_timeout_s, metrics)
         # the engine itself, for this client's own thread (and tests); the app reads `info`
         self.engine: LLMEngine | None = None
@@ -79,32 +78,54 @@ class AsyncEngine(StreamRegistry):
         self.dead_reason: str | None = None
         self._factory = engine_factory
         self._max_queued = max_queued_requests
-        self._drain_s = drain_s
+        self.drain_s = drain_s
         self._on_death = on_death
-        self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        # the thread that steps the engine: its own, unless it shares one with other engines (app/models/)
+        self._step_loop = step_loop or StepLoop()
+        self._stopped: asyncio.Future | None = None  # resolved once the step loop has closed the engine
         self._loop: asyncio.AbstractEventLoop | None = None
         self._alive = False
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Build the engine on its thread, run a warm-up request, and return once it can serve."""
+        """Build the engine on a loader thread, run a warm-up request there, then hand it to the step loop; returns
+        once it can serve. Other engines of the step loop keep stepping meanwhile."""
         self._loop = asyncio.get_running_loop()
-        started: asyncio.Future = self._loop.create_future()
         self._alive = True
-        self._thread = threading.Thread(target=self._thread_main, args=(started,), name="engine", daemon=True)
-        self._thread.start()
-        await started
+        try:
+            engine = await asyncio.to_thread(self._build)
+        except BaseException as exc:
+            if isinstance(exc, ValueError):  # bad input (model, limits): its message says it all
+                logger.error("engine failed to start: %s", exc)
+            elif not isinstance(exc, asyncio.CancelledError):
+                logger.exception("engine failed to start")
+            self._alive = False
+            self.dead_reason = f"startup failed: {type(exc).__name__}: {exc}"
+            raise
+        self._stopped = self._loop.create_future()
+        self.engine = engine
+        self._step_loop.attach(self, engine)
         self.ready = True
 
+    def _build(self) -> LLMEngine:
+        engine = self._factory()
+        self.tokenizer = copy.deepcopy(engine.tokenizer)
+        warm_up(engine)
+        self._info = engine_info(engine)
+        return engine
+
     async def stop(self) -> None:
-        """Abort what is running, stop the thread and wait for it."""
+        """Abort what is running, close the engine (its disk tier writes what it queued) and wait for it."""
         self.ready = False
         for request_id in list(self._streams):
             self.abort(request_id)
-        if self._thread is not None and self._thread.is_alive():
-            self._commands.put(STOP)
-            await asyncio.to_thread(self._thread.join, 30.0)
+        if self._stopped is not None and self._alive:
+            self._step_loop.detach(self)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._stopped), 30.0)
+        self._alive = False
+        if self._stopped is not None and self._stopped.done():
+            self.engine = None  # closed: its weights and pool go with the last reference
         self._tokenizer_executor.shutdown(wait=False, cancel_futures=True)
 
     @property
@@ -162,7 +183,9 @@ class AsyncEngine(StreamRegistry):
         self._check_request(prompt, params, public_prefix_len)  # on the loop: no wait for a step
         stream = self._open_stream(request_id, label)
         future = asyncio.get_running_loop().create_future()
-        self._commands.put(AddRequest(request_id, prompt, params, future, cache_salt, public_prefix_len))
+        self._step_loop.put(
+            self, AddRequest(request_id, prompt, params, future, cache_salt, public_prefix_len)
+        )
         try:
             await future
         except BaseException:
@@ -173,13 +196,13 @@ class AsyncEngine(StreamRegistry):
     def _cancel(self, request_id: str) -> None:
         """The engine aborts the request at its next step."""
         if self._alive:
-            self._commands.put(AbortRequest(request_id))
+            self._step_loop.put(self, AbortRequest(request_id))
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run `fn(engine)` on the engine thread between steps and return its result."""
         self._check_serving()
         future = asyncio.get_running_loop().create_future()
-        self._commands.put(CallOnEngine(fn, future))
+        self._step_loop.put(self, CallOnEngine(fn, future))
         return await future
 
     async def call_each(self, fn: Callable[[Any], T]) -> list[tuple[str, T]]:
@@ -190,70 +213,39 @@ class AsyncEngine(StreamRegistry):
         """Engine counters taken between steps."""
         return await self.call(engine_calls.stats)
 
-    # ---- the engine thread ----------------------------------------------------------------------------------
-    def _thread_main(self, started: asyncio.Future) -> None:
-        assert self._loop is not None
-        try:
-            engine = self._factory()
-            self.tokenizer = copy.deepcopy(engine.tokenizer)
-            warm_up(engine)
-            self._info = engine_info(engine)
-            self.engine = engine
-        except BaseException as exc:  # noqa: BLE001 - reported to start() and the log
-            if isinstance(exc, ValueError):  # bad input (model, limits): its message says it all
-                logger.error("engine failed to start: %s", exc)
-            else:
-                logger.exception("engine failed to start")
-            self._alive = False
-            self.dead_reason = f"startup failed: {type(exc).__name__}: {exc}"
-            self._loop.call_soon_threadsafe(resolve, started, None, exc)
-            return
-        self._loop.call_soon_threadsafe(resolve, started, None)
-        try:
-            self._serve(engine)
-        except BaseException as exc:  # noqa: BLE001 - the thread must report its death, never vanish
-            logger.critical("engine thread died: %s: %s", type(exc).__name__, exc, exc_info=True)
-            self.dead_reason = f"engine thread died: {type(exc).__name__}: {exc}"
-        finally:
-            self._alive = False
-            if not self._loop.is_closed():
-                self._loop.call_soon_threadsafe(self._on_thread_exit)
+    # ---- called by the step loop, on its thread -----------------------------------------------------------
+    def run_command(self, engine: LLMEngine, command: Any, live: set[str]) -> None:
+        self._run_command(engine, command, live)
 
-    def _serve(self, engine: LLMEngine) -> None:
+    def deliver(self, outputs: list[RequestOutput]) -> None:
+        self._call_soon(self._dispatch, outputs)
+
+    def step_failed(self, request_ids: list[str], exc: Exception) -> None:
+        self._call_soon(
+            self._fail, request_ids, RequestFailed(f"engine step failed: {type(exc).__name__}: {exc}")
+        )
+
+    def stopped(self) -> None:
+        self._alive = False
+        if self._stopped is not None:
+            self._call_soon(resolve, self._stopped, None)
+
+    def thread_died(self, reason: str) -> None:
+        self.dead_reason = reason
+        self._alive = False
+        self._call_soon(self._on_thread_exit)
+
+    def reject(self, command: Any) -> None:
+        """A command that reached the step loop after this engine stopped (or its thread died)."""
+        if isinstance(command, (AddRequest, CallOnEngine)):
+            reason = self.dead_reason or "the engine was stopped"
+            answer(command.future, None, EngineUnavailable(f"the engine is not running: {reason}"))
+
+    def _call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         loop = self._loop
-        assert loop is not None
-        live: set[str] = set()
-        while True:
-            block = not engine.has_unfinished_requests()
-            while True:
-                try:
-                    command = self._commands.get(block=block)
-                except queue.Empty:
-                    break
-                block = False
-                if command is STOP:
-                    for request_id in list(live):
-                        engine.abort_request(request_id)
-                    engine.close(self._drain_s)  # the disk tier writes what it has queued
-                    return
-                self._run_command(engine, command, live)
-            if not engine.has_unfinished_requests():
-                continue
-            try:
-                outputs = engine.step()
-            except Exception as exc:  # the engine fails a step's requests itself; this is the last resort
-                logger.exception("engine.step() raised; failing %d in-flight requests", len(live))
-                error = RequestFailed(f"engine step failed: {type(exc).__name__}: {exc}")
-                for request_id in live:
-                    engine.abort_request(request_id)
-                loop.call_soon_threadsafe(self._fail, list(live), error)
-                live.clear()
-                continue
-            for output in outputs:
-                if output.finished:
-                    live.discard(output.request_id)
-            if outputs:
-                loop.call_soon_threadsafe(self._dispatch, outputs)
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(fn, *args)
 
     def _run_command(self, engine: LLMEngine, command: Any, live: set[str]) -> None:
         if isinstance(command, AddRequest):
@@ -309,12 +301,5 @@ class AsyncEngine(StreamRegistry):
     def _on_thread_exit(self) -> None:
         reason = self.dead_reason or "the engine was stopped"
         self._fail(list(self._streams), RequestFailed(reason))
-        while True:  # commands that raced the thread's exit: answer them instead of leaving them hanging
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(command, (AddRequest, CallOnEngine)):
-                resolve(command.future, None, EngineUnavailable(f"the engine is not running: {reason}"))
         if self.dead_reason is not None and self._on_death is not None:
             self._on_death(self.dead_reason)

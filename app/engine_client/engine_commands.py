@@ -44,9 +44,6 @@ class CallOnEngine:
     future: asyncio.Future
 
 
-STOP = object()  # ends the engine thread's loop
-
-
 def resolve(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
     """On the future's loop: set its result or exception unless the awaiting side gave up."""
     if future.done():  # the awaiting coroutine was cancelled meanwhile

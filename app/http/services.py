@@ -16,6 +16,7 @@ from app.db.store import Store
 from app.engine_client.protocol import EngineClient
 from app.engine_client.request_stream import ServerShuttingDown
 from app.http.admission import Admission
+from app.http.model_registry import ModelRegistry
 from app.http.public_prefix import PublicPrefixes
 from app.http.shutdown import SHUTDOWN_MESSAGE, Shutdown
 from app.metrics.metrics import Metrics
@@ -47,7 +48,7 @@ class Services:
     """Built by the app's lifespan once the store and the engine have started, before the app serves."""
 
     settings: Settings
-    engine: EngineClient
+    engine: EngineClient  # the default model's (--model): the chat's sessions run on it
     metrics: Metrics
     signer: Signer
     store: Store
@@ -56,6 +57,7 @@ class Services:
     # what a request gets for the sampling fields it leaves out: server flags > model > built-in
     sampling_defaults: SamplingDefaults
     sampling_sources: dict[str, str]  # field -> server, model or built-in
+    models: ModelRegistry  # every served model, the default's handle among them; others load on demand
     accounts: Accounts | None  # app/accounts/service.py's AccountService; None: `--auth none`
     admission: Admission  # made with the app: limits and throttles
     shutdown: Shutdown  # made with the app: a signal may come while it starts

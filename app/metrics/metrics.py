@@ -7,6 +7,8 @@ outcome: app/metrics/cluster_metrics.py). Latencies are observed in the ingress,
 
 from __future__ import annotations
 
+import copy
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 
 from app.metrics.cluster_metrics import ClusterCollector, ReplicaSetReport
@@ -163,6 +165,13 @@ class Metrics:
         """Label values once the engine has loaded its model."""
         self.model_name = model_name
         self._engine.model_name = model_name
+
+    def for_model(self, model_name: str) -> Metrics:
+        """The same series, labelled with another served model (several models: app/http/model_registry.py). Its
+        engine gauges stay the default model's."""
+        view = copy.copy(self)
+        view.model_name = model_name
+        return view
 
     def observe_first_token(self, seconds: float) -> None:
         """Record a request's time to first token."""

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from app.engine_client.protocol import EngineClient
 from app.engine_client.request_stream import RequestStream
 from app.http.services import Services
 from app.openai import echo as scoring_fmt
@@ -25,6 +26,7 @@ class Call:
     kind: str  # "chat", "completion" or "response" (a chat answered in the Responses API's shape)
     response_id: str
     model: str
+    engine: EngineClient  # the model's: its tokenizer decodes the reply's logprobs
     stream: RequestStream
     streaming: bool
     include_usage: bool
@@ -43,11 +45,13 @@ class Call:
         return ToolCallParser(self.tools.names, self.tools.strict)
 
 
-async def token_text(svc: Services, entries: list[Logprob], more: set[int] | None = None) -> dict[int, str]:
+async def token_text(
+    engine: EngineClient, entries: list[Logprob], more: set[int] | None = None
+) -> dict[int, str]:
     ids = sorted(fmt.token_ids_of(entries) | (more or set()))
     if not ids:
         return {}
-    texts = await svc.engine.tokenize(lambda tok: [tok.decode([t]) for t in ids])
+    texts = await engine.tokenize(lambda tok: [tok.decode([t]) for t in ids])
     return dict(zip(ids, texts, strict=True))
 
 
@@ -60,7 +64,9 @@ async def full_body(svc: Services, call: Call, result: RequestOutput) -> dict[st
     for out in result.outputs:
         logprobs = None
         if call.logprobs and call.kind == "chat":
-            logprobs = fmt.chat_logprobs(out.logprobs or [], await token_text(svc, out.logprobs or []))
+            logprobs = fmt.chat_logprobs(
+                out.logprobs or [], await token_text(call.engine, out.logprobs or [])
+            )
         choice: dict[str, Any] = {
             "index": out.index,
             "logprobs": logprobs,
@@ -107,7 +113,7 @@ async def completion_choice(
     scores = result.prompt_logprobs
     more = scoring_fmt.scored_prompt_ids(call.prompt_ids, scores) if with_prompt and scores else set()
     wanted = (entries or []) if call.logprobs else None
-    text_of = await token_text(svc, wanted or [], more) if wanted is not None or more else {}
+    text_of = await token_text(call.engine, wanted or [], more) if wanted is not None or more else {}
     text, block = scoring_fmt.completion_text_and_logprobs(
         scoring,
         (call.prompt_ids, scores, call.echo_text),

@@ -7,7 +7,8 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from app.http.errors import APIError, bad_request
+from app.http.errors import bad_request
+from app.http.model_registry import ModelHandle
 from app.http.services import Services
 from app.openai.tool_calls import OPEN
 from app.openai.tools import NO_TEMPLATE_SUPPORT, UNPARSED_FORMAT
@@ -17,26 +18,14 @@ MAX_CACHE_SALT_CHARS = 1024
 
 
 def check_model(body: dict[str, Any], svc: Services) -> str:
-    """The served model's id; 404 when the request names another model."""
-    served = svc.engine.info.model_name
+    """The id of the served model the request names (unset: the default model); 404 naming the served ones when it
+    names another."""
     model = body.get("model")
     if model is None:
-        return served
+        return svc.models.default_name
     if not isinstance(model, str):
         raise bad_request(f"model must be a string, got {json.dumps(model)[:80]}", "model")
-    if model != served:
-        raise model_not_found(model, served)
-    return served
-
-
-def model_not_found(model: str, served: str) -> APIError:
-    """The 404 of a request (or `GET /v1/models/{id}`) that names a model other than the served one."""
-    return APIError(
-        404,
-        f"model {model[:200]!r} not found; this server serves {served!r}",
-        param="model",
-        code="model_not_found",
-    )
+    return svc.models.get(model).name
 
 
 def requested_cache_salt(body: dict[str, Any]) -> str | None:
@@ -157,7 +146,11 @@ def render_chat(
 
 
 async def prompt_ids(
-    svc: Services, kind: str, body: dict[str, Any], tools: list[dict[str, Any]] | None = None
+    svc: Services,
+    model: ModelHandle,
+    kind: str,
+    body: dict[str, Any],
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[list[int], int]:
     """The prompt of a chat or completion request as token ids (tokenized off the event loop), and how many of its
     leading ids are public (the template's and a published system prompt's: app/http/public_prefix.py). A chat
@@ -165,7 +158,7 @@ async def prompt_ids(
     settings = svc.settings
     if kind == "chat":
         messages = parse_messages(body, settings.max_messages, settings.max_message_chars)
-        public = svc.public_prefixes
+        public = model.public_prefixes
         needs_tools = tools is not None or body.get("tools") is not None or uses_tools(messages)
 
         def render(tok: Any) -> tuple[list[int], int]:
@@ -176,11 +169,11 @@ async def prompt_ids(
             # tools are rendered into the system turn: the published prefix no longer leads the prompt
             return ids, public.length(messages, ids) if public is not None and tools is None else 0
 
-        return await svc.engine.tokenize(render)
-    return await _completion_ids(svc, body), 0
+        return await model.engine.tokenize(render)
+    return await _completion_ids(svc, model, body), 0
 
 
-async def _completion_ids(svc: Services, body: dict[str, Any]) -> list[int]:
+async def _completion_ids(svc: Services, model: ModelHandle, body: dict[str, Any]) -> list[int]:
     settings = svc.settings
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -193,7 +186,7 @@ async def _completion_ids(svc: Services, body: dict[str, Any]) -> list[int]:
                 f"prompt is {len(prompt)} characters, over the limit of {settings.max_message_chars}",
                 "prompt",
             )
-        return await svc.engine.tokenize(lambda tok: list(tok.encode(prompt, add_special_tokens=False)))
+        return await model.engine.tokenize(lambda tok: list(tok.encode(prompt, add_special_tokens=False)))
     if (
         isinstance(prompt, list)
         and prompt

@@ -1,44 +1,54 @@
-"""GET /v1/models and GET /v1/models/{model_id}: the one model this server serves."""
+"""GET /v1/models and GET /v1/models/{model_id}: the models this server serves, each with its state."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from app.http.model_registry import LOADED, LOADING, ServedModel
 from app.http.security import api_caller
 from app.http.services import Services, services
-from app.openai.input import model_not_found
 
 
-def model_object(svc: Services) -> dict[str, Any]:
-    """The served model as the API shows it: OpenAI's model object and what a request may ask of it."""
-    info = svc.engine.info
-    return {
-        "id": info.model_name,
+def model_object(svc: Services, model: ServedModel) -> dict[str, Any]:
+    """A served model as the API shows it: OpenAI's model object, its state (loaded, loading, not_loaded, failed),
+    and, once it has loaded, what a request may ask of it."""
+    body: dict[str, Any] = {
+        "id": model.name,
         "object": "model",
         "created": 0,
         "owned_by": "pagedchat",
-        "max_model_len": info.max_model_len,
-        # what a request that leaves these out samples with (server flags > generation config > built-in)
-        "sampling_defaults": svc.sampling_defaults.given(),
-        "sampling_defaults_source": svc.sampling_sources,
+        "state": model.state,
+        "default": model.pinned,
     }
+    if model.state == LOADING and model.loading_since is not None:
+        body["loading_seconds"] = round(time.monotonic() - model.loading_since, 1)
+    if model.error is not None and model.state != LOADED:
+        body["error"] = model.error
+    if model.last_info is not None:
+        body["max_model_len"] = model.last_info.max_model_len
+    if model.handle is not None:
+        # what a request that leaves these out samples with (server flags > generation config > built-in)
+        body["sampling_defaults"] = model.handle.sampling_defaults.given()
+        body["sampling_defaults_source"] = model.handle.sampling_sources
+    if model.state in (LOADED, LOADING) or model.held_bytes:
+        body["memory_bytes"] = svc.models.need_bytes(model)
+    return body
 
 
 async def list_models(request: Request) -> Response:
-    """GET /v1/models: a list of the one model this server serves."""
+    """GET /v1/models: every served model, the default first."""
     svc = services(request)
     api_caller(request, svc.settings)
-    return JSONResponse({"object": "list", "data": [model_object(svc)]})
+    return JSONResponse({"object": "list", "data": [model_object(svc, m) for m in svc.models.models()]})
 
 
 async def retrieve_model(request: Request) -> Response:
-    """GET /v1/models/{model_id}: the served model's object; any other id is a 404 naming the served one."""
+    """GET /v1/models/{model_id}: one served model's object; any other id is a 404 naming the served ones."""
     svc = services(request)
     api_caller(request, svc.settings)
     model_id = request.path_params["model_id"]  # a path: hub ids hold a slash
-    if model_id != svc.engine.info.model_name:
-        raise model_not_found(model_id, svc.engine.info.model_name)
-    return JSONResponse(model_object(svc))
+    return JSONResponse(model_object(svc, svc.models.get(model_id)))

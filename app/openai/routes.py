@@ -80,8 +80,8 @@ async def _handle(request: Request, kind: str) -> Response:
         end_with_key(  # a revoked key's request ends with an api_key_revoked error
             request,
             svc,
-            lambda: svc.engine.is_running(rid),
-            lambda: svc.engine.end_request(rid, key_revoked()),
+            lambda: call.engine.is_running(rid),
+            lambda: call.engine.end_request(rid, key_revoked()),
         )
     except Exception as exc:  # noqa: BLE001 - every failure before streaming becomes an API error
         if lease is not None:
@@ -144,43 +144,49 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
     else:
         scoring, requested = read_scoring(body)
         logprobs = scoring.logprobs
-    prompt_ids, public_prefix_len = await prompt_input(svc, kind, body, plan.render if plan else None)
-    max_tokens = resolve_max_tokens(
-        requested,
-        len(prompt_ids),
-        svc.engine.info.max_model_len,
-        prompt_param={"response": "input", "chat": "messages"}.get(api_kind, "prompt"),
-    )
-    params = sampling_params(
-        body,
-        max_tokens=max_tokens,
-        logprobs=logprobs,
-        defaults=svc.sampling_defaults.given(),
-        forced=plan.forced if plan else None,
-        # at most one call, where no grammar forces it: the output ends at the first call's closing marker
-        extra_stop=(CLOSE,) if plan and plan.single and plan.names and plan.forced is None else (),
-    )
-    if progress:
-        params = dataclasses.replace(params, report_progress=True)
-    echoed = ""
-    if kind == "completion":
-        params = dataclasses.replace(params, prompt_logprobs=scoring.engine_prompt_logprobs)
-        if scoring.echo:
-            written = scoring_fmt.echo_text(body)
-            echoed = (
-                written if written is not None else await svc.engine.tokenize(lambda t: t.decode(prompt_ids))
-            )
-    prefix = {"chat": "chatcmpl-", "completion": "cmpl-", "response": "resp_"}[api_kind]
-    response_id = prefix + uuid.uuid4().hex
-    # a request's own salt covers its whole prompt (vLLM's meaning), published system prompt included
-    stream = await svc.engine.add_request(
-        response_id,
-        prompt_ids,
-        params,
-        cache_salt=cache_salt(request, svc.settings, owner, requested_salt),
-        public_prefix_len=0 if requested_salt is not None else public_prefix_len,
-        label=api_label(api_kind, owner, user, request.scope.get("state", {}).get(API_KEY_ID_STATE)),
-    )
+    # the model is loaded first if it is not; the lease keeps it loaded until its engine holds the request
+    async with svc.models.lease(model) as served:
+        prompt_ids, public_prefix_len = await prompt_input(
+            svc, served, kind, body, plan.render if plan else None
+        )
+        max_tokens = resolve_max_tokens(
+            requested,
+            len(prompt_ids),
+            served.info.max_model_len,
+            prompt_param={"response": "input", "chat": "messages"}.get(api_kind, "prompt"),
+        )
+        params = sampling_params(
+            body,
+            max_tokens=max_tokens,
+            logprobs=logprobs,
+            defaults=served.sampling_defaults.given(),
+            forced=plan.forced if plan else None,
+            # at most one call, where no grammar forces it: the output ends at the first call's closing marker
+            extra_stop=(CLOSE,) if plan and plan.single and plan.names and plan.forced is None else (),
+        )
+        if progress:
+            params = dataclasses.replace(params, report_progress=True)
+        echoed = ""
+        if kind == "completion":
+            params = dataclasses.replace(params, prompt_logprobs=scoring.engine_prompt_logprobs)
+            if scoring.echo:
+                written = scoring_fmt.echo_text(body)
+                echoed = (
+                    written
+                    if written is not None
+                    else await served.engine.tokenize(lambda t: t.decode(prompt_ids))
+                )
+        prefix = {"chat": "chatcmpl-", "completion": "cmpl-", "response": "resp_"}[api_kind]
+        response_id = prefix + uuid.uuid4().hex
+        # a request's own salt covers its whole prompt (vLLM's meaning), published system prompt included
+        stream = await served.engine.add_request(
+            response_id,
+            prompt_ids,
+            params,
+            cache_salt=cache_salt(request, svc.settings, owner, requested_salt),
+            public_prefix_len=0 if requested_salt is not None else public_prefix_len,
+            label=api_label(api_kind, owner, user, request.scope.get("state", {}).get(API_KEY_ID_STATE)),
+        )
     logger.info(
         "%s %s: %d prompt tokens, max_tokens %d, n %d, stream %s, tools %d, user %r",
         kind,
@@ -199,6 +205,7 @@ async def _start(request: Request, svc: Services, kind: str, owner: str | None) 
         api_kind,
         response_id,
         model,
+        served.engine,
         stream,
         streaming,
         bool(include_usage),

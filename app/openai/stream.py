@@ -91,7 +91,7 @@ async def sse_events(svc: Services, call: Call) -> AsyncIterator[dict[str, str]]
                         logprobs = completion["logprobs"]
                     elif call.logprobs:
                         entries = cursor.new_entries(out)
-                        text_of = await token_text(svc, entries)
+                        text_of = await token_text(call.engine, entries)
                         logprobs = (
                             fmt.chat_logprobs(entries, text_of)
                             if call.kind == "chat"

@@ -55,6 +55,7 @@ def test_every_byte_count_of_the_service_takes_units():
         "max_database_bytes",
         "max_attachment_bytes",
         "pdf_memory_bytes",
+        "memory_budget_bytes",
     }
     settings = settings_from_env(
         {"PAGEDCHAT_MAX_DATABASE_BYTES": "512MiB", "PAGEDCHAT_KV_CACHE_BYTES": "1GB"}

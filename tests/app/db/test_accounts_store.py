@@ -21,7 +21,7 @@ FAST = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)  # a cheap a
 def make_service(store: Store, hasher: PasswordHasher = FAST, **settings: object) -> AccountService:
     """The service without a chat or an engine: enough for everything but deleting accounts."""
     values = {"secret_key": "k", "auth": "local", **settings}
-    return AccountService(store, Settings(**values), Passwords(hasher), chat=None, engine=None)  # type: ignore[arg-type]
+    return AccountService(store, Settings(**values), Passwords(hasher), chat=None, engines=list)  # type: ignore[arg-type]
 
 
 async def test_users_are_unique_by_name_and_keep_no_password_in_records(store: Store) -> None:

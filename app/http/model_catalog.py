@@ -1,0 +1,95 @@
+"""Which models a server serves (`--model`, `--models`, `--models-dir`), by the id the API gives each, and what
+each will take in memory before it loads."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.settings import Settings, split_alias
+from engine.core.config import DEFAULT_MODEL, EngineConfig
+from engine.core.paths import cache_dir
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One served model: the id requests name it by, and what `--model` takes to load it."""
+
+    name: str
+    source: str
+
+    def config(self, base: EngineConfig) -> EngineConfig:
+        """The engine config that loads this model: `base` (the server's engine flags) with its source."""
+        return dataclasses.replace(base, model=self.source)
+
+
+def served_name(source: str) -> str:
+    """The id a model is served as without an alias: a local file's or folder's name, else what was given."""
+    path = Path(source).expanduser()
+    return path.name if path.exists() else source
+
+
+def model_entries(settings: Settings) -> tuple[ModelEntry, ...]:
+    """The served models, `--model` first; ValueError for two models of one id or a missing `--models-dir`."""
+    first = settings.engine.model
+    entries = [ModelEntry(settings.served_model_name or served_name(first), first)]
+    for text in settings.models:
+        alias, source = split_alias(text)
+        entries.append(ModelEntry(alias or served_name(source), source))
+    if settings.models_dir:
+        entries.extend(scan_models_dir(Path(settings.models_dir).expanduser()))
+    seen: dict[str, str] = {}
+    for entry in entries:
+        if entry.name in seen:
+            raise ValueError(
+                f"two models are served as {entry.name!r} ({seen[entry.name]} and {entry.source}); name one "
+                "with NAME=MODEL"
+            )
+        seen[entry.name] = entry.source
+    return tuple(entries)
+
+
+def scan_models_dir(folder: Path) -> list[ModelEntry]:
+    """Each loadable model in `folder`, by name: .gguf files, and folders with a config.json beside their weights
+    (a .gguf file inside a folder is that folder's model when the folder has no config.json)."""
+    if not folder.is_dir():
+        raise ValueError(f"models_dir {folder} is not a folder")
+    found = []
+    for path in sorted(folder.iterdir()):
+        if (
+            path.suffix == ".gguf"
+            and path.is_file()
+            or path.is_dir()
+            and (path / "config.json").is_file()
+            and _weight_files(path)
+        ):
+            found.append(ModelEntry(path.name, str(path)))
+        elif path.is_dir():
+            ggufs = sorted(path.glob("*.gguf"))
+            if len(ggufs) == 1:
+                found.append(ModelEntry(path.name, str(ggufs[0])))
+    return found
+
+
+def weight_file_bytes(source: str) -> int | None:
+    """Bytes of the files the model's weights load from (a good measure of what they take once loaded: blocks are
+    kept as they are); None where they are not on disk yet (a hub id not fetched)."""
+    path = Path(source).expanduser()
+    if source == DEFAULT_MODEL and not path.exists():
+        path = cache_dir() / "models" / DEFAULT_MODEL
+        ggufs = sorted(path.glob("*.gguf")) if path.is_dir() else []
+        if ggufs:
+            return ggufs[0].stat().st_size
+    if path.is_file():
+        return path.stat().st_size
+    if path.is_dir():
+        files = _weight_files(path)
+        return sum(f.stat().st_size for f in files) if files else None
+    return None
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    return [f for f in folder.iterdir() if f.suffix in WEIGHT_SUFFIXES and f.is_file()]

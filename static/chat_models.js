@@ -1,0 +1,107 @@
+// The model picker (a server serving several models: app/http/model_registry.py). Each chat runs on its own model,
+// kept in its settings (`model`; unset: its preset's, else the server's default). Picking another one says that the
+// next reply reads the chat's history again (each model keeps its own cache), with about how many tokens; a model
+// that is not loaded loads on the chat's next turn, and the page shows the wait.
+import { api } from "./chat_api.js";
+import { createSession } from "./chat_sessions.js";
+import { DEFAULT_TITLE, state, ui } from "./chat_state.js";
+import { el } from "./chat_view.js";
+
+const POLL_MS = 500;
+const STATE_LABELS = { loaded: "loaded", loading: "loading…", not_loaded: "loads on use", failed: "failed to load" };
+let models = [];
+let defaultModel = "";
+
+/** The model a chat runs on: its own setting, else its preset's, else the server's default. */
+export function chatModel(session) {
+  const own = session && session.settings && session.settings.model;
+  if (own) return own;
+  const preset = session && state.presets.find((p) => p.id === session.preset_id);
+  return (preset && preset.settings.model) || defaultModel;
+}
+
+/** Fill the picker from GET /api/models (the models served, each with its state). */
+export async function loadModels() {
+  if (!ui.modelPicker) return;
+  const data = await api("GET", "/api/models");
+  models = data.models;
+  defaultModel = data.default;
+  renderPicker();
+}
+
+function renderPicker() {
+  const chosen = chatModel(state.current);
+  const options = models.map((m) => {
+    const option = el("option", null, m.id + " (" + (STATE_LABELS[m.state] || m.state) + ")");
+    option.value = m.id;
+    return option;
+  });
+  if (chosen && !models.some((m) => m.id === chosen)) {  // a model this server no longer serves
+    const gone = el("option", null, chosen + " (no longer served)");
+    gone.value = chosen;
+    gone.disabled = true;
+    options.push(gone);
+  }
+  ui.modelPicker.replaceChildren(...options);
+  ui.modelPicker.value = chosen;
+  const served = models.some((m) => m.id === chosen);
+  ui.modelPicker.setAttribute("aria-invalid", served ? "false" : "true");
+  ui.modelNote.textContent = served ? "" : "This chat's model " + chosen + " is no longer served: pick another to go on.";
+  ui.modelNote.hidden = served;
+}
+
+/** The open chat changed (opened, saved): show its model. */
+export function showChatModel() {
+  if (ui.modelPicker && models.length) renderPicker();
+}
+
+async function pickModel() {
+  const model = ui.modelPicker.value;
+  const before = chatModel(state.current);
+  if (!state.current) await createSession(DEFAULT_TITLE);
+  const settings = Object.assign({}, state.current.settings || {}, { model });
+  const updated = await api("PATCH", "/api/sessions/" + encodeURIComponent(state.current.id), { settings });
+  Object.assign(state.current, updated);
+  renderPicker();
+  if (model === before || !document.querySelector("#messages .msg")) return;
+  let tokens = null;
+  try {  // the history as the chat's current model counts it (the new one may not be loaded yet)
+    tokens = (await api("POST", "/api/sessions/" + encodeURIComponent(state.current.id) + "/plan", {})).prompt_tokens;
+  } catch (e) {
+    tokens = null;
+  }
+  ui.modelNote.hidden = false;
+  ui.modelNote.textContent = "The next reply runs on " + model + ": it reads this chat's history again" +
+    (tokens ? " (about " + tokens + " tokens)" : "") + ", since each model keeps its own cache.";
+}
+
+/** A turn was sent: while its model loads, say so (with the seconds spent) until the reply starts. */
+export async function watchLoading() {
+  if (!ui.modelPicker) return;
+  const name = chatModel(state.current);
+  for (;;) {
+    let data;
+    try {
+      data = await api("GET", "/api/models");
+    } catch (e) {
+      return;
+    }
+    models = data.models;
+    const model = models.find((m) => m.id === name);
+    if (!state.awaitingStart || !model || model.state !== "loading") break;
+    ui.modelNote.hidden = false;
+    ui.modelNote.textContent = "Loading " + name + "… " + Math.round(model.loading_seconds || 0) + " s";
+    await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+  }
+  ui.modelNote.hidden = true;
+  ui.modelNote.textContent = "";
+  renderPicker();
+}
+
+export function bindModels() {
+  if (!ui.modelPicker) return;
+  ui.modelPicker.addEventListener("change", () => pickModel().catch((e) => {
+    ui.modelNote.hidden = false;
+    ui.modelNote.textContent = e.message;
+  }));
+}

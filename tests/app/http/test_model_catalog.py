@@ -1,0 +1,86 @@
+"""Which models a server serves: `--model` repeated, NAME=MODEL aliases, `--models-dir`, and the refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.cli import build_parser, repeated_models
+from app.http.model_catalog import ModelEntry, model_entries, scan_models_dir, weight_file_bytes
+from app.settings import Settings, settings_from_env, split_alias
+from engine.core.options import given_options
+
+
+def _settings(argv: list[str]) -> Settings:
+    from engine.core.config import EngineConfig
+
+    args = build_parser().parse_args(repeated_models(argv))
+    return settings_from_env({}, **given_options(args, Settings), **given_options(args, EngineConfig))
+
+
+def _gguf(path: Path, size: int = 10) -> Path:
+    path.write_bytes(b"GGUF" + b"\0" * (size - 4))
+    return path
+
+
+def test_a_repeated_model_flag_serves_each_and_an_alias_names_it(tmp_path):
+    first, second = _gguf(tmp_path / "a.gguf"), _gguf(tmp_path / "b.gguf", 20)
+    settings = _settings(["--model", f"fast={first}", "--model", str(second), f"--model=coder={second}"])
+    assert settings.engine.model == str(first) and settings.served_model_name == "fast"
+    assert settings.models == (str(second), f"coder={second}")
+    assert model_entries(settings) == (
+        ModelEntry("fast", str(first)),
+        ModelEntry("b.gguf", str(second)),
+        ModelEntry("coder", str(second)),
+    )
+    assert weight_file_bytes(str(second)) == 20
+
+
+def test_the_variables_say_the_same(tmp_path):
+    first = _gguf(tmp_path / "a.gguf")
+    settings = settings_from_env(
+        {"PAGEDCHAT_MODEL": f"small={first}", "PAGEDCHAT_MODELS": "big=org/big,org/other"}
+    )
+    assert [e.name for e in model_entries(settings)] == ["small", "big", "org/other"]
+
+
+def test_an_alias_needs_a_plain_name_and_an_existing_path_is_never_split(tmp_path):
+    odd = _gguf(tmp_path / "x=y.gguf")
+    assert split_alias(str(odd)) == (None, str(odd))
+    assert split_alias("org/name=x") == (None, "org/name=x")  # a name holds no slash
+    assert split_alias("q4=org/name") == ("q4", "org/name")
+
+
+def test_two_models_of_one_id_are_refused_with_both_sources(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    settings = _settings(["--model", str(_gguf(one / "m.gguf")), "--model", str(_gguf(two / "m.gguf"))])
+    with pytest.raises(ValueError, match=r"two models are served as 'm.gguf' .* name one with NAME=MODEL"):
+        model_entries(settings)
+
+
+def test_a_models_dir_serves_its_gguf_files_and_model_folders(tmp_path):
+    _gguf(tmp_path / "small.gguf")
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"\0" * 30)
+    wrapped = tmp_path / "wrapped"
+    wrapped.mkdir()
+    _gguf(wrapped / "q4.gguf")
+    (tmp_path / "notes.txt").write_text("not a model")
+    (tmp_path / "empty").mkdir()
+    assert scan_models_dir(tmp_path) == [
+        ModelEntry("hf", str(folder)),
+        ModelEntry("small.gguf", str(tmp_path / "small.gguf")),
+        ModelEntry("wrapped", str(wrapped / "q4.gguf")),
+    ]
+    assert weight_file_bytes(str(folder)) == 30
+    with pytest.raises(ValueError, match="is not a folder"):
+        scan_models_dir(tmp_path / "missing")
+
+
+def test_several_models_with_replicas_are_refused():
+    with pytest.raises(ValueError, match="several models .* are served by one process"):
+        Settings(models=("a.gguf",), replicas=2)

@@ -1,0 +1,216 @@
+"""Several models in one real server (`pagedchat serve --model A --model B=... --models C=...`): the `openai`
+client lists and retrieves them with their state, a request's `model` picks one, a model loads on its first request,
+the least recently used idle one unloads when the memory budget needs its room, a model with a request running is
+never unloaded (the load is refused with the numbers), and the admin API loads and unloads."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from bench.common.servers import stop_server
+from tests.app.factories import TINY_BLOCK_BYTES, make_tiny_model_dir
+from tests.e2e.browser_helpers import REPLY_TIMEOUT_MS, chromium_browser, expect, last_reply, screenshot, send
+from tests.e2e.conftest import Server, server_env, start_server
+from tests.faults import FAULTS_ENV
+
+POOL_BYTES = 256 * 16 * TINY_BLOCK_BYTES  # server_env's pool, which every model gets
+HELLO = [{"role": "user", "content": "Say something."}]
+
+
+def _model_bytes(seed: int) -> int:
+    """What a tiny model holds once loaded: its fp32 weights (the file's bytes) and its pool."""
+    return (make_tiny_model_dir(seed) / "model.safetensors").stat().st_size + POOL_BYTES
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Server]:
+    """The default model and two more, a budget that holds the default and one other; every step takes 10 ms (the
+    fault server's step delay), so that a long reply is still running when the next request comes."""
+    tmp_path = tmp_path_factory.mktemp("several")
+    budget = _model_bytes(0) + int(1.5 * _model_bytes(1))
+    env = server_env(
+        tmp_path,
+        f"tiny={make_tiny_model_dir(0)}",
+        PAGEDCHAT_MODELS=f"second={make_tiny_model_dir(1)},third={make_tiny_model_dir(2)}",
+        PAGEDCHAT_MEMORY_BUDGET_BYTES=str(budget),
+        PAGEDCHAT_KEEP_ALIVE_S="0",
+        PAGEDCHAT_DEFAULT_MAX_TOKENS="16",  # chat replies: three turns fit the tiny models' 512 tokens
+        **{FAULTS_ENV: "step_delay_ms=10"},
+    )
+    running = start_server(tmp_path, env)
+    yield running
+    stop_server(running)
+    assert "Application shutdown complete." in running.log(), running.log()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+
+
+def _states(client: openai.OpenAI) -> dict[str, str]:
+    return {m.id: m.model_extra["state"] for m in client.models.list().data}
+
+
+def _reply(client: openai.OpenAI, model: str, max_tokens: int = 4) -> str:
+    reply = client.chat.completions.create(model=model, messages=HELLO, max_tokens=max_tokens, temperature=0)
+    assert reply.model == model
+    return reply.choices[0].message.content
+
+
+def test_models_are_listed_with_their_state_and_the_default_alone_loaded(client):
+    assert _states(client) == {"tiny": "loaded", "second": "not_loaded", "third": "not_loaded"}
+    assert client.models.retrieve("second").model_extra["state"] == "not_loaded"
+    assert client.models.retrieve("tiny").model_extra["default"] is True
+    with pytest.raises(openai.NotFoundError, match="'tiny', 'second', 'third'"):
+        client.models.retrieve("fourth")
+    with pytest.raises(openai.NotFoundError, match="this server serves 'tiny', 'second', 'third'"):
+        _reply(client, "fourth")
+
+
+def test_a_model_loads_on_its_first_request_and_the_least_recently_used_idle_one_makes_room(client, server):
+    first = _reply(client, "second")
+    assert _states(client) == {"tiny": "loaded", "second": "loaded", "third": "not_loaded"}
+    assert _reply(client, "second") == first  # loaded: the same greedy reply again
+    assert _reply(client, "tiny") != first  # another model's weights
+    _reply(client, "third")  # the budget holds two models: the idle "second" unloads
+    assert _states(client) == {"tiny": "loaded", "second": "not_loaded", "third": "loaded"}
+    assert _reply(client, "second") == first  # loaded again, the same model
+    assert "unloading model third (least recently used) to make room for second" in server.log()
+    server.wait_pool_idle()
+
+
+def test_a_model_with_a_request_running_is_never_unloaded_and_the_load_is_refused_with_the_numbers(
+    client, server
+):
+    _reply(client, "third")  # "third" loaded, "second" not
+    assert _states(client)["second"] == "not_loaded"
+    running = threading.Event()
+    finished: list[str] = []
+
+    def long_reply() -> None:  # ~400 steps of 10 ms: "third" is busy for seconds
+        stream = client.chat.completions.create(
+            model="third", messages=HELLO, max_tokens=400, temperature=0, stream=True,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        for chunk in stream:
+            running.set()
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finished.append(chunk.choices[0].finish_reason)
+
+    thread = threading.Thread(target=long_reply)
+    thread.start()
+    assert running.wait(30)
+    with pytest.raises(openai.APIStatusError) as refused:
+        _reply(client, "second")
+    assert refused.value.status_code == 507
+    message = refused.value.body["message"]
+    assert "model 'second' cannot be loaded: it needs" in message and "third" in message
+    assert "(running requests)" in message and "(the default model)" in message
+    assert _states(client)["third"] == "loaded"
+    thread.join(60)
+    assert finished == ["length"]
+    assert _reply(client, "second")  # "third" is idle now: it makes room
+    assert _states(client) == {"tiny": "loaded", "second": "loaded", "third": "not_loaded"}
+    server.wait_pool_idle()
+
+
+def test_the_admin_api_loads_and_unloads_a_model(client, server):
+    base = server.base_url + "/api/admin/models"
+    headers = {**server.admin_headers, "Origin": server.base_url}  # a write from the server's own page
+    assert httpx.post(f"{base}/second/unload", headers=headers, timeout=30).json()["state"] == "not_loaded"
+    loaded = httpx.post(f"{base}/third/load", headers=headers, timeout=60)
+    assert loaded.status_code == 200, loaded.text
+    assert loaded.json()["state"] == "loaded"
+    refused = httpx.post(f"{base}/tiny/unload", headers=headers, timeout=30)
+    assert refused.status_code == 400 and "stays loaded" in refused.json()["error"]["message"]
+    listed = httpx.get(base, headers=headers, timeout=30).json()
+    assert [(m["id"], m["state"]) for m in listed["models"]] == [
+        ("tiny", "loaded"),
+        ("second", "not_loaded"),
+        ("third", "loaded"),
+    ]
+    assert listed["budget_bytes"] >= listed["held_bytes"] > 0
+
+
+def test_a_model_idle_past_keep_alive_unloads(server_factory):
+    """--keep-alive-s: a model other than the default that served nothing for that long unloads by itself."""
+    running = server_factory(
+        "keepalive",
+        model=str(make_tiny_model_dir(0)),
+        PAGEDCHAT_MODELS=f"second={make_tiny_model_dir(1)}",
+        PAGEDCHAT_KEEP_ALIVE_S="1",
+    )
+    client = openai.OpenAI(base_url=running.base_url + "/v1", api_key="unused", max_retries=0)
+    _reply(client, "second")
+    deadline = time.monotonic() + 20
+    while _states(client)["second"] != "not_loaded":
+        assert time.monotonic() < deadline, running.log()[-3000:]
+        time.sleep(0.2)
+    assert "model second idle for" in running.log()
+
+
+def test_the_chat_page_picks_a_model_per_chat_and_a_model_gone_keeps_the_history(server):
+    """The picker in Chromium: a chat's first reply on the default model, then on another one (the page says the
+    history is read again, with its tokens); a chat naming a model no longer served keeps its history, says so, and
+    goes on once another model is picked."""
+    with chromium_browser() as browser:
+        context = browser.new_context(base_url=server.base_url)
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+        page.goto("/")
+        picker = page.locator("#model-picker")
+        expect(picker.locator("option")).to_have_count(3)
+        expect(picker).to_have_value("tiny")
+        send(page, "Hello there")
+        expect(page.locator(".msg-assistant")).to_have_count(1, timeout=REPLY_TIMEOUT_MS)
+        expect(last_reply(page)).to_have_attribute(
+            "data-status", re.compile("finished|length"), timeout=REPLY_TIMEOUT_MS
+        )
+        picker.select_option("second")
+        note = page.locator("#model-note")
+        expect(note).to_contain_text(
+            re.compile(r"runs on second: it reads this chat's history again \(about \d+ tokens\)")
+        )
+        send(page, "And now?")
+        expect(page.locator(".msg-assistant")).to_have_count(2, timeout=REPLY_TIMEOUT_MS)
+        expect(last_reply(page)).to_have_attribute(
+            "data-status", re.compile("finished|length"), timeout=REPLY_TIMEOUT_MS
+        )
+        session_id = page.evaluate("async () => (await import('/static/chat_state.js')).state.current.id")
+        session = page.request.get(f"/api/sessions/{session_id}").json()
+        assert session["settings"]["model"] == "second"
+        assert {m["id"]: m["state"] for m in page.request.get("/api/models").json()["models"]}[
+            "second"
+        ] == "loaded"
+
+        # the chat's model goes away (as after a restart without it): the history stays, the page says so
+        origin = {"Origin": server.base_url}
+        gone = page.request.patch(
+            f"/api/sessions/{session_id}", data={"settings": {"model": "retired"}}, headers=origin
+        )
+        assert gone.status == 200, gone.text()
+        page.reload()
+        expect(page.locator(".msg-assistant")).to_have_count(2)
+        expect(note).to_contain_text("This chat's model retired is no longer served: pick another to go on.")
+        send(page, "Still there?")
+        expect(page.locator("#error-text")).to_contain_text(
+            "no longer serves; pick one of 'tiny', 'second', 'third'"
+        )
+        picker.select_option("tiny")
+        send(page, "Still there?")
+        expect(page.locator(".msg-assistant")).to_have_count(3, timeout=REPLY_TIMEOUT_MS)
+        expect(last_reply(page)).to_have_attribute(
+            "data-status", re.compile("finished|length"), timeout=REPLY_TIMEOUT_MS
+        )
+        screenshot(page, "several-models-picker.png")
+        context.close()
+        assert not errors, errors
