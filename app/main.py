@@ -220,7 +220,12 @@ async def _startup(parts: Parts) -> Services:
     if settings.auth != "none":
         passwords = Passwords(max_queued=settings.max_queued_password_checks)
         accounts = AccountService(
-            store, settings, passwords, chat, lambda: [model.engine for model in parts.models.loaded()]
+            store,
+            settings,
+            passwords,
+            chat,
+            lambda: [model.engine for model in parts.models.loaded()],
+            parts.models.purge_unloaded,
         )
         await accounts.bootstrap()  # the first admin (first_admin), and expired sign-ins dropped
     logger.info(

@@ -75,32 +75,40 @@ async function pickModel() {
     (tokens ? " (about " + tokens + " tokens)" : "") + ", since each model keeps its own cache.";
 }
 
-/** A turn was sent: while its model loads, say so (with the seconds spent) until the reply starts. */
+/** A turn was sent: while its model is not loaded yet, say so (with the seconds spent loading) until the reply
+ * starts (or the turn is refused). */
 export async function watchLoading() {
   if (!ui.modelPicker) return;
   const name = chatModel(state.current);
-  for (;;) {
+  let shown = false;
+  while (state.awaitingStart) {
     let data;
     try {
       data = await api("GET", "/api/models");
     } catch (e) {
-      return;
+      break;
     }
     models = data.models;
     const model = models.find((m) => m.id === name);
-    if (!state.awaitingStart || !model || model.state !== "loading") break;
-    ui.modelNote.hidden = false;
-    ui.modelNote.textContent = "Loading " + name + "… " + Math.round(model.loading_seconds || 0) + " s";
+    if (!model || model.state === "loaded" || model.state === "failed") break;
+    if (model.state === "loading") {
+      shown = true;
+      ui.modelNote.hidden = false;
+      ui.modelNote.textContent = "Loading " + name + "… " + Math.round(model.loading_seconds || 0) + " s";
+    }
     await new Promise((resolve) => setTimeout(resolve, POLL_MS));
   }
-  ui.modelNote.hidden = true;
-  ui.modelNote.textContent = "";
+  if (shown) {
+    ui.modelNote.hidden = true;
+    ui.modelNote.textContent = "";
+  }
   renderPicker();
 }
 
 export function bindModels() {
   if (!ui.modelPicker) return;
   ui.modelPicker.addEventListener("change", () => pickModel().catch((e) => {
+    renderPicker();  // back to the model the chat still runs on
     ui.modelNote.hidden = false;
     ui.modelNote.textContent = e.message;
   }));

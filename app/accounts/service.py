@@ -19,7 +19,7 @@ from typing import Protocol
 from app.accounts.api_keys import ApiKeyService
 from app.accounts.passwords import Passwords, check_password
 from app.db import AccountConflict, InviteRecord, MessageStatus, Store, UserRecord
-from app.engine_client.protocol import EngineClient
+from app.engine_client.protocol import EngineClient, EngineUnavailable
 from app.http.errors import APIError
 from app.http.identity import Account, account_owner, normalize_username
 from app.http.services import Services
@@ -66,12 +66,14 @@ class AccountService:
         passwords: Passwords,
         chat: ReplyStopper,
         engines: Callable[[], list[EngineClient]],
+        purge_unloaded: Callable[[str], int] = lambda cache_salt: 0,
     ) -> None:
         self.store = store
         self.settings = settings
         self.passwords = passwords
         self.chat = chat
         self.engines = engines
+        self.purge_unloaded = purge_unloaded  # the disk tiers of the models not loaded now
         self.keys = ApiKeyService(store)
 
     @property
@@ -255,15 +257,20 @@ class AccountService:
         (With engine replicas, every replica purges; one that is restarting comes back with an empty RAM pool and
         purges nothing from its disk tier: see docs/operators/replicas.md.)"""
         engines = self.engines()  # every loaded model's (app/http/model_registry.py)
-        purges = [p for engine in engines for p in await engine.purge_cache_salt(owner)]
+        purges = await _purge(engines, owner)
         deadline = time.monotonic() + PURGE_WAIT_S
         while time.monotonic() < deadline:
-            tiers = [stats.tier for engine in engines for _, stats in await engine.stats_each()]
+            try:
+                tiers = [stats.tier for engine in engines for _, stats in await engine.stats_each()]
+            except EngineUnavailable:  # a model unloaded meanwhile: its tier is purged below
+                break
             if all(tier is None or tier.write_queue_depth == 0 for tier in tiers):
                 break
             await asyncio.sleep(0.02)
-        purges += [p for engine in engines for p in await engine.purge_cache_salt(owner)]
-        return CachePurge(sum(p.ram_blocks for p in purges), sum(p.disk_blocks for p in purges))
+        purges += await _purge(engines, owner)
+        # last: a model unloaded during the purge has its tier purged here
+        files = await asyncio.to_thread(self.purge_unloaded, owner)
+        return CachePurge(sum(p.ram_blocks for p in purges), sum(p.disk_blocks for p in purges) + files)
 
     async def oidc_account(self, issuer: str, subject: str, claims: dict[str, object]) -> UserRecord:
         """The account of a verified OpenID Connect identity, made on its first sign-in; its username is the
@@ -314,3 +321,14 @@ def accounts_of(svc: Services) -> AccountService:
         "the lifespan builds Services.accounts whenever accounts are on"
     )
     return accounts
+
+
+async def _purge(engines: list[EngineClient], owner: str) -> list[CachePurge]:
+    """Each engine's purge of `owner`'s blocks; an engine that stopped meanwhile (a model unloaded) is skipped."""
+    purges: list[CachePurge] = []
+    for engine in engines:
+        try:
+            purges += await engine.purge_cache_salt(owner)
+        except EngineUnavailable:
+            continue
+    return purges

@@ -25,7 +25,7 @@ def model_row(svc: Services, model: ServedModel) -> dict[str, Any]:
         "state": model.state,
         "default": model.pinned,
         "memory_bytes": svc.models.need_bytes(model),
-        "error": model.error,
+        "error": model.error_detail,
     }
     info = model.last_info
     if info is not None:

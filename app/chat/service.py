@@ -571,6 +571,9 @@ class ChatService:
             writer,
         )
         self._chat_models[handle.name] = model
+        loaded = {h.engine for h in self.models.loaded()}
+        for name in [n for n, m in self._chat_models.items() if m.engine not in loaded]:
+            del self._chat_models[name]  # an unloaded model's tokenizer copies go with it
         return model
 
     async def _drive(self, reply: Reply, plan: PromptPlan, place: ReplyPlace, writer: ReplyWriter) -> None:

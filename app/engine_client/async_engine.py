@@ -121,11 +121,10 @@ class AsyncEngine(StreamRegistry):
             self.abort(request_id)
         if self._stopped is not None and self._alive:
             self._step_loop.detach(self)
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):  # (TimeoutError's alias from Python 3.11 on)
                 await asyncio.wait_for(asyncio.shield(self._stopped), 30.0)
         self._alive = False
-        if self._stopped is not None and self._stopped.done():
-            self.engine = None  # closed: its weights and pool go with the last reference
+        self.engine = None  # the step loop holds it no more: its weights and pool go with the last reference
         self._tokenizer_executor.shutdown(wait=False, cancel_futures=True)
 
     @property

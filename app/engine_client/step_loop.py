@@ -84,8 +84,8 @@ class StepLoop:
         self._inbox.put((host, command))
 
     def detach(self, host: Host) -> None:
-        """Abort `host`'s requests, close its engine (its disk tier writes what it queued) and drop it; `host.stopped`
-        is called once done."""
+        """Drop `host`'s engine from the loop, then abort its requests and close it (its disk tier writes what it
+        queued) on a thread of its own; `host.stopped` is called once done."""
         self._inbox.put((host, _Stop()))
 
     def join(self, timeout: float) -> None:
@@ -102,16 +102,29 @@ class StepLoop:
         except BaseException as exc:  # noqa: BLE001 - the thread must report its death, never vanish
             logger.critical("engine thread died: %s: %s", type(exc).__name__, exc, exc_info=True)
             reason = f"engine thread died: {type(exc).__name__}: {exc}"
-            with self._lock:
+            with self._lock:  # what raced the death is taken before an `attach` may start the next thread
+                pending = []
+                while True:
+                    try:
+                        pending.append(self._inbox.get_nowait())
+                    except queue.Empty:
+                        break
                 self._thread = None
             for host in hosts:
                 host.thread_died(reason)
-            while True:  # commands that raced the thread's death: answered, never left hanging
-                try:
-                    host, command = self._inbox.get_nowait()
-                except queue.Empty:
-                    break
-                host.reject(command)
+            for host, command in pending:  # answered, never left hanging
+                if isinstance(command, _Attach):
+                    host.thread_died(reason)
+                else:
+                    self._refuse(host, command)
+
+    @staticmethod
+    def _refuse(host: Host, command: Any) -> None:
+        """A command for an engine the loop does not hold (stopped, never attached, or the thread died)."""
+        if isinstance(command, _Stop):
+            host.stopped()
+        else:
+            host.reject(command)
 
     def _serve(self, hosts: dict[Host, _Hosted]) -> None:
         while True:
@@ -140,16 +153,16 @@ class StepLoop:
             if (
                 hosted is None
             ):  # the engine has stopped (or never attached): its commands are answered, not run
-                host.reject(command)
+                self._refuse(host, command)
                 continue
             if isinstance(command, _Stop):
-                for request_id in list(hosted.live):
-                    hosted.engine.abort_request(request_id)
-                try:
-                    hosted.engine.close(host.drain_s)
-                finally:
-                    del hosts[host]
-                    host.stopped()
+                # closed on a thread of its own: its disk tier may take seconds to write what it queued, and the
+                # other engines keep stepping meanwhile
+                del hosts[host]
+                closing = threading.Thread(
+                    target=self._close, args=(host, hosted), name=f"{self.name}-close", daemon=True
+                )
+                closing.start()
                 if not hosts:
                     with self._lock:  # the last engine has gone: end the thread unless one is attaching
                         if self._inbox.empty():
@@ -157,6 +170,18 @@ class StepLoop:
                             return False
                 continue
             host.run_command(hosted.engine, command, hosted.live)
+
+    @staticmethod
+    def _close(host: Host, hosted: _Hosted) -> None:
+        """Abort what the engine still holds, close it, and tell its client; a failure is this engine's alone."""
+        try:
+            for request_id in list(hosted.live):
+                hosted.engine.abort_request(request_id)
+            hosted.engine.close(host.drain_s)
+        except Exception:
+            logger.exception("closing an engine failed")
+        finally:
+            host.stopped()
 
     @staticmethod
     def _step(host: Host, hosted: _Hosted) -> None:

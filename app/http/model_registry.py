@@ -35,10 +35,14 @@ from app.http.public_prefix import PublicPrefixes
 from app.metrics.metrics import Metrics
 from app.settings import MODEL_BUDGET_SHARE, Settings
 from engine.core.config import EngineConfig
+from engine.core.hash_chain import salt_tag
 from engine.core.memory import KV_BUDGET_FLOOR, available_memory_bytes, human_bytes, trim_heap
 from engine.core.sampling_defaults import SamplingDefaults, default_sources, effective_defaults
 
 logger = logging.getLogger(__name__)
+TIER_FILE_SUFFIX = (
+    ".kvb"  # a disk tier's block file (engine/tiers/block_file.py): <fingerprint>-<salt tag>-<hash>.kvb
+)
 
 ON_DEMAND_POOL_BYTES = KV_BUDGET_FLOOR  # a model loaded on demand without --kv-cache-bytes: its pool's bytes
 REAP_INTERVAL_S = 1.0  # how often idle models are looked for
@@ -73,7 +77,8 @@ class ServedModel:
     leases: int = 0  # requests between picking the model and their engine holding them
     held_bytes: int = 0  # weights + pool, once loaded
     last_info: EngineInfo | None = None  # kept after an unload: max_model_len, pool size
-    error: str | None = None  # why its last load failed or was refused
+    error: str | None = None  # why its last load failed or was refused, as a client may read it
+    error_detail: str | None = None  # the cause as the log has it (the admin API shows it)
 
     @property
     def name(self) -> str:
@@ -216,22 +221,23 @@ class ModelRegistry:
             raise ValueError(f"{name!r} is the server's --model: it stays loaded")
         if model.handle is None:
             return False
-        if model.busy:
-            raise ValueError(f"{name!r} has requests running; unload it once they finish")
-        await self._unload(model)
+        async with self._load_lock:  # never beside a load: the budget counts what is really held
+            if model.handle is None:
+                return False
+            if model.busy:
+                raise ValueError(f"{name!r} has requests running; unload it once they finish")
+            await self._unload(model)
         return True
 
     async def _ensure_loaded(self, model: ServedModel) -> ModelHandle:
         if model.handle is not None:
             return model.handle
         if model.loading is None:
-            model.loading = asyncio.create_task(self._load(model), name=f"load {model.name}")
-        task = model.loading
-        try:
-            return await asyncio.shield(task)
-        finally:
-            if task.done() and model.loading is task:
-                model.loading = None
+            task = asyncio.create_task(self._load(model), name=f"load {model.name}")
+            model.loading = task
+            # cleared by the load itself, whether anyone still waits for it or not (a waiter may be cancelled)
+            task.add_done_callback(lambda done: _forget_load(model, done))
+        return await asyncio.shield(model.loading)
 
     # ---- loading and unloading ------------------------------------------------------------------------------
     def need_bytes(self, model: ServedModel) -> int:
@@ -252,17 +258,23 @@ class ModelRegistry:
             try:
                 await self._make_room(model)
                 config = self._config(model)
-                client = self._client(model, config, None)
+                client = self._client(model, config, lambda reason: self._died(model, reason))
                 logger.info("loading model %s (%s)", model.name, model.entry.source)
                 await client.start()
             except BaseException as exc:
                 model.loading_since = None
-                model.error = str(exc) if isinstance(exc, APIError) else f"{type(exc).__name__}: {exc}"
+                model.error_detail = str(exc) if isinstance(exc, APIError) else f"{type(exc).__name__}: {exc}"
+                model.error = (
+                    str(exc) if isinstance(exc, APIError) else "failed to load; the server's log says why"
+                )
                 if isinstance(exc, Exception) and not isinstance(exc, APIError):
-                    raise APIError(503, f"model {model.name!r} failed to load: {exc}", param="model") from exc
+                    # the cause (a path, a parse error) is the operator's: the log and /api/admin/models have it
+                    raise APIError(
+                        503, f"model {model.name!r} failed to load; the server's log says why", param="model"
+                    ) from exc
                 raise
             model.loading_since = None
-            model.error = None
+            model.error = model.error_detail = None
             handle = self._handle(model, client)
             self._record_loaded(model, handle)
             logger.info(
@@ -280,6 +292,9 @@ class ModelRegistry:
         ModelLoadRefused with the numbers."""
         need = self.need_bytes(model)
         limit = self.settings.models_max
+        kept = [m for m in self._models.values() if m.handle is not None and (m.pinned or m.busy)]
+        if sum(m.held_bytes for m in kept) + need > self.budget_bytes or (limit and len(kept) >= limit):
+            raise ModelLoadRefused(self._refusal(model, need, kept))  # unloading the idle ones would not do
         while True:
             loaded = [m for m in self._models.values() if m.handle is not None]
             fits = self.held_bytes + need <= self.budget_bytes and (not limit or len(loaded) < limit)
@@ -307,7 +322,7 @@ class ModelRegistry:
                 f"{human_bytes(self.budget_bytes)} has {human_bytes(max(0, self.budget_bytes - self.held_bytes))} "
                 "left once every idle model is unloaded"
             )
-        return f"model {model.name!r} cannot be loaded: {why}; held: {held}"
+        return f"model {model.name!r} cannot be loaded: {why}; held: {held or 'nothing'}"
 
     async def _unload(self, model: ServedModel) -> None:
         handle = model.handle
@@ -320,21 +335,58 @@ class ModelRegistry:
         trim_heap()
         logger.info("model %s unloaded: %s freed", model.name, human_bytes(model.held_bytes))
 
+    def purge_unloaded(self, cache_salt: str) -> int:
+        """Delete a tenant's blocks from the disk tiers of the models not loaded now (a loaded one purges its own:
+        `EngineClient.purge_cache_salt`); returns how many files went."""
+        base = self.settings.engine_config()
+        if not base.kv_disk_dir:
+            return 0
+        tag = salt_tag(cache_salt).hex()
+        removed = 0
+        for model in self._models.values():
+            if model.handle is not None or model.loading is not None:
+                continue
+            folder = Path(self._config(model).kv_disk_dir) if not model.pinned else Path(base.kv_disk_dir)
+            for path in folder.rglob(f"*-{tag}-*{TIER_FILE_SUFFIX}") if folder.is_dir() else ():
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    removed += 1
+        return removed
+
+    def _died(self, model: ServedModel, reason: str) -> None:
+        """An on-demand model's engine died while serving: it is not loaded any more (its next request loads it
+        again)."""
+        logger.error("model %s stopped serving: %s", model.name, reason)
+        model.handle, model.error, model.error_detail = (
+            None,
+            "stopped serving; the server's log says why",
+            reason,
+        )
+
     async def _reap(self) -> None:
-        """Unload models idle for longer than --keep-alive-s."""
+        """Unload models idle for longer than --keep-alive-s (idle: no request running, counted from when the last
+        one ended, to a tick)."""
         keep = self.settings.keep_alive_s
         while True:
             await asyncio.sleep(min(REAP_INTERVAL_S, keep))
             now = time.monotonic()
             for model in list(self._models.values()):
-                if (
-                    model.handle is not None
-                    and not model.pinned
-                    and not model.busy
-                    and now - model.last_used > keep
-                ):
-                    logger.info("model %s idle for %.0f s: unloading it", model.name, now - model.last_used)
-                    await self._unload(model)
+                if model.handle is None or model.pinned:
+                    continue
+                if model.busy:
+                    model.last_used = now  # idle from when its requests end, not from when they began
+                    continue
+                if now - model.last_used <= keep:
+                    continue
+                try:
+                    async with self._load_lock:
+                        if model.handle is not None and not model.busy:
+                            logger.info(
+                                "model %s idle for %.0f s: unloading it", model.name, now - model.last_used
+                            )
+                            await self._unload(model)
+                except Exception:  # one failed unload must not end keep-alive for every model
+                    logger.exception("unloading idle model %s failed", model.name)
 
     # ---- pieces ---------------------------------------------------------------------------------------------
     def _config(self, model: ServedModel) -> EngineConfig:
@@ -342,8 +394,9 @@ class ModelRegistry:
         base = self.settings.engine_config()
         config = model.entry.config(base)
         replace: dict[str, Any] = {"kv_cache_bytes": self._pool_bytes()}
-        if base.kv_disk_dir:
-            replace["kv_disk_dir"] = str(Path(base.kv_disk_dir) / "models" / _folder_name(model.name))
+        if base.kv_disk_dir:  # beside the default model's tier, never inside it
+            tier = Path(base.kv_disk_dir)
+            replace["kv_disk_dir"] = str(tier.parent / f"{tier.name}-models" / _folder_name(model.name))
         return dataclasses.replace(config, **replace)
 
     def _client(
@@ -377,6 +430,13 @@ class ModelRegistry:
         model.handle, model.last_info = handle, info
         model.held_bytes = weights + info.num_blocks * info.kv_block_bytes
         model.last_used = time.monotonic()
+
+
+def _forget_load(model: ServedModel, task: asyncio.Task) -> None:
+    if model.loading is task:
+        model.loading = None
+    if not task.cancelled():
+        task.exception()  # retrieved: a failed load is reported to its waiters and in `error`, not as never retrieved
 
 
 def _default_budget() -> int:

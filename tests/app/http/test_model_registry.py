@@ -1,0 +1,107 @@
+"""The model registry (app/http/model_registry.py) with tiny real engines: a load nobody waits for any more still
+ends (and is not stuck "loading"), a load that can never fit unloads nobody, an unload lets the engine go, and a
+deleted tenant's blocks leave the disk tiers of models that are not loaded."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+
+import pytest
+
+from app.engine_client.async_engine import AsyncEngine, engine_factory
+from app.http.model_catalog import model_entries
+from app.http.model_registry import LOADED, NOT_LOADED, ModelLoadRefused, ModelRegistry
+from app.metrics.metrics import Metrics
+from engine.core.hash_chain import salt_tag
+from tests.app.factories import make_settings, make_tiny_model_dir
+
+
+def _registry(tmp_path, budget_bytes: int | None = None, **overrides) -> ModelRegistry:
+    settings = make_settings(
+        tmp_path,
+        make_tiny_model_dir(0),
+        models=(f"second={make_tiny_model_dir(1)}", f"third={make_tiny_model_dir(2)}"),
+        keep_alive_s=0.0,
+        **overrides,
+    )
+    entries = model_entries(settings)
+    return ModelRegistry(settings, entries, Metrics(entries[0].name), budget_bytes=budget_bytes)
+
+
+async def _with_default(registry: ModelRegistry) -> AsyncEngine:
+    """Start the default model's engine as the app does, on the registry's step loop."""
+    default = AsyncEngine(engine_factory(registry.settings.engine_config()), step_loop=registry.step_loop)
+    await default.start()
+    registry.adopt_default(default, ())
+    return default
+
+
+async def _stop(registry: ModelRegistry, default: AsyncEngine) -> None:
+    await registry.stop()
+    await default.stop()
+
+
+def test_a_load_whose_waiter_went_away_still_ends_and_the_model_serves(tmp_path):
+    async def scenario() -> None:
+        registry = _registry(tmp_path)
+        default = await _with_default(registry)
+        try:
+            waiter = asyncio.create_task(registry.load("second"))
+            await asyncio.sleep(0.05)
+            assert registry.get("second").state == "loading"
+            waiter.cancel()  # the only one waiting goes (a chat socket that closed)
+            for _ in range(400):
+                if registry.get("second").state != "loading":
+                    break
+                await asyncio.sleep(0.05)
+            assert registry.get("second").state == LOADED
+            async with registry.lease("second") as handle:
+                assert handle.engine.healthy
+        finally:
+            await _stop(registry, default)
+
+    asyncio.run(scenario())
+
+
+def test_a_load_that_can_never_fit_unloads_nobody_and_an_unload_lets_the_engine_go(tmp_path):
+    async def scenario() -> None:
+        registry = _registry(tmp_path, budget_bytes=1 << 40)
+        default = await _with_default(registry)
+        try:
+            second = await registry.load("second")
+            engine_ref = weakref.ref(second.engine.engine)
+            # now a budget too small for "third" even beside the default alone: unloading "second" would not help
+            default_bytes = registry.get(registry.default_name).held_bytes
+            registry.budget_bytes = default_bytes + registry.need_bytes(registry.get("third")) // 2
+            with pytest.raises(ModelLoadRefused, match="cannot be loaded: it needs .* held: .*default model"):
+                await registry.load("third")
+            assert registry.get("second").state == LOADED  # not unloaded for a load that could not fit anyway
+            del second
+            assert await registry.unload("second")
+            gc.collect()
+            assert registry.get("second").state == NOT_LOADED and engine_ref() is None
+        finally:
+            await _stop(registry, default)
+
+    asyncio.run(scenario())
+
+
+def test_a_tenants_blocks_leave_the_disk_tiers_of_models_not_loaded(tmp_path):
+    registry = _registry(tmp_path)
+    tier = tmp_path / "cache" / "kv-models"
+    mine, theirs = salt_tag("alice").hex(), salt_tag("bob").hex()
+    for folder in ("second-x", "third-y/pagedchat-kv"):
+        (tier / folder).mkdir(parents=True)
+        for tag in (mine, theirs):
+            (tier / folder / f"{'0' * 16}-{tag}-{'1' * 32}.kvb").write_bytes(b"block")
+    # the registry's own folders for them: each model's id and a hash of it
+    for model in ("second", "third"):
+        folder = registry._config(registry.get(model)).kv_disk_dir
+        assert folder.startswith(str(tier))
+    (tier / "second-x").rename(registry._config(registry.get("second")).kv_disk_dir)
+    (tier / "third-y").rename(registry._config(registry.get("third")).kv_disk_dir)
+    assert registry.purge_unloaded("alice\nkey-1") == 2  # the tenant is the salt's first line
+    left = sorted(p.name.split("-")[1] for p in tier.rglob("*.kvb"))
+    assert left == [theirs, theirs]
