@@ -14,8 +14,8 @@ pagedchat, what its budget counted as held at the end (/api/admin/models) beside
 and at its peak.
 
 `--baseline-fits-url` and `--baseline-reloads-url`: llama.cpp's router mode (`llama-server --models-dir DIR
---models-max N`, DIR holding the same three files, N 3 and 2: A and one other, as our `reloads`) runs the same
-sequence, its models named as its /v1/models names them (each file's name without .gguf; its `status.value` says
+--models-max N`, DIR holding the same three files, N 3 and 1: its router unloads the least recently used model, A
+included, so with 2 it would unload A once and then keep B and C) runs the same sequence, its models named as its /v1/models names them (each file's name without .gguf; its `status.value` says
 whether one is loaded). The commands are in docs/operators/several-models.md.
 """
 
@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--round-tokens", type=int, default=32, help="tokens of each alternating reply (32)")
     parser.add_argument("--max-tokens", type=int, default=LONG_TOKENS, help="tokens of A's long stream (256)")
     parser.add_argument("--baseline-fits-url", default=None, help="llama.cpp router with --models-max 3")
-    parser.add_argument("--baseline-reloads-url", default=None, help="llama.cpp router with --models-max 2")
+    parser.add_argument("--baseline-reloads-url", default=None, help="llama.cpp router with --models-max 1")
     parser.add_argument(
         "--keep-logs", default=None, help="keep the servers' logs and databases in this folder"
     )
