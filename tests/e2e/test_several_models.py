@@ -214,3 +214,32 @@ def test_the_chat_page_picks_a_model_per_chat_and_a_model_gone_keeps_the_history
         screenshot(page, "several-models-picker.png")
         context.close()
         assert not errors, errors
+
+
+def test_the_admin_page_shows_each_model_and_loads_and_unloads_one(server):
+    """The admin page's Models card in Chromium: every model with its state and memory, and Load / Unload."""
+    base = server.base_url + "/api/admin/models"
+    headers = {**server.admin_headers, "Origin": server.base_url}
+    httpx.post(f"{base}/third/unload", headers=headers, timeout=30)
+    with chromium_browser() as browser:
+        context = browser.new_context(base_url=server.base_url)
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+        page.goto("/admin")
+        rows = page.locator("#models-rows tr")
+        expect(rows).to_have_count(3)
+        expect(page.locator('#models-rows tr[data-model="tiny"]')).to_have_attribute("data-state", "loaded")
+        expect(page.locator("#models-budget")).to_contain_text("budget held")
+        third = page.locator('#models-rows tr[data-model="third"]')
+        expect(third).to_have_attribute("data-state", "not_loaded")
+        third.get_by_role("button", name="Load third").click()
+        expect(third).to_have_attribute("data-state", "loaded", timeout=30_000)
+        third.get_by_role("button", name="Unload third").click()
+        expect(third).to_have_attribute("data-state", "not_loaded", timeout=30_000)
+        expect(page.locator('#models-rows tr[data-model="tiny"] button')).to_have_count(
+            0
+        )  # the default stays
+        screenshot(page, "several-models-admin.png")
+        context.close()
+        assert not errors, errors
