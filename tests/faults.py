@@ -8,6 +8,7 @@ A `FaultPlan` says what to inject:
                 matches), deliver (the bridge handing its output to its stream), step (the batched model step that
                 computes it: every request of that step fails), die (the engine thread itself dies)
   step_delay_s  every engine step sleeps this long first (a slow engine, for shutdown and timeout tests)
+  load_delay_s  every engine's build sleeps this long first (a slow model load, for several models' tests)
 Only the one wrapped engine instance changes; nothing global is patched.
 """
 
@@ -51,6 +52,7 @@ class FaultPlan:
 
     markers: bool = False
     step_delay_s: float = 0.0
+    load_delay_s: float = 0.0  # every engine takes this much longer to build (a slow model load)
     injected: Counter[str] = field(default_factory=Counter)
     # request id -> site; only the engine thread touches it
     _marked: dict[str, str] = field(default_factory=dict)
@@ -58,7 +60,7 @@ class FaultPlan:
 
     @classmethod
     def parse(cls, spec: str) -> FaultPlan:
-        """The plan a FAULTS_ENV value describes: comma-separated `markers` and `step_delay_ms=N`."""
+        """The plan a FAULTS_ENV value describes: comma-separated `markers`, `step_delay_ms=N` and `load_delay_ms=N`."""
         plan = cls()
         for option in (o.strip() for o in spec.split(",")):
             if not option:
@@ -68,9 +70,12 @@ class FaultPlan:
                 plan.markers = True
             elif name == "step_delay_ms" and value.isdigit():
                 plan.step_delay_s = int(value) / 1000
+            elif name == "load_delay_ms" and value.isdigit():
+                plan.load_delay_s = int(value) / 1000
             else:
                 raise ValueError(
-                    f"{FAULTS_ENV}: unknown option {option!r}; expected 'markers' or 'step_delay_ms=N'"
+                    f"{FAULTS_ENV}: unknown option {option!r}; expected 'markers', 'step_delay_ms=N' or "
+                    "'load_delay_ms=N'"
                 )
         return plan
 
@@ -109,8 +114,13 @@ class FaultPlan:
 
 
 def faulty_engine_factory(factory: Callable[[], LLMEngine], plan: FaultPlan) -> Callable[[], FaultyEngine]:
-    """An engine factory for `create_app` whose engines inject the plan's faults."""
-    return lambda: FaultyEngine(factory(), plan)
+    """An engine factory for `create_app` whose engines inject the plan's faults (and build `load_delay_s` late)."""
+
+    def build() -> FaultyEngine:
+        time.sleep(plan.load_delay_s)
+        return FaultyEngine(factory(), plan)
+
+    return build
 
 
 class FaultyEngine:

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +109,7 @@ class ChatService:
             "", engine, builder, fingerprint, public_prefixes, sampling_defaults, self.writer
         )
         self._chat_models: dict[str, ChatModel] = {}
+        self._waiting_for_model: set[str] = set()  # sessions whose turn waits for its model to load
         self._cut_all = False  # set at shutdown: a reply that starts from then on is cut at once
 
     @property
@@ -275,13 +277,7 @@ class ChatService:
             content = self._check_content(content)
         session, tree, preset = await self.load_chat(owner, session_id)
         settings = effective_settings(session, preset)
-        if self.models is None:
-            return await self._setup_on(self.default_model, owner, session, tree, preset, settings, mode,
-                                        content, target, truncate, attachment_ids)  # fmt: skip
-        name = self._served_model_name(settings.get(MODEL_KEY))
-        # loaded first if it is not (the page shows the wait); the lease keeps it loaded until its engine has the turn
-        async with self.models.lease(name) as handle:
-            model = await self._chat_model(handle)
+        async with self.model_of(settings, session_id) as model:
             return await self._setup_on(model, owner, session, tree, preset, settings, mode, content, target,
                                         truncate, attachment_ids)  # fmt: skip
 
@@ -516,6 +512,32 @@ class ChatService:
     def serve_models(self, models: ModelRegistry) -> None:
         """Run each chat on its own model (the setting `model`) among `models`; the default one is this engine."""
         self.models = models
+
+    @contextlib.asynccontextmanager
+    async def model_of(
+        self, settings: dict[str, Any], session_id: str | None = None
+    ) -> AsyncIterator[ChatModel]:
+        """The model a chat with these effective settings runs on, loaded first if it is not (the page shows the
+        wait; `waiting_for_model(session_id)` says so meanwhile); hold it until its engine has the request (a lease
+        keeps the model loaded). 409 `model_not_served` when the chat names a model no longer served."""
+        if self.models is None:
+            yield self.default_model
+            return
+        name = self._served_model_name(settings.get(MODEL_KEY))
+        waiting = session_id is not None and self.models.get(name).handle is None
+        if waiting:
+            self._waiting_for_model.add(session_id)
+        try:
+            async with self.models.lease(name) as handle:
+                self._waiting_for_model.discard(session_id or "")
+                yield await self._chat_model(handle)
+        finally:
+            if waiting:
+                self._waiting_for_model.discard(session_id or "")
+
+    def waiting_for_model(self, session_id: str) -> bool:
+        """Whether the session's turn is waiting for its model to load (a Stop then cancels the turn)."""
+        return session_id in self._waiting_for_model
 
     @property
     def _default_name(self) -> str:

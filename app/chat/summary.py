@@ -63,24 +63,25 @@ async def _summarize(chat: ChatService, owner: str, session_id: str) -> Summary:
     if not history:
         raise bad_request("this chat has no messages to summarize", "session_id")
     settings = effective_settings(session, preset)
-    params, max_tokens = chat.sampling(settings)
-    params = dataclasses.replace(params, report_progress=False)
-    turns = turns_from_messages(history, chat.fingerprint)
-    system_prompt = effective_system_prompt(session, preset, chat.settings.default_system_prompt)
-    plan = await chat.engine.tokenize(
-        lambda _tok: chat.builder.build_prompt(
-            system_prompt, turns, SUMMARY_REQUEST, max_tokens, Truncate.OLDEST
+    async with chat.model_of(settings) as model:  # the chat's own model summarizes it
+        params, max_tokens = chat.sampling(settings, model)
+        params = dataclasses.replace(params, report_progress=False)
+        turns = turns_from_messages(history, model.fingerprint)
+        system_prompt = effective_system_prompt(session, preset, chat.settings.default_system_prompt)
+        plan = await model.engine.tokenize(
+            lambda _tok: model.builder.build_prompt(
+                system_prompt, turns, SUMMARY_REQUEST, max_tokens, Truncate.OLDEST
+            )
         )
-    )
-    request_id = "summary-" + uuid.uuid4().hex
-    stream = await chat.engine.add_request(
-        request_id,
-        plan.token_ids,
-        params,
-        cache_salt=owner if chat.settings.prefix_cache_isolation else None,
-        label=chat_label(session.title, owner),
-        session=session_id,
-    )
+        request_id = "summary-" + uuid.uuid4().hex
+        stream = await model.engine.add_request(
+            request_id,
+            plan.token_ids,
+            params,
+            cache_salt=owner if chat.settings.prefix_cache_isolation else None,
+            label=chat_label(session.title, owner),
+            session=session_id,
+        )
     text = ""
     async with stream:  # leaving early (the client went away) aborts it: its blocks go back
         async for output in stream:

@@ -200,7 +200,7 @@ async def _say_goodbye(socket: _Socket) -> None:
 
 async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str, credential: Credential) -> None:
     chat, max_frame_bytes = chat_of(svc), svc.settings.ws_max_frame_bytes
-    pump: asyncio.Task | None = None
+    starting: asyncio.Task | None = None  # the latest turn's setup
     try:
         while True:
             message = await socket.websocket.receive()
@@ -216,10 +216,19 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str, cr
             try:
                 frame = _parse(text)
                 kind = frame["type"]
+                if starting is not None and not starting.done() and kind not in ("ping", "stop"):
+                    await asyncio.wait([starting])  # frames after a turn are answered once it has started
                 if kind == "ping":
                     await socket.send({"type": "pong"})
                 elif kind == "stop":
-                    await socket.send({"type": "stop_ack", "stopped": chat.stop(session_id)})
+                    if starting is not None and not starting.done() and chat.waiting_for_model(session_id):
+                        starting.cancel()  # its model is still loading: the turn ends before it began
+                        stopped = True
+                    else:
+                        if starting is not None:  # a turn being set up: stopped once it has started
+                            await asyncio.wait([starting])
+                        stopped = chat.stop(session_id)
+                    await socket.send({"type": "stop_ack", "stopped": stopped})
                 elif kind == "branch":
                     await _check_signed_in(socket, svc, credential)
                     await socket.send(
@@ -233,18 +242,11 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str, cr
                     truncate_value(frame)  # a bad value is a 400 before the client's slot is taken
                     # shutting down (503) or over a client limit (429)
                     lease = svc.admission.admit(socket.websocket, owner)
-                    reply = await chat.start(
-                        mode,
-                        owner,
-                        session_id,
-                        frame.get("content"),
-                        lease,
-                        target=target,
-                        truncate=truncate_value(frame),
-                        attachments=frame.get("attachments"),
+                    # set up in a task: while the chat's model loads (seconds), frames are still read, and a Stop
+                    # cancels the turn
+                    starting = asyncio.create_task(
+                        _start_reply(socket, svc, chat, owner, session_id, mode, target, frame, lease)
                     )
-                    _end_with_key(socket.websocket, svc, reply)
-                    pump = socket.pump = asyncio.create_task(_forward(socket, chat, reply))
                 else:
                     raise bad_request(
                         f"unknown frame type {kind[:40]!r}: expected message, stop, regenerate, edit, continue, "
@@ -265,12 +267,62 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str, cr
     except WebSocketDisconnect:
         return
     finally:
+        if starting is not None and not starting.done():
+            if chat.waiting_for_model(session_id):
+                starting.cancel()  # the tab went away while its turn waited for its model
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await starting  # otherwise it starts, and is stopped below as any running reply
         # The tab went away mid-reply: abort it (stored as interrupted). Not once the shutdown closes the socket:
         # the shutdown has cut the reply already.
+        pump = socket.pump
         if pump is not None and not pump.done() and not svc.shutdown.closing.is_set():
             chat.stop(session_id, status=MessageStatus.INTERRUPTED)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(pump, timeout=5.0)
+
+
+async def _start_reply(
+    socket: _Socket,
+    svc: Services,
+    chat: ChatService,
+    owner: str,
+    session_id: str,
+    mode: ReplyMode,
+    target: Any,
+    frame: dict[str, Any],
+    lease: Any,
+) -> None:
+    """Start the turn and its pump; a failure (or a Stop while its model loads) is an error frame."""
+    try:
+        reply = await chat.start(
+            mode,
+            owner,
+            session_id,
+            frame.get("content"),
+            lease,
+            target=target,
+            truncate=truncate_value(frame),
+            attachments=frame.get("attachments"),
+        )
+    except asyncio.CancelledError:
+        stopped = APIError(
+            409,
+            "stopped before the reply began: its model was still loading; nothing was stored",
+            code="stopped_before_start",
+        )
+        with contextlib.suppress(Exception):
+            await socket.send(error_frame(stopped))
+        return
+    except Exception as exc:  # noqa: BLE001 - bad input or a busy session: an error frame, socket stays open
+        error = from_exception(exc)
+        if error.code == "not_signed_in":
+            await socket.close_not_signed_in(error)
+            return
+        with contextlib.suppress(Exception):  # the client is gone (a send on a closed socket raises)
+            await socket.send(error_frame(error))
+        return
+    _end_with_key(socket.websocket, svc, reply)
+    socket.pump = asyncio.create_task(_forward(socket, chat, reply))
 
 
 async def _check_signed_in(socket: _Socket, svc: Services, credential: Credential) -> None:

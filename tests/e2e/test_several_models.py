@@ -5,14 +5,18 @@ never unloaded (the load is refused with the numbers), and the admin API loads a
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
 import pytest
+from websockets.sync.client import connect
 
 from bench.common.servers import stop_server
 from tests.app.factories import TINY_BLOCK_BYTES, make_tiny_model_dir
@@ -53,6 +57,20 @@ def server(tmp_path_factory) -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+
+
+@contextlib.contextmanager
+def _browser_page(server: Server, path: str) -> Iterator[Any]:
+    """A page of the server in headless Chromium; afterwards, no console error may have been logged."""
+    with chromium_browser() as browser:
+        context = browser.new_context(base_url=server.base_url)
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+        page.goto(path)
+        yield page
+        context.close()
+        assert not errors, errors
 
 
 def _states(client: openai.OpenAI) -> dict[str, str]:
@@ -161,12 +179,7 @@ def test_the_chat_page_picks_a_model_per_chat_and_a_model_gone_keeps_the_history
     """The picker in Chromium: a chat's first reply on the default model, then on another one (the page says the
     history is read again, with its tokens); a chat naming a model no longer served keeps its history, says so, and
     goes on once another model is picked."""
-    with chromium_browser() as browser:
-        context = browser.new_context(base_url=server.base_url)
-        page = context.new_page()
-        errors: list[str] = []
-        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-        page.goto("/")
+    with _browser_page(server, "/") as page:
         picker = page.locator("#model-picker")
         expect(picker.locator("option")).to_have_count(3)
         expect(picker).to_have_value("tiny")
@@ -212,8 +225,6 @@ def test_the_chat_page_picks_a_model_per_chat_and_a_model_gone_keeps_the_history
             "data-status", re.compile("finished|length"), timeout=REPLY_TIMEOUT_MS
         )
         screenshot(page, "several-models-picker.png")
-        context.close()
-        assert not errors, errors
 
 
 def test_the_admin_page_shows_each_model_and_loads_and_unloads_one(server):
@@ -221,12 +232,7 @@ def test_the_admin_page_shows_each_model_and_loads_and_unloads_one(server):
     base = server.base_url + "/api/admin/models"
     headers = {**server.admin_headers, "Origin": server.base_url}
     httpx.post(f"{base}/third/unload", headers=headers, timeout=30)
-    with chromium_browser() as browser:
-        context = browser.new_context(base_url=server.base_url)
-        page = context.new_page()
-        errors: list[str] = []
-        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-        page.goto("/admin")
+    with _browser_page(server, "/admin") as page:
         rows = page.locator("#models-rows tr")
         expect(rows).to_have_count(3)
         expect(page.locator('#models-rows tr[data-model="tiny"]')).to_have_attribute("data-state", "loaded")
@@ -241,5 +247,40 @@ def test_the_admin_page_shows_each_model_and_loads_and_unloads_one(server):
             0
         )  # the default stays
         screenshot(page, "several-models-admin.png")
-        context.close()
-        assert not errors, errors
+
+
+def test_the_chat_socket_answers_while_a_model_loads_and_a_stop_then_cancels_the_turn(server_factory):
+    """A chat turn waiting for its model to load (2 s here) leaves its socket answering: a ping is answered, a Stop
+    cancels the turn (nothing stored, the model still loads), and the next turn runs on the loaded model."""
+    running = server_factory(
+        "slowload",
+        model=str(make_tiny_model_dir(0)),
+        PAGEDCHAT_MODELS=f"second={make_tiny_model_dir(1)}",
+        PAGEDCHAT_KEEP_ALIVE_S="0",
+        PAGEDCHAT_DEFAULT_MAX_TOKENS="8",
+        **{FAULTS_ENV: "load_delay_ms=2000"},
+    )
+    with httpx.Client(base_url=running.base_url, headers={"origin": running.base_url}, timeout=30) as http:
+        sid = http.post("/api/sessions", json={"title": "t", "settings": {"model": "second"}}).json()["id"]
+        cookie = f"pagedchat_browser={http.cookies['pagedchat_browser']}"
+        with connect(f"{running.ws_url}/ws/sessions/{sid}", additional_headers={"Cookie": cookie}) as ws:
+            ws.send(json.dumps({"type": "message", "content": "Hello"}))
+            time.sleep(0.5)
+            sent = time.monotonic()
+            ws.send(json.dumps({"type": "ping"}))
+            assert json.loads(ws.recv(timeout=10)) == {"type": "pong"}
+            assert time.monotonic() - sent < 1.0  # answered while the model loads
+            ws.send(json.dumps({"type": "stop"}))
+            frames = [json.loads(ws.recv(timeout=10)) for _ in range(2)]
+            assert {"type": "stop_ack", "stopped": True} in frames
+            (error,) = [f for f in frames if f["type"] == "error"]
+            assert error["code"] == "stopped_before_start"
+            assert http.get(f"/api/sessions/{sid}").json()["messages"] == []  # nothing stored
+            deadline = time.monotonic() + 20
+            while http.get("/api/models").json()["models"][1]["state"] != "loaded":
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            ws.send(json.dumps({"type": "message", "content": "Hello"}))
+            while (frame := json.loads(ws.recv(timeout=30)))["type"] != "done":
+                pass
+            assert frame["message"]["status"] == "finished"
