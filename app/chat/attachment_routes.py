@@ -7,6 +7,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from app.chat.chat_settings import MODEL_KEY, effective_settings
 from app.chat.documents import document_block
 from app.chat.routes import _api
 from app.chat.service import chat_of
@@ -31,8 +32,12 @@ async def _upload(request: Request, svc: Services, owner: str) -> Response:
     sid = request.path_params["session_id"]
     chat = chat_of(svc)
     filename = request.query_params.get("filename")
-    if await svc.store.chats.get_session(owner, sid) is None:
+    session = await svc.store.chats.get_session(owner, sid)
+    if session is None:
         raise not_found(f"session {sid[:64]!r}")
+    preset = await svc.store.presets.get_preset(owner, session.preset_id) if session.preset_id else None
+    # counted by the chat's model where it is loaded (else by the default model's tokenizer: close, not exact)
+    model = chat.loaded_model(effective_settings(session, preset).get(MODEL_KEY))
     limit = svc.settings.max_attachment_bytes
     try:
         data = await read_body(request, limit)
@@ -46,8 +51,8 @@ async def _upload(request: Request, svc: Services, owner: str) -> Response:
         ) from None
     extracted = await chat.attachments.read(filename or "", data)
     block = document_block(extracted.filename, extracted.text)
-    num_tokens = await chat.engine.tokenize(lambda tok: len(tok.encode(block, add_special_tokens=False)))
-    max_model_len = chat.engine.info.max_model_len
+    num_tokens = await model.engine.tokenize(lambda tok: len(tok.encode(block, add_special_tokens=False)))
+    max_model_len = model.engine.info.max_model_len
     if num_tokens >= max_model_len:
         raise APIError(
             413,

@@ -249,9 +249,7 @@ class ChatService:
         target = turn_target(ReplyMode.SEND, fields)
         session, tree, preset = await self.load_chat(owner, session_id)
         settings = effective_settings(session, preset)
-        model = self._loaded_chat_model(
-            settings.get(MODEL_KEY)
-        )  # another model not loaded: the default's count
+        model = self.loaded_model(settings.get(MODEL_KEY))  # another model not loaded: the default's count
         _, max_tokens = self.sampling(settings, model)
         fork = locate(ReplyMode.SEND, tree, target)
         turns = turns_from_messages(fork.history, model.fingerprint)
@@ -560,7 +558,7 @@ class ChatService:
             )
         return name
 
-    def _loaded_chat_model(self, name: Any) -> ChatModel:
+    def loaded_model(self, name: Any) -> ChatModel:
         """The chat model `name` if it is loaded and has served a turn here, else the default's."""
         model = self._chat_models.get(name) if isinstance(name, str) else None
         if model is None or self.models is None:
