@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 
+from app.http.model_catalog import model_entries
 from app.settings import Settings, load_settings
 from engine.cli import fetch_model
 from engine.core.config import EngineConfig
@@ -84,6 +85,7 @@ def serve_main(argv: list[str]) -> int:
     args = build_parser().parse_args(repeated_models(argv))
     try:
         settings = load_settings(**given_options(args, Settings), **given_options(args, EngineConfig))
+        model_entries(settings)  # the models served: a missing file, two of one id, a missing --models-dir
     except ValueError as exc:
         print(f"pagedchat serve: {exc}", file=sys.stderr)
         return 2

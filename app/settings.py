@@ -545,7 +545,13 @@ def settings_from_values(values: Mapping[str, Any]) -> Settings:
     if "model" in values:
         alias, model = split_alias(values["model"])
         if alias is not None:
-            values = {**values, "model": model, "served_model_name": values.get("served_model_name") or alias}
+            named = values.get("served_model_name")
+            if named and named != alias:
+                raise ValueError(
+                    f"the first model is named twice: served_model_name {named!r} and {alias!r} in "
+                    f"{values['model']!r}; give one"
+                )
+            values = {**values, "model": model, "served_model_name": alias}
     engine = EngineConfig(**{k: v for k, v in values.items() if k in engine_names})
     return Settings(**{k: v for k, v in values.items() if k not in engine_names}, engine=engine)
 

@@ -8,6 +8,7 @@ import { DEFAULT_TITLE, state, ui } from "./chat_state.js";
 import { el } from "./chat_view.js";
 
 const POLL_MS = 500;
+const REFRESH_MS = 5000; // the states shown (others' loads, keep-alive unloads) are refreshed this often
 const STATE_LABELS = { loaded: "loaded", loading: "loading…", not_loaded: "loads on use", failed: "failed to load" };
 let models = [];
 let defaultModel = "";
@@ -44,10 +45,24 @@ function renderPicker() {
   }
   ui.modelPicker.replaceChildren(...options);
   ui.modelPicker.value = chosen;
+  const footer = document.querySelector(".model-name"); // the sidebar's foot names the open chat's model
+  if (footer) footer.textContent = chosen;
   const served = models.some((m) => m.id === chosen);
   ui.modelPicker.setAttribute("aria-invalid", served ? "false" : "true");
-  ui.modelNote.textContent = served ? "" : "This chat's model " + chosen + " is no longer served: pick another to go on.";
-  ui.modelNote.hidden = served;
+  if (!served) {
+    note("gone", "This chat's model " + chosen + " is no longer served: pick another to go on.");
+  } else if (ui.modelNote.dataset.kind === "gone") {
+    note(null, "");
+  }
+}
+
+/** The line under the header: `kind` gone (the chat's model is not served), switch (the next reply reads the
+ * history again) or loading; null hides it. */
+function note(kind, text) {
+  ui.modelNote.textContent = text;
+  ui.modelNote.hidden = kind === null;
+  if (kind === null) delete ui.modelNote.dataset.kind;
+  else ui.modelNote.dataset.kind = kind;
 }
 
 /** The open chat changed (opened, saved): show its model. */
@@ -70,9 +85,8 @@ async function pickModel() {
   } catch (e) {
     tokens = null;
   }
-  ui.modelNote.hidden = false;
-  ui.modelNote.textContent = "The next reply runs on " + model + ": it reads this chat's history again" +
-    (tokens ? " (about " + tokens + " tokens)" : "") + ", since each model keeps its own cache.";
+  note("switch", "The next reply runs on " + model + ": it reads this chat's history again" +
+    (tokens ? " (about " + tokens + " tokens)" : "") + ", since each model keeps its own cache.");
 }
 
 /** A turn was sent: while its model is not loaded yet, say so (with the seconds spent loading) until the reply
@@ -93,23 +107,30 @@ export async function watchLoading() {
     if (!model || model.state === "loaded" || model.state === "failed") break;
     if (model.state === "loading") {
       shown = true;
-      ui.modelNote.hidden = false;
-      ui.modelNote.textContent = "Loading " + name + "… " + Math.round(model.loading_seconds || 0) + " s";
+      note("loading", "Loading " + name + "… " + Math.round(model.loading_seconds || 0) + " s");
     }
     await new Promise((resolve) => setTimeout(resolve, POLL_MS));
   }
-  if (shown) {
-    ui.modelNote.hidden = true;
-    ui.modelNote.textContent = "";
-  }
+  if (shown || ui.modelNote.dataset.kind === "switch") note(null, ""); // the turn has gone out: its notes are done
   renderPicker();
+}
+
+async function refreshStates() {
+  if (document.hidden || state.awaitingStart) return; // watchLoading polls meanwhile
+  try {
+    const data = await api("GET", "/api/models");
+    models = data.models;
+    if (document.activeElement !== ui.modelPicker) renderPicker(); // never under an open dropdown
+  } catch (e) {
+    // the connection line says when the server cannot be reached
+  }
 }
 
 export function bindModels() {
   if (!ui.modelPicker) return;
+  setInterval(refreshStates, REFRESH_MS);
   ui.modelPicker.addEventListener("change", () => pickModel().catch((e) => {
-    renderPicker();  // back to the model the chat still runs on
-    ui.modelNote.hidden = false;
-    ui.modelNote.textContent = e.message;
+    renderPicker(); // back to the model the chat still runs on
+    note("error", e.message);
   }));
 }

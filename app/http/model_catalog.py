@@ -33,23 +33,45 @@ def served_name(source: str) -> str:
 
 
 def model_entries(settings: Settings) -> tuple[ModelEntry, ...]:
-    """The served models, `--model` first; ValueError for two models of one id or a missing `--models-dir`."""
+    """The served models, `--model` first; ValueError for a model file or folder that is not there, two models of
+    one id, or a missing `--models-dir`. A file the folder holds that is served already (as `--model`, say) is
+    served once."""
     first = settings.engine.model
     entries = [ModelEntry(settings.served_model_name or served_name(first), first)]
     for text in settings.models:
         alias, source = split_alias(text)
+        check_local(source)
         entries.append(ModelEntry(alias or served_name(source), source))
     if settings.models_dir:
-        entries.extend(scan_models_dir(Path(settings.models_dir).expanduser()))
+        given = {_resolved(e.source) for e in entries}
+        entries.extend(
+            e
+            for e in scan_models_dir(Path(settings.models_dir).expanduser())
+            if _resolved(e.source) not in given
+        )
     seen: dict[str, str] = {}
     for entry in entries:
         if entry.name in seen:
             raise ValueError(
-                f"two models are served as {entry.name!r} ({seen[entry.name]} and {entry.source}); name one "
-                "with NAME=MODEL"
+                f"two models are served as {entry.name!r} ({seen[entry.name]} and {entry.source}); give each its "
+                "own name as NAME=MODEL"
             )
         seen[entry.name] = entry.source
     return tuple(entries)
+
+
+def check_local(source: str) -> None:
+    """ValueError for a model that names a local file or folder (a path, a .gguf file) which is not there; a hub id
+    (org/name) is fetched when it loads."""
+    path = Path(source).expanduser()
+    looks_local = source.endswith(".gguf") or source.startswith(("/", "./", "../", "~"))
+    if looks_local and not path.exists():
+        raise ValueError(f"model {source!r} does not exist")
+
+
+def _resolved(source: str) -> str:
+    path = Path(source).expanduser()
+    return str(path.resolve()) if path.exists() else source
 
 
 def scan_models_dir(folder: Path) -> list[ModelEntry]:

@@ -214,8 +214,8 @@ class ModelRegistry:
             model.leases -= 1
 
     async def unload(self, name: str) -> bool:
-        """Unload `name` now (the admin's button); ValueError for the default model or one with requests running.
-        False when it was not loaded."""
+        """Unload `name` now (the admin's button); ValueError for the default model, 409 for one with requests
+        running. False when it was not loaded."""
         model = self.get(name)
         if model.pinned:
             raise ValueError(f"{name!r} is the server's --model: it stays loaded")
@@ -225,7 +225,9 @@ class ModelRegistry:
             if model.handle is None:
                 return False
             if model.busy:
-                raise ValueError(f"{name!r} has requests running; unload it once they finish")
+                raise APIError(
+                    409, f"{name!r} has requests running; unload it once they finish", code="model_busy"
+                )
             await self._unload(model)
         return True
 
@@ -261,6 +263,9 @@ class ModelRegistry:
                 client = self._client(model, config, lambda reason: self._died(model, reason))
                 logger.info("loading model %s (%s)", model.name, model.entry.source)
                 await client.start()
+            except ModelLoadRefused:  # it did not fit now: not a broken model (its state stays not_loaded)
+                model.loading_since = None
+                raise
             except BaseException as exc:
                 model.loading_since = None
                 model.error_detail = str(exc) if isinstance(exc, APIError) else f"{type(exc).__name__}: {exc}"
@@ -308,19 +313,21 @@ class ModelRegistry:
             )
             await self._unload(idle[0])
 
-    def _refusal(self, model: ServedModel, need: int, loaded: list[ServedModel]) -> str:
+    def _refusal(self, model: ServedModel, need: int, kept: list[ServedModel]) -> str:
+        """Why `model` cannot load, with the numbers; `kept`: the loaded models no unload may take (the default,
+        those with requests running)."""
         held = ", ".join(
             f"{m.name} {human_bytes(m.held_bytes)}{' (the default model)' if m.pinned else ''}"
             f"{' (running requests)' if m.busy and not m.pinned else ''}"
-            for m in loaded
+            for m in kept
         )
-        if self.settings.models_max and len(loaded) >= self.settings.models_max:
+        left = max(0, self.budget_bytes - sum(m.held_bytes for m in kept))
+        if self.settings.models_max and len(kept) >= self.settings.models_max:
             why = f"--models-max {self.settings.models_max} models are loaded and none of them is idle"
         else:
             why = (
                 f"it needs {human_bytes(need)} (weights and KV pool) and the memory budget of "
-                f"{human_bytes(self.budget_bytes)} has {human_bytes(max(0, self.budget_bytes - self.held_bytes))} "
-                "left once every idle model is unloaded"
+                f"{human_bytes(self.budget_bytes)} has {human_bytes(left)} left once every idle model is unloaded"
             )
         return f"model {model.name!r} cannot be loaded: {why}; held: {held or 'nothing'}"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import build_parser, repeated_models
+from app.cli import build_parser, repeated_models, serve_main
 from app.http.model_catalog import ModelEntry, model_entries, scan_models_dir, weight_file_bytes
 from app.settings import Settings, settings_from_env, split_alias
 from engine.core.options import given_options
@@ -52,11 +52,32 @@ def test_an_alias_needs_a_plain_name_and_an_existing_path_is_never_split(tmp_pat
     assert split_alias("q4=org/name") == ("q4", "org/name")
 
 
+def test_a_missing_model_file_is_refused_and_a_hub_id_is_not_checked(tmp_path):
+    with pytest.raises(ValueError, match=r"model '/no/such.gguf' does not exist"):
+        model_entries(_settings(["--model", str(_gguf(tmp_path / "a.gguf")), "--model", "/no/such.gguf"]))
+    settings = _settings(["--model", str(_gguf(tmp_path / "b.gguf")), "--model", "org/name"])
+    assert [e.name for e in model_entries(settings)] == ["b.gguf", "org/name"]
+
+
+def test_the_first_model_named_twice_is_refused():
+    with pytest.raises(ValueError, match="the first model is named twice: served_model_name 'foo' and 'bar'"):
+        settings_from_env({}, model="bar=org/x", served_model_name="foo")
+
+
+def test_a_models_dir_holding_the_default_model_serves_it_once(tmp_path):
+    first = _gguf(tmp_path / "a.gguf")
+    _gguf(tmp_path / "b.gguf")
+    settings = _settings(["--model", str(first), "--models-dir", str(tmp_path)])
+    assert [e.name for e in model_entries(settings)] == ["a.gguf", "b.gguf"]
+
+
 def test_two_models_of_one_id_are_refused_with_both_sources(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir(), two.mkdir()
     settings = _settings(["--model", str(_gguf(one / "m.gguf")), "--model", str(_gguf(two / "m.gguf"))])
-    with pytest.raises(ValueError, match=r"two models are served as 'm.gguf' .* name one with NAME=MODEL"):
+    with pytest.raises(
+        ValueError, match=r"two models are served as 'm.gguf' .* give each its own name as NAME=MODEL"
+    ):
         model_entries(settings)
 
 
@@ -84,3 +105,11 @@ def test_a_models_dir_serves_its_gguf_files_and_model_folders(tmp_path):
 def test_several_models_with_replicas_are_refused():
     with pytest.raises(ValueError, match="several models .* are served by one process"):
         Settings(models=("a.gguf",), replicas=2)
+
+
+def test_serve_refuses_a_bad_model_list_in_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path))
+    one = _gguf(tmp_path / "a.gguf")
+    assert serve_main(["--model", f"x={one}", "--model", f"x={one}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pagedchat serve: two models are served as 'x'") and "Traceback" not in err

@@ -15,6 +15,7 @@ from app.http.model_catalog import model_entries
 from app.http.model_registry import LOADED, NOT_LOADED, ModelLoadRefused, ModelRegistry
 from app.metrics.metrics import Metrics
 from engine.core.hash_chain import salt_tag
+from engine.core.memory import human_bytes
 from tests.app.factories import make_settings, make_tiny_model_dir
 
 
@@ -75,9 +76,16 @@ def test_a_load_that_can_never_fit_unloads_nobody_and_an_unload_lets_the_engine_
             # now a budget too small for "third" even beside the default alone: unloading "second" would not help
             default_bytes = registry.get(registry.default_name).held_bytes
             registry.budget_bytes = default_bytes + registry.need_bytes(registry.get("third")) // 2
-            with pytest.raises(ModelLoadRefused, match="cannot be loaded: it needs .* held: .*default model"):
+            with pytest.raises(
+                ModelLoadRefused, match="cannot be loaded: it needs .* held: .*default model"
+            ) as refused:
                 await registry.load("third")
+            left = (
+                registry.budget_bytes - default_bytes
+            )  # what is left once the idle "second" would be unloaded
+            assert f"has {human_bytes(left)} left" in refused.value.message
             assert registry.get("second").state == LOADED  # not unloaded for a load that could not fit anyway
+            assert registry.get("third").state == NOT_LOADED  # refused for now, not a broken model
             del second
             assert await registry.unload("second")
             gc.collect()
