@@ -256,13 +256,7 @@ async def _serve(socket: _Socket, svc: Services, owner: str, session_id: str, cr
             except WebSocketDisconnect:
                 raise
             except Exception as exc:  # noqa: BLE001 - bad input or a busy session: an error frame, socket stays open
-                error = from_exception(exc)
-                if error.code == "not_signed_in":
-                    await socket.close_not_signed_in(error)
-                    return
-                try:
-                    await socket.send(error_frame(error))
-                except Exception:  # noqa: BLE001 - the client is gone (a send on a closed socket raises)
+                if not await _report(socket, exc):
                     return
     except WebSocketDisconnect:
         return
@@ -314,15 +308,24 @@ async def _start_reply(
             await socket.send(error_frame(stopped))
         return
     except Exception as exc:  # noqa: BLE001 - bad input or a busy session: an error frame, socket stays open
-        error = from_exception(exc)
-        if error.code == "not_signed_in":
-            await socket.close_not_signed_in(error)
-            return
-        with contextlib.suppress(Exception):  # the client is gone (a send on a closed socket raises)
-            await socket.send(error_frame(error))
+        await _report(socket, exc)
         return
     _end_with_key(socket.websocket, svc, reply)
     socket.pump = asyncio.create_task(_forward(socket, chat, reply))
+
+
+async def _report(socket: _Socket, exc: Exception) -> bool:
+    """`exc` as an error frame (the socket stays open); False when the socket is done: signed out (closed with
+    4401) or the client gone (a send on a closed socket raises)."""
+    error = from_exception(exc)
+    if error.code == "not_signed_in":
+        await socket.close_not_signed_in(error)
+        return False
+    try:
+        await socket.send(error_frame(error))
+    except Exception:  # noqa: BLE001 - the client is gone
+        return False
+    return True
 
 
 async def _check_signed_in(socket: _Socket, svc: Services, credential: Credential) -> None:
