@@ -35,7 +35,7 @@ async def health(request: Request) -> Response:
             store_ok = False
         body: dict[str, Any] = {
             "status": "ok",
-            "model": engine.info.model_name,
+            "model": svc.models.default_name,  # the id /v1/models serves it as
             "database": "ok" if store_ok else "unavailable",
         }
         if replicas is not None:  # replicas on Ray Serve: degraded (still serving) while some are not ready
