@@ -34,15 +34,13 @@ from app.http.model_catalog import ModelEntry, weight_file_bytes
 from app.http.public_prefix import PublicPrefixes
 from app.metrics.metrics import Metrics
 from app.settings import MODEL_BUDGET_SHARE, Settings
+from engine.core.block_names import SUFFIX, BlockName
 from engine.core.config import EngineConfig
 from engine.core.hash_chain import salt_tag
 from engine.core.memory import KV_BUDGET_FLOOR, available_memory_bytes, human_bytes, trim_heap
 from engine.core.sampling_defaults import SamplingDefaults, default_sources, effective_defaults
 
 logger = logging.getLogger(__name__)
-TIER_FILE_SUFFIX = (
-    ".kvb"  # a disk tier's block file (engine/tiers/block_file.py): <fingerprint>-<salt tag>-<hash>.kvb
-)
 
 ON_DEMAND_POOL_BYTES = KV_BUDGET_FLOOR  # a model loaded on demand without --kv-cache-bytes: its pool's bytes
 REAP_INTERVAL_S = 1.0  # how often idle models are looked for
@@ -344,20 +342,22 @@ class ModelRegistry:
 
     def purge_unloaded(self, cache_salt: str) -> int:
         """Delete a tenant's blocks from the disk tiers of the models not loaded now (a loaded one purges its own:
-        `EngineClient.purge_cache_salt`); returns how many files went."""
-        base = self.settings.engine_config()
-        if not base.kv_disk_dir:
+        `EngineClient.purge_cache_salt`), matched by name as the tier's own purge matches them; returns how many
+        files went. (`--model` is always loaded.)"""
+        if not self.settings.engine_config().kv_disk_dir:
             return 0
-        tag = salt_tag(cache_salt).hex()
+        tag = salt_tag(cache_salt)
         removed = 0
         for model in self._models.values():
-            if model.handle is not None or model.loading is not None:
+            folder = Path(self._config(model).kv_disk_dir)
+            if model.handle is not None or model.loading is not None or not folder.is_dir():
                 continue
-            folder = Path(self._config(model).kv_disk_dir) if not model.pinned else Path(base.kv_disk_dir)
-            for path in folder.rglob(f"*-{tag}-*{TIER_FILE_SUFFIX}") if folder.is_dir() else ():
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                    removed += 1
+            for path in folder.rglob(f"*{SUFFIX}"):
+                name = BlockName.parse(path.name)
+                if name is not None and name.salt_tag == tag:
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+                        removed += 1
         return removed
 
     def _died(self, model: ServedModel, reason: str) -> None:

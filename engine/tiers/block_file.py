@@ -15,16 +15,15 @@ import hashlib
 import hmac
 import os
 import struct
-from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
+from engine.core.block_names import FINGERPRINT_BYTES, SUFFIX, BlockName
 from engine.core.hash_chain import SALT_TAG_BYTES
 
+__all__ = ["FINGERPRINT_BYTES", "SUFFIX", "BlockName"]  # the names, kept in engine/core/block_names.py
 MAGIC = b"PCKVBLK2"  # the format's version is its last byte (1: an unkeyed xxh3 checksum)
-SUFFIX = ".kvb"
 TMP_SUFFIX = ".tmp"
-FINGERPRINT_BYTES = 16
 NONCE_BYTES = 16
 MAC_BYTES = 16
 # magic, fingerprint, block hash, salt tag, payload bytes, nonce; then the MAC of all that and the payload
@@ -35,35 +34,6 @@ _KDF_PERSON = b"pagedchat-kvmac"
 
 class CorruptBlock(ValueError):
     """A block file that is torn, truncated, altered, or made by other weights or settings."""
-
-
-@dataclass(frozen=True)
-class BlockName:
-    """What a block file's name says: the producer's fingerprint, the tenant's salt tag and the chain hash."""
-
-    fingerprint: bytes
-    salt_tag: bytes
-    block_hash: bytes
-
-    @property
-    def filename(self) -> str:
-        return f"{self.fingerprint.hex()}-{self.salt_tag.hex()}-{self.block_hash.hex()}{SUFFIX}"
-
-    @staticmethod
-    def parse(filename: str) -> BlockName | None:
-        """The name's parts, or None for a file that is not a block (a leftover temporary, a stranger)."""
-        if not filename.endswith(SUFFIX):
-            return None
-        parts = filename[: -len(SUFFIX)].split("-")
-        if len(parts) != 3:
-            return None
-        try:
-            fingerprint, salt_tag, block_hash = (bytes.fromhex(p) for p in parts)
-        except ValueError:
-            return None
-        if len(fingerprint) != FINGERPRINT_BYTES or len(salt_tag) != SALT_TAG_BYTES or len(block_hash) != 16:
-            return None
-        return BlockName(fingerprint, salt_tag, block_hash)
 
 
 def _mac(key: bytes, fields: bytes | memoryview, payload: memoryview | bytes) -> bytes:

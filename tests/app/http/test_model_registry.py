@@ -14,6 +14,7 @@ from app.engine_client.async_engine import AsyncEngine, engine_factory
 from app.http.model_catalog import model_entries
 from app.http.model_registry import LOADED, NOT_LOADED, ModelLoadRefused, ModelRegistry
 from app.metrics.metrics import Metrics
+from engine.core.block_names import BlockName
 from engine.core.hash_chain import salt_tag
 from engine.core.memory import human_bytes
 from tests.app.factories import make_settings, make_tiny_model_dir
@@ -99,11 +100,12 @@ def test_a_load_that_can_never_fit_unloads_nobody_and_an_unload_lets_the_engine_
 def test_a_tenants_blocks_leave_the_disk_tiers_of_models_not_loaded(tmp_path):
     registry = _registry(tmp_path)
     tier = tmp_path / "cache" / "kv-models"
-    mine, theirs = salt_tag("alice").hex(), salt_tag("bob").hex()
+    mine, theirs = salt_tag("alice"), salt_tag("bob")
     for folder in ("second-x", "third-y/pagedchat-kv"):
         (tier / folder).mkdir(parents=True)
-        for tag in (mine, theirs):
-            (tier / folder / f"{'0' * 16}-{tag}-{'1' * 32}.kvb").write_bytes(b"block")
+        for tag in (mine, theirs):  # named as the tier names its files
+            (tier / folder / BlockName(bytes(16), tag, bytes(range(16))).filename).write_bytes(b"block")
+        (tier / folder / f"notes-{mine.hex()}-x.kvb").write_bytes(b"not a block")  # no block name: kept
     # the registry's own folders for them: each model's id and a hash of it
     for model in ("second", "third"):
         folder = registry._config(registry.get(model)).kv_disk_dir
@@ -112,4 +114,5 @@ def test_a_tenants_blocks_leave_the_disk_tiers_of_models_not_loaded(tmp_path):
     (tier / "third-y").rename(registry._config(registry.get("third")).kv_disk_dir)
     assert registry.purge_unloaded("alice\nkey-1") == 2  # the tenant is the salt's first line
     left = sorted(p.name.split("-")[1] for p in tier.rglob("*.kvb"))
-    assert left == [theirs, theirs]
+    assert left == sorted([theirs.hex(), theirs.hex(), mine.hex(), mine.hex()])
+    assert sorted(p.name.startswith("notes-") for p in tier.rglob("*.kvb")) == [False, False, True, True]
