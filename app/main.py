@@ -27,8 +27,7 @@ from app.admin import ops
 from app.admin import pages as admin_pages
 from app.chat import attachment_routes, export_routes, page, preset_routes, search_routes, ws
 from app.chat import routes as session_routes
-from app.chat.conversation import ConversationBuilder, template_end_of_turn_ids, tokenizer_fingerprint
-from app.chat.service import ChatService, chat_of
+from app.chat.service import ChatService, chat_of, make_chat_model
 from app.db import StorageQuota, Store
 from app.engine_client.async_engine import AsyncEngine, EngineFactory
 from app.engine_client.async_engine import engine_factory as engine_factory_of
@@ -209,12 +208,17 @@ async def _startup(parts: Parts) -> Services:
         logger.warning(revoked_sign_ins_message(settings, num_revoked))
     info = engine.info
     default = parts.models.adopt_default(engine, published)
-    sampling_defaults = default.sampling_defaults
-    end_of_turn = await engine.tokenize(template_end_of_turn_ids)
-    fingerprint = await engine.tokenize(tokenizer_fingerprint)
-    builder = ConversationBuilder(engine.tokenizer, info.max_model_len, end_of_turn)
-    public_prefixes = default.public_prefixes
-    chat = ChatService(store, engine, settings, builder, fingerprint, public_prefixes, sampling_defaults)
+    sampling_defaults, public_prefixes = default.sampling_defaults, default.public_prefixes
+    chat_model = await make_chat_model(default, store, settings)  # as every other model's, when it loads
+    chat = ChatService(
+        store,
+        engine,
+        settings,
+        chat_model.builder,
+        chat_model.fingerprint,
+        public_prefixes,
+        sampling_defaults,
+    )
     chat.serve_models(parts.models)  # each chat runs on its own model (the setting `model`)
     accounts = None
     if settings.auth != "none":

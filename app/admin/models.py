@@ -12,7 +12,7 @@ from app.http.admin_auth import check_admin
 from app.http.csrf import check_browser_write
 from app.http.error_handlers import error_response
 from app.http.errors import APIError, bad_request, from_exception
-from app.http.model_registry import LOADED, ServedModel
+from app.http.model_registry import ServedModel
 from app.http.security import bearer_token
 from app.http.services import Services, services
 
@@ -32,7 +32,7 @@ def model_row(svc: Services, model: ServedModel) -> dict[str, Any]:
         row["num_blocks"] = info.num_blocks
         row["kv_pool_bytes"] = info.num_blocks * info.kv_block_bytes
         row["max_model_len"] = info.max_model_len
-    row["running"] = model.handle.engine.num_in_flight if model.state == LOADED and model.handle else 0
+    row["running"] = model.handle.engine.num_in_flight if model.handle is not None else 0
     return row
 
 
@@ -63,9 +63,8 @@ async def change_model(request: Request) -> Response:
     try:
         await check_admin(request, svc)
         if request.headers.get("x-admin-token") is None and bearer_token(request) is None:
-            check_browser_write(
-                request, svc.settings
-            )  # the cookie (or loopback) authenticates it: same origin
+            # the cookie (or loopback) authenticates it: it must come from this server's own pages
+            check_browser_write(request, svc.settings)
         name, action = request.path_params["model_id"], request.path_params["action"]
         if action == "load":
             await svc.models.load(name)

@@ -141,8 +141,8 @@ async def admin_page(request: Request) -> Response:
             {
                 "settings_rows": await engine_settings_rows(svc),
                 "signed_in": bool(svc.settings.admin_token),
-                "several_models": len(svc.models.names)
-                > 1,  # the Models card: each one's state, load, unload
+                # the Models card: each one's state, load, unload
+                "several_models": len(svc.models.names) > 1,
             },
         )
     accounts = svc.settings.auth != "none"

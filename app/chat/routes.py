@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -216,8 +215,8 @@ async def list_models(request: Request, svc: Services, owner: str) -> Response:
     rows = []
     for model in svc.models.models():
         row = {"id": model.name, "state": model.state, "default": model.pinned}
-        if model.loading_since is not None:
-            row["loading_seconds"] = round(time.monotonic() - model.loading_since, 1)
+        if model.loading_seconds is not None:
+            row["loading_seconds"] = model.loading_seconds
         rows.append(row)
     return JSONResponse({"models": rows, "default": svc.models.default_name})
 

@@ -574,22 +574,7 @@ class ChatService:
         known = self._chat_models.get(handle.name)
         if known is not None and known.engine is handle.engine:
             return known
-        engine = handle.engine
-        end_of_turn = await engine.tokenize(template_end_of_turn_ids)
-        fingerprint = await engine.tokenize(tokenizer_fingerprint)
-        builder = ConversationBuilder(engine.tokenizer, handle.info.max_model_len, end_of_turn)
-        writer = ReplyWriter(
-            self.store, fingerprint, self.settings.flush_interval_s, self.settings.store_retry_s
-        )
-        model = ChatModel(
-            handle.name,
-            engine,
-            builder,
-            fingerprint,
-            handle.public_prefixes,
-            handle.sampling_defaults,
-            writer,
-        )
+        model = await make_chat_model(handle, self.store, self.settings)
         self._chat_models[handle.name] = model
         loaded = {h.engine for h in self.models.loaded()}
         for name in [n for n, m in self._chat_models.items() if m.engine not in loaded]:
@@ -601,6 +586,19 @@ class ChatService:
             await writer.run(reply, plan, place)
         finally:
             self._turns.pop(reply.session_id, None)
+
+
+async def make_chat_model(handle: ModelHandle, store: Store, settings: Settings) -> ChatModel:
+    """A loaded model as the chat uses it: its template's end-of-turn ids and its tokenizer's fingerprint (read on
+    the tokenizer thread), a conversation builder to its context, and a reply writer under that fingerprint."""
+    engine = handle.engine
+    end_of_turn = await engine.tokenize(template_end_of_turn_ids)
+    fingerprint = await engine.tokenize(tokenizer_fingerprint)
+    builder = ConversationBuilder(engine.tokenizer, handle.info.max_model_len, end_of_turn)
+    writer = ReplyWriter(store, fingerprint, settings.flush_interval_s, settings.store_retry_s)
+    return ChatModel(
+        handle.name, engine, builder, fingerprint, handle.public_prefixes, handle.sampling_defaults, writer
+    )
 
 
 def chat_of(svc: Services) -> ChatService:

@@ -213,9 +213,6 @@ class AsyncEngine(StreamRegistry):
         return await self.call(engine_calls.stats)
 
     # ---- called by the step loop, on its thread -----------------------------------------------------------
-    def run_command(self, engine: LLMEngine, command: Any, live: set[str]) -> None:
-        self._run_command(engine, command, live)
-
     def deliver(self, outputs: list[RequestOutput]) -> None:
         self._call_soon(self._dispatch, outputs)
 
@@ -246,7 +243,7 @@ class AsyncEngine(StreamRegistry):
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(fn, *args)
 
-    def _run_command(self, engine: LLMEngine, command: Any, live: set[str]) -> None:
+    def run_command(self, engine: LLMEngine, command: Any, live: set[str]) -> None:
         if isinstance(command, AddRequest):
             try:
                 engine.add_request(

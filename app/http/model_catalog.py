@@ -81,13 +81,9 @@ def scan_models_dir(folder: Path) -> list[ModelEntry]:
         raise ValueError(f"models_dir {folder} is not a folder")
     found = []
     for path in sorted(folder.iterdir()):
-        if (
-            path.suffix == ".gguf"
-            and path.is_file()
-            or path.is_dir()
-            and (path / "config.json").is_file()
-            and _weight_files(path)
-        ):
+        gguf_file = path.suffix == ".gguf" and path.is_file()
+        hf_folder = path.is_dir() and (path / "config.json").is_file() and bool(_weight_files(path))
+        if gguf_file or hf_folder:
             found.append(ModelEntry(path.name, str(path)))
         elif path.is_dir():
             ggufs = sorted(path.glob("*.gguf"))

@@ -91,6 +91,11 @@ class ServedModel:
         return FAILED if self.error is not None else NOT_LOADED
 
     @property
+    def loading_seconds(self) -> float | None:
+        """How long its load has run so far (None: not loading)."""
+        return None if self.loading_since is None else round(time.monotonic() - self.loading_since, 1)
+
+    @property
     def busy(self) -> bool:
         """Running requests, or requests about to be given to its engine: never unloaded then."""
         return self.leases > 0 or (self.handle is not None and self.handle.engine.num_in_flight > 0)
@@ -266,15 +271,11 @@ class ModelRegistry:
                 raise
             except BaseException as exc:
                 model.loading_since = None
-                model.error_detail = str(exc) if isinstance(exc, APIError) else f"{type(exc).__name__}: {exc}"
-                model.error = (
-                    str(exc) if isinstance(exc, APIError) else "failed to load; the server's log says why"
-                )
-                if isinstance(exc, Exception) and not isinstance(exc, APIError):
+                model.error_detail = f"{type(exc).__name__}: {exc}"
+                model.error = "failed to load; the server's log says why"
+                if isinstance(exc, Exception):
                     # the cause (a path, a parse error) is the operator's: the log and /api/admin/models have it
-                    raise APIError(
-                        503, f"model {model.name!r} failed to load; the server's log says why", param="model"
-                    ) from exc
+                    raise APIError(503, f"model {model.name!r} {model.error}", param="model") from exc
                 raise
             model.loading_since = None
             model.error = model.error_detail = None
@@ -364,11 +365,8 @@ class ModelRegistry:
         """An on-demand model's engine died while serving: it is not loaded any more (its next request loads it
         again)."""
         logger.error("model %s stopped serving: %s", model.name, reason)
-        model.handle, model.error, model.error_detail = (
-            None,
-            "stopped serving; the server's log says why",
-            reason,
-        )
+        model.handle = None
+        model.error, model.error_detail = "stopped serving; the server's log says why", reason
 
     async def _reap(self) -> None:
         """Unload models idle for longer than --keep-alive-s (idle: no request running, counted from when the last

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from starlette.requests import Request
@@ -24,8 +23,8 @@ def model_object(svc: Services, model: ServedModel) -> dict[str, Any]:
         "state": model.state,
         "default": model.pinned,
     }
-    if model.state == LOADING and model.loading_since is not None:
-        body["loading_seconds"] = round(time.monotonic() - model.loading_since, 1)
+    if model.loading_seconds is not None:
+        body["loading_seconds"] = model.loading_seconds
     if model.error is not None and model.state != LOADED:
         body["error"] = model.error
     if model.last_info is not None:
