@@ -150,9 +150,8 @@ class StepLoop:
                 hosts[host] = _Hosted(command.engine)
                 continue
             hosted = hosts.get(host)
-            if (
-                hosted is None
-            ):  # the engine has stopped (or never attached): its commands are answered, not run
+            if hosted is None:
+                # the engine has stopped (or never attached): its commands are answered, not run
                 self._refuse(host, command)
                 continue
             if isinstance(command, _Stop):

@@ -71,9 +71,8 @@ class DraftProposer:
             if not out.scheduled:
                 break
             result = self.runner.execute(out)
-            if out.num_batched_tokens <= 2 * len(
-                out.scheduled
-            ):  # a decode round (catching up a context is not)
+            # a decode round (catching up a context is not)
+            if out.num_batched_tokens <= 2 * len(out.scheduled):
                 decode_rounds += 1
                 decode_seconds += time.perf_counter() - started
             sampled = result.seq_id_to_token_id()

@@ -122,13 +122,11 @@ class GuidedDecoder:
         row_bytes = bitmask.shape[1] * 4
         for matcher, j, before in entries:
             row = bitmask.data_ptr() + j * row_bytes
-            if (
-                before
-            ):  # a verification row: the matcher as it would be with the proposed tokens before it taken
+            # a verification row: the matcher as it would be with the proposed tokens before it taken
+            if before:
                 taken = matcher.validate_tokens(list(before))
-                if taken < len(
-                    before
-                ):  # the grammar refuses one: this row is never used (its token is rejected)
+                # the grammar refuses one: this row is never used (its token is rejected)
+                if taken < len(before):
                     bitmask[j] = -1
                     continue
                 matcher.consume_tokens(list(before))

@@ -81,9 +81,8 @@ def test_a_load_that_can_never_fit_unloads_nobody_and_an_unload_lets_the_engine_
                 ModelLoadRefused, match="cannot be loaded: it needs .* held: .*default model"
             ) as refused:
                 await registry.load("third")
-            left = (
-                registry.budget_bytes - default_bytes
-            )  # what is left once the idle "second" would be unloaded
+            # what is left once the idle "second" would be unloaded
+            left = registry.budget_bytes - default_bytes
             assert f"has {human_bytes(left)} left" in refused.value.message
             assert registry.get("second").state == LOADED  # not unloaded for a load that could not fit anyway
             assert registry.get("third").state == NOT_LOADED  # refused for now, not a broken model
