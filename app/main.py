@@ -40,7 +40,7 @@ from app.http.errors import APIError
 from app.http.key_auth import ApiKeyMiddleware
 from app.http.middleware import AllowedHostsMiddleware, ProxyMiddleware, RequestContextMiddleware
 from app.http.model_catalog import model_entries
-from app.http.model_registry import ModelRegistry
+from app.http.model_registry import ModelRegistry, ReplicaSetFactory
 from app.http.public_prefix import published_prompts
 from app.http.security import make_signer
 from app.http.services import Services
@@ -78,13 +78,20 @@ def create_app(
     settings = ensure_secret_key(settings)
     entries = model_entries(settings)  # two models of one id are refused here
     metrics = Metrics(model_name=entries[0].name)
-    models = ModelRegistry(settings, entries, metrics, factory=model_factory or engine_factory_of)
+    remote = settings.uses_ray and engine_factory is None
+    models = ModelRegistry(
+        settings,
+        entries,
+        metrics,
+        factory=model_factory or engine_factory_of,
+        replica_set=_replica_sets(settings) if remote else None,
+    )
     engine: EngineClient
     shutdown = Shutdown()
-    if settings.uses_ray and engine_factory is None:
+    if remote:
         from app.cluster.replica_engine import ReplicaSetEngine  # Ray loads only when replicas are asked for
 
-        engine = ReplicaSetEngine(settings, metrics=metrics)
+        engine = ReplicaSetEngine(settings, num_models=models.max_loaded, metrics=metrics)
     else:
         engine = AsyncEngine(
             engine_factory or engine_factory_of(settings.engine_config()),
@@ -162,6 +169,18 @@ def create_app(
     return app
 
 
+def _replica_sets(settings: Settings) -> ReplicaSetFactory:
+    """With --replicas, each model loaded on demand is a replica set of its own: a Serve application of its name,
+    on the Ray instance --model's replica set started (or joined)."""
+    from app.cluster.ray_runtime import model_app_name
+    from app.cluster.replica_engine import ReplicaSetEngine
+
+    def replica_set(key: str, config: EngineConfig, metrics: Metrics) -> EngineClient:
+        return ReplicaSetEngine(settings, engine_config=config, app_name=model_app_name(key), metrics=metrics)
+
+    return replica_set
+
+
 def storage_quota(settings: Settings) -> StorageQuota:
     """The store's quota from the settings."""
     return StorageQuota(
@@ -208,6 +227,10 @@ async def _startup(parts: Parts) -> Services:
         logger.warning(revoked_sign_ins_message(settings, num_revoked))
     info = engine.info
     default = parts.models.adopt_default(engine, published)
+    if settings.uses_ray:
+        from app.cluster.replica_engine import restart_on_sighup
+
+        restart_on_sighup(lambda: [model.engine for model in parts.models.loaded()])
     sampling_defaults, public_prefixes = default.sampling_defaults, default.public_prefixes
     chat_model = await make_chat_model(default, store, settings)  # as every other model's, when it loads
     chat = ChatService(

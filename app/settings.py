@@ -398,11 +398,6 @@ class Settings:
             raise ValueError(f"replicas must be at least 1, got {self.replicas}")
         if self.routing not in ROUTING_POLICIES:
             raise ValueError(f"routing must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing!r}")
-        if self.uses_ray and (self.models or self.models_dir):
-            raise ValueError(
-                "several models (--models, a repeated --model, --models-dir) are served by one process; with "
-                "--replicas or --ray-address serve one model per server"
-            )
         if self.threads_per_replica < 0:
             raise ValueError(
                 f"threads_per_replica must be 0 (the engine's) or positive, got {self.threads_per_replica}"

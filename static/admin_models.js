@@ -26,6 +26,13 @@ function button(model, action) {
   return b;
 }
 
+function replicas(model) {
+  // --replicas: each loaded model is its own replica set
+  if (!model.replicas) return "";
+  const running = model.replicas.filter((r) => r.state === "running").length;
+  return " · " + running + "/" + model.replicas.length + " replicas running";
+}
+
 function render(data) {
   $("models-budget").textContent =
     mb(data.held_bytes) + " of a " + mb(data.budget_bytes) + " budget held" +
@@ -36,7 +43,7 @@ function render(data) {
     tr.dataset.state = m.state;
     tr.append(
       cell(m.id + (m.default ? " (default)" : ""), "mono"),
-      cell(m.state.replace("_", " ") + (m.error ? ": " + m.error : "")),
+      cell(m.state.replace("_", " ") + (m.error ? ": " + m.error : "") + replicas(m)),
       cell(mb(m.memory_bytes)),
       cell(m.kv_pool_bytes == null ? "–" : mb(m.kv_pool_bytes)),
       cell(String(m.running)),

@@ -33,6 +33,9 @@ def model_row(svc: Services, model: ServedModel) -> dict[str, Any]:
         row["kv_pool_bytes"] = info.num_blocks * info.kv_block_bytes
         row["max_model_len"] = info.max_model_len
     row["running"] = model.handle.engine.num_in_flight if model.handle is not None else 0
+    health = model.handle.engine.health() if model.handle is not None else None
+    if health is not None:  # --replicas: its own replica set (name, pid, state, in_flight of each)
+        row["replicas"] = health["replicas"]
     return row
 
 

@@ -37,6 +37,7 @@ from engine.core.stats import EngineStats
 if TYPE_CHECKING:
     from app.metrics.metrics import Metrics
     from app.settings import Settings
+    from engine.core.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -72,10 +73,19 @@ class ReplicaSetEngine(StreamRegistry):
         self,
         settings: Settings,
         *,
+        engine_config: EngineConfig | None = None,
+        app_name: str = ray_runtime.APP_NAME,
+        num_models: int = 1,
         metrics: Metrics | None = None,
     ) -> None:
+        """One model's replicas: `engine_config` (unset: --model's) deployed as the Serve application `app_name`;
+        `num_models`: how many models' replicas the Ray instance this may start must make room for."""
         super().__init__(settings.request_timeout_s, metrics)
         self.settings = settings
+        self.engine_config = engine_config or settings.engine_config()
+        self.app_name = app_name
+        self.num_models = num_models
+        self.held_bytes = 0  # every replica's weights and pool, once they serve (EngineClient.held_bytes)
         self.tokenizer: Any = None
         self.ready = False
         self.dead_reason: str | None = None
@@ -88,27 +98,31 @@ class ReplicaSetEngine(StreamRegistry):
         self._pumps: dict[str, asyncio.Task] = {}
         self._replica_of: dict[str, str] = {}  # request id -> the replica serving it
         self._census_task: asyncio.Task | None = None
+        self._seen: set[str] = set()  # every replica name the census or a request has met, dead ones included
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Start or join Ray, deploy the replicas, and return once they serve."""
         try:
-            self._started_ray = await asyncio.to_thread(ray_runtime.start_ray, self.settings)
-            self._handle = await asyncio.to_thread(ray_runtime.deploy, self.settings, str(self._version))
+            self._started_ray = await asyncio.to_thread(ray_runtime.start_ray, self.settings, self.num_models)
+            self._handle = await asyncio.to_thread(self._deploy)
             info, tokenizer = await self._handle.info.remote()
         except BaseException as exc:
             self.dead_reason = f"startup failed: {type(exc).__name__}: {exc}"
-            await asyncio.to_thread(ray_runtime.stop, self._started_ray)
+            await asyncio.to_thread(ray_runtime.stop, self._started_ray, self.app_name)
             raise
+        self.held_bytes = self.settings.replicas * info.held_bytes
         # the front holds no weights, and each replica has a disk tier of its own (see their stats)
         self._info = dataclasses.replace(
             info, weight_memory=None, tier_directory=None, tier_capacity_bytes=None
         )
         self.tokenizer = tokenizer
         await self._take_census()
-        self._census_task = asyncio.create_task(self._census_loop(), name="replica-census")
+        self._census_task = asyncio.create_task(self._census_loop(), name=f"replica-census {self.app_name}")
         self.ready = True
-        self.restart_on_sighup()
+
+    def _deploy(self) -> Any:
+        return ray_runtime.deploy(self.settings, self.engine_config, self.app_name, str(self._version))
 
     async def stop(self) -> None:
         """End the streams, delete the replicas (they drain), and stop Ray if this process started it."""
@@ -117,7 +131,7 @@ class ReplicaSetEngine(StreamRegistry):
             self.abort(request_id)
         if self._census_task is not None:
             self._census_task.cancel()
-        await asyncio.to_thread(ray_runtime.stop, self._started_ray)
+        await asyncio.to_thread(ray_runtime.stop, self._started_ray, self.app_name)
         self._tokenizer_executor.shutdown(wait=False, cancel_futures=True)
 
     async def rolling_restart(self) -> None:
@@ -128,26 +142,19 @@ class ReplicaSetEngine(StreamRegistry):
             return
         self._restarting = True
         self._version += 1
-        logger.warning("rolling restart of the engine replicas (generation %d)", self._version)
+        logger.warning(
+            "rolling restart of the engine replicas of %s (generation %d)", self.app_name, self._version
+        )
         try:
-            await asyncio.to_thread(ray_runtime.deploy, self.settings, str(self._version))
+            await asyncio.to_thread(self._deploy)
         except Exception:
-            logger.exception("the rolling restart failed")
+            logger.exception("the rolling restart of %s failed", self.app_name)
         else:
-            logger.warning("rolling restart done: every replica is of generation %d", self._version)
+            logger.warning(
+                "rolling restart of %s done: every replica is of generation %d", self.app_name, self._version
+            )
         finally:
             self._restarting = False
-
-    def restart_on_sighup(self) -> None:
-        """`kill -HUP <server pid>` restarts the replicas one at a time (the way `serve deploy` rolls them)."""
-
-        def on_hup() -> None:
-            self._restart_task = asyncio.create_task(self.rolling_restart(), name="rolling-restart")
-
-        try:
-            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hup)
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread: no signal to take
-            logger.info("no SIGHUP handler here: rolling restarts need the server's main thread")
 
     @property
     def num_ready(self) -> int:
@@ -231,6 +238,7 @@ class ReplicaSetEngine(StreamRegistry):
             raise first.to_error()
         assert isinstance(first, Accepted), first
         self._replica_of[request_id] = first.replica
+        self._seen.add(first.replica)
         self._pumps[request_id] = asyncio.create_task(
             self._pump(request_id, prompt, call, stream, first.replica), name=f"pump-{request_id}"
         )
@@ -322,7 +330,9 @@ class ReplicaSetEngine(StreamRegistry):
         """The ingress's routing decisions per replica: every replica that got a request (dead ones kept: the
         counts are totals), and every replica the census knows, with zeros until it gets one."""
         unrouted = ReplicaRouting(dict.fromkeys(OUTCOMES, 0), 0, 0, 0, 0)
-        return {**dict.fromkeys(self.replicas, unrouted), **LEDGER.snapshot()}
+        # the ledger is the process's, shared by every model's router: this set's replicas are those it has seen
+        routed = {name: r for name, r in LEDGER.snapshot().items() if name in self._seen}
+        return {**dict.fromkeys(self.replicas, unrouted), **routed}
 
     def replica_report(self) -> ReplicaSetReport:
         """The replicas for /metrics: asked, each one's health and engine stats, and the routing decisions."""
@@ -351,7 +361,7 @@ class ReplicaSetEngine(StreamRegistry):
                 logger.exception("replica census failed")
 
     async def _take_census(self) -> None:
-        actors = await asyncio.to_thread(ray_runtime.replica_actors)
+        actors = await asyncio.to_thread(ray_runtime.replica_actors, self.app_name)
 
         async def ask(name: str, actor: Any) -> ReplicaStatus:
             status = self.replicas.get(name) or ReplicaStatus(name)
@@ -368,6 +378,29 @@ class ReplicaSetEngine(StreamRegistry):
 
         found = await asyncio.gather(*(ask(name, actor) for name, actor in actors))
         self.replicas = {status.name: status for status in found}
+        self._seen.update(self.replicas)
+
+
+_RESTARTS: set[asyncio.Task] = set()  # the rolling restarts under way (a task nobody holds may be collected)
+
+
+def restart_on_sighup(engines: Callable[[], list[Any]]) -> None:
+    """`kill -HUP <server pid>` restarts the replicas of every loaded model, each set one replica at a time (the
+    way `serve deploy` rolls them); `engines`: the loaded models' engine clients, as the signal finds them."""
+
+    def on_hup() -> None:
+        for engine in engines():
+            if isinstance(engine, ReplicaSetEngine):
+                task = asyncio.create_task(
+                    engine.rolling_restart(), name=f"rolling-restart {engine.app_name}"
+                )
+                _RESTARTS.add(task)
+                task.add_done_callback(_RESTARTS.discard)
+
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hup)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread: no signal to take
+        logger.info("no SIGHUP handler here: rolling restarts need the server's main thread")
 
 
 # memory_available_bytes: the machine's, which the replicas share

@@ -140,6 +140,11 @@ class AsyncEngine(StreamRegistry):
         """The replica set for /metrics: None here (one engine; its series carry no replica label)."""
         return None
 
+    @property
+    def held_bytes(self) -> int:
+        """What the engine holds: its weights and its KV pool (EngineUnavailable before it has started)."""
+        return self.info.held_bytes
+
     def _check_serving(self) -> None:
         if self.dead_reason is not None:
             raise EngineUnavailable(f"the engine is not running: {self.dead_reason}")

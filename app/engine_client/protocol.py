@@ -62,6 +62,12 @@ class EngineInfo:
         return self.config.block_size
 
     @property
+    def held_bytes(self) -> int:
+        """One engine's weights and KV pool (a replica set's front holds neither: 0 weights, its replicas' pool)."""
+        weights = self.weight_memory.total if self.weight_memory is not None else 0
+        return weights + self.num_blocks * self.kv_block_bytes
+
+    @property
     def max_model_len(self) -> int:
         max_len = self.config.max_model_len
         assert max_len is not None  # the engine's config is resolved
@@ -108,6 +114,11 @@ class EngineClient(Protocol):
 
     def replica_report(self) -> ReplicaSetReport | None:
         """The replica set for /metrics (None: one engine)."""
+        ...
+
+    @property
+    def held_bytes(self) -> int:
+        """The memory the model's engines hold: weights and KV pools, of every replica."""
         ...
 
     async def add_request(

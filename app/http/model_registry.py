@@ -47,6 +47,10 @@ REAP_INTERVAL_S = 1.0  # how often idle models are looked for
 LOADED, LOADING, NOT_LOADED, FAILED = "loaded", "loading", "not_loaded", "failed"
 
 
+# (a model's id in safe characters, its engine config, its metrics) -> its replica set's client (app/cluster)
+ReplicaSetFactory = Callable[[str, EngineConfig, Metrics], EngineClient]
+
+
 @dataclass(frozen=True)
 class ModelHandle:
     """A loaded model as a request uses it: its engine, the sampling defaults it fills in, its published prefixes."""
@@ -131,15 +135,18 @@ class ModelRegistry:
         metrics: Metrics,
         *,
         factory: Callable[[EngineConfig], EngineFactory] = engine_factory,
+        replica_set: ReplicaSetFactory | None = None,
         budget_bytes: int | None = None,
     ) -> None:
-        """`factory` builds an engine from a model's config (tests give tiny ones); `budget_bytes`: the memory budget
-        (unset: `--memory-budget`, else MODEL_BUDGET_SHARE of the memory available now)."""
+        """`factory` builds an engine from a model's config (tests give tiny ones); `replica_set`, given with
+        --replicas, builds a model's replica set instead; `budget_bytes`: the memory budget (unset:
+        `--memory-budget`, else MODEL_BUDGET_SHARE of the memory available now)."""
         self.settings = settings
         self.metrics = metrics
         self.step_loop = StepLoop()
         self.budget_bytes = budget_bytes or settings.memory_budget_bytes or _default_budget()
         self._factory = factory
+        self._replica_set = replica_set
         self._models = {e.name: ServedModel(e, pinned=i == 0) for i, e in enumerate(entries)}
         self._load_lock = asyncio.Lock()
         self._reaper: asyncio.Task | None = None
@@ -165,6 +172,12 @@ class ModelRegistry:
 
     def loaded(self) -> list[ModelHandle]:
         return [m.handle for m in self._models.values() if m.handle is not None]
+
+    @property
+    def max_loaded(self) -> int:
+        """The most models loaded at once: --models-max, else every one served (the budget may allow fewer)."""
+        limit = self.settings.models_max
+        return min(limit, len(self._models)) if limit else len(self._models)
 
     @property
     def held_bytes(self) -> int:
@@ -250,7 +263,7 @@ class ModelRegistry:
         if model.held_bytes:
             return model.held_bytes
         weights = weight_file_bytes(model.entry.source) or 0
-        return weights + self._pool_bytes()
+        return self.settings.replicas * (weights + self._pool_bytes())  # with --replicas, each one holds both
 
     def _pool_bytes(self) -> int:
         return self.settings.engine.kv_cache_bytes or ON_DEMAND_POOL_BYTES
@@ -406,13 +419,16 @@ class ModelRegistry:
 
     def _client(
         self, model: ServedModel, config: EngineConfig, on_death: Callable[[str], None] | None
-    ) -> AsyncEngine:
+    ) -> EngineClient:
         settings = self.settings
+        metrics = self.metrics if model.pinned else self.metrics.for_model(model.name)
+        if self._replica_set is not None:  # --replicas: its own replica set (Ray Serve restarts a dead one)
+            return self._replica_set(_folder_name(model.name), config, metrics)
         return AsyncEngine(
             self._factory(config),
             max_queued_requests=settings.max_queued_requests,
             request_timeout_s=settings.request_timeout_s,
-            metrics=self.metrics if model.pinned else self.metrics.for_model(model.name),
+            metrics=metrics,
             drain_s=settings.shutdown_grace_s,
             on_death=on_death,
             step_loop=self.step_loop,
@@ -430,10 +446,8 @@ class ModelRegistry:
         )
 
     def _record_loaded(self, model: ServedModel, handle: ModelHandle) -> None:
-        info = handle.info
-        weights = info.weight_memory.total if info.weight_memory is not None else 0
-        model.handle, model.last_info = handle, info
-        model.held_bytes = weights + info.num_blocks * info.kv_block_bytes
+        model.handle, model.last_info = handle, handle.info
+        model.held_bytes = handle.engine.held_bytes
         model.last_used = time.monotonic()
 
 

@@ -2,7 +2,8 @@
 
 One server for the module (Ray starts once): every listener on loopback, /v1 and chat turns served by the replicas,
 /metrics and the admin page show each replica, and a replica killed with SIGKILL mid-reply fails that reply only;
-Serve restarts it and the chat goes on.
+Serve restarts it and the chat goes on. A second model, served beside it, loads on its first request as a replica
+set of its own and unloads with it.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from bench.common.servers import stop_server
 from bench.replicas.metrics import by_replica, delta, routed_counts
-from tests.app.factories import sse_events
+from tests.app.factories import make_tiny_model_dir, sse_events
 from tests.e2e.browser_helpers import chromium_browser, expect
 from tests.e2e.conftest import Server, server_env, start_server
 
@@ -41,6 +43,7 @@ def replicas(tmp_path_factory, tiny_model) -> Iterator[Server]:
             tmp_path,
             tiny_model,
             PAGEDCHAT_REPLICAS="2",
+            PAGEDCHAT_MODELS=f"second={make_tiny_model_dir(1)}",  # loaded by the last test only
             PAGEDCHAT_MAX_MODEL_LEN="1024",
             PAGEDCHAT_DEFAULT_MAX_TOKENS="512",
         ),
@@ -206,9 +209,9 @@ def test_sighup_restarts_the_replicas_one_at_a_time_while_requests_keep_succeedi
     assert set(codes) == {200}, codes  # one replica at a time: the other serves meanwhile
     assert "degraded" in statuses and set(statuses) <= {"ok", "degraded"}, statuses
     deadline = time.monotonic() + 30  # Serve reports the deploy done a moment after the last replica serves
-    while "rolling restart done" not in replicas.log() and time.monotonic() < deadline:
+    while "rolling restart of pagedchat done" not in replicas.log() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert "rolling restart done" in replicas.log()
+    assert "rolling restart of pagedchat done" in replicas.log()
 
 
 def reply(http: httpx.Client, sid: str, content: str) -> list[dict]:
@@ -263,3 +266,54 @@ def test_a_replica_killed_mid_reply_fails_only_that_reply_and_the_chat_goes_on(r
     assert states[0] == "degraded" and states[-1] == "ok", states
     assert set(states) <= {"ok", "degraded"}, states
     assert serving[0]["pid"] not in {r["pid"] for r in health(replicas)["replicas"]["replicas"]}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.budget(seconds=90, why="the second model's own two engine actors start, then stop")
+def test_a_second_model_loads_as_a_replica_set_of_its_own_and_unloads_with_it(replicas):
+    client = openai.OpenAI(base_url=replicas.base_url + "/v1", api_key="unused", max_retries=0)
+    states = {m.id: m.model_extra["state"] for m in client.models.list().data}
+    assert states == {MODEL: "loaded", "second": "not_loaded"}, states
+    default_pids = {r["pid"] for r in health(replicas)["replicas"]["replicas"]}
+
+    answer = client.chat.completions.create(
+        model="second", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0
+    )
+    assert answer.model == "second" and answer.choices[0].message.content
+    base = replicas.base_url + "/api/admin/models"
+    rows = {row["id"]: row for row in httpx.get(base, timeout=10).json()["models"]}
+    second = rows["second"]
+    assert second["state"] == "loaded"
+    assert len(second["replicas"]) == 2 and {r["state"] for r in second["replicas"]} == {"running"}
+    pids = {r["pid"] for r in second["replicas"]}
+    assert len(pids) == 2 and not pids & default_pids  # two new processes, not the default model's replicas
+    assert pids <= descendants(replicas.process.pid)
+    weights = (make_tiny_model_dir(1) / "model.safetensors").stat().st_size
+    # the budget counts each replica's weights (the file's tensors, less its header) and pool
+    per_replica = second["memory_bytes"] / 2
+    assert weights - 64 * 1024 < per_replica - second["kv_pool_bytes"] <= weights, second
+    assert {r["pid"] for r in rows[MODEL]["replicas"]} == default_pids
+    assert {r["pid"] for r in health(replicas)["replicas"]["replicas"]} == default_pids  # /health: --model's
+
+    headers = {"Origin": replicas.base_url}  # a write from the server's own page (loopback: no admin token)
+    unloaded = httpx.post(f"{base}/second/unload", headers=headers, timeout=60)
+    assert unloaded.status_code == 200 and unloaded.json()["state"] == "not_loaded", unloaded.text
+    assert "replicas" not in unloaded.json()
+    deadline = time.monotonic() + 30  # Serve deletes the application: its replicas drain and exit
+    while any(alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, [pid for pid in pids if alive(pid)]
+        time.sleep(0.2)
+    # the default model's replicas serve on
+    assert {r["pid"] for r in health(replicas)["replicas"]["replicas"]} == default_pids
+    again = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert again.model == MODEL

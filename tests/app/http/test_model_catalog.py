@@ -102,11 +102,6 @@ def test_a_models_dir_serves_its_gguf_files_and_model_folders(tmp_path):
         scan_models_dir(tmp_path / "missing")
 
 
-def test_several_models_with_replicas_are_refused():
-    with pytest.raises(ValueError, match="several models .* are served by one process"):
-        Settings(models=("a.gguf",), replicas=2)
-
-
 def test_serve_refuses_a_bad_model_list_in_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path))
     one = _gguf(tmp_path / "a.gguf")

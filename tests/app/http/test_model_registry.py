@@ -1,6 +1,7 @@
 """The model registry (app/http/model_registry.py) with tiny real engines: a load nobody waits for any more still
-ends (and is not stuck "loading"), a load that can never fit unloads nobody, an unload lets the engine go, and a
-deleted tenant's blocks leave the disk tiers of models that are not loaded."""
+ends (and is not stuck "loading"), a load that can never fit unloads nobody, an unload lets the engine go, a
+deleted tenant's blocks leave the disk tiers of models that are not loaded, and with --replicas a model loads as a
+replica set of its own whose every replica the budget counts."""
 
 from __future__ import annotations
 
@@ -12,15 +13,18 @@ import pytest
 
 from app.engine_client.async_engine import AsyncEngine, engine_factory
 from app.http.model_catalog import model_entries
-from app.http.model_registry import LOADED, NOT_LOADED, ModelLoadRefused, ModelRegistry
+from app.http.model_registry import LOADED, NOT_LOADED, ModelLoadRefused, ModelRegistry, ReplicaSetFactory
 from app.metrics.metrics import Metrics
 from engine.core.block_names import BlockName
+from engine.core.config import EngineConfig
 from engine.core.hash_chain import salt_tag
 from engine.core.memory import human_bytes
 from tests.app.factories import make_settings, make_tiny_model_dir
 
 
-def _registry(tmp_path, budget_bytes: int | None = None, **overrides) -> ModelRegistry:
+def _registry(
+    tmp_path, budget_bytes: int | None = None, replica_set: ReplicaSetFactory | None = None, **overrides
+) -> ModelRegistry:
     settings = make_settings(
         tmp_path,
         make_tiny_model_dir(0),
@@ -29,7 +33,9 @@ def _registry(tmp_path, budget_bytes: int | None = None, **overrides) -> ModelRe
         **overrides,
     )
     entries = model_entries(settings)
-    return ModelRegistry(settings, entries, Metrics(entries[0].name), budget_bytes=budget_bytes)
+    return ModelRegistry(
+        settings, entries, Metrics(entries[0].name), replica_set=replica_set, budget_bytes=budget_bytes
+    )
 
 
 async def _with_default(registry: ModelRegistry) -> AsyncEngine:
@@ -115,3 +121,41 @@ def test_a_tenants_blocks_leave_the_disk_tiers_of_models_not_loaded(tmp_path):
     left = sorted(p.name.split("-")[1] for p in tier.rglob("*.kvb"))
     assert left == sorted([theirs.hex(), theirs.hex(), mine.hex(), mine.hex()])
     assert sorted(p.name.startswith("notes-") for p in tier.rglob("*.kvb")) == [False, False, True, True]
+
+
+class TwoReplicas(AsyncEngine):
+    """A replica set's client as the registry sees it: one engine here stands for both replicas, which hold twice
+    what it holds."""
+
+    @property
+    def held_bytes(self) -> int:
+        return 2 * self.info.held_bytes
+
+
+def test_with_replicas_a_model_loads_as_its_own_replica_set_and_the_budget_counts_each_replica(tmp_path):
+    built: list[tuple[str, EngineConfig]] = []
+
+    def replica_set(key: str, config: EngineConfig, metrics: Metrics) -> AsyncEngine:
+        built.append((key, config))
+        return TwoReplicas(engine_factory(config))
+
+    async def scenario() -> None:
+        registry = _registry(tmp_path, replica_set=replica_set, replicas=2)
+        default = await _with_default(registry)
+        try:
+            second = registry.get("second")
+            weights = (make_tiny_model_dir(1) / "model.safetensors").stat().st_size
+            pool = registry.settings.engine.kv_cache_bytes
+            assert registry.need_bytes(second) == 2 * (
+                weights + pool
+            )  # before it loads: each replica's share
+            handle = await registry.load("second")
+            [(key, config)] = built
+            assert key.startswith("second-") and config.model == str(make_tiny_model_dir(1))
+            assert second.held_bytes == 2 * handle.info.held_bytes == handle.engine.held_bytes
+            assert registry.held_bytes == registry.get(registry.default_name).held_bytes + second.held_bytes
+            assert await registry.unload("second") and registry.get("second").state == NOT_LOADED
+        finally:
+            await _stop(registry, default)
+
+    asyncio.run(scenario())
