@@ -26,6 +26,12 @@ function button(model, action) {
   return b;
 }
 
+function state(model) {
+  const text = model.state.replace("_", " ");
+  if (model.loading_seconds != null) return text + " (" + model.loading_seconds.toFixed(1) + " s)";
+  return model.error ? text + ": " + model.error : text;
+}
+
 function replicas(model) {
   // --replicas: each loaded model is its own replica set
   if (!model.replicas) return "";
@@ -43,7 +49,7 @@ function render(data) {
     tr.dataset.state = m.state;
     tr.append(
       cell(m.id + (m.default ? " (default)" : ""), "mono"),
-      cell(m.state.replace("_", " ") + (m.error ? ": " + m.error : "") + replicas(m)),
+      cell(state(m) + replicas(m)),
       cell(mb(m.memory_bytes)),
       cell(m.kv_pool_bytes == null ? "–" : mb(m.kv_pool_bytes)),
       cell(String(m.running)),

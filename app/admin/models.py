@@ -27,6 +27,8 @@ def model_row(svc: Services, model: ServedModel) -> dict[str, Any]:
         "memory_bytes": svc.models.need_bytes(model),
         "error": model.error_detail,
     }
+    if model.loading_seconds is not None:
+        row["loading_seconds"] = model.loading_seconds
     info = model.last_info
     if info is not None:
         row["num_blocks"] = info.num_blocks

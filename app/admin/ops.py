@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from app.engine_client.protocol import EngineUnavailable
 from app.http.admin_auth import check_admin
 from app.http.error_handlers import error_response
 from app.http.errors import from_exception
@@ -68,7 +69,26 @@ async def metrics(request: Request) -> Response:
         svc.metrics.set_replica_set(report)
     elif svc.engine.healthy:
         svc.metrics.set_engine_stats(await svc.engine.stats())
+    svc.metrics.set_other_models(await other_models_stats(svc))
     return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def other_models_stats(svc: Services) -> list[tuple[str, str | None, EngineStats]]:
+    """(model, replica or None, engine stats) of each loaded model other than the default; a model that unloads
+    meanwhile is left out."""
+    found: list[tuple[str, str | None, EngineStats]] = []
+    for handle in svc.models.loaded():
+        if handle.engine is svc.engine:
+            continue
+        report = handle.engine.replica_report()
+        if report is not None:
+            found.extend((handle.name, replica, stats) for replica, stats in report.stats)
+            continue
+        try:
+            found.append((handle.name, None, await handle.engine.stats()))
+        except EngineUnavailable:  # unloaded (or died) since the listing
+            continue
+    return found
 
 
 def service_state(svc: Services) -> dict[str, Any]:

@@ -92,21 +92,29 @@ def scan_models_dir(folder: Path) -> list[ModelEntry]:
     return found
 
 
-def weight_file_bytes(source: str) -> int | None:
-    """Bytes of the files the model's weights load from (a good measure of what they take once loaded: blocks are
-    kept as they are); None where they are not on disk yet (a hub id not fetched)."""
+def weight_files(source: str) -> list[Path]:
+    """The files the model's weights load from; none where they are not on disk yet (a hub id not fetched)."""
     path = Path(source).expanduser()
     if source == DEFAULT_MODEL and not path.exists():
         path = cache_dir() / "models" / DEFAULT_MODEL
         ggufs = sorted(path.glob("*.gguf")) if path.is_dir() else []
-        if ggufs:
-            return ggufs[0].stat().st_size
+        return ggufs[:1]
     if path.is_file():
-        return path.stat().st_size
-    if path.is_dir():
-        files = _weight_files(path)
-        return sum(f.stat().st_size for f in files) if files else None
-    return None
+        return [path]
+    return _weight_files(path) if path.is_dir() else []
+
+
+def weight_file_bytes(source: str) -> int | None:
+    """Bytes of the files the model's weights load from (a good measure of what they take once loaded: blocks are
+    kept as they are); None where they are not on disk yet (a hub id not fetched)."""
+    files = weight_files(source)
+    return sum(f.stat().st_size for f in files) if files else None
+
+
+def weights_written_at(source: str) -> int | None:
+    """When the model's weight files were last written (Unix seconds: OpenAI's `created`); None: not on disk."""
+    files = weight_files(source)
+    return int(max(f.stat().st_mtime for f in files)) if files else None
 
 
 def _weight_files(folder: Path) -> list[Path]:

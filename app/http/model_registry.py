@@ -147,6 +147,7 @@ class ModelRegistry:
         self.budget_bytes = budget_bytes or settings.memory_budget_bytes or _default_budget()
         self._factory = factory
         self._replica_set = replica_set
+        self.started_at = int(time.time())  # the `created` of a model whose files are not on disk yet
         self._models = {e.name: ServedModel(e, pinned=i == 0) for i, e in enumerate(entries)}
         self._load_lock = asyncio.Lock()
         self._reaper: asyncio.Task | None = None

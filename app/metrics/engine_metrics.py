@@ -158,12 +158,15 @@ def add_engine_samples(out: Families, stats: EngineStats, labels: dict[str, str]
 
 
 class EngineStatsCollector(Collector):
-    """The engine series of the last stats set: one engine's (no replica label) or each replica's."""
+    """The engine series of the last stats set: one engine's (no replica label) or each replica's; then those of
+    the other loaded models (several models), in the same shape."""
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
         self.stats: EngineStats | None = None  # one engine
         self.replica_stats: Sequence[tuple[str, EngineStats]] | None = None  # a replica set: (replica, stats)
+        # the other loaded models: (model, replica (None: one engine), stats)
+        self.other_models: Sequence[tuple[str, str | None, EngineStats]] = ()
 
     def collect(self) -> Iterator[Metric]:
         out = Families()
@@ -172,4 +175,7 @@ class EngineStatsCollector(Collector):
                 add_engine_samples(out, stats, {"model_name": self.model_name, "replica": replica})
         elif self.stats is not None:
             add_engine_samples(out, self.stats, {"model_name": self.model_name})
+        for model, replica, stats in self.other_models:
+            labels = {"model_name": model} if replica is None else {"model_name": model, "replica": replica}
+            add_engine_samples(out, stats, labels)
         yield from out

@@ -8,6 +8,7 @@ outcome: app/metrics/cluster_metrics.py). Latencies are observed in the ingress,
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 
@@ -168,7 +169,7 @@ class Metrics:
 
     def for_model(self, model_name: str) -> Metrics:
         """The same series, labelled with another served model (several models: app/http/model_registry.py). Its
-        engine gauges stay the default model's."""
+        engine gauges come through `set_other_models`."""
         view = copy.copy(self)
         view.model_name = model_name
         return view
@@ -215,6 +216,10 @@ class Metrics:
     def set_engine_stats(self, stats: EngineStats) -> None:
         """The stats the next scrape reports (taken on the engine thread)."""
         self._engine.stats = stats
+
+    def set_other_models(self, stats: Sequence[tuple[str, str | None, EngineStats]]) -> None:
+        """The engine series of the loaded models other than the default: (model, replica or None, stats)."""
+        self._engine.other_models = stats
 
     def set_replica_set(self, report: ReplicaSetReport) -> None:
         """What the next scrape reports of a replica set: each serving replica's engine series (labelled by

@@ -7,6 +7,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from app.http.model_catalog import weights_written_at
 from app.http.model_registry import LOADED, LOADING, ServedModel
 from app.http.security import api_caller
 from app.http.services import Services, services
@@ -18,7 +19,8 @@ def model_object(svc: Services, model: ServedModel) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": model.name,
         "object": "model",
-        "created": 0,
+        # when its weights were written; a hub id not fetched yet: when this server started
+        "created": weights_written_at(model.entry.source) or svc.models.started_at,
         "owned_by": "pagedchat",
         "state": model.state,
         "default": model.pinned,

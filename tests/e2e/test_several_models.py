@@ -87,6 +87,9 @@ def test_models_are_listed_with_their_state_and_the_default_alone_loaded(client)
     assert _states(client) == {"tiny": "loaded", "second": "not_loaded", "third": "not_loaded"}
     assert client.models.retrieve("second").model_extra["state"] == "not_loaded"
     assert client.models.retrieve("tiny").model_extra["default"] is True
+    # created: when the model's weights were written
+    weights = make_tiny_model_dir(1) / "model.safetensors"
+    assert client.models.retrieve("second").created == int(weights.stat().st_mtime)
     with pytest.raises(openai.NotFoundError, match="'tiny', 'second', 'third'"):
         client.models.retrieve("fourth")
     with pytest.raises(openai.NotFoundError, match="this server serves 'tiny', 'second', 'third'"):
@@ -156,6 +159,11 @@ def test_the_admin_api_loads_and_unloads_a_model(client, server):
         ("third", "loaded"),
     ]
     assert listed["budget_bytes"] >= listed["held_bytes"] > 0
+    # /metrics: each loaded model's engine gauges, under its own model_name
+    text = httpx.get(server.base_url + "/metrics", headers=server.admin_headers, timeout=30).text
+    pattern = r'^pagedchat:kv_cache_blocks_total\{model_name="([^"]+)"\} (\S+)$'
+    blocks = {model: float(value) for model, value in re.findall(pattern, text, re.MULTILINE)}
+    assert blocks == {m["id"]: m["num_blocks"] for m in listed["models"] if m["state"] == "loaded"}, blocks
 
 
 def test_a_model_idle_past_keep_alive_unloads(server_factory):
@@ -276,6 +284,8 @@ def test_the_chat_socket_answers_while_a_model_loads_and_a_stop_then_cancels_the
             (error,) = [f for f in frames if f["type"] == "error"]
             assert error["code"] == "stopped_before_start"
             assert http.get(f"/api/sessions/{sid}").json()["messages"] == []  # nothing stored
+            admin_rows = http.get("/api/admin/models", headers=running.admin_headers).json()["models"]
+            assert admin_rows[1]["state"] == "loading" and admin_rows[1]["loading_seconds"] >= 0.5, admin_rows
             deadline = time.monotonic() + 20
             while http.get("/api/models").json()["models"][1]["state"] != "loaded":
                 assert time.monotonic() < deadline
