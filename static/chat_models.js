@@ -21,6 +21,13 @@ export function chatModel(session) {
   return (preset && preset.settings.model) || defaultModel;
 }
 
+/** What a chat on the model `name` (null: the server's default) fills in for the settings it leaves out, once that
+ * model has loaded: {values, sources} (sources: server, model or built-in); null while it is not known. */
+export function modelDefaults(name) {
+  const model = models.find((m) => m.id === (name || defaultModel));
+  return model && model.chat_defaults ? { values: model.chat_defaults, sources: model.chat_default_sources } : null;
+}
+
 /** Fill the picker from GET /api/models (the models served, each with its state). */
 export async function loadModels() {
   if (!ui.modelPicker) return;
@@ -78,6 +85,7 @@ async function pickModel() {
   const updated = await api("PATCH", "/api/sessions/" + encodeURIComponent(state.current.id), { settings });
   Object.assign(state.current, updated);
   renderPicker();
+  document.dispatchEvent(new Event("chat-model-change")); // the settings panel shows the new model's defaults
   if (model === before || !document.querySelector("#messages .msg")) return;
   let tokens = null;
   try {  // the history as the chat's current model counts it (the new one may not be loaded yet)

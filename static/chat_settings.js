@@ -2,7 +2,7 @@
 // where its value comes from (this chat, the preset, the server's default); the server checks what is saved, and
 // its error shows next to the field it names.
 import { api } from "./chat_api.js";
-import { showChatModel } from "./chat_models.js";
+import { modelDefaults, showChatModel } from "./chat_models.js";
 import { createSession } from "./chat_sessions.js";
 import { DEFAULT_TITLE, SETTING_FIELDS, state, ui } from "./chat_state.js";
 import { el } from "./chat_view.js";
@@ -39,9 +39,20 @@ function inherited(name, preset) {
     return { value: String(own), kind: "preset", label: "Preset “" + preset.name + "”", title: "" };
   }
   const field = input(name);
-  const [label, title] = SOURCE_LABELS[field.dataset.defaultSource] || SOURCE_LABELS.server;
-  const none = name === "system_prompt" && !field.dataset.default;
-  return { value: field.dataset.default, kind: "server", label: none ? label + ": none" : label, title };
+  // the chat's model's own defaults once it has loaded (each model has its context and generation config), else
+  // the page's: --model's
+  const fromModel = name === "system_prompt" ? null : modelDefaults(formModel(preset));
+  const value = fromModel && fromModel.values[name] != null ? String(fromModel.values[name]) : field.dataset.default;
+  const source = fromModel ? fromModel.sources[name] : field.dataset.defaultSource;
+  const [label, title] = SOURCE_LABELS[source] || SOURCE_LABELS.server;
+  const none = name === "system_prompt" && !value;
+  return { value, kind: "server", label: none ? label + ": none" : label, title };
+}
+
+/** The model the form's chat runs on: its own setting, else the form's preset's (null: the server's default). */
+function formModel(preset) {
+  const own = state.current && state.current.settings && state.current.settings.model;
+  return own || (preset && preset.settings.model) || null;
 }
 
 /** Under each field, where its value comes from; an empty field shows the value it inherits, greyed. */
@@ -287,6 +298,7 @@ export function bindSettings() {
     event.target.removeAttribute("aria-invalid");
     showSources();
   });
+  document.addEventListener("chat-model-change", showSources);
   $("preset-form").addEventListener("submit", savePreset);
   $("default-preset").addEventListener("change", setDefaultPreset);
   $("preset-list").addEventListener("click", onPresetListClick);

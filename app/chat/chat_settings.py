@@ -4,11 +4,16 @@ leaves a field unset (its preset's value, else the server's default)."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.db import PresetRecord, SessionRecord
 from app.http.errors import APIError, bad_request
 from app.http.sampling import sampling_params
+from engine.core.sampling_defaults import default_sources, effective_defaults
+
+if TYPE_CHECKING:
+    from app.engine_client.protocol import EngineInfo
+    from app.settings import Settings
 
 SESSION_SAMPLING_KEYS = (
     "temperature",
@@ -84,6 +89,18 @@ def chat_max_tokens(default_max_tokens: int, max_model_len: int) -> int:
     """What a chat reply may generate when neither the chat nor its preset sets max_tokens (half the context at
     most: the history needs the rest)."""
     return min(default_max_tokens, max_model_len // 2)
+
+
+def chat_defaults(settings: Settings, info: EngineInfo) -> tuple[dict[str, Any], dict[str, str]]:
+    """What a chat turn on the model of `info` fills in for the settings it leaves out, and where each comes from
+    (server, model or built-in): the sampling fields (server flags > its generation config > built-in) and
+    max_tokens (the server's, within half its context)."""
+    server = settings.sampling_defaults
+    values = effective_defaults(server, info.sampling_defaults).given()
+    sources = default_sources(server, info.sampling_defaults)
+    values["max_tokens"] = chat_max_tokens(settings.default_max_tokens, info.max_model_len)
+    sources["max_tokens"] = "server"
+    return values, sources
 
 
 def effective_settings(session: SessionRecord, preset: PresetRecord | None) -> dict[str, Any]:

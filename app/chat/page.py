@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from app.chat.chat_settings import CHAT_TEMPERATURE_RANGE, chat_max_tokens
+from app.chat.chat_settings import CHAT_TEMPERATURE_RANGE, chat_defaults
 from app.http.account_auth import signed_in_account
 from app.http.admin_auth import is_admin
 from app.http.services import Services, services
@@ -54,13 +54,11 @@ class SettingField:
 
 def setting_rows(svc: Services) -> list[list[SettingField]]:
     """The chat settings form's number fields, two to a row; their bounds are the ones the server holds chats to."""
-    d, sources = svc.sampling_defaults, svc.sampling_sources
-    max_tokens = chat_max_tokens(svc.settings.default_max_tokens, svc.engine.info.max_model_len)
+    defaults, sources = chat_defaults(svc.settings, svc.engine.info)  # --model's: the page's own, per model
     low, high = CHAT_TEMPERATURE_RANGE
 
     def field(name: str, label: str, bounds: tuple[float | None, float | None], step: float) -> SettingField:
-        default = max_tokens if name == "max_tokens" else getattr(d, name)
-        return SettingField(name, label, *bounds, step, default, sources.get(name, "server"))
+        return SettingField(name, label, *bounds, step, defaults[name], sources[name])
 
     return [
         [field("temperature", "Temperature", (low, high), 0.05), field("top_p", "Top p", (0, 1), 0.05)],

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from app.chat.branches import path_json, turn_target
-from app.chat.chat_settings import check_session_settings
+from app.chat.chat_settings import chat_defaults, check_session_settings
 from app.chat.reply import SHUTDOWN, Reply
 from app.chat.service import ChatService, ReplyMode, chat_of
 from app.chat.summary import summarize_into_new_chat
@@ -214,9 +214,14 @@ async def list_models(request: Request, svc: Services, owner: str) -> Response:
     del owner
     rows = []
     for model in svc.models.models():
-        row = {"id": model.name, "state": model.state, "default": model.pinned}
+        row: dict[str, Any] = {"id": model.name, "state": model.state, "default": model.pinned}
         if model.loading_seconds is not None:
             row["loading_seconds"] = model.loading_seconds
+        if (
+            model.last_info is not None
+        ):  # loaded once: what a turn on it fills in (the settings form shows it)
+            values, sources = chat_defaults(svc.settings, model.last_info)
+            row["chat_defaults"], row["chat_default_sources"] = values, sources
         rows.append(row)
     return JSONResponse({"models": rows, "default": svc.models.default_name})
 

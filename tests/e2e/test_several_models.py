@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -294,3 +295,41 @@ def test_the_chat_socket_answers_while_a_model_loads_and_a_stop_then_cancels_the
             while (frame := json.loads(ws.recv(timeout=30)))["type"] != "done":
                 pass
             assert frame["message"]["status"] == "finished"
+
+
+def test_the_settings_form_shows_the_defaults_of_the_chats_own_model(server_factory, tmp_path):
+    """Each model has its own context, so its own default max_tokens (half the context at most): once a model has
+    loaded, /api/models gives what a chat turn on it fills in, and the settings form shows that model's, not
+    --model's."""
+    short = tmp_path / "short-model"
+    shutil.copytree(make_tiny_model_dir(1), short)
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 256}))
+    running = server_factory(
+        "defaults",
+        model=f"tiny={make_tiny_model_dir(0)}",
+        PAGEDCHAT_MODELS=f"short={short}",
+        PAGEDCHAT_MAX_MODEL_LEN="",  # each model its own context: 1024 and 256 tokens
+        PAGEDCHAT_DEFAULT_MAX_TOKENS="400",
+    )
+
+    def chat_defaults() -> dict[str, Any]:
+        rows = httpx.get(running.base_url + "/api/models", timeout=10).json()["models"]
+        return {row["id"]: row.get("chat_defaults") for row in rows}
+
+    defaults = chat_defaults()
+    assert defaults["tiny"]["max_tokens"] == 400 and defaults["short"] is None  # not loaded yet: not known
+    headers = {**running.admin_headers, "Origin": running.base_url}
+    loaded = httpx.post(running.base_url + "/api/admin/models/short/load", headers=headers, timeout=60)
+    assert loaded.status_code == 200, loaded.text
+    assert chat_defaults()["short"]["max_tokens"] == 128  # half its 256 tokens
+
+    with _browser_page(running, "/") as page:
+        page.click("#toggle-settings")
+        max_tokens = page.locator("#set-max-tokens")
+        expect(max_tokens).to_have_attribute("placeholder", "400")
+        page.locator("#model-picker").select_option("short")
+        expect(max_tokens).to_have_attribute("placeholder", "128")
+        expect(page.locator("#src-max_tokens")).to_have_text("Server default")
+        page.locator("#model-picker").select_option("tiny")
+        expect(max_tokens).to_have_attribute("placeholder", "400")
