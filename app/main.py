@@ -227,7 +227,7 @@ async def _startup(parts: Parts) -> Services:
         logger.warning(revoked_sign_ins_message(settings, num_revoked))
     info = engine.info
     default = parts.models.adopt_default(engine, published)
-    if settings.uses_ray:
+    if parts.engine.health() is not None:  # --replicas: SIGHUP rolls the replica sets instead of stopping
         from app.cluster.replica_engine import restart_on_sighup
 
         restart_on_sighup(lambda: [model.engine for model in parts.models.loaded()])

@@ -398,6 +398,15 @@ class Settings:
             raise ValueError(f"replicas must be at least 1, got {self.replicas}")
         if self.routing not in ROUTING_POLICIES:
             raise ValueError(f"routing must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing!r}")
+        if (
+            (self.models or self.models_dir)
+            and self.ray_address not in ("", "local")
+            and not self.memory_budget_bytes
+        ):
+            raise ValueError(
+                "several models on a Ray cluster (--ray-address) need --memory-budget: the default is a share of this "
+                "machine's memory, and the replicas hold theirs on the cluster's machines"
+            )
         if self.threads_per_replica < 0:
             raise ValueError(
                 f"threads_per_replica must be 0 (the engine's) or positive, got {self.threads_per_replica}"

@@ -32,8 +32,8 @@ export function modelDefaults(name) {
 export async function loadModels() {
   if (!ui.modelPicker) return;
   const data = await api("GET", "/api/models");
-  models = data.models;
   defaultModel = data.default;
+  takeModels(data);
   renderPicker();
 }
 
@@ -110,7 +110,7 @@ export async function watchLoading() {
     } catch (e) {
       break;
     }
-    models = data.models;
+    takeModels(data);
     const model = models.find((m) => m.id === name);
     if (!model || model.state === "loaded" || model.state === "failed") break;
     if (model.state === "loading") {
@@ -123,11 +123,19 @@ export async function watchLoading() {
   renderPicker();
 }
 
+/** Take a new GET /api/models answer; a model that has loaded since brings its own defaults to the settings form. */
+function takeModels(data) {
+  const known = (list) => list.filter((m) => m.chat_defaults).map((m) => m.id).join("\n");
+  const before = known(models);
+  models = data.models;
+  if (known(models) !== before) document.dispatchEvent(new Event("chat-model-change"));
+}
+
 async function refreshStates() {
   if (document.hidden || state.awaitingStart) return; // watchLoading polls meanwhile
   try {
     const data = await api("GET", "/api/models");
-    models = data.models;
+    takeModels(data);
     if (document.activeElement !== ui.modelPicker) renderPicker(); // never under an open dropdown
   } catch (e) {
     // the connection line says when the server cannot be reached

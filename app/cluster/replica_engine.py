@@ -13,6 +13,7 @@ metrics read the replicas (name, pid, load, cached blocks) from it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import signal
@@ -44,6 +45,7 @@ T = TypeVar("T")
 CENSUS_PERIOD_S = 1.0
 CENSUS_TIMEOUT_S = 2.0
 CALL_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 300.0  # a replica set's deploy, its model loads included
 
 
 @dataclass
@@ -105,7 +107,7 @@ class ReplicaSetEngine(StreamRegistry):
         """Start or join Ray, deploy the replicas, and return once they serve."""
         try:
             self._started_ray = await asyncio.to_thread(ray_runtime.start_ray, self.settings, self.num_models)
-            self._handle = await asyncio.to_thread(self._deploy)
+            self._handle = await self._deploy_within(START_TIMEOUT_S)
             info, tokenizer = await self._handle.info.remote()
         except BaseException as exc:
             self.dead_reason = f"startup failed: {type(exc).__name__}: {exc}"
@@ -120,6 +122,25 @@ class ReplicaSetEngine(StreamRegistry):
         await self._take_census()
         self._census_task = asyncio.create_task(self._census_loop(), name=f"replica-census {self.app_name}")
         self.ready = True
+
+    async def _deploy_within(self, timeout_s: float) -> Any:
+        """Deploy, and give up after `timeout_s`: replicas the cluster has no room for wait in Serve for good (and a
+        model's load would hold every other load and unload meanwhile). Deleting the application ends the wait."""
+        deploying = asyncio.ensure_future(asyncio.to_thread(self._deploy))
+        try:
+            return await asyncio.wait_for(asyncio.shield(deploying), timeout_s)
+        except asyncio.TimeoutError:
+            states = await asyncio.to_thread(ray_runtime.replica_states, self.app_name)
+            await asyncio.to_thread(ray_runtime.stop, False, self.app_name)
+            with contextlib.suppress(Exception):  # Serve's wait ends: the application is gone
+                await deploying
+            waiting = (
+                ", ".join(f"{n} {state.lower()}" for state, n in sorted(states.items())) or "none started"
+            )
+            raise ValueError(
+                f"the engine replicas of {self.app_name} did not start within {timeout_s:.0f} s (replicas: "
+                f"{waiting}); a replica pending allocation means the Ray cluster has no room for it"
+            ) from None
 
     def _deploy(self) -> Any:
         return ray_runtime.deploy(self.settings, self.engine_config, self.app_name, str(self._version))

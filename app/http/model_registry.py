@@ -199,9 +199,11 @@ class ModelRegistry:
         """Unload every model (the default's engine is the app's to stop) and end the reaper."""
         if self._reaper is not None:
             self._reaper.cancel()
-        for model in self._models.values():
-            if model.loading is not None:
-                model.loading.cancel()
+        loads = [model.loading for model in self._models.values() if model.loading is not None]
+        for load in loads:
+            load.cancel()
+        # each cancelled load cleans up after itself (an engine half started, a replica set half deployed) first
+        await asyncio.gather(*loads, return_exceptions=True)
         for model in self._models.values():
             if model.handle is not None and not model.pinned:
                 await self._unload(model)

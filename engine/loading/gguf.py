@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from engine.core.memory import human_bytes
+from engine.loading import tokenizer_cache
 from engine.loading.gguf_config import (
     PERMUTED_QK_ARCHITECTURES,
     gguf_architecture,
@@ -303,10 +304,15 @@ def load_gguf_tokenizer(path: str | Path, reader: GGUFFile | None = None) -> Any
     import transformers
 
     path = Path(path).expanduser().resolve()
+    saved = tokenizer_cache.read_saved(path)  # built once per file (engine/loading/tokenizer_cache.py)
+    if saved is not None:
+        return saved
     arch = gguf_architecture(open_gguf(path) if reader is None else reader)
     tokenizer_class = getattr(transformers, TOKENIZER_CLASSES[arch])
     # from_pretrained(folder, gguf_file=...) also reads the folder's tokenizer_config.json, which then overrides the
     # file's chat template (the provisioned default-model folder keeps its GGUF beside such files): a folder of one
     with tempfile.TemporaryDirectory(prefix="pagedchat-gguf-") as alone:
         os.symlink(path, Path(alone) / path.name)
-        return tokenizer_class.from_pretrained(alone, gguf_file=path.name)
+        tokenizer = tokenizer_class.from_pretrained(alone, gguf_file=path.name)
+    tokenizer_cache.save(path, tokenizer)
+    return tokenizer

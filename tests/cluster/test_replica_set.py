@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import threading
 from typing import Any
 
 import pytest
@@ -229,6 +230,12 @@ def test_settings_ask_for_replicas_and_say_what_is_wrong():
         Settings(routing="random")
     with pytest.raises(ValueError, match="threads_per_replica"):
         Settings(threads_per_replica=-1)
+    with pytest.raises(
+        ValueError, match=r"several models on a Ray cluster \(--ray-address\) need --memory-budget"
+    ):
+        Settings(ray_address="10.0.0.5:6379", models=("b.gguf",))
+    Settings(ray_address="10.0.0.5:6379", models=("b.gguf",), memory_budget_bytes=8 << 30)
+    Settings(replicas=2, models=("b.gguf",))  # a local Ray: this machine's memory, as without replicas
 
 
 def test_loopback_environment_is_set_for_ray(monkeypatch):
@@ -293,3 +300,36 @@ def test_refusals_and_failures_cross_the_wire_as_the_same_exceptions():
     assert Rejected.from_error(RuntimeError("other")) is None
     assert type(Failed("late", timed_out=True).to_error()) is RequestTimedOut
     assert type(Failed("boom").to_error()) is RequestFailed
+
+
+def test_replicas_the_cluster_has_no_room_for_are_given_up_with_their_states(monkeypatch):
+    """Serve waits for good for replicas pending allocation: the start gives up after its time, deletes the
+    application (which ends Serve's wait) and says why, and a load waiting on it is free again."""
+    from app.cluster import ray_runtime
+    from app.cluster import replica_engine as module
+
+    deleted = threading.Event()
+    stops: list[tuple[bool, str]] = []
+
+    def deploy(*_: Any) -> Any:
+        deleted.wait(10)  # serve.run's wait, until the application is deleted
+        raise RuntimeError(
+            "Waiting for application pagedchat-x to be RUNNING, but application doesn't exist."
+        )
+
+    def stop(started_ray: bool, app_name: str) -> None:
+        stops.append((started_ray, app_name))
+        deleted.set()
+
+    monkeypatch.setattr(ray_runtime, "start_ray", lambda *_: False)
+    monkeypatch.setattr(ray_runtime, "deploy", deploy)
+    monkeypatch.setattr(ray_runtime, "stop", stop)
+    monkeypatch.setattr(ray_runtime, "replica_states", lambda _: {"PENDING_ALLOCATION": 2})
+    monkeypatch.setattr(module, "START_TIMEOUT_S", 0.2)
+    engine = ReplicaSetEngine(Settings(replicas=2), app_name="pagedchat-x")
+    with pytest.raises(
+        ValueError, match=r"pagedchat-x did not start within 0 s \(replicas: 2 pending_allocation\)"
+    ):
+        asyncio.run(engine.start())
+    assert stops[0] == (False, "pagedchat-x") and deleted.is_set()
+    assert engine.dead_reason is not None and not engine.ready

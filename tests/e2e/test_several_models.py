@@ -320,16 +320,18 @@ def test_the_settings_form_shows_the_defaults_of_the_chats_own_model(server_fact
     defaults = chat_defaults()
     assert defaults["tiny"]["max_tokens"] == 400 and defaults["short"] is None  # not loaded yet: not known
     headers = {**running.admin_headers, "Origin": running.base_url}
-    loaded = httpx.post(running.base_url + "/api/admin/models/short/load", headers=headers, timeout=60)
-    assert loaded.status_code == 200, loaded.text
-    assert chat_defaults()["short"]["max_tokens"] == 128  # half its 256 tokens
-
     with _browser_page(running, "/") as page:
         page.click("#toggle-settings")
         max_tokens = page.locator("#set-max-tokens")
         expect(max_tokens).to_have_attribute("placeholder", "400")
         page.locator("#model-picker").select_option("short")
-        expect(max_tokens).to_have_attribute("placeholder", "128")
+        expect(page.locator("#model-picker")).to_have_value("short")
+        expect(max_tokens).to_have_attribute("placeholder", "400")  # not known before it loads: --model's
+        loaded = httpx.post(running.base_url + "/api/admin/models/short/load", headers=headers, timeout=60)
+        assert loaded.status_code == 200, loaded.text
+        assert chat_defaults()["short"]["max_tokens"] == 128  # half its 256 tokens
+        # the page's next look at the models (every 5 s) brings the loaded model's own defaults to the open form
+        expect(max_tokens).to_have_attribute("placeholder", "128", timeout=15_000)
         expect(page.locator("#src-max_tokens")).to_have_text("Server default")
         page.locator("#model-picker").select_option("tiny")
         expect(max_tokens).to_have_attribute("placeholder", "400")

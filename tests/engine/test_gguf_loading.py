@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engine.core.memory import human_bytes
-from engine.loading import gguf_weights
+from engine.loading import gguf_weights, tokenizer_cache
 from engine.loading.gguf import (
     gguf_hf_config,
     iter_gguf_tensors,
@@ -61,6 +61,42 @@ def test_header_parse_equals_gguf_reader(tmp_path):
         assert np.array_equal(got.data, want.data) and got.data.dtype == want.data.dtype, got.name
     with pytest.raises(ValueError, match="not a GGUF file"):
         open_gguf(Path(tmp_path / "other.gguf").write_bytes(b"GGML" + bytes(60)) and tmp_path / "other.gguf")
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_a_files_tokenizer_is_built_once_then_read_back_the_same(tmp_path, monkeypatch, kind):
+    monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    _, path = make_chat_gguf(tmp_path / f"{kind}.gguf", kind)
+    built = load_gguf_tokenizer(path)
+    kept = tokenizer_cache.tokenizer_file(path.resolve())
+    assert kept.is_file()
+    with monkeypatch.context() as patched:  # a second load must not build: transformers' GGUF path would fail
+        patched.setattr(tempfile, "TemporaryDirectory", None)
+        saved = load_gguf_tokenizer(path)
+    assert type(saved) is type(built)
+    assert saved.backend_tokenizer.to_str() == built.backend_tokenizer.to_str()
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Héllo <b> 12\n\n x"}]
+    assert saved.encode(messages[1]["content"]) == built.encode(messages[1]["content"])
+    assert saved.apply_chat_template(messages, tokenize=False) == built.apply_chat_template(
+        messages, tokenize=False
+    )
+    assert (saved.eos_token_id, saved.bos_token_id, len(saved)) == (
+        built.eos_token_id,
+        built.bos_token_id,
+        len(built),
+    )
+
+    kept.write_bytes(b"not a pickle")  # a damaged copy: built again from the file, and kept again
+    again = load_gguf_tokenizer(path)
+    assert again.backend_tokenizer.to_str() == built.backend_tokenizer.to_str()
+    assert tokenizer_cache.read_saved(path.resolve()) is not None
+    os.utime(path, ns=(1, 1))  # another file under the same name: a key of its own
+    assert tokenizer_cache.tokenizer_file(path.resolve()) != kept
+    load_gguf_tokenizer(path)
+    tokenizer_cache.prune(kept.parent, keep=1)  # the least recently read goes first
+    assert [f.name for f in kept.parent.glob("*.pickle")] == [
+        tokenizer_cache.tokenizer_file(path.resolve()).name
+    ]
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
