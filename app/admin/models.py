@@ -30,9 +30,9 @@ def model_row(svc: Services, model: ServedModel) -> dict[str, Any]:
     if model.loading_seconds is not None:
         row["loading_seconds"] = model.loading_seconds
     info = model.last_info
-    if info is not None:
+    if info is not None:  # each engine's pool; with --replicas every replica has one (as memory_bytes counts)
         row["num_blocks"] = info.num_blocks
-        row["kv_pool_bytes"] = info.num_blocks * info.kv_block_bytes
+        row["kv_pool_bytes"] = svc.settings.replicas * info.num_blocks * info.kv_block_bytes
         row["max_model_len"] = info.max_model_len
     row["running"] = model.handle.engine.num_in_flight if model.handle is not None else 0
     health = model.handle.engine.health() if model.handle is not None else None

@@ -25,7 +25,7 @@ import pytest
 
 from bench.common.servers import stop_server
 from bench.replicas.metrics import by_replica, delta, routed_counts
-from tests.app.factories import make_tiny_model_dir, sse_events
+from tests.app.factories import TINY_BLOCK_BYTES, make_tiny_model_dir, sse_events
 from tests.e2e.browser_helpers import chromium_browser, expect
 from tests.e2e.conftest import Server, server_env, start_server
 
@@ -297,9 +297,10 @@ def test_a_second_model_loads_as_a_replica_set_of_its_own_and_unloads_with_it(re
     assert len(pids) == 2 and not pids & default_pids  # two new processes, not the default model's replicas
     assert pids <= descendants(replicas.process.pid)
     weights = (make_tiny_model_dir(1) / "model.safetensors").stat().st_size
-    # the budget counts each replica's weights (the file's tensors, less its header) and pool
-    per_replica = second["memory_bytes"] / 2
-    assert weights - 64 * 1024 < per_replica - second["kv_pool_bytes"] <= weights, second
+    # the budget counts each replica's weights (the file's tensors, less its header) and pool (blocks of 16 tokens),
+    # as the pool's figure does
+    assert second["kv_pool_bytes"] == 2 * second["num_blocks"] * 16 * TINY_BLOCK_BYTES, second
+    assert weights - 64 * 1024 < (second["memory_bytes"] - second["kv_pool_bytes"]) / 2 <= weights, second
     assert {r["pid"] for r in rows[MODEL]["replicas"]} == default_pids
     assert {r["pid"] for r in health(replicas)["replicas"]["replicas"]} == default_pids  # /health: --model's
 
