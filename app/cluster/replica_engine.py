@@ -96,7 +96,7 @@ class ReplicaSetEngine(StreamRegistry):
         self._started_ray = False
         self._version = 1
         self._restarting = False
-        self._restart_task: asyncio.Task | None = None
+        self._deploying = asyncio.Lock()  # a rolling restart's deploy, or the stop that deletes the app
         self._pumps: dict[str, asyncio.Task] = {}
         self._replica_of: dict[str, str] = {}  # request id -> the replica serving it
         self._census_task: asyncio.Task | None = None
@@ -152,7 +152,8 @@ class ReplicaSetEngine(StreamRegistry):
             self.abort(request_id)
         if self._census_task is not None:
             self._census_task.cancel()
-        await asyncio.to_thread(ray_runtime.stop, self._started_ray, self.app_name)
+        async with self._deploying:  # after a rolling restart under way: it would deploy the deleted app again
+            await asyncio.to_thread(ray_runtime.stop, self._started_ray, self.app_name)
         self._tokenizer_executor.shutdown(wait=False, cancel_futures=True)
 
     async def rolling_restart(self) -> None:
@@ -162,12 +163,15 @@ class ReplicaSetEngine(StreamRegistry):
             logger.warning("a rolling restart is already running")
             return
         self._restarting = True
-        self._version += 1
-        logger.warning(
-            "rolling restart of the engine replicas of %s (generation %d)", self.app_name, self._version
-        )
         try:
-            await asyncio.to_thread(self._deploy)
+            async with self._deploying:
+                if not self.ready:  # stopped (unloaded) meanwhile: nothing left to restart
+                    return
+                self._version += 1
+                logger.warning(
+                    "rolling restart of the engine replicas of %s (generation %d)", self.app_name, self._version
+                )
+                await asyncio.to_thread(self._deploy)
         except Exception:
             logger.exception("the rolling restart of %s failed", self.app_name)
         else:

@@ -333,3 +333,37 @@ def test_replicas_the_cluster_has_no_room_for_are_given_up_with_their_states(mon
         asyncio.run(engine.start())
     assert stops[0] == (False, "pagedchat-x") and deleted.is_set()
     assert engine.dead_reason is not None and not engine.ready
+
+
+def test_a_stop_waits_for_a_rolling_restart_and_a_restart_after_a_stop_deploys_nothing(monkeypatch):
+    """An unload during a rolling restart deletes the application after the restart's deploy, never before it (a
+    deploy after the delete would bring the replicas back with no one to stop them)."""
+    from app.cluster import ray_runtime
+
+    calls: list[str] = []
+    deploying = threading.Event()
+    release = threading.Event()
+
+    def deploy(*_: Any) -> Any:
+        calls.append("deploy")
+        deploying.set()
+        release.wait(10)
+        return object()
+
+    monkeypatch.setattr(ray_runtime, "deploy", deploy)
+    monkeypatch.setattr(ray_runtime, "stop", lambda started, app: calls.append(f"stop {app}"))
+
+    async def scenario() -> None:
+        engine = replica_set([])
+        restart = asyncio.create_task(engine.rolling_restart())
+        await asyncio.to_thread(deploying.wait, 10)
+        stop = asyncio.create_task(engine.stop())
+        await asyncio.sleep(0.1)
+        assert calls == ["deploy"] and not stop.done()  # the delete waits for the deploy under way
+        release.set()
+        await asyncio.gather(restart, stop)
+        assert calls == ["deploy", "stop pagedchat"]
+        await engine.rolling_restart()  # stopped: nothing is deployed again
+        assert calls == ["deploy", "stop pagedchat"]
+
+    asyncio.run(scenario())
