@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import tokenizer_memo
+
 pytest_plugins = ["tests.budget"]  # a time budget per test, and the slowest tests in the summary
 
 if "triton" not in sys.modules and not torch.cuda.is_available():
@@ -27,6 +29,8 @@ def _threads_per_worker() -> int | None:
 if (_THREADS := _threads_per_worker()) is not None:
     torch.set_num_threads(_THREADS)
     os.environ["OMP_NUM_THREADS"] = str(_THREADS)  # the servers and scripts the tests start inherit it
+
+tokenizer_memo.install()  # each model's tokenizer loaded once per worker for the engines the tests build
 
 
 # the folders whose modules take longest (real servers, the real model) run first, so that the two workers end

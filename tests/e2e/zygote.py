@@ -48,9 +48,23 @@ CHEAP_PASSWORD_HASHES_ENV = "PAGEDCHAT_TEST_CHEAP_PASSWORD_HASHES"
 
 
 # ---- the zygote ----------------------------------------------------------------------------------------------
+def warm_tokenizers() -> None:
+    """Every server forked from here takes a copy of the tiny models' tokenizer instead of loading it
+    (tests/tokenizer_memo.py): loaded here once, before any fork."""
+    from engine.loading import engine_model
+    from tests import tokenizer_memo
+
+    tokenizer_memo.install()
+    models = Path(tempfile.gettempdir()) / "pagedchat-test-models"
+    for folder in sorted(models.glob("tiny-llama-smollm2-tok-s*")) if models.is_dir() else []:
+        if (folder / "model.safetensors").is_file():  # built (tests/app/factories.py), not half written
+            engine_model.load_tokenizer(folder)
+
+
 def serve_requests() -> None:
     for name in PRELOAD:
         importlib.import_module(name)
+    warm_tokenizers()
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
