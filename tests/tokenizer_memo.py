@@ -10,11 +10,13 @@ from __future__ import annotations
 import copy
 import functools
 import os
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-_LOADED: dict[tuple[str, str, tuple[tuple[str, int, int], ...]], Any] = {}
+KEPT = 8  # tokenizers kept, the least recently used going first (many tests write a GGUF file of their own)
+_LOADED: OrderedDict[tuple[str, str, tuple[tuple[str, int, int], ...]], Any] = OrderedDict()
 
 
 def _files(path: Path) -> tuple[tuple[str, int, int], ...]:
@@ -34,6 +36,9 @@ def remembering(load: Callable[..., Any]) -> Callable[..., Any]:
         key = (load.__name__, str(resolved), _files(resolved))
         if key not in _LOADED:
             _LOADED[key] = load(path, *args)
+            while len(_LOADED) > KEPT:
+                _LOADED.popitem(last=False)
+        _LOADED.move_to_end(key)
         return copy.deepcopy(_LOADED[key])
 
     wrapped.remembers = True  # type: ignore[attr-defined]
