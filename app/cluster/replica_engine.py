@@ -152,7 +152,8 @@ class ReplicaSetEngine(StreamRegistry):
             self.abort(request_id)
         if self._census_task is not None:
             self._census_task.cancel()
-        async with self._deploying:  # after a rolling restart under way: it would deploy the deleted app again
+        # after a rolling restart under way: it would deploy the deleted app again
+        async with self._deploying:
             await asyncio.to_thread(ray_runtime.stop, self._started_ray, self.app_name)
         self._tokenizer_executor.shutdown(wait=False, cancel_futures=True)
 
@@ -169,7 +170,9 @@ class ReplicaSetEngine(StreamRegistry):
                     return
                 self._version += 1
                 logger.warning(
-                    "rolling restart of the engine replicas of %s (generation %d)", self.app_name, self._version
+                    "rolling restart of the engine replicas of %s (generation %d)",
+                    self.app_name,
+                    self._version,
                 )
                 await asyncio.to_thread(self._deploy)
         except Exception:
