@@ -13,18 +13,17 @@ const STATE_LABELS = { loaded: "loaded", loading: "loading…", not_loaded: "loa
 let models = [];
 let defaultModel = "";
 
-/** The model a chat runs on: its own setting, else its preset's, else the server's default. */
-export function chatModel(session) {
+/** The model a chat runs on: its own setting, else its preset's (`preset`: the one it follows, unless another is
+ * given, as the settings form's), else the server's default. */
+export function chatModel(session, preset = session && state.presets.find((p) => p.id === session.preset_id)) {
   const own = session && session.settings && session.settings.model;
-  if (own) return own;
-  const preset = session && state.presets.find((p) => p.id === session.preset_id);
-  return (preset && preset.settings.model) || defaultModel;
+  return own || (preset && preset.settings.model) || defaultModel;
 }
 
-/** What a chat on the model `name` (null: the server's default) fills in for the settings it leaves out, once that
- * model has loaded: {values, sources} (sources: server, model or built-in); null while it is not known. */
+/** What a chat on the model `name` fills in for the settings it leaves out, once that model has loaded: {values,
+ * sources} (sources: server, model or built-in); null while it is not known. */
 export function modelDefaults(name) {
-  const model = models.find((m) => m.id === (name || defaultModel));
+  const model = models.find((m) => m.id === name);
   return model && model.chat_defaults ? { values: model.chat_defaults, sources: model.chat_default_sources } : null;
 }
 

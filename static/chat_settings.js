@@ -2,7 +2,7 @@
 // where its value comes from (this chat, the preset, the server's default); the server checks what is saved, and
 // its error shows next to the field it names.
 import { api } from "./chat_api.js";
-import { modelDefaults, showChatModel } from "./chat_models.js";
+import { chatModel, modelDefaults, showChatModel } from "./chat_models.js";
 import { createSession } from "./chat_sessions.js";
 import { DEFAULT_TITLE, SETTING_FIELDS, state, ui } from "./chat_state.js";
 import { el } from "./chat_view.js";
@@ -41,7 +41,7 @@ function inherited(name, preset) {
   const field = input(name);
   // the chat's model's own defaults once it has loaded (each model has its context and generation config), else
   // the page's: --model's
-  const fromModel = name === "system_prompt" ? null : modelDefaults(formModel(preset));
+  const fromModel = name === "system_prompt" ? null : modelDefaults(chatModel(state.current, preset));
   const value = fromModel && fromModel.values[name] != null ? String(fromModel.values[name]) : field.dataset.default;
   const source = fromModel ? fromModel.sources[name] : field.dataset.defaultSource;
   const [label, title] = SOURCE_LABELS[source] || SOURCE_LABELS.server;
@@ -49,11 +49,6 @@ function inherited(name, preset) {
   return { value, kind: "server", label: none ? label + ": none" : label, title };
 }
 
-/** The model the form's chat runs on: its own setting, else the form's preset's (null: the server's default). */
-function formModel(preset) {
-  const own = state.current && state.current.settings && state.current.settings.model;
-  return own || (preset && preset.settings.model) || null;
-}
 
 /** Under each field, where its value comes from; an empty field shows the value it inherits, greyed. */
 function showSources() {

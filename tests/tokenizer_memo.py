@@ -50,4 +50,3 @@ def install() -> None:
     from engine.loading import engine_model
 
     engine_model.load_tokenizer = remembering(engine_model.load_tokenizer)
-    engine_model.load_gguf_tokenizer = remembering(engine_model.load_gguf_tokenizer)

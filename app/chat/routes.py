@@ -217,9 +217,8 @@ async def list_models(request: Request, svc: Services, owner: str) -> Response:
         row: dict[str, Any] = {"id": model.name, "state": model.state, "default": model.pinned}
         if model.loading_seconds is not None:
             row["loading_seconds"] = model.loading_seconds
-        if (
-            model.last_info is not None
-        ):  # loaded once: what a turn on it fills in (the settings form shows it)
+        # loaded once: what a turn on it fills in (the settings form shows it)
+        if model.last_info is not None:
             values, sources = chat_defaults(svc.settings, model.last_info)
             row["chat_defaults"], row["chat_default_sources"] = values, sources
         rows.append(row)

@@ -15,13 +15,7 @@ import torch
 from engine.core.config import EngineConfig
 from engine.core.resolve import Machine, ModelFacts, resolve_config, resolve_device, resolve_quantization
 from engine.core.sampling_defaults import SamplingDefaults, from_generation_config
-from engine.loading.gguf import (
-    gguf_hf_config,
-    layer_linears_in_blocks,
-    load_gguf_model,
-    load_gguf_tokenizer,
-    open_gguf,
-)
+from engine.loading.gguf import gguf_hf_config, layer_linears_in_blocks, load_gguf_model, open_gguf
 from engine.loading.loader import (
     eos_token_ids,
     load_generation_config,
@@ -127,10 +121,10 @@ def load_engine_model(config: EngineConfig, machine: Machine) -> EngineModel:
     # the tokenizer is built on a thread while the weights load: its Python (transformers' parse of a 128k vocabulary,
     # ~3 s) overlaps the weights' file reads and dequantization, which release the GIL
     with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as pool:
-        if source.folder is None and reader is not None:  # the file's metadata, parsed once above
-            tokenizer_job = pool.submit(load_gguf_tokenizer, source.meta_path, reader)
-        else:
-            tokenizer_job = pool.submit(load_tokenizer, source.meta_path)
+        # a GGUF file's metadata, parsed once above
+        tokenizer_job = pool.submit(
+            load_tokenizer, source.meta_path, reader if source.folder is None else None
+        )
         model, hf_config = _load_weights(source, resolved, dtype, device, reader)
         tokenizer = tokenizer_job.result()
     generation_config = load_generation_config(source.meta_path)

@@ -11,6 +11,7 @@ import torch
 
 from engine.core.config import EngineConfig
 from engine.loading.gguf import gguf_hf_config, is_gguf_file, load_gguf_tokenizer, open_gguf
+from engine.loading.gguf_file import GGUFFile
 from engine.loading.hub import check_local_options, is_repo_id, resolve_hub_model, safetensors_weights
 from engine.loading.light_config import light_folder_config, names_its_tokenizer
 from engine.loading.provision import DEFAULT_MODEL_NAME, provision_default_model
@@ -80,12 +81,13 @@ def load_generation_config(path: Path) -> Any | None:
     return GenerationConfig.from_pretrained(str(path))
 
 
-def load_tokenizer(path: Path) -> Any:
-    """The folder's tokenizer (fast when available), or the one built from a GGUF file's metadata."""
+def load_tokenizer(path: Path, reader: GGUFFile | None = None) -> Any:
+    """The folder's tokenizer (fast when available), or the one built from a GGUF file's metadata (`reader`: the
+    file, parsed already)."""
     from transformers import AutoTokenizer
 
     if Path(path).suffix == ".gguf":
-        return load_gguf_tokenizer(path)
+        return load_gguf_tokenizer(path, reader)
     # AutoTokenizer loads the model's config (AutoConfig) to choose a class unless it is given one
     light = light_folder_config(path) if names_its_tokenizer(path) else None
     if light is not None:
