@@ -50,6 +50,10 @@ def smollm2_dir() -> Path:
     return provision_default_model()
 
 
+TINY_MODELS = Path(tempfile.gettempdir()) / "pagedchat-test-models"  # built once per machine, reused
+TINY_MODEL_PREFIX = "tiny-llama-smollm2-tok-s"  # then the seed
+
+
 def make_tiny_model_dir(seed: int = 0) -> Path:
     """A random-weight 2-layer Llama (hidden 64) sharing SmolLM2's tokenizer; built once per machine and reused."""
     import torch
@@ -59,8 +63,8 @@ def make_tiny_model_dir(seed: int = 0) -> Path:
 
     source = smollm2_dir()
     vocab_size = json.loads((source / "config.json").read_text())["vocab_size"]
-    root = Path(tempfile.gettempdir()) / "pagedchat-test-models"
-    target = root / f"tiny-llama-smollm2-tok-s{seed}"
+    root = TINY_MODELS
+    target = root / f"{TINY_MODEL_PREFIX}{seed}"
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if (target / "model.safetensors").is_file():

@@ -53,10 +53,10 @@ def warm_tokenizers() -> None:
     (tests/tokenizer_memo.py): loaded here once, before any fork."""
     from engine.loading import engine_model
     from tests import tokenizer_memo
+    from tests.app.factories import TINY_MODEL_PREFIX, TINY_MODELS
 
     tokenizer_memo.install()
-    models = Path(tempfile.gettempdir()) / "pagedchat-test-models"
-    for folder in sorted(models.glob("tiny-llama-smollm2-tok-s*")) if models.is_dir() else []:
+    for folder in sorted(TINY_MODELS.glob(f"{TINY_MODEL_PREFIX}*")) if TINY_MODELS.is_dir() else []:
         if (folder / "model.safetensors").is_file():  # built (tests/app/factories.py), not half written
             engine_model.load_tokenizer(folder)
 
