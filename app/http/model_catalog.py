@@ -3,7 +3,9 @@ each will take in memory before it loads."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,14 +109,28 @@ def weight_files(source: str) -> list[Path]:
 def weight_file_bytes(source: str) -> int | None:
     """Bytes of the files the model's weights load from (a good measure of what they take once loaded: blocks are
     kept as they are); None where they are not on disk yet (a hub id not fetched)."""
-    files = weight_files(source)
-    return sum(f.stat().st_size for f in files) if files else None
+    stats = _weight_stats(source)
+    return sum(s.st_size for s in stats) if stats else None
 
 
 def weights_written_at(source: str) -> int | None:
     """When the model's weight files were last written (Unix seconds: OpenAI's `created`); None: not on disk."""
-    files = weight_files(source)
-    return int(max(f.stat().st_mtime for f in files)) if files else None
+    stats = _weight_stats(source)
+    return int(max(s.st_mtime for s in stats)) if stats else None
+
+
+def _weight_stats(source: str) -> list[os.stat_result]:
+    """The weight files' stats; a file or folder removed since it was listed is left out (a model being replaced
+    on disk while /v1/models is asked: no 500)."""
+    try:
+        files = weight_files(source)
+    except FileNotFoundError:
+        return []
+    stats = []
+    for f in files:
+        with contextlib.suppress(FileNotFoundError):
+            stats.append(f.stat())
+    return stats
 
 
 def _weight_files(folder: Path) -> list[Path]:

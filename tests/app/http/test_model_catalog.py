@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from app.cli import build_parser, repeated_models, serve_main
-from app.http.model_catalog import ModelEntry, model_entries, scan_models_dir, weight_file_bytes
+from app.http import model_catalog
+from app.http.model_catalog import (
+    ModelEntry,
+    model_entries,
+    scan_models_dir,
+    weight_file_bytes,
+    weights_written_at,
+)
 from app.settings import Settings, settings_from_env, split_alias
 from engine.core.options import given_options
 
@@ -100,6 +107,20 @@ def test_a_models_dir_serves_its_gguf_files_and_model_folders(tmp_path):
     assert weight_file_bytes(str(folder)) == 30
     with pytest.raises(ValueError, match="is not a folder"):
         scan_models_dir(tmp_path / "missing")
+
+
+def test_a_weight_file_removed_after_its_listing_is_left_out_instead_of_failing(tmp_path, monkeypatch):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "model-1.safetensors").write_bytes(b"x" * 10)
+    (folder / "model-2.safetensors").write_bytes(b"x" * 20)
+    listed = model_catalog.weight_files(str(folder))
+    (folder / "model-2.safetensors").unlink()  # the model is being replaced on disk: /v1/models must not fail
+    monkeypatch.setattr(model_catalog, "weight_files", lambda source: listed)
+    assert weight_file_bytes(str(folder)) == 10
+    assert weights_written_at(str(folder)) == int((folder / "model-1.safetensors").stat().st_mtime)
+    (folder / "model-1.safetensors").unlink()
+    assert weight_file_bytes(str(folder)) is None and weights_written_at(str(folder)) is None
 
 
 def test_serve_refuses_a_bad_model_list_in_one_line(tmp_path, capsys, monkeypatch):
