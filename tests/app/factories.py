@@ -55,20 +55,22 @@ TINY_MODEL_PREFIX = "tiny-llama-smollm2-tok-s"  # then the seed
 
 
 def make_tiny_model_dir(seed: int = 0) -> Path:
-    """A random-weight 2-layer Llama (hidden 64) sharing SmolLM2's tokenizer; built once per machine and reused."""
-    import torch
+    """A random-weight 2-layer Llama (hidden 64) sharing SmolLM2's tokenizer; built once per machine and reused.
+    torch and transformers are imported only to build it: test modules call this at import, during collection."""
     from filelock import FileLock
-    from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    source = smollm2_dir()
-    vocab_size = json.loads((source / "config.json").read_text())["vocab_size"]
     root = TINY_MODELS
     target = root / f"{TINY_MODEL_PREFIX}{seed}"
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if (target / "model.safetensors").is_file():
             return target
+        import torch
+        from safetensors.torch import save_file
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        source = smollm2_dir()
+        vocab_size = json.loads((source / "config.json").read_text())["vocab_size"]
         staging = Path(tempfile.mkdtemp(dir=root))
         config = LlamaConfig(vocab_size=vocab_size, **TINY_CONFIG)
         torch.manual_seed(seed)
