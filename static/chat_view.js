@@ -64,7 +64,8 @@ function formatSeconds(s) {
   return s < 1 ? Math.round(s * 1000) + " ms" : s.toFixed(s < 10 ? 2 : 1) + " s";
 }
 
-/** The quiet line under an assistant message: tokens, tokens/s, TTFT, cached prompt tokens. */
+/** The quiet line under an assistant message: tokens, tokens/s, TTFT (and a model load waited for), cached prompt
+ * tokens. */
 export function statsText(message) {
   const parts = [];
   const timings = message.timings || {};
@@ -73,6 +74,8 @@ export function statsText(message) {
   }
   if (timings.decode_tokens_per_s != null) parts.push(timings.decode_tokens_per_s.toFixed(1) + " tok/s");
   if (timings.ttft_s != null) parts.push("TTFT " + formatSeconds(timings.ttft_s));
+  // the engine's TTFT starts once the model is loaded: a turn that waited for the load says how long
+  if (timings.model_load_s != null) parts.push("after " + formatSeconds(timings.model_load_s) + " loading the model");
   if (message.prompt_tokens) {
     parts.push((message.cached_tokens || 0) + " of " + message.prompt_tokens + " prompt tokens cached");
   }

@@ -56,6 +56,9 @@ class Reply:
     stop_status: MessageStatus = MessageStatus.STOPPED
     stop_reason: str | None = None  # SHUTDOWN when the server's shutdown cut it: its `done` event says so
     engine: Any = None  # the engine client of the chat's model, which runs it (None: the default model's)
+    # seconds the turn waited for its model to load before the engine had it (None: the model was loaded); the
+    # engine's own timings start at its arrival there, so `done` reports the wait beside them
+    model_load_s: float | None = None
 
     def emit(self, event: dict[str, Any]) -> None:
         self.events.put(event)
@@ -230,6 +233,10 @@ class ReplyWriter:
             status, error = MessageStatus.FAILED, f"internal error: {type(exc).__name__}"
         finally:
             final = draft.final(status, error)
+            if turn.model_load_s is not None:
+                final = dataclasses.replace(
+                    final, timings={**final.timings, "model_load_s": round(turn.model_load_s, 4)}
+                )
             if status in CUT_STATUSES:
                 final = dataclasses.replace(final, reason=turn.stop_reason)
             if draft.stopped_unstarted(status):

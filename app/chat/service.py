@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -275,9 +276,13 @@ class ChatService:
             content = self._check_content(content)
         session, tree, preset = await self.load_chat(owner, session_id)
         settings = effective_settings(session, preset)
+        asked_at, must_load = time.monotonic(), self.must_load(settings)
         async with self.model_of(settings, session_id) as model:
-            return await self._setup_on(model, owner, session, tree, preset, settings, mode, content, target,
+            load_s = time.monotonic() - asked_at if must_load else None
+            turn = await self._setup_on(model, owner, session, tree, preset, settings, mode, content, target,
                                         truncate, attachment_ids)  # fmt: skip
+            turn.model_load_s = load_s
+            return turn
 
     async def _setup_on(
         self,
@@ -522,7 +527,7 @@ class ChatService:
             yield self.default_model
             return
         name = self._served_model_name(settings.get(MODEL_KEY))
-        waiting = session_id is not None and self.models.get(name).handle is None
+        waiting = session_id is not None and self.must_load(settings)
         if waiting:
             self._waiting_for_model.add(session_id)
         try:
@@ -532,6 +537,12 @@ class ChatService:
         finally:
             if waiting:
                 self._waiting_for_model.discard(session_id or "")
+
+    def must_load(self, settings: dict[str, Any]) -> bool:
+        """Whether the model a chat with these settings runs on is not loaded now (its turn waits for the load)."""
+        if self.models is None:
+            return False
+        return self.models.get(self._served_model_name(settings.get(MODEL_KEY))).handle is None
 
     def waiting_for_model(self, session_id: str) -> bool:
         """Whether the session's turn is waiting for its model to load (a Stop then cancels the turn)."""

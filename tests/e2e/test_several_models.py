@@ -197,6 +197,12 @@ def test_the_chat_page_picks_a_model_per_chat_and_a_model_gone_keeps_the_history
         expect(last_reply(page)).to_have_attribute(
             "data-status", re.compile("finished|length"), timeout=REPLY_TIMEOUT_MS
         )
+        # "second" not loaded (an earlier test may have loaded it): this chat's next turn waits for its load
+        unloaded = httpx.post(
+            f"{server.base_url}/api/admin/models/second/unload",
+            headers={**server.admin_headers, "origin": server.base_url},
+        )
+        assert unloaded.status_code == 200 and unloaded.json()["state"] == "not_loaded", unloaded.text
         picker.select_option("second")
         note = page.locator("#model-note")
         expect(note).to_contain_text(
@@ -207,9 +213,14 @@ def test_the_chat_page_picks_a_model_per_chat_and_a_model_gone_keeps_the_history
         expect(last_reply(page)).to_have_attribute(
             "data-status", re.compile("finished|length"), timeout=REPLY_TIMEOUT_MS
         )
+        # its stats line says how long the turn waited for the model, apart from the engine's TTFT
+        expect(last_reply(page).locator(".msg-stats")).to_contain_text(
+            re.compile(r"after [\d.]+ m?s loading the model")
+        )
         session_id = page.evaluate("async () => (await import('/static/chat_state.js')).state.current.id")
         session = page.request.get(f"/api/sessions/{session_id}").json()
         assert session["settings"]["model"] == "second"
+        assert session["messages"][-1]["timings"]["model_load_s"] > 0
         assert {m["id"]: m["state"] for m in page.request.get("/api/models").json()["models"]}[
             "second"
         ] == "loaded"
@@ -295,6 +306,19 @@ def test_the_chat_socket_answers_while_a_model_loads_and_a_stop_then_cancels_the
             while (frame := json.loads(ws.recv(timeout=30)))["type"] != "done":
                 pass
             assert frame["message"]["status"] == "finished"
+            assert "model_load_s" not in frame["timings"]  # the model was loaded: no wait to report
+            # a turn that waits for the load reports the wait beside the engine's TTFT, which starts after it
+            unloaded = http.post("/api/admin/models/second/unload", headers=running.admin_headers)
+            assert unloaded.status_code == 200, unloaded.text
+            ws.send(json.dumps({"type": "message", "content": "Hello again"}))
+            while (frame := json.loads(ws.recv(timeout=30)))["type"] != "done":
+                pass
+            timings = frame["message"]["timings"]
+            assert frame["message"]["status"] == "finished" and timings == frame["timings"]
+            assert timings["model_load_s"] >= 2.0 and timings["ttft_s"] < timings["model_load_s"], timings
+            stored = http.get(f"/api/sessions/{sid}").json()["messages"][-1]
+            # kept with the reply: the page's stats line shows it on reload
+            assert stored["timings"] == timings
 
 
 def test_the_settings_form_shows_the_defaults_of_the_chats_own_model(server_factory, tmp_path):
