@@ -65,6 +65,16 @@ class RoutingLedger:
                 for name in names
             }
 
+    def forget(self, names: set[str]) -> None:
+        """Drop the counts of these replicas: their replica set was deleted (a model unloaded), and a model that
+        loads and unloads all day would otherwise add a few counters per replica each time, for the process's life."""
+        with self._lock:
+            for key in [key for key in self._requests if key[0] in names]:
+                del self._requests[key]
+            for counter in (self._at_longest, self._matched, self._best, self._route_blocks):
+                for name in names:
+                    counter.pop(name, None)
+
     def clear(self) -> None:
         """Forget every count (a fresh replica set, a test)."""
         with self._lock:

@@ -19,7 +19,8 @@ from app.cluster.loopback import (
 )
 from app.cluster.replica import replica_config
 from app.cluster.replica_engine import ReplicaSetEngine, ReplicaStatus, merge_stats
-from app.cluster.routing import RouteKey
+from app.cluster.routing import Decision, RouteKey
+from app.cluster.routing_ledger import LEDGER
 from app.cluster.wire import Accepted, Failed, Rejected, slim, with_prompt
 from app.engine_client.protocol import EngineInfo, EngineOverloaded, EngineUnavailable
 from app.engine_client.request_stream import ReplicaLost, RequestFailed, RequestTimedOut
@@ -337,7 +338,8 @@ def test_replicas_the_cluster_has_no_room_for_are_given_up_with_their_states(mon
 
 def test_a_stop_waits_for_a_rolling_restart_and_a_restart_after_a_stop_deploys_nothing(monkeypatch):
     """An unload during a rolling restart deletes the application after the restart's deploy, never before it (a
-    deploy after the delete would bring the replicas back with no one to stop them)."""
+    deploy after the delete would bring the replicas back with no one to stop them); the deleted replicas' routing
+    counts go with them."""
     from app.cluster import ray_runtime
 
     calls: list[str] = []
@@ -353,8 +355,13 @@ def test_a_stop_waits_for_a_rolling_restart_and_a_restart_after_a_stop_deploys_n
     monkeypatch.setattr(ray_runtime, "deploy", deploy)
     monkeypatch.setattr(ray_runtime, "stop", lambda started, app: calls.append(f"stop {app}"))
 
+    seen = {"pagedchat#gone-1", "pagedchat#gone-2"}  # replicas this set's requests went to
+
     async def scenario() -> None:
         engine = replica_set([])
+        engine._seen.update(seen)
+        for name in seen:
+            LEDGER.record(Decision(name, 1, 1, "longest_prefix", (name,)), 2)
         restart = asyncio.create_task(engine.rolling_restart())
         await asyncio.to_thread(deploying.wait, 10)
         stop = asyncio.create_task(engine.stop())
@@ -365,5 +372,6 @@ def test_a_stop_waits_for_a_rolling_restart_and_a_restart_after_a_stop_deploys_n
         assert calls == ["deploy", "stop pagedchat"]
         await engine.rolling_restart()  # stopped: nothing is deployed again
         assert calls == ["deploy", "stop pagedchat"]
+        assert not set(LEDGER.snapshot()) & seen  # the deleted replicas' routing counts went with them
 
     asyncio.run(scenario())

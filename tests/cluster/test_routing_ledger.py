@@ -56,6 +56,8 @@ def test_ledger_counts_per_replica_and_outcome():
     assert (a.num_at_longest, a.matched_blocks, a.best_matched_blocks, a.route_blocks) == (2, 5, 5, 9)
     assert (b.requests["load_fallback"], b.requests["round_robin"], b.num_at_longest) == (1, 1, 1)
     assert (b.matched_blocks, b.best_matched_blocks) == (3, 7)
+    ledger.forget({"b", "gone"})  # b's replica set was deleted
+    assert list(ledger.snapshot()) == ["a"] and ledger.snapshot()["a"] == a
     ledger.clear()
     assert ledger.snapshot() == {}
     with pytest.raises(RuntimeError, match="unknown routing outcome"):
