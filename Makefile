@@ -34,13 +34,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# pytest writes bytecode caches even where the environment says PYTHONDONTWRITEBYTECODE: else both workers, every
+# server and Ray worker the tests start compile the project from source, and pytest rewrites every test module's
+# asserts again in each process (collection 19 s -> 8 s a worker)
 test: $(STAMP)
 	bash scripts/setup_test_deps.sh
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	# bytecode caches written even where the environment says PYTHONDONTWRITEBYTECODE: else both workers, every
-	# server and Ray worker the tests start compile the project from source, and pytest rewrites every test module's
-	# asserts again in each process (collection 19 s -> 8 s a worker)
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 clean:
