@@ -1,11 +1,14 @@
 // The Models card of the admin page (a server serving several models: docs/operators/several-models.md): each
 // model's state, what it holds of the memory budget, its KV pool and running requests, with Load and Unload.
 // Polled from /api/admin/models; a button posts to /api/admin/models/{id}/load or /unload and shows the answer.
+import { formatBytes } from "./admin_tier.js";
+
 const POLL_MS = 2000;
 const $ = (id) => document.getElementById(id);
 
-function mb(bytes) {
-  return bytes == null ? "–" : (bytes / 1e6).toFixed(bytes < 1e8 ? 1 : 0) + " MB";
+/** The page's one byte format (binary units, as the tier and pool figures), "–" for unknown. */
+function size(bytes) {
+  return bytes == null ? "–" : formatBytes(bytes);
 }
 
 function cell(text, className) {
@@ -41,7 +44,7 @@ function replicas(model) {
 
 function render(data) {
   $("models-budget").textContent =
-    mb(data.held_bytes) + " of a " + mb(data.budget_bytes) + " budget held" +
+    size(data.held_bytes) + " of a " + size(data.budget_bytes) + " budget held" +
     (data.models_max ? " · at most " + data.models_max + " loaded" : "");
   const rows = data.models.map((m) => {
     const tr = document.createElement("tr");
@@ -50,8 +53,8 @@ function render(data) {
     tr.append(
       cell(m.id + (m.default ? " (default)" : ""), "mono"),
       cell(state(m) + replicas(m)),
-      cell(mb(m.memory_bytes)),
-      cell(m.kv_pool_bytes == null ? "–" : mb(m.kv_pool_bytes)),
+      cell(size(m.memory_bytes)),
+      cell(size(m.kv_pool_bytes)),
       cell(String(m.running)),
     );
     const actions = document.createElement("td");
