@@ -15,6 +15,7 @@ from app.http.admin_auth import check_admin
 from app.http.error_handlers import error_response
 from app.http.errors import from_exception
 from app.http.services import Services, services
+from app.metrics.cluster_metrics import ReplicaSetReport
 from engine.core.stats import EngineStats, PoolSnapshot
 
 _STATE_CHARS = "fcu"  # block_states 0 free / 1 cached-evictable / 2 in use, one character per block
@@ -69,26 +70,30 @@ async def metrics(request: Request) -> Response:
         svc.metrics.set_replica_set(report)
     elif svc.engine.healthy:
         svc.metrics.set_engine_stats(await svc.engine.stats())
-    svc.metrics.set_other_models(await other_models_stats(svc))
+    svc.metrics.set_other_models(*await other_models_stats(svc))
     return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-async def other_models_stats(svc: Services) -> list[tuple[str, str | None, EngineStats]]:
-    """(model, replica or None, engine stats) of each loaded model other than the default; a model that unloads
-    meanwhile is left out."""
+async def other_models_stats(
+    svc: Services,
+) -> tuple[list[tuple[str, str | None, EngineStats]], list[tuple[str, ReplicaSetReport]]]:
+    """(model, replica or None, engine stats) of each loaded model other than the default, and (model, report) of
+    those that are replica sets; a model that unloads meanwhile is left out."""
     found: list[tuple[str, str | None, EngineStats]] = []
+    replica_sets: list[tuple[str, ReplicaSetReport]] = []
     for handle in svc.models.loaded():
         if handle.engine is svc.engine:
             continue
         report = handle.engine.replica_report()
         if report is not None:
             found.extend((handle.name, replica, stats) for replica, stats in report.stats)
+            replica_sets.append((handle.name, report))
             continue
         try:
             found.append((handle.name, None, await handle.engine.stats()))
         except EngineUnavailable:  # unloaded (or died) since the listing
             continue
-    return found
+    return found, replica_sets
 
 
 def service_state(svc: Services) -> dict[str, Any]:

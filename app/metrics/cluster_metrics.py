@@ -49,46 +49,55 @@ class ReplicaSetReport:
 
 
 class ClusterCollector(Collector):
-    """The replica set's own series, from the last report set (none before one is)."""
+    """Each replica set's own series, from the last reports set (none before one is), labelled by model: the
+    default model's set (`--model`) and those of the other loaded models (several models with `--replicas`)."""
 
-    def __init__(self) -> None:
-        self.report: ReplicaSetReport | None = None
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name  # the default model's
+        self.report: ReplicaSetReport | None = None  # the default model's replica set
+        # (model, its replica set) of the other loaded models
+        self.others: Sequence[tuple[str, ReplicaSetReport]] = ()
 
     def collect(self) -> Iterator[Metric]:
-        report = self.report
-        if report is None:
-            return
         out = Families()
-        out.add("gauge", "replicas_asked", "Engine replicas asked for (--replicas).", {}, report.asked)
-        up = sum(1 for r in report.replicas if r.up)
-        out.add("gauge", "replicas_ready", "Engine replicas serving.", {}, up)
-        for replica in report.replicas:
-            doc = "Whether an engine replica serves (1) or is starting or unreachable (0)."
-            out.add("gauge", "replica_up", doc, {"replica": replica.name}, int(replica.up))
-        for name, counts in sorted(report.routing.items()):
-            for outcome, num in counts.requests.items():
-                out.add(
-                    "counter",
-                    "routed_requests",
-                    "Requests the ingress routed to a replica, by the router's outcome (longest_prefix, "
-                    "load_fallback, no_prefix, session, round_robin, least_loaded).",
-                    {"replica": name, "outcome": outcome},
-                    num,
-                )
-        for name, counts in sorted(report.routing.items()):
-            out.add(
-                "counter",
-                "routed_matched_blocks",
-                "Leading blocks of the routed requests that their replica held in its cache when routed.",
-                {"replica": name},
-                counts.matched_blocks,
-            )
-        for name, counts in sorted(report.routing.items()):
-            out.add(
-                "counter",
-                "routed_route_blocks",
-                "Full blocks of the requests routed to the replica (what a perfect cache would have held).",
-                {"replica": name},
-                counts.route_blocks,
-            )
+        if self.report is not None:
+            _add_report(out, self.model_name, self.report)
+        for model, report in self.others:
+            _add_report(out, model, report)
         yield from out
+
+
+def _add_report(out: Families, model: str, report: ReplicaSetReport) -> None:
+    of_model = {"model_name": model}
+    out.add("gauge", "replicas_asked", "Engine replicas asked for (--replicas).", of_model, report.asked)
+    up = sum(1 for r in report.replicas if r.up)
+    out.add("gauge", "replicas_ready", "Engine replicas serving.", of_model, up)
+    for replica in report.replicas:
+        doc = "Whether an engine replica serves (1) or is starting or unreachable (0)."
+        out.add("gauge", "replica_up", doc, {**of_model, "replica": replica.name}, int(replica.up))
+    for name, counts in sorted(report.routing.items()):
+        for outcome, num in counts.requests.items():
+            out.add(
+                "counter",
+                "routed_requests",
+                "Requests the ingress routed to a replica, by the router's outcome (longest_prefix, "
+                "load_fallback, no_prefix, session, round_robin, least_loaded).",
+                {**of_model, "replica": name, "outcome": outcome},
+                num,
+            )
+    for name, counts in sorted(report.routing.items()):
+        out.add(
+            "counter",
+            "routed_matched_blocks",
+            "Leading blocks of the routed requests that their replica held in its cache when routed.",
+            {**of_model, "replica": name},
+            counts.matched_blocks,
+        )
+    for name, counts in sorted(report.routing.items()):
+        out.add(
+            "counter",
+            "routed_route_blocks",
+            "Full blocks of the requests routed to the replica (what a perfect cache would have held).",
+            {**of_model, "replica": name},
+            counts.route_blocks,
+        )

@@ -100,7 +100,7 @@ class Metrics:
         self.model_name = model_name
         self._engine = EngineStatsCollector(model_name)
         self.registry.register(self._engine)
-        self._cluster = ClusterCollector()
+        self._cluster = ClusterCollector(model_name)
         self.registry.register(self._cluster)
         self.time_to_first_token = self._histogram(
             "time_to_first_token_seconds", "Time from submission to the first token.", TTFT_BUCKETS
@@ -166,6 +166,7 @@ class Metrics:
         """Label values once the engine has loaded its model."""
         self.model_name = model_name
         self._engine.model_name = model_name
+        self._cluster.model_name = model_name
 
     def for_model(self, model_name: str) -> Metrics:
         """The same series, labelled with another served model (several models: app/http/model_registry.py). Its
@@ -217,9 +218,15 @@ class Metrics:
         """The stats the next scrape reports (taken on the engine thread)."""
         self._engine.stats = stats
 
-    def set_other_models(self, stats: Sequence[tuple[str, str | None, EngineStats]]) -> None:
-        """The engine series of the loaded models other than the default: (model, replica or None, stats)."""
+    def set_other_models(
+        self,
+        stats: Sequence[tuple[str, str | None, EngineStats]],
+        replica_sets: Sequence[tuple[str, ReplicaSetReport]] = (),
+    ) -> None:
+        """The engine series of the loaded models other than the default: (model, replica or None, stats); and
+        the replica set series of those that run as one (`--replicas`): (model, its report)."""
         self._engine.other_models = stats
+        self._cluster.others = replica_sets
 
     def set_replica_set(self, report: ReplicaSetReport) -> None:
         """What the next scrape reports of a replica set: each serving replica's engine series (labelled by

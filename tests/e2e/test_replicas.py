@@ -130,7 +130,8 @@ def test_metrics_and_the_admin_page_show_each_replica_and_the_routing(replicas):
     for name in ("num_requests_running", "num_requests_waiting", "prefix_cache_queries_total", "replica_up"):
         assert set(by_replica(text, name)) == set(names), name
     assert set(by_replica(text, "replica_up").values()) == {1.0}
-    assert "pagedchat:replicas_ready 2.0" in text and "pagedchat:replicas_asked 2.0" in text
+    assert f'pagedchat:replicas_ready{{model_name="{MODEL}"}} 2.0' in text
+    assert f'pagedchat:replicas_asked{{model_name="{MODEL}"}} 2.0' in text
 
     state = httpx.get(f"{replicas.base_url}/api/admin/state", timeout=10).json()
     assert [r["name"] for r in state["replicas"]] == names and state["ready"] == 2
@@ -305,6 +306,13 @@ def test_a_second_model_loads_as_a_replica_set_of_its_own_and_unloads_with_it(re
     assert weights - 64 * 1024 < (second["memory_bytes"] - second["kv_pool_bytes"]) / 2 <= weights, second
     assert {r["pid"] for r in rows[MODEL]["replicas"]} == default_pids
     assert {r["pid"] for r in health(replicas)["replicas"]["replicas"]} == default_pids  # /health: --model's
+    # /metrics: its replica set's own series under its name, beside --model's
+    names = {r["name"] for r in second["replicas"]}
+    text = metrics(replicas)
+    assert 'pagedchat:replicas_ready{model_name="second"} 2.0' in text
+    assert set(by_replica(text, "replica_up")) == names | {r["name"] for r in rows[MODEL]["replicas"]}
+    routed = {replica for replica, _ in routed_counts(text)}
+    assert names <= routed  # every replica of the set has its routing series (0s until a request goes there)
 
     headers = {"Origin": replicas.base_url}  # a write from the server's own page (loopback: no admin token)
     unloaded = httpx.post(f"{base}/second/unload", headers=headers, timeout=60)
@@ -314,8 +322,9 @@ def test_a_second_model_loads_as_a_replica_set_of_its_own_and_unloads_with_it(re
     while any(alive(pid) for pid in pids):
         assert time.monotonic() < deadline, [pid for pid in pids if alive(pid)]
         time.sleep(0.2)
-    # the default model's replicas serve on
+    # the default model's replicas serve on; the second's series left /metrics with it
     assert {r["pid"] for r in health(replicas)["replicas"]["replicas"]} == default_pids
+    assert set(by_replica(metrics(replicas), "replica_up")) == {r["name"] for r in rows[MODEL]["replicas"]}
     again = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
     )

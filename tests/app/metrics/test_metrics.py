@@ -172,8 +172,7 @@ def test_a_replica_set_reports_its_health_and_the_routing_decisions():
     metrics = Metrics("tiny")
     metrics.set_replica_set(make_report())
     scraped = samples(metrics)
-    assert scraped[("pagedchat:replicas_asked", ())] == 2
-    assert scraped[("pagedchat:replicas_ready", ())] == 1
+    assert value(scraped, "replicas_asked") == 2 and value(scraped, "replicas_ready") == 1
     up = {
         dict(labels)["replica"]: v for (name, labels), v in scraped.items() if name == "pagedchat:replica_up"
     }
@@ -190,8 +189,8 @@ def test_a_replica_set_reports_its_health_and_the_routing_decisions():
         ("r0", "no_prefix"): 2,
         ("r-dead", "no_prefix"): 3,
     }
-    assert scraped[("pagedchat:routed_matched_blocks_total", (("replica", "r0"),))] == 20
-    assert scraped[("pagedchat:routed_route_blocks_total", (("replica", "r-dead"),))] == 9
+    assert value(scraped, "routed_matched_blocks_total", replica="r0") == 20
+    assert value(scraped, "routed_route_blocks_total", replica="r-dead") == 9
     # r1 answers no census: no engine series for it (not zeros that would read as an idle replica)
     assert value(scraped, "num_requests_running", replica="r0") == 2
     assert ("pagedchat:num_requests_running", (("model_name", "tiny"), ("replica", "r1"))) not in scraped
@@ -203,8 +202,38 @@ def test_a_replica_set_with_none_serving_still_says_so():
         make_report(replicas=[ReplicaHealth("r0", False), ReplicaHealth("r1", False)], stats=[], routing={})
     )
     scraped = samples(metrics)
-    assert (scraped[("pagedchat:replicas_asked", ())], scraped[("pagedchat:replicas_ready", ())]) == (2, 0)
+    assert (value(scraped, "replicas_asked"), value(scraped, "replicas_ready")) == (2, 0)
     assert not [key for key in scraped if key[0] == "pagedchat:num_requests_running"]
+
+
+def test_each_loaded_models_replica_set_reports_its_health_and_routing_under_its_name():
+    """Several models with --replicas: every loaded model is a replica set of its own, and each one's series carry
+    its model_name beside the replica's."""
+    metrics = Metrics("tiny")
+    metrics.set_replica_set(make_report())
+    coder = make_report(
+        replicas=[ReplicaHealth("c0", True), ReplicaHealth("c1", True)],
+        stats=[("c0", make_stats(num_running=1))],
+        routing={"c0": make_routing(longest_prefix=4, blocks=8), "c1": make_routing()},
+    )
+    metrics.set_other_models([("coder", "c0", make_stats(num_running=1))], [("coder", coder)])
+    scraped = samples(metrics)
+    of_coder = {"model_name": "coder"}
+    assert (value(scraped, "replicas_asked", **of_coder), value(scraped, "replicas_ready", **of_coder)) == (
+        2,
+        2,
+    )
+    assert value(scraped, "replicas_ready") == 1  # the default model's set, as before
+    up = {
+        (dict(labels)["model_name"], dict(labels)["replica"]): v
+        for (name, labels), v in scraped.items()
+        if name == "pagedchat:replica_up"
+    }
+    assert up == {("tiny", "r0"): 1, ("tiny", "r1"): 0, ("coder", "c0"): 1, ("coder", "c1"): 1}
+    assert value(scraped, "routed_requests_total", **of_coder, replica="c0", outcome="longest_prefix") == 4
+    assert value(scraped, "num_requests_running", **of_coder, replica="c0") == 1
+    metrics.set_other_models([], [])  # coder unloaded: its series go with it
+    assert not [key for key in samples(metrics) if ("model_name", "coder") in key[1]]
 
 
 def test_speculative_decoding_is_counted_with_vllms_names_and_acceptance_by_position():
