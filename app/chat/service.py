@@ -279,10 +279,8 @@ class ChatService:
         asked_at, must_load = time.monotonic(), self.must_load(settings)
         async with self.model_of(settings, session_id) as model:
             load_s = time.monotonic() - asked_at if must_load else None
-            turn = await self._setup_on(model, owner, session, tree, preset, settings, mode, content, target,
-                                        truncate, attachment_ids)  # fmt: skip
-            turn.model_load_s = load_s
-            return turn
+            return await self._setup_on(model, owner, session, tree, preset, settings, mode, content, target,
+                                        truncate, attachment_ids, load_s)  # fmt: skip
 
     async def _setup_on(
         self,
@@ -297,6 +295,7 @@ class ChatService:
         target: Target,
         truncate: Truncate | None,
         attachment_ids: list[int],
+        model_load_s: float | None,
     ) -> Reply:
         session_id = session.id
         params, max_tokens = self.sampling(settings, model)
@@ -350,7 +349,7 @@ class ChatService:
             user = fork.user
             user_json = with_siblings(user, tree.sibling_ids(user.id))
         place = self._place(tree, fork, user, prior_ids)
-        turn = Reply(session_id, "chat-" + uuid.uuid4().hex, engine=model.engine)
+        turn = Reply(session_id, "chat-" + uuid.uuid4().hex, engine=model.engine, model_load_s=model_load_s)
         try:
             turn.stream = await model.engine.add_request(
                 turn.request_id,

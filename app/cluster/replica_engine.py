@@ -153,9 +153,11 @@ class ReplicaSetEngine(StreamRegistry):
         if self._census_task is not None:
             self._census_task.cancel()
         # after a rolling restart under way: it would deploy the deleted app again
-        async with self._deploying:
-            await asyncio.to_thread(ray_runtime.stop, self._started_ray, self.app_name)
-        LEDGER.forget(self._seen)  # the replicas are gone, and their routing counts with them
+        try:
+            async with self._deploying:
+                await asyncio.to_thread(ray_runtime.stop, self._started_ray, self.app_name)
+        finally:
+            LEDGER.forget(self._seen)  # the replicas are gone, and their routing counts with them
         self._tokenizer_executor.shutdown(wait=False, cancel_futures=True)
 
     async def rolling_restart(self) -> None:

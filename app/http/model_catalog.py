@@ -120,15 +120,15 @@ def weights_written_at(source: str) -> int | None:
 
 
 def _weight_stats(source: str) -> list[os.stat_result]:
-    """The weight files' stats; a file or folder removed since it was listed is left out (a model being replaced
-    on disk while /v1/models is asked: no 500)."""
+    """The weight files' stats; a file or folder removed (or replaced, or unreadable) since it was listed is left
+    out (a model being replaced on disk while /v1/models is asked: no 500)."""
     try:
         files = weight_files(source)
-    except FileNotFoundError:
+    except OSError:
         return []
     stats = []
     for f in files:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             stats.append(f.stat())
     return stats
 

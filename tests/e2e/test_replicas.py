@@ -112,9 +112,9 @@ def test_metrics_and_the_admin_page_show_each_replica_and_the_routing(replicas):
     before = metrics(replicas)
     hits_before = by_replica(before, "prefix_cache_hits_total")
     model = httpx.get(f"{replicas.base_url}/v1/models", timeout=10).json()["data"][0]["id"]
-    # 16 blocks: more than one request's load is worth (RoutingBounds.blocks_per_request, 8), so a request whose
-    # completion Serve reports only after its reply reached us does not push the next one to the other replica
-    prompt = "A long prefix that every request of this test shares, block after block. " * 16
+    # ~20 blocks: more than two requests' load is worth (RoutingBounds.blocks_per_request, 8 each), so requests whose
+    # completion Serve reports only after their reply reached us do not push the next one to the other replica
+    prompt = "A long prefix that every request of this test shares, block after block. " * 20
     for i in range(3):
         body = {"model": model, "messages": [{"role": "user", "content": f"{prompt}{i}"}], "max_tokens": 2}
         response = httpx.post(f"{replicas.base_url}/v1/chat/completions", json=body, timeout=60)

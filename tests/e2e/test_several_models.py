@@ -198,6 +198,10 @@ def test_the_chat_page_picks_a_model_per_chat_and_a_model_gone_keeps_the_history
             "data-status", re.compile("finished|length"), timeout=REPLY_TIMEOUT_MS
         )
         # "second" not loaded (an earlier test may have loaded it): this chat's next turn waits for its load
+        deadline = time.monotonic() + 30
+        while _states(openai.OpenAI(base_url=server.base_url + "/v1", api_key="-"))["second"] == "loading":
+            assert time.monotonic() < deadline, "second is still loading"
+            time.sleep(0.1)
         unloaded = httpx.post(
             f"{server.base_url}/api/admin/models/second/unload",
             headers={**server.admin_headers, "origin": server.base_url},

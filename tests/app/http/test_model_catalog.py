@@ -122,6 +122,12 @@ def test_a_weight_file_removed_after_its_listing_is_left_out_instead_of_failing(
     (folder / "model-1.safetensors").unlink()
     assert weight_file_bytes(str(folder)) is None and weights_written_at(str(folder)) is None
 
+    def folder_gone(source: str) -> list:
+        raise FileNotFoundError(source)  # removed between its is_dir and its listing
+
+    monkeypatch.setattr(model_catalog, "weight_files", folder_gone)
+    assert weight_file_bytes(str(folder)) is None and weights_written_at(str(folder)) is None
+
 
 def test_serve_refuses_a_bad_model_list_in_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path))
