@@ -49,7 +49,6 @@ function inherited(name, preset) {
   return { value, kind: "server", label: none ? label + ": none" : label, title };
 }
 
-
 /** Under each field, where its value comes from; an empty field shows the value it inherits, greyed. */
 function showSources() {
   const preset = formPreset();
