@@ -128,8 +128,8 @@ static inline __attribute__((always_inline)) void b32_q8_step(int fmt, const uin
         const __m256 scale = _mm256_mul_ps(d, _mm256_broadcast_ss(&ar->d));
         acc[r / 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[r / 2]);
     }
-    if (fmt == Q5_1)
-        for (r = 0; r < NR; r++) mins[r] += m * a[r * act_row].s;
+    if (fmt == Q5_1) /* fused explicitly: left to the compiler, AVX-512's 8 rows rounded apart */
+        for (r = 0; r < NR; r++) mins[r] = fmaf(m, a[r * act_row].s, mins[r]);
 }
 
 /* dot_q8 for NR rows (a constant after inlining): blocks in pairs, each of a pair into its own accumulators (two FMA
