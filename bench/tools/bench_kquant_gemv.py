@@ -1,4 +1,4 @@
-"""Stream the int8 GEMV over weights larger than cache: Q4_K and Q5_K against Q4_0 (Q4_K's bytes per weight).
+"""Stream the int8 GEMV over weights larger than cache: Q4_K, Q5_K and Q6_K against Q4_0 (Q4_K's bytes per weight).
 
     python -m bench.tools.bench_kquant_gemv [--matrices 48] [--rows 1 2 5 16] [--threads 1 2] [--repeat 4]
 
@@ -23,8 +23,8 @@ from engine.native.quant_linear import NativeQuantLinear, load_kernel
 logger = logging.getLogger("bench_kquant_gemv")
 
 OUT_FEATURES, IN_FEATURES = 2048, 8192
-TYPES = (QuantType.Q4_0, QuantType.Q4_K, QuantType.Q5_K)
-FP16_OFFSETS = {QuantType.Q4_0: (0,), QuantType.Q4_K: (0, 2), QuantType.Q5_K: (0, 2)}
+TYPES = (QuantType.Q4_0, QuantType.Q4_K, QuantType.Q5_K, QuantType.Q6_K)
+FP16_OFFSETS = {QuantType.Q4_0: (0,), QuantType.Q4_K: (0, 2), QuantType.Q5_K: (0, 2), QuantType.Q6_K: (208,)}
 
 
 def random_weight(qtype: QuantType, seed: int) -> QuantWeight:

@@ -38,9 +38,21 @@ static inline __attribute__((always_inline)) void pair_weights(int qtype, const 
 static inline __attribute__((always_inline)) void quad_weights(int qtype, const uint8_t *blk, int bb, __m256i u[4],
                                                                __m256 *d, __m256 *m) {
     const int off = qtype == Q4_1 ? 4 : 2;
-    uint32_t dm[4] = {0, 0, 0, 0}; /* fp16 d (and Q4_1's fp16 m above it) */
-    for (int k = 0; k < 4; k++) memcpy(&dm[k], blk + k * bb, qtype == Q4_1 ? 4 : 2);
-    const __m256 f = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dm)); /* [d0 m0 d1 m1 d2 m2 d3 m3] */
+    int dm[4]; /* fp16 d (and Q4_1's fp16 m above it), each read as an integer and inserted into the vector in
+                * registers: four 2-byte stores read back as one 16-byte load missed store forwarding, and Q4_0's
+                * GEMV ran at 11 GB/s against Q4_1's 26 (Zen 4) */
+    for (int k = 0; k < 4; k++) {
+        if (qtype == Q4_1) {
+            uint32_t v;
+            memcpy(&v, blk + k * bb, 4);
+            dm[k] = (int)v;
+        } else {
+            uint16_t v;
+            memcpy(&v, blk + k * bb, 2);
+            dm[k] = v;
+        }
+    }
+    const __m256 f = _mm256_cvtph_ps(_mm_setr_epi32(dm[0], dm[1], dm[2], dm[3])); /* [d0 m0 d1 m1 d2 m2 d3 m3] */
     *d = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 4, 4, 2, 2, 6, 6));
     *m = qtype == Q4_1 ? _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(1, 1, 5, 5, 3, 3, 7, 7))
                        : _mm256_mul_ps(*d, _mm256_set1_ps(-8.0f));
