@@ -36,8 +36,59 @@ static const QFormat *qformat(int qtype) {
     }
 }
 
+#ifdef QL_AVX2
+/* 32 activations times inv rounded to int8 (half to even, as nearbyintf) into out; the sums of its two halves. */
+static inline void kq_round_32(const float *xb, __m256 inv, int8_t *out, int *sum0, int *sum1) {
+    __m256i q[4];
+    for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * k), inv));
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256((__m256i *)out, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    const __m256i s0 = _mm256_add_epi32(q[0], q[1]), s1 = _mm256_add_epi32(q[2], q[3]);
+    __m128i s = _mm_hadd_epi32(_mm_add_epi32(_mm256_castsi256_si128(s0), _mm256_extracti128_si256(s0, 1)),
+                               _mm_add_epi32(_mm256_castsi256_si128(s1), _mm256_extracti128_si256(s1, 1)));
+    s = _mm_hadd_epi32(s, s); /* [sum0, sum1, sum0, sum1] */
+    *sum0 = _mm_cvtsi128_si32(s), *sum1 = _mm_extract_epi32(s, 1);
+}
+
+/* kq_quantize_row in AVX2: the same amax, scale, rounding and sums, 8 values an instruction (a decode step rounds
+ * every linear's input: 1.8 ns a value scalar, on one thread while the others wait). */
+static void kq_quantize_row_avx2(ActKind kind, const float *x, int cols, void *out) {
+    const int bw = kind == ACT_K ? QK_K : QK, nb = cols / bw;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int b = 0; b < nb; b++) {
+        const float *xb = x + (int64_t)b * bw;
+        __m256 m8 = _mm256_setzero_ps();
+        for (int j = 0; j < bw; j += 8) m8 = _mm256_max_ps(m8, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j)));
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        const float d = amax / 127.0f;
+        const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        if (kind == ACT_K) {
+            ActBlockK *a = (ActBlockK *)out + b;
+            a->d = d;
+            for (int g = 0; g < QK_K / QK; g++) {
+                int s0, s1;
+                kq_round_32(xb + QK * g, inv, a->qs + QK * g, &s0, &s1);
+                a->bsums[2 * g] = (int16_t)s0, a->bsums[2 * g + 1] = (int16_t)s1;
+            }
+        } else {
+            ActBlock32 *a = (ActBlock32 *)out + b;
+            int s0, s1;
+            kq_round_32(xb, inv, a->qs, &s0, &s1);
+            a->d = d;
+            a->s = d * (float)(s0 + s1);
+        }
+    }
+}
+#endif
+
 /* One activation row rounded to int8 a block at a time (amax / 127 scales; |q| <= 127), as the format's dot takes. */
 static void kq_quantize_row(ActKind kind, const float *x, int cols, void *out) {
+#ifdef QL_AVX2
+    kq_quantize_row_avx2(kind, x, cols, out);
+    return;
+#endif
     const int bw = kind == ACT_K ? QK_K : QK, nb = cols / bw;
     for (int b = 0; b < nb; b++) {
         const float *xb = x + (int64_t)b * bw;
