@@ -12,7 +12,7 @@ from engine.core.utils import cdiv
 from engine.native import attention as attention_cpu_native
 from engine.native.attention import load_kernel
 from kernels.reference import dequantize_kv_ref, paged_attention_ref, store_kv_ref
-from tests.engine.factories import make_attention_metadata, make_block_tables
+from tests.engine.factories import fp32_attention_tol, make_attention_metadata, make_block_tables
 from tests.engine.test_attention_int8 import _int8_pool
 
 KERNEL = load_kernel()
@@ -21,8 +21,8 @@ pytestmark = pytest.mark.skipif(
 )
 SEQ_LENS = [1, 15, 16, 17, 100, 250]  # one token, block boundaries, several chunks of 16
 BF16_TOL = dict(atol=1e-2, rtol=2**-7)  # one bf16 rounding of outputs up to ~10 (both sides round once)
-FP32_TOL = dict(
-    atol=1e-5, rtol=3e-5
+FP32_TOL = fp32_attention_tol(
+    64
 )  # tiny blocks: one online-softmax merge every 4 tokens, each adding rounding
 
 
@@ -46,6 +46,15 @@ def _reference(q, k_cache, v_cache, tables, rows, seq_lens, scale):
     [
         (torch.float32, 32, 6, 2, 16),
         (torch.float32, 16, 4, 4, 8),
+        (
+            torch.float32,
+            64,
+            8,
+            2,
+            16,
+        ),  # Llama-3.2-1B's, -3B's and -3.1-8B's specialised copies (AVX2; AVX-512: fp16
+        (torch.float32, 128, 6, 2, 16),  # and int8 caches, test_attention_fp16kv / _int8)
+        (torch.float32, 128, 8, 2, 16),
         (torch.float32, 48, 7, 1, 32),
         (torch.bfloat16, 64, 9, 3, 16),  # SmolLM2's specialised copy
         (torch.bfloat16, 64, 8, 2, 16),
@@ -70,7 +79,7 @@ def test_decode_matches_reference(dtype, head_dim, num_heads, num_kv_heads, bloc
     out = torch.empty_like(q)
     KERNEL(q, k_cache, v_cache, rows, seq_lens, tables, out, 0.3)
     expected = _reference(q, k_cache, v_cache, tables, rows.long(), seq_lens, 0.3)
-    tol = FP32_TOL if dtype == torch.float32 else BF16_TOL
+    tol = fp32_attention_tol(head_dim) if dtype == torch.float32 else BF16_TOL
     torch.testing.assert_close(out.float(), expected.float(), **tol)
 
 

@@ -13,7 +13,7 @@ from engine.core.utils import cdiv
 from engine.native.attention import load_kernel
 from engine.worker.device import cpu_has_fast_bf16
 from kernels.reference import paged_attention_ref
-from tests.engine.factories import make_attention_metadata, make_block_tables
+from tests.engine.factories import fp32_attention_tol, make_attention_metadata, make_block_tables
 from tests.engine.gguf_factories import write_tiny_chat_gguf
 
 KERNEL = load_kernel()
@@ -21,7 +21,7 @@ needs_kernel = pytest.mark.skipif(
     KERNEL is None, reason="no C compiler: the native kernel cannot be built here"
 )
 # the kernel's fp32 arithmetic against the reference's, over the same values
-FP32_TOL = dict(atol=1e-5, rtol=3e-5)
+FP32_TOL = fp32_attention_tol(64)
 SEQ_LENS = [1, 15, 16, 17, 100, 250]
 
 
@@ -42,8 +42,17 @@ def _tables(seq_lens, block_size, num_blocks):
 @needs_kernel
 @pytest.mark.parametrize(
     "head_dim,num_heads,num_kv_heads,block_size",
-    [(64, 9, 3, 16), (32, 6, 2, 16), (48, 7, 1, 32), (64, 9, 3, 4), (32, 4, 2, 24)],
-    ids=["smollm2", "gqa", "mqa", "short-blocks", "block-24"],
+    [
+        (64, 9, 3, 16),
+        (64, 8, 2, 16),
+        (128, 6, 2, 16),
+        (128, 8, 2, 16),
+        (32, 6, 2, 16),
+        (48, 7, 1, 32),
+        (64, 9, 3, 4),
+        (32, 4, 2, 24),
+    ],
+    ids=["smollm2", "llama-1b", "llama-3b", "llama-8b", "gqa", "mqa", "short-blocks", "block-24"],
 )
 def test_native_decode_over_fp16_caches_equals_attention_over_their_values(
     head_dim, num_heads, num_kv_heads, block_size
@@ -59,7 +68,7 @@ def test_native_decode_over_fp16_caches_equals_attention_over_their_values(
     KERNEL(q, k_cache, v_cache, rows, seq_lens, tables, out, 0.3)
     starts = torch.arange(len(SEQ_LENS) + 1, dtype=torch.int32)
     expected = paged_attention_ref(q, k_cache.float(), v_cache.float(), tables, starts, seq_lens, 0.3)
-    torch.testing.assert_close(out, expected, **FP32_TOL)
+    torch.testing.assert_close(out, expected, **fp32_attention_tol(head_dim))
 
 
 @needs_kernel

@@ -74,6 +74,9 @@ def test_native_store_quantizes_bit_for_bit_like_the_twin(dtype):
     "dtype,head_dim,num_heads,num_kv_heads,block_size",
     [
         (torch.float32, 64, 9, 3, 16),  # SmolLM2's specialised copy
+        (torch.float32, 64, 8, 2, 16),  # Llama-3.2-1B's, -3B's and -3.1-8B's
+        (torch.float32, 128, 6, 2, 16),
+        (torch.bfloat16, 128, 8, 2, 16),
         (torch.float32, 32, 6, 2, 16),
         (torch.float32, 48, 7, 1, 32),
         (torch.bfloat16, 64, 9, 3, 16),
