@@ -24,7 +24,14 @@ logger = logging.getLogger("bench_kquant_gemv")
 
 OUT_FEATURES, IN_FEATURES = 2048, 8192
 TYPES = (QuantType.Q4_0, QuantType.Q4_K, QuantType.Q5_K, QuantType.Q6_K)
-FP16_OFFSETS = {QuantType.Q4_0: (0,), QuantType.Q4_K: (0, 2), QuantType.Q5_K: (0, 2), QuantType.Q6_K: (208,)}
+FP16_OFFSETS = {  # where each type's blocks keep their fp16 scales
+    QuantType.Q4_0: (0,),
+    QuantType.Q4_1: (0, 2),
+    QuantType.Q8_0: (0,),
+    QuantType.Q4_K: (0, 2),
+    QuantType.Q5_K: (0, 2),
+    QuantType.Q6_K: (208,),
+}
 
 
 def random_weight(qtype: QuantType, seed: int) -> QuantWeight:
