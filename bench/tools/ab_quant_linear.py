@@ -5,7 +5,8 @@ calls alternated on the same weights, medians of each pass.
 
 (`git worktree add /tmp/old HEAD~1` makes OLD_TREE.) Separate processes on a 2-core VM drift ±30% between runs;
 alternating in one process, the same tree against itself reads within ±5%, which is what a kernel change needs. The
-weights are bench_kquant_gemv's: `--matrices` distinct [2048, 8192] matrices that stream from memory.
+weights: `--matrices` distinct [2048, 8192] matrices of random blocks (Llama-3.2-1B's down projection), which
+stream from memory.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from pathlib import Path
 
 import torch
 
-from bench.tools.bench_kquant_gemv import IN_FEATURES, random_weight
+from bench.common.quant_weights import random_blocks
 from engine.native.build import CFLAGS
 from engine.native.quant_format import QuantType
 from engine.native.quant_linear import NativeQuantLinear
+
+OUT_FEATURES, IN_FEATURES = 2048, 8192
 
 
 def build(tree: Path, march: str, out: Path) -> NativeQuantLinear:
@@ -59,7 +62,7 @@ def main() -> None:
             for name, tree in (("old", args.old), ("new", args.new))
         }
         for qtype in (QuantType[t] for t in args.types.split(",")):
-            weights = [random_weight(qtype, seed=i) for i in range(args.matrices)]
+            weights = [random_blocks(qtype, OUT_FEATURES, IN_FEATURES, seed=i) for i in range(args.matrices)]
             size = sum(w.blocks.numel() for w in weights)
             for rows in args.rows:
                 x = torch.randn(rows, IN_FEATURES)

@@ -14,9 +14,9 @@ import argparse
 import logging
 import time
 
-import numpy as np
 import torch
 
+from bench.common.quant_weights import random_blocks
 from engine.native.quant_format import QuantType, QuantWeight
 from engine.native.quant_linear import NativeQuantLinear, load_kernel
 
@@ -24,24 +24,11 @@ logger = logging.getLogger("bench_kquant_gemv")
 
 OUT_FEATURES, IN_FEATURES = 2048, 8192
 TYPES = (QuantType.Q4_0, QuantType.Q4_K, QuantType.Q5_K, QuantType.Q6_K)
-FP16_OFFSETS = {  # where each type's blocks keep their fp16 scales
-    QuantType.Q4_0: (0,),
-    QuantType.Q4_1: (0, 2),
-    QuantType.Q8_0: (0,),
-    QuantType.Q4_K: (0, 2),
-    QuantType.Q5_K: (0, 2),
-    QuantType.Q6_K: (208,),
-}
 
 
 def random_weight(qtype: QuantType, seed: int) -> QuantWeight:
-    """Random blocks with small finite fp16 scales (speed does not depend on how the blocks were chosen)."""
-    gen = np.random.default_rng(seed)
-    nb = IN_FEATURES // qtype.block_weights
-    raw = gen.integers(0, 256, (OUT_FEATURES, nb, qtype.block_bytes), dtype=np.uint8)
-    for offset in FP16_OFFSETS[qtype]:
-        raw[:, :, offset : offset + 2] = np.full((OUT_FEATURES, nb, 1), 0.01, np.float16).view(np.uint8)
-    return QuantWeight(qtype, torch.from_numpy(raw.reshape(OUT_FEATURES, -1)), IN_FEATURES)
+    """One [OUT_FEATURES, IN_FEATURES] matrix of random blocks."""
+    return random_blocks(qtype, OUT_FEATURES, IN_FEATURES, seed)
 
 
 def stream(

@@ -195,9 +195,10 @@ static sequence_fn pick(int is_bf16, int nc, int ng) {
 #endif
 /* The same algorithm in 8-float vectors, laid out for sixteen registers: the kernel of AVX2 CPUs, and of int8 and fp16
  * caches on AVX-512 ones too. On a 2-core AMD EPYC (Zen 4, AVX-512 run as two 256-bit halves) `bench attention`
- * measured it, against the 16-float kernel above, at 64 x 1,024 / 4,096 tokens: int8 3.0 / 13.6 ms a call against
- * 8.6 / 39.1, fp16 6.1 / 17.3 against 9.6 / 39.3; bf16 6.8 / 18.3 against 5.5 / 21.8 and fp32 8.7 / 26.2 against
- * 7.8 / 28.7 (mixed: those keep the 16-float kernel). */
+ * at 64 x 1,024 / 4,096 tokens went from the 16-float kernel to this one: int8 8.6 / 39.1 -> 3.1 / 14.3 ms a call,
+ * fp16 9.6 / 39.3 -> 4.0 / 16.7 (docs/bench/attention-avx512-before.json, attention-avx512.json); bf16 and fp32,
+ * measured the same way in the same hour, were mixed (bf16 5.5 / 21.8 -> 6.8 / 18.3, fp32 7.8 / 28.7 -> 8.7 / 26.2):
+ * those keep the 16-float kernel. */
 #include "attention8.h"
 
 /* Every sequence's tokens are cut into pieces of PIECE_TOKENS (rounded up to whole blocks), a work item a piece, whose

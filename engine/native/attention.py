@@ -226,9 +226,10 @@ def _check_scales(
     return k_scale.stride(0), k_scale.stride(1)
 
 
-def load_kernel() -> NativeDecode | None:
-    """The kernel for this machine, compiling it on first use; None when disabled or it cannot be built."""
-    lib = load_library(SOURCE)
+def load_kernel(march: str = "native") -> NativeDecode | None:
+    """The kernel for this machine, compiling it on first use; None when disabled or it cannot be built. `march`:
+    tests build "x86-64-v3" too, to run AVX2 machines' kernel on an AVX-512 CPU (build.load_library)."""
+    lib = load_library(SOURCE, march)
     if lib is None:
         return None
     with _lock:

@@ -1,5 +1,5 @@
 /* Paged decode attention in 8-float vectors: the kernel attention.c runs on CPUs without AVX-512 (AVX2: sixteen
- * 256-bit registers). attention.c's 16-float kernel keeps a sequence's queries, accumulators and a chunk's partial
+ * 256-bit registers), and for int8 and fp16 caches on AVX-512 ones too. attention.c's 16-float kernel keeps a sequence's queries, accumulators and a chunk's partial
  * sums in 16-lane vectors; compiled for AVX2 each is a pair of registers, GCC spills most of them to the stack and
  * turns its int8 loads into scalar conversions, so that kernel is bound by its own loads and stores (measured on a
  * 2-core Zen 3, 64 x 1,024 tokens: bf16 25 ms, int8 37 ms a call; this one: 7 and 5 ms). Per sequence:
@@ -252,7 +252,7 @@ DEFINE_FAMILY8(i8f32, float, load8_f32, store8_f32, int8_t, load8_i8, 1)   /* in
 DEFINE_FAMILY8(i8bf16, bf16, load8_bf16, store8_bf16, int8_t, load8_i8, 1) /* int8 caches, bf16 q/out */
 DEFINE_FAMILY8(h16f32, float, load8_f32, store8_f32, uint16_t, load8_f16, 0) /* fp16 caches, fp32 q/out */
 
-/* As attention.c's pick: NULL for fp16 caches under bf16 queries. */
+/* The kernel for these dtypes, shape and block size; NULL for fp16 caches under bf16 queries. */
 static sequence_fn pick8(int is_bf16, int kv_format, int nc8, int ng, int block_size) {
     const int ch16 = block_size % 16 == 0;
     if (kv_format == KV_F16) return is_bf16 ? NULL : h16f32_pick(nc8, ng, ch16);

@@ -116,3 +116,20 @@ def fp32_attention_tol(head_dim: int) -> dict[str, float]:
     rtol 3e-5 at head_dim 64, growing with the length of a score's dot (head_dim 128 was up to 1.3e-5 off)."""
     grow = max(1.0, head_dim / 64)
     return {"atol": 1e-5 * grow, "rtol": 3e-5 * grow}
+
+
+# the decode-attention kernel built for this CPU and for AVX2 alone: an AVX-512 CPU runs its own 16-float kernel for
+# caches of the query's dtype and the 8-float one for the rest, an AVX2 CPU the 8-float one for all
+ATTENTION_MARCHES = ["native", "x86-64-v3"]
+
+
+def attention_kernel(march: str):
+    """engine.native.attention's kernel built for `march`; skips the test where it cannot be built here."""
+    import pytest
+
+    from engine.native.attention import load_kernel
+
+    kernel = load_kernel(march)
+    if kernel is None:
+        pytest.skip(f"the attention kernel cannot be built here for {march}")
+    return kernel

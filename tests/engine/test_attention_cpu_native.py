@@ -12,7 +12,13 @@ from engine.core.utils import cdiv
 from engine.native import attention as attention_cpu_native
 from engine.native.attention import load_kernel
 from kernels.reference import dequantize_kv_ref, paged_attention_ref, store_kv_ref
-from tests.engine.factories import fp32_attention_tol, make_attention_metadata, make_block_tables
+from tests.engine.factories import (
+    ATTENTION_MARCHES,
+    attention_kernel,
+    fp32_attention_tol,
+    make_attention_metadata,
+    make_block_tables,
+)
 from tests.engine.test_attention_int8 import _int8_pool
 
 KERNEL = load_kernel()
@@ -64,7 +70,8 @@ def _reference(q, k_cache, v_cache, tables, rows, seq_lens, scale):
         (torch.bfloat16, 32, 4, 2, 24),  # a block size that is no multiple of 16
     ],
 )
-def test_decode_matches_reference(dtype, head_dim, num_heads, num_kv_heads, block_size):
+@pytest.mark.parametrize("march", ATTENTION_MARCHES)
+def test_decode_matches_reference(dtype, head_dim, num_heads, num_kv_heads, block_size, march):
     gen = torch.Generator().manual_seed(head_dim + num_heads)
     num_blocks = sum(cdiv(n, block_size) for n in SEQ_LENS) + 3
     width = cdiv(max(SEQ_LENS), block_size)
@@ -77,7 +84,7 @@ def test_decode_matches_reference(dtype, head_dim, num_heads, num_kv_heads, bloc
     seq_lens = torch.tensor(SEQ_LENS, dtype=torch.int32)
     rows = torch.arange(len(SEQ_LENS), dtype=torch.int32)
     out = torch.empty_like(q)
-    KERNEL(q, k_cache, v_cache, rows, seq_lens, tables, out, 0.3)
+    attention_kernel(march)(q, k_cache, v_cache, rows, seq_lens, tables, out, 0.3)
     expected = _reference(q, k_cache, v_cache, tables, rows.long(), seq_lens, 0.3)
     tol = fp32_attention_tol(head_dim) if dtype == torch.float32 else BF16_TOL
     torch.testing.assert_close(out.float(), expected.float(), **tol)

@@ -13,7 +13,13 @@ from engine.core.utils import cdiv
 from engine.native.attention import load_kernel
 from engine.worker.device import cpu_has_fast_bf16
 from kernels.reference import paged_attention_ref
-from tests.engine.factories import fp32_attention_tol, make_attention_metadata, make_block_tables
+from tests.engine.factories import (
+    ATTENTION_MARCHES,
+    attention_kernel,
+    fp32_attention_tol,
+    make_attention_metadata,
+    make_block_tables,
+)
 from tests.engine.gguf_factories import write_tiny_chat_gguf
 
 KERNEL = load_kernel()
@@ -54,8 +60,9 @@ def _tables(seq_lens, block_size, num_blocks):
     ],
     ids=["smollm2", "llama-1b", "llama-3b", "llama-8b", "gqa", "mqa", "short-blocks", "block-24"],
 )
+@pytest.mark.parametrize("march", ATTENTION_MARCHES)
 def test_native_decode_over_fp16_caches_equals_attention_over_their_values(
-    head_dim, num_heads, num_kv_heads, block_size
+    head_dim, num_heads, num_kv_heads, block_size, march
 ):
     num_blocks = sum(cdiv(n, block_size) for n in SEQ_LENS) + 3
     tables = _tables(SEQ_LENS, block_size, num_blocks)
@@ -63,9 +70,10 @@ def test_native_decode_over_fp16_caches_equals_attention_over_their_values(
     q = torch.randn(len(SEQ_LENS), num_heads, head_dim, generator=torch.Generator().manual_seed(2))
     seq_lens = torch.tensor(SEQ_LENS, dtype=torch.int32)
     rows = torch.arange(len(SEQ_LENS), dtype=torch.int32)
-    assert KERNEL.supports(q, k_cache)
+    kernel = attention_kernel(march)
+    assert kernel.supports(q, k_cache)
     out = torch.full_like(q, float("nan"))
-    KERNEL(q, k_cache, v_cache, rows, seq_lens, tables, out, 0.3)
+    kernel(q, k_cache, v_cache, rows, seq_lens, tables, out, 0.3)
     starts = torch.arange(len(SEQ_LENS) + 1, dtype=torch.int32)
     expected = paged_attention_ref(q, k_cache.float(), v_cache.float(), tables, starts, seq_lens, 0.3)
     torch.testing.assert_close(out, expected, **fp32_attention_tol(head_dim))

@@ -10,7 +10,12 @@ from engine.attention.torch_backend import TorchAttentionBackend
 from engine.core.utils import cdiv
 from engine.native.attention import load_kernel
 from kernels.reference import dequantize_kv_ref, paged_attention_ref, quantize_kv_ref, store_kv_ref
-from tests.engine.factories import make_attention_metadata, make_block_tables
+from tests.engine.factories import (
+    ATTENTION_MARCHES,
+    attention_kernel,
+    make_attention_metadata,
+    make_block_tables,
+)
 
 KERNEL = load_kernel()
 native = pytest.mark.skipif(KERNEL is None, reason="no C compiler: the native kernel cannot be built here")
@@ -85,8 +90,9 @@ def test_native_store_quantizes_bit_for_bit_like_the_twin(dtype):
         (torch.float32, 32, 4, 2, 24),  # chunks of 8 that end at each block's end
     ],
 )
+@pytest.mark.parametrize("march", ATTENTION_MARCHES)
 def test_native_decode_over_int8_equals_attention_over_the_dequantized_pool(
-    dtype, head_dim, num_heads, num_kv_heads, block_size
+    dtype, head_dim, num_heads, num_kv_heads, block_size, march
 ):
     seq_lens = [1, 15, 16, 17, 100, 250]
     num_blocks = sum(cdiv(n, block_size) for n in seq_lens) + 3
@@ -96,7 +102,9 @@ def test_native_decode_over_int8_equals_attention_over_the_dequantized_pool(
     q = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(4)).to(dtype)
     out = torch.empty_like(q)
     rows = torch.arange(len(seq_lens), dtype=torch.int32)
-    KERNEL(q, pool[0], pool[1], rows, meta.seq_lens, meta.block_tables, out, 0.3, pool[2], pool[3])
+    attention_kernel(march)(
+        q, pool[0], pool[1], rows, meta.seq_lens, meta.block_tables, out, 0.3, pool[2], pool[3]
+    )
     tol = FP32_TOL if dtype == torch.float32 else BF16_TOL
     torch.testing.assert_close(out.float(), _expected(q, pool, meta, 0.3), **tol)
 
