@@ -50,8 +50,8 @@ static inline void kq_round_32(const float *xb, __m256 inv, int8_t *out, int *su
     *sum0 = _mm_cvtsi128_si32(s), *sum1 = _mm_extract_epi32(s, 1);
 }
 
-/* kq_quantize_row in AVX2: the same amax, scale, rounding and sums (for finite inputs), 8 values an instruction (a decode step rounds
- * every linear's input: 1.8 ns a value scalar, on one thread while the others wait). */
+/* kq_quantize_row in AVX2: the same amax, scale, rounding and sums (for finite inputs), 8 values an instruction (a
+ * decode step rounds every linear's input: 1.8 ns a value scalar, on one thread while the others wait). */
 static void kq_quantize_row_avx2(ActKind kind, const float *x, int cols, void *out) {
     const int bw = kind == ACT_K ? QK_K : QK, nb = cols / bw;
     const __m256 sign = _mm256_set1_ps(-0.0f);
