@@ -52,11 +52,29 @@ class QuantType(IntEnum):
         return self in (QuantType.Q4_0, QuantType.Q4_1, QuantType.Q8_0)
 
     @property
+    def fp16_offsets(self) -> tuple[int, ...]:
+        """Byte offsets of the block's fp16 fields: d, and dmin / m where it has one."""
+        return _FP16_OFFSETS[self]
+
+    @property
     def scale_bytes(self) -> int:
         """Bytes of fp16 scale (and min) at the start of each block."""
         return 4 if self is QuantType.Q4_1 else 2
 
 
+_FP16_OFFSETS = {
+    QuantType.Q4_0: (0,),
+    QuantType.Q4_1: (0, 2),
+    QuantType.Q5_0: (0,),
+    QuantType.Q5_1: (0, 2),
+    QuantType.Q8_0: (0,),
+    QuantType.Q3_K: (108,),
+    QuantType.Q4_K: (0, 2),
+    QuantType.Q5_K: (0, 2),
+    QuantType.Q6_K: (208,),
+    QuantType.IQ4_NL: (0,),
+    QuantType.IQ4_XS: (0,),
+}
 _BLOCKS_OF_32 = frozenset(
     (QuantType.Q4_0, QuantType.Q4_1, QuantType.Q5_0, QuantType.Q5_1, QuantType.Q8_0, QuantType.IQ4_NL)
 )

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from engine.attention.torch_backend import TorchAttentionBackend
+from engine.native.quant_format import QuantType
 from tests.engine.factories import make_attention_metadata, make_block_tables, make_kv_caches
 
 T = gguf.GGMLQuantizationType
@@ -94,20 +95,6 @@ def encode(w: np.ndarray, kind: T) -> np.ndarray:
     return gguf.quants.quantize(w, kind)
 
 
-# byte offsets of each block format's fp16 fields (d, and dmin / m where it has one) inside a block
-FP16_FIELDS = {
-    T.Q4_0: (0,),
-    T.Q4_1: (0, 2),
-    T.Q5_0: (0,),
-    T.Q5_1: (0, 2),
-    T.Q8_0: (0,),
-    T.IQ4_NL: (0,),
-    T.Q3_K: (108,),
-    T.Q4_K: (0, 2),
-    T.Q5_K: (0, 2),
-    T.Q6_K: (208,),
-    T.IQ4_XS: (0,),
-}
 RANDOM_BLOCK_TYPES = (
     T.Q3_K,
     T.Q4_K,
@@ -124,7 +111,7 @@ def random_blocks(kind: T, rows: int, cols: int, seed: int, scale: float = 0.05)
     gen = np.random.default_rng(seed)
     nb = cols // block_weights
     raw = gen.integers(0, 256, (rows, nb, block_bytes), dtype=np.uint8)
-    for offset in FP16_FIELDS[kind]:
+    for offset in QuantType(int(kind)).fp16_offsets:
         values = gen.uniform(scale / 25, scale, (rows, nb)) * gen.choice([-1, 1], (rows, nb))
         raw[:, :, offset : offset + 2] = values.astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
     return raw.reshape(rows, -1)

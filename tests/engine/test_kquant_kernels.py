@@ -21,17 +21,6 @@ from engine.native.quant_linear import GEMV_MAX_ROWS, load_kernel
 
 NEW_TYPES = [q for q in QuantType if not q.legacy]
 MARCHES = ["native", "x86-64-v3", "x86-64"]  # this CPU; AVX2 only; scalar
-# byte offsets of each format's fp16 fields (d, and dmin / m where it has one) inside a block
-FP16_FIELDS = {
-    QuantType.Q5_0: (0,),
-    QuantType.Q5_1: (0, 2),
-    QuantType.IQ4_NL: (0,),
-    QuantType.Q3_K: (108,),
-    QuantType.Q4_K: (0, 2),
-    QuantType.Q5_K: (0, 2),
-    QuantType.Q6_K: (208,),
-    QuantType.IQ4_XS: (0,),
-}
 ROWS = [
     1,
     2,
@@ -56,7 +45,7 @@ def random_weight(qtype: QuantType, out_features: int, in_features: int, seed: i
     gen = np.random.default_rng(seed)
     nb = in_features // qtype.block_weights
     raw = gen.integers(0, 256, (out_features, nb, qtype.block_bytes), dtype=np.uint8)
-    for offset in FP16_FIELDS[qtype]:
+    for offset in qtype.fp16_offsets:
         scale = (
             gen.uniform(0.002, 0.05, (out_features, nb)) * gen.choice([-1, 1], (out_features, nb))
         ).astype(np.float16)
