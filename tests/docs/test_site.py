@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import html
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import types
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from engine.core.options import options
 from tests.docs.markdown_blocks import REPO_ROOT
@@ -30,11 +32,26 @@ def load_build_docs() -> types.ModuleType:
 
 @pytest.fixture(scope="module")
 def built_site() -> Path:
-    """`make docs`: generate, check the nav, build strictly into build/site."""
-    result = subprocess.run(
-        [sys.executable, "scripts/build_docs.py"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, f"make docs failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    """`make docs`: generate, check the nav, build strictly into build/site; once a test run. With `pytest -n 2` (not
+    `--dist loadfile`) both workers take tests of this module, and two builds into one folder crashed the site
+    builder ("No such file or directory"), or rewrote the site under the other's reads: the first worker builds, the
+    second finds its run's stamp."""
+    SITE.parent.mkdir(parents=True, exist_ok=True)
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # the same in every worker of one run
+    stamp = SITE.parent / ".docs-built-by"
+    with FileLock(str(SITE.parent / ".docs-build.lock")):
+        if run is None or not stamp.exists() or stamp.read_text() != run:
+            result = subprocess.run(
+                [sys.executable, "scripts/build_docs.py"],
+                cwd=REPO_ROOT,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert result.returncode == 0, (
+                f"make docs failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+            )
+            stamp.write_text(run or "")
     return SITE
 
 
