@@ -76,28 +76,27 @@ def _add_report(out: Families, model: str, report: ReplicaSetReport) -> None:
         doc = "Whether an engine replica serves (1) or is starting or unreachable (0)."
         out.add("gauge", "replica_up", doc, {**of_model, "replica": replica.name}, int(replica.up))
     for name, counts in sorted(report.routing.items()):
+        of_replica = {**of_model, "replica": name}
         for outcome, num in counts.requests.items():
             out.add(
                 "counter",
                 "routed_requests",
                 "Requests the ingress routed to a replica, by the router's outcome (longest_prefix, "
                 "load_fallback, no_prefix, session, round_robin, least_loaded).",
-                {**of_model, "replica": name, "outcome": outcome},
+                {**of_replica, "outcome": outcome},
                 num,
             )
-    for name, counts in sorted(report.routing.items()):
         out.add(
             "counter",
             "routed_matched_blocks",
             "Leading blocks of the routed requests that their replica held in its cache when routed.",
-            {**of_model, "replica": name},
+            of_replica,
             counts.matched_blocks,
         )
-    for name, counts in sorted(report.routing.items()):
         out.add(
             "counter",
             "routed_route_blocks",
             "Full blocks of the requests routed to the replica (what a perfect cache would have held).",
-            {**of_model, "replica": name},
+            of_replica,
             counts.route_blocks,
         )
