@@ -87,8 +87,7 @@ static void kq_quantize_row_avx2(ActKind kind, const float *x, int cols, void *o
 static void kq_quantize_row(ActKind kind, const float *x, int cols, void *out) {
 #ifdef QL_AVX2
     kq_quantize_row_avx2(kind, x, cols, out);
-    return;
-#endif
+#else
     const int bw = kind == ACT_K ? QK_K : QK, nb = cols / bw;
     for (int b = 0; b < nb; b++) {
         const float *xb = x + (int64_t)b * bw;
@@ -115,6 +114,7 @@ static void kq_quantize_row(ActKind kind, const float *x, int cols, void *out) {
             a->s = d * (float)sum;
         }
     }
+#endif
 }
 
 /* The exact dot of a format without a dot_f32 of its own: each block dequantized once for the nr rows. */
