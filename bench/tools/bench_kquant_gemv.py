@@ -1,4 +1,5 @@
-"""Stream the int8 GEMV over weights larger than cache: Q4_K, Q5_K and Q6_K against Q4_0 (Q4_K's bytes per weight).
+"""Stream the int8 GEMV over weights larger than cache: Q4_K, its 8-row repacking Q4_K_R8, Q5_K and Q6_K against Q4_0
+(Q4_K's bytes per weight).
 
     python -m bench.tools.bench_kquant_gemv [--matrices 48] [--rows 1 2 5 16] [--threads 1 2] [--repeat 4]
 
@@ -23,7 +24,7 @@ from engine.native.quant_linear import NativeQuantLinear, load_kernel
 logger = logging.getLogger("bench_kquant_gemv")
 
 OUT_FEATURES, IN_FEATURES = 2048, 8192
-TYPES = (QuantType.Q4_0, QuantType.Q4_K, QuantType.Q5_K, QuantType.Q6_K)
+TYPES = (QuantType.Q4_0, QuantType.Q4_K, QuantType.Q4_K_R8, QuantType.Q5_K, QuantType.Q6_K)
 
 
 def random_weight(qtype: QuantType, seed: int) -> QuantWeight:
@@ -61,7 +62,14 @@ def main() -> None:
     kernel = load_kernel(args.march)
     if kernel is None:
         raise SystemExit("the quantized linear kernel cannot be built here (no C compiler?)")
-    weights = {q: [random_weight(q, seed=100 * int(q) + i) for i in range(args.matrices)] for q in TYPES}
+    weights = {
+        q: [random_weight(q, seed=100 * int(q) + i) for i in range(args.matrices)]
+        for q in TYPES
+        if q.in_files
+    }
+    weights[QuantType.Q4_K_R8] = [
+        kernel.repack(random_weight(QuantType.Q4_K, seed=7 + i)) for i in range(args.matrices)
+    ]
     for threads in args.threads:
         torch.set_num_threads(threads)
         for rows in args.rows:

@@ -80,6 +80,7 @@ def resolve_config(
         # activations do (`pagedchat bench quality`, modes gguf-int8 and gguf-int8-fp16kv); exact modes stay exact
         kv_cache_dtype = "float16"
     check_kv_cache_dtype(kv_cache_dtype, dtype, backend)
+    weight_layout = resolve_weight_layout(config.weight_layout, in_blocks, rounded)
     return dataclasses.replace(
         config,
         device=device,
@@ -87,6 +88,7 @@ def resolve_config(
         quantization=quantization,
         int8_activations=int8_activations,
         batch_gemm=batch_gemm,
+        weight_layout=weight_layout,
         kv_cache_dtype=kv_cache_dtype,
         attention_backend=backend,
         max_model_len=max_model_len,
@@ -135,6 +137,20 @@ def resolve_batch_gemm(name: str, device: str, machine: Machine, linear_weights:
         return "fp32"
     small = linear_weights is None or 2 * linear_weights <= BF16_COPY_MAX_BYTES
     return "bf16" if machine.cpu_fast_bf16 and small else "int8"
+
+
+def resolve_weight_layout(name: str, in_blocks: bool, rounded: bool) -> str:
+    """`auto` -> rows8 where the linears keep blocks and multiply them with int8 activations on the compiled kernels
+    (`rounded`), else file; rows8 without blocks to repack raises ValueError. See EngineConfig.weight_layout."""
+    if name not in ("auto", "file", "rows8"):
+        raise ValueError(f"weight_layout must be 'auto', 'file' or 'rows8', got {name!r}")
+    if name == "rows8" and not in_blocks:
+        raise ValueError(
+            "weight_layout 'rows8' repacks a GGUF model's blocks: it needs quantization 'gguf' on the CPU"
+        )
+    if name == "auto":
+        return "rows8" if in_blocks and rounded else "file"
+    return name
 
 
 def resolve_quantization(config: EngineConfig, device: str, model_is_gguf: bool) -> str:

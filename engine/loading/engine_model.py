@@ -147,6 +147,7 @@ def _load_weights(
             max_model_len=resolved.max_model_len,
             act_q8=resolved.int8_activations,
             batch_gemm=resolved.batch_gemm,
+            weight_layout=resolved.weight_layout,
             reader=reader,
         )
     return load_model(source.folder, dtype, device, max_model_len=resolved.max_model_len)

@@ -44,6 +44,7 @@ from engine.loading.memory import weight_memory
 from engine.models.llama import LlamaForCausalLM, ModelArgs
 from engine.models.quantized import (
     EMBEDDING,
+    FILE_TYPES,
     QuantType,
     QuantWeight,
     fused_linear_sources,
@@ -55,7 +56,7 @@ logger = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("gguf", "none")  # keep the GGUF blocks in QuantLinear, or dequantize every weight to dtype
 FLOAT_TYPES = ("F32", "F16", "BF16")
-BLOCK_TYPES = tuple(q.name for q in QuantType)  # kept in blocks with quantization "gguf"
+BLOCK_TYPES = tuple(q.name for q in FILE_TYPES)  # kept in blocks with quantization "gguf"
 DEQUANTIZED_TYPES = ("Q2_K",)  # no block kernel: dequantized to float, with a warning stating the cost
 SUPPORTED_TENSOR_TYPES = FLOAT_TYPES + BLOCK_TYPES + DEQUANTIZED_TYPES
 SKIPPED_TENSORS = ("rope_freqs.weight",)
@@ -141,7 +142,7 @@ def read_tensor(tensor: Any, dtype: torch.dtype | None = None) -> torch.Tensor |
 
     kind = tensor.tensor_type
     shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # GGUF lists dims innermost first
-    if int(kind) in {int(q) for q in QuantType}:
+    if int(kind) in {int(q) for q in FILE_TYPES}:
         blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8)).reshape(shape[0], -1)
         return QuantWeight(QuantType(int(kind)), blocks, shape[-1])
     if kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
@@ -205,6 +206,7 @@ def load_gguf_model(
     max_model_len: int | None = None,
     act_q8: bool = False,
     batch_gemm: str = "fp32",
+    weight_layout: str = "file",
     reader: Any | None = None,
 ) -> tuple[LlamaForCausalLM, Any]:
     """The model of a GGUF file and its config (LlamaConfig or Qwen2Config); eval mode, no grad.
@@ -216,7 +218,8 @@ def load_gguf_model(
     quantizes decode activations to int8 per 32-block as llama.cpp does (see QuantLinear; the engine's default with
     gguf): on SmolLM2 the linears at one row take ~1.5x less time on an AVX2 machine, and logits move (`pagedchat
     bench quality`, mode gguf-int8act); act_q8=False multiplies fp32 activations exactly. batch_gemm: how batches of more than the GEMV bound multiply the blocks (fp32
-    tiles, a bf16 copy, or the int8 GEMM: see QuantLinear).
+    tiles, a bf16 copy, or the int8 GEMM: see QuantLinear). weight_layout "rows8": the linears' Q4_K blocks are
+    repacked as they are read into groups of 8 interleaved rows (QuantType.Q4_K_R8; EngineConfig.weight_layout).
     "none" dequantizes every weight to dtype. Norms and biases are always loaded in dtype; with "gguf" an embedding
     in blocks stays in them (QuantEmbedding, shared with a tied head).
     `reader`: open_gguf(path) when the caller has it already (parsing the metadata takes seconds for a large vocab).
@@ -245,7 +248,9 @@ def load_gguf_model(
             groups = linear_block_parts(model, tensors)
             block_bytes = sum(tensors[n].nbytes for g in groups for n in g)
             check_fits(block_bytes, f"the {sum(map(len, groups))} weights in blocks")
-            blocks = read_linear_blocks(file.fileno(), groups, tensors, orders)
+            blocks = read_linear_blocks(
+                file.fileno(), groups, tensors, orders, rows8=weight_layout == "rows8"
+            )
             in_blocks = quantize_linears(model, blocks, act_q8=act_q8, batch_gemm=batch_gemm)
             if EMBEDDING in blocks:  # kept in blocks (shared with a tied head): no float copy of the table
                 quantize_embedding(model, blocks[EMBEDDING])

@@ -17,7 +17,7 @@ from itertools import groupby
 import torch
 
 from engine.core.memory import NotEnoughMemory, available_memory_bytes, human_bytes
-from engine.loading.gguf_read import FLOAT_FILE_DTYPES, FileTensor, read_block_group
+from engine.loading.gguf_read import FLOAT_FILE_DTYPES, FileTensor, read_block_group, repacks
 from engine.models.llama import LlamaForCausalLM
 from engine.models.quantized import EMBEDDING, QuantWeight, fused_linear_sources
 
@@ -57,14 +57,41 @@ def linear_block_parts(model: LlamaForCausalLM, tensors: dict[str, FileTensor]) 
 
 
 def read_linear_blocks(
-    fd: int, groups: list[list[str]], tensors: dict[str, FileTensor], row_orders: dict[str, torch.Tensor]
+    fd: int,
+    groups: list[list[str]],
+    tensors: dict[str, FileTensor],
+    row_orders: dict[str, torch.Tensor],
+    *,
+    rows8: bool = False,
 ) -> dict[str, QuantWeight]:
-    """The blocks of every group, read from the file into one buffer per group, by HF name."""
+    """The blocks of every group, read from the file into one buffer per group, by HF name. rows8 (weight_layout
+    rows8): a linear's group of Q4_K parts in whole groups of 8 rows is repacked as Q4_K_R8 (not the embedding,
+    whose rows a step gathers, nor a head tied to it)."""
     weights: dict[str, QuantWeight] = {}
-    reordered = [tensors[n].nbytes for names in groups for n in names if n in row_orders]
-    staging = torch.empty(max(reordered, default=0), dtype=torch.uint8)  # for every q/k: see read_block_group
-    for names in groups:
-        parts = read_block_group(fd, [tensors[n] for n in names], [row_orders.get(n) for n in names], staging)
+    repacked = [rows8 and EMBEDDING not in names and repacks([tensors[n] for n in names]) for names in groups]
+    staged = [  # read through staging: every q/k, and every part repacked (see read_block_group)
+        tensors[n].nbytes
+        for names, repack in zip(groups, repacked, strict=True)
+        for n in names
+        if n in row_orders or repack
+    ]
+    both = [
+        tensors[n].nbytes
+        for names, repack in zip(groups, repacked, strict=True)
+        for n in names
+        if n in row_orders and repack
+    ]
+    staging = torch.empty(max(staged, default=0), dtype=torch.uint8)
+    ordered = torch.empty(max(both, default=0), dtype=torch.uint8)  # a repacked q/k's rows in HF order
+    for names, repack in zip(groups, repacked, strict=True):
+        parts = read_block_group(
+            fd,
+            [tensors[n] for n in names],
+            [row_orders.get(n) for n in names],
+            staging,
+            rows8=repack,
+            ordered=ordered,
+        )
         weights.update(zip(names, parts, strict=True))
     return weights
 

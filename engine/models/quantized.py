@@ -13,6 +13,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.native.attention import load_kernel as load_attention_kernel
 from engine.native.onednn import Linear
 from engine.native.quant_format import (
+    FILE_TYPES,
     QuantType,
     QuantWeight,
     dequantize_rows_torch,
@@ -23,6 +24,7 @@ from engine.native.quant_linear import QuantLinear
 from engine.native.quant_linear import load_kernel as load_quant_kernel
 
 __all__ = [
+    "FILE_TYPES",
     "QuantEmbedding",
     "QuantLinear",
     "QuantType",

@@ -35,6 +35,14 @@ class QuantType(IntEnum):
     Q6_K = 14  # 256 weights: 6 bits, 16 int8 scales, fp16 d
     IQ4_NL = 20  # fp16 d, 16 bytes of nibbles indexing 16 non-uniform levels
     IQ4_XS = 23  # 256 weights: IQ4_NL's levels, 8 sub-blocks with 6-bit scales
+    # ours, in no file: Q4_K's blocks repacked at load into groups of 8 interleaved rows (148 bytes a row and
+    # super-block; engine/native/quant/q4k_r8.h); a weight of it has out_features % 8 == 0
+    Q4_K_R8 = 112
+
+    @property
+    def in_files(self) -> bool:
+        """A GGUF tensor type (every format but the repacked ones, which the loader makes)."""
+        return self is not QuantType.Q4_K_R8
 
     @property
     def block_weights(self) -> int:
@@ -74,6 +82,7 @@ _FP16_OFFSETS = {
     QuantType.Q6_K: (208,),
     QuantType.IQ4_NL: (0,),
     QuantType.IQ4_XS: (0,),
+    QuantType.Q4_K_R8: (),  # 8 rows' d, then their dmin, at the start of each group's block
 }
 _BLOCKS_OF_32 = frozenset(
     (QuantType.Q4_0, QuantType.Q4_1, QuantType.Q5_0, QuantType.Q5_1, QuantType.Q8_0, QuantType.IQ4_NL)
@@ -90,7 +99,12 @@ _BLOCK_BYTES = {
     QuantType.Q6_K: 210,
     QuantType.IQ4_NL: 18,
     QuantType.IQ4_XS: 136,
+    QuantType.Q4_K_R8: 148,
 }
+FILE_TYPES = tuple(
+    q for q in QuantType if q.in_files
+)  # the formats a GGUF tensor may be in and stay in blocks
+R8_ROWS = 8  # rows a group of Q4_K_R8 interleaves
 
 
 @dataclass(frozen=True)
@@ -113,6 +127,8 @@ class QuantWeight:
             f"{self.blocks.shape[1]} bytes per row, expected {row_bytes}"
         )
         assert self.blocks.is_contiguous(), "blocks must be contiguous"
+        if self.qtype is QuantType.Q4_K_R8 and self.out_features % R8_ROWS:
+            raise ValueError(f"Q4_K_R8 holds groups of {R8_ROWS} rows, not {self.out_features}")
 
     @property
     def out_features(self) -> int:
@@ -125,7 +141,10 @@ class QuantWeight:
         return (self.out_features, self.in_features)
 
     def select_rows(self, index: torch.Tensor) -> QuantWeight:
-        """The weight made of rows `index` (int64 [n]) in that order; blocks are moved whole."""
+        """The weight made of rows `index` (int64 [n]) in that order; blocks are moved whole (a Q4_K_R8 weight's
+        rows as Q4_K: a row of it is a lane of its group)."""
+        if self.qtype is QuantType.Q4_K_R8:
+            return unpack_rows8(self).select_rows(index)
         return QuantWeight(self.qtype, self.blocks[index].contiguous(), self.in_features)
 
     @staticmethod
@@ -162,8 +181,68 @@ def stack_segments(parts: list[QuantWeight]) -> tuple[QuantWeight, ...]:
     return tuple(run[0] if len(run) == 1 else QuantWeight.cat(run) for run in runs)
 
 
+def _q4k_scale_bytes(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q4_K block's 12 scale bytes [..., 12] (uint8) -> its 8 sub-blocks' 6-bit scales and minimums [..., 8]."""
+    q = scales.to(torch.int32)
+    low_sc, low_mn = q[..., 0:4] & 63, q[..., 4:8] & 63
+    high_sc = (q[..., 8:12] & 0x0F) | ((q[..., 0:4] >> 6) << 4)
+    high_mn = (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)
+    return torch.cat([low_sc, high_sc], -1).to(torch.uint8), torch.cat([low_mn, high_mn], -1).to(torch.uint8)
+
+
+def _q4k_pack_scales(sc: torch.Tensor, mn: torch.Tensor) -> torch.Tensor:
+    """_q4k_scale_bytes inverted: 6-bit scales and minimums [..., 8] -> the 12 scale bytes [..., 12]."""
+    sc, mn = sc.to(torch.int32), mn.to(torch.int32)
+    first = sc[..., :4] | ((sc[..., 4:] >> 4) << 6)
+    second = mn[..., :4] | ((mn[..., 4:] >> 4) << 6)
+    third = (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)
+    return torch.cat([first, second, third], -1).to(torch.uint8)
+
+
+def repack_rows8(weight: QuantWeight) -> QuantWeight:
+    """A Q4_K weight (out_features % 8 == 0) as Q4_K_R8: the twin of the compiled `repack_q4k_r8` (the layout:
+    engine/native/quant/q4k_r8.h)."""
+    assert weight.qtype is QuantType.Q4_K, f"only Q4_K repacks, not {weight.qtype.name}"
+    out, nb = weight.out_features, weight.in_features // SUPER_BLOCK_SIZE
+    if out % R8_ROWS:
+        raise ValueError(f"Q4_K_R8 holds groups of {R8_ROWS} rows, not {out}")
+    blocks = weight.blocks.view(out // R8_ROWS, R8_ROWS, nb, 144).transpose(1, 2)  # [groups, nb, row, 144]
+    sc, mn = _q4k_scale_bytes(blocks[..., 4:16])  # [groups, nb, row, 8]
+    qs = (
+        blocks[..., 16:].reshape(*blocks.shape[:3], 4, 4, 8).permute(0, 1, 3, 4, 2, 5)
+    )  # [g, nb, p, j, row, k]
+    packed = torch.cat(
+        [
+            blocks[..., 0:2].flatten(2),  # the 8 rows' d
+            blocks[..., 2:4].flatten(2),  # their dmin
+            sc.transpose(2, 3).flatten(2),  # [sub-block][row]
+            mn.transpose(2, 3).flatten(2),
+            qs.flatten(2),
+        ],
+        -1,
+    )  # [groups, nb, 1184]
+    return QuantWeight(QuantType.Q4_K_R8, packed.reshape(out, nb * 148).contiguous(), weight.in_features)
+
+
+def unpack_rows8(weight: QuantWeight) -> QuantWeight:
+    """repack_rows8 inverted: a Q4_K_R8 weight as the Q4_K rows it was made of, byte for byte."""
+    assert weight.qtype is QuantType.Q4_K_R8
+    out, nb = weight.out_features, weight.in_features // SUPER_BLOCK_SIZE
+    groups = weight.blocks.view(out // R8_ROWS, nb, 1184)
+    d = groups[..., 0:16].reshape(*groups.shape[:2], R8_ROWS, 2)
+    dmin = groups[..., 16:32].reshape(*groups.shape[:2], R8_ROWS, 2)
+    sc = groups[..., 32:96].reshape(*groups.shape[:2], 8, R8_ROWS).transpose(2, 3)  # [g, nb, row, sub-block]
+    mn = groups[..., 96:160].reshape(*groups.shape[:2], 8, R8_ROWS).transpose(2, 3)
+    qs = groups[..., 160:].reshape(*groups.shape[:2], 4, 4, R8_ROWS, 8).permute(0, 1, 4, 2, 3, 5)
+    blocks = torch.cat([d, dmin, _q4k_pack_scales(sc, mn), qs.flatten(3)], -1)  # [g, nb, row, 144]
+    rows = blocks.transpose(1, 2).reshape(out, nb * 144).contiguous()
+    return QuantWeight(QuantType.Q4_K, rows, weight.in_features)
+
+
 def dequantize_torch(weight: QuantWeight) -> torch.Tensor:
     """The weight as fp32 [out, in], computed as gguf.quants.dequantize does."""
+    if weight.qtype is QuantType.Q4_K_R8:
+        weight = unpack_rows8(weight)
     qtype, rows = weight.qtype, weight.out_features
     if not qtype.legacy:
         from gguf import GGMLQuantizationType, quants

@@ -22,12 +22,16 @@
 #include "quant/legacy_gemm.h"
 #include "quant/legacy_pairs.h"
 #include "quant/generic.h"
+#include "quant/q4k_r8.h"
 
 /* y[r, o] = x[r] . W[o] (+ bias[o]) for every row r < rows and output o. 0 on success; -1: a bad type or width;
  * -2: out of memory. Meant for few rows (decode): each weight row is read once for all of them. */
 int quant_linear(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, int out_features, int in_features,
                  const float *x, int64_t x_row, int rows, const float *bias, float *y, int64_t y_row,
                  int num_threads) {
+    if (qtype == Q4_K_R8)
+        return r8_linear(act_q8, 0, w, w_row_bytes, out_features, in_features, x, x_row, rows, bias, y, y_row,
+                         num_threads);
     const QFormat *format = qformat(qtype);
     if (format)
         return kq_linear(format, act_q8, w, w_row_bytes, out_features, in_features, x, x_row, rows, bias, y, y_row,
@@ -86,6 +90,8 @@ int quant_linear(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, i
 int quant_gemm_q8(int qtype, const uint8_t *w, int64_t w_row_bytes, int out_features, int in_features,
                   const float *x, int64_t x_row, int rows, const float *bias, float *y, int64_t y_row,
                   int num_threads) {
+    if (qtype == Q4_K_R8)
+        return r8_linear(1, 1, w, w_row_bytes, out_features, in_features, x, x_row, rows, bias, y, y_row, num_threads);
     const QFormat *format = qformat(qtype);
     if (format)
         return kq_gemm(format, w, w_row_bytes, out_features, in_features, x, x_row, rows, bias, y, y_row, num_threads);
@@ -103,6 +109,7 @@ int quant_gemm_q8(int qtype, const uint8_t *w, int64_t w_row_bytes, int out_feat
 /* out[o, :] = the dequantized weight row o, for rows [0, rows). 0 on success, -1 for a bad type or width. */
 int dequantize(int qtype, const uint8_t *w, int64_t w_row_bytes, int rows, int cols, float *out, int64_t out_row,
                int num_threads) {
+    if (qtype == Q4_K_R8) return r8_dequantize(w, w_row_bytes, rows, cols, out, out_row, num_threads);
     const QFormat *format = qformat(qtype);
     if (format) return kq_dequantize(format, w, w_row_bytes, rows, cols, out, out_row, num_threads);
     const int bb = block_bytes(qtype), nb = cols / QK;
@@ -131,9 +138,32 @@ int dequantize_gather(int qtype, const uint8_t *w, int64_t w_row_bytes, int64_t 
                       int cols, float *out, int64_t out_row, int num_threads) {
     for (int r = 0; r < n; r++)
         if (index[r] < 0 || index[r] >= num_rows) return -1;
+    if (qtype == Q4_K_R8) { /* a row is a lane of its group: unpacked to Q4_K, then as a Q4_K row */
+        const int nb = cols / QK_K;
+        if (cols % QK_K != 0 || num_rows % 8 != 0 || w_row_bytes != (int64_t)nb * R8_ROW_BYTES) return -1;
+        uint8_t *row = malloc((size_t)nb * 144 + 1);
+        if (!row) return -2;
+        for (int r = 0; r < n; r++) {
+            r8_unpack_lane((const R8Block *)w + index[r] / 8 * nb, nb, (int)(index[r] % 8), row);
+            dequantize(Q4_K, row, (int64_t)nb * 144, 1, cols, out + r * out_row, out_row, 1);
+        }
+        free(row);
+        return 0;
+    }
     int status = 0;
 #pragma omp parallel for schedule(static) reduction(| : status) num_threads(threads_for((int64_t)n * cols, num_threads))
     for (int r = 0; r < n; r++)
         status |= dequantize(qtype, w + index[r] * w_row_bytes, w_row_bytes, 1, cols, out + r * out_row, out_row, 1);
     return status;
+}
+
+/* Q4_K rows [0, rows) (w_row_bytes apart, cols weights each; rows % 8 == 0) repacked into Q4_K_R8's groups at out
+ * ([rows, cols / 256 * 148] bytes; see quant/q4k_r8.h). 0, or -1 for a bad shape. */
+int repack_q4k_r8(const uint8_t *w, int64_t w_row_bytes, int rows, int cols, uint8_t *out, int num_threads) {
+    const int nb = cols / QK_K;
+    if (cols % QK_K != 0 || rows % 8 != 0 || w_row_bytes < (int64_t)nb * 144) return -1;
+#pragma omp parallel for schedule(static) num_threads(threads_for((int64_t)rows * cols, num_threads))
+    for (int g = 0; g < rows / 8; g++)
+        r8_repack_group(w + (int64_t)8 * g * w_row_bytes, w_row_bytes, nb, (R8Block *)out + (int64_t)g * nb);
+    return 0;
 }

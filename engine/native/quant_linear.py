@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.native.build import load_library
-from engine.native.quant_format import QuantType, QuantWeight, dequantize_torch, quant_linear_torch
+from engine.native.quant_format import R8_ROWS, QuantType, QuantWeight, dequantize_torch, quant_linear_torch
 
 __all__ = [
     "BATCH_GEMMS",
@@ -65,6 +65,30 @@ class NativeQuantLinear:
         self._gather = lib.dequantize_gather
         self._gather.restype = i32
         self._gather.argtypes = [i32, ptr, i64, i64, ptr, i32, i32, ptr, i64, i32]
+        self._repack = lib.repack_q4k_r8
+        self._repack.restype = i32
+        self._repack.argtypes = [ptr, i64, i32, i32, ptr, i32]
+
+    def repack(self, weight: QuantWeight, out: torch.Tensor | None = None) -> QuantWeight:
+        """A Q4_K weight (out_features % 8 == 0) repacked as Q4_K_R8 (into `out` when given: uint8 [out, in / 256 *
+        148], contiguous, e.g. on huge pages), as quant_format.repack_rows8 repacks it."""
+        assert weight.qtype is QuantType.Q4_K, f"only Q4_K repacks, not {weight.qtype.name}"
+        if weight.out_features % R8_ROWS:
+            raise ValueError(f"Q4_K_R8 holds groups of {R8_ROWS} rows, not {weight.out_features}")
+        shape = (weight.out_features, weight.in_features // QuantType.Q4_K_R8.block_weights * 148)
+        out = torch.empty(shape, dtype=torch.uint8) if out is None else out
+        assert out.dtype == torch.uint8 and out.shape == shape and out.is_contiguous()
+        status = self._repack(
+            weight.blocks.data_ptr(),
+            weight.blocks.stride(0),
+            weight.out_features,
+            weight.in_features,
+            out.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise RuntimeError(f"repack_q4k_r8 rejected its inputs (status {status})")
+        return QuantWeight(QuantType.Q4_K_R8, out, weight.in_features)
 
     def linear(
         self,
@@ -224,6 +248,13 @@ class NativeQuantLinear:
         stride, e.g. the rows of a float parameter being loaded)."""
         stop = weight.out_features if stop is None else stop
         assert 0 <= start <= stop <= weight.out_features, f"rows [{start}, {stop}) of {weight.out_features}"
+        if weight.qtype is QuantType.Q4_K_R8 and (start % R8_ROWS or stop % R8_ROWS):  # whole groups only
+            first, last = start - start % R8_ROWS, -(-stop // R8_ROWS) * R8_ROWS
+            rows = self.dequantize(weight, first, last)[start - first : stop - first]
+            if out is None:
+                return rows
+            out.copy_(rows)
+            return out
         if out is None:
             out = torch.empty((stop - start, weight.in_features), dtype=torch.float32)
         assert (
@@ -252,7 +283,7 @@ class NativeQuantLinear:
         """x @ W^T (+ bias) for many rows: fp32 tiles of W dequantized in turn (segment by segment), each multiplied
         by torch's GEMM."""
         segments = _segments(weight)
-        tile_rows = max(1, TILE_WEIGHTS // segments[0].in_features)
+        tile_rows = max(R8_ROWS, TILE_WEIGHTS // segments[0].in_features // R8_ROWS * R8_ROWS)  # whole groups
         if len(segments) == 1 and tile_rows >= segments[0].out_features:
             return F.linear(x, self.dequantize(segments[0]), bias)
         y = torch.empty((x.shape[0], sum(s.out_features for s in segments)), dtype=torch.float32)

@@ -11,7 +11,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.models import fused_decode
 from engine.models.fused_decode import FusedDecoder
-from engine.models.quantized import QuantEmbedding
+from engine.models.quantized import QuantEmbedding, QuantType
 from engine.native.quant_linear import BF16_GEMV_MAX_ROWS, GEMV_MAX_ROWS
 from tests.engine.factories import make_attention_metadata
 from tests.engine.gguf_factories import T, write_tiny_chat_gguf
@@ -108,8 +108,9 @@ def test_a_model_of_mixed_formats_is_fused_bit_for_bit(mixed_gguf, act_q8, num_p
     llm, fused = _run(mixed_gguf, True, PROMPTS[:num_prompts], act_q8)
     model = llm.engine.runner.model
     assert llm.engine.runner.fused is not None, "the fused step should take a model of mixed formats"
-    assert model.layers[0].self_attn.qkv_proj.qtypes == (T.Q4_K, T.Q6_K)
-    assert model.layers[1].self_attn.qkv_proj.qtypes == (T.Q4_K, T.Q5_K, T.Q6_K)
+    q4 = QuantType.Q4_K_R8 if act_q8 else T.Q4_K  # weight_layout auto: Q4_K repacked where int8 activations run
+    assert model.layers[0].self_attn.qkv_proj.qtypes == (q4, T.Q6_K)
+    assert model.layers[1].self_attn.qkv_proj.qtypes == (q4, T.Q5_K, T.Q6_K)
     assert isinstance(model.embed_tokens, QuantEmbedding)
     assert model.lm_head.blocks.data_ptr() == model.embed_tokens.blocks.data_ptr()  # one copy of the bytes
     _, modules = _run(mixed_gguf, False, PROMPTS[:num_prompts], act_q8)

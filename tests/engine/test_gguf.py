@@ -23,7 +23,14 @@ from engine.loading.gguf import (
     unpermute_index,
 )
 from engine.models.llama import Linear, ModelArgs
-from engine.models.quantized import QuantEmbedding, QuantLinear, QuantType, QuantWeight, dequantize_torch
+from engine.models.quantized import (
+    FILE_TYPES,
+    QuantEmbedding,
+    QuantLinear,
+    QuantType,
+    QuantWeight,
+    dequantize_torch,
+)
 from tests.engine.gguf_factories import (
     T,
     TinyLlama,
@@ -68,7 +75,7 @@ def test_tensors_equal_gguf_dequantize_in_hf_row_order(tmp_path, linear_type):
     assert set(tensors) == {hf_tensor_name(name) for name in weights}
     for name, w in weights.items():
         kind, value = tensor_type(cfg, name), tensors[hf_tensor_name(name)]
-        assert isinstance(value, QuantWeight) == (int(kind) in {int(q) for q in QuantType}), name
+        assert isinstance(value, QuantWeight) == (int(kind) in {int(q) for q in FILE_TYPES}), name
         got = dequantize_torch(value) if isinstance(value, QuantWeight) else value.float()
         # the file holds permuted q/k rows; quantization is per row, so un-permuted rows equal the HF rows'
         assert torch.equal(got, expected_dequantized(w, kind)), f"{name} ({kind.name})"

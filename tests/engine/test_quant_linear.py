@@ -16,7 +16,13 @@ import pytest
 import torch
 
 from engine.native import quant_linear as quant_linear_module
-from engine.native.quant_format import QuantType, QuantWeight, dequantize_torch, quant_linear_torch
+from engine.native.quant_format import (
+    FILE_TYPES,
+    QuantType,
+    QuantWeight,
+    dequantize_torch,
+    quant_linear_torch,
+)
 from engine.native.quant_linear import BF16_GEMV_MAX_ROWS, GEMV_MAX_ROWS, QuantLinear, load_kernel
 from tests.engine.test_kquant_kernels import int8_inverse_scale
 
@@ -38,7 +44,7 @@ SHAPES = [
 # left over) or of 2
 ROWS = [1, 2, 3, 17, 64]  # 1 and 2 rows: the int8 GEMV multiplies 4 and 2 weight rows at once
 U = 2.0**-24
-LEGACY_TYPES = [q for q in QuantType if q.legacy]  # the other formats: test_kquant_kernels.py
+LEGACY_TYPES = [q for q in FILE_TYPES if q.legacy]  # the other formats: test_kquant_kernels.py
 
 
 def make_weight(

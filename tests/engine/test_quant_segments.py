@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from engine.models.quantized import QuantEmbedding
-from engine.native.quant_format import QuantType, QuantWeight, dequantize_rows_torch, quant_linear_torch
+from engine.native.quant_format import (
+    FILE_TYPES,
+    QuantType,
+    QuantWeight,
+    dequantize_rows_torch,
+    quant_linear_torch,
+)
 from engine.native.quant_linear import GEMV_MAX_ROWS, QuantLinear, load_kernel
 from tests.engine.gguf_factories import random_blocks
 
@@ -113,7 +119,7 @@ def test_the_twin_of_segments_is_the_stacked_weight():
 
 @needs_kernel
 @pytest.mark.parametrize("march", ["native", "x86-64-v3", "x86-64"])
-@pytest.mark.parametrize("qtype", list(QuantType), ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", FILE_TYPES, ids=lambda q: q.name)
 def test_gather_is_dequantize_of_those_rows(qtype, march):
     kernel = load_kernel(march)
     if kernel is None:
