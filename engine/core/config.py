@@ -75,7 +75,7 @@ class EngineConfig:
         "quantization gguf on the CPU: rows8 repacks Q4_K weights at load into groups of 8 interleaved rows (+2.8% "
         "bytes, no float copy; 2 to 16 rows read each block once and share its unpacking: the few-row steps of "
         "busy decoding and speculative verification), file keeps the file's blocks as they are; auto: rows8 "
-        "where int8 activations run on the compiled kernels, else file",
+        "where int8 activations run on the compiled kernels of an AVX512-VNNI CPU, else file",
         choices=("auto", "file", "rows8"),
         group="advanced",
     )

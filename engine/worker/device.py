@@ -12,6 +12,7 @@ from engine.core.resolve import Machine
 
 _NAMED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+CPU_VNNI_FLAGS = frozenset({"avx512_vnni", "avx512bw"})  # all of them: the int8 dot weight_layout rows8 wants
 
 
 def cpu_flags(cpuinfo: str) -> frozenset[str]:
@@ -34,12 +35,27 @@ def cpu_has_fast_bf16() -> bool:
     return bool(cpu_flags(text) & CPU_BF16_FLAGS)
 
 
+@cache
+def cpu_has_avx512_vnni() -> bool:
+    """True when the CPU advertises AVX512-VNNI and AVX512-BW (Linux; False where /proc/cpuinfo is absent)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return cpu_flags(text) >= CPU_VNNI_FLAGS
+
+
 def probe_machine(device: str = "auto") -> Machine:
     """This machine's answers to what `auto` asks (engine/core/resolve.py decides) for config.device `device`."""
     cuda = torch.cuda.is_available()
     # asking starts CUDA: not for a run on the CPU
     cuda_bf16 = cuda and device != "cpu" and torch.cuda.is_bf16_supported()
-    return Machine(cuda=cuda, cuda_bf16=cuda_bf16, cpu_fast_bf16=cpu_has_fast_bf16())
+    return Machine(
+        cuda=cuda,
+        cuda_bf16=cuda_bf16,
+        cpu_fast_bf16=cpu_has_fast_bf16(),
+        cpu_avx512_vnni=cpu_has_avx512_vnni(),
+    )
 
 
 def resolve_device(name: str) -> torch.device:

@@ -52,6 +52,7 @@ def _run(
     kv_cache_dtype: str = "auto",
     batch_gemm: str = "int8",
     params: SamplingParams | None = None,
+    weight_layout: str = "auto",
 ):
     llm = LLM(
         model=str(model),
@@ -61,6 +62,7 @@ def _run(
         kv_cache_bytes=KV_BYTES,
         kv_cache_dtype=kv_cache_dtype,
         batch_gemm=batch_gemm,
+        weight_layout=weight_layout,
     )
     params = params or SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)
     outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
@@ -105,15 +107,18 @@ def test_fused_step_equals_the_module_path_bit_for_bit(
 def test_a_model_of_mixed_formats_is_fused_bit_for_bit(mixed_gguf, act_q8, num_prompts):
     """Segments of several formats in one linear and the embedding gathered from its blocks: the C step calls what
     the modules call, per segment into the same columns."""
-    llm, fused = _run(mixed_gguf, True, PROMPTS[:num_prompts], act_q8)
+    layout = (
+        "rows8" if act_q8 else "file"
+    )  # int8 activations: Q4_K repacked (auto does so on AVX512-VNNI CPUs)
+    llm, fused = _run(mixed_gguf, True, PROMPTS[:num_prompts], act_q8, weight_layout=layout)
     model = llm.engine.runner.model
     assert llm.engine.runner.fused is not None, "the fused step should take a model of mixed formats"
-    q4 = QuantType.Q4_K_R8 if act_q8 else T.Q4_K  # weight_layout auto: Q4_K repacked where int8 activations run
+    q4 = QuantType.Q4_K_R8 if act_q8 else T.Q4_K
     assert model.layers[0].self_attn.qkv_proj.qtypes == (q4, T.Q6_K)
     assert model.layers[1].self_attn.qkv_proj.qtypes == (q4, T.Q5_K, T.Q6_K)
     assert isinstance(model.embed_tokens, QuantEmbedding)
     assert model.lm_head.blocks.data_ptr() == model.embed_tokens.blocks.data_ptr()  # one copy of the bytes
-    _, modules = _run(mixed_gguf, False, PROMPTS[:num_prompts], act_q8)
+    _, modules = _run(mixed_gguf, False, PROMPTS[:num_prompts], act_q8, weight_layout=layout)
     assert fused == modules and len(fused[0][0]) == 12
 
 

@@ -14,7 +14,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.core.config import EngineConfig
-from engine.core.resolve import resolve_weight_layout
+from engine.core.resolve import Machine, ModelFacts, resolve_config, resolve_weight_layout
 from engine.models.quantized import QuantLinear
 from engine.native.quant_format import QuantType, QuantWeight, dequantize_torch, repack_rows8, unpack_rows8
 from engine.native.quant_linear import GEMV_MAX_ROWS
@@ -116,7 +116,14 @@ def test_int8_dots_do_not_saturate(march):
         assert_within(y, y_ref, 4 * fp32_bound(x, ref) + 1e-6 * y_ref.abs())
 
 
-def test_auto_repacks_where_int8_activations_run():
+def test_auto_repacks_where_int8_activations_run_on_avx512_vnni():
+    config = EngineConfig(model="m.gguf")
+    facts = ModelFacts(max_len=2048, linear_weights=1 << 20, is_gguf=True, gguf_blocks=True)
+    for vnni, layout in ((True, "rows8"), (False, "file")):
+        machine = Machine(cuda=False, cuda_bf16=False, cpu_fast_bf16=False, cpu_avx512_vnni=vnni)
+        assert resolve_config(config, machine, facts, lambda: True).weight_layout == layout
+        exact = dataclasses.replace(config, int8_activations=False)
+        assert resolve_config(exact, machine, facts, lambda: True).weight_layout == "file"
     assert resolve_weight_layout("auto", in_blocks=True, rounded=True) == "rows8"
     assert resolve_weight_layout("auto", in_blocks=True, rounded=False) == "file"
     assert resolve_weight_layout("auto", in_blocks=False, rounded=False) == "file"
@@ -175,10 +182,10 @@ def test_the_loader_repacks_without_a_copy_and_decodes_as_the_file(q4k_gguf):
     assert packed == file
 
 
-def test_auto_rows8_decodes_with_int8_activations(q4k_gguf):
-    """The default (int8 activations): Q4_K repacked, the fused step taking it, greedy tokens of the file's layout
-    (the integer sums are the same; only fp32 order differs)."""
-    llm, packed = _decode(q4k_gguf, "auto", act_q8=True)
+def test_rows8_decodes_with_int8_activations(q4k_gguf):
+    """int8 activations (auto's rows8 on an AVX512-VNNI CPU): Q4_K repacked, the fused step taking it, greedy tokens
+    of the file's layout (the integer sums are the same; only fp32 order differs)."""
+    llm, packed = _decode(q4k_gguf, "rows8", act_q8=True)
     assert llm.engine.config.weight_layout == "rows8"
     assert llm.engine.runner.fused is not None
     assert llm.engine.runner.model.layers[1].mlp.gate_up_proj.qtypes == (QuantType.Q4_K_R8,)
