@@ -139,6 +139,7 @@ def _non_default_config() -> EngineConfig:
         quantization="gguf",
         int8_activations=True,
         batch_gemm="fp32",
+        weight_layout="rows8",
         fused_decode=False,
         step_timing=True,
         attention_backend="torch",

@@ -127,7 +127,9 @@ def test_socket_branches_continue_regenerate_edit_and_switch(server, http):
 
 
 def test_stop_over_the_socket_aborts_and_frees_every_block(server, http):
-    sid = new_session(http, max_tokens=250)
+    # a reply long enough to be stopped mid-way: its 250 tokens of repeats (n-gram speculation accepts most) once
+    # ended before a loaded machine let this test look at the pool (cached and free blocks, none in use)
+    sid = new_session(http, max_tokens=2000)
     with open_socket(server, http, sid) as ws:
         ws.send(json.dumps({"type": "message", "content": "Go on and on"}))
         while json.loads(ws.recv(timeout=30))["type"] != "delta":
@@ -143,7 +145,7 @@ def test_stop_over_the_socket_aborts_and_frees_every_block(server, http):
     assert {"type": "stop_ack", "stopped": True} in frames
     done = frames[-1]
     assert (done["message"]["status"], done["message"]["finish_reason"]) == ("stopped", "abort")
-    assert done["usage"]["completion_tokens"] < 250
+    assert done["usage"]["completion_tokens"] < 2000
     server.wait_pool_idle()
     stored = httpx.get(f"{server.base_url}/api/sessions/{sid}/messages", cookies=http.cookies).json()[
         "messages"
