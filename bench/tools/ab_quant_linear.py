@@ -2,11 +2,12 @@
 calls alternated on the same weights, medians of each pass.
 
     python -m bench.tools.ab_quant_linear OLD_TREE NEW_TREE [--types Q4_K,Q6_K] [--rows 1 2 4 5 8] [--march native]
+        [--shape 2048,8192]
 
 (`git worktree add /tmp/old HEAD~1` makes OLD_TREE.) Separate processes on a 2-core VM drift ±30% between runs;
 alternating in one process, the same tree against itself reads within ±5%, which is what a kernel change needs. The
-weights: `--matrices` distinct [2048, 8192] matrices of random blocks (Llama-3.2-1B's down projection), which
-stream from memory.
+weights: `--matrices` distinct [2048, 8192] matrices of random blocks (Llama-3.2-1B's down projection; `--shape OUT,IN`
+for another), which stream from memory; a repacked type (Q4_K_R8) is its file type's blocks repacked by OLD_TREE.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ def main() -> None:
     parser.add_argument("--matrices", type=int, default=24)
     parser.add_argument("--passes", type=int, default=7)
     parser.add_argument("--march", default="native")
+    parser.add_argument("--shape", default=f"{OUT_FEATURES},{IN_FEATURES}", help="OUT,IN of each matrix")
     args = parser.parse_args()
+    out_features, in_features = (int(n) for n in args.shape.split(","))
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
         kernels = {
@@ -62,10 +65,15 @@ def main() -> None:
             for name, tree in (("old", args.old), ("new", args.new))
         }
         for qtype in (QuantType[t] for t in args.types.split(",")):
-            weights = [random_blocks(qtype, OUT_FEATURES, IN_FEATURES, seed=i) for i in range(args.matrices)]
+            weights = [
+                random_blocks(qtype.file_type, out_features, in_features, seed=i)
+                for i in range(args.matrices)
+            ]
+            if not qtype.in_files:
+                weights = [kernels["old"].repack(w) for w in weights]
             size = sum(w.blocks.numel() for w in weights)
             for rows in args.rows:
-                x = torch.randn(rows, IN_FEATURES)
+                x = torch.randn(rows, in_features)
                 seconds: dict[str, list[float]] = {"old": [], "new": []}
                 for p in range(args.passes):
                     for name in ("old", "new") if p % 2 else ("new", "old"):

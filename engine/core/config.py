@@ -61,7 +61,7 @@ class EngineConfig:
     batch_gemm: str = option(
         "auto",
         "quantization gguf on the CPU: how batches of many rows (prefill, a busy decode step) multiply the blocks: "
-        "fp32 (more than 16 rows: dequantized fp32 tiles, exact up to summation order), bf16 (more than 10 rows: a "
+        "fp32 (more than 16 rows: dequantized fp32 tiles, exact up to summation order), bf16 (more than 16 rows: a "
         "bf16 copy of the weights, +2 bytes a weight in RAM, torch's bf16 GEMM: several times faster where the CPU "
         "has AVX512-BF16 or AMX, logits move at bf16 rounding) or int8 (more than 16 rows: activations rounded to "
         "int8 per 32 values as llama.cpp does, integer dot products with the blocks themselves: faster on AVX2, "

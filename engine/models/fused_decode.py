@@ -185,7 +185,7 @@ class FusedDecoder:
         self.model = model
         qkv = model.layers[0].self_attn.qkv_proj
         # the sequences a step may have: any number with batch_gemm int8, whose GEMM is C too (more rows than the
-        # GEMV bound take it, as in QuantLinear.forward); else the GEMV bound (16; 10 beside the bf16 GEMM in torch)
+        # GEMV bound take it, as in QuantLinear.forward); else the GEMV bound (16)
         gemm = _fn_address(quant_linear.SOURCE, "quant_gemm_q8") if qkv.batch_gemm == "int8" else None
         self.max_rows = max(max_seqs, qkv.gemv_max_rows) if gemm is not None else qkv.gemv_max_rows
         self._kv_caches = kv_caches  # kept alive: the struct holds their pointers

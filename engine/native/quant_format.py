@@ -45,6 +45,11 @@ class QuantType(IntEnum):
         return self is not QuantType.Q4_K_R8
 
     @property
+    def file_type(self) -> QuantType:
+        """The file format a repacked one is made from (itself for a file format)."""
+        return QuantType.Q4_K if self is QuantType.Q4_K_R8 else self
+
+    @property
     def block_weights(self) -> int:
         """Weights per block: 32, or 256 for the super-block formats."""
         return BLOCK_SIZE if self in _BLOCKS_OF_32 else SUPER_BLOCK_SIZE

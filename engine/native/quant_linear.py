@@ -26,7 +26,6 @@ from engine.native.quant_format import R8_ROWS, QuantType, QuantWeight, dequanti
 
 __all__ = [
     "BATCH_GEMMS",
-    "BF16_GEMV_MAX_ROWS",
     "GEMV_MAX_ROWS",
     "NativeQuantLinear",
     "QuantLinear",
@@ -35,10 +34,6 @@ __all__ = [
 
 SOURCE = Path(__file__).with_name("quant_linear.c")
 GEMV_MAX_ROWS = 16  # rows up to which the kernel beats dequantize + GEMM (bench/tools/bench_quant_linear.py)
-# with batch_gemm bf16 (a CPU with fast bf16): rows up to which the kernel beats torch's bf16 GEMM. `pagedchat bench step` on
-# a 2-core AVX512-BF16 EPYC, SmolLM2's decode step: the fused GEMV step takes ~2.7 ms a sequence (8: 21.4 ms, 16:
-# 44.5), the bf16 module path ~28 ms from 5 to 12 sequences (it reads the 2-byte weights: 31.3 ms at 16)
-BF16_GEMV_MAX_ROWS = 10
 BATCH_GEMMS = ("fp32", "bf16", "int8")  # how QuantLinear multiplies more rows than its GEMV bound
 TILE_WEIGHTS = (
     1 << 20
@@ -336,7 +331,7 @@ class QuantLinear(nn.Module):
     act_q8=False is exact: fp32 activations times the dequantized weights, up to fp32 summation order.
     batch_gemm, for more rows than the GEMV bound (prefill, a busy decode step):
     - "fp32": tiles of the dequantized weight multiplied by torch's fp32 GEMM (exact up to summation order);
-    - "bf16": from BF16_GEMV_MAX_ROWS rows, a bf16 copy of the dequantized weight, made on first use (+2 bytes a
+    - "bf16": past GEMV_MAX_ROWS rows, a bf16 copy of the dequantized weight, made on first use (+2 bytes a
       weight), with torch's bf16 GEMM (fp32 accumulation): on a CPU with AVX512-BF16 several times faster than fp32
       tiles, with the activations and weights rounded to bf16;
     - "int8": the activations rounded to int8 per 32-block, as act_q8 does, and an integer GEMM over the blocks
@@ -358,8 +353,11 @@ class QuantLinear(nn.Module):
         if not segments or any(s.in_features != segments[0].in_features for s in segments):
             raise ValueError(f"segments must share in_features, got {[s.shape for s in segments]}")
         self.batch_gemm = batch_gemm
-        # rows up to which the exact GEMV kernel runs (the fused decode step takes the same bound)
-        self.gemv_max_rows = BF16_GEMV_MAX_ROWS if batch_gemm == "bf16" else GEMV_MAX_ROWS
+        # rows up to which the GEMV kernel runs, whatever the batch GEMM (the fused decode step takes the same bound):
+        # beside bf16 it stopped at 10 rows until `bench step` on a 2-core AVX512-BF16 EPYC (Zen 4), 2026-12-08, put
+        # the fused GEMV step at 16 sequences at 25.5 ms (default model) and 32.7 (SmolLM2 Q4_K_M) against the bf16
+        # module path's 46 and 48 ms
+        self.gemv_max_rows = GEMV_MAX_ROWS
         # batch_gemm bf16's copy, made on first use; not a buffer: the blocks are the weight
         self._weight_bf16: torch.Tensor | None = None
         self.in_features = segments[0].in_features

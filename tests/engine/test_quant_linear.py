@@ -23,7 +23,7 @@ from engine.native.quant_format import (
     dequantize_torch,
     quant_linear_torch,
 )
-from engine.native.quant_linear import BF16_GEMV_MAX_ROWS, GEMV_MAX_ROWS, QuantLinear, load_kernel
+from engine.native.quant_linear import GEMV_MAX_ROWS, QuantLinear, load_kernel
 from tests.engine.test_kquant_kernels import int8_inverse_scale
 
 KERNEL = load_kernel()
@@ -288,14 +288,14 @@ def test_weight_width_must_be_whole_blocks():
 def test_bf16_batch_gemm_is_within_bf16_rounding_and_few_rows_stay_exact(qtype, rows):
     """batch_gemm bf16: more than GEMV_MAX_ROWS rows multiply a bf16 copy of the weight by bf16 activations (fp32
     accumulation): each product's two roundings bound the error by 2 * 2^-8 of |x| @ |W|^T (plus fp32 summation);
-    up to BF16_GEMV_MAX_ROWS rows take the exact kernel as before."""
+    up to GEMV_MAX_ROWS rows take the exact kernel as before."""
     for i, (out_features, in_features) in enumerate(SHAPES):
         weight, ref = make_weight(qtype, out_features, in_features, seed=60 + i)
         x, bias = make_x(rows, in_features, seed=70 + i), torch.randn(out_features)
         module = QuantLinear(weight, bias, batch_gemm="bf16")
         y = module(x)
         exact_bound = fp32_bound(x, ref) + 2 * U * bias.abs()
-        assert module.gemv_max_rows == BF16_GEMV_MAX_ROWS < GEMV_MAX_ROWS
+        assert module.gemv_max_rows == GEMV_MAX_ROWS
         if rows <= module.gemv_max_rows:
             assert module._weight_bf16 is None  # never made: small decode steps keep the blocks only
             assert_within(y, x @ ref.T + bias, exact_bound)
