@@ -184,7 +184,7 @@ class EngineConfig:
         group="speculative",
     )
     num_speculative_tokens: int = option(
-        4,
+        8,
         "the most tokens proposed for a sequence in one step (each step picks fewer where they do not pay)",
         group="speculative",
     )
