@@ -3,8 +3,10 @@
  * Built and loaded by engine/native/peak.py (cc -O3 -march=native, OpenMP), like stream.c. Two register-only loops,
  * run by every thread at once:
  *   - fp32: independent FMA chains (8 floats each, enough chains to hide the FMA latency), 2 flops a lane;
- *   - int8: the integer dot product the quantized kernels use (maddubs u8 x s8 -> pairs in 16 bits, madd with ones
- *     -> 32 bits, add), 2 ops per byte product. Each iteration changes its operands, so no product repeats.
+ *   - int8: the widest integer dot product the quantized kernels use: on AVX-512 VNNI (with BW) the 64-byte vpdpbusd
+ *     (u8 x s8, 4 products summed into each 32-bit lane; the K-quants' dots and Q4_K_R8 issue it), else AVX2's
+ *     maddubs u8 x s8 -> pairs in 16 bits, madd with ones -> 32 bits, add; 2 ops per byte product. Each iteration
+ *     changes its operands, so no product repeats. (On a 2-core Zen 4 the vpdpbusd loop ran ~1.7x the maddubs one.)
  * Nothing touches memory; the accumulators are returned so the loops cannot be optimised away. Without AVX2 (and
  * FMA) both return -1: no peak to report.
  */
@@ -62,6 +64,22 @@ double peak_int8(int64_t iters, int num_threads, double *checksum) {
     const double start = now_s();
 #pragma omp parallel num_threads(team(num_threads)) reduction(+ : sum)
     {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+        __m512i acc[DOT_CHAINS], u[DOT_CHAINS];
+        const __m512i step = _mm512_set1_epi8(1), x = _mm512_set1_epi8(3);
+        for (int c = 0; c < DOT_CHAINS; c++) {
+            acc[c] = _mm512_setzero_si512();
+            u[c] = _mm512_set1_epi8((char)(5 + c));
+        }
+        for (int64_t i = 0; i < iters; i++)
+            for (int c = 0; c < DOT_CHAINS; c++) {
+                u[c] = _mm512_add_epi8(u[c], step);
+                acc[c] = _mm512_dpbusd_epi32(acc[c], u[c], x);
+            }
+        for (int c = 0; c < DOT_CHAINS; c++) sum += _mm_cvtsi128_si32(_mm512_castsi512_si128(acc[c]));
+    }
+    const double rate = per_second((double)iters * DOT_CHAINS * 64 * 2, team(num_threads), start);
+#else
         __m256i acc[DOT_CHAINS], u[DOT_CHAINS];
         const __m256i ones = _mm256_set1_epi16(1), step = _mm256_set1_epi8(1), x = _mm256_set1_epi8(3);
         for (int c = 0; c < DOT_CHAINS; c++) {
@@ -76,6 +94,7 @@ double peak_int8(int64_t iters, int num_threads, double *checksum) {
         for (int c = 0; c < DOT_CHAINS; c++) sum += _mm256_cvtsi256_si32(acc[c]);
     }
     const double rate = per_second((double)iters * DOT_CHAINS * 32 * 2, team(num_threads), start);
+#endif
     *checksum = sum;
     return rate;
 #else

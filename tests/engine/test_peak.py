@@ -14,7 +14,8 @@ HAS_AVX2 = LOOPS is not None and LOOPS.fp32(1, 1)[0] > 0
 
 def expected_int8_checksum(iterations: int, threads: int) -> int:
     """Chain c's operand bytes start at 5 + c and grow by 1 (mod 256) before each use; times x = 3 in pairs then
-    pairs of pairs, lane 0 gains 4 * 3 * u an iteration. The checksum sums lane 0 of 8 chains on every thread."""
+    pairs of pairs (AVX2) or in fours (vpdpbusd), lane 0 gains 4 * 3 * u an iteration. The checksum sums lane 0 of 8
+    chains on every thread."""
     per_thread = sum(12 * ((5 + c + i) % 256) for c in range(8) for i in range(1, iterations + 1))
     return per_thread * threads
 
