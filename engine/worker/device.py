@@ -26,23 +26,22 @@ def cpu_flags(cpuinfo: str) -> frozenset[str]:
 
 
 @cache
+def this_cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags (Linux; empty where /proc/cpuinfo is absent)."""
+    try:
+        return cpu_flags(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return frozenset()
+
+
 def cpu_has_fast_bf16() -> bool:
-    """True when the CPU advertises AVX512-BF16 or AMX-BF16 (Linux; False where /proc/cpuinfo is absent)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return bool(cpu_flags(text) & CPU_BF16_FLAGS)
+    """True when the CPU advertises AVX512-BF16 or AMX-BF16."""
+    return bool(this_cpu_flags() & CPU_BF16_FLAGS)
 
 
-@cache
 def cpu_has_avx512_vnni() -> bool:
-    """True when the CPU advertises AVX512-VNNI and AVX512-BW (Linux; False where /proc/cpuinfo is absent)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return cpu_flags(text) >= CPU_VNNI_FLAGS
+    """True when the CPU advertises AVX512-VNNI and AVX512-BW."""
+    return this_cpu_flags() >= CPU_VNNI_FLAGS
 
 
 def probe_machine(device: str = "auto") -> Machine:
