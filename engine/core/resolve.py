@@ -153,7 +153,8 @@ def resolve_weight_layout(name: str, in_blocks: bool, rounded: bool) -> str:
         raise ValueError(f"weight_layout must be 'auto', 'file' or 'rows8', got {name!r}")
     if name == "rows8" and not in_blocks:
         raise ValueError(
-            "weight_layout 'rows8' repacks a GGUF model's blocks: it needs quantization 'gguf' on the CPU"
+            "weight_layout 'rows8' repacks a GGUF model's blocks: it needs quantization 'gguf' on the CPU and every "
+            "layer linear of the file in a block format"
         )
     if name == "auto":
         return "rows8" if in_blocks and rounded else "file"

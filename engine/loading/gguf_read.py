@@ -178,7 +178,9 @@ def dequantize_into(weight: QuantWeight, target: torch.Tensor) -> None:
     if kernel is not None and target.dtype == torch.float32 and target.device.type == "cpu":
         kernel.dequantize(weight, out=target)
         return
-    step = max(1, CHUNK_FLOAT_BYTES // (4 * weight.in_features))
+    step = max(
+        R8_ROWS, CHUNK_FLOAT_BYTES // (4 * weight.in_features) // R8_ROWS * R8_ROWS
+    )  # whole 8-row groups
     for start in range(0, weight.out_features, step):
         stop = min(weight.out_features, start + step)
         rows = QuantWeight(weight.qtype, weight.blocks[start:stop], weight.in_features)

@@ -159,8 +159,9 @@ static inline __attribute__((always_inline)) void r8_dot_q8_simd(const R8Block *
         for (int h = 0; h < 2; h++) {
             for (int r = 0; r < NR; r++) half_sum[h][r] = _mm256_setzero_si256();
             for (int p = 0; p < 4; p++) { /* rows 4h.. 4h + 3's scales, each in both 16-bit halves of its 2 lanes */
-                const __m128i s0 = _mm_cvtsi32_si128(*(const int32_t *)(o->sc[2 * p] + 4 * h));
-                const __m128i s1 = _mm_cvtsi32_si128(*(const int32_t *)(o->sc[2 * p + 1] + 4 * h));
+                int32_t b0, b1;
+                memcpy(&b0, o->sc[2 * p] + 4 * h, 4), memcpy(&b1, o->sc[2 * p + 1] + 4 * h, 4);
+                const __m128i s0 = _mm_cvtsi32_si128(b0), s1 = _mm_cvtsi32_si128(b1);
                 const __m256i sl = _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(s0, s0)), both);
                 const __m256i sh = _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(s1, s1)), both);
                 __m256i alo[R8_PASS], ahi[R8_PASS];
