@@ -219,6 +219,23 @@ def write_tiny_chat_gguf(path: Path, seed: int = 0, **overrides: Any) -> Path:
     return path
 
 
+def write_q4km_like_gguf(path: Path, seed: int, embed_type: T, extra: dict[str, T] | None = None) -> Path:
+    """Q4_K_M's mix in small (a chat GGUF as write_tiny_chat_gguf's): q/k/o/gate/up Q4_K, v and down Q6_K, a tied
+    embedding in `embed_type`, `extra` overriding more tensors' types; widths whole super-blocks of 256."""
+    overrides = {f"blk.{n}.{part}.weight": T.Q6_K for n in range(2) for part in ("attn_v", "ffn_down")}
+    return write_tiny_chat_gguf(
+        path,
+        seed=seed,
+        hidden_size=256,
+        intermediate_size=512,
+        num_heads=4,
+        num_kv_heads=2,
+        linear_type=T.Q4_K,
+        embed_type=embed_type,
+        type_overrides={**overrides, **(extra or {})},
+    )
+
+
 def teacher_forced_logits(model, tokens: list[int], prefill_len: int) -> torch.Tensor:
     """Logits of every token: one prefill of prefill_len tokens, then one decode step per remaining token."""
     caches = make_kv_caches(model.args, NUM_BLOCKS, BLOCK_SIZE, dtype=model.norm.weight.dtype)

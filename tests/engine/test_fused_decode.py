@@ -14,7 +14,7 @@ from engine.models.fused_decode import FusedDecoder
 from engine.models.quantized import QuantEmbedding, QuantType
 from engine.native.quant_linear import GEMV_MAX_ROWS
 from tests.engine.factories import make_attention_metadata
-from tests.engine.gguf_factories import T, write_tiny_chat_gguf
+from tests.engine.gguf_factories import T, write_q4km_like_gguf, write_tiny_chat_gguf
 
 KV_BYTES = 8 * 2**20
 PROMPTS = [f"prompt number {i}: tell me about {word}" for i, word in enumerate("abcdefghijklmnopqrstuvwx")]
@@ -27,21 +27,9 @@ def tiny_gguf(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def mixed_gguf(tmp_path_factory) -> Path:
-    """Q4_K_M's mix in small: q/k/o/gate/up Q4_K, v and down Q6_K (layer 1's k Q5_K: three formats in one qkv), a
-    tied Q6_K embedding; widths whole super-blocks of 256."""
-    overrides = {f"blk.{n}.{part}.weight": T.Q6_K for n in range(2) for part in ("attn_v", "ffn_down")}
-    overrides["blk.1.attn_k.weight"] = T.Q5_K
-    return write_tiny_chat_gguf(
-        tmp_path_factory.mktemp("fused") / "mixed.gguf",
-        seed=5,
-        hidden_size=256,
-        intermediate_size=512,
-        num_heads=4,
-        num_kv_heads=2,
-        linear_type=T.Q4_K,
-        embed_type=T.Q6_K,
-        type_overrides=overrides,
-    )
+    """Q4_K_M's mix in small (layer 1's k Q5_K: three formats in one qkv), a tied Q6_K embedding."""
+    path = tmp_path_factory.mktemp("fused") / "mixed.gguf"
+    return write_q4km_like_gguf(path, seed=5, embed_type=T.Q6_K, extra={"blk.1.attn_k.weight": T.Q5_K})
 
 
 def _run(

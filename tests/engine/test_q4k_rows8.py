@@ -18,7 +18,7 @@ from engine.core.resolve import Machine, ModelFacts, resolve_config, resolve_wei
 from engine.models.quantized import QuantLinear
 from engine.native.quant_format import QuantType, QuantWeight, dequantize_torch, repack_rows8, unpack_rows8
 from engine.native.quant_linear import GEMV_MAX_ROWS
-from tests.engine.gguf_factories import T, write_tiny_chat_gguf
+from tests.engine.gguf_factories import T, write_q4km_like_gguf
 from tests.engine.test_kquant_kernels import (
     MARCHES,
     QK_K,
@@ -138,18 +138,7 @@ def test_auto_repacks_where_int8_activations_run_on_avx512_vnni():
 @pytest.fixture(scope="module")
 def q4k_gguf(tmp_path_factory):
     """Q4_K linears (v and down in Q6_K, as Q4_K_M), a tied Q4_K embedding that stays in the file's layout."""
-    overrides = {f"blk.{n}.{part}.weight": T.Q6_K for n in range(2) for part in ("attn_v", "ffn_down")}
-    return write_tiny_chat_gguf(
-        tmp_path_factory.mktemp("rows8") / "q4k.gguf",
-        seed=9,
-        hidden_size=256,
-        intermediate_size=512,
-        num_heads=4,
-        num_kv_heads=2,
-        linear_type=T.Q4_K,
-        embed_type=T.Q4_K,
-        type_overrides=overrides,
-    )
+    return write_q4km_like_gguf(tmp_path_factory.mktemp("rows8") / "q4k.gguf", seed=9, embed_type=T.Q4_K)
 
 
 def _decode(path, layout: str, act_q8: bool):
