@@ -109,7 +109,7 @@ int quant_gemm_q8(int qtype, const uint8_t *w, int64_t w_row_bytes, int out_feat
 /* out[o, :] = the dequantized weight row o, for rows [0, rows). 0 on success, -1 for a bad type or width. */
 int dequantize(int qtype, const uint8_t *w, int64_t w_row_bytes, int rows, int cols, float *out, int64_t out_row,
                int num_threads) {
-    if (qtype == Q4_K_R8) return r8_dequantize(w, w_row_bytes, rows, cols, out, out_row, num_threads);
+    if (qtype == Q4_K_R8) return r8_dequantize(w, w_row_bytes, NULL, rows, cols, out, out_row, num_threads);
     const QFormat *format = qformat(qtype);
     if (format) return kq_dequantize(format, w, w_row_bytes, rows, cols, out, out_row, num_threads);
     const int bb = block_bytes(qtype), nb = cols / QK;
@@ -138,18 +138,8 @@ int dequantize_gather(int qtype, const uint8_t *w, int64_t w_row_bytes, int64_t 
                       int cols, float *out, int64_t out_row, int num_threads) {
     for (int r = 0; r < n; r++)
         if (index[r] < 0 || index[r] >= num_rows) return -1;
-    if (qtype == Q4_K_R8) { /* a row is a lane of its group: unpacked to Q4_K, then as a Q4_K row */
-        const int nb = cols / QK_K;
-        if (cols % QK_K != 0 || num_rows % 8 != 0 || w_row_bytes != (int64_t)nb * R8_ROW_BYTES) return -1;
-        uint8_t *row = malloc((size_t)nb * 144 + 1);
-        if (!row) return -2;
-        for (int r = 0; r < n; r++) {
-            r8_unpack_lane((const R8Block *)w + index[r] / 8 * nb, nb, (int)(index[r] % 8), row);
-            dequantize(Q4_K, row, (int64_t)nb * 144, 1, cols, out + r * out_row, out_row, 1);
-        }
-        free(row);
-        return 0;
-    }
+    if (qtype == Q4_K_R8) /* a row is a lane of its group */
+        return num_rows % 8 ? -1 : r8_dequantize(w, w_row_bytes, index, n, cols, out, out_row, num_threads);
     int status = 0;
 #pragma omp parallel for schedule(static) reduction(| : status) num_threads(threads_for((int64_t)n * cols, num_threads))
     for (int r = 0; r < n; r++)

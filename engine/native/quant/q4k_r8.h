@@ -7,8 +7,9 @@
  * scales and minimums as bytes [sub-block][row], and their nibbles as Q4_K keeps them (byte 32p + i: weight 64p + i
  * low, 64p + 32 + i high) regrouped 8 bytes of each row in turn: qs[p][j] holds bytes 32p + 8j .. + 7 of rows 0..7.
  * With 8 broadcast activation bytes, one int8 dot adds 4 products into each of 16 lanes, two a row (AVX-512: one
- * 64-byte vector; AVX2: two of 32), whose pairs are summed once a block. 1,184 bytes for 8 x 144 of Q4_K (+2.8%). A weight [out, in] of out % 8 == 0 keeps its shape [out, in / 256 * 148]: the bytes of rows
- * 8g .. 8g + 7 are group g's R8Blocks in order, so a slice of whole groups is still a weight.
+ * 64-byte vector; AVX2: two of 32), whose pairs are summed once a block. 1,184 bytes for 8 x 144 of Q4_K (+2.8%).
+ * A weight [out, in] of out % 8 == 0 keeps its shape [out, in / 256 * 148]: the bytes of rows 8g .. 8g + 7 are
+ * group g's R8Blocks in order, so a slice of whole groups is still a weight.
  *
  * The integer sums are Q4_K's own; the fp32 steps run per lane in one order whatever the number of activation rows
  * (row-exact). The exact mode (fp32 activations) unpacks a group back to its 8 Q4_K rows and runs Q4_K's exact dot:
@@ -342,21 +343,24 @@ static int r8_linear(int act_q8, int gemm, const uint8_t *w, int64_t w_row_bytes
     return 0;
 }
 
-/* dequantize for Q4_K_R8: rows [0, rows) of the groups at w (rows % 8 == 0), each unpacked and dequantized as Q4_K. */
-static int r8_dequantize(const uint8_t *w, int64_t w_row_bytes, int rows, int cols, float *out, int64_t out_row,
-                         int num_threads) {
+/* dequantize and dequantize_gather for Q4_K_R8: out row r = weight row index[r] (r < n; row r itself when index is
+ * NULL, n % 8 == 0) of the groups at w, unpacked to its Q4_K blocks and dequantized as Q4_K. 0, -1 (bad width), -2
+ * (memory). */
+static int r8_dequantize(const uint8_t *w, int64_t w_row_bytes, const int64_t *index, int n, int cols, float *out,
+                         int64_t out_row, int num_threads) {
     const int nb = cols / QK_K;
-    if (cols % QK_K != 0 || rows % 8 != 0 || w_row_bytes != (int64_t)nb * R8_ROW_BYTES) return -1;
+    if (cols % QK_K != 0 || (!index && n % 8 != 0) || w_row_bytes != (int64_t)nb * R8_ROW_BYTES) return -1;
     int failed = 0;
-#pragma omp parallel num_threads(threads_for((int64_t)rows * cols, num_threads)) reduction(| : failed)
+#pragma omp parallel num_threads(threads_for((int64_t)n * cols, num_threads)) reduction(| : failed)
     {
         uint8_t *row = malloc((size_t)nb * 144);
         failed = row == NULL;
 #pragma omp for schedule(dynamic, ROWS_PER_GRAB)
-        for (int o = 0; o < rows; o++) {
+        for (int r = 0; r < n; r++) {
             if (!row) continue;
-            r8_unpack_lane((const R8Block *)w + (int64_t)(o / 8) * nb, nb, o % 8, row);
-            for (int b = 0; b < nb; b++) deq_q4_k(row + (int64_t)b * 144, out + o * out_row + (int64_t)b * QK_K);
+            const int64_t o = index ? index[r] : r;
+            r8_unpack_lane((const R8Block *)w + o / 8 * nb, nb, (int)(o % 8), row);
+            for (int b = 0; b < nb; b++) deq_q4_k(row + (int64_t)b * 144, out + r * out_row + (int64_t)b * QK_K);
         }
         free(row);
     }
