@@ -89,79 +89,66 @@ def read_block_group(
     staging: torch.Tensor | None = None,
     *,
     rows8: bool = False,
-    ordered: torch.Tensor | None = None,
+    unpacked: torch.Tensor | None = None,
 ) -> list[QuantWeight]:
     """Parts of one block format read into one [rows, row bytes] buffer, each into its rows (in `row_orders[i]`'s
     order when given: HF row r is the file's row order[r], read first into `staging`, flat uint8 of at least the
     part's bytes); the returned weights are views of that buffer, so QuantWeight.cat of them in order takes the
     buffer as is. One staging buffer for the whole load: a temporary per q/k, freed between the buffers that stay,
     would leave that many holes in the heap that malloc cannot give back (~0.3 GB at 8B).
-    rows8: Q4_K parts (whole groups of 8 rows each: see `repacks`) are read into `staging` (then, reordered, into
-    `ordered`) and repacked into the buffer as Q4_K_R8: no copy of the file's blocks stays."""
+    rows8: Q4_K parts (whole groups of 8 rows each: see `repacks`) are read so into `unpacked` (flat uint8, the same
+    for the whole load) and repacked into the buffer as Q4_K_R8: no copy of the file's blocks stays."""
     qtype = parts[0].qtype
     assert qtype is not None and all(p.qtype is qtype and p.row_bytes == parts[0].row_bytes for p in parts)
     if rows8:
         assert repacks(parts), f"{[p.name for p in parts]} are not Q4_K in groups of {R8_ROWS} rows"
-        return _read_rows8(fd, parts, row_orders, staging, ordered)
+    packed = QuantType.Q4_K_R8 if rows8 else qtype
+    width = parts[0].shape[-1]
     # on huge pages: a decode step streams every block once (the GEMV's page walks: engine/native/huge_pages.py)
-    buffer = empty_on_huge_pages((sum(p.rows for p in parts), parts[0].row_bytes), dtype=torch.uint8)
+    buffer = empty_on_huge_pages(
+        (sum(p.rows for p in parts), width // packed.block_weights * packed.block_bytes), dtype=torch.uint8
+    )
+    kernel = load_quant_kernel() if rows8 else None
     weights, row = [], 0
     for part, order in zip(parts, row_orders, strict=True):
         rows = buffer[row : row + part.rows]
-        if order is None:
-            pread_into(fd, part.offset, rows)
+        if not rows8:
+            staging = _read_rows(fd, part, order, rows, staging)
+            weights.append(QuantWeight(qtype, rows, width))
         else:
-            if staging is None or staging.numel() < rows.numel():
-                staging = torch.empty(rows.numel(), dtype=torch.uint8)
-            staged = staging[: rows.numel()].view(rows.shape)
-            pread_into(fd, part.offset, staged)
-            torch.index_select(staged, 0, order, out=rows)
-        weights.append(QuantWeight(qtype, rows, part.shape[-1]))
+            if unpacked is None or unpacked.numel() < part.nbytes:
+                unpacked = torch.empty(part.nbytes, dtype=torch.uint8)
+            file_rows = unpacked[: part.nbytes].view(part.rows, part.row_bytes)
+            staging = _read_rows(fd, part, order, file_rows, staging)
+            q4k = QuantWeight(qtype, file_rows, width)
+            if kernel is not None:  # else the torch twin
+                weights.append(kernel.repack(q4k, out=rows))
+            else:
+                rows.copy_(repack_rows8(q4k).blocks)
+                weights.append(QuantWeight(packed, rows, width))
         row += part.rows
     return weights
+
+
+def _read_rows(
+    fd: int, part: FileTensor, order: torch.Tensor | None, out: torch.Tensor, staging: torch.Tensor | None
+) -> torch.Tensor | None:
+    """The part's rows into `out` ([rows, row bytes]), in `order` when given (read first into `staging`, made or
+    grown here when short); the staging buffer, for the next part."""
+    if order is None:
+        pread_into(fd, part.offset, out)
+        return staging
+    if staging is None or staging.numel() < out.numel():
+        staging = torch.empty(out.numel(), dtype=torch.uint8)
+    staged = staging[: out.numel()].view(out.shape)
+    pread_into(fd, part.offset, staged)
+    torch.index_select(staged, 0, order, out=out)
+    return staging
 
 
 def repacks(parts: list[FileTensor]) -> bool:
     """Whether weight_layout rows8 repacks these parts of one buffer: Q4_K, each of whole groups of 8 rows."""
     return all(p.qtype is QuantType.Q4_K and p.rows % R8_ROWS == 0 for p in parts)
-
-
-def _read_rows8(
-    fd: int,
-    parts: list[FileTensor],
-    row_orders: list[torch.Tensor | None],
-    staging: torch.Tensor | None,
-    ordered: torch.Tensor | None,
-) -> list[QuantWeight]:
-    """read_block_group's rows8 path: each part's Q4_K rows read (and reordered) into staging, then repacked by the
-    compiled kernel (its torch twin where none is built) into the part's rows of one Q4_K_R8 buffer."""
-    kernel = load_quant_kernel()
-    width = parts[0].shape[-1]
-    buffer = empty_on_huge_pages(
-        (
-            sum(p.rows for p in parts),
-            width // QuantType.Q4_K_R8.block_weights * QuantType.Q4_K_R8.block_bytes,
-        ),
-        dtype=torch.uint8,
-    )
-    weights, row = [], 0
-    for part, order in zip(parts, row_orders, strict=True):
-        if staging is None or staging.numel() < part.nbytes:
-            staging = torch.empty(part.nbytes, dtype=torch.uint8)
-        raw = staging[: part.nbytes].view(part.rows, part.row_bytes)
-        pread_into(fd, part.offset, raw)
-        if order is not None:
-            if ordered is None or ordered.numel() < part.nbytes:
-                ordered = torch.empty(part.nbytes, dtype=torch.uint8)
-            raw = torch.index_select(raw, 0, order, out=ordered[: part.nbytes].view(raw.shape))
-        q4k, out = QuantWeight(QuantType.Q4_K, raw, width), buffer[row : row + part.rows]
-        if kernel is not None:
-            weights.append(kernel.repack(q4k, out=out))
-        else:
-            out.copy_(repack_rows8(q4k).blocks)
-            weights.append(QuantWeight(QuantType.Q4_K_R8, out, width))
-        row += part.rows
-    return weights
 
 
 def dequantize_fp32(weight: QuantWeight) -> torch.Tensor:

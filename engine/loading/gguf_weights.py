@@ -69,20 +69,10 @@ def read_linear_blocks(
     whose rows a step gathers, nor a head tied to it)."""
     weights: dict[str, QuantWeight] = {}
     repacked = [rows8 and EMBEDDING not in names and repacks([tensors[n] for n in names]) for names in groups]
-    staged = [  # read through staging: every q/k, and every part repacked (see read_block_group)
-        tensors[n].nbytes
-        for names, repack in zip(groups, repacked, strict=True)
-        for n in names
-        if n in row_orders or repack
-    ]
-    both = [
-        tensors[n].nbytes
-        for names, repack in zip(groups, repacked, strict=True)
-        for n in names
-        if n in row_orders and repack
-    ]
-    staging = torch.empty(max(staged, default=0), dtype=torch.uint8)
-    ordered = torch.empty(max(both, default=0), dtype=torch.uint8)  # a repacked q/k's rows in HF order
+    reordered = [tensors[n].nbytes for names in groups for n in names if n in row_orders]
+    staging = torch.empty(max(reordered, default=0), dtype=torch.uint8)  # for every q/k: see read_block_group
+    to_repack = [tensors[n].nbytes for names, r in zip(groups, repacked, strict=True) if r for n in names]
+    unpacked = torch.empty(max(to_repack, default=0), dtype=torch.uint8)  # a repacked part's file rows
     for names, repack in zip(groups, repacked, strict=True):
         parts = read_block_group(
             fd,
@@ -90,7 +80,7 @@ def read_linear_blocks(
             [row_orders.get(n) for n in names],
             staging,
             rows8=repack,
-            ordered=ordered,
+            unpacked=unpacked,
         )
         weights.update(zip(names, parts, strict=True))
     return weights

@@ -211,7 +211,7 @@ def repack_rows8(weight: QuantWeight) -> QuantWeight:
     out, nb = weight.out_features, weight.in_features // SUPER_BLOCK_SIZE
     if out % R8_ROWS:
         raise ValueError(f"Q4_K_R8 holds groups of {R8_ROWS} rows, not {out}")
-    blocks = weight.blocks.view(out // R8_ROWS, R8_ROWS, nb, 144).transpose(1, 2)  # [groups, nb, row, 144]
+    blocks = weight.blocks.view(out // R8_ROWS, R8_ROWS, nb, -1).transpose(1, 2)  # [groups, nb, row, 144]
     sc, mn = _q4k_scale_bytes(blocks[..., 4:16])  # [groups, nb, row, 8]
     qs = (
         blocks[..., 16:].reshape(*blocks.shape[:3], 4, 4, 8).permute(0, 1, 3, 4, 2, 5)
@@ -226,21 +226,21 @@ def repack_rows8(weight: QuantWeight) -> QuantWeight:
         ],
         -1,
     )  # [groups, nb, 1184]
-    return QuantWeight(QuantType.Q4_K_R8, packed.reshape(out, nb * 148).contiguous(), weight.in_features)
+    return QuantWeight(QuantType.Q4_K_R8, packed.reshape(out, -1).contiguous(), weight.in_features)
 
 
 def unpack_rows8(weight: QuantWeight) -> QuantWeight:
     """repack_rows8 inverted: a Q4_K_R8 weight as the Q4_K rows it was made of, byte for byte."""
     assert weight.qtype is QuantType.Q4_K_R8
     out, nb = weight.out_features, weight.in_features // SUPER_BLOCK_SIZE
-    groups = weight.blocks.view(out // R8_ROWS, nb, 1184)
+    groups = weight.blocks.view(out // R8_ROWS, nb, -1)  # [groups, nb, 1184]
     d = groups[..., 0:16].reshape(*groups.shape[:2], R8_ROWS, 2)
     dmin = groups[..., 16:32].reshape(*groups.shape[:2], R8_ROWS, 2)
     sc = groups[..., 32:96].reshape(*groups.shape[:2], 8, R8_ROWS).transpose(2, 3)  # [g, nb, row, sub-block]
     mn = groups[..., 96:160].reshape(*groups.shape[:2], 8, R8_ROWS).transpose(2, 3)
     qs = groups[..., 160:].reshape(*groups.shape[:2], 4, 4, R8_ROWS, 8).permute(0, 1, 4, 2, 3, 5)
     blocks = torch.cat([d, dmin, _q4k_pack_scales(sc, mn), qs.flatten(3)], -1)  # [g, nb, row, 144]
-    rows = blocks.transpose(1, 2).reshape(out, nb * 144).contiguous()
+    rows = blocks.transpose(1, 2).reshape(out, -1).contiguous()
     return QuantWeight(QuantType.Q4_K, rows, weight.in_features)
 
 

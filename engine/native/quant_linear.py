@@ -70,7 +70,8 @@ class NativeQuantLinear:
         assert weight.qtype is QuantType.Q4_K, f"only Q4_K repacks, not {weight.qtype.name}"
         if weight.out_features % R8_ROWS:
             raise ValueError(f"Q4_K_R8 holds groups of {R8_ROWS} rows, not {weight.out_features}")
-        shape = (weight.out_features, weight.in_features // QuantType.Q4_K_R8.block_weights * 148)
+        packed = QuantType.Q4_K_R8
+        shape = (weight.out_features, weight.in_features // packed.block_weights * packed.block_bytes)
         out = torch.empty(shape, dtype=torch.uint8) if out is None else out
         assert out.dtype == torch.uint8 and out.shape == shape and out.is_contiguous()
         status = self._repack(
@@ -83,7 +84,7 @@ class NativeQuantLinear:
         )
         if status != 0:
             raise RuntimeError(f"repack_q4k_r8 rejected its inputs (status {status})")
-        return QuantWeight(QuantType.Q4_K_R8, out, weight.in_features)
+        return QuantWeight(packed, out, weight.in_features)
 
     def linear(
         self,
