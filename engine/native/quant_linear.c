@@ -21,6 +21,7 @@
 #include "quant/legacy_rows.h"
 #include "quant/legacy_gemm.h"
 #include "quant/legacy_pairs.h"
+#include "quant/legacy_zmm.h"
 #include "quant/generic.h"
 #include "quant/q4k_r8.h"
 
@@ -40,8 +41,13 @@ int quant_linear(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, i
     if (bb == 0 || in_features % QK != 0 || w_row_bytes < (int64_t)nb * bb) return -1;
 #ifdef QL_AVX2 /* int8 activations: the pair GEMV; exact single rows: the row kernel */
     if (act_q8)
+#ifdef ZQ
+        return linear_zmm(qtype, w, w_row_bytes, out_features, in_features, x, x_row, rows, bias, y, y_row,
+                          threads_for((int64_t)out_features * in_features, num_threads));
+#else
         return linear_pairs(qtype, w, w_row_bytes, out_features, in_features, x, x_row, rows, bias, y, y_row,
                             threads_for((int64_t)out_features * in_features, num_threads));
+#endif
     if (rows == 1) {
         float sx_stack[256], *sx = nb <= 256 ? sx_stack : malloc(sizeof(float) * (size_t)nb);
         if (!sx) return -2;

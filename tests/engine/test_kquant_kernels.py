@@ -230,18 +230,22 @@ def test_int8_rows_do_not_depend_on_the_row_count(qtype, march):
     the batch GEMM of the K-quants, the same dots, too): speculative decoding runs a sequence's proposed tokens as
     extra rows of a step and needs each to be what one decode row would have been (issue #40)."""
     k = kernel(march)
-    in_features = 2 * 256 if qtype.block_weights == 256 else 10 * 32  # an odd number of 32-blocks in pairs
-    weight = (
-        random_weight(qtype, 37, in_features, seed=11)
-        if not qtype.legacy
-        else legacy_weight(qtype, 37, in_features)
-    )
-    x = make_x(GEMV_MAX_ROWS, in_features, seed=12)
-    alone = torch.cat([k.linear(x[i : i + 1], weight, None, act_q8=True) for i in range(GEMV_MAX_ROWS)])
-    for rows in range(2, GEMV_MAX_ROWS + 1):
-        assert torch.equal(k.linear(x[:rows], weight, None, act_q8=True), alone[:rows]), f"{rows} rows"
-    if not qtype.legacy and qtype not in B32_GEMM_TYPES:
-        assert torch.equal(k.gemm_q8(x, weight, None), alone)
+    # an odd number of 32-blocks in pairs; the legacy formats also 18 and 35 (AVX-512's GEMV takes a row's Q4 blocks
+    # 16 at a time, then in quads, the last padded: SmolLM2's 576 inputs are one group and half a quad)
+    widths = [2 * 256] if qtype.block_weights == 256 else [10 * 32] if not qtype.legacy else [320, 576, 1120]
+    for in_features in widths:
+        weight = (
+            random_weight(qtype, 37, in_features, seed=11)
+            if not qtype.legacy
+            else legacy_weight(qtype, 37, in_features)
+        )
+        x = make_x(GEMV_MAX_ROWS, in_features, seed=12)
+        alone = torch.cat([k.linear(x[i : i + 1], weight, None, act_q8=True) for i in range(GEMV_MAX_ROWS)])
+        for rows in range(2, GEMV_MAX_ROWS + 1):
+            got = k.linear(x[:rows], weight, None, act_q8=True)
+            assert torch.equal(got, alone[:rows]), f"{rows} rows of {in_features}"
+        if not qtype.legacy and qtype not in B32_GEMM_TYPES:
+            assert torch.equal(k.gemm_q8(x, weight, None), alone)
 
 
 B32_GEMM_TYPES = {

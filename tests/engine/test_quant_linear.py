@@ -39,9 +39,11 @@ SHAPES = [
     (7, 64),
     (38, 64),
     (11, 256),
+    (9, 1056),
 ]  # (out, in): in a multiple of 32; the int8 kernels group a row's Q4 blocks in quads, then pairs: 0-4 quads, no
-# pair or 1-2 pairs, and an odd leftover (a zero partner); outputs not a multiple of 4 (the int8 GEMV's tile for one row: 1, 2 and 3
-# left over) or of 2
+# pair or 1-2 pairs, and an odd leftover (a zero partner); on AVX-512 VNNI the GEMV takes 16 blocks at a time first
+# (608: one group and three blocks; 1056: two groups and one), then quads, the last padded; outputs not a multiple
+# of 4 (the int8 GEMV's tile for one row: 1, 2 and 3 left over) or of 2
 ROWS = [1, 2, 3, 17, 64]  # 1 and 2 rows: the int8 GEMV multiplies 4 and 2 weight rows at once
 U = 2.0**-24
 LEGACY_TYPES = [q for q in FILE_TYPES if q.legacy]  # the other formats: test_kquant_kernels.py
@@ -152,11 +154,11 @@ def test_kernel_q8_activations_within_format_bound(qtype, rows):
 def test_kernel_q8_activations_do_not_depend_on_the_thread_count(qtype):
     """A weight big enough to be split between threads (the shapes above run on one): every output is one thread's
     whole dot product, so two threads give the very bits of one, at each of the GEMV's tilings (1, 2, 3-4 rows)."""
-    weight, ref = make_weight(qtype, 301, 256, seed=7)  # 77,056 weights: past PARALLEL_MIN_WEIGHTS
+    weight, ref = make_weight(qtype, 301, 608, seed=7)  # 183,008 weights: past PARALLEL_MIN_WEIGHTS
     threads = torch.get_num_threads()
     try:
         for rows in (1, 2, 3, GEMV_MAX_ROWS):
-            x = make_x(rows, 256, seed=rows)
+            x = make_x(rows, 608, seed=rows)
             torch.set_num_threads(1)
             alone = KERNEL.linear(x, weight, None, act_q8=True)
             torch.set_num_threads(2)
