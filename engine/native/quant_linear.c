@@ -40,14 +40,14 @@ int quant_linear(int qtype, int act_q8, const uint8_t *w, int64_t w_row_bytes, i
     const int bb = block_bytes(qtype), nb = in_features / QK;
     if (bb == 0 || in_features % QK != 0 || w_row_bytes < (int64_t)nb * bb) return -1;
 #ifdef QL_AVX2 /* int8 activations: the pair GEMV; exact single rows: the row kernel */
-    if (act_q8)
-#ifdef ZQ
+#ifdef ZQ /* on AVX-512 VNNI, the zmm GEMV where it is the faster one (zq_takes) */
+    if (act_q8 && zq_takes(qtype, nb))
         return linear_zmm(qtype, w, w_row_bytes, out_features, in_features, x, x_row, rows, bias, y, y_row,
                           threads_for((int64_t)out_features * in_features, num_threads));
-#else
+#endif
+    if (act_q8)
         return linear_pairs(qtype, w, w_row_bytes, out_features, in_features, x, x_row, rows, bias, y, y_row,
                             threads_for((int64_t)out_features * in_features, num_threads));
-#endif
     if (rows == 1) {
         float sx_stack[256], *sx = nb <= 256 ? sx_stack : malloc(sizeof(float) * (size_t)nb);
         if (!sx) return -2;

@@ -24,6 +24,7 @@ from engine.native.quant_format import (
     quant_linear_torch,
 )
 from engine.native.quant_linear import GEMV_MAX_ROWS, load_kernel
+from engine.worker.device import cpu_has_avx512_vnni
 
 NEW_TYPES = [q for q in FILE_TYPES if not q.legacy]
 MARCHES = ["native", "x86-64-v3", "x86-64"]  # this CPU; AVX2 only; scalar
@@ -261,3 +262,20 @@ def legacy_weight(qtype: QuantType, out_features: int, in_features: int) -> Quan
     w = gen.standard_normal((out_features, in_features)).astype(np.float32)
     raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType(int(qtype)))
     return QuantWeight(qtype, torch.from_numpy(raw.copy()), in_features)
+
+
+@pytest.mark.skipif(not cpu_has_avx512_vnni(), reason="the AVX-512 VNNI GEMV runs only on a CPU that has it")
+@pytest.mark.parametrize("qtype", [QuantType.Q4_0, QuantType.Q4_1, QuantType.Q8_0], ids=lambda q: q.name)
+def test_avx512_gemv_without_vbmi_is_the_same_bits(qtype):
+    """The legacy formats' AVX-512 GEMV gathers a group's nibble bytes and scales with vpermt2b where the CPU has
+    AVX512-VBMI (Zen 4, Ice Lake and later) and with 128-bit loads and inserts where it does not (Cascade Lake): the
+    same products in the same order, so a Cascade Lake build gives this CPU's build's very bits."""
+    native, cascade = kernel("native"), kernel("cascadelake")
+    for in_features in (576, 1120, 2048):
+        weight = legacy_weight(qtype, 37, in_features)
+        for rows in (1, 2, 5, GEMV_MAX_ROWS):
+            x = make_x(rows, in_features, seed=rows)
+            got = cascade.linear(x, weight, None, act_q8=True)
+            assert torch.equal(got, native.linear(x, weight, None, act_q8=True)), (
+                f"{rows} rows of {in_features}"
+            )
