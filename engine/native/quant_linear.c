@@ -14,7 +14,8 @@
  *   - exact (act_q8 = 0): dequantize the block to fp32 and FMA with the fp32 activations;
  *   - q8 (act_q8 = 1): the activations are first quantized per 32-block to int8 (scale dx = amax / 127, kept in
  *     fp32), then each block's dot is integer math (AVX2 maddubs/madd) scaled once, as llama.cpp does; under AVX2
- *     four Q4 blocks (two Q8_0) at a time (linear_pairs, below, in the batch GEMM's activation layout).
+ *     four Q4 blocks (two Q8_0) at a time (linear_pairs, in the batch GEMM's activation layout), on AVX-512 VNNI
+ *     sixteen (linear_zmm, quant/legacy_zmm.h).
  * AVX2 + FMA + F16C intrinsics when the compiler targets them, a scalar fallback otherwise; OpenMP over output rows.
  */
 #include "quant/common.h"

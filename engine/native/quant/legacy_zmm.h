@@ -1,22 +1,24 @@
 /* Q4_0 / Q4_1 / Q8_0: the int8 GEMV on AVX-512 VNNI (included by quant_linear.c, which takes it instead of
- * legacy_pairs.h's AVX2 GEMV where the CPU has it). Few rows: decode, and speculative decoding's verification of a
- * sequence's proposed tokens as extra rows of a step.
+ * legacy_pairs.h's AVX2 GEMV where the CPU has it and zq_takes says it is the faster). Few rows: decode, and
+ * speculative decoding's verification of a sequence's proposed tokens as extra rows of a step.
  *
- * A quad of a weight row's blocks (4 x 32 weights; the row's last quad padded with zero blocks) is two 64-byte
- * vectors of unsigned weights straight from the GGUF blocks: lo = [b0 w0..15 | b1 w0..15 | b2 | b3] and hi = the
- * weights 16..31 (a Q4 block's 16 bytes hold w0..15 in their low nibbles and w16..31 in their high ones; a Q8_0
- * block's 32 signed bytes are made unsigned by adding 128). The activations are quantized once per call into the
- * same order (ZQ_SLOT bytes per row and quad, rows of a quad side by side), so each activation row costs a quad
- * two vpdpbusd (4 products a lane, lanes 4i..4i+3 block i's) and the scaling of those 16 lanes:
+ * Every 32-weight block has its own fp16 scale, so beside its products a row pays the scaling of each block's sum.
+ * A Q4 row's blocks go 16 at a time (a group): their nibble words transposed (zq_weights16) so that lane 4L + g of
+ * each of 8 vectors holds 4 weights of block 4g + L, 8 vpdpbusd give each lane one block's whole sum, and one
+ * conversion and 2-3 float operations scale 16 blocks. The rest of the row (and every Q8_0 row) goes in quads: 4
+ * blocks as two 64-byte vectors lo = [b0 w0..15 | b1 w0..15 | b2 | b3] and hi (w16..31), the row's last quad
+ * padded with zero blocks; 2 vpdpbusd and the scaling of 4 blocks. A Q4 block's 16 bytes hold w0..15 in their low
+ * nibbles and w16..31 in their high ones; a Q8_0 block's 32 signed bytes are made unsigned by adding 128. The
+ * activations are quantized once per call into the same orders (ZQ_GSLOT bytes a row and group, ZQ_SLOT a row
+ * and quad, rows side by side), with p a block's integer dot of unsigned weights and int8 activations a:
  *   Q4_1: acc += (d * dx) * float(p) + m * (dx * sum(a))          w = d q + m
  *   Q4_0: acc += (d * dx) * float(p - 8 * sum(a))                 w = d (q - 8)
  *   Q8_0: acc += (d * dx) * float(p - 128 * sum(a))               w = d q, q + 128 unsigned
- * where the activation sums sit in lane 4i of their slot (zeros in the other lanes), so the correction of Q4_0 and
- * Q8_0 is exact integer arithmetic. The same operations in the same order for each (weight row, activation row)
- * pair whatever the call's row count: a row's result does not depend on the rows beside it (issue #40). The legacy
- * AVX2 GEMV ran 5 to 9 rows of the default model's Q4_1 at ~160 GOP/s on a Zen 4 whose int8 peak is ~580-900: its
- * 256-bit quads cost a row 4 maddubs, a madd, a conversion and 3 float operations per 128 weights, and each row's
- * activations were a pointer of their own (GCC kept them on the stack). */
+ * where the activation sums sit in their blocks' lanes (zeros in the others), so the corrections of Q4_0 and Q8_0
+ * are exact integer arithmetic. The same operations in the same order for each (weight row, activation row) pair
+ * whatever the call's row count: a row's result does not depend on the rows beside it (issue #40). The AVX2 GEMV
+ * scales every 4 blocks (a conversion and 3 float operations a row per 128 weights): 8 rows of the default model's
+ * 3,072 x 576 Q4_1 ran at ~160 GOP/s on a 2-core Zen 4 whose int8 peak reads 580-900. */
 #if defined(QL_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define ZQ 1
 #define ZQ_SLOT 256       /* bytes of one activation row's quad: lo, hi, dx x4 a block, sums */
