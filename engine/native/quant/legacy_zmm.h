@@ -14,8 +14,8 @@
  *   Q4_1: acc += (d * dx) * float(p) + m * (dx * sum(a))          w = d q + m
  *   Q4_0: acc += (d * dx) * float(p - 8 * sum(a))                 w = d (q - 8)
  *   Q8_0: acc += (d * dx) * float(p - 128 * sum(a))               w = d q, q + 128 unsigned
- * where the activation sums sit in their blocks' lanes (zeros in the others), so the corrections of Q4_0 and Q8_0
- * are exact integer arithmetic. The same operations in the same order for each (weight row, activation row) pair
+ * where the activation sums sit in their blocks' lanes (zeros in the others); Q4_0's and Q8_0's are stored as
+ * -8 sum(a) and -128 sum(a), the dots' starting value, so their corrections are exact integer arithmetic. The same operations in the same order for each (weight row, activation row) pair
  * whatever the call's row count: a row's result does not depend on the rows beside it (issue #40). The AVX2 GEMV
  * scales every 4 blocks (a conversion and 3 float operations a row per 128 weights): 8 rows of the default model's
  * 3,072 x 576 Q4_1 ran at ~160 GOP/s on a 2-core Zen 4 whose int8 peak reads 580-900. */
@@ -62,34 +62,9 @@ static void zq_quantize_row(int qtype, const float *x, int nb, uint8_t *act, uin
         if (qtype == Q4_1)
             ((float *)(s + 192))[4 * i] = dx * (float)sum;
         else
-            ((int32_t *)(s + 192))[4 * i] = (qtype == Q4_0 ? 8 : 128) * sum;
+            ((int32_t *)(s + 192))[4 * i] = -(qtype == Q4_0 ? 8 : 128) * sum;
     }
 }
-
-#ifdef __AVX512VBMI__
-/* vpermt2b indexes into 4 blocks' bytes (two 64-byte loads from the first): byte t of quarter t / 16 of the nibbles
- * is block t / 16's nibble byte t % 16; of the scales, quarter g gets the first 4 bytes of each of the 4 blocks. */
-static const uint8_t ZQ_NIB_Q4_0[64] __attribute__((aligned(64))) = {
-    2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
-    20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35,
-    38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53,
-    56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71};
-static const uint8_t ZQ_DM_Q4_0[64] __attribute__((aligned(64))) = {
-    0, 1, 2, 3, 18, 19, 20, 21, 36, 37, 38, 39, 54, 55, 56, 57,
-    0, 1, 2, 3, 18, 19, 20, 21, 36, 37, 38, 39, 54, 55, 56, 57,
-    0, 1, 2, 3, 18, 19, 20, 21, 36, 37, 38, 39, 54, 55, 56, 57,
-    0, 1, 2, 3, 18, 19, 20, 21, 36, 37, 38, 39, 54, 55, 56, 57};
-static const uint8_t ZQ_NIB_Q4_1[64] __attribute__((aligned(64))) = {
-    4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
-    24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39,
-    44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59,
-    64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79};
-static const uint8_t ZQ_DM_Q4_1[64] __attribute__((aligned(64))) = {
-    0, 1, 2, 3, 20, 21, 22, 23, 40, 41, 42, 43, 60, 61, 62, 63,
-    0, 1, 2, 3, 20, 21, 22, 23, 40, 41, 42, 43, 60, 61, 62, 63,
-    0, 1, 2, 3, 20, 21, 22, 23, 40, 41, 42, 43, 60, 61, 62, 63,
-    0, 1, 2, 3, 20, 21, 22, 23, 40, 41, 42, 43, 60, 61, 62, 63};
-#endif
 
 /* A group of 16 Q4 blocks at blk, transposed: W[k] (k < 4) the low nibbles of each block's bytes 4k..4k+3 (its
  * weights 4k..4k+3), W[4 + k] their high nibbles (weights 16 + 4k..), block b in lane 4 (b % 4) + b / 4: four
@@ -100,12 +75,18 @@ static inline __attribute__((always_inline)) void zq_weights16(int qtype, const 
     const int bb = block_bytes(qtype), off = qtype == Q4_1 ? 4 : 2;
     __m512i z[4];
 #ifdef __AVX512VBMI__
-    (void)off;
     /* 4 blocks (80 or 72 bytes) from two loads, the second masked to the blocks' end: vpermt2b picks their nibble
      * bytes, and their first 4 bytes (d, m) into quarter g of dmz; 12 instructions where 16 loads and 12 inserts
      * (and 16 scalar reads for the scales) made a 576-wide row's single-row GEMV 0.8x the AVX2 kernel's */
-    const __m512i nib_index = _mm512_load_si512((const void *)(qtype == Q4_1 ? ZQ_NIB_Q4_1 : ZQ_NIB_Q4_0));
-    const __m512i dm_index = _mm512_load_si512((const void *)(qtype == Q4_1 ? ZQ_DM_Q4_1 : ZQ_DM_Q4_0));
+    /* vpermt2b's byte indexes, as 32-bit words of 4 consecutive bytes x..x + 3: word j of the nibbles is bytes 4 (j % 4)
+     * on of block j / 4's nibbles; of the scales, quarter g gets the first 4 bytes of blocks 0..3 (word j: block j % 4) */
+#define ZQ_BYTES(x) _mm512_add_epi32(_mm512_mullo_epi32(x, _mm512_set1_epi32(0x01010101)), _mm512_set1_epi32(0x03020100))
+    const __m512i quad = _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    const __m512i block = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i nib_index = ZQ_BYTES(_mm512_add_epi32(_mm512_mullo_epi32(block, _mm512_set1_epi32(bb)),
+                                                        _mm512_add_epi32(_mm512_slli_epi32(quad, 2), _mm512_set1_epi32(off))));
+    const __m512i dm_index = ZQ_BYTES(_mm512_mullo_epi32(quad, _mm512_set1_epi32(bb)));
+#undef ZQ_BYTES
     __m512i dmz = _mm512_setzero_si512();
     for (int g = 0; g < 4; g++) {
         const uint8_t *b = blk + 4 * g * bb;
@@ -232,16 +213,12 @@ static inline __attribute__((always_inline)) void zq_quad(int qtype, const uint8
 #pragma GCC unroll 16
     for (int r = 0; r < NR; r++) {
         const uint8_t *ar = a + r * ZQ_SLOT;
-        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void *)ar));
+        __m512i p = qtype == Q4_1 ? _mm512_setzero_si512() : _mm512_load_si512((const void *)(ar + 192));
+        p = _mm512_dpbusd_epi32(p, lo, _mm512_load_si512((const void *)ar));
         p = _mm512_dpbusd_epi32(p, hi, _mm512_load_si512((const void *)(ar + 64)));
         const __m512 scale = _mm512_mul_ps(d4, _mm512_load_ps((const float *)(ar + 128)));
-        if (qtype == Q4_1) {
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc[r]);
-            acc[r] = _mm512_fmadd_ps(m4, _mm512_load_ps((const float *)(ar + 192)), acc[r]);
-        } else {
-            p = _mm512_sub_epi32(p, _mm512_load_si512((const void *)(ar + 192)));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc[r]);
-        }
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc[r]);
+        if (qtype == Q4_1) acc[r] = _mm512_fmadd_ps(m4, _mm512_load_ps((const float *)(ar + 192)), acc[r]);
     }
 }
 
